@@ -1,0 +1,1 @@
+"""merging package."""

@@ -1,0 +1,1 @@
+"""patching package."""
