@@ -1,0 +1,387 @@
+"""Arithmetic prompt data: reference prompts, counterfactual twins, answers and token positions.
+
+:func:`make_dataset` samples two-operand prompts from :mod:`circuits.templates`,
+fills each template with operands, and pairs it with a *counterfactual twin*:
+the same prompt with the operator word or symbol replaced by an irrelevant word
+of the same token length ("7 + 5 = " -> "7 # 5 = "), as in Zhang et al. (2024)
+§3. Path patching compares a model's run on the reference with its run on the
+twin, so the twin must tokenize to exactly as many tokens: this is checked, and
+the next irrelevant word is tried when it does not.
+
+Each row records the answer (the first answer token is what the metrics score;
+the full answer's token ids allow teacher-forced scoring), and the token
+positions of the first operand ``a``, the second operand ``b``, the operator
+``op`` and ``end`` (the last prompt token, where the answer is predicted). With
+a few-shot prefix the positions refer to the final, queried problem.
+
+:func:`iter_batches` groups rows of equal token length into tensors ready for
+patching; :func:`filter_correct` keeps the prompts a model answers correctly,
+as the paper does before any intervention.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Iterator, Sequence
+
+import torch
+from datasets import Dataset
+from jaxtyping import Bool, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from circuits.templates import (
+    COUNTERFACTUAL_SYMBOLS,
+    COUNTERFACTUAL_WORDS,
+    Template,
+    get_templates,
+    resolve_operation,
+    template_by_id,
+)
+
+logger = logging.getLogger(__name__)
+
+ROLES = ("a", "b", "op")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What to sample. ``operand_range`` is inclusive; ``decimals`` > 0 makes decimal operands."""
+
+    op: str = "+"
+    n_prompts: int = 200
+    styles: tuple[str, ...] = ("equation", "statement", "question")
+    template_ids: tuple[str, ...] | None = None
+    operand_range: tuple[int, int] = (0, 9)
+    decimals: int = 0
+    n_shots: int = 2
+    allow_negative: bool = False
+    seed: int = 0
+
+
+class TaskDataError(ValueError):
+    """Bad task specification or data that does not tokenize as the templates assume."""
+
+
+# ---------------------------------------------------------------------------- operands
+
+
+def _format_number(value: Fraction, decimals: int) -> str:
+    if decimals == 0:
+        return str(int(value))
+    text = f"{float(value):.{decimals}f}".rstrip("0").rstrip(".")
+    return text
+
+
+def format_answer(op: str, a: Fraction, b: Fraction, decimals: int = 0) -> str:
+    """The answer string of ``a op b``; raises when an integer answer is required but not exact."""
+    operation = resolve_operation(op)
+    if operation.symbol == "/" and b == 0:
+        raise TaskDataError(f"Division by zero in {a} / {b}: use a divisor range that excludes 0.")
+    value = operation.compute(a, b)
+    if decimals == 0 and value.denominator != 1:
+        raise TaskDataError(
+            f"{a} {operation.symbol} {b} = {value} is not an integer; integer answers are required "
+            f"(choose operands that divide exactly, or set decimals > 0)."
+        )
+    if decimals > 0:
+        value = Fraction(round(value * 10**decimals), 10**decimals)
+    return _format_number(value, decimals)
+
+
+def _sample_operands(rng: random.Random, config: TaskConfig) -> tuple[Fraction, Fraction]:
+    lo, hi = config.operand_range
+    scale = 10**config.decimals
+    op = resolve_operation(config.op).symbol
+
+    def draw(low: int) -> Fraction:
+        return Fraction(rng.randint(low * scale, hi * scale), scale)
+
+    if op == "/" and config.decimals == 0:
+        # Build exact divisions: pick the divisor and the quotient, so a = b * q stays in range.
+        pairs = [(b * q, b) for b in range(max(lo, 1), hi + 1) for q in range(lo, hi + 1) if lo <= b * q <= hi]
+        if not pairs:
+            raise TaskDataError(f"No exact divisions with both operands in {config.operand_range}.")
+        a, b = rng.choice(pairs)
+        return Fraction(a), Fraction(b)
+    a, b = draw(lo), draw(max(lo, 1) if op == "/" else lo)
+    if op == "-" and not config.allow_negative and a < b:
+        a, b = b, a
+    return a, b
+
+
+# ---------------------------------------------------------------------------- tokenization
+
+
+def _token_positions(offsets: Sequence[tuple[int, int]], span: tuple[int, int]) -> list[int]:
+    """Indices of the tokens whose character range overlaps ``span`` (special tokens have empty ranges)."""
+    start, end = span
+    return [i for i, (s, e) in enumerate(offsets) if e > s and s < end and e > start]
+
+
+def _encode(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    encoding = tokenizer(text, return_offsets_mapping=True, add_special_tokens=True)
+    return list(encoding["input_ids"]), [tuple(o) for o in encoding["offset_mapping"]]
+
+
+def _check_operand_tokens(text: str, offsets, span, role: str, template: Template) -> list[int]:
+    """Token positions of an operand; error if a token mixes the operand with other characters."""
+    positions = _token_positions(offsets, span)
+    for i in positions:
+        s, e = offsets[i]
+        outside = text[s:span[0]] + text[span[1]:e]
+        if outside.strip():
+            raise TaskDataError(
+                f"Operand {role!r} in {text!r} (template {template.id!r}) shares token "
+                f"{text[s:e]!r} with neighbouring characters {outside!r}; the templates assume operands "
+                f"tokenize on their own. Put a space or punctuation around {{A}}/{{B}} for this tokenizer."
+            )
+    return positions
+
+
+def _answer_tokens(tokenizer, prompt: str, prompt_ids: list[int], answer: str) -> list[int]:
+    full_ids, _ = _encode(tokenizer, prompt + answer)
+    if full_ids[: len(prompt_ids)] != prompt_ids:
+        raise TaskDataError(
+            f"Appending the answer {answer!r} to {prompt!r} changes the prompt's tokens; this tokenizer "
+            f"merges the trailing space with the answer. Use templates without a trailing space for it."
+        )
+    answer_ids = full_ids[len(prompt_ids):]
+    first = tokenizer.decode(answer_ids[:1]).strip()
+    if not first or not answer.startswith(first):
+        raise TaskDataError(
+            f"The first answer token of {prompt!r} + {answer!r} is {first!r}, not the start of the answer; "
+            f"the metrics score the first answer token, so it must carry the answer's first character."
+        )
+    return answer_ids
+
+
+def _counterfactual(tokenizer, template: Template, a: str, b: str, prefix: str, n_tokens: int):
+    """The first irrelevant operator replacement whose prompt has ``n_tokens`` tokens, or None."""
+    symbol_first = not template.operator_text.isalpha()
+    candidates = COUNTERFACTUAL_SYMBOLS + COUNTERFACTUAL_WORDS if symbol_first else COUNTERFACTUAL_WORDS + COUNTERFACTUAL_SYMBOLS
+    for word in candidates:
+        text = prefix + template.fill(a, b, operator_text=word)
+        ids, _ = _encode(tokenizer, text)
+        if len(ids) == n_tokens:
+            return text, ids
+    return None
+
+
+def _few_shot_prefix(rng: random.Random, template: Template, config: TaskConfig) -> str:
+    lines = []
+    for _ in range(config.n_shots):
+        a, b = _sample_operands(rng, config)
+        sa, sb = _format_number(a, config.decimals), _format_number(b, config.decimals)
+        lines.append(template.fill(sa, sb) + format_answer(template.op, a, b, config.decimals))
+    return "".join(line + "\n" for line in lines)
+
+
+# ---------------------------------------------------------------------------- datasets
+
+
+def _select_templates(config: TaskConfig) -> list[Template]:
+    op = resolve_operation(config.op).symbol
+    if config.template_ids is not None:
+        templates = [template_by_id(t) for t in config.template_ids]
+        wrong = [t.id for t in templates if t.op != op]
+        if wrong:
+            raise TaskDataError(f"Templates {wrong} are not for operation {op!r}.")
+        return templates
+    return get_templates(op, config.styles)
+
+
+def make_row(tokenizer, template: Template, a: Fraction, b: Fraction, *, prefix: str = "", decimals: int = 0) -> dict:
+    """One dataset row for ``template`` filled with ``a`` and ``b`` (see the module docstring)."""
+    sa, sb = _format_number(a, decimals), _format_number(b, decimals)
+    answer = format_answer(template.op, a, b, decimals)
+    prompt = prefix + template.fill(sa, sb)
+    ids, offsets = _encode(tokenizer, prompt)
+    spans = {role: (s + len(prefix), e + len(prefix)) for role, (s, e) in template.spans(sa, sb).items()}
+    positions = {
+        "a": _check_operand_tokens(prompt, offsets, spans["a"], "a", template),
+        "b": _check_operand_tokens(prompt, offsets, spans["b"], "b", template),
+        "op": _token_positions(offsets, spans["op"]),
+    }
+    counterfactual = _counterfactual(tokenizer, template, sa, sb, prefix, len(ids))
+    if counterfactual is None:
+        raise TaskDataError(
+            f"No irrelevant operator replacement keeps {prompt!r} at {len(ids)} tokens; "
+            f"add a word to circuits.templates.COUNTERFACTUAL_WORDS for this tokenizer."
+        )
+    cf_prompt, cf_ids = counterfactual
+    return {
+        "prompt": prompt,
+        "counterfactual": cf_prompt,
+        "a": sa,
+        "b": sb,
+        "op": template.op,
+        "answer": answer,
+        "answer_token_ids": _answer_tokens(tokenizer, prompt, ids, answer),
+        "tokens": ids,
+        "cf_tokens": cf_ids,
+        "a_pos": positions["a"],
+        "b_pos": positions["b"],
+        "op_pos": positions["op"],
+        "end_pos": len(ids) - 1,
+        "template_id": template.id,
+        "style": template.style,
+        "n_shots": prefix.count("\n"),
+    }
+
+
+def make_dataset(tokenizer, config: TaskConfig = TaskConfig(), **overrides) -> Dataset:
+    """Sample ``config.n_prompts`` prompts with counterfactual twins (keyword overrides replace config fields).
+
+    ``tokenizer`` is a Hugging Face tokenizer or a ``HookedTransformer`` (its tokenizer is used).
+    Sampling is seeded: the same config gives the same dataset. Operand pairs are drawn without
+    repetition per template while fresh pairs remain.
+    """
+    config = replace(config, **overrides)
+    tokenizer = getattr(tokenizer, "tokenizer", None) or tokenizer
+    if not getattr(tokenizer, "is_fast", False):
+        raise TaskDataError("A fast tokenizer (with offset mappings) is required to locate operands.")
+    if config.n_prompts < 1:
+        raise TaskDataError(f"n_prompts must be >= 1, got {config.n_prompts}.")
+    templates = _select_templates(config)
+    rng = random.Random(config.seed)
+    rows, seen = [], set()
+    for i in tqdm(range(config.n_prompts), desc=f"building {resolve_operation(config.op).name} prompts",
+                  disable=config.n_prompts < 500, leave=False):
+        template = templates[i % len(templates)]
+        for _ in range(20):  # prefer unseen (template, a, b) triples
+            a, b = _sample_operands(rng, config)
+            if (template.id, a, b) not in seen:
+                break
+        seen.add((template.id, a, b))
+        prefix = _few_shot_prefix(rng, template, config)
+        rows.append(make_row(tokenizer, template, a, b, prefix=prefix, decimals=config.decimals))
+    return Dataset.from_list(rows)
+
+
+def transfer_datasets(tokenizer, op: str = "+", n_prompts: int = 100, seed: int = 0, n_shots: int = 2) -> dict[str, Dataset]:
+    """Formats for testing whether key heads transfer (paper §5.1, Figure 4).
+
+    ``multi_digit`` (two-digit operands), ``decimal`` (one decimal place), ``word_problem``
+    (SVAMP-style sentences with names and objects), and ``zero_shot`` (no few-shot prefix).
+    """
+    base = TaskConfig(op=op, n_prompts=n_prompts, seed=seed, n_shots=n_shots)
+    # Two-digit division operands: a = b * q with b, q small keeps answers short.
+    multi_range = (10, 99) if resolve_operation(op).symbol != "/" else (2, 99)
+    return {
+        "multi_digit": make_dataset(tokenizer, base, operand_range=multi_range),
+        "decimal": make_dataset(tokenizer, base, decimals=1, operand_range=(0, 9), styles=("equation",)),
+        "word_problem": make_dataset(tokenizer, base, styles=("word_problem",), operand_range=(1, 9)),
+        "zero_shot": make_dataset(tokenizer, base, n_shots=0),
+    }
+
+
+# ---------------------------------------------------------------------------- batches
+
+
+@dataclass
+class TaskBatch:
+    """Prompts of equal token length as tensors; ``end`` is the answer-predicting position."""
+
+    tokens: Int[Tensor, "batch pos"]
+    cf_tokens: Int[Tensor, "batch pos"]
+    answer_ids: Int[Tensor, "batch"]
+    role_masks: dict[str, Bool[Tensor, "batch pos"]]
+    indices: list[int]
+    prompts: list[str] = field(default_factory=list)
+
+    @property
+    def end(self) -> int:
+        return self.tokens.shape[1] - 1
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+    def to(self, device) -> "TaskBatch":
+        return TaskBatch(
+            self.tokens.to(device), self.cf_tokens.to(device), self.answer_ids.to(device),
+            {k: v.to(device) for k, v in self.role_masks.items()}, self.indices, self.prompts,
+        )
+
+
+def _role_mask(rows: list[dict], key: str, n_pos: int) -> Bool[Tensor, "batch pos"]:
+    mask = torch.zeros(len(rows), n_pos, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        mask[i, row[key]] = True
+    return mask
+
+
+def iter_batches(dataset: Dataset, batch_size: int = 32, device: str | torch.device | None = None) -> Iterator[TaskBatch]:
+    """Batches of rows with equal token length (rows of one length stay in dataset order)."""
+    if len(dataset) == 0:
+        raise TaskDataError("The dataset is empty: nothing to batch.")
+    by_length: dict[int, list[int]] = {}
+    for i, n in enumerate(dataset["end_pos"]):
+        by_length.setdefault(n + 1, []).append(i)
+    for n_pos, indices in sorted(by_length.items()):
+        for start in range(0, len(indices), batch_size):
+            chunk = indices[start:start + batch_size]
+            rows = dataset.select(chunk).to_list()
+            masks = {role: _role_mask(rows, f"{role}_pos", n_pos) for role in ROLES}
+            masks["bos"] = torch.zeros(len(rows), n_pos, dtype=torch.bool)
+            masks["bos"][:, 0] = True
+            batch = TaskBatch(
+                tokens=torch.tensor([r["tokens"] for r in rows]),
+                cf_tokens=torch.tensor([r["cf_tokens"] for r in rows]),
+                answer_ids=torch.tensor([r["answer_token_ids"][0] for r in rows]),
+                role_masks=masks,
+                indices=chunk,
+                prompts=[r["prompt"] for r in rows],
+            )
+            yield batch.to(device) if device is not None else batch
+
+
+def single_batch(dataset: Dataset, device: str | torch.device | None = None) -> TaskBatch:
+    """All rows as one batch; an error names the lengths when rows differ in token length."""
+    lengths = sorted(set(n + 1 for n in dataset["end_pos"]))
+    if len(lengths) != 1:
+        raise TaskDataError(
+            f"Rows have different token lengths {lengths}; use iter_batches() or restrict the dataset to one template."
+        )
+    return next(iter_batches(dataset, batch_size=len(dataset), device=device))
+
+
+# ---------------------------------------------------------------------------- filtering
+
+
+@torch.no_grad()
+def accuracy_mask(model, dataset: Dataset, batch_size: int = 32, fwd_hooks=()) -> list[bool]:
+    """Per row: does ``model`` put the first answer token at top-1 (optionally under ``fwd_hooks``)?"""
+    from circuits.metrics import top1_correct
+
+    correct = [False] * len(dataset)
+    for batch in iter_batches(dataset, batch_size, device=model.cfg.device):
+        hits = top1_correct(model, batch.tokens, batch.answer_ids, fwd_hooks=fwd_hooks).tolist()
+        for index, hit in zip(batch.indices, hits):
+            correct[index] = hit
+    return correct
+
+
+def accuracy(model, dataset: Dataset, batch_size: int = 32, fwd_hooks=()) -> float:
+    """Top-1 accuracy of the first answer token over ``dataset``."""
+    mask = accuracy_mask(model, dataset, batch_size, fwd_hooks)
+    return sum(mask) / len(mask)
+
+
+def filter_correct(model, dataset: Dataset, batch_size: int = 32) -> tuple[Dataset, float]:
+    """Keep the rows the model answers correctly (top-1 first answer token); return them and the base accuracy."""
+    if len(dataset) == 0:
+        raise TaskDataError("filter_correct got an empty dataset.")
+    mask = accuracy_mask(model, dataset, batch_size)
+    base_accuracy = sum(mask) / len(mask)
+    kept = dataset.select([i for i, ok in enumerate(mask) if ok])
+    logger.info("base accuracy %.1f%% (%d of %d prompts kept)", 100 * base_accuracy, len(kept), len(dataset))
+    if len(kept) == 0:
+        raise TaskDataError(
+            f"The model answers none of the {len(dataset)} prompts correctly, so nothing is left to analyse; "
+            f"try a few-shot prefix (n_shots=2), one-digit operands, or another template style."
+        )
+    return kept, base_accuracy

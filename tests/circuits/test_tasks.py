@@ -1,0 +1,187 @@
+"""Unit tests for circuits.tasks on the character tokenizer and tiny random models."""
+
+from fractions import Fraction
+
+import pytest
+import torch
+
+from circuits import tasks
+from circuits.metrics import end_logits
+from circuits.templates import TEMPLATES, Template, get_templates, resolve_operation
+from circuits.testing import char_tokenizer, tiny_model
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return char_tokenizer()
+
+
+def test_at_least_twelve_templates_per_operation_in_three_styles():
+    for op in "+-*/":
+        templates = get_templates(op)
+        assert len(templates) >= 12
+        assert {t.style for t in templates} == {"equation", "statement", "question"}
+
+
+@pytest.mark.parametrize("op", list("+-*/"))
+def test_dataset_rows_are_consistent(tok, op):
+    ds = tasks.make_dataset(tok, op=op, n_prompts=40, seed=1)
+    assert len(ds) == 40
+    for row in ds:
+        assert len(row["tokens"]) == len(row["cf_tokens"])
+        assert row["prompt"] != row["counterfactual"]
+        # Twins differ only at the operator positions.
+        differing = [i for i, (x, y) in enumerate(zip(row["tokens"], row["cf_tokens"])) if x != y]
+        assert differing and set(differing) <= set(row["op_pos"])
+        # Operand positions decode to the operands.
+        assert tok.decode([row["tokens"][i] for i in row["a_pos"]]).strip() == row["a"]
+        assert tok.decode([row["tokens"][i] for i in row["b_pos"]]).strip() == row["b"]
+        assert row["end_pos"] == len(row["tokens"]) - 1
+        # The answer is correct and its first token is its first character.
+        a, b = Fraction(row["a"]), Fraction(row["b"])
+        assert Fraction(row["answer"]) == resolve_operation(op).compute(a, b)
+        assert tok.decode(row["answer_token_ids"]) == row["answer"]
+
+
+def test_seeded_and_reproducible(tok):
+    one = tasks.make_dataset(tok, n_prompts=30, seed=3).to_list()
+    two = tasks.make_dataset(tok, n_prompts=30, seed=3).to_list()
+    other = tasks.make_dataset(tok, n_prompts=30, seed=4).to_list()
+    assert one == two
+    assert one != other
+
+
+def test_few_shot_prefix_has_n_shots_solved_lines(tok):
+    ds = tasks.make_dataset(tok, n_prompts=5, n_shots=3)
+    for row in ds:
+        lines = row["prompt"].split("\n")
+        assert len(lines) == 4 and row["n_shots"] == 3
+    zero = tasks.make_dataset(tok, n_prompts=5, n_shots=0)
+    assert all("\n" not in r["prompt"] for r in zero)
+
+
+def test_multi_digit_and_decimal_operands(tok):
+    ds = tasks.make_dataset(tok, n_prompts=10, operand_range=(10, 99))
+    assert all(len(r["a_pos"]) == 2 for r in ds)
+    dec = tasks.make_dataset(tok, n_prompts=10, decimals=1, styles=("equation",))
+    assert any("." in r["a"] or "." in r["answer"] for r in dec)
+
+
+def test_transfer_formats(tok):
+    formats = tasks.transfer_datasets(tok, "+", n_prompts=6)
+    assert set(formats) == {"multi_digit", "decimal", "word_problem", "zero_shot"}
+    assert all(r["style"] == "word_problem" for r in formats["word_problem"])
+
+
+def test_batches_group_equal_lengths_and_masks_mark_roles(tok):
+    ds = tasks.make_dataset(tok, n_prompts=30)
+    seen = []
+    for batch in tasks.iter_batches(ds, batch_size=4):
+        assert batch.tokens.shape == batch.cf_tokens.shape
+        for j, index in enumerate(batch.indices):
+            row = ds[index]
+            assert batch.tokens[j].tolist() == row["tokens"]
+            assert batch.role_masks["op"][j].nonzero()[:, 0].tolist() == row["op_pos"]
+            assert batch.answer_ids[j].item() == row["answer_token_ids"][0]
+        seen += batch.indices
+    assert sorted(seen) == list(range(30))
+
+
+def test_end_logits_equal_full_forward():
+    model = tiny_model(style="gemma")
+    ds = tasks.make_dataset(model, n_prompts=8, template_ids=("add-equation-0",), n_shots=0)
+    batch = tasks.single_batch(ds)
+    full = model(batch.tokens)[:, -1]
+    assert torch.allclose(end_logits(model, batch.tokens), full, atol=1e-5)
+    ids = torch.tensor([3, 5])
+    assert torch.allclose(end_logits(model, batch.tokens, token_ids=ids), full[:, ids], atol=1e-5)
+
+
+def test_filter_correct_keeps_only_correct_rows():
+    model = tiny_model()
+    ds = tasks.make_dataset(model, n_prompts=16)
+    mask = tasks.accuracy_mask(model, ds)
+    if not any(mask):
+        with pytest.raises(tasks.TaskDataError, match="none of the 16 prompts"):
+            tasks.filter_correct(model, ds)
+        return
+    kept, acc = tasks.filter_correct(model, ds)
+    assert acc == sum(mask) / 16 and len(kept) == sum(mask)
+
+
+def test_filter_correct_on_a_model_that_always_answers():
+    model = tiny_model()
+    ds = tasks.make_dataset(model, n_prompts=12, template_ids=("add-equation-0",))
+    answers = torch.tensor([r["answer_token_ids"][0] for r in ds])
+    # Steer the unembedding bias: first no answer can win, then one answer token always wins.
+    with torch.no_grad():
+        model.unembed.b_U.fill_(0)
+        model.unembed.b_U[0] = 1e4  # token 0 (<pad>) always wins: every answer is wrong
+    with pytest.raises(tasks.TaskDataError, match="answers none"):
+        tasks.filter_correct(model, ds)
+    with torch.no_grad():
+        model.unembed.b_U[0] = 0
+        model.unembed.b_U[answers[0]] = 1e4
+    kept, acc = tasks.filter_correct(model, ds)
+    expected = (answers == answers[0]).float().mean().item()
+    assert acc == pytest.approx(expected) and len(kept) == int((answers == answers[0]).sum())
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(op="%"), "Unknown operation"),
+        (dict(n_prompts=0), "n_prompts"),
+        (dict(template_ids=("sub-equation-0",)), "not for operation"),
+        (dict(op="/", operand_range=(7, 7)), "No exact divisions"),
+        (dict(styles=("poem",)), "Unknown template styles"),
+    ],
+)
+def test_bad_specifications_raise_clear_errors(tok, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tasks.make_dataset(tok, **kwargs)
+
+
+def test_template_without_operand_marker_is_rejected():
+    with pytest.raises(ValueError, match=r"\{B\} exactly once"):
+        Template("bad", "+", "equation", "{A} [+] = ")
+    with pytest.raises(ValueError, match="mark its operator"):
+        Template("bad", "+", "equation", "{A} + {B} = ")
+
+
+def test_division_with_remainder_is_an_error():
+    with pytest.raises(tasks.TaskDataError, match="not an integer"):
+        tasks.format_answer("/", Fraction(7), Fraction(2))
+    with pytest.raises(tasks.TaskDataError, match="Division by zero"):
+        tasks.format_answer("/", Fraction(7), Fraction(0))
+
+
+def test_operand_merged_with_neighbour_is_an_error(tok):
+    glued = Template("glued", "+", "equation", "x{A}y [+] {B} = ")
+    # With the char tokenizer every character is its own token, so this is fine...
+    tasks.make_row(tok, glued, Fraction(3), Fraction(4))
+
+    class MergingTokenizer:
+        """Wraps the char tokenizer but reports 'x3' as one token, as a BPE tokenizer might."""
+
+        is_fast = True
+
+        def __call__(self, text, **kwargs):
+            enc = tok(text, **kwargs)
+            offsets = list(enc["offset_mapping"])
+            offsets[1] = (0, 2)
+            offsets[2] = (1, 2)
+            enc["offset_mapping"] = offsets
+            return enc
+
+        def decode(self, ids):
+            return tok.decode(ids)
+
+    with pytest.raises(tasks.TaskDataError, match="shares token"):
+        tasks.make_row(MergingTokenizer(), glued, Fraction(3), Fraction(4))
+
+
+def test_single_batch_refuses_mixed_lengths(tok):
+    ds = tasks.make_dataset(tok, n_prompts=12)
+    with pytest.raises(tasks.TaskDataError, match="different token lengths"):
+        tasks.single_batch(ds)
