@@ -47,7 +47,7 @@ def tiny_model(
     style: str = "gpt2",
     seed: int = 0,
     device: str = "cpu",
-    n_ctx: int = 128,
+    n_ctx: int = 256,
 ) -> HookedTransformer:
     """A random `HookedTransformer` with the character tokenizer.
 

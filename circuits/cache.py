@@ -1,0 +1,276 @@
+"""Model directories on disk: the format behind ``save_model`` and the offline-model cache.
+
+A *model directory* holds one `HookedTransformer` in a form that loads in
+seconds, with no Hugging Face model and no hub:
+
+```
+model.safetensors   the TransformerLens state dict (parameters only; buffers that
+                    the config determines, such as rotary tables, are rebuilt)
+config.json         the HookedTransformerConfig, as JSON
+tokenizer/          the tokenizer, from ``save_pretrained`` (absent if the model has none)
+manifest.json       size and sha256 of every file above; written last
+```
+
+The manifest is what makes a directory trustworthy. It is written after every
+other file, so a directory without one was never finished; and every load
+re-checks sizes and hashes (~1 s for gemma-3-270m's 1.7 GB), so a truncated
+download or a flipped byte is reported by name instead of silently producing a
+subtly wrong model.
+
+Directories are published atomically: they are built under a unique temporary
+name next to their destination and renamed into place, so a reader never sees
+a half-written one, and two processes building the same directory at once
+cannot mix their files (the second rename loses and its copy is discarded).
+
+Weights are stored with safetensors only: no pickle is ever read or written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+FORMAT_NAME = "arith-circuits-model"
+FORMAT_VERSION = 1
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+TOKENIZER_DIR = "tokenizer"
+MANIFEST_FILE = "manifest.json"
+
+# Buffers TransformerLens recomputes from the config in __init__; storing them
+# would only add ~40 MB of rotary tables per model and tie files to TL internals.
+_DERIVED_BUFFERS = ("IGNORE", "mask", "rotary_sin", "rotary_cos")
+
+
+class CorruptModelDirError(ValueError):
+    """A model directory is incomplete or its files do not match its manifest."""
+
+
+# --------------------------------------------------------------------------- config
+
+
+def config_to_json(cfg: HookedTransformerConfig) -> dict[str, Any]:
+    """The config as a JSON-serialisable dict (dtypes become strings such as ``"float32"``)."""
+    out = {}
+    for key, value in cfg.to_dict().items():
+        if isinstance(value, torch.dtype):
+            value = str(value).removeprefix("torch.")
+        elif isinstance(value, torch.device):
+            value = str(value)
+        elif isinstance(value, tuple):
+            value = list(value)
+        out[key] = value
+    return out
+
+
+def config_from_json(
+    data: dict[str, Any], *, device: str | torch.device, dtype: torch.dtype
+) -> HookedTransformerConfig:
+    """Rebuild a `HookedTransformerConfig` saved by `config_to_json`, for ``device`` and ``dtype``.
+
+    Keys that are not constructor fields (values TL derives itself) are dropped,
+    and ``init_weights`` is off: the weights come from the state dict.
+    """
+    init_fields = {f.name for f in dataclasses.fields(HookedTransformerConfig) if f.init}
+    kwargs = {k: v for k, v in data.items() if k in init_fields}
+    kwargs.update(device=str(device), dtype=dtype, init_weights=False, n_devices=1)
+    return HookedTransformerConfig(**kwargs)
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _payload_files(directory: Path) -> list[Path]:
+    return sorted(
+        p for p in directory.rglob("*") if p.is_file() and p.relative_to(directory).as_posix() != MANIFEST_FILE
+    )
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_manifest(directory: str | Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Record size and sha256 of every file in ``directory`` in its manifest (call this last)."""
+    directory = Path(directory)
+    manifest = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        **(extra or {}),
+        "files": {
+            p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+            for p in _payload_files(directory)
+        },
+    }
+    _atomic_write_text(directory / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True))
+    return manifest
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any] | None:
+    """The manifest of ``directory``, or None when it is missing or unreadable."""
+    try:
+        return json.loads((Path(directory) / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def verify_model_dir(directory: str | Path) -> list[str]:
+    """Check ``directory`` against its manifest; return one message per problem (empty: intact).
+
+    Detects a missing or unreadable manifest, an unknown format version,
+    missing files, size mismatches (truncation) and sha256 mismatches (any
+    changed byte). Files not listed in the manifest are ignored.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return [f"{directory} is not a directory"]
+    manifest = read_manifest(directory)
+    if manifest is None:
+        return [f"{MANIFEST_FILE} is missing or unreadable (the directory was never completed)"]
+    if manifest.get("format") != FORMAT_NAME or manifest.get("format_version") != FORMAT_VERSION:
+        return [
+            f"{MANIFEST_FILE} declares format {manifest.get('format')!r} version "
+            f"{manifest.get('format_version')!r}; this version reads {FORMAT_NAME!r} version {FORMAT_VERSION}"
+        ]
+    problems = []
+    files = manifest.get("files", {})
+    for required in (WEIGHTS_FILE, CONFIG_FILE):
+        if required not in files:
+            problems.append(f"{MANIFEST_FILE} does not list {required}")
+    for name, expected in sorted(files.items()):
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+            continue
+        size = path.stat().st_size
+        if size != expected["size"]:
+            problems.append(f"{name} has {size} bytes, the manifest says {expected['size']} (truncated or replaced)")
+        elif _sha256(path) != expected["sha256"]:
+            problems.append(f"{name} has the right size but a different sha256 (its content changed)")
+    return problems
+
+
+# --------------------------------------------------------------------------- save / load
+
+
+def _state_dict_for_saving(model: HookedTransformer) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for key, value in model.state_dict().items():
+        if key.rsplit(".", 1)[-1] in _DERIVED_BUFFERS:
+            continue
+        tensor = value.detach().to("cpu").contiguous()
+        # safetensors refuses tensors that share storage; copy the rare shared one.
+        if tensor.untyped_storage().data_ptr() in seen:
+            tensor = tensor.clone()
+        seen.add(tensor.untyped_storage().data_ptr())
+        tensors[key] = tensor
+    return tensors
+
+
+def write_model_files(model: HookedTransformer, directory: Path) -> None:
+    """Write weights, config and tokenizer of ``model`` into the existing empty ``directory``."""
+    save_file(_state_dict_for_saving(model), str(directory / WEIGHTS_FILE), metadata={"format": FORMAT_NAME})
+    (directory / CONFIG_FILE).write_text(json.dumps(config_to_json(model.cfg), indent=2), encoding="utf-8")
+    if model.tokenizer is not None:
+        model.tokenizer.save_pretrained(str(directory / TOKENIZER_DIR))
+
+
+@contextlib.contextmanager
+def staging_dir(destination: Path) -> Iterator[Path]:
+    """A fresh temporary directory next to ``destination``, removed on exit unless published."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.tmp-", dir=destination.parent))
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def publish_dir(staged: Path, destination: Path) -> None:
+    """Move the finished ``staged`` directory to ``destination``, replacing what is there.
+
+    An existing destination is first renamed aside (a rename is atomic), so at
+    every moment ``destination`` is either the old complete directory, absent,
+    or the new complete one.
+    """
+    aside = None
+    if destination.exists():
+        aside = destination.with_name(f".{destination.name}.old-{uuid.uuid4().hex}")
+        os.replace(destination, aside)
+    os.replace(staged, destination)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def save_model(model: HookedTransformer, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Save ``model`` (weights, config, tokenizer, manifest) as a model directory at ``path``.
+
+    ``circuits.load_model(path)`` reloads it. Use this for fine-tuned or merged
+    models. The directory is written atomically; an existing one is replaced
+    only with ``overwrite=True``. Returns the directory's path.
+    """
+    destination = Path(path).expanduser()
+    if destination.exists() and not overwrite:
+        raise FileExistsError(f"{destination} already exists; pass overwrite=True to replace it.")
+    with staging_dir(destination) as staged:
+        write_model_files(model, staged)
+        write_manifest(staged)
+        publish_dir(staged, destination)
+    return destination
+
+
+def load_model_dir(
+    directory: str | Path, *, device: str | torch.device, dtype: torch.dtype, verify: bool = True
+) -> HookedTransformer:
+    """Build the `HookedTransformer` stored in ``directory`` (see the module docstring).
+
+    With ``verify`` (the default) the files are first checked against the
+    manifest and `CorruptModelDirError` names every problem found.
+    """
+    from transformers import AutoTokenizer  # slow import, only needed here
+
+    directory = Path(directory)
+    if verify and (problems := verify_model_dir(directory)):
+        raise CorruptModelDirError(
+            f"The model directory {directory} is not intact: " + "; ".join(problems)
+            + ". Save the model again (circuits.save_model) or delete the directory."
+        )
+    data = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+    cfg = config_from_json(data, device=device, dtype=dtype)
+    tokenizer = None
+    if (directory / TOKENIZER_DIR).is_dir():
+        tokenizer = AutoTokenizer.from_pretrained(str(directory / TOKENIZER_DIR))
+    model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=True)
+    state_dict = load_file(str(directory / WEIGHTS_FILE))
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    missing = [k for k in missing if k.rsplit(".", 1)[-1] not in _DERIVED_BUFFERS]
+    if missing or unexpected:
+        raise CorruptModelDirError(
+            f"{directory / WEIGHTS_FILE} does not fit {CONFIG_FILE}: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}. Was it written by another version of the toolkit?"
+        )
+    return model
