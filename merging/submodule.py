@@ -1,0 +1,365 @@
+"""Submodule closed-form merging (Dai et al., "Leveraging Submodule Linearity Enhances
+Task Arithmetic Performance in LLMs", ICLR 2025).
+
+The premise: a submodule ``m`` (a block, an attention, an MLP, a head) is close to
+linear in its parameters around the base, so with task vectors ``τ_i`` the merged
+submodule's output change is ``≈ Σ_i α_i δ_i(x)`` with
+``δ_i(x) = f_m(x; θ_i) − f_m(x; θ0)``. Ask it to reproduce, on task ``t``'s data,
+what expert ``t`` does there: minimise ``Σ_t Σ_x ‖Σ_i α_i δ_i(x) − δ_t(x)‖²``. The
+normal equations give, per submodule,
+
+    G_ij = Σ_t Σ_x ⟨δ_i(x), δ_j(x)⟩,   b_i = Σ_t Σ_x ⟨δ_i(x), δ_t(x)⟩,
+    α* = (G + εI)⁻¹ b,                 θ_m = θ0_m + Σ_i α*_i τ_i,m.
+
+The authors' code was never released; the choices of this reference version:
+
+* **Data.** ~30 samples per task (``n_samples``); sums run over every real token
+  position (padding masked out) and over ``d_model`` (or ``d_vocab`` at model level).
+* **Inputs x.** The submodule's input cached from expert ``t`` running task ``t``
+  (``inputs_from="expert"``, default: each expert sees the activations it would
+  produce) or from the base (``"base"``). The submodule itself is then run with
+  each parameter set on those inputs (:mod:`merging.blocks`), not the whole model.
+* **Solve.** float64; ``ε = ridge · mean(diag G)`` (relative, default 1e-8) so the
+  solve is scale-free; a submodule no expert changed (``G = 0``) gets α = 0,
+  harmless because its ``τ`` is 0.
+* **Levels** (:data:`LEVELS`): ``"model"`` (one α from the logits, applied to every
+  parameter, embeddings included, since the fit saw them), ``"layer"`` (whole
+  block), ``"attn_mlp"`` (attention incl. ``ln1``/``ln1_post``; MLP incl.
+  ``ln2``/``ln2_post``) and ``"head"`` (each head's ``z_h @ W_O[h]`` for its own
+  slices; ``b_O``, norms and shared grouped/multi-query K/V get an attention-level
+  α; the MLP is merged at MLP level). For non-model levels, embeddings,
+  positional embeddings, the final norm and the unembedding use task arithmetic
+  with ``embed_lambda`` (default ``1/n_experts``: the mean task vector).
+* **Per-layer levels.** ``levels`` may be a mapping ``layer -> level`` or a callable
+  ``layer -> level``; this is the hook for circuit-aware merging (e.g. head level
+  in the layers a circuit lives in, attention/MLP level elsewhere).
+
+Memory: unlike :func:`merging.merge`, this method runs models, so it holds the
+model, one expert's full weights while caching inputs, and one block per expert
+while fitting a layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import plotly.graph_objects as go
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from merging import blocks
+from merging.state_dicts import EMBEDDING_PREFIXES, SourceLike, StateDictSource, as_sources, check_compatible, is_buffer
+
+LEVELS = ("model", "layer", "attn_mlp", "head")
+LevelSpec = str | Mapping[int, str] | Callable[[int], str]
+
+
+@dataclass(frozen=True)
+class SubmoduleMergeConfig:
+    """Hyper-parameters of closed-form submodule merging (see the module docstring)."""
+
+    level: str = "attn_mlp"
+    inputs_from: str = "expert"
+    n_samples: int = 30
+    batch_size: int = 8
+    ridge: float = 1e-8
+    embed_lambda: float | None = None
+
+    def __post_init__(self):
+        if self.level not in LEVELS:
+            raise ValueError(f"level must be one of {LEVELS}, got {self.level!r}.")
+        if self.inputs_from not in ("expert", "base"):
+            raise ValueError(f"inputs_from must be 'expert' or 'base', got {self.inputs_from!r}.")
+
+
+@dataclass(frozen=True)
+class Submodule:
+    """One fitted unit: ``name`` (``"L3.attn"``, ``"L3H1"``...), how it is evaluated and what it owns.
+
+    ``kind`` is the :mod:`merging.blocks` evaluation (``"heads"`` for a head, with
+    ``head`` picking its output slice); ``params`` lists block-relative parameter
+    names with the head index they are sliced at (None = whole tensor).
+    """
+
+    name: str
+    kind: str
+    layer: int
+    head: int | None
+    params: tuple[tuple[str, int | None], ...]
+
+
+@dataclass
+class AlphaTable:
+    """Fitted α per submodule (rows) and expert (columns), with the Gram data behind them."""
+
+    names: list[str]
+    values: Tensor  # [n_submodules, n_experts], float64
+    expert_names: list[str]
+    gram: dict[str, Tensor] = field(default_factory=dict)
+    rhs: dict[str, Tensor] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.values[self.names.index(name)]
+
+    def to_dict(self) -> dict[str, list[float]]:
+        """``{submodule: [α per expert]}`` (JSON-friendly)."""
+        return {n: [float(a) for a in row] for n, row in zip(self.names, self.values)}
+
+
+@dataclass
+class SubmoduleMergeResult:
+    """The merged state dict (loadable into the base's architecture) and the α table."""
+
+    state_dict: dict[str, Tensor]
+    alphas: AlphaTable
+
+
+def level_of(levels: LevelSpec, layer: int) -> str:
+    """The level used for ``layer`` under a global, per-layer mapping or callable spec."""
+    level = levels if isinstance(levels, str) else (levels(layer) if callable(levels) else levels[layer])
+    if level not in LEVELS[1:]:
+        raise ValueError(f"Layer {layer}: per-layer level must be one of {LEVELS[1:]}, got {level!r}.")
+    return level
+
+
+def plan_layer(model: HookedTransformer, layer: int, level: str) -> list[Submodule]:
+    """The submodules of block ``layer`` at ``level``; every block parameter is owned exactly once."""
+    names = blocks.kind_param_names(model, layer, "layer")
+    whole = lambda kind: tuple((n, None) for n in blocks.kind_param_names(model, layer, kind))  # noqa: E731
+    if level == "layer":
+        subs = [Submodule(f"L{layer}", "layer", layer, None, whole("layer"))]
+    else:
+        blocks.check_block_layout(model)
+        attn = whole("attn")
+        subs = []
+        if level == "head":
+            head_names = blocks.head_param_names(model, layer)
+            subs += [
+                Submodule(f"L{layer}H{h}", "heads", layer, h, tuple((n, h) for n in head_names))
+                for h in range(model.cfg.n_heads)
+            ]
+            attn = tuple(p for p in attn if p[0] not in head_names)
+        subs.append(Submodule(f"L{layer}.attn", "attn", layer, None, attn))
+        if not model.cfg.attn_only:
+            subs.append(Submodule(f"L{layer}.mlp", "mlp", layer, None, whole("mlp")))
+    owned = {n for s in subs for n, _ in s.params}
+    if level != "head":
+        missing = set(names) - owned
+    else:
+        missing = set(names) - owned - set(blocks.head_param_names(model, layer))
+    if missing:
+        raise ValueError(f"Block {layer} parameters {sorted(missing)} belong to no submodule at level {level!r}.")
+    return subs
+
+
+def block_params(src: StateDictSource, layer: int, device, dtype) -> dict[str, Tensor]:
+    """Block ``layer``'s parameters from ``src``, block-relative names, on ``device``/``dtype``."""
+    prefix = blocks.block_prefix(layer)
+    return {
+        k[len(prefix):]: src.get(k).to(device=device, dtype=dtype)
+        for k in src.param_keys()
+        if k.startswith(prefix)
+    }
+
+
+def _full_params(src: StateDictSource, device, dtype) -> dict[str, Tensor]:
+    return {k: src.get(k).to(device=device, dtype=dtype) for k in src.param_keys()}
+
+
+def solve_alpha(gram: Tensor, rhs: Tensor, ridge: float) -> Tensor:
+    """``α = (G + εI)⁻¹ b`` in float64 with ``ε = ridge · mean(diag G)`` (α = 0 when G = 0)."""
+    gram, rhs = gram.double(), rhs.double()
+    scale = float(gram.diagonal().mean())
+    if scale <= 0.0:
+        return torch.zeros_like(rhs)
+    eye = torch.eye(len(rhs), dtype=torch.float64, device=gram.device)
+    return torch.linalg.solve(gram + ridge * scale * eye, rhs)
+
+
+class _Accumulator:
+    """Running ``G`` and ``b`` of one submodule."""
+
+    def __init__(self, n: int):
+        self.gram = torch.zeros(n, n, dtype=torch.float64)
+        self.rhs = torch.zeros(n, dtype=torch.float64)
+
+    def add(self, deltas: Sequence[Tensor], task: int, mask: Tensor) -> None:
+        flat = torch.stack([(d.double() * mask).reshape(-1) for d in deltas]).cpu()
+        self.gram += flat @ flat.T
+        self.rhs += flat @ flat[task]
+
+
+def _task_inputs(model, sources, base, task_batches, hooks, cfg, dtype, progress):
+    """Per task, per chunk: the cached inputs from expert t (or the base)."""
+    device = model.cfg.device
+    out = []
+    for t, chunks in enumerate(tqdm(task_batches, desc="caching inputs", disable=not progress)):
+        params = None if cfg.inputs_from == "base" else _full_params(sources[t], device, dtype)
+        with torch.no_grad():
+            out.append([blocks.collect_inputs(model, tok, m, hooks, params) for tok, m in chunks])
+        del params
+    return out
+
+
+def merge_submodules(
+    model: HookedTransformer,
+    experts: Sequence[SourceLike],
+    tasks: Sequence,
+    config: SubmoduleMergeConfig = SubmoduleMergeConfig(),
+    *,
+    levels: LevelSpec | None = None,
+    attention_masks: Sequence | None = None,
+    expert_names: Sequence[str] | None = None,
+    progress: bool = True,
+) -> SubmoduleMergeResult:
+    """Closed-form submodule merging of ``experts`` into ``model`` (which holds the base θ0).
+
+    ``tasks[t]`` is task ``t``'s data (Int tensor ``[batch, pos]``, a list of them,
+    or a list of strings); expert ``t`` is the expert for task ``t``.
+    ``levels`` overrides ``config.level`` per layer (mapping or callable).
+    """
+    base, sources = as_sources(model, experts)
+    if len(tasks) != len(sources):
+        raise ValueError(f"{len(tasks)} tasks for {len(sources)} experts: give one task (data) per expert.")
+    check_compatible(base, sources)
+    n = len(sources)
+    names = list(expert_names) if expert_names is not None else [f"expert {i}" for i in range(n)]
+    device, dtype = model.cfg.device, next(model.parameters()).dtype
+    masks = attention_masks if attention_masks is not None else [None] * n
+    task_batches = [
+        blocks.batches(model, task, m, n_samples=config.n_samples, batch_size=config.batch_size)
+        for task, m in zip(tasks, masks)
+    ]
+    spec = levels if levels is not None else config.level
+    if spec == "model":
+        return _merge_model_level(model, base, sources, task_batches, config, names, progress)
+    plans = [plan_layer(model, layer, level_of(spec, layer)) for layer in range(model.cfg.n_layers)]
+    hooks = sorted({blocks.input_hook(model, s.layer, s.kind) for plan in plans for s in plan})
+    inputs = _task_inputs(model, sources, base, task_batches, hooks, config, dtype, progress)
+
+    rows, alphas, grams, rhss = [], [], {}, {}
+    merged: dict[str, Tensor] = {}
+    for layer, plan in enumerate(tqdm(plans, desc="fitting layers", disable=not progress)):
+        theta0 = block_params(base, layer, device, dtype)
+        thetas = [block_params(s, layer, device, dtype) for s in sources]
+        accs = {s.name: _Accumulator(n) for s in plan}
+        for kind in dict.fromkeys(s.kind for s in plan):
+            swap = blocks.kind_param_names(model, layer, kind)
+            hook = blocks.input_hook(model, layer, kind)
+            for t in range(n):
+                for (tok, m), cache in zip(task_batches[t], inputs[t]):
+                    mask = blocks.position_mask(tok, m).cpu()
+                    with torch.no_grad():
+                        y0 = blocks.evaluate(model, layer, kind, theta0, cache[hook], m)
+                        deltas = [
+                            blocks.evaluate(model, layer, kind, {**theta0, **{k: th[k] for k in swap}}, cache[hook], m)
+                            - y0
+                            for th in thetas
+                        ]
+                    for s in (s for s in plan if s.kind == kind):
+                        ds = deltas if s.head is None else [d[:, :, s.head] for d in deltas]
+                        accs[s.name].add([d.cpu() for d in ds], t, mask)
+        for s in plan:
+            a = solve_alpha(accs[s.name].gram, accs[s.name].rhs, config.ridge)
+            rows.append(s.name)
+            alphas.append(a)
+            grams[s.name], rhss[s.name] = accs[s.name].gram, accs[s.name].rhs
+            _apply(merged, s, a, theta0, thetas, layer)
+    table = AlphaTable(rows, torch.stack(alphas), names, grams, rhss)
+    lam = config.embed_lambda if config.embed_lambda is not None else 1.0 / n
+    return SubmoduleMergeResult(_assemble(base, sources, merged, lam), table)
+
+
+def _apply(merged, sub: Submodule, alpha: Tensor, theta0, thetas, layer: int) -> None:
+    """Write ``θ0 + Σ α_i τ_i`` for ``sub``'s parameters (or head slices) into ``merged``."""
+    prefix = blocks.block_prefix(layer)
+    for name, head in sub.params:
+        key = prefix + name
+        if key not in merged:
+            merged[key] = theta0[name].detach().clone()
+        base_t = theta0[name] if head is None else theta0[name][head]
+        acc = base_t.double().clone()
+        for a, th in zip(alpha, thetas):
+            acc += float(a) * ((th[name] if head is None else th[name][head]).double() - base_t.double())
+        if head is None:
+            merged[key] = acc.to(base_t.dtype)
+        else:
+            merged[key][head] = acc.to(base_t.dtype)
+
+
+def _assemble(base: StateDictSource, sources, merged: dict[str, Tensor], lam: float) -> dict[str, Tensor]:
+    """Final state dict in the base's key order: fitted blocks, TA for embeddings/unembedding, base buffers."""
+    out = {}
+    for key in base.keys():
+        t = base.get(key)
+        if key in merged:
+            out[key] = merged[key].to(t.dtype).cpu()
+        elif is_buffer(key):
+            out[key] = t.detach().clone()
+        elif key.startswith(EMBEDDING_PREFIXES):
+            acc = t.double().clone()
+            for s in sources:
+                acc += lam * (s.get(key).double() - t.double())
+            out[key] = acc.to(t.dtype)
+        else:
+            raise ValueError(f"Parameter {key} is neither in a block nor an embedding/unembedding/final norm.")
+    return out
+
+
+def _merge_model_level(model, base, sources, task_batches, config, names, progress) -> SubmoduleMergeResult:
+    """One α for the whole model, fitted on the logits; applied to every parameter."""
+    device, dtype = model.cfg.device, next(model.parameters()).dtype
+    n = len(sources)
+    acc = _Accumulator(n)
+    with torch.no_grad():
+        y0 = [[blocks.logits(model, tok, m) for tok, m in chunks] for chunks in task_batches]
+        deltas = [[[None] * n for _ in chunks] for chunks in task_batches]
+        for i, src in enumerate(tqdm(sources, desc="expert logits", disable=not progress)):
+            params = _full_params(src, device, dtype)
+            for t, chunks in enumerate(task_batches):
+                for c, (tok, m) in enumerate(chunks):
+                    deltas[t][c][i] = (blocks.logits(model, tok, m, params) - y0[t][c]).cpu()
+            del params
+    for t, chunks in enumerate(task_batches):
+        for c, (tok, m) in enumerate(chunks):
+            acc.add(deltas[t][c], t, blocks.position_mask(tok, m).cpu())
+    alpha = solve_alpha(acc.gram, acc.rhs, config.ridge)
+    out = {}
+    for key in base.keys():
+        t = base.get(key)
+        if is_buffer(key):
+            out[key] = t.detach().clone()
+            continue
+        a = t.double().clone()
+        for ai, s in zip(alpha, sources):
+            a += float(ai) * (s.get(key).double() - t.double())
+        out[key] = a.to(t.dtype).cpu()
+    table = AlphaTable(["model"], alpha.unsqueeze(0), names, {"model": acc.gram}, {"model": acc.rhs})
+    return SubmoduleMergeResult(out, table)
+
+
+def alpha_heatmap(table: AlphaTable, title: str = "Closed-form merging weights α") -> go.Figure:
+    """Plotly heatmap of the α table: submodules (rows) x experts (columns)."""
+    z = table.values.float().numpy()
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=table.expert_names,
+            y=table.names,
+            colorscale="RdBu",
+            zmid=0.0,
+            colorbar=dict(title="α"),
+            hovertemplate="%{y} · %{x}: α=%{z:.3f}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=title,
+        xaxis_title="expert",
+        yaxis_title="submodule",
+        yaxis=dict(autorange="reversed"),
+        height=max(300, 18 * len(table.names) + 120),
+    )
+    return fig
