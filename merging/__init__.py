@@ -9,6 +9,13 @@
 * :mod:`merging.linearity`: non-linearity scores of submodules vs the whole model.
 """
 
+from merging.linearity import (
+    LinearityConfig,
+    LinearityResult,
+    alpha_grid,
+    nonlinearity_figure,
+    nonlinearity_scores,
+)
 from merging.merge import merge
 from merging.methods import CONFIGS, METHODS
 from merging.methods import (
@@ -41,4 +48,5 @@ __all__ = [
     "TaskArithmeticConfig", "TiesConfig", "StateDictSource", "apply_task_vectors", "check_compatible",
     "iter_task_vectors", "load_state_dict", "save_state_dict", "task_vector", "AlphaTable",
     "SubmoduleMergeConfig", "SubmoduleMergeResult", "alpha_heatmap", "merge_submodules",
+    "LinearityConfig", "LinearityResult", "alpha_grid", "nonlinearity_figure", "nonlinearity_scores",
 ]

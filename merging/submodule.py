@@ -192,12 +192,12 @@ class _Accumulator:
         self.rhs += flat @ flat[task]
 
 
-def _task_inputs(model, sources, base, task_batches, hooks, cfg, dtype, progress):
-    """Per task, per chunk: the cached inputs from expert t (or the base)."""
+def cache_task_inputs(model, sources, task_batches, hooks, inputs_from: str, dtype, progress: bool = False):
+    """Per task ``t``, per chunk: ``{hook: activation}`` from expert ``t`` (``inputs_from="expert"``) or the base."""
     device = model.cfg.device
     out = []
     for t, chunks in enumerate(tqdm(task_batches, desc="caching inputs", disable=not progress)):
-        params = None if cfg.inputs_from == "base" else _full_params(sources[t], device, dtype)
+        params = None if inputs_from == "base" else _full_params(sources[t], device, dtype)
         with torch.no_grad():
             out.append([blocks.collect_inputs(model, tok, m, hooks, params) for tok, m in chunks])
         del params
@@ -238,7 +238,7 @@ def merge_submodules(
         return _merge_model_level(model, base, sources, task_batches, config, names, progress)
     plans = [plan_layer(model, layer, level_of(spec, layer)) for layer in range(model.cfg.n_layers)]
     hooks = sorted({blocks.input_hook(model, s.layer, s.kind) for plan in plans for s in plan})
-    inputs = _task_inputs(model, sources, base, task_batches, hooks, config, dtype, progress)
+    inputs = cache_task_inputs(model, sources, task_batches, hooks, config.inputs_from, dtype, progress)
 
     rows, alphas, grams, rhss = [], [], {}, {}
     merged: dict[str, Tensor] = {}
