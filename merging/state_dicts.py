@@ -137,7 +137,7 @@ def _processed_reason(src: StateDictSource) -> str | None:
 
 
 def _norm_keys(src: StateDictSource) -> set[str]:
-    return {k for k in src.param_keys() if k.split(".")[-2].startswith("ln")}
+    return {k for k in src.param_keys() if "." in k and k.split(".")[-2].startswith("ln")}
 
 
 def check_compatible(

@@ -1,0 +1,35 @@
+"""Shared fixtures: tiny random models and experts made by perturbing them."""
+
+import pytest
+import torch
+
+from circuits.testing import tiny_model
+from merging.state_dicts import is_buffer
+
+
+def perturbed(model, scale: float = 0.02, seed: int = 1, only=None) -> dict:
+    """The model's state dict plus a small random task vector (on keys containing ``only``, if given)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for k, v in model.state_dict().items():
+        if is_buffer(k) or (only is not None and only not in k):
+            out[k] = v.clone()
+        else:
+            out[k] = v + scale * torch.randn(v.shape, generator=gen)
+    return out
+
+
+@pytest.fixture(scope="session")
+def perturb():
+    """:func:`perturbed` as a fixture (test modules cannot import conftest)."""
+    return perturbed
+
+
+@pytest.fixture(scope="module")
+def gpt2_model():
+    return tiny_model(style="gpt2", seed=0)
+
+
+@pytest.fixture(scope="module")
+def gemma_model():
+    return tiny_model(style="gemma", seed=0)
