@@ -1,0 +1,211 @@
+"""Private helpers shared by the patching methods: input normalisation, cached runs, END-only block pieces.
+
+Every public method accepts its prompts in one of three forms and turns them
+into :class:`PromptGroup` s (prompts of equal token length, on the model's
+device) with :func:`prompt_groups`:
+
+* a ``datasets.Dataset`` from :func:`circuits.tasks.make_dataset` (its
+  ``cf_tokens`` column gives the counterfactual; rows are grouped by length);
+* a :class:`circuits.tasks.TaskBatch`;
+* reference and counterfactual token tensors ``[batch, pos]`` plus ``answer_ids``.
+
+Results over several groups are averaged with each prompt weighted equally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+from transformer_lens import utils as tl_utils
+
+from circuits.tasks import TaskBatch, iter_batches
+
+PromptInput = Union[Dataset, TaskBatch, Tensor]
+IdInput = Union[int, Sequence[int], Tensor, None]
+
+
+@dataclass
+class PromptGroup:
+    """Reference and counterfactual prompts of one token length, with the tokens the metric scores."""
+
+    tokens: Int[Tensor, "batch pos"]
+    cf_tokens: Int[Tensor, "batch pos"]
+    answer_ids: Int[Tensor, "batch"]
+    alt_ids: Optional[Int[Tensor, "batch"]] = None
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+def _ids(ids: IdInput, n: int, name: str, device, rows: Optional[Sequence[int]] = None) -> Optional[Tensor]:
+    if ids is None:
+        return None
+    if isinstance(ids, int):
+        return torch.full((n,), ids, dtype=torch.long, device=device)
+    ids = torch.as_tensor(ids, dtype=torch.long)
+    if rows is not None:  # per-row ids of a whole dataset, selected for this batch
+        ids = ids[torch.as_tensor(rows)]
+    if ids.shape != (n,):
+        raise ValueError(f"{name} has shape {tuple(ids.shape)} but there are {n} prompts: pass one id per prompt or one int.")
+    return ids.to(device)
+
+
+def prompt_groups(
+    model: HookedTransformer,
+    reference: PromptInput,
+    counterfactual: Optional[Tensor] = None,
+    *,
+    answer_ids: IdInput = None,
+    alt_ids: IdInput = None,
+    batch_size: Optional[int] = None,
+) -> list[PromptGroup]:
+    """Normalise the accepted input forms into equal-length groups on the model's device (see module docstring)."""
+    device = model.cfg.device
+    groups: list[PromptGroup] = []
+    if isinstance(reference, Dataset):
+        if counterfactual is not None:
+            raise ValueError("With a Dataset the counterfactual comes from its cf_tokens column; pass counterfactual=None.")
+        if answer_ids is not None:
+            raise ValueError("With a Dataset the answers come from its answer_token_ids column; pass answer_ids=None.")
+        for batch in iter_batches(reference, batch_size or len(reference)):
+            groups.append(PromptGroup(batch.tokens.to(device), batch.cf_tokens.to(device), batch.answer_ids.to(device),
+                                      _ids(alt_ids, len(batch), "alt_ids", device, batch.indices)))
+    elif isinstance(reference, TaskBatch):
+        if counterfactual is not None or answer_ids is not None:
+            raise ValueError("A TaskBatch carries its counterfactual and answers; pass counterfactual=None, answer_ids=None.")
+        n = len(reference)
+        groups.append(PromptGroup(reference.tokens.to(device), reference.cf_tokens.to(device),
+                                  reference.answer_ids.to(device), _ids(alt_ids, n, "alt_ids", device)))
+    elif isinstance(reference, Tensor):
+        if not isinstance(counterfactual, Tensor):
+            raise ValueError("With reference tokens, pass counterfactual tokens of the same shape as a tensor.")
+        if reference.ndim != 2 or reference.shape != counterfactual.shape:
+            raise ValueError(
+                f"reference {tuple(reference.shape)} and counterfactual {tuple(counterfactual.shape)} must both be "
+                f"[batch, pos] with the same shape: patching swaps activations position by position."
+            )
+        if answer_ids is None:
+            raise ValueError("With token tensors, pass answer_ids (one int, or one id per prompt).")
+        n = reference.shape[0]
+        step = batch_size or n
+        answers, alts = _ids(answer_ids, n, "answer_ids", device), _ids(alt_ids, n, "alt_ids", device)
+        for start in range(0, n, step):
+            sl = slice(start, start + step)
+            groups.append(PromptGroup(reference[sl].to(device), counterfactual[sl].to(device), answers[sl],
+                                      None if alts is None else alts[sl]))
+    else:
+        raise TypeError(f"reference must be a Dataset, a TaskBatch or a token tensor, got {type(reference).__name__}.")
+    vocab = model.cfg.d_vocab_out
+    for g in groups:
+        for name, ids in (("answer_ids", g.answer_ids), ("alt_ids", g.alt_ids)):
+            if ids is not None and (ids.min() < 0 or ids.max() >= vocab):
+                raise ValueError(f"{name} contains ids outside the vocabulary 0..{vocab - 1}.")
+    return groups
+
+
+# ---------------------------------------------------------------------------- cached runs
+
+
+@torch.no_grad()
+def end_cache(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], names: Sequence[str]
+) -> tuple[dict[str, Tensor], Float[Tensor, "batch d_model"]]:
+    """Run ``tokens`` once; keep the END position of each named activation and the final END residual.
+
+    Slicing inside the hook keeps memory at one position per activation.
+    """
+    store: dict[str, Tensor] = {}
+
+    def keep(act, *, hook):
+        store[hook.name] = act[:, -1].clone()
+
+    resid = model.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names], stop_at_layer=model.cfg.n_layers)
+    return store, resid[:, -1]
+
+
+@torch.no_grad()
+def full_cache(
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], names: Sequence[str]
+) -> tuple[dict[str, Tensor], Float[Tensor, "batch d_model"]]:
+    """Run ``tokens`` once; keep every named activation at all positions, and the final END residual."""
+    store: dict[str, Tensor] = {}
+
+    def keep(act, *, hook):
+        store[hook.name] = act.clone()
+
+    resid = model.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names], stop_at_layer=model.cfg.n_layers)
+    return store, resid[:, -1]
+
+
+def act_names(kind: str, layers: Sequence[int]) -> list[str]:
+    """TransformerLens hook names of ``kind`` (``"z"``, ``"mlp_out"``, ``"resid_pre"``, ...) for ``layers``."""
+    return [tl_utils.get_act_name(kind, layer) for layer in layers]
+
+
+# ---------------------------------------------------------------------------- END-only block pieces
+
+
+def _norm_rows(norm, x: Float[Tensor, "rows d_model"]) -> Float[Tensor, "rows d_model"]:
+    return norm(x[:, None, :])[:, 0, :]
+
+
+def attn_out_from_z(
+    model: HookedTransformer, layer: int, z: Float[Tensor, "rows head_index d_head"]
+) -> Float[Tensor, "rows d_model"]:
+    """What attention layer ``layer`` adds to the residual, given all its heads' z at one position.
+
+    Same operations as TransformerLens' attention (``F.linear`` over the
+    flattened heads, plus ``ln1_post`` for models with norms after attention,
+    like gemma-3): the added output is a function of all heads' z at that
+    position only, so freezing or swapping z is exact even through the norm.
+    """
+    block = model.blocks[layer]
+    W_O = block.attn.W_O  # [head_index, d_head, d_model]
+    w = W_O.reshape(-1, W_O.shape[-1]).T.contiguous()
+    out = F.linear(z.reshape(z.shape[0], -1).to(w.dtype), w, block.attn.b_O)
+    if model.cfg.use_normalization_before_and_after:
+        out = _norm_rows(block.ln1_post, out)
+    return out
+
+
+def mlp_out_rows(model: HookedTransformer, layer: int, resid_mid: Float[Tensor, "rows d_model"]) -> Float[Tensor, "rows d_model"]:
+    """What MLP ``layer`` adds to the residual at the given rows (``ln2``, MLP, and ``ln2_post`` if any)."""
+    block = model.blocks[layer]
+    return block.apply_mlp(block.ln2(resid_mid[:, None, :]))[:, 0, :]
+
+
+def check_sequential_blocks(model: HookedTransformer) -> Optional[str]:
+    """Why the END-only fast path cannot reproduce this architecture's blocks, or None when it can."""
+    from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
+
+    cfg = model.cfg
+    if cfg.parallel_attn_mlp:
+        return "parallel attention/MLP blocks"
+    if cfg.original_architecture in POST_NORM_ARCHITECTURES:
+        return "post-norm blocks"
+    if cfg.use_attn_result or cfg.load_in_4bit:
+        return "use_attn_result / 4-bit weights"
+    return None
+
+
+def chunks(n_items: int, per_chunk: int) -> Iterator[slice]:
+    """Consecutive slices of at most ``per_chunk`` items."""
+    per_chunk = max(1, per_chunk)
+    for start in range(0, n_items, per_chunk):
+        yield slice(start, min(start + per_chunk, n_items))
+
+
+def rows_per_chunk(model: HookedTransformer, memory_mb: float, n_pos: int = 1) -> int:
+    """How many prompt rows of ``n_pos`` positions fit a forward in about ``memory_mb`` of activations."""
+    cfg = model.cfg
+    # Rough live-activation bytes per position: residual-width tensors, MLP hidden, attention scores.
+    width = 12 * cfg.d_model + 3 * (cfg.d_mlp or 0) + 2 * cfg.n_heads * n_pos + 4 * cfg.n_heads * cfg.d_head
+    per_row = n_pos * width * torch.finfo(cfg.dtype).bits // 8
+    return max(1, int(memory_mb * 2**20 // max(per_row, 1)))

@@ -1,0 +1,237 @@
+"""Result containers of the patching methods, their figures and their JSON form.
+
+* :class:`NodeScores`: one score per attention head (``heads [layer, head]``) and
+  per MLP (``mlps [layer]``), as path patching and attribution patching give;
+  ``figure()`` draws Zhang et al. (2024) Figure 2 (heads x layers heatmap with
+  an MLP column); :func:`key_heads` picks the heads that matter.
+* :class:`ActivationScores`: activation patching over any grid of
+  (layer, pos, head) in TransformerLens' layout.
+* :class:`KnockoutCurve`: accuracy against the number of knocked-out heads,
+  effect-rank vs random-rank (Figure 3), plus optional transfer results (Figure 4).
+
+Scores are *effects*: the metric of the patched run minus the reference run's,
+averaged over prompts. ``percent`` divides by the mean reference metric (the
+paper's "% change of the ground-truth logit").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from circuits.nodes import MLP, Head, Node
+
+
+def write_json_atomic(obj, path: str) -> None:
+    """Write ``obj`` as JSON to ``path`` via a temporary file and rename (never a half-written file)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _finite(x: float) -> Optional[float]:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+@dataclass
+class NodeScores:
+    """Per-node effects: ``heads [n_layers, n_heads]`` and ``mlps [n_layers]`` (NaN where not scored)."""
+
+    heads: Float[Tensor, "layer head"]
+    mlps: Float[Tensor, "layer"]
+    metric: str
+    baseline: float
+    n_prompts: int
+    method: str = "path_patching"
+    info: dict = field(default_factory=dict)
+
+    @property
+    def heads_percent(self) -> Tensor:
+        """Head effects in % of the mean reference metric."""
+        return 100.0 * self.heads / abs(self.baseline)
+
+    @property
+    def mlps_percent(self) -> Tensor:
+        """MLP effects in % of the mean reference metric."""
+        return 100.0 * self.mlps / abs(self.baseline)
+
+    def score(self, node: Node) -> float:
+        """The effect of one node."""
+        return float(self.heads[node.layer, node.head] if isinstance(node, Head) else self.mlps[node.layer])
+
+    def ranked(self, kind: str = "all", by: str = "abs") -> list[tuple[Node, float]]:
+        """Scored nodes sorted by importance: ``by="abs"`` (largest |effect|), ``"neg"`` (largest drop) or ``"pos"``.
+
+        ``kind`` is ``"all"``, ``"heads"`` or ``"mlps"``.
+        """
+        keys = {"abs": lambda v: -abs(v), "neg": lambda v: v, "pos": lambda v: -v}
+        if by not in keys:
+            raise ValueError(f"Unknown ranking {by!r}: use 'abs', 'neg' or 'pos'.")
+        if kind not in ("all", "heads", "mlps"):
+            raise ValueError(f"Unknown node kind {kind!r}: use 'all', 'heads' or 'mlps'.")
+        items: list[tuple[Node, float]] = []
+        if kind in ("all", "heads"):
+            items += [(Head(l, h), float(v)) for (l, h), v in _enumerate2(self.heads)]
+        if kind in ("all", "mlps"):
+            items += [(MLP(l), float(v)) for l, v in enumerate(self.mlps.tolist())]
+        items = [(n, v) for n, v in items if math.isfinite(v)]
+        return sorted(items, key=lambda item: keys[by](item[1]))
+
+    def to_dict(self) -> dict:
+        """JSON-ready: effects, percentages, the ranked nodes and metadata (NaN becomes null)."""
+        as_list = lambda t: [[_finite(v) for v in row] for row in t.tolist()] if t.ndim == 2 else [_finite(v) for v in t.tolist()]
+        return {
+            "method": self.method,
+            "metric": self.metric,
+            "baseline": self.baseline,
+            "n_prompts": self.n_prompts,
+            "heads": as_list(self.heads),
+            "mlps": as_list(self.mlps),
+            "heads_percent": as_list(self.heads_percent),
+            "mlps_percent": as_list(self.mlps_percent),
+            "ranked": [[str(n), v] for n, v in self.ranked()],
+            "info": self.info,
+        }
+
+    def figure(self, percent: bool = True, title: Optional[str] = None):
+        """Zhang et al. Figure 2: heads x layers heatmap with an MLP column (plotly)."""
+        from plotly.subplots import make_subplots
+        import plotly.graph_objects as go
+
+        heads = (self.heads_percent if percent else self.heads).float().cpu()
+        mlps = (self.mlps_percent if percent else self.mlps).float().cpu()
+        vmax = float(torch.nan_to_num(torch.cat([heads.flatten(), mlps]).abs(), nan=0.0).max()) or 1.0
+        n_layers, n_heads = heads.shape
+        unit = "%" if percent else self.metric
+        fig = make_subplots(rows=1, cols=2, column_widths=[0.85, 0.15], horizontal_spacing=0.04,
+                            subplot_titles=("heads", "MLP"))
+        common = dict(colorscale="RdBu", zmid=0, zmin=-vmax, zmax=vmax)
+        fig.add_trace(go.Heatmap(z=heads.numpy(), x=[str(h) for h in range(n_heads)], y=list(range(n_layers)),
+                                 colorbar=dict(title=unit), hovertemplate="L%{y}H%{x}: %{z:.3g}<extra></extra>", **common), 1, 1)
+        fig.add_trace(go.Heatmap(z=mlps.numpy()[:, None], x=["MLP"], y=list(range(n_layers)), showscale=False,
+                                 hovertemplate="MLP%{y}: %{z:.3g}<extra></extra>", **common), 1, 2)
+        fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
+        fig.update_yaxes(autorange="reversed", showticklabels=False, row=1, col=2)
+        fig.update_xaxes(title_text="head", row=1, col=1)
+        fig.update_layout(title=title or f"{self.method}: change of {self.metric} at END ({unit}), {self.n_prompts} prompts")
+        return fig
+
+
+def _enumerate2(t: Tensor):
+    for l, row in enumerate(t.tolist()):
+        for h, v in enumerate(row):
+            yield (l, h), v
+
+
+def key_heads(
+    result: NodeScores, threshold: Optional[float] = None, top_k: Optional[int] = None, by: str = "neg"
+) -> tuple[list[Head], float]:
+    """The key heads and the fraction of all heads they are.
+
+    ``threshold`` keeps heads whose effect is at least that many % of the reference
+    metric in the ranking direction (``by="neg"``: a drop of >= threshold %;
+    ``"abs"``: |effect| >= threshold %); ``top_k`` keeps at most the first k.
+    With neither, heads whose |effect| is >= 5% are kept.
+    """
+    if threshold is None and top_k is None:
+        threshold, by = 5.0, "abs"
+    if top_k is not None and top_k < 0:
+        raise ValueError(f"top_k must be >= 0, got {top_k}.")
+    ranked = result.ranked("heads", by=by)
+    if threshold is not None:
+        signed = {"neg": lambda v: -v, "pos": lambda v: v, "abs": abs}[by]
+        ranked = [(n, v) for n, v in ranked if signed(100.0 * v / abs(result.baseline)) >= threshold]
+    if top_k is not None:
+        ranked = ranked[:top_k]
+    heads = [n for n, _ in ranked]
+    return heads, len(heads) / result.heads.numel()
+
+
+@dataclass
+class ActivationScores:
+    """Activation patching in TransformerLens' layout: ``patched`` is the mean patched metric over ``axes``."""
+
+    patched: Tensor
+    axes: tuple[str, ...]
+    component: str
+    metric: str
+    baseline: float
+    n_prompts: int
+
+    @property
+    def effect(self) -> Tensor:
+        """Patched metric minus the reference metric."""
+        return self.patched - self.baseline
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return {"component": self.component, "axes": list(self.axes), "metric": self.metric, "baseline": self.baseline,
+                "n_prompts": self.n_prompts, "patched": self.patched.tolist(), "effect": self.effect.tolist()}
+
+    def figure(self, title: Optional[str] = None):
+        """Heatmap of the effect (the head axis is flattened with position when both are present)."""
+        import plotly.express as px
+
+        effect = self.effect.float().cpu()
+        if effect.ndim == 3:  # layer pos head -> rows "L.H", columns pos
+            effect = effect.permute(0, 2, 1).reshape(-1, effect.shape[1])
+        if effect.ndim == 1:
+            effect = effect[:, None]
+        vmax = float(effect.abs().max()) or 1.0
+        return px.imshow(effect.numpy(), color_continuous_scale="RdBu", zmin=-vmax, zmax=vmax, aspect="auto",
+                         title=title or f"activation patching of {self.component} ({', '.join(self.axes)}): change of {self.metric}")
+
+
+@dataclass
+class KnockoutCurve:
+    """Accuracy after knocking out k heads: effect-ranked vs random (mean and std over seeds)."""
+
+    ks: list[int]
+    effect_rank: list[float]
+    random_rank: list[float]
+    random_std: list[float]
+    base_accuracy: float
+    heads: list[str]
+    n_seeds: int
+    transfer: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """JSON-ready form."""
+        return dict(self.__dict__)
+
+    def figure(self, title: Optional[str] = None):
+        """Zhang et al. Figure 3: accuracy vs number of knocked-out heads, effect-rank vs random-rank."""
+        import plotly.graph_objects as go
+
+        fig = go.Figure()
+        ks = [0, *self.ks]
+        fig.add_trace(go.Scatter(x=ks, y=[self.base_accuracy, *self.effect_rank], mode="lines+markers", name="effect-rank"))
+        fig.add_trace(go.Scatter(x=ks, y=[self.base_accuracy, *self.random_rank], mode="lines+markers",
+                                 name=f"random-rank (mean of {self.n_seeds})",
+                                 error_y=dict(type="data", array=[0.0, *self.random_std])))
+        fig.update_layout(title=title or "Mean-ablation knockout of the top-k heads", xaxis_title="k (heads knocked out)",
+                          yaxis_title="accuracy", yaxis_range=[0, 1.05])
+        return fig
+
+    def transfer_figure(self, title: Optional[str] = None):
+        """Zhang et al. Figure 4: accuracy per data format before and after knocking out the key heads."""
+        import plotly.graph_objects as go
+
+        names = list(self.transfer)
+        fig = go.Figure([
+            go.Bar(name="full model", x=names, y=[self.transfer[n]["base"] for n in names]),
+            go.Bar(name="key heads knocked out", x=names, y=[self.transfer[n]["knockout"] for n in names]),
+        ])
+        fig.update_layout(barmode="group", title=title or "Transfer of the key heads", yaxis_title="accuracy", yaxis_range=[0, 1.05])
+        return fig
