@@ -176,6 +176,13 @@ def verify_model_dir(directory: str | Path) -> list[str]:
 # --------------------------------------------------------------------------- save / load
 
 
+def _chmod_by_umask(path: Path, mode: int) -> None:
+    """Give ``path`` the permissions a plain ``open``/``mkdir`` would have (``mode`` less the umask)."""
+    umask = os.umask(0o022)  # reading the umask means setting it; restore at once
+    os.umask(umask)
+    os.chmod(path, mode & ~umask)
+
+
 def _state_dict_for_saving(model: HookedTransformer) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
@@ -193,7 +200,9 @@ def _state_dict_for_saving(model: HookedTransformer) -> dict[str, torch.Tensor]:
 
 def write_model_files(model: HookedTransformer, directory: Path) -> None:
     """Write weights, config and tokenizer of ``model`` into the existing empty ``directory``."""
-    save_file(_state_dict_for_saving(model), str(directory / WEIGHTS_FILE), metadata={"format": FORMAT_NAME})
+    weights = directory / WEIGHTS_FILE
+    save_file(_state_dict_for_saving(model), str(weights), metadata={"format": FORMAT_NAME})
+    _chmod_by_umask(weights, 0o666)  # safetensors creates its file private (0600)
     (directory / CONFIG_FILE).write_text(json.dumps(config_to_json(model.cfg), indent=2), encoding="utf-8")
     if model.tokenizer is not None:
         model.tokenizer.save_pretrained(str(directory / TOKENIZER_DIR))
@@ -204,6 +213,7 @@ def staging_dir(destination: Path) -> Iterator[Path]:
     """A fresh temporary directory next to ``destination``, removed on exit unless published."""
     destination.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{destination.name}.tmp-", dir=destination.parent))
+    _chmod_by_umask(tmp, 0o777)  # mkdtemp makes it private (0700)
     try:
         yield tmp
     finally:
@@ -243,6 +253,22 @@ def save_model(model: HookedTransformer, path: str | os.PathLike, *, overwrite: 
     return destination
 
 
+def _load_tokenizer(path: Path, auto_tokenizer: Any) -> Any:
+    """Load a saved tokenizer the way TransformerLens wants it: with ``add_bos_token=True``.
+
+    ``save_pretrained`` does not record ``add_bos_token``, and TL's ``set_tokenizer``
+    reloads any tokenizer that lacks it, which for gemma's 262k vocabulary
+    costs ~4 s; asking for it here makes that reload a no-op.
+    """
+    settings = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    if settings.get("bos_token") is not None:
+        try:
+            return auto_tokenizer.from_pretrained(str(path), add_bos_token=True)
+        except ValueError:  # tokenizers that cannot express a BOS template; TL falls back likewise
+            pass
+    return auto_tokenizer.from_pretrained(str(path))
+
+
 def load_model_dir(
     directory: str | Path, *, device: str | torch.device, dtype: torch.dtype, verify: bool = True
 ) -> HookedTransformer:
@@ -263,8 +289,13 @@ def load_model_dir(
     cfg = config_from_json(data, device=device, dtype=dtype)
     tokenizer = None
     if (directory / TOKENIZER_DIR).is_dir():
-        tokenizer = AutoTokenizer.from_pretrained(str(directory / TOKENIZER_DIR))
+        tokenizer = _load_tokenizer(directory / TOKENIZER_DIR, AutoTokenizer)
     model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=True)
+    if model.tokenizer is not None:
+        # TL 3.9's to_str_tokens has a transformers-4 special case for tokenizers
+        # whose name_or_path contains "gemma" that breaks under transformers 5; a
+        # neutral name keeps it off (TL reads name_or_path nowhere else).
+        model.tokenizer.name_or_path = f"arith-circuits:{TOKENIZER_DIR}"
     state_dict = load_file(str(directory / WEIGHTS_FILE))
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     missing = [k for k in missing if k.rsplit(".", 1)[-1] not in _DERIVED_BUFFERS]
