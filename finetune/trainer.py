@@ -1,0 +1,323 @@
+"""The training loop shared by precise SFT, full SFT and LoRA.
+
+One loop, three ways to choose what trains (``method``):
+
+* ``"precise"``: the key heads' slices (and optional whole MLPs), via
+  :func:`finetune.masks.precise_selection`: gradients outside are exactly zero
+  and the optimizer never writes there;
+* ``"full"``: every parameter (embeddings frozen by default, see
+  :func:`finetune.masks.full_selection`);
+* ``"lora"``: rank-r factors injected by peft (:mod:`finetune.lora`), merged
+  into the weights at the end.
+
+The loop is the paper's: AdamW (decoupled weight decay 0.1), linear warmup over
+2% of the steps then linear decay, gradient clipping at 1.0, gradient
+accumulation of micro-batches up to ``batch_size`` examples per optimizer
+step. The loss is teacher-forced cross-entropy on the answer tokens only,
+averaged per example and then over the batch; logits are computed only at
+answer positions (unembedding every position of a 262k vocabulary would
+dominate the step on gemma).
+
+Determinism and resume: the examples of step ``s`` are a pure function of
+``(s, seed)`` (:func:`finetune.data.epoch_order`), the model has no dropout,
+and a checkpoint holds the tuned tensors, AdamW moments and step, so a run
+resumed from a checkpoint ends bit-identical to an uninterrupted one (on the
+same device, thread count and world size).
+
+Data parallel: under ``accelerate launch --num_processes N`` each process takes
+every N-th example of each batch and the gradients are summed across
+processes before the update, so every process applies the same update; only
+the main process writes checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from circuits.metrics import unembed_end
+from circuits.nodes import MLP, Head
+from finetune import checkpoints as ckpt
+from finetune.data import SFTDataError, collate, epoch_order, targets
+from finetune.lora import LoraSettings, attach_lora, lora_targets, merge_lora
+from finetune.masks import Selection, apply_selection, full_selection, named_selection, precise_selection
+from finetune.optim import SliceAdamW, lr_at
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("precise", "full", "lora")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimization settings; defaults follow the paper (§5.3) except where a field says otherwise.
+
+    ``batch_size`` is the number of examples per optimizer step (across all
+    processes); ``micro_batch_size`` how many go through one forward/backward.
+    ``epochs`` may be fractional; ``max_steps`` overrides it.
+    """
+
+    lr: float = 2e-5
+    batch_size: int = 128
+    micro_batch_size: int = 8
+    epochs: float = 2.0
+    max_steps: int | None = None
+    warmup_ratio: float = 0.02
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    max_grad_norm: float | None = 1.0
+    seed: int = 0
+    # precise SFT
+    tune_kv: bool = True
+    rescale: bool = True
+    # full SFT
+    train_embeddings: bool = False
+    # LoRA
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    # bookkeeping (not part of the run's identity)
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    progress: bool = True
+
+    def identity(self) -> dict:
+        """The fields a resumed run must share with the run it continues."""
+        data = asdict(self)
+        for key in ("checkpoint_every", "keep_checkpoints", "progress"):
+            data.pop(key)
+        return data
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` did. ``model`` is the trained `HookedTransformer` (the same object passed in)."""
+
+    model: HookedTransformer
+    method: str
+    selection: Selection
+    n_trainable: int
+    n_parameters: int
+    steps: int
+    losses: list[float]
+    seconds_per_step: float
+    optimizer_state_bytes: int
+    peak_rss_bytes: int
+    peak_cuda_bytes: int | None
+    out_dir: Path | None
+    resumed_from: Path | None
+
+    def summary(self) -> dict:
+        """JSON-ready summary (no tensors)."""
+        return {
+            "method": self.method, "selection": self.selection.description, "n_trainable": self.n_trainable,
+            "n_parameters": self.n_parameters, "trainable_fraction": self.n_trainable / self.n_parameters,
+            "steps": self.steps, "first_loss": self.losses[0] if self.losses else None,
+            "final_loss": self.losses[-1] if self.losses else None, "seconds_per_step": self.seconds_per_step,
+            "optimizer_state_bytes": self.optimizer_state_bytes, "peak_rss_bytes": self.peak_rss_bytes,
+            "peak_cuda_bytes": self.peak_cuda_bytes,
+            "resumed_from": str(self.resumed_from) if self.resumed_from else None,
+        }
+
+
+def answer_loss(model: HookedTransformer, rows: Sequence[dict], denominator: int) -> torch.Tensor:
+    """Sum over ``rows`` of each row's mean answer-token cross-entropy, divided by ``denominator``."""
+    pad_id = model.tokenizer.pad_token_id if model.tokenizer is not None and model.tokenizer.pad_token_id is not None else 0
+    tokens, predicts = collate(rows, pad_id, model.cfg.device)
+    resid = model(tokens, stop_at_layer=model.cfg.n_layers)
+    logits = unembed_end(model, resid[predicts])
+    per_token = F.cross_entropy(logits.float(), targets(rows, predicts), reduction="none")
+    row_of = predicts.nonzero()[:, 0]
+    counts = predicts.sum(1).clamp(min=1).to(per_token.dtype)
+    per_row = torch.zeros(len(rows), dtype=per_token.dtype, device=per_token.device).index_add_(0, row_of, per_token)
+    return (per_row / counts).sum() / denominator
+
+
+def _dataset_fingerprint(rows: list[dict]) -> str:
+    digest = hashlib.sha256()
+    for r in rows:
+        digest.update(json.dumps([r["input_ids"], r["n_prompt"]]).encode())
+    return digest.hexdigest()[:16]
+
+
+def _world() -> tuple[int, int]:
+    """(rank, world size); initializes accelerate's process group when launched with several processes."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    from accelerate import PartialState
+
+    state = PartialState()
+    return state.process_index, state.num_processes
+
+
+def _all_reduce_grads(optimizer: SliceAdamW) -> None:
+    import torch.distributed as dist
+
+    for _, p in optimizer.slices:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+
+def _peak_rss() -> int:
+    # ru_maxrss is KiB on Linux: the process's peak resident memory so far.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _select(model, method, heads, mlps, config) -> tuple[Selection, Selection]:
+    """(what the optimizer trains, what changes in the final model): they differ only for LoRA."""
+    if method == "precise":
+        selection = precise_selection(model, list(heads or ()), list(mlps or ()), tune_kv=config.tune_kv,
+                                      rescale=config.rescale)
+        return selection, selection
+    if heads or mlps:
+        raise ValueError(f"heads/mlps are only used by method='precise', not {method!r}.")
+    if method == "full":
+        selection = full_selection(model, train_embeddings=config.train_embeddings)
+        return selection, selection
+    targets_ = lora_targets(model, config.lora)
+    description = f"lora r={config.lora.r} on {len(targets_)} tensors"
+    final = named_selection(model, targets_, description + " (merged)")
+    names = attach_lora(model, config.lora, seed=config.seed)
+    return named_selection(model, names, description), final
+
+
+def train(
+    model: HookedTransformer,
+    train_dataset: Dataset,
+    config: TrainConfig = TrainConfig(),
+    *,
+    method: str = "precise",
+    heads: Sequence[Head] | None = None,
+    mlps: Sequence[MLP] | None = None,
+    out_dir: str | os.PathLike | None = None,
+    resume: bool = True,
+    on_step: Callable[[int, float], None] | None = None,
+) -> TrainResult:
+    """Fine-tune ``model`` in place on ``train_dataset`` (rows with ``input_ids`` and ``n_prompt``).
+
+    Args:
+        method: ``"precise"`` (needs ``heads`` and/or ``mlps``), ``"full"`` or ``"lora"``.
+        out_dir: where checkpoints (every ``config.checkpoint_every`` steps) and
+            the final tuned tensors (``out_dir/final``, loadable onto a base model
+            with :func:`finetune.checkpoints.load_tuned`) go. With ``resume=True``
+            an existing checkpoint there is continued (its run settings must match).
+        on_step: called as ``on_step(step, loss)`` after each optimizer step (and
+            its checkpoint); an exception raised there stops training, as a kill would.
+
+    Returns:
+        a :class:`TrainResult`; ``result.model`` is ``model``, trained (LoRA merged in).
+    """
+    if method not in METHODS:
+        raise ValueError(f"Unknown method {method!r}: use one of {METHODS}.")
+    missing = {"input_ids", "n_prompt"} - set(train_dataset.column_names)
+    if missing:
+        raise SFTDataError(f"train_dataset lacks columns {sorted(missing)}; build it with finetune.data.encode_pairs.")
+    if config.batch_size < 1 or config.micro_batch_size < 1:
+        raise ValueError("batch_size and micro_batch_size must be >= 1.")
+    rows = [{"input_ids": list(r["input_ids"]), "n_prompt": int(r["n_prompt"])} for r in train_dataset]
+    steps_per_epoch = len(rows) // config.batch_size
+    if steps_per_epoch == 0:
+        raise SFTDataError(f"{len(rows)} examples are fewer than one batch of {config.batch_size}.")
+    total = config.max_steps if config.max_steps is not None else math.ceil(config.epochs * steps_per_epoch)
+    if total < 1:
+        raise ValueError("The run has no steps: raise epochs or max_steps.")
+    rank, world = _world()
+    out_dir = Path(out_dir) if out_dir is not None else None
+    n_parameters = sum(p.numel() for p in model.parameters())
+
+    selection, final_selection = _select(model, method, heads, mlps, config)
+    n_trainable = selection.n_trainable(model)
+    applied = apply_selection(model, selection)
+    try:
+        optimizer = SliceAdamW(applied.parameters(), betas=config.betas, eps=config.eps,
+                               weight_decay=config.weight_decay)
+        identity = {"method": method, "config": config.identity(), "data": _dataset_fingerprint(rows),
+                    "total_steps": total, "world_size": world,
+                    "selection": ckpt.selection_to_json(selection)["slices"]}
+        start, losses, resumed_from = 0, [], None
+        latest = ckpt.latest_checkpoint(out_dir) if (out_dir is not None and resume) else None
+        if latest is not None:
+            saved = ckpt.read_state(latest)
+            if saved.get("identity") != json.loads(json.dumps(identity)):
+                raise ckpt.CheckpointError(
+                    f"{latest} was written by a different run (method, settings, data, world size or selection "
+                    f"differ); pass another out_dir or resume=False.")
+            ckpt.load_tuned(model, latest, optimizer=optimizer)
+            start, losses, resumed_from = saved["step"], list(saved["losses"]), latest
+            logger.info("resuming %s from %s at step %d", method, latest, start)
+
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        step_times = []
+        order_cache: dict[int, list[int]] = {}
+        bar = tqdm(range(start, total), desc=f"{method} SFT", disable=not config.progress or rank != 0,
+                   initial=start, total=total)
+        for step in bar:
+            began = time.perf_counter()
+            epoch, position = divmod(step, steps_per_epoch)
+            if epoch not in order_cache:
+                order_cache = {epoch: epoch_order(len(rows), epoch, config.seed)}
+            batch = order_cache[epoch][position * config.batch_size:(position + 1) * config.batch_size]
+            mine = batch[rank::world]
+            step_loss = torch.zeros((), dtype=torch.float64)
+            for i in range(0, len(mine), config.micro_batch_size):
+                micro = [rows[j] for j in mine[i:i + config.micro_batch_size]]
+                loss = answer_loss(model, micro, len(batch))
+                loss.backward()
+                step_loss += loss.detach().double().cpu()
+            if world > 1:
+                import torch.distributed as dist
+
+                _all_reduce_grads(optimizer)
+                dist.all_reduce(step_loss, op=dist.ReduceOp.SUM)
+            if config.max_grad_norm is not None:
+                optimizer.clip_grad_norm(config.max_grad_norm)
+            optimizer.step(lr_at(step, total, config.lr, config.warmup_ratio))
+            optimizer.zero_grad()
+            losses.append(float(step_loss))
+            step_times.append(time.perf_counter() - began)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            done = step + 1
+            if out_dir is not None and config.checkpoint_every and done % config.checkpoint_every == 0 and done < total:
+                if rank == 0:
+                    ckpt.save_tuned(model, selection, ckpt.checkpoint_dir(out_dir, done), optimizer=optimizer,
+                                    state={"step": done, "losses": losses, "identity": identity})
+                    ckpt.prune_checkpoints(out_dir, config.keep_checkpoints)
+                if world > 1:
+                    torch.distributed.barrier()
+            if on_step is not None:
+                on_step(done, losses[-1])
+        state_bytes = optimizer.state_bytes()
+    finally:
+        applied.remove()
+    if method == "lora":
+        merge_lora(model)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if out_dir is not None and rank == 0:
+        ckpt.save_tuned(model, final_selection, out_dir / "final",
+                        state={"step": total, "losses": losses, "identity": identity, "method": method})
+    timed = step_times[1:] or step_times  # the first step pays one-off allocation costs
+    return TrainResult(
+        model=model, method=method, selection=final_selection, n_trainable=n_trainable,
+        n_parameters=n_parameters, steps=total, losses=losses,
+        seconds_per_step=sum(timed) / len(timed) if timed else float("nan"),
+        optimizer_state_bytes=state_bytes, peak_rss_bytes=_peak_rss(),
+        peak_cuda_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+        out_dir=out_dir, resumed_from=resumed_from,
+    )
