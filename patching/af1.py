@@ -1,0 +1,432 @@
+"""The All-for-One (AF1) subgraph: wait, transfer to the last token, compute alone.
+
+Mamidanna, Rai, Yao & Zhou (2025, arXiv 2509.09650) find that LLMs doing mental
+arithmetic need very little cross-token computation: the tokens can *wait* for
+the first ``L_wait`` layers without reading each other, a few ``L_transfer``
+layers then move information to the last token, and the last token computes
+the answer alone. The AF1 model makes this claim testable:
+
+1. **wait**: CAMA (:mod:`patching.cama`) at layer ``L_wait`` replaces every
+   non-BOS position's residual by its context-aware mean, erasing what the
+   first ``L_wait`` layers moved between tokens;
+2. **transfer**: in layers ``L_wait .. L_wait + L_transfer - 1`` the last token
+   may attend to every token (ABP full peek, :mod:`patching.abp`);
+3. **compute alone**: in the remaining layers it attends to BOS and itself only
+   (self peek).
+
+In all layers from ``L_wait`` on, the other tokens attend only to BOS and
+themselves (no peek; ``AF1Config.others="full"`` lifts this). *Faithfulness*
+is the AF1 model's top-1 accuracy on the first answer token over prompts the
+full model answers correctly.
+
+:class:`AF1Runner` makes the (``L_wait``, ``L_transfer``) grid cheap: CAMA
+means for every layer and the evaluation prompts' residuals are computed once;
+an AF1 forward starts at block ``L_wait`` (``start_at_layer``) from the CAMA'd
+residual and scores the END position only. For one ``L_wait`` the runs with
+0, 1, 2, ... transfer layers share their full-peek prefix, so each block is run
+once per prefix. :func:`search_af1` then picks the largest ``L_wait`` that
+keeps ``>= min_faithfulness`` with the fewest transfer layers, and
+:func:`prune_transfer_heads` greedily closes transfer heads (self peek) while
+the faithfulness stays ``>= prune_keep`` times that setting's.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Hashable, Iterable, Mapping, Sequence
+
+import torch
+from datasets import Dataset
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from circuits.metrics import unembed_end
+from circuits.nodes import Head
+from circuits.tasks import accuracy_mask, make_row
+from circuits.templates import Template
+from patching.abp import PeekRule, abp_hooks, layer_peek_masks
+from patching.cama import CamaConfig, CamaMeans, fit_cama, group_rows, residuals
+
+logger = logging.getLogger(__name__)
+
+# The authors' five formats (paper §3/Table 4), written as circuits.templates.Template data.
+# "Python" has no style of its own in circuits.templates; it is filed under "equation".
+AUTHORS_TEMPLATES: tuple[Template, ...] = (
+    Template("af1-equation", "+", "equation", "{A}[+]{B}="),
+    Template("af1-verbal", "+", "statement", "The [sum] of {A} and {B} is "),
+    Template("af1-question", "+", "question", "What is the [sum] of {A} and {B}? Answer: "),
+    Template("af1-word", "+", "word_problem",
+             "Anna has {A} apples. Tom [gives] her {B} more apples. How many apples does Anna have now? Answer: "),
+    Template("af1-python", "+", "equation", ">>> print({A} [+] {B})\n"),
+)
+
+
+@dataclass(frozen=True)
+class AF1Config:
+    """AF1 settings. ``others``: peek rule of non-last tokens after ``L_wait`` (paper: ``"self"``)."""
+
+    cama: CamaConfig = field(default_factory=CamaConfig)
+    others: PeekRule = "self"
+    fit_fraction: float = 0.5
+    batch_size: int = 32
+    min_faithfulness: float = 0.9
+    prune_keep: float = 0.95
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.fit_fraction < 1:
+            raise ValueError(f"fit_fraction must be in (0, 1), got {self.fit_fraction}.")
+        if not 0 < self.min_faithfulness <= 1 or not 0 < self.prune_keep <= 1:
+            raise ValueError("min_faithfulness and prune_keep must be in (0, 1].")
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def make_template_dataset(
+    tokenizer, templates: Sequence[Template], n_per_template: int = 100, *,
+    operand_range: tuple[int, int] = (0, 9), seed: int = 0,
+) -> Dataset:
+    """Zero-shot prompts for custom templates: distinct operand pairs per template (at most all pairs)."""
+    tokenizer = getattr(tokenizer, "tokenizer", None) or tokenizer
+    if n_per_template < 1:
+        raise ValueError(f"n_per_template must be >= 1, got {n_per_template}.")
+    lo, hi = operand_range
+    pairs = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1)]
+    rng = random.Random(seed)
+    rows = []
+    for template in templates:
+        for a, b in rng.sample(pairs, min(n_per_template, len(pairs))):
+            rows.append(make_row(tokenizer, template, Fraction(a), Fraction(b)))
+    return Dataset.from_list(rows)
+
+
+def split_fit_eval(dataset: Dataset, fit_fraction: float = 0.5, seed: int = 0) -> tuple[Dataset, Dataset]:
+    """Disjoint (fit, eval) splits, stratified by CAMA alignment group; equal prompts go to one side."""
+    if len(dataset) < 2:
+        raise ValueError(f"Need at least 2 prompts to split into fit and eval sets, got {len(dataset)}.")
+    rng = random.Random(seed)
+    prompts = dataset["prompt"]
+    fit, evaluate = [], []
+    for rows in group_rows(dataset).values():
+        by_prompt: dict[str, list[int]] = {}
+        for i in rows:
+            by_prompt.setdefault(prompts[i], []).append(i)
+        unique = list(by_prompt)
+        rng.shuffle(unique)
+        n_fit = round(fit_fraction * len(unique))
+        if len(unique) >= 2:
+            n_fit = min(max(n_fit, 1), len(unique) - 1)
+        for j, prompt in enumerate(unique):
+            (fit if j < n_fit else evaluate).extend(by_prompt[prompt])
+    if not fit or not evaluate:
+        raise ValueError("The split left the fit or the eval set empty; use more prompts.")
+    return dataset.select(sorted(fit)), dataset.select(sorted(evaluate))
+
+
+# ---------------------------------------------------------------------------- masks
+
+
+def check_setting(model: HookedTransformer, l_wait: int, l_transfer: int) -> None:
+    """Raise a clear error unless ``0 <= l_wait``, ``0 <= l_transfer`` and ``l_wait + l_transfer <= n_layers``."""
+    n = model.cfg.n_layers
+    if not isinstance(l_wait, int) or not isinstance(l_transfer, int):
+        raise TypeError(f"l_wait and l_transfer must be ints, got {l_wait!r}, {l_transfer!r}.")
+    if not 0 <= l_wait <= n:
+        raise ValueError(f"l_wait={l_wait} is out of range: use 0..{n} (the model has {n} layers).")
+    if l_transfer < 0 or l_wait + l_transfer > n:
+        raise ValueError(f"l_wait + l_transfer = {l_wait} + {l_transfer} must be at most n_layers = {n} (and l_transfer >= 0).")
+
+
+def af1_masks(
+    model: HookedTransformer, n_pos: int, l_wait: int, l_transfer: int, *,
+    transfer_heads: Iterable[Head] | None = None, others: PeekRule = "self",
+) -> dict[int, Tensor]:
+    """ABP masks of the AF1 model for every layer from ``l_wait`` on.
+
+    With ``transfer_heads``, only those heads give the last token full peek in the
+    transfer layers; the other heads there get self peek.
+    """
+    check_setting(model, l_wait, l_transfer)
+    transfer = range(l_wait, l_wait + l_transfer)
+    full_heads = None
+    if transfer_heads is not None:
+        full_heads = {layer: [] for layer in transfer}
+        for head in transfer_heads:
+            if head.layer not in full_heads:
+                raise ValueError(f"{head} is not in the transfer layers {list(transfer)}.")
+            full_heads[head.layer].append(head.head)
+    masks = layer_peek_masks(model, n_pos, layers=transfer, last="full", others=others, full_heads=full_heads)
+    masks.update(layer_peek_masks(model, n_pos, layers=range(l_wait + l_transfer, model.cfg.n_layers),
+                                  last="self", others=others))
+    return masks
+
+
+# ---------------------------------------------------------------------------- the runner
+
+
+@dataclass
+class _Group:
+    tokens: Int[Tensor, "batch pos"]
+    answers: Int[Tensor, "batch"]
+    means: dict[int, CamaMeans]
+    resid: dict[int, Float[Tensor, "batch pos d_model"]]
+
+
+class AF1Runner:
+    """Evaluates AF1 models on fixed eval prompts with CAMA means fitted on disjoint fit prompts.
+
+    ``eval_data`` should hold the prompts the full model answers correctly (see
+    :meth:`from_dataset`). Eval prompts whose alignment group has no fit prompts are
+    dropped and counted in ``n_unmatched``.
+    """
+
+    base_accuracy: float = float("nan")  # full-model accuracy on the eval split (set by from_dataset)
+    n_eval_total: int = 0
+
+    def __init__(self, model: HookedTransformer, fit_data: Dataset, eval_data: Dataset,
+                 config: AF1Config = AF1Config(), layers: Iterable[int] | None = None):
+        if len(eval_data) == 0:
+            raise ValueError("AF1 needs at least one evaluation prompt (none were answered correctly?).")
+        if len(fit_data) == 0:
+            raise ValueError("AF1 needs prompts to fit the CAMA means on; the fit set is empty.")
+        self.model, self.config = model, config
+        n = model.cfg.n_layers
+        self.layers = sorted(set(range(n + 1) if layers is None else layers))
+        for layer in self.layers:
+            check_setting(model, layer, 0)
+        fitted = fit_cama(model, fit_data, self.layers, config.cama, batch_size=config.batch_size)
+        self.groups: list[_Group] = []
+        self.n_unmatched = 0
+        self.group_keys: list[Hashable] = []
+        for key, rows in group_rows(eval_data).items():
+            if key not in fitted:
+                self.n_unmatched += len(rows)
+                continue
+            subset = eval_data.select(rows)
+            tokens = torch.tensor(subset["tokens"], device=model.cfg.device)
+            answers = torch.tensor([ids[0] for ids in subset["answer_token_ids"]], device=model.cfg.device)
+            self.groups.append(_Group(tokens, answers, fitted[key], residuals(model, tokens, self.layers, config.batch_size)))
+            self.group_keys.append(key)
+        if not self.groups:
+            raise ValueError("No evaluation prompt shares a template/token layout with the fit prompts.")
+        if self.n_unmatched:
+            logger.warning("%d eval prompts have no fit prompts of the same layout and are left out.", self.n_unmatched)
+
+    @classmethod
+    def from_dataset(cls, model: HookedTransformer, data: Dataset, config: AF1Config = AF1Config(),
+                     fit_data: Dataset | None = None, layers: Iterable[int] | None = None) -> "AF1Runner":
+        """Split ``data`` (unless ``fit_data`` is given), keep the correctly answered eval prompts, build a runner."""
+        if len(data) == 0:
+            raise ValueError("AF1 got an empty dataset.")
+        if fit_data is None:
+            fit_data, data = split_fit_eval(data, config.fit_fraction, config.seed)
+        correct = accuracy_mask(model, data, config.batch_size)
+        runner = cls(model, fit_data, data.select([i for i, ok in enumerate(correct) if ok]), config, layers)
+        runner.base_accuracy = sum(correct) / len(correct)
+        runner.n_eval_total = len(correct)
+        return runner
+
+    @property
+    def n_eval(self) -> int:
+        return sum(len(g.tokens) for g in self.groups)
+
+    def _cama_resid(self, group: _Group, l_wait: int) -> Tensor:
+        if l_wait == 0:
+            # The embeddings depend on each position's own token only: CAMA is the identity there,
+            # except where a rare token would fall back to a position mean, which would only add noise.
+            return group.resid[0]
+        if l_wait not in group.means:
+            raise ValueError(f"This runner has no CAMA means for l_wait={l_wait}; it was built for layers {self.layers}.")
+        return group.means[l_wait].apply(group.resid[l_wait], group.tokens)
+
+    def _run(self, resid: Tensor, start: int, stop: int, masks: Mapping[int, Tensor]) -> Tensor:
+        if start >= stop:
+            return resid
+        hooks = abp_hooks(self.model, {l: m for l, m in masks.items() if start <= l < stop})
+        with self.model.hooks(fwd_hooks=hooks):
+            return self.model(resid, start_at_layer=start, stop_at_layer=stop)
+
+    def _logits_from(self, resid: Tensor, start: int, masks) -> Float[Tensor, "batch d_vocab"]:
+        """Run blocks ``start..n-1`` in chunks; logits at END."""
+        bs = self.config.batch_size
+        return torch.cat([unembed_end(self.model, self._run(resid[i:i + bs], start, self.model.cfg.n_layers, masks)[:, -1])
+                          for i in range(0, len(resid), bs)])
+
+    @torch.no_grad()
+    def end_logits(self, l_wait: int, l_transfer: int,
+                   transfer_heads: Iterable[Head] | None = None) -> list[Float[Tensor, "batch d_vocab"]]:
+        """The AF1 model's END logits, one tensor per alignment group (``self.groups`` order)."""
+        check_setting(self.model, l_wait, l_transfer)
+        heads = None if transfer_heads is None else list(transfer_heads)
+        out = []
+        for group in self.groups:
+            masks = af1_masks(self.model, group.tokens.shape[1], l_wait, l_transfer,
+                              transfer_heads=heads, others=self.config.others)
+            out.append(self._logits_from(self._cama_resid(group, l_wait), l_wait, masks))
+        return out
+
+    def correct(self, l_wait: int, l_transfer: int,
+                transfer_heads: Iterable[Head] | None = None) -> Bool[Tensor, "prompt"]:
+        """Per eval prompt (group order): does the AF1 model answer top-1 correctly?"""
+        logits = self.end_logits(l_wait, l_transfer, transfer_heads)
+        return torch.cat([lg.argmax(-1) == g.answers for lg, g in zip(logits, self.groups)])
+
+    def faithfulness(self, l_wait: int, l_transfer: int, transfer_heads: Iterable[Head] | None = None) -> float:
+        """AF1 accuracy over the eval prompts (which the full model answers correctly)."""
+        return self.correct(l_wait, l_transfer, transfer_heads).float().mean().item()
+
+    @torch.no_grad()
+    def sweep_transfer(self, l_wait: int, max_transfer: int | None = None) -> list[float]:
+        """Faithfulness for ``l_transfer = 0 .. max_transfer`` at one ``l_wait``, sharing the full-peek prefix."""
+        n = self.model.cfg.n_layers
+        max_transfer = n - l_wait if max_transfer is None else max_transfer
+        check_setting(self.model, l_wait, max_transfer)
+        hits = [[] for _ in range(max_transfer + 1)]
+        for group in self.groups:
+            n_pos = group.tokens.shape[1]
+            full = af1_masks(self.model, n_pos, l_wait, n - l_wait, others=self.config.others)
+            closed = af1_masks(self.model, n_pos, l_wait, 0, others=self.config.others)
+            state = self._cama_resid(group, l_wait)
+            for t in range(max_transfer + 1):
+                # state = residual after t full-peek layers; the rest of the model is self peek.
+                hits[t].append(self._logits_from(state, l_wait + t, closed).argmax(-1) == group.answers)
+                if t < max_transfer:
+                    layer = l_wait + t
+                    state = torch.cat([self._run(state[i:i + self.config.batch_size], layer, layer + 1, full)
+                                       for i in range(0, len(state), self.config.batch_size)])
+        return [torch.cat(h).float().mean().item() for h in hits]
+
+
+# ---------------------------------------------------------------------------- search
+
+
+def af1_accuracy(model: HookedTransformer, data: Dataset, l_wait: int, l_transfer: int, *,
+                 fit_data: Dataset | None = None, transfer_heads: Iterable[Head] | None = None,
+                 config: AF1Config = AF1Config()) -> float:
+    """Faithfulness of the AF1 model (``l_wait``, ``l_transfer``): its accuracy on prompts the full model gets right.
+
+    Without ``fit_data``, ``data`` is split (``config.fit_fraction``) into a CAMA fit set
+    and a disjoint eval set.
+    """
+    check_setting(model, l_wait, l_transfer)
+    runner = AF1Runner.from_dataset(model, data, config, fit_data=fit_data, layers=[l_wait])
+    return runner.faithfulness(l_wait, l_transfer, transfer_heads)
+
+
+@dataclass
+class AF1SearchResult:
+    """Grid faithfulness (``grid[l_wait][l_transfer]``, NaN where ``l_wait + l_transfer > n_layers``),
+    the chosen setting and the pruned transfer heads."""
+
+    grid: list[list[float]]
+    l_wait: int
+    l_transfer: int
+    faithfulness: float
+    meets_threshold: bool
+    kept_heads: list[Head]
+    pruned_faithfulness: float
+    n_transfer_heads: int
+    prune_trace: list[dict]
+    base_accuracy: float
+    n_eval: int
+    n_unmatched: int
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict (heads as "L<layer>H<head>", NaN as None)."""
+        return {
+            "grid": [[None if math.isnan(v) else v for v in row] for row in self.grid],
+            "l_wait": self.l_wait, "l_transfer": self.l_transfer, "faithfulness": self.faithfulness,
+            "meets_threshold": self.meets_threshold, "kept_heads": [str(h) for h in self.kept_heads],
+            "n_kept_heads": len(self.kept_heads), "n_transfer_heads": self.n_transfer_heads,
+            "pruned_faithfulness": self.pruned_faithfulness, "prune_trace": self.prune_trace,
+            "base_accuracy": self.base_accuracy, "n_eval": self.n_eval, "n_unmatched": self.n_unmatched,
+        }
+
+
+def grid_faithfulness(runner: AF1Runner, l_waits: Iterable[int] | None = None, progress: bool = True) -> list[list[float]]:
+    """The (l_wait, l_transfer) grid: ``grid[w][t]``, NaN outside ``w + t <= n_layers`` or for skipped ``w``."""
+    n = runner.model.cfg.n_layers
+    grid = [[float("nan")] * (n + 1) for _ in range(n + 1)]
+    l_waits = runner.layers if l_waits is None else sorted(l_waits)
+    for w in tqdm(l_waits, desc="AF1 grid (l_wait)", disable=not progress):
+        for t, value in enumerate(runner.sweep_transfer(w)):
+            grid[w][t] = value
+    return grid
+
+
+def select_setting(grid: Sequence[Sequence[float]], min_faithfulness: float = 0.9) -> tuple[int, int, bool]:
+    """Largest ``l_wait`` with some ``l_transfer`` reaching ``min_faithfulness``, with the fewest such transfer layers.
+
+    If no cell reaches the threshold, the most faithful cell (then larger ``l_wait``, fewer
+    transfer layers) is returned with ``False``.
+    """
+    cells = [(w, t, v) for w, row in enumerate(grid) for t, v in enumerate(row) if not math.isnan(v)]
+    if not cells:
+        raise ValueError("The grid has no evaluated cells.")
+    good = [(w, t) for w, t, v in cells if v >= min_faithfulness]
+    if good:
+        w = max(w for w, _ in good)
+        return w, min(t for ww, t in good if ww == w), True
+    w, t, _ = max(cells, key=lambda c: (c[2], c[0], -c[1]))
+    return w, t, False
+
+
+def prune_transfer_heads(runner: AF1Runner, l_wait: int, l_transfer: int, keep: float = 0.95,
+                         progress: bool = True) -> tuple[list[Head], float, list[dict]]:
+    """Greedily close transfer heads (self peek) while faithfulness stays ``>= keep`` x the full setting's.
+
+    One pass ranks each head by the faithfulness with it alone closed (least harmful
+    first); a second pass closes heads in that order, keeping a closure only if the
+    target still holds. Returns the kept heads, their faithfulness, and the trace.
+    """
+    heads = [Head(l, h) for l in range(l_wait, l_wait + l_transfer) for h in range(runner.model.cfg.n_heads)]
+    target = keep * runner.faithfulness(l_wait, l_transfer)
+    solo = {}
+    for head in tqdm(heads, desc="AF1 pruning: rank heads", disable=not progress):
+        solo[head] = runner.faithfulness(l_wait, l_transfer, [h for h in heads if h != head])
+    kept, current, trace = list(heads), runner.faithfulness(l_wait, l_transfer), []
+    for head in tqdm(sorted(heads, key=lambda h: -solo[h]), desc="AF1 pruning: close heads", disable=not progress):
+        trial = [h for h in kept if h != head]
+        value = runner.faithfulness(l_wait, l_transfer, trial)
+        accepted = value >= target
+        trace.append({"head": str(head), "faithfulness_alone_closed": solo[head],
+                      "faithfulness_after": value, "closed": accepted})
+        if accepted:
+            kept, current = trial, value
+    return kept, current, trace
+
+
+def search_af1(model: HookedTransformer, data: Dataset, config: AF1Config = AF1Config(), *,
+               fit_data: Dataset | None = None, l_waits: Iterable[int] | None = None,
+               runner: AF1Runner | None = None, progress: bool = True) -> AF1SearchResult:
+    """Grid over (l_wait, l_transfer), select the setting, prune its transfer heads."""
+    if runner is None:
+        runner = AF1Runner.from_dataset(model, data, config, fit_data=fit_data, layers=l_waits)
+    grid = grid_faithfulness(runner, l_waits, progress)
+    w, t, ok = select_setting(grid, config.min_faithfulness)
+    kept, pruned, trace = prune_transfer_heads(runner, w, t, config.prune_keep, progress)
+    return AF1SearchResult(grid, w, t, grid[w][t], ok, kept, pruned, t * model.cfg.n_heads, trace,
+                           runner.base_accuracy, runner.n_eval, runner.n_unmatched)
+
+
+def faithfulness_heatmap(grid: Sequence[Sequence[float]], title: str = "AF1 faithfulness",
+                         best: tuple[int, int] | None = None):
+    """A plotly heatmap of ``grid[l_wait][l_transfer]`` (rows: l_wait, columns: l_transfer)."""
+    import plotly.graph_objects as go
+
+    z = [[None if math.isnan(v) else v for v in row] for row in grid]
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(len(grid[0]))), y=list(range(len(grid))), zmin=0, zmax=1,
+                               colorscale="Viridis", colorbar={"title": "faithfulness"},
+                               hovertemplate="L_wait=%{y}<br>L_transfer=%{x}<br>faithfulness=%{z:.3f}<extra></extra>"))
+    if best is not None:
+        fig.add_trace(go.Scatter(x=[best[1]], y=[best[0]], mode="markers", name="selected",
+                                 marker={"symbol": "x", "size": 14, "color": "red"}))
+    fig.update_layout(title=title, xaxis_title="L_transfer (full-peek layers)", yaxis_title="L_wait (CAMA layer)")
+    return fig

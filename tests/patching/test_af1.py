@@ -1,0 +1,157 @@
+"""AF1: CAMA + ABP model, grid search and pruning on tiny random models; one gemma integration check."""
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+from datasets import Dataset
+
+from circuits.metrics import end_logits
+from circuits.nodes import Head
+from circuits.tasks import make_row
+from circuits.templates import Template
+from circuits.testing import tiny_model
+from patching.af1 import (
+    AUTHORS_TEMPLATES,
+    AF1Config,
+    AF1Runner,
+    af1_accuracy,
+    af1_masks,
+    check_setting,
+    faithfulness_heatmap,
+    grid_faithfulness,
+    make_template_dataset,
+    prune_transfer_heads,
+    search_af1,
+    select_setting,
+    split_fit_eval,
+)
+
+EQ = Template("t-eq", "+", "equation", "{A}[+]{B}=")
+
+
+def _data(model, n=None):
+    rows = [make_row(model.tokenizer, EQ, Fraction(a), Fraction(b)) for a in range(10) for b in range(10)]
+    return Dataset.from_list(rows[:n] if n else rows)
+
+
+def _runner(model, config=AF1Config()):
+    """A runner whose 'answers' are the plain model's own predictions, so faithfulness is informative."""
+    fit, ev = split_fit_eval(_data(model), 0.5, seed=0)
+    runner = AF1Runner(model, fit, ev, config)
+    for group in runner.groups:
+        group.answers = end_logits(model, group.tokens).argmax(-1)
+    return runner
+
+
+@pytest.mark.parametrize("style,kv", [("gpt2", None), ("llama", 2), ("gemma", None)])
+def test_wait_zero_full_peek_everywhere_is_the_plain_model(style, kv):
+    model = tiny_model(style=style, n_layers=3, n_key_value_heads=kv)
+    runner = _runner(model, AF1Config(others="full"))
+    n = model.cfg.n_layers
+    for logits, group in zip(runner.end_logits(0, n), runner.groups):
+        assert torch.allclose(logits, end_logits(model, group.tokens), atol=1e-5)
+    assert runner.faithfulness(0, n) == 1.0
+    # the paper's rule (other tokens do not peek) changes the computation
+    strict = _runner(model)
+    changed = [not torch.allclose(a, end_logits(model, g.tokens), atol=1e-4)
+               for a, g in zip(strict.end_logits(0, n), strict.groups)]
+    assert all(changed)
+    assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
+
+
+@pytest.mark.parametrize("style,kv", [("llama", 2), ("gemma", None)])
+def test_sweep_shares_prefix_exactly(style, kv):
+    model = tiny_model(style=style, n_layers=3, n_key_value_heads=kv)
+    runner = _runner(model)
+    n = model.cfg.n_layers
+    for w in range(n + 1):
+        sweep = runner.sweep_transfer(w)
+        assert len(sweep) == n - w + 1
+        assert sweep == [runner.faithfulness(w, t) for t in range(n - w + 1)]
+    # waiting through every layer leaves the last token only its operator-conditioned mean
+    values = {v for row in grid_faithfulness(runner, progress=False) for v in row if not math.isnan(v)}
+    assert len(values) > 1
+
+
+def test_transfer_heads_select_full_peek_per_head():
+    model = tiny_model(style="gemma", n_layers=3)
+    runner = _runner(model)
+    all_heads = [Head(l, h) for l in (1, 2) for h in range(4)]
+    a = runner.end_logits(1, 2)
+    b = runner.end_logits(1, 2, transfer_heads=all_heads)
+    c = runner.end_logits(1, 0)
+    d = runner.end_logits(1, 2, transfer_heads=[])
+    for x, y, z, u in zip(a, b, c, d):
+        assert torch.allclose(x, y) and torch.allclose(z, u)
+    masks = af1_masks(model, 5, 1, 1, transfer_heads=[Head(1, 2)])
+    assert masks[1].shape == (4, 5, 5) and masks[1][2, -1].all() and not masks[1][0, -1].all()
+    assert set(masks) == {1, 2} and masks[2][-1].tolist() == [True, False, False, False, True]
+    with pytest.raises(ValueError, match="transfer layers"):
+        af1_masks(model, 5, 1, 1, transfer_heads=[Head(2, 0)])
+
+
+def test_select_setting():
+    nan = float("nan")
+    grid = [[0.5, 0.95, 1.0], [0.2, 0.92, nan], [0.1, nan, nan]]
+    assert select_setting(grid, 0.9) == (1, 1, True)
+    assert select_setting(grid, 0.99) == (0, 2, True)
+    assert select_setting([[0.3, 0.5], [0.5, nan]], 0.9) == (1, 0, False)
+
+
+def test_search_and_pruning_run_end_to_end():
+    model = tiny_model(style="gemma", n_layers=2)
+    runner = _runner(model, AF1Config(min_faithfulness=0.5))
+    result = search_af1(model, None, AF1Config(min_faithfulness=0.5), runner=runner, progress=False)
+    assert result.faithfulness == result.grid[result.l_wait][result.l_transfer]
+    assert result.n_transfer_heads == 4 * result.l_transfer
+    assert all(result.l_wait <= h.layer < result.l_wait + result.l_transfer for h in result.kept_heads)
+    assert result.pruned_faithfulness >= 0.95 * result.faithfulness - 1e-9
+    assert math.isclose(runner.faithfulness(result.l_wait, result.l_transfer, result.kept_heads),
+                        result.pruned_faithfulness)
+    kept, value, trace = prune_transfer_heads(runner, 0, 2, keep=1.0, progress=False)
+    assert len(trace) == 8 and value >= runner.faithfulness(0, 2) - 1e-9
+    assert result.to_json()["grid"][2][1] is None
+    fig = faithfulness_heatmap(result.grid, best=(result.l_wait, result.l_transfer))
+    assert len(fig.data) == 2
+
+
+def test_af1_accuracy_on_correct_prompts_and_errors():
+    model = tiny_model(style="llama", n_layers=2)
+    data = _data(model)
+    # A random model gets some prompts right by chance at best; make sure the path runs or errors clearly.
+    try:
+        value = af1_accuracy(model, data, 1, 1)
+        assert 0.0 <= value <= 1.0
+    except ValueError as err:
+        assert "evaluation prompt" in str(err)
+    with pytest.raises(ValueError, match="l_wait=3"):
+        check_setting(model, 3, 0)
+    with pytest.raises(ValueError, match="at most n_layers"):
+        af1_accuracy(model, data, 1, 2)
+    with pytest.raises(ValueError, match="out of range"):
+        af1_accuracy(model, data, -1, 0)
+    with pytest.raises(ValueError, match="empty"):
+        af1_accuracy(model, data.select([]), 0, 1)
+    with pytest.raises(ValueError, match="fit_fraction"):
+        AF1Config(fit_fraction=1.0)
+
+
+def test_split_is_disjoint_and_stratified():
+    model = tiny_model()
+    data = make_template_dataset(model, [EQ, AUTHORS_TEMPLATES[1]], n_per_template=30)
+    fit, ev = split_fit_eval(data, 0.5, seed=1)
+    assert not set(fit["prompt"]) & set(ev["prompt"])
+    assert len(fit) + len(ev) == len(data)
+    assert set(fit["template_id"]) == set(ev["template_id"]) == {"t-eq", "af1-verbal"}
+
+
+@pytest.mark.integration
+def test_af1_on_gemma(gemma):
+    data = make_template_dataset(gemma, AUTHORS_TEMPLATES[:1], n_per_template=40, seed=0)
+    runner = AF1Runner.from_dataset(gemma, data, AF1Config(others="full"), layers=[0, 17])
+    assert runner.n_eval > 5
+    assert runner.faithfulness(0, gemma.cfg.n_layers) == 1.0  # identity setting
+    # nothing may reach the last token: it keeps only its own "=" mean, so the answer cannot be read
+    assert runner.faithfulness(17, 0) < 0.5
