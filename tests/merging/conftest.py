@@ -33,3 +33,15 @@ def gpt2_model():
 @pytest.fixture(scope="module")
 def gemma_model():
     return tiny_model(style="gemma", seed=0)
+
+
+@pytest.fixture(scope="module")
+def gpt2_target():
+    """A second gpt2-style model to load merged state dicts into."""
+    return tiny_model(style="gpt2", seed=9)
+
+
+@pytest.fixture(scope="module")
+def gemma_target():
+    """A second gemma-style model to load merged state dicts into."""
+    return tiny_model(style="gemma", seed=9)
