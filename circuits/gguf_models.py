@@ -182,7 +182,11 @@ def build_smollm2_135m(stage: Stage) -> HookedTransformer:
     # SmolLM2 is trained without a BOS token and its tokenizer adds none;
     # prepending one by default would put the model off its training distribution.
     cfg = llama_config_from_hf(
-        hf_model.config, "SmolLM2-135M-Instruct", tokenizer_name=SMOLLM2_PACKAGE, default_prepend_bos=False
+        hf_model.config,
+        "SmolLM2-135M-Instruct",
+        tokenizer_name=SMOLLM2_PACKAGE,
+        default_prepend_bos=False,
+        init_weights=False,  # every weight comes from the checkpoint; random init would take ~10 s
     )
     model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
     with torch.no_grad():

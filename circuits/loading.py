@@ -217,37 +217,34 @@ def _build_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _cache_problems(directory: Path, source: str) -> list[str]:
-    if not directory.exists():
-        return []
-    problems = verify_model_dir(directory)
-    if not problems and (built_from := (cache.read_manifest(directory) or {}).get("source")) != source:
-        problems = [f"it was built from {built_from!r}, the installed weights are {source!r}"]
-    return problems
+def _load_offline(entry: OfflineModel, root: Path, device: torch.device, dtype: torch.dtype) -> HookedTransformer:
+    """Load ``entry`` from its cache under ``root``, (re)building the cache when needed.
 
-
-def _ensure_cached(entry: OfflineModel, root: Path) -> Path:
-    """The intact cache directory of ``entry`` under ``root``, building it if needed."""
+    A cache whose files fail verification, or that was built from other weights
+    (an upgraded package), is reported with a warning and rebuilt, never used.
+    """
     directory = root / entry.name
-    source = entry.source_id()
-    problems = _cache_problems(directory, source)
-    if directory.exists() and not problems:
-        return directory
-    if problems:
-        warnings.warn(
-            f"The cached {entry.name} at {directory} is not usable and will be rebuilt: {'; '.join(problems)}",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+    expected = {"source": entry.source_id(), "model": entry.name}
+    if directory.exists():
+        try:
+            return cache.load_model_dir(directory, device=device, dtype=dtype, expected=expected)
+        except CorruptModelDirError as err:
+            warnings.warn(
+                f"The cached {entry.name} at {directory} is not usable and will be rebuilt: {'; '.join(err.problems)}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
     with _build_lock(root / f".{entry.name}.lock"):
         # Another process may have finished the build while we waited for the lock.
-        if directory.exists() and not _cache_problems(directory, source):
-            return directory
-        _build_into(entry, directory, source)
-    return directory
+        if not directory.exists() or cache.verify_model_dir(directory) or (
+            {k: (cache.read_manifest(directory) or {}).get(k) for k in expected} != expected
+        ):
+            _build_into(entry, directory, expected)
+    # Just built, or just verified under the lock: no need to hash it again.
+    return cache.load_model_dir(directory, device=device, dtype=dtype, verify=False)
 
 
-def _build_into(entry: OfflineModel, directory: Path, source: str) -> None:
+def _build_into(entry: OfflineModel, directory: Path, manifest_extra: dict[str, str]) -> None:
     started = time.perf_counter()
     with tqdm(total=entry.n_stages + 1, desc=f"building {entry.name} cache", unit="step") as bar:
         bar.set_postfix_str("starting")
@@ -257,7 +254,7 @@ def _build_into(entry: OfflineModel, directory: Path, source: str) -> None:
         with cache.staging_dir(directory) as staged:
             cache.write_model_files(model, staged)
             del model
-            cache.write_manifest(staged, extra={"source": source, "model": entry.name})
+            cache.write_manifest(staged, extra=manifest_extra)
             cache.publish_dir(staged, directory)
         bar.update(bar.total - bar.n)
     logger.info("built %s cache in %.0f s", entry.name, time.perf_counter() - started)
@@ -354,9 +351,8 @@ def load_model(
     text = os.fspath(name)
     entry = _offline_entry(text)
     if entry is not None:
-        directory = _ensure_cached(entry, Path(cache_dir).expanduser() if cache_dir else default_cache_dir())
-        # _ensure_cached has just checked every hash; no need to hash 1.7 GB twice.
-        model = cache.load_model_dir(directory, device=device, dtype=dtype, verify=False)
+        root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        model = _load_offline(entry, root, device, dtype)
     elif Path(text).expanduser().is_dir():
         model = cache.load_model_dir(Path(text).expanduser(), device=device, dtype=dtype)
     elif os.path.isabs(text) or text.startswith((".", "~")) or Path(text).exists():
