@@ -117,7 +117,7 @@ def nonlinearity_scores(
         for t, m in zip(tasks, masks)
     ]
     spec = levels if levels is not None else config.level
-    plans = [plan_layer(model, layer, level_of(spec, layer)) for layer in range(model.cfg.n_layers)]
+    plans = [plan_layer(model, layer, level_of(spec, layer, config.level)) for layer in range(model.cfg.n_layers)]
     hooks = sorted({blocks.input_hook(model, s.layer, s.kind) for plan in plans for s in plan})
     inputs = cache_task_inputs(model, sources, task_batches, hooks, config.inputs_from, dtype, progress)
 
@@ -159,27 +159,23 @@ def nonlinearity_scores(
 
 
 def _model_scores(model, base, sources, task_batches, alphas, samples, meta, progress) -> None:
-    """Whole-model scores from the logits, every parameter interpolated."""
+    """Whole-model scores from the logits, every parameter interpolated (chunk by chunk, to bound memory)."""
     device, dtype = model.cfg.device, next(model.parameters()).dtype
     keys = base.param_keys()
     theta0 = {k: base.get(k).to(device=device, dtype=dtype) for k in keys}
     meta["model"] = ("model", None)
+    chunks = [c for task in task_batches for c in task]
     with torch.no_grad():
-        chunks = [c for task in task_batches for c in task]
-        y0 = [blocks.logits(model, tok, m) for tok, m in chunks]
-        deltas = [[] for _ in chunks]
-        for src in tqdm(sources, desc="model linearity", disable=not progress):
-            params = {k: src.get(k).to(device=device, dtype=dtype) for k in keys}
-            for c, (tok, m) in enumerate(chunks):
-                deltas[c].append(blocks.logits(model, tok, m, params) - y0[c])
-            del params
-        for ai, a in enumerate(alphas):
-            params = {k: theta0[k] + sum(ca * (s.get(k).to(device=device, dtype=dtype) - theta0[k])
-                                         for ca, s in zip(a, sources)) for k in keys}
-            for c, (tok, m) in enumerate(chunks):
-                big = blocks.logits(model, tok, m, params) - y0[c]
-                lin = sum(ca * d for ca, d in zip(a, deltas[c]))
+        for tok, m in tqdm(chunks, desc="model linearity", disable=not progress):
+            y0 = blocks.logits(model, tok, m)
+            experts = [{k: s.get(k).to(device=device, dtype=dtype) for k in keys} for s in sources]
+            deltas = [blocks.logits(model, tok, m, p) - y0 for p in experts]
+            for ai, a in enumerate(alphas):
+                params = _interpolate(theta0, experts, a, keys)
+                big = blocks.logits(model, tok, m, params) - y0
+                lin = sum(ca * d for ca, d in zip(a, deltas))
                 samples.setdefault((ai, "model"), []).extend(_per_sample(big, lin, blocks.position_mask(tok, m)))
+            del experts, deltas
 
 
 def nonlinearity_figure(result: LinearityResult, title: str = "Non-linearity of submodules vs the model") -> go.Figure:

@@ -117,9 +117,14 @@ class SubmoduleMergeResult:
     alphas: AlphaTable
 
 
-def level_of(levels: LevelSpec, layer: int) -> str:
-    """The level used for ``layer`` under a global, per-layer mapping or callable spec."""
-    level = levels if isinstance(levels, str) else (levels(layer) if callable(levels) else levels[layer])
+def level_of(levels: LevelSpec, layer: int, default: str = "attn_mlp") -> str:
+    """The level used for ``layer`` under a global, per-layer mapping (missing layers: ``default``) or callable spec."""
+    if isinstance(levels, str):
+        level = levels
+    elif callable(levels):
+        level = levels(layer)
+    else:
+        level = levels.get(layer, default)
     if level not in LEVELS[1:]:
         raise ValueError(f"Layer {layer}: per-layer level must be one of {LEVELS[1:]}, got {level!r}.")
     return level
@@ -187,9 +192,11 @@ class _Accumulator:
         self.rhs = torch.zeros(n, dtype=torch.float64)
 
     def add(self, deltas: Sequence[Tensor], task: int, mask: Tensor) -> None:
-        flat = torch.stack([(d.double() * mask).reshape(-1) for d in deltas]).cpu()
-        self.gram += flat @ flat.T
-        self.rhs += flat @ flat[task]
+        """Add one chunk: ``deltas[i]`` is δ_i on task ``task``'s chunk, ``mask`` its real positions."""
+        mask = mask.to(deltas[0].device)
+        flat = torch.stack([(d.double() * mask).reshape(-1) for d in deltas])  # on the deltas' device
+        self.gram += (flat @ flat.T).cpu()
+        self.rhs += (flat @ flat[task]).cpu()
 
 
 def cache_task_inputs(model, sources, task_batches, hooks, inputs_from: str, dtype, progress: bool = False):
@@ -236,7 +243,7 @@ def merge_submodules(
     spec = levels if levels is not None else config.level
     if spec == "model":
         return _merge_model_level(model, base, sources, task_batches, config, names, progress)
-    plans = [plan_layer(model, layer, level_of(spec, layer)) for layer in range(model.cfg.n_layers)]
+    plans = [plan_layer(model, layer, level_of(spec, layer, config.level)) for layer in range(model.cfg.n_layers)]
     hooks = sorted({blocks.input_hook(model, s.layer, s.kind) for plan in plans for s in plan})
     inputs = cache_task_inputs(model, sources, task_batches, hooks, config.inputs_from, dtype, progress)
 
@@ -251,7 +258,7 @@ def merge_submodules(
             hook = blocks.input_hook(model, layer, kind)
             for t in range(n):
                 for (tok, m), cache in zip(task_batches[t], inputs[t]):
-                    mask = blocks.position_mask(tok, m).cpu()
+                    mask = blocks.position_mask(tok, m)
                     with torch.no_grad():
                         y0 = blocks.evaluate(model, layer, kind, theta0, cache[hook], m)
                         deltas = [
@@ -261,7 +268,7 @@ def merge_submodules(
                         ]
                     for s in (s for s in plan if s.kind == kind):
                         ds = deltas if s.head is None else [d[:, :, s.head] for d in deltas]
-                        accs[s.name].add([d.cpu() for d in ds], t, mask)
+                        accs[s.name].add(ds, t, mask)
         for s in plan:
             a = solve_alpha(accs[s.name].gram, accs[s.name].rhs, config.ridge)
             rows.append(s.name)
@@ -310,22 +317,21 @@ def _assemble(base: StateDictSource, sources, merged: dict[str, Tensor], lam: fl
 
 
 def _merge_model_level(model, base, sources, task_batches, config, names, progress) -> SubmoduleMergeResult:
-    """One α for the whole model, fitted on the logits; applied to every parameter."""
+    """One α for the whole model, fitted on the logits; applied to every parameter.
+
+    Chunks are the outer loop so only one chunk's logits per expert are alive;
+    each expert's weights are materialised per chunk (free for in-memory sources
+    already on the model's device and dtype, a file read for safetensors sources).
+    """
     device, dtype = model.cfg.device, next(model.parameters()).dtype
     n = len(sources)
     acc = _Accumulator(n)
+    work = [(t, tok, m) for t, chunks in enumerate(task_batches) for tok, m in chunks]
     with torch.no_grad():
-        y0 = [[blocks.logits(model, tok, m) for tok, m in chunks] for chunks in task_batches]
-        deltas = [[[None] * n for _ in chunks] for chunks in task_batches]
-        for i, src in enumerate(tqdm(sources, desc="expert logits", disable=not progress)):
-            params = _full_params(src, device, dtype)
-            for t, chunks in enumerate(task_batches):
-                for c, (tok, m) in enumerate(chunks):
-                    deltas[t][c][i] = (blocks.logits(model, tok, m, params) - y0[t][c]).cpu()
-            del params
-    for t, chunks in enumerate(task_batches):
-        for c, (tok, m) in enumerate(chunks):
-            acc.add(deltas[t][c], t, blocks.position_mask(tok, m).cpu())
+        for t, tok, m in tqdm(work, desc="model-level fit", disable=not progress):
+            y0 = blocks.logits(model, tok, m)
+            deltas = [blocks.logits(model, tok, m, _full_params(src, device, dtype)) - y0 for src in sources]
+            acc.add(deltas, t, blocks.position_mask(tok, m))
     alpha = solve_alpha(acc.gram, acc.rhs, config.ridge)
     out = {}
     for key in base.keys():

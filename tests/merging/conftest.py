@@ -19,6 +19,15 @@ def perturbed(model, scale: float = 0.02, seed: int = 1, only=None) -> dict:
     return out
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: thread start-up costs more than it saves on the shared 2-core machines."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def perturb():
     """:func:`perturbed` as a fixture (test modules cannot import conftest)."""

@@ -147,6 +147,8 @@ def test_per_layer_levels_mapping_and_callable(perturb, gpt2_model):
     assert by_map.alphas.names == ["L0H0", "L0H1", "L0H2", "L0H3", "L0.attn", "L0.mlp", "L1"]
     by_fn = merge_submodules(gpt2_model, experts, tasks, levels=lambda l: "attn_mlp" if l == 0 else "head", progress=False)
     assert by_fn.alphas.names[:2] == ["L0.attn", "L0.mlp"] and by_fn.alphas.names[2] == "L1H0"
+    partial = merge_submodules(gpt2_model, experts, tasks, SubmoduleMergeConfig(level="layer"), levels={0: "head"}, progress=False)
+    assert partial.alphas.names[-1] == "L1"  # layers missing from the mapping use config.level
     with pytest.raises(ValueError, match="per-layer level must be one of"):
         merge_submodules(gpt2_model, experts, tasks, levels={0: "model", 1: "layer"}, progress=False)
 
