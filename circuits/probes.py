@@ -31,7 +31,8 @@ shifts logits and is ignored by the cosine.
 **Logit lens.** The residual after each block at END goes through the final
 norm and the unembedding (:func:`circuits.metrics.unembed_end`); we record the
 answer token's rank and probability per layer. :meth:`ProbeResults.first_top1_layer`
-is the first layer where the answer is top-1 for at least half the prompts.
+is the first layer from which the answer is top-1 for at least half the
+prompts in every later layer.
 """
 
 from __future__ import annotations
@@ -92,10 +93,18 @@ class ProbeResults:
         self._need_lens()
         return (self.rank == 0).float().mean(0)
 
-    def first_top1_layer(self, min_fraction: float = 0.5) -> int | None:
-        """First layer where the answer is top-1 for at least ``min_fraction`` of prompts (None if never)."""
-        hits = (self.top1_rate() >= min_fraction).nonzero()
-        return int(hits[0]) if len(hits) else None
+    def first_top1_layer(self, min_fraction: float = 0.5, stable: bool = True) -> int | None:
+        """First layer where the answer is top-1 for at least ``min_fraction`` of prompts (None if never).
+
+        With ``stable`` (default) the rate must stay at or above ``min_fraction`` in every later
+        layer too: early layers can "hit" by predicting a frequent first digit (e.g. "1" for
+        sums >= 10), which is not the answer being formed.
+        """
+        ok = (self.top1_rate() >= min_fraction).tolist()
+        for layer in range(len(ok)):
+            if ok[layer] and (not stable or all(ok[layer:])):
+                return layer
+        return None
 
     def rise_range(self, stream: str = "mlp_out", target: str = "C", fraction: float = 0.1) -> tuple[int, int]:
         """``(start, peak)``: the layers over which ``stream``'s mean cosine with ``target`` climbs to its maximum.

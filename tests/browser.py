@@ -65,8 +65,8 @@ def load_page(
 
     Waits until each ``wait_for[name]`` count is reached (or ``timeout_s`` passes), then
     saves a full-page screenshot when ``screenshot`` is given. Console messages of level
-    SEVERE are returned as errors; requests to anything but ``file:`` / ``data:`` / ``blob:``
-    URLs are returned as ``failed_requests`` (an offline report must make none).
+    SEVERE are returned as errors; network requests (http, https, ws) are returned as
+    ``failed_requests`` (an offline report must make none).
     """
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -100,7 +100,7 @@ def load_page(
             message = json.loads(entry["message"])["message"]
             if message.get("method") == "Network.requestWillBeSent":
                 url = message["params"]["request"]["url"]
-                if not url.startswith(("file:", "data:", "blob:", "about:")):
+                if url.startswith(("http:", "https:", "ws:", "wss:", "ftp:")):
                     requests.append(url)
         shot = None
         if screenshot is not None:

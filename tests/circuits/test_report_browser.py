@@ -1,0 +1,69 @@
+"""The report opens offline in headless Chromium with every plot and attention view drawn.
+
+Screenshots are kept under test-artifacts/ (gitignored). Skips when Chromium,
+chromedriver or selenium is missing (see tests/browser.py).
+"""
+
+from pathlib import Path
+
+import pytest
+
+from circuits.attention import HeadClassConfig, attention_reads, attention_views, classify_heads, plot_role_distribution
+from circuits.circuit_figure import circuit_figure
+from circuits.probes import plot_top_tokens, probe_mlps, top_number_tokens
+from circuits.report import run_report
+from circuits.tasks import make_dataset
+from circuits.testing import tiny_model
+from tests.browser import browser_or_skip, load_page
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+SELECTORS = {"plots": ".plotly-figure .main-svg", "figures": ".plotly-figure", "views": ".attention-view",
+             "views_drawn": ".attention-view *"}
+
+
+def _tiny_report(tmp_path):
+    model = tiny_model(style="gemma", n_layers=2)
+    ds = make_dataset(model, n_prompts=6, styles=("equation",), seed=0)
+    reads = attention_reads(model, ds, progress=False)
+    classes = classify_heads(reads, HeadClassConfig(0.05, 0.05))
+    probes = probe_mlps(model, ds, progress=False)
+    import torch
+
+    report = run_report(
+        "browser test", dataset=ds, base_accuracy=0.5, head_classes=classes,
+        attention_figures=[plot_role_distribution(reads, reads.heads[:3], classes)],
+        attention_views=attention_views(model, ds, reads.heads[:2], max_prompts=2, last_tokens=10),
+        probes=probes, top_tokens_figure=plot_top_tokens(top_number_tokens(model, "4 + 3 = "), "4 + 3 = ", "7"),
+        circuit_figure=circuit_figure(torch.randn(2, 4), torch.randn(2), {c.head: c.label for c in classes}),
+        settings={"op": "+"},
+    )
+    return report, report.save(tmp_path / "report.html")
+
+
+def test_report_renders_offline_in_chromium(tmp_path):
+    browser_or_skip()
+    report, path = _tiny_report(tmp_path)
+    assert report.n_figures == 5 and report.n_attention_views == 2
+    page = load_page(path, SELECTORS, screenshot=ARTIFACTS / "report_tiny.png",
+                     wait_for={"figures": report.n_figures, "views_drawn": 2})
+    assert page.console_errors == []
+    assert page.failed_requests == []
+    # plotly draws a .main-svg per figure (plus one overlay svg): at least one per figure, in every figure
+    assert page.counts["figures"] == report.n_figures
+    assert page.counts["plots"] >= report.n_figures
+    assert page.counts["views"] == 2 and page.counts["views_drawn"] > 10
+    assert page.screenshot.exists() and page.screenshot.stat().st_size > 10_000
+
+
+def test_a_broken_page_is_detected(tmp_path):
+    """The helper must be able to fail: a figure whose plotly.js never loads draws nothing and logs an error."""
+    browser_or_skip()
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    div = pio.to_html(go.Figure(go.Scatter(y=[1, 2])), full_html=False, include_plotlyjs=False)
+    path = tmp_path / "broken.html"
+    path.write_text(f"<html><body><div class='plotly-figure'>{div}</div></body></html>")
+    page = load_page(path, SELECTORS, wait_for={"plots": 1}, timeout_s=5)
+    assert page.counts["plots"] == 0
+    assert any("Plotly" in e for e in page.console_errors)
