@@ -45,6 +45,7 @@ from patching.results import NodeScores, key_heads  # noqa: F401  (key_heads is 
 Receivers = Union[str, Sequence[Head]]
 
 
+@torch.no_grad()
 def path_patch(
     model: HookedTransformer,
     reference,

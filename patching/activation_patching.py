@@ -1,0 +1,152 @@
+"""Activation patching: swap one activation from the counterfactual run into the reference run.
+
+For each site (a layer's head output ``z``, MLP output, attention output or
+residual stream; at every position at once, at END only, or at each position
+separately) run the reference prompts with that activation replaced by its
+value on the counterfactual twins and score the END logits. Unlike path
+patching, everything downstream is recomputed freely, so the score is the
+site's *total* effect.
+
+Results equal TransformerLens' ``patching.get_act_patch_*`` functions called
+with ``corrupted_tokens=reference`` and ``clean_cache=counterfactual cache``
+(tests check this), but are computed much faster:
+
+* the reference and counterfactual runs are cached once (no unembedding);
+* a patched forward starts at the patched layer from the cached residual
+  (``start_at_layer``): layers below it cannot change;
+* several patches share one batched forward (patches stacked along the batch
+  dimension, each with its own position/head mask), chunked to a memory budget;
+* logits are computed at END only, and only for the tokens the metric reads.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+from transformer_lens import utils as tl_utils
+
+from patching import _runs
+from patching.metrics import PatchMetric, get_metric, score_end
+from patching.results import ActivationScores
+
+COMPONENTS = ("z", "attn_out", "mlp_out", "resid_pre", "resid_mid", "resid_post")
+POSITIONS = ("all", "end", "each")
+
+
+@torch.no_grad()
+def activation_patch(
+    model: HookedTransformer,
+    reference,
+    counterfactual: Optional[Tensor] = None,
+    *,
+    component: str = "z",
+    positions: str = "all",
+    layers: Optional[Sequence[int]] = None,
+    metric: Union[str, PatchMetric, callable] = "logit",
+    answer_ids=None,
+    alt_ids=None,
+    batch_size: Optional[int] = None,
+    memory_mb: float = 1024.0,
+    progress: bool = True,
+) -> ActivationScores:
+    """Activation-patch ``component`` at every layer (and head, for ``"z"``); mean patched metric per site.
+
+    Args:
+        model: any HookedTransformer.
+        reference, counterfactual, answer_ids, alt_ids, batch_size: prompts, as in :func:`patching.path_patch`.
+        component: one of ``COMPONENTS``: ``"z"`` patches each head's output separately; the others
+            patch the whole activation of a layer.
+        positions: ``"all"`` (every position at once), ``"end"`` (END only) or ``"each"`` (one position at a time;
+            adds a ``pos`` axis and needs prompts of a single token length).
+        layers: restrict to these layers (default: all); the result keeps all layers, NaN elsewhere.
+        metric: a name in :data:`patching.metrics.METRICS` or a callable ``fn(logits, answer_ids, alt_ids)``.
+        memory_mb: activation budget per batched forward.
+    Returns:
+        :class:`ActivationScores` with axes ``(layer, head)``, ``(layer, pos, head)``, ``(layer,)`` or ``(layer, pos)``.
+    """
+    if component not in COMPONENTS:
+        raise ValueError(f"Unknown component {component!r}: use one of {COMPONENTS}.")
+    if positions not in POSITIONS:
+        raise ValueError(f"Unknown positions {positions!r}: use one of {POSITIONS}.")
+    if component in ("mlp_out", "resid_mid") and model.cfg.attn_only:
+        raise ValueError(f"The model is attention-only: it has no {component}.")
+    metric = get_metric(metric)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    layers = list(range(L)) if layers is None else sorted(set(layers))
+    bad = [l for l in layers if not 0 <= l < L]
+    if bad:
+        raise ValueError(f"Layers {bad} are out of range; the model has layers 0..{L - 1}.")
+    groups = _runs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
+                                 batch_size=batch_size)
+    n_pos = groups[0].tokens.shape[1]
+    if positions == "each" and any(g.tokens.shape[1] != n_pos for g in groups):
+        raise ValueError("positions='each' needs prompts of one token length (restrict the dataset to one template).")
+
+    per_head = component == "z"
+    site_shape = {"all": (), "end": (), "each": (n_pos,)}[positions] + ((H,) if per_head else ())
+    total = torch.full((L, *site_shape), float("nan"), dtype=torch.float64)
+    total[layers] = 0.0
+    base_total, n_prompts = 0.0, 0
+    n_sites = len(layers) * max(1, int(torch.tensor(site_shape).prod()))
+    bar = tqdm(total=len(groups) * n_sites, desc=f"activation patching {component}", disable=not progress, leave=False)
+    for group in groups:
+        ref, ref_final = _runs.full_cache(model, group.tokens, _runs.act_names("resid_pre", layers))
+        cf, _ = _runs.full_cache(model, group.cf_tokens, _runs.act_names(component, layers))
+        base = score_end(model, ref_final, group.answer_ids, group.alt_ids, metric)
+        for layer in layers:
+            masks = _site_masks(positions, group.tokens.shape[1], H if per_head else None, group.tokens.device)
+            values = _patch_layer(model, group, layer, component, masks, ref, cf, metric, memory_mb, bar)
+            total[layer] += values.double().sum(-1).cpu().view(site_shape)
+        base_total += float(base.double().sum())
+        n_prompts += len(group)
+    bar.close()
+    axes = ("layer",) + (("pos",) if positions == "each" else ()) + (("head",) if per_head else ())
+    return ActivationScores((total / n_prompts).float(), axes, component, metric.name, base_total / n_prompts, n_prompts)
+
+
+def _site_masks(positions: str, n_pos: int, n_heads: Optional[int], device) -> Bool[Tensor, "site pos ..."]:
+    """One boolean mask per patch site over (pos[, head]), in the result's (pos, head) order."""
+    if positions == "each":
+        pos_masks = torch.eye(n_pos, dtype=torch.bool, device=device)
+    else:
+        pos_masks = torch.ones(1, n_pos, dtype=torch.bool, device=device)
+        if positions == "end":
+            pos_masks[:, :-1] = False
+    if n_heads is None:
+        return pos_masks
+    head_masks = torch.eye(n_heads, dtype=torch.bool, device=device)
+    # [n_pos_sites, n_heads_sites, pos, head] -> sites in (pos, head) order
+    return (pos_masks[:, None, :, None] & head_masks[None, :, None, :]).flatten(0, 1)
+
+
+@torch.no_grad()
+def _patch_layer(model, group, layer, component, masks, ref, cf, metric, memory_mb, bar) -> Tensor:
+    """Mean-free patched metric [n_sites, batch] of all sites of one layer, in batched chunks."""
+    B, n_pos = group.tokens.shape
+    name = tl_utils.get_act_name(component, layer)
+    start = ref[tl_utils.get_act_name("resid_pre", layer)]
+    cf_act = cf[name]
+    per_chunk = max(1, _runs.rows_per_chunk(model, memory_mb, n_pos) // B)
+    out = []
+    for sl in _runs.chunks(masks.shape[0], per_chunk):
+        m = masks[sl]
+        k = m.shape[0]
+        # broadcast a site mask over the batch and the trailing feature axis
+        shaped = m.view(k, 1, *m.shape[1:], 1)
+
+        def swap(act, *, hook):
+            act = act.view(k, B, *act.shape[1:])
+            return torch.where(shaped, cf_act[None], act).flatten(0, 1)
+
+        resid = model.run_with_hooks(start.repeat(k, 1, 1), start_at_layer=layer, stop_at_layer=model.cfg.n_layers,
+                                     fwd_hooks=[(name, swap)])
+        answers = group.answer_ids.repeat(k)
+        alts = None if group.alt_ids is None else group.alt_ids.repeat(k)
+        out.append(score_end(model, resid[:, -1], answers, alts, metric).view(k, B))
+        bar.update(k)
+    return torch.cat(out)
