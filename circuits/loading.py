@@ -283,6 +283,8 @@ def _hub_offline() -> bool:
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
     """A fast TCP probe of the hub, so an offline machine fails in seconds, not after retries."""
+    if any(os.environ.get(var) for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # a direct probe says nothing behind a proxy; let the download itself fail
     parsed = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:

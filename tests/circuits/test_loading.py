@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -144,6 +146,24 @@ def test_cache_dir_comes_from_env(fake_registry, tmp_path, monkeypatch):
     assert loading.default_cache_dir() == tmp_path / "env-cache"
     load_model("tiny-test", device="cpu")
     assert not verify_model_dir(tmp_path / "env-cache" / "tiny-test")
+
+
+def test_concurrent_builds_build_once(monkeypatch, tmp_path):
+    """Two loaders racing on an empty cache: the lock lets one build, the other reuses it."""
+    builds = []
+
+    def slow_build(stage):
+        builds.append(1)
+        time.sleep(0.5)
+        return tiny_model()
+
+    entry = OfflineModel("tiny-race", "a tiny random model", slow_build, lambda: "v1", n_stages=1)
+    monkeypatch.setattr(loading, "OFFLINE_MODELS", {"tiny-race": entry})
+    with ThreadPoolExecutor(2) as pool:
+        models = list(pool.map(lambda _: load_model("tiny-race", cache_dir=tmp_path, device="cpu"), range(2)))
+    assert len(builds) == 1
+    assert torch.equal(models[0].W_E, models[1].W_E)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tiny-race.lock", "tiny-race"]
 
 
 @pytest.mark.parametrize("how", ["flip", "truncate", "delete_manifest"])
