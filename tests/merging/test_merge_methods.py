@@ -164,3 +164,12 @@ def test_identical_experts_give_base_plus_task_vector():
         out = METHODS[name](base, [expert, expert], cfg if cfg is not None else CONFIGS[name]())
         assert torch.equal(out, expert if name == "weight_average" else expected), name
         assert out.dtype == base.dtype
+
+
+def test_masks_break_ties_like_a_stable_descending_sort():
+    x = T([[1.0, -3.0, 3.0], [1.0, 0.0, -1.0]])
+    # |x| descending, ties to the lower index: 3 (idx 1), 3 (idx 2), 1 (idx 0), 1 (idx 3), 1 (idx 5), 0
+    assert torch.equal(topk_mask(x, 0.5), T([[True, True, True], [False, False, False]]))
+    assert torch.equal(topk_mask(x, 4 / 6), T([[True, True, True], [True, False, False]]))
+    # breadcrumbs: ranks 1..3 (drop the first 3, keep the next 3)
+    assert torch.equal(outlier_mask(x, 0.5, 1 / 6), T([[True, False, True], [True, False, False]]))
