@@ -19,14 +19,20 @@ token of each operand in the queried problem (``tokens[a_pos[0]]``: a digit on
 tokenizers that split numbers into digits, like gemma and Llama); C is the
 first answer token (``answer_token_ids[0]``), the one the metrics score.
 
-**Unembedding directions.** The logit of token t is ``norm(x) @ W_U[:, t]``.
-For RMSNorm ``norm(x) = x / rms(x) * w``, so the direction of the residual that
-raises t is ``w * W_U[:, t]``; for LayerNorm the mean is removed first, so it is
-``w * W_U[:, t]`` centred. ``direction="effective"`` (default) folds the final
-norm's weight in this way; ``"raw"`` uses ``W_U[:, t]`` as the paper does. We
-always read ``model.W_U``, the matrix that makes the logits, so tied (W_U = W_Eᵀ,
-gemma in HF) and untied models are handled alike; the unembedding bias only
-shifts logits and is ignored by the cosine.
+**Unembedding directions** (``ProbeConfig.direction``). ``"raw"`` (default, as the
+paper) uses the column ``W_U[:, t]``. ``"centered"`` subtracts the mean column of
+the single-digit number tokens first: on gemma-3 every number direction shares a
+large common component, so raw cosines with A, B, C and the other numbers move
+together, and centring leaves only *which* number the stream points to
+(then ``others`` is close to ``-C/9`` by construction). ``"effective"`` folds the final
+norm's weight in (the logit of t is ``norm(x) @ W_U[:, t]`` and RMSNorm scales
+dimension ``i`` by ``w_i``, so ``w * W_U[:, t]`` is the residual direction that
+raises t; for LayerNorm it is also centred). On gemma-3 the final norm weights
+span ~1 to ~300, so a few outlier dimensions dominate that direction and the
+cosines shrink to ~0.01: it is offered for comparison, not as a default.
+We always read ``model.W_U``, the matrix that makes the logits, so tied
+(W_U = W_Eᵀ, gemma in HF) and untied models are handled alike; the unembedding
+bias only shifts logits and is ignored by the cosine.
 
 **Logit lens.** The residual after each block at END goes through the final
 norm and the unembedding (:func:`circuits.metrics.unembed_end`); we record the
@@ -58,9 +64,9 @@ TARGETS = ("A", "B", "C", "others")
 
 @dataclass(frozen=True)
 class ProbeConfig:
-    """``direction``: ``"effective"`` folds the final norm weight into W_U, ``"raw"`` uses W_U as is."""
+    """``direction``: ``"raw"`` (W_U columns), ``"centered"`` (minus the mean number column) or ``"effective"``."""
 
-    direction: str = "effective"
+    direction: str = "raw"
     batch_size: int = 16
     logit_lens: bool = True
 
@@ -143,13 +149,18 @@ def number_token_ids(tokenizer, max_value: int = 9) -> dict[int, int]:
     return out
 
 
-def unembedding_directions(model: HookedTransformer, token_ids: Tensor, direction: str = "effective") -> Float[Tensor, "d_model n"]:
-    """Residual-space directions that raise each token's logit (see the module docstring)."""
+def unembedding_directions(model: HookedTransformer, token_ids: Tensor, direction: str = "raw") -> Float[Tensor, "d_model n"]:
+    """Residual-space directions of each token's unembedding (see the module docstring)."""
     W = model.W_U[:, token_ids].float()
     if direction == "raw":
         return W
+    if direction == "centered":
+        numbers = torch.tensor(list(number_token_ids(model.tokenizer, 9).values()), device=W.device)
+        if len(numbers) == 0:
+            raise ValueError("direction='centered' needs single-token digits in the vocabulary; use 'raw'.")
+        return W - model.W_U[:, numbers].float().mean(1, keepdim=True)
     if direction != "effective":
-        raise ValueError(f"direction must be 'effective' or 'raw', got {direction!r}.")
+        raise ValueError(f"direction must be 'raw', 'centered' or 'effective', got {direction!r}.")
     norm = model.cfg.normalization_type
     if norm is None:
         return W
@@ -218,19 +229,21 @@ def probe_mlps(
             all_num = torch.nn.functional.cosine_similarity(x[:, :, None, :], num_dirs[None, None], dim=-1)
             not_answer = (numbers[None, :] != batch.answer_ids[:, None]).float()[:, None, :]
             cos[s][batch.indices, :, 3] = ((all_num * not_answer).sum(-1) / not_answer.sum(-1).clamp(min=1)).cpu()
-        if config.logit_lens:
-            for l in range(L):
-                logits = unembed_end(model, acts["resid_post"][:, l, :].to(model.cfg.dtype)).float()
-                target = logits.gather(-1, batch.answer_ids[:, None])
-                rank[batch.indices, l] = (logits > target).sum(-1).cpu()
-                prob[batch.indices, l] = (logits.log_softmax(-1).gather(-1, batch.answer_ids[:, None])[:, 0].exp()).cpu()
+        if config.logit_lens:  # all layers in one unembedding call: [batch * layer, d_model]
+            b = len(batch)
+            logits = unembed_end(model, acts["resid_post"].reshape(b * L, -1).to(model.cfg.dtype)).float()
+            answer = batch.answer_ids.repeat_interleave(L)[:, None]
+            target = logits.gather(-1, answer)
+            rank[batch.indices] = (logits > target).sum(-1).view(b, L).cpu()
+            prob[batch.indices] = (target[:, 0] - logits.logsumexp(-1)).exp().view(b, L).cpu()
+            del logits
     return ProbeResults(cos=cos, rank=rank, prob=prob, config=config)
 
 
 @torch.no_grad()
 def top_number_tokens(
     model: HookedTransformer, prompt: str, stream: str = "mlp_out", k: int = 5, max_value: int = 9,
-    direction: str = "effective",
+    direction: str = "raw",
 ) -> list[list[tuple[str, float]]]:
     """For one prompt, per layer, the ``k`` number tokens most similar to ``stream`` at END (paper Fig. 6c, "4 + 3 = ")."""
     if stream not in STREAMS:

@@ -53,6 +53,9 @@ def test_effective_direction_folds_the_final_norm(model):
     assert gain_eff[0] >= gain_raw[0] - 1e-6
     with pytest.raises(ValueError, match="direction"):
         unembedding_directions(model, ids, "sideways")
+    digits = torch.tensor(list(number_token_ids(model.tokenizer).values()))
+    centered = unembedding_directions(model, digits, "centered")
+    torch.testing.assert_close(centered.sum(1), torch.zeros(model.cfg.d_model), atol=1e-5, rtol=0)
 
 
 def test_logit_lens_last_layer_equals_the_model_output(model, data):

@@ -17,7 +17,8 @@ from circuits.testing import tiny_model
 from tests.browser import browser_or_skip, load_page
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-SELECTORS = {"plots": ".plotly-figure .main-svg", "figures": ".plotly-figure", "views": ".attention-view",
+SELECTORS = {"plots": ".plotly-figure .main-svg", "figures": ".plotly-figure",
+             "drawn_figures": ".plotly-figure:has(.main-svg)", "views": ".attention-view",
              "views_drawn": ".attention-view *"}
 
 
@@ -45,11 +46,11 @@ def test_report_renders_offline_in_chromium(tmp_path):
     report, path = _tiny_report(tmp_path)
     assert report.n_figures == 5 and report.n_attention_views == 2
     page = load_page(path, SELECTORS, screenshot=ARTIFACTS / "report_tiny.png",
-                     wait_for={"figures": report.n_figures, "views_drawn": 2})
+                     wait_for={"drawn_figures": report.n_figures, "views_drawn": 2})
     assert page.console_errors == []
     assert page.failed_requests == []
-    # plotly draws a .main-svg per figure (plus one overlay svg): at least one per figure, in every figure
-    assert page.counts["figures"] == report.n_figures
+    # every figure container holds a drawn plot (.main-svg is plotly's drawing surface)
+    assert page.counts["figures"] == page.counts["drawn_figures"] == report.n_figures
     assert page.counts["plots"] >= report.n_figures
     assert page.counts["views"] == 2 and page.counts["views_drawn"] > 10
     assert page.screenshot.exists() and page.screenshot.stat().st_size > 10_000
@@ -65,5 +66,31 @@ def test_a_broken_page_is_detected(tmp_path):
     path = tmp_path / "broken.html"
     path.write_text(f"<html><body><div class='plotly-figure'>{div}</div></body></html>")
     page = load_page(path, SELECTORS, wait_for={"plots": 1}, timeout_s=5)
-    assert page.counts["plots"] == 0
+    assert page.counts["plots"] == 0 and page.counts["drawn_figures"] == 0 and page.counts["figures"] == 1
     assert any("Plotly" in e for e in page.console_errors)
+
+
+@pytest.mark.integration
+def test_gemma_report_renders_offline_in_chromium(gemma, tmp_path):
+    browser_or_skip()
+    from circuits.attention import plot_role_heatmap
+    from circuits.tasks import filter_correct
+
+    ds = make_dataset(gemma, n_prompts=8, styles=("equation",), seed=0)
+    kept, accuracy = filter_correct(gemma, ds)
+    reads = attention_reads(gemma, kept, progress=False)
+    classes = classify_heads(reads)
+    key = [c.head for c in classes if c.label != "other"][:4] or reads.heads[:4]
+    probes = probe_mlps(gemma, kept, progress=False)
+    report = run_report(
+        "gemma-3-270m addition (browser test)", dataset=ds, base_accuracy=accuracy, n_kept=len(kept),
+        head_classes=classes, attention_figures=[plot_role_distribution(reads, key, classes),
+                                                 plot_role_heatmap(reads, gemma.cfg.n_layers, gemma.cfg.n_heads)],
+        attention_views=attention_views(gemma, kept, key, max_prompts=1, last_tokens=12), probes=probes,
+    )
+    path = report.save(tmp_path / "report.html")
+    page = load_page(path, SELECTORS, screenshot=ARTIFACTS / "report_gemma.png",
+                     wait_for={"drawn_figures": report.n_figures, "views_drawn": 2})
+    assert page.console_errors == [] and page.failed_requests == []
+    assert page.counts["figures"] == page.counts["drawn_figures"] == report.n_figures
+    assert page.counts["views_drawn"] > 10
