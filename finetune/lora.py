@@ -132,6 +132,12 @@ def merge_lora(model: nn.Module) -> nn.Module:
         replaced += 1
     if replaced == 0:
         raise ValueError("The model carries no LoRA wrappers to merge.")
+    for module in model.modules():
+        # Unwrapping nested ParamWrappers leaves the innermost module registered as its own
+        # ``base_layer`` child (a cycle that breaks state_dict()); peft's BaseTuner unload
+        # cleans this up, the bare inject_adapter_in_model route must do it here.
+        if module._modules.get("base_layer") is module:
+            del module._modules["base_layer"]
     for p in model.parameters():
         p.requires_grad_(True)
     return model

@@ -1,0 +1,223 @@
+"""The evaluation harness: arithmetic gained, general ability kept.
+
+Every method (base, precise, full, LoRA) is scored by the same functions on
+the same `HookedTransformer` architecture:
+
+* **arithmetic accuracy** on *held-out templates* (:func:`math_suite`: the
+  templates :func:`finetune.data.split_templates` keeps out of training) and
+  on *transfer formats* built from those held-out templates: two-digit
+  operands, one-decimal operands, word problems. Two scores per set:
+  ``first_token`` (top-1 of the first answer token, the project's standard
+  metric) and ``exact`` (every answer token is the argmax under teacher
+  forcing, i.e. greedy decoding would write the whole answer);
+* **drift on non-math text** (:func:`drift`): the mean per-token KL divergence
+  ``KL(p_base || p_tuned)`` of next-token distributions and the tuned model's
+  language-model loss (with the base model's for reference), on English text
+  available offline: passages of the Python reference documentation shipped
+  with the standard library (``pydoc_data.topics``) and
+  :data:`NON_MATH_SENTENCES`, thirty sentences written for this project.
+
+External benchmarks (GSM8K, SVAMP, MMLU, CommonsenseQA) are in
+:mod:`finetune.benchmarks`; they need the hub or local copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from circuits.metrics import unembed_end
+from circuits.tasks import TaskConfig, make_dataset
+from circuits.templates import resolve_operation
+from finetune.data import collate, from_task_dataset, split_templates, targets
+
+NON_MATH_SENTENCES = (
+    "The old lighthouse keeper climbed the spiral stairs every evening to light the lamp.",
+    "Rain fell softly on the tin roof while the children slept in the attic.",
+    "She packed a small suitcase with books, a warm scarf and a jar of honey.",
+    "The river widens near the village, where fishermen mend their nets at dawn.",
+    "In spring the orchard fills with white blossoms and the hum of bees.",
+    "He apologized for the delay and promised to send the letter by Friday.",
+    "The museum's new exhibit explores how ancient sailors navigated by the stars.",
+    "A gentle breeze carried the smell of bread from the bakery across the square.",
+    "The committee will discuss the proposal at its next meeting.",
+    "Her grandmother taught her how to knit, bake and tell a good story.",
+    "The train slowed as it entered the tunnel beneath the mountains.",
+    "Volunteers planted trees along the riverbank to prevent erosion.",
+    "The detective noticed a faint scratch on the window frame.",
+    "After the storm, the garden was covered in broken branches and fallen leaves.",
+    "The orchestra tuned their instruments while the audience found their seats.",
+    "Many birds migrate south in autumn to escape the cold winter.",
+    "The library extended its opening hours during the examination period.",
+    "He painted the fence a bright shade of blue that surprised the neighbours.",
+    "The chef tasted the soup and added a pinch of salt and fresh thyme.",
+    "Our guide told us stories about the castle and the families who lived there.",
+    "The cat curled up on the windowsill, watching the snow fall outside.",
+    "Scientists study coral reefs to understand how oceans are changing.",
+    "The festival ended with music, dancing and lanterns floating on the lake.",
+    "She wrote a short poem about the sea and read it aloud to her friends.",
+    "The farmer checked the fences before the sheep were moved to the hill.",
+    "A quiet path through the forest leads to a small wooden bridge.",
+    "The students presented their research on renewable energy to the class.",
+    "When the power went out, they lit candles and played board games.",
+    "The bookshop on the corner sells maps, postcards and old novels.",
+    "He learned to speak Italian while working at a restaurant in Rome.",
+)
+
+
+def pydoc_passages(n: int = 16, max_chars: int = 600) -> list[str]:
+    """``n`` English passages from ``pydoc_data.topics`` (stdlib), deterministic: sorted topics, prose only."""
+    from pydoc_data.topics import topics
+
+    passages = []
+    for key in sorted(topics):
+        # Skip code-heavy paragraphs: keep lines that read as prose.
+        prose = [line.strip() for line in topics[key].splitlines()
+                 if len(line.strip()) > 40 and not line.startswith(" ") and "::" not in line]
+        text = " ".join(prose)[:max_chars].strip()
+        if len(text) >= max_chars // 2:
+            passages.append(text)
+        if len(passages) == n:
+            break
+    if len(passages) < n:
+        raise RuntimeError(f"pydoc_data.topics gave only {len(passages)} passages of >= {max_chars // 2} chars.")
+    return passages
+
+
+def general_texts(n_pydoc: int = 16, max_chars: int = 600) -> list[str]:
+    """The default non-math text: pydoc passages plus :data:`NON_MATH_SENTENCES`."""
+    return pydoc_passages(n_pydoc, max_chars) + list(NON_MATH_SENTENCES)
+
+
+@torch.no_grad()
+def drift(
+    model: HookedTransformer,
+    base: HookedTransformer,
+    texts: Sequence[str],
+    *,
+    max_tokens: int = 128,
+    batch_size: int = 4,
+    progress: bool = False,
+) -> dict[str, float]:
+    """Mean per-token ``KL(p_base || p_model)`` and LM losses of ``model`` and ``base`` on ``texts``.
+
+    Texts are truncated to ``max_tokens`` tokens (BOS included); every position
+    that predicts a real next token counts once.
+    """
+    if not texts:
+        raise ValueError("drift needs at least one text.")
+    tok = model.tokenizer
+    max_tokens = min(max_tokens, model.cfg.n_ctx)
+    encoded = [list(tok(t, add_special_tokens=True)["input_ids"])[:max_tokens] for t in texts]
+    encoded = [e for e in encoded if len(e) >= 2]
+    rows = [{"input_ids": e, "n_prompt": 1} for e in encoded]
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    kl_sum = loss_sum = base_loss_sum = 0.0
+    count = 0
+    for start in tqdm(range(0, len(rows), batch_size), desc="drift", disable=not progress, leave=False):
+        chunk = rows[start:start + batch_size]
+        tokens, mask = collate(chunk, pad_id, model.cfg.device)
+        target = targets(chunk, mask)
+        logp = unembed_end(model, model(tokens, stop_at_layer=model.cfg.n_layers)[mask]).float().log_softmax(-1)
+        base_logp = unembed_end(base, base(tokens.to(base.cfg.device), stop_at_layer=base.cfg.n_layers)[mask.to(base.cfg.device)])
+        base_logp = base_logp.float().log_softmax(-1).to(logp.device)
+        kl_sum += float((base_logp.exp() * (base_logp - logp)).sum())
+        loss_sum += float(F.nll_loss(logp, target, reduction="sum"))
+        base_loss_sum += float(F.nll_loss(base_logp, target, reduction="sum"))
+        count += int(mask.sum())
+    return {"kl": kl_sum / count, "lm_loss": loss_sum / count, "base_lm_loss": base_loss_sum / count, "n_tokens": count}
+
+
+@dataclass(frozen=True)
+class MathSuiteConfig:
+    """Sizes of the arithmetic evaluation sets (per operation)."""
+
+    ops: tuple[str, ...] = ("+", "-", "*", "/")
+    n_heldout: int = 40
+    n_transfer: int = 20
+    transfer: tuple[str, ...] = ("multi_digit", "decimal", "word_problem")
+    n_shots: int = 2
+    seed: int = 12345
+
+
+def math_suite(tokenizer, config: MathSuiteConfig = MathSuiteConfig()) -> dict[str, Dataset]:
+    """Arithmetic eval sets on held-out templates: ``heldout/<op>`` and ``<format>/<op>`` per transfer format."""
+    suites: dict[str, Dataset] = {}
+    for i, op in enumerate(config.ops):
+        _, eval_ids = split_templates(op)
+        non_word = tuple(t for t in eval_ids if "word_problem" not in t)
+        word = tuple(t for t in eval_ids if "word_problem" in t)
+        base = TaskConfig(op=op, n_shots=config.n_shots, seed=config.seed + i, styles=("equation", "statement", "question", "word_problem"))
+        suites[f"heldout/{op}"] = make_dataset(tokenizer, base, template_ids=eval_ids, n_prompts=config.n_heldout)
+        symbol = resolve_operation(op).symbol
+        if "multi_digit" in config.transfer:
+            rng = (10, 99) if symbol != "/" else (2, 99)
+            suites[f"multi_digit/{op}"] = make_dataset(tokenizer, base, template_ids=non_word,
+                                                       operand_range=rng, n_prompts=config.n_transfer)
+        if "decimal" in config.transfer:
+            eq = tuple(t for t in non_word if "equation" in t) or non_word
+            suites[f"decimal/{op}"] = make_dataset(tokenizer, base, template_ids=eq, decimals=1,
+                                                   n_prompts=config.n_transfer)
+        if "word_problem" in config.transfer and word:
+            suites[f"word_problem/{op}"] = make_dataset(tokenizer, base, template_ids=word, operand_range=(1, 9),
+                                                        n_prompts=config.n_transfer)
+    return suites
+
+
+@torch.no_grad()
+def answer_accuracy(model: HookedTransformer, task_ds: Dataset, batch_size: int = 16) -> dict[str, float]:
+    """``first_token`` and ``exact`` (all answer tokens argmax under teacher forcing) accuracy on a task dataset."""
+    rows = from_task_dataset(task_ds).to_list() if "input_ids" not in task_ds.column_names else task_ds.to_list()
+    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    first = exact = 0
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        tokens, mask = collate(chunk, pad_id, model.cfg.device)
+        hits = unembed_end(model, model(tokens, stop_at_layer=model.cfg.n_layers)[mask]).argmax(-1) == targets(chunk, mask)
+        row_of = mask.nonzero()[:, 0]
+        for i in range(len(chunk)):
+            row_hits = hits[row_of == i]
+            first += int(row_hits[0])
+            exact += int(row_hits.all())
+    return {"first_token": first / len(rows), "exact": exact / len(rows), "n": len(rows)}
+
+
+def summarize_math(per_set: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Mean ``first_token``/``exact`` accuracy per family (``heldout``, ``multi_digit``, ...) over operations."""
+    families: dict[str, list[dict[str, float]]] = {}
+    for name, scores in per_set.items():
+        families.setdefault(name.split("/")[0], []).append(scores)
+    out = {}
+    for family, scores in families.items():
+        out[f"{family}/first_token"] = sum(s["first_token"] for s in scores) / len(scores)
+        out[f"{family}/exact"] = sum(s["exact"] for s in scores) / len(scores)
+    transfer = [k for k in families if k != "heldout"]
+    if transfer:
+        out["transfer/exact"] = sum(out[f"{f}/exact"] for f in transfer) / len(transfer)
+        out["transfer/first_token"] = sum(out[f"{f}/first_token"] for f in transfer) / len(transfer)
+    return out
+
+
+def evaluate(
+    model: HookedTransformer,
+    base: HookedTransformer,
+    suite: dict[str, Dataset],
+    texts: Sequence[str] | None = None,
+    *,
+    batch_size: int = 16,
+    drift_tokens: int = 128,
+    progress: bool = True,
+) -> dict:
+    """Score ``model`` on every math set of ``suite`` and its drift from ``base`` on ``texts`` (default :func:`general_texts`)."""
+    model.eval()
+    per_set = {name: answer_accuracy(model, ds, batch_size)
+               for name, ds in tqdm(suite.items(), desc="math eval", disable=not progress, leave=False)}
+    drift_scores = drift(model, base, general_texts() if texts is None else texts, max_tokens=drift_tokens,
+                         batch_size=max(1, batch_size // 4), progress=progress)
+    return {"math": per_set, "math_summary": summarize_math(per_set), "drift": drift_scores}
