@@ -56,6 +56,15 @@ def test_load_casts_to_requested_dtype(tmp_path):
     assert model.W_E.dtype == torch.bfloat16
 
 
+def test_processed_model_round_trips(tmp_path):
+    model = load_model(save_model(tiny_model(style="llama"), tmp_path / "raw"), device="cpu", processing=True)
+    again = load_model(save_model(model, tmp_path / "processed"), device="cpu")
+    assert again.cfg.normalization_type == "RMSPre"
+    tokens = model.to_tokens(PROMPTS[0])
+    with torch.no_grad():
+        assert torch.equal(model(tokens), again(tokens))
+
+
 def test_processing_keeps_log_probs(tmp_path):
     save_model(tiny_model(style="gpt2"), tmp_path / "m")
     raw = load_model(tmp_path / "m", device="cpu")
@@ -198,6 +207,13 @@ def test_unknown_name_offline_lists_offline_models(monkeypatch):
     for name in loading.offline_models():
         assert name in message
     assert "save_model" in message
+
+
+def test_unreachable_hub_fails_fast_with_offline_list(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(loading, "_hub_reachable", lambda timeout=3.0: False)
+    with pytest.raises(ModelNotAvailableError, match="unreachable(.|\n)*gemma-3-270m"):
+        load_model("gpt2", device="cpu")
 
 
 def test_name_that_is_not_a_model_says_so():
