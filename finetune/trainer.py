@@ -154,14 +154,20 @@ def _dataset_fingerprint(rows: list[dict]) -> str:
 
 
 def _world() -> tuple[int, int]:
-    """(rank, world size); initializes accelerate's process group when launched with several processes."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    """(rank, world size); sets up the process group through accelerate when launched with several processes.
+
+    Rank and size are read from ``torch.distributed``: accelerate 1.x's
+    ``PartialState`` reports a single process for CPU groups started by torchrun.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0, 1
+    import torch.distributed as dist
     from accelerate import PartialState
 
-    state = PartialState()
-    return state.process_index, state.num_processes
+    PartialState()
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
 
 
 def _all_reduce_grads(optimizer: SliceAdamW) -> None:
