@@ -80,7 +80,7 @@ def from_task_dataset(task_ds: Dataset) -> Dataset:
         raise SFTDataError(f"Not a circuits.tasks dataset: missing columns {sorted(missing)}.")
     rows = [
         {"input_ids": list(r["tokens"]) + list(r["answer_token_ids"]), "n_prompt": len(r["tokens"]),
-         "prompt": r["prompt"], "answer": r["answer"]}
+         "prompt": r["prompt"], "answer": r["answer"], "template_id": r.get("template_id", "")}
         for r in task_ds
     ]
     return Dataset.from_list(rows)
