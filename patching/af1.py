@@ -49,22 +49,40 @@ from transformer_lens import HookedTransformer
 from circuits.metrics import unembed_end
 from circuits.nodes import Head
 from circuits.tasks import accuracy_mask, make_row
-from circuits.templates import Template
+from circuits.templates import Template, resolve_operation
 from patching.abp import PeekRule, abp_hooks, layer_peek_masks
 from patching.cama import CamaConfig, CamaMeans, fit_cama, group_rows, residuals
 
 logger = logging.getLogger(__name__)
 
-# The authors' five formats (paper §3/Table 4), written as circuits.templates.Template data.
+# The authors' five formats (paper Table 4): equation without spaces, verbal, question,
+# word problem, Python. Written here as circuits.templates.Template data, one set per operation.
 # "Python" has no style of its own in circuits.templates; it is filed under "equation".
-AUTHORS_TEMPLATES: tuple[Template, ...] = (
-    Template("af1-equation", "+", "equation", "{A}[+]{B}="),
-    Template("af1-verbal", "+", "statement", "The [sum] of {A} and {B} is "),
-    Template("af1-question", "+", "question", "What is the [sum] of {A} and {B}? Answer: "),
-    Template("af1-word", "+", "word_problem",
-             "Anna has {A} apples. Tom [gives] her {B} more apples. How many apples does Anna have now? Answer: "),
-    Template("af1-python", "+", "equation", ">>> print({A} [+] {B})\n"),
-)
+_AUTHORS_WORDS = {"+": "sum", "-": "difference", "*": "product", "/": "quotient"}
+_AUTHORS_WORD_PROBLEMS = {
+    "+": "Anna has {A} apples. Tom [gives] her {B} more apples. How many apples does Anna have now? Answer: ",
+    "-": "Anna has {A} apples. She [eats] {B} of them. How many apples does Anna have now? Answer: ",
+    "*": "Anna has {A} bags with {B} apples [in each]. How many apples does Anna have? Answer: ",
+    "/": "Anna [shares] {A} apples equally among {B} friends. How many apples does each friend get? Answer: ",
+}
+
+
+def authors_templates(op: str = "+") -> tuple[Template, ...]:
+    """The paper's five prompt formats for ``op`` (ids ``af1-equation``, ``af1-verbal``, ``af1-question``,
+    ``af1-word``, ``af1-python``)."""
+    op = resolve_operation(op).symbol
+    word = _AUTHORS_WORDS[op]
+    return (
+        Template("af1-equation", op, "equation", f"{{A}}[{op}]{{B}}="),
+        Template("af1-verbal", op, "statement", f"The [{word}] of {{A}} and {{B}} is "),
+        Template("af1-question", op, "question", f"What is the [{word}] of {{A}} and {{B}}? Answer: "),
+        Template("af1-word", op, "word_problem", _AUTHORS_WORD_PROBLEMS[op]),
+        # The bare ">>> print(A + B)\n" gets 0% on gemma-3-270m (it continues with ">>>"); the comment cues the value.
+        Template("af1-python", op, "equation", f"print({{A}} [{op}] {{B}})  # Output: "),
+    )
+
+
+AUTHORS_TEMPLATES = authors_templates("+")
 
 
 @dataclass(frozen=True)
@@ -91,19 +109,32 @@ class AF1Config:
 
 def make_template_dataset(
     tokenizer, templates: Sequence[Template], n_per_template: int = 100, *,
-    operand_range: tuple[int, int] = (0, 9), seed: int = 0,
+    operand_range: tuple[int, int] = (0, 9), single_token_answers: bool = True, seed: int = 0,
 ) -> Dataset:
-    """Zero-shot prompts for custom templates: distinct operand pairs per template (at most all pairs)."""
+    """Zero-shot prompts for custom templates: distinct operand pairs per template (at most all pairs).
+
+    ``single_token_answers`` keeps only pairs whose whole answer is one token (for "+" on
+    0..9: sums up to 9). The metrics score the first answer token; with two-digit answers
+    most first tokens are "1", and a model that always says "1" would look faithful.
+    """
     tokenizer = getattr(tokenizer, "tokenizer", None) or tokenizer
     if n_per_template < 1:
         raise ValueError(f"n_per_template must be >= 1, got {n_per_template}.")
     lo, hi = operand_range
-    pairs = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1)]
     rng = random.Random(seed)
     rows = []
     for template in templates:
-        for a, b in rng.sample(pairs, min(n_per_template, len(pairs))):
-            rows.append(make_row(tokenizer, template, Fraction(a), Fraction(b)))
+        op = resolve_operation(template.op).symbol
+        # non-negative differences and exact quotients, as circuits.tasks samples them
+        pairs = [(a, b) for a in range(lo, hi + 1) for b in range(lo, hi + 1)
+                 if (op != "-" or a >= b) and (op != "/" or (b != 0 and a % b == 0))]
+        candidates = [make_row(tokenizer, template, Fraction(a), Fraction(b)) for a, b in pairs]
+        if single_token_answers:
+            candidates = [row for row in candidates if len(row["answer_token_ids"]) == 1]
+        if not candidates:
+            raise ValueError(f"No operand pairs in {operand_range} suit {template.id!r} ({op})"
+                             f"{' with one-token answers' if single_token_answers else ''}.")
+        rows.extend(rng.sample(candidates, min(n_per_template, len(candidates))))
     return Dataset.from_list(rows)
 
 
@@ -237,6 +268,12 @@ class AF1Runner:
     def n_eval(self) -> int:
         return sum(len(g.tokens) for g in self.groups)
 
+    @property
+    def constant_baseline(self) -> float:
+        """Faithfulness of a model that always says the most common answer token: the floor to beat."""
+        answers = torch.cat([g.answers for g in self.groups])
+        return (answers == answers.mode().values).float().mean().item()
+
     def _cama_resid(self, group: _Group, l_wait: int) -> Tensor:
         if l_wait == 0:
             # The embeddings depend on each position's own token only: CAMA is the identity there,
@@ -337,6 +374,7 @@ class AF1SearchResult:
     base_accuracy: float
     n_eval: int
     n_unmatched: int
+    constant_baseline: float
 
     def to_json(self) -> dict:
         """A JSON-ready dict (heads as "L<layer>H<head>", NaN as None)."""
@@ -347,6 +385,7 @@ class AF1SearchResult:
             "n_kept_heads": len(self.kept_heads), "n_transfer_heads": self.n_transfer_heads,
             "pruned_faithfulness": self.pruned_faithfulness, "prune_trace": self.prune_trace,
             "base_accuracy": self.base_accuracy, "n_eval": self.n_eval, "n_unmatched": self.n_unmatched,
+            "constant_baseline": self.constant_baseline,
         }
 
 
@@ -413,7 +452,7 @@ def search_af1(model: HookedTransformer, data: Dataset, config: AF1Config = AF1C
     w, t, ok = select_setting(grid, config.min_faithfulness)
     kept, pruned, trace = prune_transfer_heads(runner, w, t, config.prune_keep, progress)
     return AF1SearchResult(grid, w, t, grid[w][t], ok, kept, pruned, t * model.cfg.n_heads, trace,
-                           runner.base_accuracy, runner.n_eval, runner.n_unmatched)
+                           runner.base_accuracy, runner.n_eval, runner.n_unmatched, runner.constant_baseline)
 
 
 def faithfulness_heatmap(grid: Sequence[Sequence[float]], title: str = "AF1 faithfulness",
