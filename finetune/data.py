@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Iterable, Sequence
 
 import torch
@@ -26,8 +27,8 @@ from datasets import Dataset, concatenate_datasets
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from circuits.tasks import TaskConfig, make_dataset
-from circuits.templates import STYLES, get_templates
+from circuits.tasks import format_answer
+from circuits.templates import STYLES, get_templates, resolve_operation, template_by_id
 
 SFT_COLUMNS = ("input_ids", "n_prompt", "prompt", "answer")
 
@@ -116,6 +117,72 @@ class ArithmeticMix:
     seed: int = 0
 
 
+def _format(value: Fraction, decimals: int) -> str:
+    if decimals == 0:
+        return str(int(value))
+    return f"{float(value):.{decimals}f}".rstrip("0").rstrip(".")
+
+
+def _operands(rng: random.Random, op: str, lo: int, hi: int, decimals: int) -> tuple[Fraction, Fraction]:
+    scale = 10**decimals
+    if op == "/" and decimals == 0:
+        # exact divisions with both operands in range: pick divisor and quotient
+        pairs = [(b * q, b) for b in range(max(lo, 1), hi + 1) for q in range(lo, hi + 1) if lo <= b * q <= hi]
+        if not pairs:
+            raise SFTDataError(f"No exact divisions with operands in [{lo}, {hi}].")
+        a, b = rng.choice(pairs)
+        return Fraction(a), Fraction(b)
+    a = Fraction(rng.randint(lo * scale, hi * scale), scale)
+    b = Fraction(rng.randint(max(lo, 1 if op == "/" else lo) * scale, hi * scale), scale)
+    if op == "-" and a < b:
+        a, b = b, a  # no negative answers
+    return a, b
+
+
+def arithmetic_pairs(
+    op: str,
+    template_ids: Sequence[str],
+    n: int,
+    *,
+    operand_range: tuple[int, int] = (0, 9),
+    decimals: int = 0,
+    n_shots: int = 2,
+    seed: int = 0,
+) -> list[dict]:
+    """``n`` arithmetic (prompt, answer, template_id) dicts, cycling through ``template_ids``, seeded.
+
+    Unlike :func:`circuits.tasks.make_dataset` no counterfactual twin is built:
+    fine-tuning needs none, and some templates (e.g. multiplication word
+    problems on gemma) have no same-length twin.
+    """
+    symbol = resolve_operation(op).symbol
+    templates = [template_by_id(t) for t in template_ids]
+    if not templates:
+        raise SFTDataError("arithmetic_pairs needs at least one template id.")
+    wrong = [t.id for t in templates if t.op != symbol]
+    if wrong:
+        raise SFTDataError(f"Templates {wrong} are not for operation {symbol!r}.")
+    rng = random.Random(seed)
+    lo, hi = operand_range
+    out = []
+    for i in range(n):
+        template = templates[i % len(templates)]
+        lines = []
+        for _ in range(n_shots + 1):
+            a, b = _operands(rng, symbol, lo, hi, decimals)
+            lines.append((template.fill(_format(a, decimals), _format(b, decimals)), format_answer(symbol, a, b, decimals)))
+        prefix = "".join(prompt + answer + "\n" for prompt, answer in lines[:-1])
+        out.append({"prompt": prefix + lines[-1][0], "answer": lines[-1][1], "template_id": template.id})
+    return out
+
+
+def arithmetic_rows(tokenizer, op: str, template_ids: Sequence[str], n: int, **kwargs) -> Dataset:
+    """SFT rows (with ``template_id``) of :func:`arithmetic_pairs`."""
+    items = arithmetic_pairs(op, template_ids, n, **kwargs)
+    rows = [{**encode_pair(tokenizer, it["prompt"], it["answer"]), "template_id": it["template_id"]} for it in items]
+    return Dataset.from_list(rows)
+
+
 def arithmetic_train_set(tokenizer, mix: ArithmeticMix = ArithmeticMix()) -> Dataset:
     """SFT rows for ``mix`` on training templates only, shuffled (seeded)."""
     weights = mix.op_weights or (1.0,) * len(mix.ops)
@@ -127,10 +194,8 @@ def arithmetic_train_set(tokenizer, mix: ArithmeticMix = ArithmeticMix()) -> Dat
         if n == 0:
             continue
         train_ids, _ = split_templates(op, mix.styles, mix.n_eval_per_style)
-        # Division needs no special range: circuits.tasks builds exact divisions with b >= 1.
-        config = TaskConfig(op=op, n_prompts=n, styles=mix.styles, template_ids=tuple(train_ids),
-                            operand_range=mix.operand_range, n_shots=mix.n_shots, seed=mix.seed * 1000 + i)
-        parts.append(from_task_dataset(make_dataset(tokenizer, config)))
+        parts.append(arithmetic_rows(tokenizer, op, train_ids, n, operand_range=mix.operand_range,
+                                     n_shots=mix.n_shots, seed=mix.seed * 1000 + i))
     if not parts:
         raise SFTDataError("The mix produced no examples (n_examples too small for the weights?).")
     return concatenate_datasets(parts).shuffle(seed=mix.seed)

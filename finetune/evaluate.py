@@ -33,9 +33,8 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from circuits.metrics import unembed_end
-from circuits.tasks import TaskConfig, make_dataset
-from circuits.templates import resolve_operation
-from finetune.data import collate, from_task_dataset, split_templates, targets
+from circuits.templates import resolve_operation, template_by_id
+from finetune.data import arithmetic_rows, collate, from_task_dataset, split_templates, targets
 
 NON_MATH_SENTENCES = (
     "The old lighthouse keeper climbed the spiral stairs every evening to light the lamp.",
@@ -147,33 +146,34 @@ class MathSuiteConfig:
 
 
 def math_suite(tokenizer, config: MathSuiteConfig = MathSuiteConfig()) -> dict[str, Dataset]:
-    """Arithmetic eval sets on held-out templates: ``heldout/<op>`` and ``<format>/<op>`` per transfer format."""
+    """Arithmetic eval sets (SFT rows) on held-out templates: ``heldout/<op>`` and ``<format>/<op>`` per transfer format."""
     suites: dict[str, Dataset] = {}
     for i, op in enumerate(config.ops):
         _, eval_ids = split_templates(op)
-        non_word = tuple(t for t in eval_ids if "word_problem" not in t)
-        word = tuple(t for t in eval_ids if "word_problem" in t)
-        base = TaskConfig(op=op, n_shots=config.n_shots, seed=config.seed + i, styles=("equation", "statement", "question", "word_problem"))
-        suites[f"heldout/{op}"] = make_dataset(tokenizer, base, template_ids=eval_ids, n_prompts=config.n_heldout)
-        symbol = resolve_operation(op).symbol
+        non_word = [t for t in eval_ids if template_by_id(t).style != "word_problem"]
+        word = [t for t in eval_ids if template_by_id(t).style == "word_problem"]
+        common = dict(n_shots=config.n_shots, seed=config.seed + 17 * i)
+        suites[f"heldout/{op}"] = arithmetic_rows(tokenizer, op, eval_ids, config.n_heldout, **common)
         if "multi_digit" in config.transfer:
-            rng = (10, 99) if symbol != "/" else (2, 99)
-            suites[f"multi_digit/{op}"] = make_dataset(tokenizer, base, template_ids=non_word,
-                                                       operand_range=rng, n_prompts=config.n_transfer)
+            rng = (10, 99) if resolve_operation(op).symbol != "/" else (2, 99)
+            suites[f"multi_digit/{op}"] = arithmetic_rows(tokenizer, op, non_word, config.n_transfer,
+                                                          operand_range=rng, **common)
         if "decimal" in config.transfer:
-            eq = tuple(t for t in non_word if "equation" in t) or non_word
-            suites[f"decimal/{op}"] = make_dataset(tokenizer, base, template_ids=eq, decimals=1,
-                                                   n_prompts=config.n_transfer)
+            suites[f"decimal/{op}"] = arithmetic_rows(tokenizer, op, non_word, config.n_transfer, decimals=1,
+                                                      operand_range=(1, 9), **common)
         if "word_problem" in config.transfer and word:
-            suites[f"word_problem/{op}"] = make_dataset(tokenizer, base, template_ids=word, operand_range=(1, 9),
-                                                        n_prompts=config.n_transfer)
+            suites[f"word_problem/{op}"] = arithmetic_rows(tokenizer, op, word, config.n_transfer,
+                                                           operand_range=(1, 9), **common)
     return suites
 
 
 @torch.no_grad()
 def answer_accuracy(model: HookedTransformer, task_ds: Dataset, batch_size: int = 16) -> dict[str, float]:
-    """``first_token`` and ``exact`` (all answer tokens argmax under teacher forcing) accuracy on a task dataset."""
-    rows = from_task_dataset(task_ds).to_list() if "input_ids" not in task_ds.column_names else task_ds.to_list()
+    """``first_token`` and ``exact`` (every answer token argmax under teacher forcing) accuracy.
+
+    ``task_ds`` holds SFT rows (``input_ids``, ``n_prompt``) or is a :mod:`circuits.tasks` dataset.
+    """
+    rows = task_ds.to_list() if "input_ids" in task_ds.column_names else from_task_dataset(task_ds).to_list()
     pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     first = exact = 0
     for start in range(0, len(rows), batch_size):

@@ -1,0 +1,116 @@
+"""Benchmark: precise SFT vs full SFT per optimizer step, side by side in one process.
+
+    python -m experiments.bench_finetune --out runs/bench_finetune
+
+1. Loads gemma-3-270m and builds a small arithmetic training set.
+2. Key heads: ``--heads L9H1,...``, else the top ``--k`` heads by path patching on
+   addition prompts (the patching package), else by attribution patching.
+3. Alternates ``--rounds`` short runs of each method on the same model object
+   (precise, full, precise, full, ...) so load changes on a shared machine hit
+   both alike; each run's first step (allocation) is not timed.
+4. Reports seconds per step, trainable entries and optimizer-state bytes (AdamW
+   moments, measured from the optimizer), the ratios against the goals
+   (precise >= 2x faster per step, <= 5% of full SFT's optimizer memory), and
+   writes ``<out>/results.json``.
+
+Full SFT freezes the embeddings by default (see finetune.masks.full_selection);
+the JSON also gives the optimizer memory full SFT would need with them
+(computed: 2 moments x entries x 4 bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from pathlib import Path
+
+import torch
+
+from circuits.loading import load_model
+from circuits.nodes import parse_node
+from circuits.tasks import make_dataset
+from finetune import ArithmeticMix, TrainConfig, arithmetic_train_set, train
+from finetune.masks import EMBEDDING_PARAMS
+
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--model", default="gemma-3-270m")
+parser.add_argument("--heads", default=None, help="comma-separated key heads, e.g. L9H1,L11H0 (default: ranked)")
+parser.add_argument("--k", type=int, default=8, help="number of key heads when ranked")
+parser.add_argument("--steps", type=int, default=4, help="optimizer steps per run (the first is not timed)")
+parser.add_argument("--rounds", type=int, default=2, help="alternating precise/full runs per method")
+parser.add_argument("--batch-size", type=int, default=16)
+parser.add_argument("--micro-batch-size", type=int, default=8)
+parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+parser.add_argument("--device", default=None)
+parser.add_argument("--out", default="runs/bench_finetune")
+parser.add_argument("--overwrite", action="store_true")
+args = parser.parse_args()
+
+out = Path(args.out)
+if (out / "results.json").exists() and not args.overwrite:
+    raise SystemExit(f"{out}/results.json exists; pass --overwrite or another --out.")
+if args.threads:
+    torch.set_num_threads(args.threads)
+
+model = load_model(args.model, device=args.device)
+data = arithmetic_train_set(model, ArithmeticMix(n_examples=args.batch_size * args.steps, seed=1))
+
+if args.heads:
+    heads = [parse_node(h) for h in args.heads.split(",")]
+    head_source = "--heads"
+else:
+    probe = make_dataset(model, op="+", n_prompts=32, styles=("equation",), seed=7)
+    try:
+        from patching.path_patching import path_patch
+
+        scores, head_source = path_patch(model, probe, progress=False), "path_patching"
+    except ImportError:
+        from patching.attribution import attribution_patch
+
+        scores, head_source = attribution_patch(model, probe, progress=False), "attribution"
+    heads = [node for node, _ in scores.ranked("heads", by="neg")[: args.k]]
+print(f"key heads ({head_source}): {', '.join(map(str, heads))}")
+
+config = TrainConfig(lr=1e-5, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
+                     max_steps=args.steps, progress=False)
+runs = {"precise": [], "full": []}
+for round_ in range(args.rounds):
+    for method in ("precise", "full"):
+        result = train(model, data, config, method=method, heads=heads if method == "precise" else None)
+        runs[method].append(result.summary())
+        print(f"round {round_}: {method:8s} {result.seconds_per_step:6.2f} s/step, "
+              f"optimizer state {result.optimizer_state_bytes / 2**20:8.1f} MiB, trainable {result.n_trainable:,}")
+
+n_embed = sum(p.numel() for n, p in model.named_parameters() if n in EMBEDDING_PARAMS)
+summary = {}
+for method, results in runs.items():
+    summary[method] = {
+        "seconds_per_step_median": statistics.median(r["seconds_per_step"] for r in results),
+        "seconds_per_step_all": [r["seconds_per_step"] for r in results],
+        "optimizer_state_bytes": results[0]["optimizer_state_bytes"],
+        "n_trainable": results[0]["n_trainable"],
+        "selection": results[0]["selection"],
+    }
+speedup = summary["full"]["seconds_per_step_median"] / summary["precise"]["seconds_per_step_median"]
+memory_ratio = summary["precise"]["optimizer_state_bytes"] / summary["full"]["optimizer_state_bytes"]
+full_with_embeddings = summary["full"]["optimizer_state_bytes"] + 2 * n_embed * 4
+results = {
+    "model": args.model, "heads": [str(h) for h in heads], "head_source": head_source,
+    "steps_per_run": args.steps, "rounds": args.rounds, "batch_size": args.batch_size,
+    "micro_batch_size": args.micro_batch_size, "threads": torch.get_num_threads(),
+    "load_average": os.getloadavg(), "methods": summary,
+    "speedup_full_over_precise": speedup, "optimizer_memory_ratio_precise_over_full": memory_ratio,
+    "full_with_embeddings_optimizer_bytes_computed": full_with_embeddings,
+    "optimizer_memory_ratio_vs_full_with_embeddings": summary["precise"]["optimizer_state_bytes"] / full_with_embeddings,
+    "goals": {"speedup>=2": speedup >= 2, "memory_ratio<=0.05": memory_ratio <= 0.05},
+}
+print(f"precise is {speedup:.2f}x faster per step (goal >= 2x); optimizer memory {100 * memory_ratio:.2f}% of "
+      f"full SFT's (goal <= 5%; {100 * results['optimizer_memory_ratio_vs_full_with_embeddings']:.2f}% of full SFT "
+      f"with embeddings)")
+out.mkdir(parents=True, exist_ok=True)
+tmp = out / "results.json.tmp"
+tmp.write_text(json.dumps(results, indent=2))
+os.replace(tmp, out / "results.json")
+print(f"wrote {out / 'results.json'}")
