@@ -205,7 +205,7 @@ def batches(
     """
     device = model.cfg.device
     if isinstance(task, (list, tuple)) and task and isinstance(task[0], str):
-        tokens = model.to_tokens(list(task), padding_side="right")
+        tokens = model.to_tokens(list(task)[:n_samples], padding_side="right")
         mask = tl_utils.get_attention_mask(model.tokenizer, tokens, model.cfg.default_prepend_bos)
         pairs = [(tokens, mask)]
     elif isinstance(task, Tensor):

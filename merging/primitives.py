@@ -32,6 +32,23 @@ import torch
 from torch import Tensor
 
 
+CHUNK = 1 << 22  # elements per slice in elementwise combinations (bounds temporaries on 100M-entry tensors)
+
+
+def elementwise_chunks(tensors: Sequence[Tensor], fn, chunk: int = CHUNK) -> Tensor:
+    """Apply ``fn(stacked_slice) -> slice`` to ``torch.stack(tensors)`` slice by slice; returns ``tensors[0]``'s shape.
+
+    ``fn`` must be elementwise across the non-expert dimension; slicing the
+    flattened tensors keeps the stacked temporaries to ``chunk`` entries per expert.
+    """
+    flat = [t.reshape(-1) for t in tensors]
+    out = torch.empty_like(flat[0])
+    for start in range(0, out.numel(), chunk):
+        stop = min(start + chunk, out.numel())
+        out[start:stop] = fn(torch.stack([f[start:stop] for f in flat]))
+    return out.view_as(tensors[0])
+
+
 def _stack_weights(weights: Sequence[float], like: Tensor) -> Tensor:
     """Weights as a ``[n_experts, 1, ..., 1]`` tensor broadcastable against a stack of ``like``."""
     w = torch.tensor(list(weights), dtype=like.dtype, device=like.device)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from merging.methods.average import work_dtype
-from merging.primitives import tall_masks
+from merging.primitives import elementwise_chunks, tall_masks
 
 
 @dataclass(frozen=True)
@@ -41,12 +41,15 @@ def consensus(
 ) -> Tensor:
     """Consensus TA on one tensor."""
     dt = work_dtype(base)
-    stacked = torch.stack([e.to(dt) - base.to(dt) for e in experts])
     n = len(experts)
     lambdas = [config.tall_lambda] * n if isinstance(config.tall_lambda, (int, float)) else list(config.tall_lambda)
     if len(lambdas) != n:
         raise ValueError(f"ConsensusConfig.tall_lambda has {len(lambdas)} values for {n} experts.")
-    keep = tall_masks(stacked, lambdas).sum(0) >= config.k
-    w = torch.tensor(list(weights) if weights is not None else [1.0] * n, dtype=dt)
-    mtl = (stacked * w.view(-1, *([1] * base.dim()))).sum(0)
-    return (base.to(dt) + config.lam * mtl * keep).to(base.dtype)
+    w = torch.tensor(list(weights) if weights is not None else [1.0] * n, dtype=dt).view(-1, 1)
+
+    def combine(stacked: Tensor) -> Tensor:  # stacked: [n_experts, chunk] task vectors
+        keep = tall_masks(stacked, lambdas).sum(0) >= config.k
+        return (stacked * w).sum(0) * keep
+
+    merged = elementwise_chunks([e.to(dt) - base.to(dt) for e in experts], combine)
+    return (base.to(dt) + config.lam * merged).to(base.dtype)

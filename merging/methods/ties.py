@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from merging.methods.average import work_dtype
-from merging.primitives import disjoint_mean, elect_sign, kth_largest_magnitude, topk_mask
+from merging.primitives import disjoint_mean, elect_sign, elementwise_chunks, kth_largest_magnitude, topk_mask
 
 
 @dataclass(frozen=True)
@@ -59,15 +59,17 @@ def ties(
     for i, e in enumerate(experts):
         tv = e.to(dt) - base.to(dt)
         thr = thresholds[i] if config.scope == "model" else None
-        trimmed.append(tv * topk_mask(tv, config.density, threshold=thr))
-    stacked = torch.stack(trimmed)
-    sign = elect_sign(stacked, weights)
-    if config.normalize:
-        merged = disjoint_mean(stacked, sign, weights)
-    else:
-        w = torch.tensor(list(weights) if weights is not None else [1.0] * len(experts), dtype=dt)
-        agree = (torch.sign(stacked) == sign).to(dt)
-        merged = (stacked * agree * w.view(-1, *([1] * base.dim()))).sum(0)
+        trimmed.append(tv.mul_(topk_mask(tv, config.density, threshold=thr)))
+    w = list(weights) if weights is not None else [1.0] * len(experts)
+
+    def combine(stacked: Tensor) -> Tensor:
+        sign = elect_sign(stacked, w)
+        if config.normalize:
+            return disjoint_mean(stacked, sign, w)
+        agree = torch.sign(stacked) == sign
+        return (stacked * agree * torch.tensor(w, dtype=dt).view(-1, 1)).sum(0)
+
+    merged = elementwise_chunks(trimmed, combine)
     return (base.to(dt) + config.lam * merged).to(base.dtype)
 
 

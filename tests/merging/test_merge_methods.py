@@ -173,3 +173,12 @@ def test_masks_break_ties_like_a_stable_descending_sort():
     assert torch.equal(topk_mask(x, 4 / 6), T([[True, True, True], [True, False, False]]))
     # breadcrumbs: ranks 1..3 (drop the first 3, keep the next 3)
     assert torch.equal(outlier_mask(x, 0.5, 1 / 6), T([[True, False, True], [True, False, False]]))
+
+
+def test_elementwise_chunks_match_unchunked():
+    from merging.primitives import elementwise_chunks
+
+    gen = torch.Generator().manual_seed(0)
+    tvs = [torch.randn(5, 7, generator=gen) for _ in range(3)]
+    fn = lambda s: disjoint_mean(s, elect_sign(s))  # noqa: E731
+    assert torch.equal(elementwise_chunks(tvs, fn, chunk=4), fn(torch.stack(tvs)))
