@@ -3,7 +3,7 @@ import pytest
 from circuits.templates import template_by_id
 from circuits.testing import tiny_model
 from finetune.data import (
-    ArithmeticMix, SFTDataError, arithmetic_train_set, collate, encode_pairs, epoch_order, split_templates, targets,
+    ArithmeticMix, arithmetic_pairs, SFTDataError, arithmetic_train_set, collate, encode_pairs, epoch_order, split_templates, targets,
 )
 
 
@@ -49,3 +49,17 @@ def test_collate_and_targets_align():
 def test_epoch_order_is_a_seeded_permutation():
     assert sorted(epoch_order(10, 0, 1)) == list(range(10))
     assert epoch_order(10, 0, 1) == epoch_order(10, 0, 1) != epoch_order(10, 1, 1)
+
+
+def test_arithmetic_pairs_have_correct_answers():
+    from fractions import Fraction
+
+    for op, check in (("/", lambda a, b, c: Fraction(a) / Fraction(b) == Fraction(c)),
+                      ("-", lambda a, b, c: int(a) - int(b) == int(c) >= 0)):
+        ids = split_templates(op)[0][:1]  # an equation template: "{A} op {B} = "
+        for item in arithmetic_pairs(op, ids, 30, n_shots=1, seed=2):
+            last = item["prompt"].splitlines()[-1]
+            a, _, b, _ = last.split(" ", 3)
+            assert check(a, b, item["answer"]), (last, item["answer"])
+    with pytest.raises(SFTDataError, match="not for operation"):
+        arithmetic_pairs("+", split_templates("-")[0], 2)
