@@ -12,7 +12,8 @@ which the MLP output's cosine with the answer climbs to its peak), ``probe_means
 ``path_patching`` (the patching package's NodeScores).
 
 Without ``--patching`` attention is read from all heads; with it, path patching
-runs first and the ``--top-heads`` strongest heads are read and drawn as a circuit.
+runs first and the ``--top-heads`` strongest heads are read and drawn as a circuit;
+``--knockout`` adds the knockout curve (slow on CPU).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class AnalyzeConfig:
     n_shots: int = 2
     seed: int = 0
     patching: bool = False
+    knockout: bool = False  # the knockout curve is slow on CPU (many full forwards); opt in
     top_heads: int = 12
     top_mlps: int = 3
     operand_threshold: float = 0.3
@@ -102,9 +104,10 @@ def main(cfg: AnalyzeConfig) -> dict:
 
         scores = path_patch(model, kept, batch_size=cfg.batch_size)
         heads = [n for n, _ in scores.ranked("heads", by="neg")[: cfg.top_heads]]
-        knockout = knockout_curve(model, kept, scores, ks=(1, 2, 4, 8), n_seeds=3, batch_size=cfg.batch_size)
         results["path_patching"] = scores.to_dict()
-        results["knockout"] = knockout.to_dict()
+        if cfg.knockout:
+            knockout = knockout_curve(model, kept, scores, ks=(1, 2, 4, 8), n_seeds=3, batch_size=cfg.batch_size)
+            results["knockout"] = knockout.to_dict()
 
     # 3. attention reads and head classes
     reads = attention_reads(model, kept, heads, batch_size=cfg.batch_size)
