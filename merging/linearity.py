@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from merging import blocks
-from merging.state_dicts import SourceLike, as_sources, check_compatible
+from merging.state_dicts import SourceLike, as_sources, check_compatible, combine_experts
 from merging.submodule import LevelSpec, block_params, cache_task_inputs, level_of, plan_layer
 
 KIND_LABELS = {"layer": "layer", "attn": "attention", "mlp": "MLP", "heads": "head", "model": "model"}
@@ -77,13 +77,7 @@ def _per_sample(delta: Tensor, linear: Tensor, mask: Tensor) -> list[float]:
 
 
 def _interpolate(theta0: dict, thetas: Sequence[dict], alpha: Sequence[float], names) -> dict:
-    out = {}
-    for k in names:
-        acc = theta0[k].double().clone()
-        for a, th in zip(alpha, thetas):
-            acc += a * (th[k].double() - theta0[k].double())
-        out[k] = acc.to(theta0[k].dtype)
-    return out
+    return {k: combine_experts(theta0[k], [th[k] for th in thetas], alpha) for k in names}
 
 
 def nonlinearity_scores(

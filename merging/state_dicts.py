@@ -221,6 +221,16 @@ def task_vector(base: SourceLike, expert: SourceLike, *, check: bool = True) -> 
     return {k: tvs[0] for k, _, tvs in iter_task_vectors(base, [expert], check=check)}
 
 
+def combine_experts(base: Tensor, experts: Sequence[Tensor], coefficients: Sequence[float]) -> Tensor:
+    """``θ0 + Σ_i c_i (θ_i − θ0)`` for one tensor, computed in float32 (float64 for float64), in ``θ0``'s dtype."""
+    dt = torch.float64 if base.dtype == torch.float64 else torch.float32
+    b = base.to(dt)
+    acc = b.clone()
+    for c, e in zip(coefficients, experts):
+        acc.add_(e.to(dt) - b, alpha=float(c))
+    return acc.to(base.dtype)
+
+
 def apply_task_vectors(
     base: SourceLike, task_vectors: Sequence[Mapping[str, Tensor]], coefficients: Sequence[float]
 ) -> dict[str, Tensor]:
@@ -232,9 +242,10 @@ def apply_task_vectors(
     for key in b.keys():
         t = b.get(key)
         if not is_buffer(key):
-            acc = t.double().clone()
+            dt = torch.float64 if t.dtype == torch.float64 else torch.float32
+            acc = t.to(dt).clone()
             for c, tv in zip(coefficients, task_vectors):
-                acc += c * tv[key].double()
+                acc.add_(tv[key].to(dt), alpha=float(c))
             t = acc.to(t.dtype)
         out[key] = t
     return out

@@ -51,7 +51,15 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from merging import blocks
-from merging.state_dicts import EMBEDDING_PREFIXES, SourceLike, StateDictSource, as_sources, check_compatible, is_buffer
+from merging.state_dicts import (
+    EMBEDDING_PREFIXES,
+    SourceLike,
+    StateDictSource,
+    as_sources,
+    check_compatible,
+    combine_experts,
+    is_buffer,
+)
 
 LEVELS = ("model", "layer", "attn_mlp", "head")
 LevelSpec = str | Mapping[int, str] | Callable[[int], str]
@@ -288,13 +296,11 @@ def _apply(merged, sub: Submodule, alpha: Tensor, theta0, thetas, layer: int) ->
         if key not in merged:
             merged[key] = theta0[name].detach().clone()
         base_t = theta0[name] if head is None else theta0[name][head]
-        acc = base_t.double().clone()
-        for a, th in zip(alpha, thetas):
-            acc += float(a) * ((th[name] if head is None else th[name][head]).double() - base_t.double())
+        acc = combine_experts(base_t, [th[name] if head is None else th[name][head] for th in thetas], alpha.tolist())
         if head is None:
-            merged[key] = acc.to(base_t.dtype)
+            merged[key] = acc
         else:
-            merged[key][head] = acc.to(base_t.dtype)
+            merged[key][head] = acc
 
 
 def _assemble(base: StateDictSource, sources, merged: dict[str, Tensor], lam: float) -> dict[str, Tensor]:
@@ -307,10 +313,7 @@ def _assemble(base: StateDictSource, sources, merged: dict[str, Tensor], lam: fl
         elif is_buffer(key):
             out[key] = t.detach().clone()
         elif key.startswith(EMBEDDING_PREFIXES):
-            acc = t.double().clone()
-            for s in sources:
-                acc += lam * (s.get(key).double() - t.double())
-            out[key] = acc.to(t.dtype)
+            out[key] = combine_experts(t, [s.get(key) for s in sources], [lam] * len(sources))
         else:
             raise ValueError(f"Parameter {key} is neither in a block nor an embedding/unembedding/final norm.")
     return out
@@ -339,10 +342,7 @@ def _merge_model_level(model, base, sources, task_batches, config, names, progre
         if is_buffer(key):
             out[key] = t.detach().clone()
             continue
-        a = t.double().clone()
-        for ai, s in zip(alpha, sources):
-            a += float(ai) * (s.get(key).double() - t.double())
-        out[key] = a.to(t.dtype).cpu()
+        out[key] = combine_experts(t, [s.get(key) for s in sources], alpha.tolist()).cpu()
     table = AlphaTable(["model"], alpha.unsqueeze(0), names, {"model": acc.gram}, {"model": acc.rhs})
     return SubmoduleMergeResult(out, table)
 
