@@ -22,7 +22,7 @@ def test_notebook_is_valid_and_has_no_stored_outputs():
 def test_notebook_executes(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    monkeypatch.setenv("EXPLORE_N_PROMPTS", "8")
+    monkeypatch.setenv("EXPLORE_N_PROMPTS", "6")
     monkeypatch.setenv("EXPLORE_OUT", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     nb = nbformat.read(NOTEBOOK, as_version=4)
