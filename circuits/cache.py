@@ -263,20 +263,22 @@ def save_model(model: HookedTransformer, path: str | os.PathLike, *, overwrite: 
     return destination
 
 
-def _load_tokenizer(path: Path, auto_tokenizer: Any) -> Any:
+def _load_tokenizer(path: Path) -> Any:
     """Load a saved tokenizer the way TransformerLens wants it: with ``add_bos_token=True``.
 
     ``save_pretrained`` does not record ``add_bos_token``, and TL's ``set_tokenizer``
     reloads any tokenizer that lacks it, which for gemma's 262k vocabulary
     costs ~4 s; asking for it here makes that reload a no-op.
     """
+    from transformers import AutoTokenizer  # slow import, only needed here
+
     settings = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
     if settings.get("bos_token") is not None:
         try:
-            return auto_tokenizer.from_pretrained(str(path), add_bos_token=True)
+            return AutoTokenizer.from_pretrained(str(path), add_bos_token=True)
         except ValueError:  # tokenizers that cannot express a BOS template; TL falls back likewise
             pass
-    return auto_tokenizer.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path))
 
 
 def load_model_dir(
@@ -333,12 +335,10 @@ def _corrupt_message(directory: Path, problems: list[str]) -> str:
 
 
 def _build_model(directory: Path, device: str | torch.device, dtype: torch.dtype) -> HookedTransformer:
-    from transformers import AutoTokenizer  # slow import, only needed here
-
     data = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
     tokenizer = None
     if (directory / TOKENIZER_DIR).is_dir():
-        tokenizer = _load_tokenizer(directory / TOKENIZER_DIR, AutoTokenizer)
+        tokenizer = _load_tokenizer(directory / TOKENIZER_DIR)
     else:
         # Without a tokenizer, TL would fetch cfg.tokenizer_name from the hub.
         data["tokenizer_name"] = None
