@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = {
         "model": args.model, "op": args.op, "search_templates": args.templates, "settings": vars(args),
         "config": config, "n_layers": n_layers, "n_heads": model.cfg.n_heads,
-        "search": search.to_json(), "per_template": per_template,
+        "search": search.to_json(), "cama_counts_at_selected_l_wait": runner.cama_counts(search.l_wait),
+        "per_template": per_template,
         "seconds": timer.seconds, "wall_seconds": round(wall, 1),
     }
     write_json_atomic(out / "results.json", results)

@@ -45,6 +45,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
+from transformer_lens import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 
 from circuits.metrics import unembed_end
 from circuits.nodes import Head
@@ -93,6 +94,7 @@ class AF1Config:
     others: PeekRule = "self"
     fit_fraction: float = 0.5
     batch_size: int = 32
+    tail_batch_size: int = 256  # rows per block call when the grid batches many settings together
     min_faithfulness: float = 0.9
     prune_keep: float = 0.95
     seed: int = 0
@@ -109,13 +111,15 @@ class AF1Config:
 
 def make_template_dataset(
     tokenizer, templates: Sequence[Template], n_per_template: int = 100, *,
-    operand_range: tuple[int, int] = (0, 9), single_token_answers: bool = True, seed: int = 0,
+    operand_range: tuple[int, int] = (0, 9), single_token_answers: bool = True, n_shots: int = 0, seed: int = 0,
 ) -> Dataset:
     """Zero-shot prompts for custom templates: distinct operand pairs per template (at most all pairs).
 
     ``single_token_answers`` keeps only pairs whose whole answer is one token (for "+" on
     0..9: sums up to 9). The metrics score the first answer token; with two-digit answers
     most first tokens are "1", and a model that always says "1" would look faithful.
+    ``n_shots`` > 0 prefixes solved examples of the same template (from the same candidate
+    pairs, other than the query), one per line.
     """
     tokenizer = getattr(tokenizer, "tokenizer", None) or tokenizer
     if n_per_template < 1:
@@ -134,7 +138,17 @@ def make_template_dataset(
         if not candidates:
             raise ValueError(f"No operand pairs in {operand_range} suit {template.id!r} ({op})"
                              f"{' with one-token answers' if single_token_answers else ''}.")
-        rows.extend(rng.sample(candidates, min(n_per_template, len(candidates))))
+        chosen = rng.sample(range(len(candidates)), min(n_per_template, len(candidates)))
+        if n_shots == 0:
+            rows.extend(candidates[i] for i in chosen)
+            continue
+        if len(candidates) <= n_shots:
+            raise ValueError(f"{template.id!r}: {len(candidates)} operand pairs cannot give {n_shots} shots.")
+        for i in chosen:
+            shots = rng.sample([j for j in range(len(candidates)) if j != i], n_shots)
+            prefix = "".join(candidates[j]["prompt"] + candidates[j]["answer"] + "\n" for j in shots)
+            query = candidates[i]
+            rows.append(make_row(tokenizer, template, Fraction(query["a"]), Fraction(query["b"]), prefix=prefix))
     return Dataset.from_list(rows)
 
 
@@ -268,6 +282,20 @@ class AF1Runner:
     def n_eval(self) -> int:
         return sum(len(g.tokens) for g in self.groups)
 
+    def cama_counts(self, l_wait: int) -> dict:
+        """How many fit prompts the CAMA means at ``l_wait`` used, over the replaced (prompt, position) pairs."""
+        used, fallback = [], []
+        for group in self.groups:
+            means = group.means[l_wait]
+            n_used = means.lookup(group.tokens)[1][:, ~means.kept]
+            used.append(n_used.flatten())
+            fallback.append((n_used == means.n_prompts).flatten())
+        used_all, fallback_all = torch.cat(used).float(), torch.cat(fallback).float()
+        if used_all.numel() == 0:
+            return {"min": None, "median": None, "fallback_fraction": None}
+        return {"min": int(used_all.min()), "median": float(used_all.median()),
+                "fallback_fraction": float(fallback_all.mean())}
+
     @property
     def constant_baseline(self) -> float:
         """Faithfulness of a model that always says the most common answer token: the floor to beat."""
@@ -321,24 +349,80 @@ class AF1Runner:
 
     @torch.no_grad()
     def sweep_transfer(self, l_wait: int, max_transfer: int | None = None) -> list[float]:
-        """Faithfulness for ``l_transfer = 0 .. max_transfer`` at one ``l_wait``, sharing the full-peek prefix."""
+        """Faithfulness for ``l_transfer = 0 .. max_transfer`` at one ``l_wait`` (see :meth:`sweep_end_resid`)."""
+        hits: list[list[Tensor]] = []
+        for index, group in enumerate(self.groups):
+            ends = self.sweep_end_resid(index, l_wait, max_transfer)
+            flat = ends.flatten(0, 1)
+            logits_argmax = torch.cat([unembed_end(self.model, chunk).argmax(-1)
+                                       for chunk in flat.split(self.config.tail_batch_size)])
+            for t, part in enumerate(logits_argmax.split(len(group.tokens))):
+                if t == len(hits):
+                    hits.append([])
+                hits[t].append(part == group.answers)
+        return [torch.cat(h).float().mean().item() for h in hits]
+
+    @torch.no_grad()
+    def sweep_end_resid(self, group_index: int, l_wait: int,
+                        max_transfer: int | None = None) -> Float[Tensor, "setting batch d_model"]:
+        """Final END residuals of one group for ``l_transfer = 0 .. max_transfer`` at one ``l_wait``.
+
+        Exact shortcuts, so the whole grid costs about as much as a few full forwards:
+
+        * the settings share the full-peek prefix (one run of each transfer layer);
+        * once a setting is past its transfer layers, only END matters for its output, and
+          END reads only BOS and itself. BOS attends only to itself in every setting, so its
+          keys and values are the plain model's: they are cached once, and each self-peek
+          layer runs END alone (rotary positions stay right through TransformerLens'
+          key/value cache offset), batched over all settings at that layer.
+        """
         n = self.model.cfg.n_layers
         max_transfer = n - l_wait if max_transfer is None else max_transfer
         check_setting(self.model, l_wait, max_transfer)
-        hits = [[] for _ in range(max_transfer + 1)]
-        for group in self.groups:
-            n_pos = group.tokens.shape[1]
-            full = af1_masks(self.model, n_pos, l_wait, n - l_wait, others=self.config.others)
-            closed = af1_masks(self.model, n_pos, l_wait, 0, others=self.config.others)
-            state = self._cama_resid(group, l_wait)
-            for t in range(max_transfer + 1):
-                # state = residual after t full-peek layers; the rest of the model is self peek.
-                hits[t].append(self._logits_from(state, l_wait + t, closed).argmax(-1) == group.answers)
-                if t < max_transfer:
-                    layer = l_wait + t
-                    state = torch.cat([self._run(state[i:i + self.config.batch_size], layer, layer + 1, full)
-                                       for i in range(0, len(state), self.config.batch_size)])
-        return [torch.cat(h).float().mean().item() for h in hits]
+        group = self.groups[group_index]
+        n_pos = group.tokens.shape[1]
+        full = af1_masks(self.model, n_pos, l_wait, n - l_wait, others=self.config.others)
+        end_row = {layer: mask[..., -1:, :] for layer, mask in
+                   af1_masks(self.model, n_pos, l_wait, 0, others=self.config.others).items()}
+        prefix_cache = self._prefix_cache(group) if n_pos > 1 else None
+        state = self._cama_resid(group, l_wait)  # full sequence after t full-peek layers
+        tails: list[Tensor] = []  # tails[t]: END residual of setting t, past its transfer layers
+        for layer in range(l_wait, n):
+            t = layer - l_wait
+            if t <= max_transfer:
+                tails.append(state[:, -1:])
+            merged = self._run_end_only(torch.cat(tails), layer, end_row, prefix_cache)
+            tails = list(merged.split(len(group.tokens)))
+            state = self._run_chunked(state, layer, full) if t < max_transfer else None
+        if max_transfer == n - l_wait:
+            tails.append(state[:, -1:])
+        return torch.stack([tail[:, -1] for tail in tails])
+
+    def _prefix_cache(self, group: _Group) -> list[TransformerLensKeyValueCacheEntry]:
+        """Per-layer keys/values of positions 0..n-2 from a plain run of one prompt.
+
+        Only BOS's entries are ever read (the ABP mask hides the others), and BOS is the
+        same in every prompt and setting."""
+        cache = TransformerLensKeyValueCache.init_cache(self.model.cfg, self.model.cfg.device, 1)
+        self.model(group.tokens[:1, :-1], past_kv_cache=cache)
+        return cache.entries
+
+    def _run_end_only(self, end: Tensor, layer: int, end_row: Mapping[int, Tensor], prefix_cache) -> Tensor:
+        size = self.config.tail_batch_size
+        out = []
+        for chunk in end.split(size):
+            entries = None
+            if prefix_cache is not None:
+                entries = [TransformerLensKeyValueCacheEntry(e.past_keys.expand(len(chunk), -1, -1, -1),
+                                                             e.past_values.expand(len(chunk), -1, -1, -1), frozen=True)
+                           for e in prefix_cache]
+            with self.model.hooks(fwd_hooks=abp_hooks(self.model, {layer: end_row[layer]})):
+                out.append(self.model(chunk, start_at_layer=layer, stop_at_layer=layer + 1, past_kv_cache=entries))
+        return torch.cat(out)
+
+    def _run_chunked(self, resid: Tensor, layer: int, masks) -> Tensor:
+        size = self.config.tail_batch_size
+        return torch.cat([self._run(chunk, layer, layer + 1, masks) for chunk in resid.split(size)])
 
 
 # ---------------------------------------------------------------------------- search

@@ -7,7 +7,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from circuits.metrics import end_logits
+from circuits.metrics import end_logits, unembed_end
 from circuits.nodes import Head
 from circuits.tasks import make_row
 from circuits.templates import Template
@@ -155,3 +155,15 @@ def test_af1_on_gemma(gemma):
     assert runner.faithfulness(0, gemma.cfg.n_layers) == 1.0  # identity setting
     # nothing may reach the last token: it keeps only its own "=" mean, so the answer cannot be read
     assert runner.faithfulness(17, 0) < 0.5
+
+
+@pytest.mark.parametrize("style,kv", [("gpt2", None), ("llama", 2), ("gemma", None)])
+def test_end_only_sweep_matches_full_forward(style, kv):
+    model = tiny_model(style=style, n_layers=3, n_key_value_heads=kv)
+    runner = _runner(model)
+    n = model.cfg.n_layers
+    for w in range(n + 1):
+        for index, group in enumerate(runner.groups):
+            ends = runner.sweep_end_resid(index, w)
+            for t in range(n - w + 1):
+                assert torch.allclose(unembed_end(model, ends[t]), runner.end_logits(w, t)[index], atol=1e-4), (w, t)
