@@ -43,7 +43,7 @@ from circuits.loading import load_model
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
-from finetune.evaluate import evaluate, general_texts, math_suite
+from finetune.evaluate import NON_MATH_SENTENCES, evaluate, math_suite, pydoc_passages
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--model", default="gemma-3-270m")
@@ -61,7 +61,9 @@ parser.add_argument("--lora-lr", type=float, default=2e-4)
 parser.add_argument("--lora-rank", type=int, default=8)
 parser.add_argument("--n-heldout", type=int, default=24, help="held-out-template prompts per operation")
 parser.add_argument("--n-transfer", type=int, default=12, help="prompts per operation and transfer format")
-parser.add_argument("--n-pydoc", type=int, default=8, help="pydoc passages in the drift text (plus 30 sentences)")
+parser.add_argument("--n-shots", type=int, default=2, help="few-shot examples before each training/eval prompt")
+parser.add_argument("--n-pydoc", type=int, default=8, help="pydoc passages in the drift text")
+parser.add_argument("--n-sentences", type=int, default=30, help="project sentences in the drift text (at most 30)")
 parser.add_argument("--drift-tokens", type=int, default=96)
 parser.add_argument("--n-rank-prompts", type=int, default=24, help="prompts per operation for ranking heads")
 parser.add_argument("--seed", type=int, default=0)
@@ -87,10 +89,11 @@ base = load_model(args.model, device=args.device)
 base.eval()
 for p in base.parameters():
     p.requires_grad_(False)
-train_set = arithmetic_train_set(base, ArithmeticMix(ops=OPS, n_examples=args.n_train, seed=args.seed))
+train_set = arithmetic_train_set(base, ArithmeticMix(ops=OPS, n_examples=args.n_train, n_shots=args.n_shots,
+                                                    seed=args.seed))
 suite = math_suite(base, MathSuiteConfig(ops=OPS, n_heldout=args.n_heldout, n_transfer=args.n_transfer,
-                                         seed=12345 + args.seed))
-texts = general_texts(args.n_pydoc)
+                                         n_shots=args.n_shots, seed=12345 + args.seed))
+texts = (pydoc_passages(args.n_pydoc) if args.n_pydoc else []) + list(NON_MATH_SENTENCES[: args.n_sentences])
 print(f"{len(train_set)} training examples, e.g. {train_set[0]['prompt'][-60:]!r} -> {train_set[0]['answer']!r}")
 
 # ---------------------------------------------------------------- key heads and MLPs
