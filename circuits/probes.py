@@ -112,13 +112,20 @@ class ProbeResults:
                 return layer
         return None
 
-    def rise_range(self, stream: str = "mlp_out", target: str = "C", fraction: float = 0.1) -> tuple[int, int]:
+    def rise_range(self, stream: str = "mlp_out", target: str = "C", fraction: float = 0.1,
+                   versus: str | None = "others") -> tuple[int, int]:
         """``(start, peak)``: the layers over which ``stream``'s mean cosine with ``target`` climbs to its maximum.
 
+        With ``versus="others"`` (default) the curve is ``target - others``: on real models all
+        number directions share a common component, so the raw cosine with C rises wherever any
+        number is written; the contrast keeps what is specific to C. ``versus=None`` uses the raw curve.
         ``peak`` is the layer of the maximum; ``start`` is the last layer before it whose value is
         still within ``fraction`` of the rise above the minimum before the peak (where the climb begins).
         """
-        curve = self.mean_cos(stream)[:, TARGETS.index(target)]
+        mean = self.mean_cos(stream)
+        curve = mean[:, TARGETS.index(target)]
+        if versus is not None:
+            curve = curve - mean[:, TARGETS.index(versus)]
         peak = int(curve.argmax())
         low = float(curve[: peak + 1].min())
         level = low + fraction * (float(curve[peak]) - low)

@@ -225,6 +225,7 @@ class Report:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(text)
+            os.chmod(tmp, 0o644)  # mkstemp makes 0600; a report is meant to be shared
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -313,7 +314,8 @@ def run_report(
         report.add_heading("MLP probes and logit lens")
         if probes is not None:
             start, peak = probes.rise_range("mlp_out", "C")
-            text = f"MLP output similarity to the answer C rises from layer {start} to its peak at layer {peak}."
+            text = (f"MLP output similarity to the answer C (minus its similarity to the other numbers) rises from "
+                    f"layer {start} to its peak at layer {peak}.")
             if probes.rank is not None:
                 first = probes.first_top1_layer()
                 text += (f" The answer is logit-lens top-1 for most prompts from layer {first} on." if first is not None

@@ -76,7 +76,9 @@ def test_summaries_on_synthetic_curves():
     cos["mlp_out"][:, :, 2] = curve
     rank = torch.tensor([[0, 5, 3, 1, 0, 0, 0, 0]] * 3 + [[5, 5, 5, 5, 5, 0, 0, 0]])
     res = ProbeResults(cos=cos, rank=rank, prob=torch.zeros(4, n_layers))
-    assert res.rise_range("mlp_out", "C") == (3, 6)
+    assert res.rise_range("mlp_out", "C") == (3, 6) == res.rise_range("mlp_out", "C", versus=None)
+    cos["mlp_out"][:, :, 3] = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.45, 0.0])  # a common-mode bump at 6
+    assert res.rise_range("mlp_out", "C") == (3, 7) and res.rise_range("mlp_out", "C", versus=None) == (3, 6)
     assert res.first_top1_layer() == 4 and res.first_top1_layer(1.0) == 5
     assert res.first_top1_layer(stable=False) == 0  # an early lucky hit, then lost
     assert ProbeResults(cos=cos, rank=rank + 1, prob=torch.zeros(4, n_layers)).first_top1_layer() is None
