@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import gc
 import json
 import os
@@ -156,7 +157,7 @@ def write_results() -> None:
 for method, name, k, mlps in runs:
     print(f"--- {name}")
     model = copy.deepcopy(base)
-    run_config = config if method != "lora" else TrainConfig(**{**config.__dict__, "lr": args.lora_lr})
+    run_config = config if method != "lora" else dataclasses.replace(config, lr=args.lora_lr)
     result = train(model, train_set, run_config, method=method,
                    heads=ranked_heads[:k] if k else None, mlps=mlps or None,
                    out_dir=out / "runs" / name if method == "precise" else None)

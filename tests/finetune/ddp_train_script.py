@@ -21,7 +21,7 @@ HEADS = [Head(0, 1), Head(1, 3)]
 MLPS = [MLP(0)]
 
 
-def run(out_dir: Path, world_out: Path | None = None):
+def run(out_dir: Path):
     torch.set_num_threads(1)
     model = tiny_model(style="gemma")
     data = arithmetic_train_set(model, ArithmeticMix(n_examples=32, n_shots=1, seed=5))

@@ -1,5 +1,3 @@
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
