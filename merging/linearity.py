@@ -153,23 +153,31 @@ def nonlinearity_scores(
 
 
 def _model_scores(model, base, sources, task_batches, alphas, samples, meta, progress) -> None:
-    """Whole-model scores from the logits, every parameter interpolated (chunk by chunk, to bound memory)."""
+    """Whole-model scores from the logits, every parameter interpolated.
+
+    The interpolated model is built once per α; base and expert logits are
+    recomputed per chunk (forward passes are cheaper than storing every
+    chunk's ``[batch, pos, d_vocab]`` logits per expert, or re-interpolating).
+    """
     device, dtype = model.cfg.device, next(model.parameters()).dtype
     keys = base.param_keys()
-    theta0 = {k: base.get(k).to(device=device, dtype=dtype) for k in keys}
     meta["model"] = ("model", None)
     chunks = [c for task in task_batches for c in task]
     with torch.no_grad():
-        for tok, m in tqdm(chunks, desc="model linearity", disable=not progress):
-            y0 = blocks.logits(model, tok, m)
-            experts = [{k: s.get(k).to(device=device, dtype=dtype) for k in keys} for s in sources]
-            deltas = [blocks.logits(model, tok, m, p) - y0 for p in experts]
-            for ai, a in enumerate(alphas):
-                params = _interpolate(theta0, experts, a, keys)
+        for ai, a in enumerate(tqdm(alphas, desc="model linearity", disable=not progress)):
+            params = {k: combine_experts(base.get(k).to(device=device, dtype=dtype),
+                                         [s.get(k).to(device=device, dtype=dtype) for s in sources], a) for k in keys}
+            for tok, m in chunks:
+                y0 = blocks.logits(model, tok, m)
                 big = blocks.logits(model, tok, m, params) - y0
-                lin = sum(ca * d for ca, d in zip(a, deltas))
+                lin = sum(ca * (blocks.logits(model, tok, m, _params(s, keys, device, dtype)) - y0)
+                          for ca, s in zip(a, sources))
                 samples.setdefault((ai, "model"), []).extend(_per_sample(big, lin, blocks.position_mask(tok, m)))
-            del experts, deltas
+            del params
+
+
+def _params(src, keys, device, dtype) -> dict:
+    return {k: src.get(k).to(device=device, dtype=dtype) for k in keys}
 
 
 def nonlinearity_figure(result: LinearityResult, title: str = "Non-linearity of submodules vs the model") -> go.Figure:
