@@ -4,7 +4,7 @@
                               [--n-prompts 100] [--out runs/af1-<timestamp>] [--overwrite]
 
 1. prompts: ``--n-prompts`` zero-shot prompts per search template (one-digit operands),
-   split into a CAMA fit half and a disjoint eval half; the eval half keeps the
+   (``--n-shots`` solved examples first, if asked), split into a CAMA fit half and a disjoint eval half; the eval half keeps the
    prompts the full model answers correctly;
 2. grid: AF1 faithfulness for every (L_wait, L_transfer) (``patching.af1``);
 3. selection: the largest L_wait reaching ``--min-faithfulness`` with the fewest
@@ -50,6 +50,8 @@ parser.add_argument("--templates", nargs="+", default=["af1-equation", "af1-verb
 parser.add_argument("--n-prompts", type=int, default=55, help="prompts per template (at most all operand pairs "
                     "with a one-token answer: 55 for + on 0..9)")
 parser.add_argument("--operand-max", type=int, default=9, help="operands are drawn from 0..operand-max")
+parser.add_argument("--n-shots", type=int, default=0, help="solved examples of the same template before each "
+                    "prompt (the paper is zero-shot; gemma-3-270m answers few one-token sums zero-shot)")
 parser.add_argument("--min-count", type=int, default=2, help="CAMA: prompts needed for a token-conditioned mean")
 parser.add_argument("--min-faithfulness", type=float, default=0.9)
 parser.add_argument("--prune-keep", type=float, default=0.95)
@@ -84,7 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ------------------------------------------------------------------------ grid search and pruning
     with timer.stage("data"):
-        data = make_template_dataset(model, search_templates, args.n_prompts, operand_range=operand_range, seed=args.seed)
+        data = make_template_dataset(model, search_templates, args.n_prompts, operand_range=operand_range,
+                                     n_shots=args.n_shots, seed=args.seed)
     with timer.stage("fit CAMA means and cache residuals"):
         runner = AF1Runner.from_dataset(model, data, config)
     print(f"search data: {len(data)} prompts, eval {runner.n_eval_total}, full-model accuracy "
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
         with timer.stage("authors' templates"):
             for template in authors.values():
                 t_data = make_template_dataset(model, [template], args.n_prompts, operand_range=operand_range,
-                                               seed=args.seed)
+                                               n_shots=args.n_shots, seed=args.seed)
                 t_runner = AF1Runner.from_dataset(model, t_data, config)
                 along_wait = [t_runner.faithfulness(w, search.l_transfer) for w in range(n_layers - search.l_transfer + 1)]
                 row = {

@@ -149,21 +149,14 @@ def test_split_is_disjoint_and_stratified():
 
 @pytest.mark.integration
 def test_af1_on_gemma(gemma):
-    data = make_template_dataset(gemma, AUTHORS_TEMPLATES[:1], n_per_template=40, seed=0)
-    runner = AF1Runner.from_dataset(gemma, data, AF1Config(others="full"), layers=[0, 17])
-    assert runner.n_eval > 5
-    assert runner.faithfulness(0, gemma.cfg.n_layers) == 1.0  # identity setting
-    # nothing may reach the last token: it keeps only its own "=" mean, so the answer cannot be read
-    assert runner.faithfulness(17, 0) < 0.5
-
-
-@pytest.mark.parametrize("style,kv", [("gpt2", None), ("llama", 2), ("gemma", None)])
-def test_end_only_sweep_matches_full_forward(style, kv):
-    model = tiny_model(style=style, n_layers=3, n_key_value_heads=kv)
-    runner = _runner(model)
-    n = model.cfg.n_layers
-    for w in range(n + 1):
-        for index, group in enumerate(runner.groups):
-            ends = runner.sweep_end_resid(index, w)
-            for t in range(n - w + 1):
-                assert torch.allclose(unembed_end(model, ends[t]), runner.end_logits(w, t)[index], atol=1e-4), (w, t)
+    data = make_template_dataset(gemma, AUTHORS_TEMPLATES[:1], n_per_template=55, n_shots=2, seed=0)
+    runner = AF1Runner.from_dataset(gemma, data, AF1Config(others="full"), layers=[0, 12])
+    assert runner.n_eval >= 5
+    n = gemma.cfg.n_layers
+    assert runner.faithfulness(0, n) == 1.0  # the identity setting
+    # the END-only shortcut agrees with full forwards on the real model (MQA, local layers, qk-norm)
+    ends = runner.sweep_end_resid(0, 12)
+    for t in (0, 3, n - 12):
+        assert torch.allclose(unembed_end(gemma, ends[t]), runner.end_logits(12, t)[0], atol=1e-3)
+    # nothing reaches the last token after layer 12: it keeps only its own "=" mean
+    assert runner.faithfulness(12, 0) <= runner.constant_baseline + 1e-6
