@@ -289,7 +289,7 @@ class AF1Runner:
             means = group.means[l_wait]
             n_used = means.lookup(group.tokens)[1][:, ~means.kept]
             used.append(n_used.flatten())
-            fallback.append((n_used == means.n_prompts).flatten())
+            fallback.append((~means.uses_value_mean(group.tokens)[:, ~means.kept]).flatten())
         used_all, fallback_all = torch.cat(used).float(), torch.cat(fallback).float()
         if used_all.numel() == 0:
             return {"min": None, "median": None, "fallback_fraction": None}

@@ -129,6 +129,18 @@ class CamaMeans:
             n_used[:, t] = torch.where(use_value, counts, n_used[:, t])
         return means, n_used
 
+    def uses_value_mean(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+        """True where the token-conditioned mean is used (False: kept position or position-mean fallback)."""
+        tokens = tokens.to(self.position_mean.device)
+        out = torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device)
+        for t in range(self.n_pos):
+            if self.kept[t]:
+                continue
+            keys = self.keys[t]
+            idx = torch.searchsorted(keys, tokens[:, t].contiguous()).clamp(max=len(keys) - 1)
+            out[:, t] = (keys[idx] == tokens[:, t]) & (self.value_counts[t][idx] >= self.min_count)
+        return out
+
     def apply(
         self, resid: Float[Tensor, "batch pos d_model"], tokens: Int[Tensor, "batch pos"]
     ) -> Float[Tensor, "batch pos d_model"]:

@@ -114,3 +114,10 @@ def test_bad_input(model):
     with pytest.raises(ValueError, match="min_count"):
         CamaConfig(min_count=0)
     assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
+
+
+def test_uses_value_mean_flags_fallbacks():
+    tokens = torch.tensor([[0, 5, 7], [0, 6, 7], [0, 5, 8], [0, 6, 9]])
+    means = fit_cama_means(tokens, torch.randn(4, 3, 2), 1, CamaConfig(min_count=2, keep_self_context=False))
+    assert means.uses_value_mean(torch.tensor([[0, 5, 9], [0, 4, 7]])).tolist() == [[False, True, False],
+                                                                                 [False, False, True]]
