@@ -52,6 +52,12 @@ class LinearityConfig:
     batch_size: int = 8
     include_model: bool = True
 
+    def __post_init__(self):
+        if self.level not in ("layer", "attn_mlp", "head"):
+            raise ValueError(f"LinearityConfig.level must be 'layer', 'attn_mlp' or 'head', got {self.level!r}.")
+        if self.inputs_from not in ("expert", "base"):
+            raise ValueError(f"LinearityConfig.inputs_from must be 'expert' or 'base', got {self.inputs_from!r}.")
+
 
 @dataclass
 class LinearityResult:

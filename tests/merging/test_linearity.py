@@ -50,3 +50,8 @@ def test_scores_for_each_level_and_figure(perturb, gemma_model, level):
 def test_wrong_alpha_length_is_rejected(perturb, gpt2_model):
     with pytest.raises(ValueError, match="3 coefficients for 2 experts"):
         nonlinearity_scores(gpt2_model, [perturb(gpt2_model), perturb(gpt2_model)], [["1+1=2"]], [(1, 1, 1)], progress=False)
+
+
+def test_bad_linearity_config():
+    with pytest.raises(ValueError, match="LinearityConfig.level"):
+        LinearityConfig(level="model")
