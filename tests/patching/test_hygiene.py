@@ -51,8 +51,8 @@ def test_no_hooks_after_sweep_or_raising_metric(setup, name):
     assert no_hooks(model)
 
 
-@pytest.mark.parametrize("name", ["path_hooks", "activation", "attribution"])
-def test_no_hooks_after_error_inside_a_hooked_forward(setup, name, monkeypatch):
+@pytest.mark.parametrize("name,clean_calls", [("path_hooks", 2), ("activation", 2), ("attribution", 1)])
+def test_no_hooks_after_error_inside_a_hooked_forward(setup, name, clean_calls, monkeypatch):
     model, data = setup
     block = model.blocks[-1]
     original = block.mlp.forward
@@ -60,7 +60,7 @@ def test_no_hooks_after_error_inside_a_hooked_forward(setup, name, monkeypatch):
 
     def failing(*args, **kwargs):
         calls.append(1)
-        if len(calls) > 2:  # after the cached runs, inside a patched forward
+        if len(calls) > clean_calls:  # after the plain cached runs, inside a hooked forward
             raise RuntimeError("forward failed")
         return original(*args, **kwargs)
 
