@@ -80,6 +80,7 @@ def write_json(obj, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump(obj, f, indent=1, default=str)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 
