@@ -238,7 +238,8 @@ def make_dataset(tokenizer, config: TaskConfig = TaskConfig(), **overrides) -> D
 
     ``tokenizer`` is a Hugging Face tokenizer or a ``HookedTransformer`` (its tokenizer is used).
     Sampling is seeded: the same config gives the same dataset. Operand pairs are drawn without
-    repetition per template while fresh pairs remain.
+    repetition per template while fresh pairs remain. The few-shot prefix (``n_shots`` solved
+    problems in the same template) is fixed per template, so a template's prompts align.
     """
     config = replace(config, **overrides)
     tokenizer = getattr(tokenizer, "tokenizer", None) or tokenizer
@@ -248,6 +249,9 @@ def make_dataset(tokenizer, config: TaskConfig = TaskConfig(), **overrides) -> D
         raise TaskDataError(f"n_prompts must be >= 1, got {config.n_prompts}.")
     templates = _select_templates(config)
     rng = random.Random(config.seed)
+    # One fixed few-shot prefix per template: prompts of a template then share their token
+    # positions (one batch per template for one-digit operands, aligned positions for CAMA).
+    prefixes = {t.id: _few_shot_prefix(random.Random(f"{config.seed}/{t.id}"), t, config) for t in templates}
     rows, seen = [], set()
     for i in tqdm(range(config.n_prompts), desc=f"building {resolve_operation(config.op).name} prompts",
                   disable=config.n_prompts < 500, leave=False):
@@ -257,7 +261,7 @@ def make_dataset(tokenizer, config: TaskConfig = TaskConfig(), **overrides) -> D
             if (template.id, a, b) not in seen:
                 break
         seen.add((template.id, a, b))
-        prefix = _few_shot_prefix(rng, template, config)
+        prefix = prefixes[template.id]
         rows.append(make_row(tokenizer, template, a, b, prefix=prefix, decimals=config.decimals))
     return Dataset.from_list(rows)
 
@@ -321,10 +325,12 @@ def iter_batches(dataset: Dataset, batch_size: int = 32, device: str | torch.dev
     by_length: dict[int, list[int]] = {}
     for i, n in enumerate(dataset["end_pos"]):
         by_length.setdefault(n + 1, []).append(i)
+    columns = ["tokens", "cf_tokens", "answer_token_ids", "prompt", "a_pos", "b_pos", "op_pos"]
+    all_rows = dataset.select_columns(columns).to_list()
     for n_pos, indices in sorted(by_length.items()):
         for start in range(0, len(indices), batch_size):
             chunk = indices[start:start + batch_size]
-            rows = dataset.select(chunk).to_list()
+            rows = [all_rows[i] for i in chunk]
             masks = {role: _role_mask(rows, f"{role}_pos", n_pos) for role in ROLES}
             masks["bos"] = torch.zeros(len(rows), n_pos, dtype=torch.bool)
             masks["bos"][:, 0] = True

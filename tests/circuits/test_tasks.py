@@ -185,3 +185,10 @@ def test_single_batch_refuses_mixed_lengths(tok):
     ds = tasks.make_dataset(tok, n_prompts=12)
     with pytest.raises(tasks.TaskDataError, match="different token lengths"):
         tasks.single_batch(ds)
+
+
+def test_prompts_of_one_template_share_the_prefix_and_positions(tok):
+    ds = tasks.make_dataset(tok, n_prompts=24, template_ids=("add-equation-0",), n_shots=3)
+    prefixes = {r["prompt"].rsplit("\n", 1)[0] for r in ds}
+    assert len(prefixes) == 1
+    assert len({(tuple(r["a_pos"]), tuple(r["op_pos"]), r["end_pos"]) for r in ds}) == 1
