@@ -57,7 +57,7 @@ class TaskConfig:
     template_ids: tuple[str, ...] | None = None
     operand_range: tuple[int, int] = (0, 9)
     decimals: int = 0
-    n_shots: int = 2
+    n_shots: int = 3
     allow_negative: bool = False
     seed: int = 0
 
@@ -266,7 +266,7 @@ def make_dataset(tokenizer, config: TaskConfig = TaskConfig(), **overrides) -> D
     return Dataset.from_list(rows)
 
 
-def transfer_datasets(tokenizer, op: str = "+", n_prompts: int = 100, seed: int = 0, n_shots: int = 2) -> dict[str, Dataset]:
+def transfer_datasets(tokenizer, op: str = "+", n_prompts: int = 100, seed: int = 0, n_shots: int = 3) -> dict[str, Dataset]:
     """Formats for testing whether key heads transfer (paper §5.1, Figure 4).
 
     ``multi_digit`` (two-digit operands), ``decimal`` (one decimal place), ``word_problem``
