@@ -377,11 +377,17 @@ def accuracy(model, dataset: Dataset, batch_size: int = 32, fwd_hooks=()) -> flo
     return sum(mask) / len(mask)
 
 
-def filter_correct(model, dataset: Dataset, batch_size: int = 32) -> tuple[Dataset, float]:
-    """Keep the rows the model answers correctly (top-1 first answer token); return them and the base accuracy."""
+def filter_correct(model, dataset: Dataset, batch_size: int = 32, mask: Sequence[bool] | None = None) -> tuple[Dataset, float]:
+    """Keep the rows the model answers correctly (top-1 first answer token); return them and the base accuracy.
+
+    ``mask`` (from :func:`accuracy_mask`) skips the forward passes when it was computed already.
+    """
     if len(dataset) == 0:
         raise TaskDataError("filter_correct got an empty dataset.")
-    mask = accuracy_mask(model, dataset, batch_size)
+    if mask is None:
+        mask = accuracy_mask(model, dataset, batch_size)
+    elif len(mask) != len(dataset):
+        raise TaskDataError(f"mask has {len(mask)} entries for {len(dataset)} rows.")
     base_accuracy = sum(mask) / len(mask)
     kept = dataset.select([i for i, ok in enumerate(mask) if ok])
     logger.info("base accuracy %.1f%% (%d of %d prompts kept)", 100 * base_accuracy, len(kept), len(dataset))

@@ -1,0 +1,259 @@
+"""The identify -> validate -> analyze pipeline for one operation, shared by
+``experiments.addition``, ``.subtraction``, ``.multiplication`` and ``.division``.
+
+Stages (each timed into results.json ``seconds``):
+
+1. data: few-shot one-digit prompts in the three template styles, base accuracy
+   per style, then only the prompts the model answers correctly;
+2. identify: path patching from every head and MLP to the answer logit; the key heads;
+3. validate: mean-ablation knockout of the top-k heads against k random heads,
+   and of the key heads on the transfer formats (multi-digit, decimals, word problems, zero-shot);
+4. analyze: attention reads of the key heads (operand / operator heads), MLP probes and
+   the logit lens;
+5. AF1: a coarse (L_wait, L_transfer) faithfulness grid (``--af1-stride``; 0 skips it);
+6. with ``--finetune``: a short precise SFT of the key heads, accuracy before and after;
+7. outputs: results.json (keys in docs/results.md), figures/*.json (plotly), report.html.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from circuits.attention import HeadClassConfig, attention_reads, attention_views, classes_table, classify_heads, plot_role_distribution
+from circuits.circuit_figure import circuit_figure
+from circuits.loading import load_model
+from circuits.probes import ProbeConfig, plot_top_tokens, probe_mlps, top_number_tokens
+from circuits.report import run_report
+from circuits.runs import StageTimer, default_run_dir, prepare_run_dir, write_json_atomic, write_text_atomic
+from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset, transfer_datasets
+from circuits.templates import resolve_operation
+from patching.knockout import knockout_curve, knockout_transfer
+from patching.path_patching import path_patch
+from patching.results import key_heads
+
+logger = logging.getLogger("experiments")
+
+CASE_PROBLEMS = {"+": "4 + 3 = ", "-": "7 - 3 = ", "*": "4 * 2 = ", "/": "8 / 2 = "}
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Every flag of the experiment, with its default."""
+
+    model: str = "gemma-3-270m"
+    device: str = "auto"
+    dtype: str | None = None
+    op: str = "+"
+    n_prompts: int = 200
+    n_shots: int = 3
+    seed: int = 0
+    top_k: int = 8
+    knockout_prompts: int = 64
+    knockout_ks: str = "1,2,4,8"
+    knockout_seeds: int = 3
+    transfer_prompts: int = 32
+    af1_stride: int = 3
+    af1_prompts: int = 55
+    finetune: bool = False
+    finetune_steps: int = 30
+    batch_size: int = 32
+    threads: int = 0
+    out: str | None = None
+    overwrite: bool = False
+
+
+FLAG_HELP = {
+    "model": "offline model name, TransformerLens model name, or a saved model directory",
+    "device": "'auto' (CUDA when present), 'cpu' or 'cuda'",
+    "dtype": "float32 / bfloat16 (default: float32 on CPU, bfloat16 on CUDA)",
+    "n_prompts": "prompts sampled before keeping the correctly answered ones",
+    "n_shots": "solved examples before each prompt",
+    "seed": "seed of the data, the random-rank knockouts and training",
+    "top_k": "number of key heads (by path-patching effect)",
+    "knockout_prompts": "prompts for the knockout curves",
+    "knockout_ks": "comma-separated numbers of heads to knock out",
+    "knockout_seeds": "random-rank repeats per k",
+    "transfer_prompts": "prompts per transfer format",
+    "af1_stride": "L_wait step of the coarse AF1 grid (0: skip AF1)",
+    "af1_prompts": "zero-shot prompts for the AF1 grid (55 = every one-digit sum below 10)",
+    "finetune": "also tune the key heads with precise SFT and report accuracy before/after",
+    "finetune_steps": "optimizer steps of that precise SFT run",
+    "batch_size": "prompts per forward pass",
+    "threads": "torch CPU threads (0: torch's default)",
+    "out": "output folder (default: runs/<operation>-<timestamp>)",
+    "overwrite": "write into an existing output folder",
+}
+
+
+def parse_config(op: str, argv: list[str] | None = None) -> PipelineConfig:
+    """CLI flags for every field of :class:`PipelineConfig` (``--help`` lists the defaults)."""
+    name = resolve_operation(op).name
+    parser = argparse.ArgumentParser(
+        prog=f"python -m experiments.{name}",
+        description=f"Identify, validate and analyze the {name} circuit of a model.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for f in dataclasses.fields(PipelineConfig):
+        if f.name == "op":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            parser.add_argument(flag, action="store_true", help=FLAG_HELP[f.name])
+        else:
+            kind = {"int": int, "float": float}.get(str(f.type), str)
+            parser.add_argument(flag, type=kind, default=f.default, help=FLAG_HELP[f.name])
+    return PipelineConfig(op=op, **vars(parser.parse_args(argv)))
+
+
+def _style_accuracy(dataset, mask) -> dict[str, float]:
+    by_style: dict[str, list[bool]] = {}
+    for style, ok in zip(dataset["style"], mask):
+        by_style.setdefault(style, []).append(ok)
+    return {style: sum(v) / len(v) for style, v in by_style.items()}
+
+
+def run(cfg: PipelineConfig) -> dict:
+    """Run the pipeline; return the results dict that is also written to results.json."""
+    start = time.perf_counter()
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    torch.set_grad_enabled(False)
+    name = resolve_operation(cfg.op).name
+    out = prepare_run_dir(cfg.out or default_run_dir(name), overwrite=cfg.overwrite)
+    figures_dir = out / "figures"
+    figures_dir.mkdir(exist_ok=True)
+    timer = StageTimer()
+    figures: dict = {}
+    results: dict = {"experiment": name, "settings": dataclasses.asdict(cfg)}
+
+    # 1. model and data ------------------------------------------------------------------
+    with timer.stage("load model"):
+        model = load_model(cfg.model, device=None if cfg.device == "auto" else cfg.device, dtype=cfg.dtype)
+    with timer.stage("data"):
+        task = TaskConfig(op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
+        dataset = make_dataset(model, task)
+        mask = accuracy_mask(model, dataset, cfg.batch_size)
+        kept, base_accuracy = filter_correct(model, dataset, mask=mask)
+    results |= {"model": cfg.model, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
+                "n_prompts": len(dataset), "n_kept": len(kept), "base_accuracy": base_accuracy,
+                "accuracy_by_style": _style_accuracy(dataset, mask)}
+    print(f"base accuracy {base_accuracy:.1%} on {len(dataset)} prompts; {len(kept)} kept")
+
+    # 2. identify: path patching to the answer logit -------------------------------------
+    with timer.stage("path patching"):
+        scores = path_patch(model, kept, batch_size=cfg.batch_size)
+        heads, fraction = key_heads(scores, top_k=cfg.top_k)
+    figures["path_patching"] = scores.figure(title=f"Path patching, {name}: effect on the answer logit (%)")
+    results |= {"path_patching": scores.to_dict(), "key_heads": [str(h) for h in heads], "key_head_fraction": fraction}
+
+    # 3. validate: knockout curves, then transfer formats ---------------------------------
+    with timer.stage("knockout"):
+        knock_data = kept.shuffle(seed=cfg.seed).select(range(min(cfg.knockout_prompts, len(kept))))
+        ks = [int(k) for k in cfg.knockout_ks.split(",") if int(k) <= model.cfg.n_layers * model.cfg.n_heads]
+        curve = knockout_curve(model, knock_data, scores, ks=ks, n_seeds=cfg.knockout_seeds,
+                               seed=cfg.seed, batch_size=cfg.batch_size)
+    with timer.stage("knockout on transfer formats"):
+        formats = transfer_datasets(model, cfg.op, n_prompts=cfg.transfer_prompts, seed=cfg.seed, n_shots=cfg.n_shots)
+        curve.transfer = knockout_transfer(model, formats, heads, batch_size=cfg.batch_size)
+    figures["knockout"] = curve.figure(title=f"Knockout, {name}: effect-rank vs random-rank heads")
+    figures["knockout_transfer"] = curve.transfer_figure(title=f"Key heads of {name} knocked out on other formats")
+    results["knockout"] = curve.to_dict()
+
+    # 4. analyze: attention reads, MLP probes, logit lens --------------------------------
+    with timer.stage("attention reads"):
+        reads = attention_reads(model, kept, heads, batch_size=cfg.batch_size)
+        classes = classify_heads(reads, HeadClassConfig())
+        views = attention_views(model, kept, heads[:6], max_prompts=2, last_tokens=14)
+        for format_name in ("multi_digit", "word_problem"):
+            view = attention_views(model, formats[format_name], heads[:6], max_prompts=1, last_tokens=24)[0]
+            view.title = f"[{format_name}] {view.title}"
+            views.append(view)
+    figures["attention_roles"] = plot_role_distribution(reads, heads, classes, title=f"END-query attention by role, {name}")
+    results["head_classes"] = classes_table(classes)
+    with timer.stage("MLP probes and logit lens"):
+        probes = probe_mlps(model, kept, ProbeConfig(batch_size=cfg.batch_size))
+        case = kept[0]["prompt"].rsplit("\n", 1)[0] + "\n" + CASE_PROBLEMS[resolve_operation(cfg.op).symbol] \
+            if cfg.n_shots else CASE_PROBLEMS[resolve_operation(cfg.op).symbol]
+        top = top_number_tokens(model, case)
+    figures["top_tokens"] = plot_top_tokens(top, case.splitlines()[-1])
+    results |= {"logit_lens": probes.lens_table(), "first_top1_layer": probes.first_top1_layer(),
+                "c_rise_range": probes.rise_range("mlp_out", "C")}
+    figures["circuit"] = circuit_figure(scores.heads, scores.mlps, {c.head: c.label for c in classes},
+                                        top_heads=len(heads), top_mlps=3, rank_by="negative")
+
+    # 5. AF1 grid ------------------------------------------------------------------------
+    if cfg.af1_stride > 0:
+        with timer.stage("AF1 grid"):
+            results["af1"], figures["af1"] = _af1_grid(model, cfg)
+
+    # 6. precise SFT of the key heads ------------------------------------------------------
+    if cfg.finetune:
+        with timer.stage("precise SFT"):
+            results["finetune"] = _precise_sft(model, heads, dataset, cfg, out)
+
+    # 7. outputs --------------------------------------------------------------------------
+    for key, fig in figures.items():
+        write_text_atomic(figures_dir / f"{key}.json", fig.to_json())
+    results["seconds"] = timer.seconds
+    results["wall_seconds"] = round(time.perf_counter() - start, 1)
+    report = run_report(
+        f"The {name} circuit of {cfg.model}",
+        dataset=dataset, base_accuracy=base_accuracy, n_kept=len(kept),
+        patching_figure=figures["path_patching"], knockout_figure=figures["knockout"],
+        head_classes=classes, attention_figures=[figures["attention_roles"]], attention_views=views,
+        probes=probes, top_tokens_figure=figures["top_tokens"], circuit_figure=figures["circuit"],
+        notes=_summary(results),
+    )
+    report.add_figure(figures["knockout_transfer"], heading="Do the key heads transfer?",
+                      caption="Accuracy with the key heads mean-ablated, per data format (Zhang et al. Figure 4).")
+    if "af1" in figures:
+        report.add_figure(figures["af1"], heading="All for One",
+                          caption="AF1 faithfulness per (L_wait, L_transfer) on a coarse grid (Mamidanna et al. 2025).")
+    if "finetune" in results:
+        report.add_table(results["finetune"]["table"], heading="Precise SFT of the key heads")
+    report.add_table(timer.seconds | {"total": results["wall_seconds"]}, heading="Wall time per stage (s)")
+    report.add_settings(dataclasses.asdict(cfg))
+    report.save(out / "report.html")
+    write_json_atomic(out / "results.json", results)
+    print(_summary(results))
+    print(f"report: {out / 'report.html'}")
+    return results
+
+
+def _summary(results: dict) -> str:
+    knock = results["knockout"]
+    k = knock["ks"][-1]
+    drop = (f"knocking out the top-{k} heads: accuracy {knock['effect_rank'][-1]:.0%} "
+            f"vs {knock['random_rank'][-1]:.0%} for {k} random heads (base {knock['base_accuracy']:.0%})")
+    return (f"{results['experiment']}: base accuracy {results['base_accuracy']:.1%}; key heads "
+            f"{', '.join(results['key_heads'])} ({results['key_head_fraction']:.1%} of heads); {drop}.")
+
+
+def _af1_grid(model, cfg: PipelineConfig):
+    """Coarse AF1 faithfulness grid on the authors' zero-shot equation template."""
+    from patching.af1 import AF1Config, AF1Runner, authors_templates, faithfulness_heatmap, grid_faithfulness, make_template_dataset
+
+    templates = [t for t in authors_templates(cfg.op) if t.id == "af1-equation"]
+    data = make_template_dataset(model, templates, cfg.af1_prompts, seed=cfg.seed)
+    runner = AF1Runner.from_dataset(model, data, AF1Config(batch_size=cfg.batch_size, seed=cfg.seed))
+    grid = grid_faithfulness(runner, l_waits=range(0, model.cfg.n_layers + 1, cfg.af1_stride))
+    figure = faithfulness_heatmap(grid, f"AF1 faithfulness ({templates[0].text!r}, every {cfg.af1_stride} L_wait)")
+    return {"template": templates[0].text, "n_eval": runner.n_eval, "base_accuracy": runner.base_accuracy,
+            "grid": grid}, figure
+
+
+def _precise_sft(model, heads, dataset, cfg: PipelineConfig, out: Path) -> dict:
+    raise NotImplementedError  # wired to finetune/ once it lands
+
+
+def main(op: str, argv: list[str] | None = None) -> dict:
+    """Entry point of ``python -m experiments.<operation>``."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    return run(parse_config(op, argv))

@@ -1,0 +1,6 @@
+"""The division circuit: `python -m experiments.division --help` lists every flag (see experiments/_arithmetic.py)."""
+
+from experiments._arithmetic import main
+
+if __name__ == "__main__":
+    main("/")

@@ -1,0 +1,6 @@
+"""The subtraction circuit: `python -m experiments.subtraction --help` lists every flag (see experiments/_arithmetic.py)."""
+
+from experiments._arithmetic import main
+
+if __name__ == "__main__":
+    main("-")
