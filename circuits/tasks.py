@@ -163,7 +163,9 @@ def _counterfactual(tokenizer, template: Template, a: str, b: str, prefix: str, 
     """The first irrelevant operator replacement whose prompt has ``n_tokens`` tokens, or None."""
     symbol_first = not template.operator_text.isalpha()
     candidates = COUNTERFACTUAL_SYMBOLS + COUNTERFACTUAL_WORDS if symbol_first else COUNTERFACTUAL_WORDS + COUNTERFACTUAL_SYMBOLS
-    for word in candidates:
+    # Multi-token operators ("in each") need multi-word replacements of the same token count.
+    pairs = tuple(f"{w} {v}" for w in COUNTERFACTUAL_WORDS for v in COUNTERFACTUAL_WORDS if w != v)
+    for word in candidates + pairs:
         text = prefix + template.fill(a, b, operator_text=word)
         ids, _ = _encode(tokenizer, text)
         if len(ids) == n_tokens:

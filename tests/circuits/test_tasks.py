@@ -192,3 +192,9 @@ def test_prompts_of_one_template_share_the_prefix_and_positions(tok):
     prefixes = {r["prompt"].rsplit("\n", 1)[0] for r in ds}
     assert len(prefixes) == 1
     assert len({(tuple(r["a_pos"]), tuple(r["op_pos"]), r["end_pos"]) for r in ds}) == 1
+
+
+def test_multi_token_operator_gets_a_multi_word_twin(tok):
+    template = Template("multi", "*", "word_problem", "Anna has {A} bags with {B} apples [in each]. Total: ")
+    row = tasks.make_row(tok, template, Fraction(3), Fraction(4))
+    assert len(row["cf_tokens"]) == len(row["tokens"]) and "in each" not in row["counterfactual"]
