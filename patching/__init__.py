@@ -1,1 +1,29 @@
-"""patching package."""
+"""Interventions through hook points: identify the arithmetic circuit, validate it, find its AF1 subgraph.
+
+* :mod:`patching.path_patching`: exact path patching from every head and MLP to the
+  answer logit (or to receiver heads' q/k/v), with an END-only fast path;
+* :mod:`patching.activation_patching`: activation patching of head outputs, MLP outputs
+  and the residual stream (equal to ``transformer_lens.patching``'s sweeps, faster);
+* :mod:`patching.attribution`: attribution patching, and its rank agreement with exact patching;
+* :mod:`patching.knockout`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
+* :mod:`patching.cama`, :mod:`patching.abp`, :mod:`patching.af1`: context-aware mean ablation,
+  attention-based peeking and the All-for-One search (Mamidanna et al. 2025).
+"""
+
+from patching.activation_patching import activation_patch
+from patching.af1 import AF1Config, AF1Runner, AF1SearchResult, af1_accuracy, authors_templates, search_af1
+from patching.abp import abp_hooks, allowed_keys_mask, peek_mask
+from patching.attribution import attribution_patch, rank_agreement
+from patching.cama import CamaConfig, CamaMeans, fit_cama
+from patching.knockout import knockout, knockout_curve, knockout_hooks, knockout_transfer, mean_activations
+from patching.metrics import METRICS, PatchMetric, get_metric
+from patching.path_patching import path_patch
+from patching.results import ActivationScores, KnockoutCurve, NodeScores, key_heads
+
+__all__ = [
+    "activation_patch", "AF1Config", "AF1Runner", "AF1SearchResult", "af1_accuracy", "authors_templates",
+    "search_af1", "abp_hooks", "allowed_keys_mask", "peek_mask", "attribution_patch", "rank_agreement",
+    "CamaConfig", "CamaMeans", "fit_cama", "knockout", "knockout_curve", "knockout_hooks", "knockout_transfer",
+    "mean_activations", "METRICS", "PatchMetric", "get_metric", "path_patch", "ActivationScores",
+    "KnockoutCurve", "NodeScores", "key_heads",
+]
