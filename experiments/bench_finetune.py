@@ -21,7 +21,6 @@ the JSON also gives the optimizer memory full SFT would need with them
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 from pathlib import Path
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 
 from circuits.loading import load_model
+from circuits.runs import write_json_atomic
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, TrainConfig, arithmetic_train_set, train
@@ -109,8 +109,5 @@ results = {
 print(f"precise is {speedup:.2f}x faster per step (goal >= 2x); optimizer memory {100 * memory_ratio:.2f}% of "
       f"full SFT's (goal <= 5%; {100 * results['optimizer_memory_ratio_vs_full_with_embeddings']:.2f}% of full SFT "
       f"with embeddings)")
-out.mkdir(parents=True, exist_ok=True)
-tmp = out / "results.json.tmp"
-tmp.write_text(json.dumps(results, indent=2))
-os.replace(tmp, out / "results.json")
+write_json_atomic(out / "results.json", results)
 print(f"wrote {out / 'results.json'}")

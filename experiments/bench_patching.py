@@ -27,7 +27,7 @@ from circuits.tasks import make_dataset, single_batch
 from circuits.templates import get_templates
 from patching.activation_patching import activation_patch
 from patching.path_patching import path_patch
-from patching.results import write_json_atomic
+from circuits.runs import write_json_atomic
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--model", default="gemma-3-270m", help="model name for circuits.loading.load_model")
@@ -140,7 +140,7 @@ results = {
     "path_checked_senders": [str(n) for n in senders],
     "top_heads_path_patching": [[str(n), v] for n, v in path.ranked("heads", by="neg")[:10]],
 }
-write_json_atomic(results, f"{args.out}/results.json")
+write_json_atomic(f"{args.out}/results.json", results)
 print(f"speed-up path patching (full sweep, {len(all_nodes(model))} nodes) vs TL heads sweep (72 heads): {results['speedup_path_patch_vs_tl']:.1f}x")
 print(f"speed-up activation patching vs TL on the same heads: {results['speedup_activation_patch_vs_tl']:.1f}x")
 print(f"wrote {args.out}/results.json")

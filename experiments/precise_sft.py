@@ -32,8 +32,6 @@ import argparse
 import copy
 import dataclasses
 import gc
-import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -41,6 +39,8 @@ from pathlib import Path
 import torch
 
 from circuits.loading import load_model
+from circuits.report import Report
+from circuits.runs import write_json_atomic
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
@@ -149,9 +149,7 @@ results["base"] = evaluate(base, base, suite, texts, drift_tokens=args.drift_tok
 
 
 def write_results() -> None:
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=2, default=str))
-    os.replace(tmp, out / "results.json")
+    write_json_atomic(out / "results.json", results)
 
 
 for method, name, k, mlps in runs:
@@ -202,4 +200,7 @@ fig.update_yaxes(title_text="held-out exact accuracy gain", row=1, col=1)
 fig.update_xaxes(title_text="tuned heads k", type="log", row=1, col=2)
 fig.update_yaxes(title_text="held-out exact accuracy", row=1, col=2)
 fig.update_layout(title=f"Precise vs full SFT vs LoRA on {args.model}", height=450, width=1000)
-fig.write_html(out / "figure.html", include_plotlyjs="cdn")
+report = Report(f"Precise SFT vs full SFT vs LoRA: {args.model}")
+report.add_figure(fig)
+report.add_settings(vars(args))
+report.save(out / "report.html")

@@ -16,10 +16,7 @@ paper's "% change of the ground-truth logit").
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -28,16 +25,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from circuits.nodes import MLP, Head, Node
-
-
-def write_json_atomic(obj, path: str) -> None:
-    """Write ``obj`` as JSON to ``path`` via a temporary file and rename (never a half-written file)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
 
 
 def _finite(x: float) -> Optional[float]:
