@@ -302,7 +302,7 @@ def _not_available(name: str, reason: str) -> ModelNotAvailableError:
     )
 
 
-def _load_from_hub(name: str, device: torch.device, dtype: torch.dtype) -> HookedTransformer:
+def _load_from_hub(name: str, device: torch.device, dtype: torch.dtype, n_devices: int = 1) -> HookedTransformer:
     from transformer_lens.loading_from_pretrained import get_official_model_name
 
     try:
@@ -314,7 +314,7 @@ def _load_from_hub(name: str, device: torch.device, dtype: torch.dtype) -> Hooke
     if not _hub_reachable():
         raise _not_available(name, "the Hugging Face hub is unreachable from this machine")
     try:
-        return HookedTransformer.from_pretrained_no_processing(name, device=str(device), dtype=dtype)
+        return HookedTransformer.from_pretrained_no_processing(name, device=str(device), dtype=dtype, n_devices=n_devices)
     except OSError as err:  # connection errors and missing local files surface as OSError subclasses
         raise _not_available(name, f"downloading it failed ({type(err).__name__}: {err})") from err
 
@@ -329,6 +329,7 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     processing: bool = False,
     cache_dir: str | os.PathLike | None = None,
+    n_devices: int = 1,
 ) -> HookedTransformer:
     """Load a `HookedTransformer` by offline name, saved-directory path or TL model name.
 
@@ -342,6 +343,8 @@ def load_model(
         processing: apply `process_weights` (fold norms, centre weights) after
             loading. Off by default: fine-tuning and merging need the raw weights.
         cache_dir: where offline models are cached (default: `default_cache_dir`).
+        n_devices: split the layers of a hub model over this many GPUs (TransformerLens'
+            ``n_devices``); offline models and saved directories load on one device.
 
     Raises:
         ModelNotAvailableError: unknown name, or a hub model with no hub.
@@ -350,6 +353,8 @@ def load_model(
     """
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
+    if n_devices < 1:
+        raise ValueError(f"n_devices must be >= 1, got {n_devices}.")
     text = os.fspath(name)
     entry = _offline_entry(text)
     if entry is not None:
@@ -360,5 +365,5 @@ def load_model(
     elif os.path.isabs(text) or text.startswith((".", "~")) or Path(text).exists():
         raise _not_available(text, "it looks like a path, but no such directory exists")
     else:
-        model = _load_from_hub(text, device, dtype)
+        model = _load_from_hub(text, device, dtype, n_devices)
     return process_weights(model) if processing else model
