@@ -299,3 +299,8 @@ def test_no_warning_on_intact_directory(saved):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         load_model(saved, device="cpu")
+
+
+def test_n_devices_must_be_positive():
+    with pytest.raises(ValueError, match="n_devices must be >= 1"):
+        loading.load_model("gpt2", n_devices=0)
