@@ -1,0 +1,43 @@
+"""experiments.merge end to end on a tiny random model (the loader is swapped for a tiny one)."""
+
+import json
+import runpy
+import sys
+
+import pytest
+import torch
+
+import circuits.loading
+from circuits.testing import tiny_model
+
+
+@pytest.fixture
+def tiny_loader(monkeypatch):
+    monkeypatch.setattr(circuits.loading, "load_model", lambda *a, **k: tiny_model(style="gemma", n_layers=2))
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def _run(argv, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["experiments.merge", *argv])
+    runpy.run_module("experiments.merge", run_name="__main__")
+
+
+def test_merge_experiment_writes_table_and_report(tiny_loader, monkeypatch, tmp_path):
+    out = tmp_path / "run"
+    argv = ["--out", str(out), "--steps", "1", "--batch-size", "4", "--micro-batch-size", "4", "--n-train", "8",
+            "--n-val", "2", "--n-test", "2", "--n-samples", "2", "--cf-batch-size", "2", "--heads", "L1H0",
+            "--linearity-samples", "1", "--linearity-alphas", "1.0", "--pairs", "--threads", "1"]
+    _run(argv, monkeypatch)
+    results = json.loads((out / "results.json").read_text())
+    rows = {r["model"] for r in results["table"]}
+    assert {"weight_average", "task_arithmetic", "ties", "dare", "breadcrumbs", "consensus_ta",
+            "closed form (model)", "closed form (layer)", "closed form (attn_mlp)", "closed form (head)",
+            "circuit-aware (head in key layers)", "expert en_fr"} <= rows
+    assert any("[add_word+mul]" in r for r in rows)
+    assert results["models"]["task_arithmetic"]["config"]["lam"] in (0.5, 1.0)
+    assert (out / "report.html").is_file() and (out / "merged_best").is_dir()
+    assert (out / "experts" / "mul").is_dir()
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        _run(argv, monkeypatch)
