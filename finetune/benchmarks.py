@@ -113,6 +113,7 @@ def numeric_accuracy(model: HookedTransformer, items: list[dict], *, max_new_tok
 
 
 def choice_prompt(item: dict) -> str:
+    """A multiple-choice item as a prompt: the question, one labelled choice per line, then "Answer:"."""
     lines = [f"Question: {item['question']}"]
     lines += [f"{label}. {choice}" for label, choice in zip(item["labels"], item["choices"])]
     return "\n".join(lines) + "\nAnswer:"

@@ -52,6 +52,7 @@ def slice_tensors(model: nn.Module, selection: Selection) -> dict[str, torch.Ten
 
 
 def selection_to_json(selection: Selection) -> dict[str, Any]:
+    """The tuned slices of a run as JSON, stored with each checkpoint so resume can check it."""
     return {
         "description": selection.description,
         "slices": [{"name": s.name, "index": None if s.index is None else list(s.index),
@@ -60,6 +61,7 @@ def selection_to_json(selection: Selection) -> dict[str, Any]:
 
 
 def selection_from_json(data: dict[str, Any]) -> Selection:
+    """Inverse of :func:`selection_to_json`."""
     return Selection(
         tuple(TunableSlice(d["name"], None if d["index"] is None else tuple(d["index"]), d["grad_scale"], d["decay"])
               for d in data["slices"]),
@@ -146,6 +148,7 @@ def load_tuned(model: nn.Module, path: str | os.PathLike, *, optimizer=None) -> 
 
 
 def checkpoint_dir(out_dir: str | os.PathLike, step: int) -> Path:
+    """Where the checkpoint of ``step`` lives under a run's ``out_dir``."""
     return Path(out_dir) / "checkpoints" / f"step-{step:08d}"
 
 

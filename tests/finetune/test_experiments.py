@@ -29,7 +29,7 @@ def test_precise_sft_experiment_writes_results(tiny_loader, monkeypatch, tmp_pat
     results = json.loads((out / "results.json").read_text())
     assert set(results["runs"]) == {"precise_k2", "full", "lora", "precise_k1", "precise_k1_mlp1", "precise_k2_mlp1"}
     assert results["runs"]["precise_k2"]["train"]["n_trainable"] < results["runs"]["full"]["train"]["n_trainable"]
-    assert (out / "figure.html").is_file()
+    assert (out / "report.html").is_file()
     with pytest.raises(SystemExit, match="--overwrite"):
         _run("experiments.precise_sft", argv, monkeypatch)
 
