@@ -18,6 +18,7 @@ Stages (each timed into results.json ``seconds``):
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import logging
 import time
@@ -34,6 +35,9 @@ from circuits.report import run_report
 from circuits.runs import StageTimer, default_run_dir, prepare_run_dir, write_json_atomic, write_text_atomic
 from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset, transfer_datasets
 from circuits.templates import resolve_operation
+from finetune import ArithmeticMix, MathSuiteConfig, TrainConfig, arithmetic_train_set, evaluate, math_suite, train
+from patching.af1 import AF1Config, AF1Runner, faithfulness_heatmap, grid_faithfulness
+from patching.af1_data import authors_templates, make_template_dataset
 from patching.knockout import knockout_curve, knockout_transfer
 from patching.path_patching import path_patch
 from patching.results import key_heads
@@ -196,7 +200,7 @@ def run(cfg: PipelineConfig) -> dict:
     # 6. precise SFT of the key heads ------------------------------------------------------
     if cfg.finetune:
         with timer.stage("precise SFT"):
-            results["finetune"] = _precise_sft(model, heads, dataset, cfg, out)
+            results["finetune"] = _precise_sft(model, heads, cfg, out)
 
     # 7. outputs --------------------------------------------------------------------------
     for key, fig in figures.items():
@@ -238,8 +242,6 @@ def _summary(results: dict) -> str:
 
 def _af1_grid(model, cfg: PipelineConfig):
     """Coarse AF1 faithfulness grid on the authors' zero-shot equation template."""
-    from patching.af1 import AF1Config, AF1Runner, authors_templates, faithfulness_heatmap, grid_faithfulness, make_template_dataset
-
     templates = [t for t in authors_templates(cfg.op) if t.id == "af1-equation"]
     data = make_template_dataset(model, templates, cfg.af1_prompts, seed=cfg.seed)
     runner = AF1Runner.from_dataset(model, data, AF1Config(batch_size=cfg.batch_size, seed=cfg.seed))
@@ -249,8 +251,21 @@ def _af1_grid(model, cfg: PipelineConfig):
             "grid": grid}, figure
 
 
-def _precise_sft(model, heads, dataset, cfg: PipelineConfig, out: Path) -> dict:
-    raise NotImplementedError  # wired to finetune/ once it lands
+def _precise_sft(model, heads, cfg: PipelineConfig, out: Path) -> dict:
+    """A short precise SFT of the key heads on training templates; held-out accuracy and drift before/after."""
+    base = copy.deepcopy(model)  # the reference for drift; the model itself is tuned in place
+    suite = math_suite(model, MathSuiteConfig(ops=(cfg.op,), n_heldout=40, n_transfer=16, seed=cfg.seed + 1))
+    before = evaluate(base, base, suite, progress=False)
+    batch = 16
+    data = arithmetic_train_set(model, ArithmeticMix(ops=(cfg.op,), n_examples=cfg.finetune_steps * batch, seed=cfg.seed))
+    with torch.enable_grad():
+        result = train(model, data, TrainConfig(lr=1e-4, batch_size=batch, max_steps=cfg.finetune_steps, seed=cfg.seed),
+                       method="precise", heads=heads, out_dir=out / "precise_sft")
+    after = evaluate(model, base, suite, progress=False)
+    table = [{"set": name, "before": before["math"][name], "after": after["math"][name]} for name in suite]
+    return {"heads": [str(h) for h in heads], "steps": result.steps, "n_trainable": result.n_trainable,
+            "seconds_per_step": result.seconds_per_step, "losses": result.losses,
+            "before": before, "after": after, "table": table}
 
 
 def main(op: str, argv: list[str] | None = None) -> dict:

@@ -15,7 +15,7 @@
 5. outputs in ``--out``: results.json, heatmap.html, report.html.
 
 Template ids: ``af1-equation``, ``af1-verbal``, ``af1-question``, ``af1-word``,
-``af1-python`` (``patching.af1.authors_templates``) or any id of ``circuits.templates``.
+``af1-python`` (``patching.af1_data.authors_templates``) or any id of ``circuits.templates``.
 """
 
 from __future__ import annotations
@@ -30,14 +30,8 @@ from circuits.loading import load_model
 from circuits.report import Report
 from circuits.runs import StageTimer, default_run_dir, prepare_run_dir, write_json_atomic, write_text_atomic
 from circuits.templates import template_by_id
-from patching.af1 import (
-    AF1Config,
-    AF1Runner,
-    authors_templates,
-    faithfulness_heatmap,
-    make_template_dataset,
-    search_af1,
-)
+from patching.af1 import AF1Config, AF1Runner, faithfulness_heatmap, search_af1
+from patching.af1_data import authors_templates, make_template_dataset
 from patching.cama import CamaConfig
 
 # ---------------------------------------------------------------------------- configuration (CLI flags)

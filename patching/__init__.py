@@ -11,7 +11,8 @@
 """
 
 from patching.activation_patching import activation_patch
-from patching.af1 import AF1Config, AF1Runner, AF1SearchResult, af1_accuracy, authors_templates, search_af1
+from patching.af1 import AF1Config, AF1Runner, AF1SearchResult, af1_accuracy, search_af1
+from patching.af1_data import authors_templates, make_template_dataset
 from patching.abp import abp_hooks, allowed_keys_mask, peek_mask
 from patching.attribution import attribution_patch, rank_agreement
 from patching.cama import CamaConfig, CamaMeans, fit_cama
@@ -21,7 +22,7 @@ from patching.path_patching import path_patch
 from patching.results import ActivationScores, KnockoutCurve, NodeScores, key_heads
 
 __all__ = [
-    "activation_patch", "AF1Config", "AF1Runner", "AF1SearchResult", "af1_accuracy", "authors_templates",
+    "activation_patch", "AF1Config", "AF1Runner", "AF1SearchResult", "af1_accuracy", "authors_templates", "make_template_dataset",
     "search_af1", "abp_hooks", "allowed_keys_mask", "peek_mask", "attribution_patch", "rank_agreement",
     "CamaConfig", "CamaMeans", "fit_cama", "knockout", "knockout_curve", "knockout_hooks", "knockout_transfer",
     "mean_activations", "METRICS", "PatchMetric", "get_metric", "path_patch", "ActivationScores",

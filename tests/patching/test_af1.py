@@ -12,8 +12,8 @@ from circuits.nodes import Head
 from circuits.tasks import make_row
 from circuits.templates import Template
 from circuits.testing import tiny_model
+from patching.af1_data import AUTHORS_TEMPLATES, make_template_dataset, split_fit_eval
 from patching.af1 import (
-    AUTHORS_TEMPLATES,
     AF1Config,
     AF1Runner,
     af1_accuracy,
@@ -21,11 +21,9 @@ from patching.af1 import (
     check_setting,
     faithfulness_heatmap,
     grid_faithfulness,
-    make_template_dataset,
     prune_transfer_heads,
     search_af1,
     select_setting,
-    split_fit_eval,
 )
 
 EQ = Template("t-eq", "+", "equation", "{A}[+]{B}=")
