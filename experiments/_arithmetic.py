@@ -8,11 +8,11 @@ Stages (each timed into results.json ``seconds``):
 2. identify: path patching from every head and MLP to the answer logit; the key heads;
 3. validate: mean-ablation knockout of the top-k heads against k random heads,
    and of the key heads on the transfer formats (multi-digit, decimals, word problems, zero-shot);
-4. analyze: attention reads of the key heads (operand / operator heads), MLP probes and
-   the logit lens;
+4. analyze: attention reads of every head, classified into operand / operator heads (the
+   key heads' role distribution as the paper's Figure 5), MLP probes and the logit lens;
 5. AF1: a coarse (L_wait, L_transfer) faithfulness grid (``--af1-stride``; 0 skips it);
 6. with ``--finetune``: a short precise SFT of the key heads, accuracy before and after;
-7. outputs: results.json (keys in docs/results.md), figures/*.json (plotly), report.html.
+7. outputs: results.json (keys in docs/results_json.md), figures/*.json (plotly), report.html.
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ from pathlib import Path
 
 import torch
 
-from circuits.attention import HeadClassConfig, attention_reads, attention_views, classes_table, classify_heads, plot_role_distribution
+from circuits.attention import (
+    HeadClassConfig, attention_reads, attention_views, classes_table, classify_heads, plot_role_distribution, plot_role_heatmap,
+)
 from circuits.circuit_figure import circuit_figure
 from circuits.loading import load_model
 from circuits.probes import ProbeConfig, plot_top_tokens, probe_mlps, top_number_tokens
@@ -172,15 +174,19 @@ def run(cfg: PipelineConfig) -> dict:
 
     # 4. analyze: attention reads, MLP probes, logit lens --------------------------------
     with timer.stage("attention reads"):
-        reads = attention_reads(model, kept, heads, batch_size=cfg.batch_size)
+        reads = attention_reads(model, kept, batch_size=cfg.batch_size)  # every head: cheap, END query only
         classes = classify_heads(reads, HeadClassConfig())
+        key_classes = [c for c in classes if c.head in set(heads)]
         views = attention_views(model, kept, heads[:6], max_prompts=2, last_tokens=14)
         for format_name in ("multi_digit", "word_problem"):
             view = attention_views(model, formats[format_name], heads[:6], max_prompts=1, last_tokens=24)[0]
             view.title = f"[{format_name}] {view.title}"
             views.append(view)
-    figures["attention_roles"] = plot_role_distribution(reads, heads, classes, title=f"END-query attention by role, {name}")
-    results["head_classes"] = classes_table(classes)
+    figures["attention_roles"] = plot_role_distribution(reads, heads, key_classes, title=f"END-query attention of the key heads, {name}")
+    figures["attention_all_heads"] = plot_role_heatmap(reads, model.cfg.n_layers, model.cfg.n_heads)
+    results |= {"head_classes": classes_table(key_classes), "all_head_classes": classes_table(classes, only_labelled=True),
+                "operand_heads": [str(c.head) for c in classes if c.label == "operand"],
+                "operator_heads": [str(c.head) for c in classes if c.label == "operator"]}
     with timer.stage("MLP probes and logit lens"):
         probes = probe_mlps(model, kept, ProbeConfig(batch_size=cfg.batch_size))
         case = kept[0]["prompt"].rsplit("\n", 1)[0] + "\n" + CASE_PROBLEMS[resolve_operation(cfg.op).symbol] \
@@ -211,7 +217,7 @@ def run(cfg: PipelineConfig) -> dict:
         f"The {name} circuit of {cfg.model}",
         dataset=dataset, base_accuracy=base_accuracy, n_kept=len(kept),
         patching_figure=figures["path_patching"], knockout_figure=figures["knockout"],
-        head_classes=classes, attention_figures=[figures["attention_roles"]], attention_views=views,
+        head_classes=classes, attention_figures=[figures["attention_roles"], figures["attention_all_heads"]], attention_views=views,
         probes=probes, top_tokens_figure=figures["top_tokens"], circuit_figure=figures["circuit"],
         notes=_summary(results),
     )

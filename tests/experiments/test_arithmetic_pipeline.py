@@ -1,0 +1,51 @@
+"""The main job end to end on a tiny random model saved as a model directory (fast, offline)."""
+
+import json
+
+import pytest
+import torch
+
+from circuits.loading import save_model
+from circuits.runs import OutputExistsError
+from circuits.testing import tiny_model
+from experiments import _arithmetic
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    model = tiny_model(style="gemma", n_layers=2, n_ctx=1024)  # character-level word problems are long
+    digits = [model.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    with torch.no_grad():  # make the random model answer with digits, so some answers are right
+        model.unembed.b_U[digits] += 20.0
+    path = tmp_path_factory.mktemp("models") / "tiny"
+    save_model(model, path)
+    return path
+
+
+FAST = ["--n-prompts", "60", "--top-k", "2", "--knockout-prompts", "6", "--knockout-ks", "1,2",
+        "--knockout-seeds", "1", "--transfer-prompts", "6", "--af1-stride", "1", "--af1-prompts", "30",
+        "--batch-size", "16"]
+
+
+def test_pipeline_writes_results_figures_and_report(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    results = _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(out), *FAST])
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["experiment"] == "addition" and saved["n_kept"] == results["n_kept"] > 0
+    assert len(saved["key_heads"]) == 2 and saved["knockout"]["ks"] == [1, 2]
+    assert set(saved["seconds"]) >= {"load model", "data", "path patching", "knockout", "attention reads"}
+    assert (out / "report.html").stat().st_size > 100_000  # plotly.js inlined
+    assert {p.stem for p in (out / "figures").iterdir()} >= {"path_patching", "knockout", "circuit", "af1"}
+    # A second run into the same folder refuses unless --overwrite.
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(out), *FAST])
+
+
+def test_every_flag_is_listed_with_its_default(capsys):
+    with pytest.raises(SystemExit):
+        _arithmetic.parse_config("*", ["--help"])
+    text = capsys.readouterr().out
+    for name in _arithmetic.PipelineConfig.__dataclass_fields__:
+        if name != "op":
+            assert "--" + name.replace("_", "-") in text
+    assert text.count("(default:") >= len(_arithmetic.PipelineConfig.__dataclass_fields__) - 1
