@@ -125,12 +125,12 @@ def _style_accuracy(dataset, mask) -> dict[str, float]:
     return {style: sum(v) / len(v) for style, v in by_style.items()}
 
 
+@torch.no_grad()
 def run(cfg: PipelineConfig) -> dict:
     """Run the pipeline; return the results dict that is also written to results.json."""
     start = time.perf_counter()
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    torch.set_grad_enabled(False)
     name = resolve_operation(cfg.op).name
     out = prepare_run_dir(cfg.out or default_run_dir(name), overwrite=cfg.overwrite)
     figures_dir = out / "figures"

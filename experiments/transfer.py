@@ -49,10 +49,11 @@ def jaccard(a: set, b: set) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
 
 
+@torch.no_grad()
 def main(argv: list[str] | None = None) -> dict:
+    """Run the comparison; return the results dict that is also written to results.json."""
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    torch.set_grad_enabled(False)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     out = prepare_run_dir(args.out or default_run_dir("transfer"), overwrite=args.overwrite)

@@ -202,6 +202,7 @@ def _select(model, method, heads, mlps, config) -> tuple[Selection, Selection]:
     return named_selection(model, names, description), final
 
 
+@torch.enable_grad()  # callers may have switched gradients off globally
 def train(
     model: HookedTransformer,
     train_dataset: Dataset,
