@@ -7,8 +7,10 @@
   :data:`METHODS`; :func:`merge` streams them over a state dict.
 * :mod:`merging.submodule`: Dai et al. (ICLR 2025) closed-form α per submodule.
 * :mod:`merging.linearity`: non-linearity scores of submodules vs the whole model.
+* :mod:`merging.circuit_aware`: head-level weights where the key heads are, coarser elsewhere.
 """
 
+from merging.circuit_aware import circuit_levels, merge_circuit_aware
 from merging.linearity import (
     LinearityConfig,
     LinearityResult,
@@ -44,6 +46,8 @@ from merging.submodule import (
 )
 
 __all__ = [
+    "circuit_levels",
+    "merge_circuit_aware",
     "METHODS", "CONFIGS", "merge", "AverageConfig", "BreadcrumbsConfig", "ConsensusConfig", "DareConfig",
     "TaskArithmeticConfig", "TiesConfig", "StateDictSource", "apply_task_vectors", "check_compatible",
     "iter_task_vectors", "load_state_dict", "save_state_dict", "task_vector", "AlphaTable",
