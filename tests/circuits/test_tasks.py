@@ -198,3 +198,11 @@ def test_multi_token_operator_gets_a_multi_word_twin(tok):
     template = Template("multi", "*", "word_problem", "Anna has {A} bags with {B} apples [in each]. Total: ")
     row = tasks.make_row(tok, template, Fraction(3), Fraction(4))
     assert len(row["cf_tokens"]) == len(row["tokens"]) and "in each" not in row["counterfactual"]
+
+
+@pytest.mark.integration
+def test_gemma_keeps_at_least_sixty_percent_of_few_shot_addition(gemma):
+    ds = tasks.make_dataset(gemma, op="+", n_prompts=200)
+    assert len(ds) == 200 and all(len(r["tokens"]) == len(r["cf_tokens"]) for r in ds)
+    kept, base_accuracy = tasks.filter_correct(gemma, ds)
+    assert base_accuracy >= 0.6 and len(kept) == round(base_accuracy * 200)
