@@ -7,7 +7,6 @@ processes through torchrun, with the gloo backend, which is what a CPU test need
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,6 @@ HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 
 
-@pytest.mark.skipif(shutil.which("accelerate") is None, reason="accelerate CLI not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the two-process launch is a CPU (gloo) check")
 def test_two_process_run_matches_single_process(tmp_path):
     sys.path.insert(0, str(HERE))
@@ -32,7 +30,8 @@ def test_two_process_run_matches_single_process(tmp_path):
         sys.path.remove(str(HERE))
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+    # `python -m accelerate.commands.launch` is the `accelerate launch` of this interpreter's environment.
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29731",
            str(HERE / "ddp_train_script.py"), str(tmp_path)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
