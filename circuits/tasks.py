@@ -69,11 +69,11 @@ class TaskDataError(ValueError):
 # ---------------------------------------------------------------------------- operands
 
 
-def _format_number(value: Fraction, decimals: int) -> str:
+def format_number(value: Fraction, decimals: int = 0) -> str:
+    """``value`` as prompt text: an integer, or at most ``decimals`` decimal places without trailing zeros."""
     if decimals == 0:
         return str(int(value))
-    text = f"{float(value):.{decimals}f}".rstrip("0").rstrip(".")
-    return text
+    return f"{float(value):.{decimals}f}".rstrip("0").rstrip(".")
 
 
 def format_answer(op: str, a: Fraction, b: Fraction, decimals: int = 0) -> str:
@@ -89,28 +89,36 @@ def format_answer(op: str, a: Fraction, b: Fraction, decimals: int = 0) -> str:
         )
     if decimals > 0:
         value = Fraction(round(value * 10**decimals), 10**decimals)
-    return _format_number(value, decimals)
+    return format_number(value, decimals)
 
 
-def _sample_operands(rng: random.Random, config: TaskConfig) -> tuple[Fraction, Fraction]:
-    lo, hi = config.operand_range
-    scale = 10**config.decimals
-    op = resolve_operation(config.op).symbol
+def sample_operands(
+    rng: random.Random, op: str, operand_range: tuple[int, int] = (0, 9), decimals: int = 0, allow_negative: bool = False
+) -> tuple[Fraction, Fraction]:
+    """One operand pair in ``operand_range`` (inclusive): exact divisions for integer "/", and
+    ``a >= b`` for "-" unless ``allow_negative``."""
+    lo, hi = operand_range
+    scale = 10**decimals
+    op = resolve_operation(op).symbol
 
     def draw(low: int) -> Fraction:
         return Fraction(rng.randint(low * scale, hi * scale), scale)
 
-    if op == "/" and config.decimals == 0:
+    if op == "/" and decimals == 0:
         # Build exact divisions: pick the divisor and the quotient, so a = b * q stays in range.
         pairs = [(b * q, b) for b in range(max(lo, 1), hi + 1) for q in range(lo, hi + 1) if lo <= b * q <= hi]
         if not pairs:
-            raise TaskDataError(f"No exact divisions with both operands in {config.operand_range}.")
+            raise TaskDataError(f"No exact divisions with both operands in {operand_range}.")
         a, b = rng.choice(pairs)
         return Fraction(a), Fraction(b)
     a, b = draw(lo), draw(max(lo, 1) if op == "/" else lo)
-    if op == "-" and not config.allow_negative and a < b:
+    if op == "-" and not allow_negative and a < b:
         a, b = b, a
     return a, b
+
+
+def _sample_operands(rng: random.Random, config: TaskConfig) -> tuple[Fraction, Fraction]:
+    return sample_operands(rng, config.op, config.operand_range, config.decimals, config.allow_negative)
 
 
 # ---------------------------------------------------------------------------- tokenization
@@ -177,7 +185,7 @@ def _few_shot_prefix(rng: random.Random, template: Template, config: TaskConfig)
     lines = []
     for _ in range(config.n_shots):
         a, b = _sample_operands(rng, config)
-        sa, sb = _format_number(a, config.decimals), _format_number(b, config.decimals)
+        sa, sb = format_number(a, config.decimals), format_number(b, config.decimals)
         lines.append(template.fill(sa, sb) + format_answer(template.op, a, b, config.decimals))
     return "".join(line + "\n" for line in lines)
 
@@ -198,7 +206,7 @@ def _select_templates(config: TaskConfig) -> list[Template]:
 
 def make_row(tokenizer, template: Template, a: Fraction, b: Fraction, *, prefix: str = "", decimals: int = 0) -> dict:
     """One dataset row for ``template`` filled with ``a`` and ``b`` (see the module docstring)."""
-    sa, sb = _format_number(a, decimals), _format_number(b, decimals)
+    sa, sb = format_number(a, decimals), format_number(b, decimals)
     answer = format_answer(template.op, a, b, decimals)
     prompt = prefix + template.fill(sa, sb)
     ids, offsets = _encode(tokenizer, prompt)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Iterable, Sequence
 
 import torch
@@ -27,7 +26,7 @@ from datasets import Dataset, concatenate_datasets
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from circuits.tasks import format_answer
+from circuits.tasks import format_answer, format_number, sample_operands
 from circuits.templates import STYLES, get_templates, resolve_operation, template_by_id
 
 SFT_COLUMNS = ("input_ids", "n_prompt", "prompt", "answer")
@@ -117,28 +116,6 @@ class ArithmeticMix:
     seed: int = 0
 
 
-def _format(value: Fraction, decimals: int) -> str:
-    if decimals == 0:
-        return str(int(value))
-    return f"{float(value):.{decimals}f}".rstrip("0").rstrip(".")
-
-
-def _operands(rng: random.Random, op: str, lo: int, hi: int, decimals: int) -> tuple[Fraction, Fraction]:
-    scale = 10**decimals
-    if op == "/" and decimals == 0:
-        # exact divisions with both operands in range: pick divisor and quotient
-        pairs = [(b * q, b) for b in range(max(lo, 1), hi + 1) for q in range(lo, hi + 1) if lo <= b * q <= hi]
-        if not pairs:
-            raise SFTDataError(f"No exact divisions with operands in [{lo}, {hi}].")
-        a, b = rng.choice(pairs)
-        return Fraction(a), Fraction(b)
-    a = Fraction(rng.randint(lo * scale, hi * scale), scale)
-    b = Fraction(rng.randint(max(lo, 1 if op == "/" else lo) * scale, hi * scale), scale)
-    if op == "-" and a < b:
-        a, b = b, a  # no negative answers
-    return a, b
-
-
 def arithmetic_pairs(
     op: str,
     template_ids: Sequence[str],
@@ -163,14 +140,14 @@ def arithmetic_pairs(
     if wrong:
         raise SFTDataError(f"Templates {wrong} are not for operation {symbol!r}.")
     rng = random.Random(seed)
-    lo, hi = operand_range
     out = []
     for i in range(n):
         template = templates[i % len(templates)]
         lines = []
         for _ in range(n_shots + 1):
-            a, b = _operands(rng, symbol, lo, hi, decimals)
-            lines.append((template.fill(_format(a, decimals), _format(b, decimals)), format_answer(symbol, a, b, decimals)))
+            a, b = sample_operands(rng, symbol, operand_range, decimals)
+            lines.append((template.fill(format_number(a, decimals), format_number(b, decimals)),
+                          format_answer(symbol, a, b, decimals)))
         prefix = "".join(prompt + answer + "\n" for prompt, answer in lines[:-1])
         out.append({"prompt": prefix + lines[-1][0], "answer": lines[-1][1], "template_id": template.id})
     return out
