@@ -46,68 +46,74 @@ parser.add_argument("--threads", type=int, default=None, help="torch threads (de
 parser.add_argument("--device", default=None)
 parser.add_argument("--out", default="runs/bench_finetune")
 parser.add_argument("--overwrite", action="store_true")
-args = parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
+    args = parser.parse_args(argv)
 
-out = Path(args.out)
-if (out / "results.json").exists() and not args.overwrite:
-    raise SystemExit(f"{out}/results.json exists; pass --overwrite or another --out.")
-if args.threads:
-    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    if (out / "results.json").exists() and not args.overwrite:
+        raise SystemExit(f"{out}/results.json exists; pass --overwrite or another --out.")
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
-model = load_model(args.model, device=args.device)
-data = arithmetic_train_set(model, ArithmeticMix(n_examples=args.batch_size * args.steps, seed=1))
+    model = load_model(args.model, device=args.device)
+    data = arithmetic_train_set(model, ArithmeticMix(n_examples=args.batch_size * args.steps, seed=1))
 
-if args.heads:
-    heads = [parse_node(h) for h in args.heads.split(",")]
-    head_source = "--heads"
-else:
-    probe = make_dataset(model, op="+", n_prompts=32, styles=("equation",), seed=7)
-    try:
-        from patching.path_patching import path_patch
+    if args.heads:
+        heads = [parse_node(h) for h in args.heads.split(",")]
+        head_source = "--heads"
+    else:
+        probe = make_dataset(model, op="+", n_prompts=32, styles=("equation",), seed=7)
+        try:
+            from patching.path_patching import path_patch
 
-        scores, head_source = path_patch(model, probe, progress=False), "path_patching"
-    except ImportError:
-        from patching.attribution import attribution_patch
+            scores, head_source = path_patch(model, probe, progress=False), "path_patching"
+        except ImportError:
+            from patching.attribution import attribution_patch
 
-        scores, head_source = attribution_patch(model, probe, progress=False), "attribution"
-    heads = [node for node, _ in scores.ranked("heads", by="neg")[: args.k]]
-print(f"key heads ({head_source}): {', '.join(map(str, heads))}")
+            scores, head_source = attribution_patch(model, probe, progress=False), "attribution"
+        heads = [node for node, _ in scores.ranked("heads", by="neg")[: args.k]]
+    print(f"key heads ({head_source}): {', '.join(map(str, heads))}")
 
-config = TrainConfig(lr=1e-5, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
-                     max_steps=args.steps, progress=False)
-runs = {"precise": [], "full": []}
-for round_ in range(args.rounds):
-    for method in ("precise", "full"):
-        result = train(model, data, config, method=method, heads=heads if method == "precise" else None)
-        runs[method].append(result.summary())
-        print(f"round {round_}: {method:8s} {result.seconds_per_step:6.2f} s/step, "
-              f"optimizer state {result.optimizer_state_bytes / 2**20:8.1f} MiB, trainable {result.n_trainable:,}")
+    config = TrainConfig(lr=1e-5, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
+                         max_steps=args.steps, progress=False)
+    runs = {"precise": [], "full": []}
+    for round_ in range(args.rounds):
+        for method in ("precise", "full"):
+            result = train(model, data, config, method=method, heads=heads if method == "precise" else None)
+            runs[method].append(result.summary())
+            print(f"round {round_}: {method:8s} {result.seconds_per_step:6.2f} s/step, "
+                  f"optimizer state {result.optimizer_state_bytes / 2**20:8.1f} MiB, trainable {result.n_trainable:,}")
 
-n_embed = sum(p.numel() for n, p in model.named_parameters() if n in EMBEDDING_PARAMS)
-summary = {}
-for method, results in runs.items():
-    summary[method] = {
-        "seconds_per_step_median": statistics.median(r["seconds_per_step"] for r in results),
-        "seconds_per_step_all": [r["seconds_per_step"] for r in results],
-        "optimizer_state_bytes": results[0]["optimizer_state_bytes"],
-        "n_trainable": results[0]["n_trainable"],
-        "selection": results[0]["selection"],
+    n_embed = sum(p.numel() for n, p in model.named_parameters() if n in EMBEDDING_PARAMS)
+    summary = {}
+    for method, results in runs.items():
+        summary[method] = {
+            "seconds_per_step_median": statistics.median(r["seconds_per_step"] for r in results),
+            "seconds_per_step_all": [r["seconds_per_step"] for r in results],
+            "optimizer_state_bytes": results[0]["optimizer_state_bytes"],
+            "n_trainable": results[0]["n_trainable"],
+            "selection": results[0]["selection"],
+        }
+    speedup = summary["full"]["seconds_per_step_median"] / summary["precise"]["seconds_per_step_median"]
+    memory_ratio = summary["precise"]["optimizer_state_bytes"] / summary["full"]["optimizer_state_bytes"]
+    full_with_embeddings = summary["full"]["optimizer_state_bytes"] + 2 * n_embed * 4
+    results = {
+        "model": args.model, "heads": [str(h) for h in heads], "head_source": head_source,
+        "steps_per_run": args.steps, "rounds": args.rounds, "batch_size": args.batch_size,
+        "micro_batch_size": args.micro_batch_size, "threads": torch.get_num_threads(),
+        "load_average": os.getloadavg(), "methods": summary,
+        "speedup_full_over_precise": speedup, "optimizer_memory_ratio_precise_over_full": memory_ratio,
+        "full_with_embeddings_optimizer_bytes_computed": full_with_embeddings,
+        "optimizer_memory_ratio_vs_full_with_embeddings": summary["precise"]["optimizer_state_bytes"] / full_with_embeddings,
+        "goals": {"speedup>=2": speedup >= 2, "memory_ratio<=0.05": memory_ratio <= 0.05},
     }
-speedup = summary["full"]["seconds_per_step_median"] / summary["precise"]["seconds_per_step_median"]
-memory_ratio = summary["precise"]["optimizer_state_bytes"] / summary["full"]["optimizer_state_bytes"]
-full_with_embeddings = summary["full"]["optimizer_state_bytes"] + 2 * n_embed * 4
-results = {
-    "model": args.model, "heads": [str(h) for h in heads], "head_source": head_source,
-    "steps_per_run": args.steps, "rounds": args.rounds, "batch_size": args.batch_size,
-    "micro_batch_size": args.micro_batch_size, "threads": torch.get_num_threads(),
-    "load_average": os.getloadavg(), "methods": summary,
-    "speedup_full_over_precise": speedup, "optimizer_memory_ratio_precise_over_full": memory_ratio,
-    "full_with_embeddings_optimizer_bytes_computed": full_with_embeddings,
-    "optimizer_memory_ratio_vs_full_with_embeddings": summary["precise"]["optimizer_state_bytes"] / full_with_embeddings,
-    "goals": {"speedup>=2": speedup >= 2, "memory_ratio<=0.05": memory_ratio <= 0.05},
-}
-print(f"precise is {speedup:.2f}x faster per step (goal >= 2x); optimizer memory {100 * memory_ratio:.2f}% of "
-      f"full SFT's (goal <= 5%; {100 * results['optimizer_memory_ratio_vs_full_with_embeddings']:.2f}% of full SFT "
-      f"with embeddings)")
-write_json_atomic(out / "results.json", results)
-print(f"wrote {out / 'results.json'}")
+    print(f"precise is {speedup:.2f}x faster per step (goal >= 2x); optimizer memory {100 * memory_ratio:.2f}% of "
+          f"full SFT's (goal <= 5%; {100 * results['optimizer_memory_ratio_vs_full_with_embeddings']:.2f}% of full SFT "
+          f"with embeddings)")
+    write_json_atomic(out / "results.json", results)
+    print(f"wrote {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

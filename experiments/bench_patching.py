@@ -41,106 +41,112 @@ parser.add_argument("--tl-layers", default="4", help="layers of the TransformerL
 parser.add_argument("--device", default=None, help="cpu / cuda (default: auto)")
 parser.add_argument("--seed", type=int, default=0, help="data seed")
 parser.add_argument("--out", default="runs/bench_patching", help="output folder")
-args = parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
+    args = parser.parse_args(argv)
 
-torch.manual_seed(args.seed)
-model = load_model(args.model, device=args.device)
-model.eval()
-template = get_templates(args.op, ("equation",))[0]
-# Few-shot answers differ in length, so sample extra prompts and keep the most common token length.
-data = make_dataset(model, op=args.op, n_prompts=4 * args.n_prompts, template_ids=(template.id,), n_shots=args.n_shots,
-                    seed=args.seed)
-lengths = data["end_pos"]
-common = max(set(lengths), key=lengths.count)
-keep = [i for i, n in enumerate(lengths) if n == common][: args.n_prompts]
-if len(keep) < args.n_prompts:
-    raise SystemExit(f"Only {len(keep)} prompts of one token length; lower --n-prompts.")
-data = data.select(keep)
-batch = single_batch(data, device=model.cfg.device)
-answers = batch.answer_ids
-print(f"{args.n_prompts} prompts of {batch.tokens.shape[1]} tokens, e.g. {batch.prompts[0]!r}")
-
-
-def tl_metric(logits):
-    return logits[torch.arange(len(answers)), -1, answers].mean()
+    torch.manual_seed(args.seed)
+    model = load_model(args.model, device=args.device)
+    model.eval()
+    template = get_templates(args.op, ("equation",))[0]
+    # Few-shot answers differ in length, so sample extra prompts and keep the most common token length.
+    data = make_dataset(model, op=args.op, n_prompts=4 * args.n_prompts, template_ids=(template.id,), n_shots=args.n_shots,
+                        seed=args.seed)
+    lengths = data["end_pos"]
+    common = max(set(lengths), key=lengths.count)
+    keep = [i for i, n in enumerate(lengths) if n == common][: args.n_prompts]
+    if len(keep) < args.n_prompts:
+        raise SystemExit(f"Only {len(keep)} prompts of one token length; lower --n-prompts.")
+    data = data.select(keep)
+    batch = single_batch(data, device=model.cfg.device)
+    answers = batch.answer_ids
+    print(f"{args.n_prompts} prompts of {batch.tokens.shape[1]} tokens, e.g. {batch.prompts[0]!r}")
 
 
-n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-if args.tl_layers == "all":
-    tl_layers = list(range(n_layers))
-elif "," in args.tl_layers:
-    tl_layers = sorted({int(x) for x in args.tl_layers.split(",")})
-else:
-    count = min(int(args.tl_layers), n_layers)
-    tl_layers = sorted({round(i * (n_layers - 1) / max(1, count - 1)) for i in range(count)})
-print(f"TransformerLens baseline over the heads of layers {tl_layers}")
+    def tl_metric(logits):
+        return logits[torch.arange(len(answers)), -1, answers].mean()
 
-# -- TransformerLens activation patching of each head at all positions (the baseline)
-start = time.perf_counter()
-with torch.no_grad():
-    _, cf_cache = model.run_with_cache(batch.cf_tokens)
-    t_tl_cache = time.perf_counter() - start
-    if len(tl_layers) == n_layers:
-        tl_heads = tl_patching.get_act_patch_attn_head_out_all_pos(model, batch.tokens, cf_cache, tl_metric)
-    else:  # the same code path (get_act_patch_attn_head_out_all_pos is this partial) on a subset of heads
-        index = pd.DataFrame([(l, h) for l in tl_layers for h in range(n_heads)], columns=["layer", "head"])
-        flat = tl_patching.generic_activation_patch(model, batch.tokens, cf_cache, tl_metric,
-                                                    patch_setter=tl_patching.layer_head_vector_patch_setter,
-                                                    activation_name="z", index_df=index)
-        tl_heads = torch.full((n_layers, n_heads), float("nan"))
-        tl_heads[tl_layers] = flat.view(len(tl_layers), n_heads).cpu()
-t_tl = time.perf_counter() - start
-del cf_cache
-# TL runs one full forward per head, so its full-sweep time scales with the number of heads.
-t_tl_full = t_tl_cache + (t_tl - t_tl_cache) * n_layers / len(tl_layers)
-print(f"TransformerLens heads sweep on {len(tl_layers)} layers: {t_tl:.1f} s (full sweep: {t_tl_full:.1f} s"
-      f"{'' if len(tl_layers) == n_layers else ', extrapolated'})")
 
-# -- this package: activation patching of the same heads
-start = time.perf_counter()
-act = activation_patch(model, batch, component="z", positions="all", metric="logit", layers=tl_layers)
-t_act = time.perf_counter() - start
-act_diff = float((act.patched[tl_layers] - tl_heads[tl_layers].to(act.patched.device)).abs().max())
-print(f"patching.activation_patch on the same heads: {t_act:.2f} s, max |diff| vs TransformerLens {act_diff:.2e}")
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    if args.tl_layers == "all":
+        tl_layers = list(range(n_layers))
+    elif "," in args.tl_layers:
+        tl_layers = sorted({int(x) for x in args.tl_layers.split(",")})
+    else:
+        count = min(int(args.tl_layers), n_layers)
+        tl_layers = sorted({round(i * (n_layers - 1) / max(1, count - 1)) for i in range(count)})
+    print(f"TransformerLens baseline over the heads of layers {tl_layers}")
 
-# -- this package: full path-patching sweep (every head and MLP -> logits)
-start = time.perf_counter()
-path = path_patch(model, batch, metric="logit")
-t_path = time.perf_counter() - start
-print(f"patching.path_patch (fast, {len(all_nodes(model))} senders): {t_path:.2f} s")
-
-# -- check the fast path against plain hook-based path patching
-senders = all_nodes(model)
-if args.check_senders >= 0:
-    step = max(1, len(senders) // max(1, args.check_senders))
-    senders = senders[::step][: args.check_senders]
-path_diff, t_slow = None, None
-if senders:
+    # -- TransformerLens activation patching of each head at all positions (the baseline)
     start = time.perf_counter()
-    slow = path_patch(model, batch, senders=senders, method="hooks", metric="logit")
-    t_slow = time.perf_counter() - start
-    fast = [path.score(n) for n in senders]
-    path_diff = max(abs(a - slow.score(n)) for a, n in zip(fast, senders))
-    print(f"plain hook path patching on {len(senders)} senders: {t_slow:.1f} s, max |diff| vs fast {path_diff:.2e}")
+    with torch.no_grad():
+        _, cf_cache = model.run_with_cache(batch.cf_tokens)
+        t_tl_cache = time.perf_counter() - start
+        if len(tl_layers) == n_layers:
+            tl_heads = tl_patching.get_act_patch_attn_head_out_all_pos(model, batch.tokens, cf_cache, tl_metric)
+        else:  # the same code path (get_act_patch_attn_head_out_all_pos is this partial) on a subset of heads
+            index = pd.DataFrame([(l, h) for l in tl_layers for h in range(n_heads)], columns=["layer", "head"])
+            flat = tl_patching.generic_activation_patch(model, batch.tokens, cf_cache, tl_metric,
+                                                        patch_setter=tl_patching.layer_head_vector_patch_setter,
+                                                        activation_name="z", index_df=index)
+            tl_heads = torch.full((n_layers, n_heads), float("nan"))
+            tl_heads[tl_layers] = flat.view(len(tl_layers), n_heads).cpu()
+    t_tl = time.perf_counter() - start
+    del cf_cache
+    # TL runs one full forward per head, so its full-sweep time scales with the number of heads.
+    t_tl_full = t_tl_cache + (t_tl - t_tl_cache) * n_layers / len(tl_layers)
+    print(f"TransformerLens heads sweep on {len(tl_layers)} layers: {t_tl:.1f} s (full sweep: {t_tl_full:.1f} s"
+          f"{'' if len(tl_layers) == n_layers else ', extrapolated'})")
 
-results = {
-    "model": args.model,
-    "n_prompts": args.n_prompts,
-    "n_tokens": batch.tokens.shape[1],
-    "device": str(model.cfg.device),
-    "dtype": str(model.cfg.dtype),
-    "tl_layers": tl_layers,
-    "tl_full_sweep_extrapolated": len(tl_layers) != n_layers,
-    "seconds": {"transformer_lens_heads_all_pos_measured": t_tl, "transformer_lens_heads_all_pos_full_sweep": t_tl_full, "activation_patch_heads": t_act, "path_patch_full": t_path,
-                "path_patch_hooks_checked": t_slow},
-    "speedup_path_patch_vs_tl": t_tl_full / t_path,
-    "speedup_activation_patch_vs_tl": t_tl / t_act,
-    "max_abs_diff_activation_patch_vs_tl": act_diff,
-    "max_abs_diff_path_fast_vs_hooks": path_diff,
-    "path_checked_senders": [str(n) for n in senders],
-    "top_heads_path_patching": [[str(n), v] for n, v in path.ranked("heads", by="neg")[:10]],
-}
-write_json_atomic(f"{args.out}/results.json", results)
-print(f"speed-up path patching (full sweep, {len(all_nodes(model))} nodes) vs TL heads sweep (72 heads): {results['speedup_path_patch_vs_tl']:.1f}x")
-print(f"speed-up activation patching vs TL on the same heads: {results['speedup_activation_patch_vs_tl']:.1f}x")
-print(f"wrote {args.out}/results.json")
+    # -- this package: activation patching of the same heads
+    start = time.perf_counter()
+    act = activation_patch(model, batch, component="z", positions="all", metric="logit", layers=tl_layers)
+    t_act = time.perf_counter() - start
+    act_diff = float((act.patched[tl_layers] - tl_heads[tl_layers].to(act.patched.device)).abs().max())
+    print(f"patching.activation_patch on the same heads: {t_act:.2f} s, max |diff| vs TransformerLens {act_diff:.2e}")
+
+    # -- this package: full path-patching sweep (every head and MLP -> logits)
+    start = time.perf_counter()
+    path = path_patch(model, batch, metric="logit")
+    t_path = time.perf_counter() - start
+    print(f"patching.path_patch (fast, {len(all_nodes(model))} senders): {t_path:.2f} s")
+
+    # -- check the fast path against plain hook-based path patching
+    senders = all_nodes(model)
+    if args.check_senders >= 0:
+        step = max(1, len(senders) // max(1, args.check_senders))
+        senders = senders[::step][: args.check_senders]
+    path_diff, t_slow = None, None
+    if senders:
+        start = time.perf_counter()
+        slow = path_patch(model, batch, senders=senders, method="hooks", metric="logit")
+        t_slow = time.perf_counter() - start
+        fast = [path.score(n) for n in senders]
+        path_diff = max(abs(a - slow.score(n)) for a, n in zip(fast, senders))
+        print(f"plain hook path patching on {len(senders)} senders: {t_slow:.1f} s, max |diff| vs fast {path_diff:.2e}")
+
+    results = {
+        "model": args.model,
+        "n_prompts": args.n_prompts,
+        "n_tokens": batch.tokens.shape[1],
+        "device": str(model.cfg.device),
+        "dtype": str(model.cfg.dtype),
+        "tl_layers": tl_layers,
+        "tl_full_sweep_extrapolated": len(tl_layers) != n_layers,
+        "seconds": {"transformer_lens_heads_all_pos_measured": t_tl, "transformer_lens_heads_all_pos_full_sweep": t_tl_full, "activation_patch_heads": t_act, "path_patch_full": t_path,
+                    "path_patch_hooks_checked": t_slow},
+        "speedup_path_patch_vs_tl": t_tl_full / t_path,
+        "speedup_activation_patch_vs_tl": t_tl / t_act,
+        "max_abs_diff_activation_patch_vs_tl": act_diff,
+        "max_abs_diff_path_fast_vs_hooks": path_diff,
+        "path_checked_senders": [str(n) for n in senders],
+        "top_heads_path_patching": [[str(n), v] for n, v in path.ranked("heads", by="neg")[:10]],
+    }
+    write_json_atomic(f"{args.out}/results.json", results)
+    print(f"speed-up path patching (full sweep, {len(all_nodes(model))} nodes) vs TL heads sweep (72 heads): {results['speedup_path_patch_vs_tl']:.1f}x")
+    print(f"speed-up activation patching vs TL on the same heads: {results['speedup_activation_patch_vs_tl']:.1f}x")
+    print(f"wrote {args.out}/results.json")
+
+
+if __name__ == "__main__":
+    main()

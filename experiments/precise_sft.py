@@ -72,135 +72,141 @@ parser.add_argument("--threads", type=int, default=None)
 parser.add_argument("--device", default=None)
 parser.add_argument("--out", default="runs/precise_sft")
 parser.add_argument("--overwrite", action="store_true")
-args = parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
+    args = parser.parse_args(argv)
 
-out = Path(args.out)
-if out.exists() and any(out.iterdir()):
-    if not args.overwrite:
-        raise SystemExit(f"{out} exists and is not empty; pass --overwrite or another --out.")
-    shutil.rmtree(out)
-out.mkdir(parents=True, exist_ok=True)
-if args.threads:
-    torch.set_num_threads(args.threads)
-started = time.perf_counter()
-OPS = ("+", "-", "*", "/")
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        if not args.overwrite:
+            raise SystemExit(f"{out} exists and is not empty; pass --overwrite or another --out.")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    OPS = ("+", "-", "*", "/")
 
-# ---------------------------------------------------------------- model and data
-base = load_model(args.model, device=args.device)
-base.eval()
-for p in base.parameters():
-    p.requires_grad_(False)
-train_set = arithmetic_train_set(base, ArithmeticMix(ops=OPS, n_examples=args.n_train, n_shots=args.n_shots,
-                                                    seed=args.seed))
-suite = math_suite(base, MathSuiteConfig(ops=OPS, n_heldout=args.n_heldout, n_transfer=args.n_transfer,
-                                         n_shots=args.n_shots, seed=12345 + args.seed))
-texts = (pydoc_passages(args.n_pydoc) if args.n_pydoc else []) + list(NON_MATH_SENTENCES[: args.n_sentences])
-print(f"{len(train_set)} training examples, e.g. {train_set[0]['prompt'][-60:]!r} -> {train_set[0]['answer']!r}")
+    # ---------------------------------------------------------------- model and data
+    base = load_model(args.model, device=args.device)
+    base.eval()
+    for p in base.parameters():
+        p.requires_grad_(False)
+    train_set = arithmetic_train_set(base, ArithmeticMix(ops=OPS, n_examples=args.n_train, n_shots=args.n_shots,
+                                                        seed=args.seed))
+    suite = math_suite(base, MathSuiteConfig(ops=OPS, n_heldout=args.n_heldout, n_transfer=args.n_transfer,
+                                             n_shots=args.n_shots, seed=12345 + args.seed))
+    texts = (pydoc_passages(args.n_pydoc) if args.n_pydoc else []) + list(NON_MATH_SENTENCES[: args.n_sentences])
+    print(f"{len(train_set)} training examples, e.g. {train_set[0]['prompt'][-60:]!r} -> {train_set[0]['answer']!r}")
 
-# ---------------------------------------------------------------- key heads and MLPs
-head_source, ranked_heads, ranked_mlps = "--heads", [], []
-if args.heads:
-    ranked_heads = [parse_node(h) for h in args.heads.split(",")]
-if not args.heads or (args.ablation_mlps and not args.mlps):
-    try:
-        from patching.path_patching import path_patch as score_nodes
+    # ---------------------------------------------------------------- key heads and MLPs
+    head_source, ranked_heads, ranked_mlps = "--heads", [], []
+    if args.heads:
+        ranked_heads = [parse_node(h) for h in args.heads.split(",")]
+    if not args.heads or (args.ablation_mlps and not args.mlps):
+        try:
+            from patching.path_patching import path_patch as score_nodes
 
-        head_source = "path_patching"
-    except ImportError:
-        from patching.attribution import attribution_patch as score_nodes
+            head_source = "path_patching"
+        except ImportError:
+            from patching.attribution import attribution_patch as score_nodes
 
-        head_source = "attribution"
-    total = None
-    for i, op in enumerate(OPS):
-        probe = make_dataset(base, op=op, n_prompts=args.n_rank_prompts, styles=("equation", "statement", "question"),
-                             seed=1000 + i)
-        scores = score_nodes(base, probe, progress=False)
-        # percent of the baseline logit, so operations with larger logits do not dominate
-        as_percent = {n: 100 * v / abs(scores.baseline) for n, v in scores.ranked("all")}
-        total = as_percent if total is None else {n: total[n] + as_percent[n] for n in total}
-    order = sorted(total.items(), key=lambda item: item[1])  # most negative (largest drop) first
-    if not args.heads:
-        ranked_heads = [n for n, _ in order if type(n).__name__ == "Head"]
-    ranked_mlps = [n for n, _ in order if type(n).__name__ == "MLP"]
-if args.mlps:
-    ranked_mlps = [parse_node(m) for m in args.mlps.split(",")]
-ablation_k = [int(k) for k in args.ablation_k.split(",") if k.strip()]
-if max([args.k, *ablation_k]) > len(ranked_heads):
-    raise SystemExit(f"Only {len(ranked_heads)} ranked heads; lower --k / --ablation-k or pass more --heads.")
-top_mlps = ranked_mlps[: args.ablation_mlps]
-print(f"key heads ({head_source}): {', '.join(map(str, ranked_heads[:max([args.k, *ablation_k])]))}")
-print(f"top MLPs: {', '.join(map(str, top_mlps)) or '-'}")
+            head_source = "attribution"
+        total = None
+        for i, op in enumerate(OPS):
+            probe = make_dataset(base, op=op, n_prompts=args.n_rank_prompts, styles=("equation", "statement", "question"),
+                                 seed=1000 + i)
+            scores = score_nodes(base, probe, progress=False)
+            # percent of the baseline logit, so operations with larger logits do not dominate
+            as_percent = {n: 100 * v / abs(scores.baseline) for n, v in scores.ranked("all")}
+            total = as_percent if total is None else {n: total[n] + as_percent[n] for n in total}
+        order = sorted(total.items(), key=lambda item: item[1])  # most negative (largest drop) first
+        if not args.heads:
+            ranked_heads = [n for n, _ in order if type(n).__name__ == "Head"]
+        ranked_mlps = [n for n, _ in order if type(n).__name__ == "MLP"]
+    if args.mlps:
+        ranked_mlps = [parse_node(m) for m in args.mlps.split(",")]
+    ablation_k = [int(k) for k in args.ablation_k.split(",") if k.strip()]
+    if max([args.k, *ablation_k]) > len(ranked_heads):
+        raise SystemExit(f"Only {len(ranked_heads)} ranked heads; lower --k / --ablation-k or pass more --heads.")
+    top_mlps = ranked_mlps[: args.ablation_mlps]
+    print(f"key heads ({head_source}): {', '.join(map(str, ranked_heads[:max([args.k, *ablation_k])]))}")
+    print(f"top MLPs: {', '.join(map(str, top_mlps)) or '-'}")
 
-# ---------------------------------------------------------------- runs
-config = TrainConfig(lr=args.lr, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
-                     max_steps=args.steps, seed=args.seed, lora=LoraSettings(r=args.lora_rank))
-runs = [("precise", f"precise_k{args.k}", args.k, [])]
-runs += [("full", "full", None, []), ("lora", "lora", None, [])]
-for k in ablation_k:
-    if k != args.k:
-        runs.append(("precise", f"precise_k{k}", k, []))
-    if top_mlps:
-        runs.append(("precise", f"precise_k{k}_mlp{len(top_mlps)}", k, top_mlps))
+    # ---------------------------------------------------------------- runs
+    config = TrainConfig(lr=args.lr, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
+                         max_steps=args.steps, seed=args.seed, lora=LoraSettings(r=args.lora_rank))
+    runs = [("precise", f"precise_k{args.k}", args.k, [])]
+    runs += [("full", "full", None, []), ("lora", "lora", None, [])]
+    for k in ablation_k:
+        if k != args.k:
+            runs.append(("precise", f"precise_k{k}", k, []))
+        if top_mlps:
+            runs.append(("precise", f"precise_k{k}_mlp{len(top_mlps)}", k, top_mlps))
 
-results = {"args": vars(args), "head_source": head_source, "key_heads": [str(h) for h in ranked_heads[:32]],
-           "top_mlps": [str(m) for m in top_mlps], "n_train": len(train_set), "runs": {}}
-print("evaluating the base model")
-results["base"] = evaluate(base, base, suite, texts, drift_tokens=args.drift_tokens, progress=False)
-
-
-def write_results() -> None:
-    write_json_atomic(out / "results.json", results)
+    results = {"args": vars(args), "head_source": head_source, "key_heads": [str(h) for h in ranked_heads[:32]],
+               "top_mlps": [str(m) for m in top_mlps], "n_train": len(train_set), "runs": {}}
+    print("evaluating the base model")
+    results["base"] = evaluate(base, base, suite, texts, drift_tokens=args.drift_tokens, progress=False)
 
 
-for method, name, k, mlps in runs:
-    print(f"--- {name}")
-    model = copy.deepcopy(base)
-    run_config = config if method != "lora" else dataclasses.replace(config, lr=args.lora_lr)
-    result = train(model, train_set, run_config, method=method,
-                   heads=ranked_heads[:k] if k else None, mlps=mlps or None,
-                   out_dir=out / "runs" / name if method == "precise" else None)
-    scores = evaluate(model, base, suite, texts, drift_tokens=args.drift_tokens, progress=False)
-    results["runs"][name] = {"method": method, "k": k, "mlps": [str(m) for m in mlps], "train": result.summary(),
-                             "losses": result.losses, **scores}
-    summary = scores["math_summary"]
-    print(f"{name}: heldout exact {summary['heldout/exact']:.3f}, transfer exact {summary['transfer/exact']:.3f}, "
-          f"KL {scores['drift']['kl']:.4f}, {result.seconds_per_step:.2f} s/step")
+    def write_results() -> None:
+        write_json_atomic(out / "results.json", results)
+
+
+    for method, name, k, mlps in runs:
+        print(f"--- {name}")
+        model = copy.deepcopy(base)
+        run_config = config if method != "lora" else dataclasses.replace(config, lr=args.lora_lr)
+        result = train(model, train_set, run_config, method=method,
+                       heads=ranked_heads[:k] if k else None, mlps=mlps or None,
+                       out_dir=out / "runs" / name if method == "precise" else None)
+        scores = evaluate(model, base, suite, texts, drift_tokens=args.drift_tokens, progress=False)
+        results["runs"][name] = {"method": method, "k": k, "mlps": [str(m) for m in mlps], "train": result.summary(),
+                                 "losses": result.losses, **scores}
+        summary = scores["math_summary"]
+        print(f"{name}: heldout exact {summary['heldout/exact']:.3f}, transfer exact {summary['transfer/exact']:.3f}, "
+              f"KL {scores['drift']['kl']:.4f}, {result.seconds_per_step:.2f} s/step")
+        write_results()
+        del model, result
+        gc.collect()
+
+    results["wall_seconds"] = time.perf_counter() - started
     write_results()
-    del model, result
-    gc.collect()
 
-results["wall_seconds"] = time.perf_counter() - started
-write_results()
+    # ---------------------------------------------------------------- table and figure
+    rows = [("base", results["base"], None)] + [(n, r, r["train"]) for n, r in results["runs"].items()]
+    print(f"\n{'run':22s} {'heldout':>8s} {'transfer':>8s} {'KL':>8s} {'LM loss':>8s} {'trainable':>12s} {'s/step':>7s} {'opt MiB':>8s}")
+    for name, r, t in rows:
+        s = r["math_summary"]
+        extra = f"{t['n_trainable']:>12,d} {t['seconds_per_step']:7.2f} {t['optimizer_state_bytes'] / 2**20:8.1f}" if t else ""
+        print(f"{name:22s} {s['heldout/exact']:8.3f} {s['transfer/exact']:8.3f} {r['drift']['kl']:8.4f} "
+              f"{r['drift']['lm_loss']:8.3f} {extra}")
+    print(f"\nwall time {results['wall_seconds'] / 60:.1f} min; results in {out / 'results.json'}")
 
-# ---------------------------------------------------------------- table and figure
-rows = [("base", results["base"], None)] + [(n, r, r["train"]) for n, r in results["runs"].items()]
-print(f"\n{'run':22s} {'heldout':>8s} {'transfer':>8s} {'KL':>8s} {'LM loss':>8s} {'trainable':>12s} {'s/step':>7s} {'opt MiB':>8s}")
-for name, r, t in rows:
-    s = r["math_summary"]
-    extra = f"{t['n_trainable']:>12,d} {t['seconds_per_step']:7.2f} {t['optimizer_state_bytes'] / 2**20:8.1f}" if t else ""
-    print(f"{name:22s} {s['heldout/exact']:8.3f} {s['transfer/exact']:8.3f} {r['drift']['kl']:8.4f} "
-          f"{r['drift']['lm_loss']:8.3f} {extra}")
-print(f"\nwall time {results['wall_seconds'] / 60:.1f} min; results in {out / 'results.json'}")
+    import plotly.graph_objects as go  # noqa: E402
+    from plotly.subplots import make_subplots  # noqa: E402
 
-import plotly.graph_objects as go  # noqa: E402
-from plotly.subplots import make_subplots  # noqa: E402
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy gain vs drift", "head-count ablation (Table 2)"))
+    base_acc = results["base"]["math_summary"]["heldout/exact"]
+    for name, r, _ in rows:
+        fig.add_trace(go.Scatter(x=[r["drift"]["kl"]], y=[r["math_summary"]["heldout/exact"] - base_acc], mode="markers+text",
+                                 text=[name], textposition="top center", name=name, showlegend=False), row=1, col=1)
+    for suffix, label in (("", "heads only"), (f"_mlp{len(top_mlps)}", f"+ top-{len(top_mlps)} MLPs")):
+        ks = [k for k in ablation_k if f"precise_k{k}{suffix}" in results["runs"]]
+        if ks:
+            fig.add_trace(go.Scatter(x=ks, y=[results["runs"][f"precise_k{k}{suffix}"]["math_summary"]["heldout/exact"] for k in ks],
+                                     mode="lines+markers", name=label), row=1, col=2)
+    fig.update_xaxes(title_text="KL(base || tuned) on non-math text", row=1, col=1)
+    fig.update_yaxes(title_text="held-out exact accuracy gain", row=1, col=1)
+    fig.update_xaxes(title_text="tuned heads k", type="log", row=1, col=2)
+    fig.update_yaxes(title_text="held-out exact accuracy", row=1, col=2)
+    fig.update_layout(title=f"Precise vs full SFT vs LoRA on {args.model}", height=450, width=1000)
+    report = Report(f"Precise SFT vs full SFT vs LoRA: {args.model}")
+    report.add_figure(fig)
+    report.add_settings(vars(args))
+    report.save(out / "report.html")
 
-fig = make_subplots(rows=1, cols=2, subplot_titles=("accuracy gain vs drift", "head-count ablation (Table 2)"))
-base_acc = results["base"]["math_summary"]["heldout/exact"]
-for name, r, _ in rows:
-    fig.add_trace(go.Scatter(x=[r["drift"]["kl"]], y=[r["math_summary"]["heldout/exact"] - base_acc], mode="markers+text",
-                             text=[name], textposition="top center", name=name, showlegend=False), row=1, col=1)
-for suffix, label in (("", "heads only"), (f"_mlp{len(top_mlps)}", f"+ top-{len(top_mlps)} MLPs")):
-    ks = [k for k in ablation_k if f"precise_k{k}{suffix}" in results["runs"]]
-    if ks:
-        fig.add_trace(go.Scatter(x=ks, y=[results["runs"][f"precise_k{k}{suffix}"]["math_summary"]["heldout/exact"] for k in ks],
-                                 mode="lines+markers", name=label), row=1, col=2)
-fig.update_xaxes(title_text="KL(base || tuned) on non-math text", row=1, col=1)
-fig.update_yaxes(title_text="held-out exact accuracy gain", row=1, col=1)
-fig.update_xaxes(title_text="tuned heads k", type="log", row=1, col=2)
-fig.update_yaxes(title_text="held-out exact accuracy", row=1, col=2)
-fig.update_layout(title=f"Precise vs full SFT vs LoRA on {args.model}", height=450, width=1000)
-report = Report(f"Precise SFT vs full SFT vs LoRA: {args.model}")
-report.add_figure(fig)
-report.add_settings(vars(args))
-report.save(out / "report.html")
+
+if __name__ == "__main__":
+    main()
