@@ -23,12 +23,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-from pathlib import Path
 
 import torch
 
 from circuits.loading import load_model
-from circuits.runs import write_json_atomic
+from circuits.runs import prepare_run_dir, write_json_atomic
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, TrainConfig, arithmetic_train_set, train
@@ -50,9 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
     args = parser.parse_args(argv)
 
-    out = Path(args.out)
-    if (out / "results.json").exists() and not args.overwrite:
-        raise SystemExit(f"{out}/results.json exists; pass --overwrite or another --out.")
+    out = prepare_run_dir(args.out, overwrite=args.overwrite)
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -40,7 +40,7 @@ import torch
 
 from circuits.loading import load_model
 from circuits.report import Report
-from circuits.runs import write_json_atomic
+from circuits.runs import prepare_run_dir, write_json_atomic
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
@@ -77,11 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()):
-        if not args.overwrite:
-            raise SystemExit(f"{out} exists and is not empty; pass --overwrite or another --out.")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if args.overwrite and out.exists():
+        shutil.rmtree(out)  # training resumes from checkpoints it finds, so an overwrite starts clean
+    out = prepare_run_dir(out)
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 import circuits.loading
+from circuits.runs import OutputExistsError
 from circuits.testing import tiny_model
 
 
@@ -30,7 +31,7 @@ def test_precise_sft_experiment_writes_results(tiny_loader, monkeypatch, tmp_pat
     assert set(results["runs"]) == {"precise_k2", "full", "lora", "precise_k1", "precise_k1_mlp1", "precise_k2_mlp1"}
     assert results["runs"]["precise_k2"]["train"]["n_trainable"] < results["runs"]["full"]["train"]["n_trainable"]
     assert (out / "report.html").is_file()
-    with pytest.raises(SystemExit, match="--overwrite"):
+    with pytest.raises(OutputExistsError, match="--overwrite"):
         _run("experiments.precise_sft", argv, monkeypatch)
 
 
