@@ -9,7 +9,9 @@
 3. Times ``patching.activation_patch`` on the same sweep and compares the results (max abs diff).
 4. Times the full ``patching.path_patch`` sweep (every head and MLP -> logits) and checks it
    against the plain hook-based path patching (one forward per sender) on ``--check-senders`` senders.
-5. Prints both speed-up ratios and writes everything to ``<out>/results.json`` (atomic write).
+5. Times ``patching.attribution_patch`` (every head and MLP from one backward) and reports its
+   Spearman rank agreement with exact activation patching (every head) and path patching.
+6. Prints both speed-up ratios and writes everything to ``<out>/results.json`` (atomic write).
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from circuits.nodes import all_nodes
 from circuits.tasks import make_dataset, single_batch
 from circuits.templates import get_templates
 from patching.activation_patching import activation_patch
+from patching.attribution import attribution_patch, rank_agreement
 from patching.path_patching import path_patch
-from circuits.runs import write_json_atomic
+from circuits.runs import prepare_run_dir, write_json_atomic
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--model", default="gemma-3-270m", help="model name for circuits.loading.load_model")
@@ -41,9 +44,11 @@ parser.add_argument("--tl-layers", default="4", help="layers of the TransformerL
 parser.add_argument("--device", default=None, help="cpu / cuda (default: auto)")
 parser.add_argument("--seed", type=int, default=0, help="data seed")
 parser.add_argument("--out", default="runs/bench_patching", help="output folder")
+parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
 def main(argv: list[str] | None = None) -> None:
     """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
     args = parser.parse_args(argv)
+    out = prepare_run_dir(args.out, overwrite=args.overwrite)  # before the slow part: fail fast on an old run
 
     torch.manual_seed(args.seed)
     model = load_model(args.model, device=args.device)
@@ -125,6 +130,20 @@ def main(argv: list[str] | None = None) -> None:
         path_diff = max(abs(a - slow.score(n)) for a, n in zip(fast, senders))
         print(f"plain hook path patching on {len(senders)} senders: {t_slow:.1f} s, max |diff| vs fast {path_diff:.2e}")
 
+    # -- attribution patching, and how far its ranking can be trusted on these prompts
+    start = time.perf_counter()
+    attr = attribution_patch(model, batch, metric="logit")
+    t_attr = time.perf_counter() - start
+    act_all = act if len(tl_layers) == n_layers else activation_patch(model, batch, component="z", metric="logit")
+    agreement = {"vs_activation_patching_heads": rank_agreement(attr, act_all, kind="heads"),
+                 "vs_path_patching_heads": rank_agreement(attr, path, kind="heads"),
+                 "vs_path_patching_all": rank_agreement(attr, path, kind="all"),
+                 "path_vs_activation_patching_heads": rank_agreement(path, act_all, kind="heads")}
+    print(f"patching.attribution_patch: {t_attr:.2f} s; Spearman vs activation patching (heads) "
+          f"{agreement['vs_activation_patching_heads']['spearman']:.2f}, vs path patching (heads) "
+          f"{agreement['vs_path_patching_heads']['spearman']:.2f}, (heads + MLPs) "
+          f"{agreement['vs_path_patching_all']['spearman']:.2f}")
+
     results = {
         "model": args.model,
         "n_prompts": args.n_prompts,
@@ -134,7 +153,8 @@ def main(argv: list[str] | None = None) -> None:
         "tl_layers": tl_layers,
         "tl_full_sweep_extrapolated": len(tl_layers) != n_layers,
         "seconds": {"transformer_lens_heads_all_pos_measured": t_tl, "transformer_lens_heads_all_pos_full_sweep": t_tl_full, "activation_patch_heads": t_act, "path_patch_full": t_path,
-                    "path_patch_hooks_checked": t_slow},
+                    "path_patch_hooks_checked": t_slow, "attribution_patch": t_attr},
+        "attribution_rank_agreement": agreement,
         "speedup_path_patch_vs_tl": t_tl_full / t_path,
         "speedup_activation_patch_vs_tl": t_tl / t_act,
         "max_abs_diff_activation_patch_vs_tl": act_diff,
@@ -142,10 +162,10 @@ def main(argv: list[str] | None = None) -> None:
         "path_checked_senders": [str(n) for n in senders],
         "top_heads_path_patching": [[str(n), v] for n, v in path.ranked("heads", by="neg")[:10]],
     }
-    write_json_atomic(f"{args.out}/results.json", results)
+    write_json_atomic(out / "results.json", results)
     print(f"speed-up path patching (full sweep, {len(all_nodes(model))} nodes) vs TL heads sweep (72 heads): {results['speedup_path_patch_vs_tl']:.1f}x")
     print(f"speed-up activation patching vs TL on the same heads: {results['speedup_activation_patch_vs_tl']:.1f}x")
-    print(f"wrote {args.out}/results.json")
+    print(f"wrote {out / 'results.json'}")
 
 
 if __name__ == "__main__":

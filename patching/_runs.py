@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from datasets import Dataset
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
+from transformer_lens import HookedTransformer, TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 from transformer_lens import utils as tl_utils
 
 from circuits.tasks import TaskBatch, iter_batches
@@ -142,6 +142,63 @@ def full_cache(
 
     resid = model.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names], stop_at_layer=model.cfg.n_layers)
     return store, resid[:, -1]
+
+
+def shared_prefix_length(tokens: Int[Tensor, "batch pos"], cf_tokens: Int[Tensor, "batch pos"]) -> int:
+    """Positions before the first one where any reference prompt differs from its counterfactual twin.
+
+    Attention is causal, so every activation at these positions is the same in both runs: a patch
+    there changes nothing. At least the END position is left outside the prefix.
+    """
+    differs = (tokens != cf_tokens).any(0)
+    first = int(differs.nonzero()[0]) if differs.any() else tokens.shape[1]
+    return min(first, tokens.shape[1] - 1)
+
+
+@torch.no_grad()
+def prefix_kv_cache(model: HookedTransformer, tokens: Int[Tensor, "batch prefix"]) -> list[TransformerLensKeyValueCacheEntry]:
+    """Every layer's keys and values over a token prefix (one forward of the prefix).
+
+    The blocks start from the embedding (``start_at_layer=0``) rather than from tokens, which
+    skips TransformerLens' tokenizer-based attention mask: the prompts are unpadded.
+    """
+    cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, tokens.shape[0])
+    model(model(tokens, stop_at_layer=0), start_at_layer=0, stop_at_layer=model.cfg.n_layers, past_kv_cache=cache)
+    return cache.entries
+
+
+@torch.no_grad()
+def suffix_cache(
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch pos"],
+    names: Sequence[str],
+    prefix_kv: Optional[Sequence[TransformerLensKeyValueCacheEntry]] = None,
+) -> tuple[dict[str, Tensor], Float[Tensor, "batch d_model"]]:
+    """:func:`full_cache` of the positions after a prefix whose keys/values are ``prefix_kv`` (all if None).
+
+    Valid when ``tokens`` start with the prefix that ``prefix_kv`` was computed from.
+    """
+    if prefix_kv is None:
+        return full_cache(model, tokens, names)
+    prefix = prefix_kv[0].past_keys.shape[1]
+    store: dict[str, Tensor] = {}
+
+    def keep(act, *, hook):
+        store[hook.name] = act.clone()
+
+    embedded = model(tokens, stop_at_layer=0)[:, prefix:]
+    resid = model.run_with_hooks(embedded, start_at_layer=0, stop_at_layer=model.cfg.n_layers,
+                                 fwd_hooks=[(n, keep) for n in names], past_kv_cache=repeat_kv_cache(prefix_kv, 1, 0))
+    return store, resid[:, -1]
+
+
+def repeat_kv_cache(
+    entries: Sequence[TransformerLensKeyValueCacheEntry], times: int, from_layer: int
+) -> list[Optional[TransformerLensKeyValueCacheEntry]]:
+    """Frozen copies of ``entries`` tiled ``times`` along the batch (row ``i * batch + b``), from ``from_layer`` on."""
+    return [None if layer < from_layer else TransformerLensKeyValueCacheEntry(
+        e.past_keys.repeat(times, 1, 1, 1), e.past_values.repeat(times, 1, 1, 1), frozen=True)
+        for layer, e in enumerate(entries)]
 
 
 def act_names(kind: str, layers: Sequence[int]) -> list[str]:

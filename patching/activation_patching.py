@@ -16,7 +16,13 @@ with ``corrupted_tokens=reference`` and ``clean_cache=counterfactual cache``
   (``start_at_layer``): layers below it cannot change;
 * several patches share one batched forward (patches stacked along the batch
   dimension, each with its own position/head mask), chunked to a memory budget;
-* logits are computed at END only, and only for the tokens the metric reads.
+* logits are computed at END only, and only for the tokens the metric reads;
+* positions before the first one where reference and counterfactual differ
+  (the few-shot prefix and the start of the queried line) hold the same
+  activations in both runs, so a patch cannot change them: the patched
+  forward runs only the positions after that point, reading the prefix's
+  keys and values from a cache (``reuse_prefix=True``). With few-shot
+  prompts this is most of the sequence.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ def activation_patch(
     alt_ids=None,
     batch_size: Optional[int] = None,
     memory_mb: float = 1024.0,
+    reuse_prefix: bool = True,
     progress: bool = True,
 ) -> ActivationScores:
     """Activation-patch ``component`` at every layer (and head, for ``"z"``); mean patched metric per site.
@@ -66,6 +73,9 @@ def activation_patch(
         layers: restrict to these layers (default: all); the result keeps all layers, NaN elsewhere.
         metric: a name in :data:`patching.metrics.METRICS` or a callable ``fn(logits, answer_ids, alt_ids)``.
         memory_mb: activation budget per batched forward.
+        reuse_prefix: recompute only the positions from the first one where reference and
+            counterfactual differ, with the shared prefix's keys/values cached (same result, faster);
+            ``False`` recomputes every position.
     Returns:
         :class:`ActivationScores` with axes ``(layer, head)``, ``(layer, pos, head)``, ``(layer,)`` or ``(layer, pos)``.
     """
@@ -95,12 +105,16 @@ def activation_patch(
     n_sites = len(layers) * max(1, int(torch.tensor(site_shape).prod()))
     bar = tqdm(total=len(groups) * n_sites, desc=f"activation patching {component}", disable=not progress, leave=False)
     for group in groups:
-        ref, ref_final = _runs.full_cache(model, group.tokens, _runs.act_names("resid_pre", layers))
-        cf, _ = _runs.full_cache(model, group.cf_tokens, _runs.act_names(component, layers))
+        # Both runs share the prefix, so its keys/values are computed once and only later positions are cached.
+        prefix = _runs.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix else 0
+        prefix_kv = _runs.prefix_kv_cache(model, group.tokens[:, :prefix]) if prefix else None
+        ref, ref_final = _runs.suffix_cache(model, group.tokens, _runs.act_names("resid_pre", layers), prefix_kv)
+        cf, _ = _runs.suffix_cache(model, group.cf_tokens, _runs.act_names(component, layers), prefix_kv)
         base = score_end(model, ref_final, group.answer_ids, group.alt_ids, metric)
         for layer in layers:
             masks = _site_masks(positions, group.tokens.shape[1], H if per_head else None, group.tokens.device)
-            values = _patch_layer(model, group, layer, component, masks, ref, cf, metric, memory_mb, bar)
+            values = _patch_layer(model, group, layer, component, masks, ref, cf, metric, memory_mb, bar,
+                                  base, prefix, prefix_kv)
             total[layer] += values.double().sum(-1).cpu().view(site_shape)
         base_total += float(base.double().sum())
         n_prompts += len(group)
@@ -125,16 +139,25 @@ def _site_masks(positions: str, n_pos: int, n_heads: Optional[int], device) -> B
 
 
 @torch.no_grad()
-def _patch_layer(model, group, layer, component, masks, ref, cf, metric, memory_mb, bar) -> Tensor:
-    """Mean-free patched metric [n_sites, batch] of all sites of one layer, in batched chunks."""
+def _patch_layer(model, group, layer, component, masks, ref, cf, metric, memory_mb, bar, base, prefix, prefix_kv) -> Tensor:
+    """Patched metric [n_sites, batch] of all sites of one layer, in batched chunks.
+
+    Only positions ``prefix:`` are run (``ref`` and ``cf`` hold those positions; the prefix's
+    keys/values come from ``prefix_kv``); a site that patches nothing after the prefix patches
+    identical values, so it scores ``base``.
+    """
     B, n_pos = group.tokens.shape
     name = tl_utils.get_act_name(component, layer)
     start = ref[tl_utils.get_act_name("resid_pre", layer)]
     cf_act = cf[name]
-    per_chunk = max(1, _runs.rows_per_chunk(model, memory_mb, n_pos) // B)
-    out = []
-    for sl in _runs.chunks(masks.shape[0], per_chunk):
-        m = masks[sl]
+    masks = masks[:, prefix:]
+    active = masks.flatten(1).any(1).nonzero()[:, 0]
+    out = base.to(torch.float32)[None].repeat(masks.shape[0], 1)
+    bar.update(masks.shape[0] - len(active))
+    per_chunk = max(1, _runs.rows_per_chunk(model, memory_mb, n_pos - prefix) // B)
+    for sl in _runs.chunks(len(active), per_chunk):
+        sites = active[sl]
+        m = masks[sites]
         k = m.shape[0]
         # broadcast a site mask over the batch and the trailing feature axis
         shaped = m.view(k, 1, *m.shape[1:], 1)
@@ -143,10 +166,11 @@ def _patch_layer(model, group, layer, component, masks, ref, cf, metric, memory_
             act = act.view(k, B, *act.shape[1:])
             return torch.where(shaped, cf_act[None], act).flatten(0, 1)
 
+        kv = None if prefix_kv is None else _runs.repeat_kv_cache(prefix_kv, k, from_layer=layer)
         resid = model.run_with_hooks(start.repeat(k, 1, 1), start_at_layer=layer, stop_at_layer=model.cfg.n_layers,
-                                     fwd_hooks=[(name, swap)])
+                                     fwd_hooks=[(name, swap)], past_kv_cache=kv)
         answers = group.answer_ids.repeat(k)
         alts = None if group.alt_ids is None else group.alt_ids.repeat(k)
-        out.append(score_end(model, resid[:, -1], answers, alts, metric).view(k, B))
+        out[sites] = score_end(model, resid[:, -1], answers, alts, metric).view(k, B).float()
         bar.update(k)
-    return torch.cat(out)
+    return out

@@ -47,6 +47,42 @@ def test_equals_transformer_lens(setup, component, positions, tl_fn):
     assert (got.effect.abs() > 1e-6).any()  # not a vacuous comparison
 
 
+@pytest.fixture(scope="module", params=STYLES, ids=[s for s, _ in STYLES])
+def few_shot(request):
+    """Two-shot prompts: reference and counterfactual share a long prefix, which the fast path reuses."""
+    style, kv = request.param
+    model = tiny_model(style=style, n_key_value_heads=kv, n_layers=3)
+    data = make_dataset(model, n_prompts=3, n_shots=2, template_ids=("add-equation-0",), seed=4)
+    return model, single_batch(data)
+
+
+@pytest.mark.parametrize("component,positions,tl_fn", CASES, ids=[f"{c}-{p}" for c, p, _ in CASES])
+def test_shared_prefix_reuse_equals_transformer_lens(few_shot, component, positions, tl_fn):
+    from patching._runs import shared_prefix_length
+
+    model, batch = few_shot
+    prefix = shared_prefix_length(batch.tokens, batch.cf_tokens)
+    assert prefix > batch.tokens.shape[1] // 2  # the fast path really skips most positions
+    _, cf_cache = model.run_with_cache(batch.cf_tokens)
+    answers = batch.answer_ids
+    expected = tl_fn(model, batch.tokens, cf_cache, lambda lg: lg[torch.arange(len(answers)), -1, answers].mean())
+    fast = activation_patch(model, batch, component=component, positions=positions, progress=False)
+    plain = activation_patch(model, batch, component=component, positions=positions, reuse_prefix=False,
+                             progress=False)
+    torch.testing.assert_close(fast.patched, expected.float(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(fast.patched, plain.patched, atol=1e-5, rtol=0)
+    assert (fast.effect.abs() > 1e-6).any()
+
+
+def test_shared_prefix_length():
+    from patching._runs import shared_prefix_length
+
+    ref = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 4, 5]])
+    cf = torch.tensor([[1, 2, 3, 9, 5], [1, 2, 9, 4, 5]])
+    assert shared_prefix_length(ref, cf) == 2  # the earliest difference over the batch
+    assert shared_prefix_length(ref, ref) == 4  # identical twins: END is still run
+
+
 def test_end_position_is_last_column_of_each(setup):
     model, batch, _, _ = setup
     each = activation_patch(model, batch, component="z", positions="each", progress=False)
@@ -77,13 +113,15 @@ def test_bad_inputs():
 
 @pytest.mark.integration
 def test_gemma_equals_transformer_lens_and_path_fast_equals_hooks(gemma):
-    """gemma-3-270m, 4 short prompts, the heads of the first and last layer (TL's sweep is ~1 forward per head)."""
+    """gemma-3-270m, 4 two-shot prompts, the heads of the first and last layer (TL's sweep is ~1 forward per head).
+
+    Two shots make the shared prefix long, so the cached-prefix fast path is what is compared."""
     import pandas as pd
 
     from circuits.nodes import MLP, Head
     from patching.path_patching import path_patch
 
-    data = make_dataset(gemma, n_prompts=4, n_shots=0, template_ids=("add-equation-0",), seed=0)
+    data = make_dataset(gemma, n_prompts=4, n_shots=2, template_ids=("add-equation-0",), seed=0)
     batch = single_batch(data)
     answers = batch.answer_ids
     layers = [0, gemma.cfg.n_layers - 1]

@@ -1,0 +1,30 @@
+"""experiments.bench_patching end to end on a tiny saved model: ratios, equal results, agreement."""
+
+import json
+
+from experiments import bench_patching
+
+
+def test_bench_patching_writes_ratios_and_equal_results(tiny_dir, tmp_path):
+    out = tmp_path / "bench"
+    bench_patching.main(["--model", str(tiny_dir), "--n-prompts", "4", "--n-shots", "1", "--tl-layers", "all",
+                         "--check-senders", "-1", "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    assert results["speedup_activation_patch_vs_tl"] > 0 and results["speedup_path_patch_vs_tl"] > 0
+    assert results["max_abs_diff_activation_patch_vs_tl"] < 1e-4
+    assert results["max_abs_diff_path_fast_vs_hooks"] < 1e-4
+    assert not results["tl_full_sweep_extrapolated"]
+    agreement = results["attribution_rank_agreement"]
+    assert agreement["vs_path_patching_all"]["n_nodes"] == 4 * 2 + 2  # 2 layers of 4 heads, 2 MLPs
+    assert -1 <= agreement["vs_activation_patching_heads"]["spearman"] <= 1
+
+
+def test_bench_patching_refuses_an_earlier_run(tiny_dir, tmp_path):
+    import pytest
+
+    from circuits.runs import OutputExistsError
+
+    (tmp_path / "results.json").write_text("{}")
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        bench_patching.main(["--model", str(tiny_dir), "--out", str(tmp_path)])
+    assert (tmp_path / "results.json").read_text() == "{}"
