@@ -228,7 +228,7 @@ def combine_experts(base: Tensor, experts: Sequence[Tensor], coefficients: Seque
     b = base.to(dt)
     acc = b.clone()
     for c, e in zip(coefficients, experts):
-        acc.add_(e.to(dt) - b, alpha=float(c))
+        acc.add_(e.to(device=b.device, dtype=dt) - b, alpha=float(c))  # experts may sit on another device
     return acc.to(base.dtype)
 
 

@@ -304,16 +304,18 @@ def _apply(merged, sub: Submodule, alpha: Tensor, theta0, thetas, layer: int) ->
 
 
 def _assemble(base: StateDictSource, sources, merged: dict[str, Tensor], lam: float) -> dict[str, Tensor]:
-    """Final state dict in the base's key order: fitted blocks, TA for embeddings/unembedding, base buffers."""
+    """Final state dict in the base's key order: fitted blocks, TA for embeddings/unembedding, base buffers.
+
+    Every tensor is returned on the CPU, whatever device the model and the experts are on."""
     out = {}
     for key in base.keys():
         t = base.get(key)
         if key in merged:
             out[key] = merged[key].to(t.dtype).cpu()
         elif is_buffer(key):
-            out[key] = t.detach().clone()
+            out[key] = t.detach().cpu().clone()
         elif key.startswith(EMBEDDING_PREFIXES):
-            out[key] = combine_experts(t, [s.get(key) for s in sources], [lam] * len(sources))
+            out[key] = combine_experts(t.cpu(), [s.get(key) for s in sources], [lam] * len(sources))
         else:
             raise ValueError(f"Parameter {key} is neither in a block nor an embedding/unembedding/final norm.")
     return out
@@ -340,9 +342,9 @@ def _merge_model_level(model, base, sources, task_batches, config, names, progre
     for key in base.keys():
         t = base.get(key)
         if is_buffer(key):
-            out[key] = t.detach().clone()
+            out[key] = t.detach().cpu().clone()
             continue
-        out[key] = combine_experts(t, [s.get(key) for s in sources], alpha.tolist()).cpu()
+        out[key] = combine_experts(t.cpu(), [s.get(key) for s in sources], alpha.tolist())
     table = AlphaTable(["model"], alpha.unsqueeze(0), names, {"model": acc.gram}, {"model": acc.rhs})
     return SubmoduleMergeResult(out, table)
 

@@ -45,7 +45,7 @@ def consensus(
     lambdas = [config.tall_lambda] * n if isinstance(config.tall_lambda, (int, float)) else list(config.tall_lambda)
     if len(lambdas) != n:
         raise ValueError(f"ConsensusConfig.tall_lambda has {len(lambdas)} values for {n} experts.")
-    w = torch.tensor(list(weights) if weights is not None else [1.0] * n, dtype=dt).view(-1, 1)
+    w = torch.tensor(list(weights) if weights is not None else [1.0] * n, dtype=dt, device=base.device).view(-1, 1)
 
     def combine(stacked: Tensor) -> Tensor:  # stacked: [n_experts, chunk] task vectors
         keep = tall_masks(stacked, lambdas).sum(0) >= config.k

@@ -67,7 +67,7 @@ def ties(
         if config.normalize:
             return disjoint_mean(stacked, sign, w)
         agree = torch.sign(stacked) == sign
-        return (stacked * agree * torch.tensor(w, dtype=dt).view(-1, 1)).sum(0)
+        return (stacked * agree * torch.tensor(w, dtype=dt, device=stacked.device).view(-1, 1)).sum(0)
 
     merged = elementwise_chunks(trimmed, combine)
     return (base.to(dt) + config.lam * merged).to(base.dtype)
