@@ -176,7 +176,7 @@ def full_selection(model: nn.Module, *, train_embeddings: bool = False) -> Selec
         if not train_embeddings and name in EMBEDDING_PARAMS:
             continue
         slices.append(TunableSlice(name, None, 1.0, _decays(name, p)))
-    return Selection(tuple(slices), "full" + ("" if train_embeddings else " (embeddings frozen)"))
+    return Selection(tuple(slices), "full" + (" (all parameters)" if train_embeddings else " (embeddings frozen)"))
 
 
 def named_selection(model: nn.Module, names: Iterable[str], description: str = "custom") -> Selection:
