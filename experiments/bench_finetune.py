@@ -8,8 +8,8 @@
 3. Alternates ``--rounds`` short runs of each arm on the same model object
    (precise, full, full_all, precise, ...) so load changes on a shared machine
    hit all alike; each run's first step (allocation) is not timed.
-4. Reports seconds per step, trainable entries and optimizer-state bytes (AdamW
-   moments, measured from the optimizer), the ratios against the goals
+4. Reports seconds per step, trainable entries, optimizer-state bytes (AdamW
+   moments, measured from the optimizer) and each run's peak resident memory, the ratios against the goals
    (precise >= 2x faster per step, <= 5% of full SFT's optimizer memory), and
    writes ``<out>/results.json``.
 
@@ -29,7 +29,7 @@ import statistics
 import torch
 
 from circuits.loading import load_model
-from circuits.runs import prepare_run_dir, write_json_atomic
+from circuits.runs import prepare_run_dir, release_freed_memory, write_json_atomic
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, TrainConfig, arithmetic_train_set, train
@@ -82,10 +82,12 @@ def main(argv: list[str] | None = None) -> None:
     runs = {arm: [] for arm in arms}
     for round_ in range(args.rounds):
         for arm, (method, arm_config) in arms.items():
+            release_freed_memory()  # else memory freed by the previous arm counts in this arm's peak RSS
             result = train(model, data, arm_config, method=method, heads=heads if method == "precise" else None)
             runs[arm].append(result.summary())
             print(f"round {round_}: {arm:8s} {result.seconds_per_step:6.2f} s/step, "
-                  f"optimizer state {result.optimizer_state_bytes / 2**20:8.1f} MiB, trainable {result.n_trainable:,}")
+                  f"optimizer state {result.optimizer_state_bytes / 2**20:8.1f} MiB, "
+                  f"peak RSS {result.peak_rss_bytes / 2**30:5.2f} GiB, trainable {result.n_trainable:,}")
 
     summary = {}
     for arm, results in runs.items():
@@ -93,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
             "seconds_per_step_median": statistics.median(r["seconds_per_step"] for r in results),
             "seconds_per_step_all": [r["seconds_per_step"] for r in results],
             "optimizer_state_bytes": results[0]["optimizer_state_bytes"],
+            # smallest over rounds: memory the allocator kept from earlier runs can only add to a run's peak
+            "peak_rss_bytes": min(r["peak_rss_bytes"] for r in results),
             "n_trainable": results[0]["n_trainable"],
             "selection": results[0]["selection"],
         }

@@ -43,7 +43,7 @@ import torch
 
 from circuits.loading import load_model
 from circuits.report import Report
-from circuits.runs import prepare_run_dir, write_json_atomic
+from circuits.runs import prepare_run_dir, release_freed_memory, write_json_atomic
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
@@ -158,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
 
     for method, name, k, mlps in runs:
         print(f"--- {name}")
+        release_freed_memory()  # so each run's peak RSS is its own
         model = copy.deepcopy(base)
         lr = {"lora": args.lora_lr, "full": args.full_lr or args.lr}.get(method, args.lr)
         run_config = dataclasses.replace(config, lr=lr)

@@ -104,7 +104,12 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
-    """What :func:`train` did. ``model`` is the trained `HookedTransformer` (the same object passed in)."""
+    """What :func:`train` did. ``model`` is the trained `HookedTransformer` (the same object passed in).
+
+    ``peak_rss_bytes`` is the process's peak resident memory during this run (on Linux, where
+    the peak mark can be reset; elsewhere the process's peak so far), ``peak_cuda_bytes`` the
+    peak CUDA allocation during it.
+    """
 
     model: HookedTransformer
     method: str
@@ -179,8 +184,24 @@ def _all_reduce_grads(optimizer: SliceAdamW) -> None:
         dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
 
 
-def _peak_rss() -> int:
-    # ru_maxrss is KiB on Linux: the process's peak resident memory so far.
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS mark (Linux: ``5`` to /proc/self/clear_refs); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss(since_reset: bool) -> int:
+    """Peak resident memory in bytes: since :func:`_reset_peak_rss` (VmHWM), else the process's peak so far."""
+    if since_reset:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    # ru_maxrss is KiB on Linux
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -270,6 +291,7 @@ def train(
 
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
+        rss_reset = _reset_peak_rss()  # so peak_rss_bytes is this run's, not an earlier run's in the process
         step_times = []
         order_cache: dict[int, list[int]] = {}
         bar = tqdm(range(start, total), desc=f"{method} SFT", disable=not config.progress or rank != 0,
@@ -324,7 +346,7 @@ def train(
         model=model, method=method, selection=final_selection, n_trainable=n_trainable,
         n_parameters=n_parameters, steps=total, losses=losses,
         seconds_per_step=sum(timed) / len(timed) if timed else float("nan"),
-        optimizer_state_bytes=state_bytes, peak_rss_bytes=_peak_rss(),
+        optimizer_state_bytes=state_bytes, peak_rss_bytes=_peak_rss(rss_reset),
         peak_cuda_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
         out_dir=out_dir, resumed_from=resumed_from,
     )

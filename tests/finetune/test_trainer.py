@@ -125,3 +125,18 @@ def test_bad_arguments(sft_rows, tiny):
         train(tiny, sft_rows, CFG, method="full", heads=[Head(0, 0)])
     with pytest.raises(ValueError, match="fewer than one batch"):
         train(tiny, sft_rows.select(range(3)), CFG, method="full")
+
+
+def test_peak_rss_is_this_runs_own(sft_rows):
+    import os
+
+    from finetune.trainer import _peak_rss
+
+    if not os.access("/proc/self/clear_refs", os.W_OK):
+        pytest.skip("the peak-RSS mark cannot be reset on this system")
+    ballast = bytearray(768 * 2**20)  # an earlier peak in the same process, then freed
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    earlier_peak = _peak_rss(since_reset=True)
+    del ballast
+    result = train(tiny_model(style="gemma"), sft_rows, CFG, method="precise", heads=[Head(0, 1)])
+    assert 0 < result.peak_rss_bytes < earlier_peak - 512 * 2**20
