@@ -11,7 +11,11 @@
 
 Scores are *effects*: the metric of the patched run minus the reference run's,
 averaged over prompts. ``percent`` divides by the mean reference metric (the
-paper's "% change of the ground-truth logit").
+paper's "% change of the ground-truth logit"). That is meaningful for metrics
+whose reference value is far from zero (``logit``, ``prob``); for a metric that
+can average near zero (``logit_diff``) read the absolute effects: with a
+reference of (almost) exactly zero the percentages are NaN and a percent
+threshold in :func:`key_heads` is refused.
 """
 
 from __future__ import annotations
@@ -31,6 +35,15 @@ def _finite(x: float) -> Optional[float]:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
+MIN_BASELINE = 1e-6  # |reference metric| below this has no meaningful percentages
+
+
+def _percent(effects: Tensor, baseline: float) -> Tensor:
+    if not math.isfinite(baseline) or abs(baseline) < MIN_BASELINE:
+        return torch.full_like(effects, float("nan"))
+    return 100.0 * effects / abs(baseline)
+
+
 @dataclass
 class NodeScores:
     """Per-node effects: ``heads [n_layers, n_heads]`` and ``mlps [n_layers]`` (NaN where not scored)."""
@@ -45,13 +58,13 @@ class NodeScores:
 
     @property
     def heads_percent(self) -> Tensor:
-        """Head effects in % of the mean reference metric."""
-        return 100.0 * self.heads / abs(self.baseline)
+        """Head effects in % of the mean reference metric (NaN when that is ~0)."""
+        return _percent(self.heads, self.baseline)
 
     @property
     def mlps_percent(self) -> Tensor:
-        """MLP effects in % of the mean reference metric."""
-        return 100.0 * self.mlps / abs(self.baseline)
+        """MLP effects in % of the mean reference metric (NaN when that is ~0)."""
+        return _percent(self.mlps, self.baseline)
 
     def score(self, node: Node) -> float:
         """The effect of one node."""
@@ -92,10 +105,14 @@ class NodeScores:
         }
 
     def figure(self, percent: bool = True, title: Optional[str] = None):
-        """Zhang et al. Figure 2: heads x layers heatmap with an MLP column (plotly)."""
+        """Zhang et al. Figure 2: heads x layers heatmap with an MLP column (plotly).
+
+        ``percent=True`` falls back to absolute effects when the reference metric is ~0.
+        """
         from plotly.subplots import make_subplots
         import plotly.graph_objects as go
 
+        percent = percent and math.isfinite(self.baseline) and abs(self.baseline) >= MIN_BASELINE
         heads = (self.heads_percent if percent else self.heads).float().cpu()
         mlps = (self.mlps_percent if percent else self.mlps).float().cpu()
         vmax = float(torch.nan_to_num(torch.cat([heads.flatten(), mlps]).abs(), nan=0.0).max()) or 1.0
@@ -137,6 +154,9 @@ def key_heads(
         raise ValueError(f"top_k must be >= 0, got {top_k}.")
     ranked = result.ranked("heads", by=by)
     if threshold is not None:
+        if not math.isfinite(result.baseline) or abs(result.baseline) < MIN_BASELINE:
+            raise ValueError(f"The reference {result.metric} averages {result.baseline:.3g}, so a threshold in % of it "
+                             f"means nothing: pass top_k instead, or score with metric='logit'.")
         signed = {"neg": lambda v: -v, "pos": lambda v: v, "abs": abs}[by]
         ranked = [(n, v) for n, v in ranked if signed(100.0 * v / abs(result.baseline)) >= threshold]
     if top_k is not None:

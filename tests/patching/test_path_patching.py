@@ -125,6 +125,23 @@ def test_result_ranking_key_heads_figure_json():
     assert len(fig.data) == 2
 
 
+def test_percentages_with_a_zero_reference():
+    """A reference metric averaging ~0 (e.g. logit_diff) has no meaningful % of it."""
+    import dataclasses
+
+    import torch
+
+    model = tiny_model(style="gemma", n_layers=2)
+    res = path_patch(model, make_dataset(model, n_prompts=4, n_shots=0), progress=False)
+    torch.testing.assert_close(res.heads_percent, 100 * res.heads / abs(res.baseline))
+    zero = dataclasses.replace(res, baseline=0.0)
+    assert torch.isnan(zero.heads_percent).all() and torch.isnan(zero.mlps_percent).all()
+    with pytest.raises(ValueError, match="top_k"):
+        key_heads(zero, threshold=5.0)
+    assert len(key_heads(zero, top_k=2)[0]) == 2
+    assert "%" not in zero.figure().layout.title.text  # falls back to absolute effects
+
+
 def test_bad_inputs():
     model = tiny_model(style="gpt2", n_layers=2)
     data = make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",))
