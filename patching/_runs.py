@@ -188,17 +188,28 @@ def suffix_cache(
 
     embedded = model(tokens, stop_at_layer=0)[:, prefix:]
     resid = model.run_with_hooks(embedded, start_at_layer=0, stop_at_layer=model.cfg.n_layers,
-                                 fwd_hooks=[(n, keep) for n in names], past_kv_cache=repeat_kv_cache(prefix_kv, 1, 0))
+                                 fwd_hooks=[(n, keep) for n in names], past_kv_cache=TiledKVCache(prefix_kv, 1))
     return store, resid[:, -1]
 
 
-def repeat_kv_cache(
-    entries: Sequence[TransformerLensKeyValueCacheEntry], times: int, from_layer: int
-) -> list[Optional[TransformerLensKeyValueCacheEntry]]:
-    """Frozen copies of ``entries`` tiled ``times`` along the batch (row ``i * batch + b``), from ``from_layer`` on."""
-    return [None if layer < from_layer else TransformerLensKeyValueCacheEntry(
-        e.past_keys.repeat(times, 1, 1, 1), e.past_values.repeat(times, 1, 1, 1), frozen=True)
-        for layer, e in enumerate(entries)]
+class TiledKVCache:
+    """A prefix's per-layer keys/values tiled ``times`` along the batch (row ``i * batch + b``), built lazily.
+
+    TransformerLens reads ``past_kv_cache[layer]`` once per block, so building each layer's
+    frozen tiled entry on access keeps one layer's copy alive at a time instead of all of them
+    (for a 7B model and a long few-shot prefix the full set would be many GB per chunk).
+    """
+
+    def __init__(self, entries: Sequence[TransformerLensKeyValueCacheEntry], times: int):
+        self.entries, self.times = list(entries), times
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, layer: int) -> TransformerLensKeyValueCacheEntry:
+        e = self.entries[layer]
+        return TransformerLensKeyValueCacheEntry(e.past_keys.repeat(self.times, 1, 1, 1),
+                                                 e.past_values.repeat(self.times, 1, 1, 1), frozen=True)
 
 
 def act_names(kind: str, layers: Sequence[int]) -> list[str]:
@@ -259,10 +270,15 @@ def chunks(n_items: int, per_chunk: int) -> Iterator[slice]:
         yield slice(start, min(start + per_chunk, n_items))
 
 
-def rows_per_chunk(model: HookedTransformer, memory_mb: float, n_pos: int = 1) -> int:
-    """How many prompt rows of ``n_pos`` positions fit a forward in about ``memory_mb`` of activations."""
+def rows_per_chunk(model: HookedTransformer, memory_mb: float, n_pos: int = 1, cached_pos: int = 0) -> int:
+    """How many prompt rows of ``n_pos`` positions fit a forward in about ``memory_mb`` of activations.
+
+    ``cached_pos``: positions whose keys/values come from a tiled prefix cache (:class:`TiledKVCache`).
+    """
     cfg = model.cfg
     # Rough live-activation bytes per position: residual-width tensors, MLP hidden, attention scores.
-    width = 12 * cfg.d_model + 3 * (cfg.d_mlp or 0) + 2 * cfg.n_heads * n_pos + 4 * cfg.n_heads * cfg.d_head
-    per_row = n_pos * width * torch.finfo(cfg.dtype).bits // 8
+    width = 12 * cfg.d_model + 3 * (cfg.d_mlp or 0) + 2 * cfg.n_heads * (n_pos + cached_pos) + 4 * cfg.n_heads * cfg.d_head
+    # one layer's tiled prefix keys and values, plus TransformerLens' concatenation with the new ones
+    kv_width = 4 * (cfg.n_key_value_heads or cfg.n_heads) * cfg.d_head
+    per_row = (n_pos * width + (cached_pos + n_pos) * kv_width) * torch.finfo(cfg.dtype).bits // 8
     return max(1, int(memory_mb * 2**20 // max(per_row, 1)))

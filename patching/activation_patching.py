@@ -154,7 +154,7 @@ def _patch_layer(model, group, layer, component, masks, ref, cf, metric, memory_
     active = masks.flatten(1).any(1).nonzero()[:, 0]
     out = base.to(torch.float32)[None].repeat(masks.shape[0], 1)
     bar.update(masks.shape[0] - len(active))
-    per_chunk = max(1, _runs.rows_per_chunk(model, memory_mb, n_pos - prefix) // B)
+    per_chunk = max(1, _runs.rows_per_chunk(model, memory_mb, n_pos - prefix, cached_pos=prefix) // B)
     for sl in _runs.chunks(len(active), per_chunk):
         sites = active[sl]
         m = masks[sites]
@@ -166,7 +166,7 @@ def _patch_layer(model, group, layer, component, masks, ref, cf, metric, memory_
             act = act.view(k, B, *act.shape[1:])
             return torch.where(shaped, cf_act[None], act).flatten(0, 1)
 
-        kv = None if prefix_kv is None else _runs.repeat_kv_cache(prefix_kv, k, from_layer=layer)
+        kv = None if prefix_kv is None else _runs.TiledKVCache(prefix_kv, k)
         resid = model.run_with_hooks(start.repeat(k, 1, 1), start_at_layer=layer, stop_at_layer=model.cfg.n_layers,
                                      fwd_hooks=[(name, swap)], past_kv_cache=kv)
         answers = group.answer_ids.repeat(k)

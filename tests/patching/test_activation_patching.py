@@ -138,3 +138,19 @@ def test_gemma_equals_transformer_lens_and_path_fast_equals_hooks(gemma):
     slow = path_patch(gemma, batch, senders=senders, method="hooks", progress=False)
     for node in senders:
         assert fast.score(node) == pytest.approx(slow.score(node), abs=1e-4)
+
+
+def test_tiled_prefix_cache_and_its_memory_budget():
+    from patching._runs import TiledKVCache, prefix_kv_cache, rows_per_chunk
+
+    model = tiny_model(style="llama", n_key_value_heads=2, n_layers=2)
+    tokens = torch.randint(3, model.cfg.d_vocab, (2, 5))
+    entries = prefix_kv_cache(model, tokens)
+    assert entries[0].past_keys.shape == (2, 5, 2, model.cfg.d_head)
+    tiled = TiledKVCache(entries, 3)
+    assert len(tiled) == 2
+    entry = tiled[1]
+    assert entry.frozen and entry.past_keys.shape[0] == 6
+    torch.testing.assert_close(entry.past_values[4], entries[1].past_values[0])  # row i * batch + b
+    # a long cached prefix takes room from the batched patches
+    assert rows_per_chunk(model, 1.0, 4, cached_pos=400) < rows_per_chunk(model, 1.0, 4)
