@@ -30,7 +30,7 @@ from circuits.loading import load_model
 from circuits.report import Report
 from circuits.runs import StageTimer, default_run_dir, prepare_run_dir, write_json_atomic, write_text_atomic
 from circuits.templates import template_by_id
-from patching.af1 import AF1Config, AF1Runner, faithfulness_heatmap, search_af1
+from patching.af1 import AF1Config, AF1Runner, NoEvalPromptsError, faithfulness_heatmap, search_af1
 from patching.af1_data import authors_templates, make_template_dataset
 from patching.cama import CamaConfig
 
@@ -104,7 +104,13 @@ def main(argv: list[str] | None = None) -> dict:
             for template in authors.values():
                 t_data = make_template_dataset(model, [template], args.n_prompts, operand_range=operand_range,
                                                n_shots=args.n_shots, seed=args.seed)
-                t_runner = AF1Runner.from_dataset(model, t_data, config)
+                try:
+                    t_runner = AF1Runner.from_dataset(model, t_data, config)
+                except NoEvalPromptsError as err:  # e.g. a format the model never answers: report it, go on
+                    per_template.append({"template": template.id, "text": template.text, "n_eval": 0,
+                                         "skipped": str(err)})
+                    print(f"{template.id:14s} skipped: {err}")
+                    continue
                 along_wait = [t_runner.faithfulness(w, search.l_transfer) for w in range(n_layers - search.l_transfer + 1)]
                 row = {
                     "template": template.id, "text": template.text, "n_eval": t_runner.n_eval,
@@ -121,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
     import plotly.graph_objects as go
 
     by_wait = go.Figure([go.Scatter(x=list(range(len(r["faithfulness_by_l_wait"]))), y=r["faithfulness_by_l_wait"],
-                                    mode="lines+markers", name=r["template"]) for r in per_template])
+                                    mode="lines+markers", name=r["template"]) for r in per_template if r["n_eval"]])
     by_wait.update_layout(title=f"Faithfulness against L_wait at L_transfer={search.l_transfer}, per template",
                           xaxis_title="L_wait", yaxis_title="faithfulness", yaxis_range=[0, 1.05])
     wall = time.perf_counter() - start

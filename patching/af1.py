@@ -56,6 +56,10 @@ logger = logging.getLogger(__name__)
 
 
 
+class NoEvalPromptsError(ValueError):
+    """No evaluation prompt is left for AF1 (none answered correctly, or no layout matches the fit prompts)."""
+
+
 @dataclass(frozen=True)
 class AF1Config:
     """AF1 settings. ``others``: peek rule of non-last tokens after ``L_wait`` (paper: ``"self"``)."""
@@ -139,7 +143,7 @@ class AF1Runner:
     def __init__(self, model: HookedTransformer, fit_data: Dataset, eval_data: Dataset,
                  config: AF1Config = AF1Config(), layers: Iterable[int] | None = None):
         if len(eval_data) == 0:
-            raise ValueError("AF1 needs at least one evaluation prompt (none were answered correctly?).")
+            raise NoEvalPromptsError("AF1 needs at least one evaluation prompt (none were answered correctly?).")
         if len(fit_data) == 0:
             raise ValueError("AF1 needs prompts to fit the CAMA means on; the fit set is empty.")
         self.model, self.config = model, config
@@ -161,7 +165,7 @@ class AF1Runner:
             self.groups.append(_Group(tokens, answers, fitted[key], residuals(model, tokens, self.layers, config.batch_size)))
             self.group_keys.append(key)
         if not self.groups:
-            raise ValueError("No evaluation prompt shares a template/token layout with the fit prompts.")
+            raise NoEvalPromptsError("No evaluation prompt shares a template/token layout with the fit prompts.")
         if self.n_unmatched:
             logger.warning("%d eval prompts have no fit prompts of the same layout and are left out.", self.n_unmatched)
 

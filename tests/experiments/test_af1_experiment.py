@@ -1,0 +1,36 @@
+"""experiments.af1 end to end on a tiny saved model, including a format the model never answers."""
+
+import json
+
+from experiments import af1 as af1_experiment
+from patching.af1 import AF1Runner, NoEvalPromptsError
+
+ARGS = ["--n-prompts", "30", "--operand-max", "5", "--batch-size", "16"]
+
+
+def test_af1_experiment_writes_results(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    af1_experiment.main(["--model", str(tiny_dir), *ARGS, "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    search = results["search"]
+    assert 0 <= search["l_wait"] <= results["n_layers"] and 0 <= search["faithfulness"] <= 1
+    assert len(results["per_template"]) == 5  # formats this random model never answers are rows with n_eval 0
+    assert (out / "report.html").is_file() and (out / "heatmap.html").is_file()
+
+
+def test_a_format_without_correct_prompts_is_reported_not_fatal(tiny_dir, tmp_path, monkeypatch):
+    real = AF1Runner.from_dataset.__func__
+    calls = []
+
+    def from_dataset(cls, model, data, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the first of the authors' formats, after the grid search
+            raise NoEvalPromptsError("AF1 needs at least one evaluation prompt (none were answered correctly?).")
+        return real(cls, model, data, *args, **kwargs)
+
+    monkeypatch.setattr(AF1Runner, "from_dataset", classmethod(from_dataset))
+    out = tmp_path / "run"
+    af1_experiment.main(["--model", str(tiny_dir), *ARGS, "--out", str(out)])
+    rows = json.loads((out / "results.json").read_text())["per_template"]
+    assert rows[0]["n_eval"] == 0 and "answered correctly" in rows[0]["skipped"]
+    assert all("faithfulness" in r for r in rows if r["n_eval"]) and any(r["n_eval"] for r in rows)
