@@ -11,9 +11,12 @@ softmax), and sum it over the key positions of each *role* recorded by
   queried problem, after any few-shot prefix);
 * ``op``: the operator's tokens ("+", "plus", "added to", ...);
 * ``bos``: position 0 (many heads park unused attention on BOS, a "sink");
-* ``other``: everything else (the few-shot prefix, "=", spaces, END itself).
+* ``shots``: the few-shot prefix (the solved examples before the queried problem);
+* ``end``: END itself;
+* ``query``: the rest of the queried problem ("=", spaces, words of the template).
 
-The five scores of a prompt sum to one. Averaged over prompts they describe the
+The seven scores of a prompt sum to one. ``reads.role("other")`` is
+``shots + query + end``, everything that is neither an operand, the operator nor BOS. Averaged over prompts they describe the
 head; their per-prompt distribution is the paper's Figure 5.
 
 **Classification rule** (:func:`classify_heads`). ``operand = a + b`` and
@@ -55,8 +58,10 @@ from transformer_lens import utils as tl_utils
 from circuits.nodes import Head, all_heads, validate_nodes
 from circuits.tasks import iter_batches
 
-ROLES = ("a", "b", "op", "bos", "other")
-ROLE_LABELS = {"a": "operand A", "b": "operand B", "op": "operator", "bos": "BOS", "other": "other"}
+ROLES = ("a", "b", "op", "bos", "shots", "query", "end")
+ROLE_LABELS = {"a": "operand A", "b": "operand B", "op": "operator", "bos": "BOS", "shots": "few-shot lines",
+               "query": "rest of the query", "end": "END", "other": "other"}
+OTHER_ROLES = ("shots", "query", "end")
 CLASS_COLORS = {"operand": "#d62728", "operator": "#2ca02c", "other": "#7f7f7f"}
 
 
@@ -82,11 +87,13 @@ class AttentionReads:
         return self.scores.mean(0)
 
     def role(self, role: str) -> Float[Tensor, "prompt head"]:
-        """Per-prompt scores of one role (``"operand"`` gives ``a + b``)."""
+        """Per-prompt scores of one role (``"operand"`` gives ``a + b``, ``"other"`` ``shots + query + end``)."""
         if role == "operand":
             return self.role("a") + self.role("b")
+        if role == "other" and "other" not in self.roles:
+            return sum(self.role(r) for r in OTHER_ROLES)
         if role not in self.roles:
-            raise KeyError(f"Unknown role {role!r}; roles are {self.roles} and 'operand'.")
+            raise KeyError(f"Unknown role {role!r}; roles are {self.roles}, 'operand' and 'other'.")
         return self.scores[:, :, self.roles.index(role)]
 
     def grid(self, role: str, n_layers: int, n_heads: int) -> Float[Tensor, "layer head"]:
@@ -160,8 +167,11 @@ def attention_reads(
         masks = {k: v.float().cpu() for k, v in batch.role_masks.items()}
         for i, head in enumerate(heads):
             row = store[head.layer][:, head.head, :]  # [batch, key_pos]
-            named = {role: (row * masks[role]).sum(-1) for role in ("a", "b", "op", "bos")}
-            named["other"] = row.sum(-1) - sum(named.values())
+            named = {role: (row * masks[role]).sum(-1) for role in ("a", "b", "op", "bos", "shots")}
+            # END is never an operand or operator position in the templates, but stay exact if one is
+            end_only = masks["end"] * (1 - masks["a"] - masks["b"] - masks["op"]).clamp(min=0)
+            named["end"] = (row * end_only).sum(-1)
+            named["query"] = row.sum(-1) - sum(named.values())
             scores[batch.indices, i, :] = torch.stack([named[r] for r in ROLES], -1)
     return AttentionReads(heads=heads, scores=scores, indices=list(range(len(dataset))))
 

@@ -12,10 +12,12 @@ Each row records the answer (the first answer token is what the metrics score;
 the full answer's token ids allow teacher-forced scoring), and the token
 positions of the first operand ``a``, the second operand ``b``, the operator
 ``op`` and ``end`` (the last prompt token, where the answer is predicted). With
-a few-shot prefix the positions refer to the final, queried problem.
+a few-shot prefix the positions refer to the final, queried problem, and
+``query_start`` is its first token (positions 1..query_start-1 are the shots).
 
 :func:`iter_batches` groups rows of equal token length into tensors ready for
-patching; :func:`filter_correct` keeps the prompts a model answers correctly,
+patching, with boolean role masks ``a``, ``b``, ``op``, ``bos``, ``shots`` and
+``end`` per prompt; :func:`filter_correct` keeps the prompts a model answers correctly,
 as the paper does before any intervention.
 """
 
@@ -135,6 +137,14 @@ def _encode(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     return list(encoding["input_ids"]), [tuple(o) for o in encoding["offset_mapping"]]
 
 
+def _query_start(offsets, prefix_chars: int) -> int:
+    """Position of the queried problem's first token: the first after BOS that starts past the few-shot prefix."""
+    for i, (start, end) in enumerate(offsets):
+        if i > 0 and start >= prefix_chars and end > start:
+            return i
+    return len(offsets) - 1
+
+
 def _check_operand_tokens(text: str, offsets, span, role: str, template: Template) -> list[int]:
     """Token positions of an operand; error if a token mixes the operand with other characters."""
     positions = _token_positions(offsets, span)
@@ -236,6 +246,7 @@ def make_row(tokenizer, template: Template, a: Fraction, b: Fraction, *, prefix:
         "a_pos": positions["a"],
         "b_pos": positions["b"],
         "op_pos": positions["op"],
+        "query_start": _query_start(offsets, len(prefix)),
         "end_pos": len(ids) - 1,
         "template_id": template.id,
         "style": template.style,
@@ -336,6 +347,7 @@ def iter_batches(dataset: Dataset, batch_size: int = 32, device: str | torch.dev
     for i, n in enumerate(dataset["end_pos"]):
         by_length.setdefault(n + 1, []).append(i)
     columns = ["tokens", "cf_tokens", "answer_token_ids", "prompt", "a_pos", "b_pos", "op_pos"]
+    columns += [c for c in ("query_start",) if c in dataset.column_names]  # datasets built before it lack it
     all_rows = dataset.select_columns(columns).to_list()
     for n_pos, indices in sorted(by_length.items()):
         for start in range(0, len(indices), batch_size):
@@ -344,6 +356,11 @@ def iter_batches(dataset: Dataset, batch_size: int = 32, device: str | torch.dev
             masks = {role: _role_mask(rows, f"{role}_pos", n_pos) for role in ROLES}
             masks["bos"] = torch.zeros(len(rows), n_pos, dtype=torch.bool)
             masks["bos"][:, 0] = True
+            masks["shots"] = torch.zeros(len(rows), n_pos, dtype=torch.bool)
+            for j, r in enumerate(rows):
+                masks["shots"][j, 1:r.get("query_start", 1)] = True
+            masks["end"] = torch.zeros(len(rows), n_pos, dtype=torch.bool)
+            masks["end"][:, -1] = True
             batch = TaskBatch(
                 tokens=torch.tensor([r["tokens"] for r in rows]),
                 cf_tokens=torch.tensor([r["cf_tokens"] for r in rows]),

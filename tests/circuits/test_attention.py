@@ -36,6 +36,25 @@ def test_scores_match_manual_sum_over_role_positions(gemma_style, data):
             assert reads.scores[p, i, 1] == pytest.approx(pattern[row["b_pos"]].sum().item(), abs=1e-5)
             assert reads.scores[p, i, 2] == pytest.approx(pattern[row["op_pos"]].sum().item(), abs=1e-5)
             assert reads.scores[p, i, 3] == pytest.approx(pattern[0].item(), abs=1e-5)
+            shots = slice(1, row["query_start"])
+            assert reads.scores[p, i, ROLES.index("shots")] == pytest.approx(pattern[shots].sum().item(), abs=1e-5)
+            assert reads.scores[p, i, ROLES.index("end")] == pytest.approx(pattern[-1].item(), abs=1e-5)
+            named = sum(pattern[row[k]].sum().item() for k in ("a_pos", "b_pos", "op_pos"))
+            query = 1 - named - pattern[0].item() - pattern[shots].sum().item() - pattern[-1].item()
+            assert reads.scores[p, i, ROLES.index("query")] == pytest.approx(query, abs=1e-5)
+    other = reads.role("shots") + reads.role("query") + reads.role("end")
+    torch.testing.assert_close(reads.role("other"), other)
+
+
+def test_query_start_marks_the_queried_problem(gemma_style):
+    few = make_dataset(gemma_style, n_prompts=4, styles=("equation",), n_shots=2, seed=3)
+    for row in few:
+        tokens = row["tokens"]
+        assert 1 < row["query_start"] <= min(row["a_pos"])
+        queried = gemma_style.tokenizer.decode(tokens[row["query_start"]:])
+        assert "\n" not in queried and row["prompt"].endswith(queried)
+    zero = make_dataset(gemma_style, n_prompts=2, styles=("equation",), n_shots=0, seed=3)
+    assert all(r["query_start"] == 1 for r in zero)  # no shots: the query follows BOS
 
 
 def test_multi_query_heads_get_their_own_patterns(gemma_style, data):
@@ -56,8 +75,10 @@ def test_no_hook_survives_and_bad_input_is_explained(gemma_style, data):
 
 
 def _synthetic(means):
+    """Per head: A, B, operator, BOS, other (split evenly over the few-shot lines, the query and END)."""
     heads = [Head(0, i) for i in range(len(means))]
-    scores = torch.tensor(means, dtype=torch.float)[None].repeat(3, 1, 1)
+    rows = [m[:4] + [m[4] / 3] * 3 for m in means]
+    scores = torch.tensor(rows, dtype=torch.float)[None].repeat(3, 1, 1)
     return AttentionReads(heads, scores)
 
 
