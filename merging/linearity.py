@@ -37,7 +37,7 @@ from transformer_lens import HookedTransformer
 
 from merging import blocks
 from merging.state_dicts import SourceLike, as_sources, check_compatible, combine_experts
-from merging.submodule import LevelSpec, block_params, cache_task_inputs, level_of, plan_layer
+from merging.submodule import LevelSpec, block_params, cache_task_inputs, full_params, level_of, plan_layer
 
 KIND_LABELS = {"layer": "layer", "attn": "attention", "mlp": "MLP", "heads": "head", "model": "model"}
 
@@ -176,14 +176,10 @@ def _model_scores(model, base, sources, task_batches, alphas, samples, meta, pro
             for tok, m in chunks:
                 y0 = blocks.logits(model, tok, m)
                 big = blocks.logits(model, tok, m, params) - y0
-                lin = sum(ca * (blocks.logits(model, tok, m, _params(s, keys, device, dtype)) - y0)
+                lin = sum(ca * (blocks.logits(model, tok, m, full_params(s, device, dtype)) - y0)
                           for ca, s in zip(a, sources))
                 samples.setdefault((ai, "model"), []).extend(_per_sample(big, lin, blocks.position_mask(tok, m)))
             del params
-
-
-def _params(src, keys, device, dtype) -> dict:
-    return {k: src.get(k).to(device=device, dtype=dtype) for k in keys}
 
 
 def nonlinearity_figure(result: LinearityResult, title: str = "Non-linearity of submodules vs the model") -> go.Figure:

@@ -49,7 +49,7 @@ def elementwise_chunks(tensors: Sequence[Tensor], fn, chunk: int = CHUNK) -> Ten
     return out.view_as(tensors[0])
 
 
-def _stack_weights(weights: Sequence[float], like: Tensor) -> Tensor:
+def stack_weights(weights: Sequence[float], like: Tensor) -> Tensor:
     """Weights as a ``[n_experts, 1, ..., 1]`` tensor broadcastable against a stack of ``like``."""
     w = torch.tensor(list(weights), dtype=like.dtype, device=like.device)
     return w.view(-1, *([1] * like.dim()))
@@ -101,14 +101,14 @@ def elect_sign(task_vectors: Tensor, weights: Sequence[float] | None = None) -> 
 
     ``task_vectors`` is ``[n_experts, *shape]``.
     """
-    tv = task_vectors if weights is None else task_vectors * _stack_weights(weights, task_vectors[0])
+    tv = task_vectors if weights is None else task_vectors * stack_weights(weights, task_vectors[0])
     return torch.where(tv.sum(0) >= 0, 1.0, -1.0).to(task_vectors.dtype)
 
 
 def disjoint_mean(task_vectors: Tensor, sign: Tensor, weights: Sequence[float] | None = None) -> Tensor:
     """Weighted mean, per entry, over experts whose entry is nonzero with the elected ``sign``."""
     n = task_vectors.shape[0]
-    w = _stack_weights(weights if weights is not None else [1.0] * n, task_vectors[0])
+    w = stack_weights(weights if weights is not None else [1.0] * n, task_vectors[0])
     agree = (torch.sign(task_vectors) == sign).to(task_vectors.dtype)
     total = (task_vectors * w * agree).sum(0)
     divisor = (w * agree).sum(0)
@@ -162,5 +162,5 @@ def tall_masks(task_vectors: Tensor, lambdas: Sequence[float], multitask: Tensor
     Returns a boolean ``[n_experts, *shape]`` tensor.
     """
     mtl = task_vectors.sum(0) if multitask is None else multitask
-    lam = _stack_weights(lambdas, task_vectors[0])
+    lam = stack_weights(lambdas, task_vectors[0])
     return task_vectors.abs() >= lam * (mtl.unsqueeze(0) - task_vectors).abs()

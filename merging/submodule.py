@@ -178,7 +178,8 @@ def block_params(src: StateDictSource, layer: int, device, dtype) -> dict[str, T
     }
 
 
-def _full_params(src: StateDictSource, device, dtype) -> dict[str, Tensor]:
+def full_params(src: StateDictSource, device, dtype) -> dict[str, Tensor]:
+    """Every parameter of ``src`` (no buffers) on ``device`` in ``dtype``."""
     return {k: src.get(k).to(device=device, dtype=dtype) for k in src.param_keys()}
 
 
@@ -212,7 +213,7 @@ def cache_task_inputs(model, sources, task_batches, hooks, inputs_from: str, dty
     device = model.cfg.device
     out = []
     for t, chunks in enumerate(tqdm(task_batches, desc="caching inputs", disable=not progress)):
-        params = None if inputs_from == "base" else _full_params(sources[t], device, dtype)
+        params = None if inputs_from == "base" else full_params(sources[t], device, dtype)
         with torch.no_grad():
             out.append([blocks.collect_inputs(model, tok, m, hooks, params) for tok, m in chunks])
         del params
@@ -335,7 +336,7 @@ def _merge_model_level(model, base, sources, task_batches, config, names, progre
     with torch.no_grad():
         for t, tok, m in tqdm(work, desc="model-level fit", disable=not progress):
             y0 = blocks.logits(model, tok, m)
-            deltas = [blocks.logits(model, tok, m, _full_params(src, device, dtype)) - y0 for src in sources]
+            deltas = [blocks.logits(model, tok, m, full_params(src, device, dtype)) - y0 for src in sources]
             acc.add(deltas, t, blocks.position_mask(tok, m))
     alpha = solve_alpha(acc.gram, acc.rhs, config.ridge)
     out = {}

@@ -15,11 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from merging.methods.average import work_dtype
-from merging.primitives import elementwise_chunks, tall_masks
+from merging.primitives import elementwise_chunks, stack_weights, tall_masks
 
 
 @dataclass(frozen=True)
@@ -45,11 +44,11 @@ def consensus(
     lambdas = [config.tall_lambda] * n if isinstance(config.tall_lambda, (int, float)) else list(config.tall_lambda)
     if len(lambdas) != n:
         raise ValueError(f"ConsensusConfig.tall_lambda has {len(lambdas)} values for {n} experts.")
-    w = torch.tensor(list(weights) if weights is not None else [1.0] * n, dtype=dt, device=base.device).view(-1, 1)
+    w = list(weights) if weights is not None else [1.0] * n
 
     def combine(stacked: Tensor) -> Tensor:  # stacked: [n_experts, chunk] task vectors
         keep = tall_masks(stacked, lambdas).sum(0) >= config.k
-        return (stacked * w).sum(0) * keep
+        return (stacked * stack_weights(w, stacked[0])).sum(0) * keep
 
     merged = elementwise_chunks([e.to(dt) - base.to(dt) for e in experts], combine)
     return (base.to(dt) + config.lam * merged).to(base.dtype)

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from merging.methods.average import work_dtype
-from merging.primitives import disjoint_mean, elect_sign, elementwise_chunks, kth_largest_magnitude, topk_mask
+from merging.primitives import disjoint_mean, elect_sign, elementwise_chunks, kth_largest_magnitude, stack_weights, topk_mask
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def ties(
         if config.normalize:
             return disjoint_mean(stacked, sign, w)
         agree = torch.sign(stacked) == sign
-        return (stacked * agree * torch.tensor(w, dtype=dt, device=stacked.device).view(-1, 1)).sum(0)
+        return (stacked * agree * stack_weights(w, stacked[0])).sum(0)
 
     merged = elementwise_chunks(trimmed, combine)
     return (base.to(dt) + config.lam * merged).to(base.dtype)
