@@ -195,6 +195,8 @@ def suffix_cache(
 class TiledKVCache:
     """A prefix's per-layer keys/values tiled ``times`` along the batch (row ``i * batch + b``), built lazily.
 
+    A prefix of batch 1 (one prompt's, shared by all rows) is broadcast as a view instead of copied.
+
     TransformerLens reads ``past_kv_cache[layer]`` once per block, so building each layer's
     frozen tiled entry on access keeps one layer's copy alive at a time instead of all of them
     (for a 7B model and a long few-shot prefix the full set would be many GB per chunk).
@@ -208,6 +210,9 @@ class TiledKVCache:
 
     def __getitem__(self, layer: int) -> TransformerLensKeyValueCacheEntry:
         e = self.entries[layer]
+        if e.past_keys.shape[0] == 1:  # one shared prefix: a broadcast view, no copy
+            return TransformerLensKeyValueCacheEntry(e.past_keys.expand(self.times, -1, -1, -1),
+                                                     e.past_values.expand(self.times, -1, -1, -1), frozen=True)
         return TransformerLensKeyValueCacheEntry(e.past_keys.repeat(self.times, 1, 1, 1),
                                                  e.past_values.repeat(self.times, 1, 1, 1), frozen=True)
 

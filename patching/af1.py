@@ -42,12 +42,12 @@ from datasets import Dataset
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
-from transformer_lens import TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
+from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
 
 from circuits.metrics import unembed_end
 from circuits.nodes import Head
 from circuits.tasks import accuracy_mask
+from patching import _runs
 from patching.abp import PeekRule, abp_hooks, layer_peek_masks
 from patching.af1_data import split_fit_eval
 from patching.cama import CamaConfig, CamaMeans, fit_cama, group_rows, residuals
@@ -308,19 +308,13 @@ class AF1Runner:
 
         Only BOS's entries are ever read (the ABP mask hides the others), and BOS is the
         same in every prompt and setting."""
-        cache = TransformerLensKeyValueCache.init_cache(self.model.cfg, self.model.cfg.device, 1)
-        self.model(group.tokens[:1, :-1], past_kv_cache=cache)
-        return cache.entries
+        return _runs.prefix_kv_cache(self.model, group.tokens[:1, :-1])
 
     def _run_end_only(self, end: Tensor, layer: int, end_row: Mapping[int, Tensor], prefix_cache) -> Tensor:
         size = self.config.tail_batch_size
         out = []
         for chunk in end.split(size):
-            entries = None
-            if prefix_cache is not None:
-                entries = [TransformerLensKeyValueCacheEntry(e.past_keys.expand(len(chunk), -1, -1, -1),
-                                                             e.past_values.expand(len(chunk), -1, -1, -1), frozen=True)
-                           for e in prefix_cache]
+            entries = None if prefix_cache is None else _runs.TiledKVCache(prefix_cache, len(chunk))
             with self.model.hooks(fwd_hooks=abp_hooks(self.model, {layer: end_row[layer]})):
                 out.append(self.model(chunk, start_at_layer=layer, stop_at_layer=layer + 1, past_kv_cache=entries))
         return torch.cat(out)
