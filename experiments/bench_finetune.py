@@ -4,14 +4,14 @@
 
 1. Loads gemma-3-270m and builds a small arithmetic training set.
 2. Key heads: ``--heads L9H1,...``, else the top ``--k`` heads by path patching on
-   addition prompts (the patching package), else by attribution patching.
+   addition prompts.
 3. Alternates ``--rounds`` short runs of each arm on the same model object
    (precise, full, full_all, precise, ...) so load changes on a shared machine
    hit all alike; each run's first step (allocation) is not timed.
 4. Reports seconds per step, trainable entries, optimizer-state bytes (AdamW
-   moments, measured from the optimizer) and each run's peak resident memory, the ratios against the goals
-   (precise >= 2x faster per step, <= 5% of full SFT's optimizer memory), and
-   writes ``<out>/results.json``.
+   moments, measured from the optimizer), each run's peak resident memory, the
+   ratios against the goals (precise >= 2x faster per step, <= 5% of full SFT's
+   optimizer memory), and writes ``<out>/results.json``.
 
 Two full-SFT arms: ``full`` is this package's default (embeddings frozen, see
 finetune.masks.full_selection) and ``full_all`` trains every parameter, the
@@ -33,6 +33,7 @@ from circuits.runs import prepare_run_dir, release_freed_memory, write_json_atom
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, TrainConfig, arithmetic_train_set, train
+from patching.path_patching import path_patch
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--model", default="gemma-3-270m")
@@ -47,6 +48,8 @@ parser.add_argument("--device", default=None)
 parser.add_argument("--out", default="runs/bench_finetune")
 parser.add_argument("--overwrite", action="store_true")
 parser.add_argument("--no-full-all", action="store_true", help="skip the all-parameter full SFT arm")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
     args = parser.parse_args(argv)
@@ -63,14 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         head_source = "--heads"
     else:
         probe = make_dataset(model, op="+", n_prompts=32, styles=("equation",), seed=7)
-        try:
-            from patching.path_patching import path_patch
-
-            scores, head_source = path_patch(model, probe, progress=False), "path_patching"
-        except ImportError:
-            from patching.attribution import attribution_patch
-
-            scores, head_source = attribution_patch(model, probe, progress=False), "attribution"
+        scores, head_source = path_patch(model, probe, progress=False), "path_patching"
         heads = [node for node, _ in scores.ranked("heads", by="neg")[: args.k]]
     print(f"key heads ({head_source}): {', '.join(map(str, heads))}")
 

@@ -8,7 +8,7 @@
    text for drift).
 2. Key heads: ``--heads L9H1,...``; else path patching over prompts of every
    operation (the patching package: effects summed over operations, heads
-   ranked by the drop they cause), falling back to attribution patching.
+   ranked by the drop they cause).
    The top MLPs come from the same scores.
 3. Trains, from the same base weights: precise SFT on the top ``--k`` heads,
    full SFT (embeddings frozen, see finetune.masks), LoRA (rank 8 on every
@@ -44,10 +44,11 @@ import torch
 from circuits.loading import load_model
 from circuits.report import Report
 from circuits.runs import prepare_run_dir, release_freed_memory, write_json_atomic
-from circuits.nodes import parse_node
+from circuits.nodes import MLP, Head, parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
 from finetune.evaluate import NON_MATH_SENTENCES, evaluate, math_suite, pydoc_passages
+from patching.path_patching import path_patch
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--model", default="gemma-3-270m")
@@ -76,6 +77,8 @@ parser.add_argument("--threads", type=int, default=None)
 parser.add_argument("--device", default=None)
 parser.add_argument("--out", default="runs/precise_sft")
 parser.add_argument("--overwrite", action="store_true")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
     args = parser.parse_args(argv)
@@ -106,26 +109,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.heads:
         ranked_heads = [parse_node(h) for h in args.heads.split(",")]
     if not args.heads or (args.ablation_mlps and not args.mlps):
-        try:
-            from patching.path_patching import path_patch as score_nodes
-
-            head_source = "path_patching"
-        except ImportError:
-            from patching.attribution import attribution_patch as score_nodes
-
-            head_source = "attribution"
+        head_source = "path_patching"
         total = None
         for i, op in enumerate(OPS):
             probe = make_dataset(base, op=op, n_prompts=args.n_rank_prompts, styles=("equation", "statement", "question"),
                                  seed=1000 + i)
-            scores = score_nodes(base, probe, progress=False)
+            scores = path_patch(base, probe, progress=False)
             # percent of the baseline logit, so operations with larger logits do not dominate
-            as_percent = {n: 100 * v / abs(scores.baseline) for n, v in scores.ranked("all")}
+            as_percent = {n: scores.percent(n) for n, _ in scores.ranked("all")}
             total = as_percent if total is None else {n: total[n] + as_percent[n] for n in total}
         order = sorted(total.items(), key=lambda item: item[1])  # most negative (largest drop) first
         if not args.heads:
-            ranked_heads = [n for n, _ in order if type(n).__name__ == "Head"]
-        ranked_mlps = [n for n, _ in order if type(n).__name__ == "MLP"]
+            ranked_heads = [n for n, _ in order if isinstance(n, Head)]
+        ranked_mlps = [n for n, _ in order if isinstance(n, MLP)]
     if args.mlps:
         ranked_mlps = [parse_node(m) for m in args.mlps.split(",")]
     ablation_k = [int(k) for k in args.ablation_k.split(",") if k.strip()]
@@ -151,10 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     print("evaluating the base model")
     results["base"] = evaluate(base, base, suite, texts, drift_tokens=args.drift_tokens, progress=False)
 
-
     def write_results() -> None:
         write_json_atomic(out / "results.json", results)
-
 
     for method, name, k, mlps in runs:
         print(f"--- {name}")

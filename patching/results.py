@@ -38,8 +38,13 @@ def _finite(x: float) -> Optional[float]:
 MIN_BASELINE = 1e-6  # |reference metric| below this has no meaningful percentages
 
 
+def _has_percent(baseline: float) -> bool:
+    """Whether effects in % of the reference metric mean anything (not when it averages ~0)."""
+    return math.isfinite(baseline) and abs(baseline) >= MIN_BASELINE
+
+
 def _percent(effects: Tensor, baseline: float) -> Tensor:
-    if not math.isfinite(baseline) or abs(baseline) < MIN_BASELINE:
+    if not _has_percent(baseline):
         return torch.full_like(effects, float("nan"))
     return 100.0 * effects / abs(baseline)
 
@@ -69,6 +74,10 @@ class NodeScores:
     def score(self, node: Node) -> float:
         """The effect of one node."""
         return float(self.heads[node.layer, node.head] if isinstance(node, Head) else self.mlps[node.layer])
+
+    def percent(self, node: Node) -> float:
+        """The effect of one node in % of the mean reference metric (NaN when that is ~0)."""
+        return float(_percent(torch.tensor(self.score(node)), self.baseline))
 
     def ranked(self, kind: str = "all", by: str = "abs") -> list[tuple[Node, float]]:
         """Scored nodes sorted by importance: ``by="abs"`` (largest |effect|), ``"neg"`` (largest drop) or ``"pos"``.
@@ -112,7 +121,7 @@ class NodeScores:
         from plotly.subplots import make_subplots
         import plotly.graph_objects as go
 
-        percent = percent and math.isfinite(self.baseline) and abs(self.baseline) >= MIN_BASELINE
+        percent = percent and _has_percent(self.baseline)
         heads = (self.heads_percent if percent else self.heads).float().cpu()
         mlps = (self.mlps_percent if percent else self.mlps).float().cpu()
         vmax = float(torch.nan_to_num(torch.cat([heads.flatten(), mlps]).abs(), nan=0.0).max()) or 1.0
@@ -154,11 +163,11 @@ def key_heads(
         raise ValueError(f"top_k must be >= 0, got {top_k}.")
     ranked = result.ranked("heads", by=by)
     if threshold is not None:
-        if not math.isfinite(result.baseline) or abs(result.baseline) < MIN_BASELINE:
+        if not _has_percent(result.baseline):
             raise ValueError(f"The reference {result.metric} averages {result.baseline:.3g}, so a threshold in % of it "
                              f"means nothing: pass top_k instead, or score with metric='logit'.")
         signed = {"neg": lambda v: -v, "pos": lambda v: v, "abs": abs}[by]
-        ranked = [(n, v) for n, v in ranked if signed(100.0 * v / abs(result.baseline)) >= threshold]
+        ranked = [(n, v) for n, v in ranked if signed(result.percent(n)) >= threshold]
     if top_k is not None:
         ranked = ranked[:top_k]
     heads = [n for n, _ in ranked]
