@@ -16,8 +16,9 @@ softmax), and sum it over the key positions of each *role* recorded by
 * ``query``: the rest of the queried problem ("=", spaces, words of the template).
 
 The seven scores of a prompt sum to one. ``reads.role("other")`` is
-``shots + query + end``, everything that is neither an operand, the operator nor BOS. Averaged over prompts they describe the
-head; their per-prompt distribution is the paper's Figure 5.
+``shots + query + end``, everything that is neither an operand, the operator
+nor BOS. Averaged over prompts they describe the head; their per-prompt
+distribution is the paper's Figure 5.
 
 **Classification rule** (:func:`classify_heads`). ``operand = a + b`` and
 ``operator = op`` (mean attention over prompts). A head is

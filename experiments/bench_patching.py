@@ -45,6 +45,8 @@ parser.add_argument("--device", default=None, help="cpu / cuda (default: auto)")
 parser.add_argument("--seed", type=int, default=0, help="data seed")
 parser.add_argument("--out", default="runs/bench_patching", help="output folder")
 parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
     args = parser.parse_args(argv)
@@ -67,10 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     answers = batch.answer_ids
     print(f"{args.n_prompts} prompts of {batch.tokens.shape[1]} tokens, e.g. {batch.prompts[0]!r}")
 
-
     def tl_metric(logits):
         return logits[torch.arange(len(answers)), -1, answers].mean()
-
 
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     if args.tl_layers == "all":

@@ -70,6 +70,8 @@ parser.add_argument("--pairs", action="store_true", help="also merge every pair 
 parser.add_argument("--eval-batch-size", type=int, default=12)
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
     args = parser.parse_args(argv)
@@ -98,7 +100,6 @@ def main(argv: list[str] | None = None) -> None:
     random.Random(args.seed).shuffle(numbers)
     word_split = {"test": numbers[:9], "val": numbers[9:15], "train": numbers[15:]}
 
-
     def french_pairs(queries: list[int], n: int, seed: int) -> list[tuple[str, str]]:
         """``n`` few-shot prompts: shots from the training words, the query from ``queries``."""
         rng = random.Random(seed)
@@ -110,13 +111,11 @@ def main(argv: list[str] | None = None) -> None:
             pairs.append((prompt + f"English: {ENGLISH[q]}\nFrench:", " " + FRENCH[q]))
         return pairs
 
-
     def arith(op: str, styles: tuple[str, ...], split: str, n: int, seed: int):
         """SFT rows of ``op``: training templates for ``train``, held-out templates (other seeds) for val/test."""
         train_ids, held_ids = split_templates(op, styles)
         ids = train_ids if split == "train" else held_ids
         return arithmetic_rows(base, op, ids, n, operand_range=(1, 9), n_shots=args.n_shots, seed=seed)
-
 
     TASKS = ("add_word", "mul", "en_fr")
     data = {}
@@ -130,13 +129,11 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{t}: {row['prompt'][-70:]!r} -> {row['answer']!r}")
     cf_tasks = [[r["prompt"] + r["answer"] for r in data[(t, "train")].select(range(args.n_samples))] for t in TASKS]
 
-
     def score(model, split: str = "test", tasks=TASKS) -> dict:
         """Accuracy per task on ``split`` and the mean of ``exact`` over tasks."""
         model.eval()
         per = {t: answer_accuracy(model, data[(t, split)], args.eval_batch_size) for t in tasks}
         return {"tasks": per, "avg": sum(s["exact"] for s in per.values()) / len(per)}
-
 
     def record(name: str, model, seconds: float, **extra) -> dict:
         """Score ``model`` on test, store it under ``name``, print a line, save results.json."""
@@ -146,7 +143,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:28s} {accs} avg={entry['test']['avg']:.3f} ({seconds:.0f} s)", flush=True)
         save()
         return entry
-
 
     with timer.stage("eval base"):
         record("base", base, 0.0)
@@ -179,10 +175,8 @@ def main(argv: list[str] | None = None) -> None:
 
     work = copy.deepcopy(base)  # merged state dicts are loaded into this model for scoring
 
-
     def load_into_work(state_dict) -> None:
         work.load_state_dict(state_dict)
-
 
     # ---------------------------------------------------------------- key heads
     if args.heads:
@@ -200,7 +194,6 @@ def main(argv: list[str] | None = None) -> None:
     results["key_heads"] = [str(h) for h in key_heads]
     print("key heads:", ", ".join(results["key_heads"]))
 
-
     # ---------------------------------------------------------------- merges
     def baseline_grid() -> dict[str, list]:
         """Configs per baseline method: tiny λ / density grids, defaults otherwise."""
@@ -208,7 +201,6 @@ def main(argv: list[str] | None = None) -> None:
         grid["task_arithmetic"] = [CONFIGS["task_arithmetic"](lam=float(x)) for x in args.ta_lambdas.split(",")]
         grid["ties"] = [CONFIGS["ties"](density=float(x)) for x in args.ties_densities.split(",")]
         return grid
-
 
     def merge_all(names: tuple[str, ...], suffix: str, configs: dict | None = None) -> dict:
         """Merge the experts ``names`` with every baseline (val-tuned unless ``configs``) and the closed form."""
@@ -238,7 +230,6 @@ def main(argv: list[str] | None = None) -> None:
             record(name, work, time.perf_counter() - start, alphas=res.alphas.to_dict())
             alpha_tables[name] = res.alphas
         return chosen
-
 
     alpha_tables: dict = {}
     with timer.stage("merge all three"):

@@ -50,6 +50,8 @@ def jaccard(a: set, b: set) -> float:
 
 
 @torch.no_grad()
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Run the comparison; return the results dict that is also written to results.json."""
     args = parser.parse_args(argv)
