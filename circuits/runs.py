@@ -20,8 +20,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
+from circuits.errors import ToolkitError
 
-class OutputExistsError(FileExistsError):
+
+class OutputExistsError(ToolkitError, FileExistsError):
     """The output folder already holds a run."""
 
 

@@ -35,6 +35,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from circuits.errors import ToolkitError
 from circuits.templates import (
     COUNTERFACTUAL_SYMBOLS,
     COUNTERFACTUAL_WORDS,
@@ -64,7 +65,7 @@ class TaskConfig:
     seed: int = 0
 
 
-class TaskDataError(ValueError):
+class TaskDataError(ToolkitError, ValueError):
     """Bad task specification or data that does not tokenize as the templates assume."""
 
 

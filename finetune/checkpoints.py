@@ -32,11 +32,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from finetune.masks import Selection, TunableSlice
+from circuits.errors import ToolkitError
 
 CHECKPOINT_RE = re.compile(r"^step-(\d{8})$")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ToolkitError, ValueError):
     """A checkpoint that does not fit the model or run it is loaded into."""
 
 

@@ -28,11 +28,12 @@ from torch import Tensor
 
 from circuits.tasks import format_answer, format_number, sample_operands
 from circuits.templates import STYLES, get_templates, resolve_operation, template_by_id
+from circuits.errors import ToolkitError
 
 SFT_COLUMNS = ("input_ids", "n_prompt", "prompt", "answer")
 
 
-class SFTDataError(ValueError):
+class SFTDataError(ToolkitError, ValueError):
     """Bad fine-tuning data (empty answers, prompts that do not tokenize as a prefix, ...)."""
 
 

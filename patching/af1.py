@@ -46,6 +46,7 @@ from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntr
 
 from circuits.metrics import unembed_end
 from circuits.nodes import Head
+from circuits.errors import ToolkitError
 from circuits.tasks import accuracy_mask
 from patching import _runs
 from patching.abp import PeekRule, abp_hooks, layer_peek_masks
@@ -56,7 +57,7 @@ logger = logging.getLogger(__name__)
 
 
 
-class NoEvalPromptsError(ValueError):
+class NoEvalPromptsError(ToolkitError, ValueError):
     """No evaluation prompt is left for AF1 (none answered correctly, or no layout matches the fit prompts)."""
 
 

@@ -1,0 +1,18 @@
+"""The toolkit's one error base class.
+
+Every error the toolkit raises on purpose (bad input, a damaged file, a run that
+cannot go on) derives from :class:`ToolkitError`, and also from the builtin that
+fits (``ValueError``, ``LookupError``, ...), so ``except ValueError`` keeps
+working. The command line prints a ``ToolkitError`` as one line and exits 2;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class ToolkitError(Exception):
+    """Base of every error the toolkit raises on purpose; its message says what to do."""
+
+
+class InputError(ToolkitError, ValueError):
+    """An argument is out of its allowed range or of the wrong kind."""
