@@ -128,6 +128,8 @@ class IsoCtsConfig(TsvConfig):
 def _spectral(base, experts, weights, key, alpha: float, delta_fn) -> Tensor:
     w = check_weights(weights, len(experts))
     tvs = [wi * tv for wi, tv in zip(w, task_vectors(base, experts))]
+    if not any(bool(tv.any()) for tv in tvs):  # nothing changed (e.g. frozen embeddings): skip the SVDs
+        return base.clone()
     views = [matrix_view(key, tv) for tv in tvs]
     if views[0] is None:
         delta = sum(tvs) / len(tvs)
