@@ -67,7 +67,8 @@ parser.add_argument("--n-test", type=int, default=24, help="test prompts per tas
 parser.add_argument("--n-shots", type=int, default=1, help="few-shot examples per prompt")
 parser.add_argument("--n-samples", type=int, default=16, help="samples per task for the closed form (paper: 30)")
 parser.add_argument("--cf-batch-size", type=int, default=4, help="batch of the closed-form fit")
-parser.add_argument("--levels", default=",".join(LEVELS), help="closed-form levels to run")
+parser.add_argument("--levels", default=",".join(LEVELS), help="closed-form levels to run ('': no closed form, "
+                    "circuit-aware included)")
 parser.add_argument("--ta-lambdas", default="0.5,1.0", help="task-arithmetic λ grid (val)")
 parser.add_argument("--ties-densities", default="0.2,0.5", help="TIES density grid (val)")
 parser.add_argument("--heads", default=None, help="key heads, e.g. L5H0,L9H1 (default: path patching)")
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         levels = [lv for lv in args.levels.split(",") if lv] if configs is None else ["attn_mlp"]
         cf = SubmoduleMergeConfig(n_samples=args.n_samples, batch_size=args.cf_batch_size)
         plans = [(f"closed form ({lv}){suffix}", lv) for lv in levels]
-        if configs is None:
+        if configs is None and levels:  # --levels "" runs no closed form at all
             plans.append((f"circuit-aware (head in key layers){suffix}", circuit_levels(key_heads, base.cfg.n_layers)))
         for name, spec in plans:
             start = time.perf_counter()

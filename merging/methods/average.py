@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from circuits.errors import InputError
-from merging.methods.checks import check_config, check_weights
+from merging.methods.checks import check_config, check_no_weights, check_weights
 from merging.primitives import work_dtype
 
 
@@ -115,8 +115,7 @@ def karcher(
     **_: object,
 ) -> Tensor:
     """Karcher mean of the experts (and the base with ``include_base``) for one tensor; uniform weights as mergekit."""
-    if weights is not None and len(set(float(w) for w in weights)) > 1:
-        raise InputError("karcher takes no per-expert weights (mergekit uses uniform ones): drop `weights`.")
+    check_no_weights(weights, "karcher")
     tensors = ([base] if config.include_base else []) + [e.to(base.device) for e in experts]
     return karcher_mean(tensors, [1.0 / len(tensors)] * len(tensors), config.max_iter, config.tol).to(base.dtype)
 
@@ -139,8 +138,7 @@ def model_stock(
     """Model Stock on one tensor."""
     if len(experts) < 2:
         raise InputError(f"model_stock needs at least 2 experts (the angle between them sets the ratio), got {len(experts)}.")
-    if weights is not None and len(set(float(w) for w in weights)) > 1:
-        raise InputError("model_stock takes no per-expert weights: drop `weights`.")
+    check_no_weights(weights, "model_stock")
     dt = work_dtype(base)
     w0 = base.to(dt)
     ws = [e.to(device=base.device, dtype=dt) for e in experts]

@@ -65,3 +65,9 @@ def check_weights(weights: Sequence[float] | None, n_experts: int, *, normalized
             "use weights with a nonzero sum, or normalize=False."
         )
     return w
+
+
+def check_no_weights(weights: Sequence[float] | None, method: str) -> None:
+    """Refuse non-uniform per-expert weights for a method that has none (as in mergekit)."""
+    if weights is not None and len({float(w) for w in weights}) > 1:
+        raise InputError(f"{method} takes no per-expert weights (mergekit has none for it): drop `weights`.")

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from circuits.errors import InputError
-from merging.methods.checks import check_config
+from merging.methods.checks import check_config, check_no_weights
 from merging.primitives import consensus_mask, task_vectors
 
 
@@ -62,8 +61,7 @@ def sce(
     **_: object,
 ) -> Tensor:
     """SCE on one tensor."""
-    if weights is not None and len(set(float(w) for w in weights)) > 1:
-        raise InputError("sce computes its own expert weights (mergekit takes none): drop `weights`.")
+    check_no_weights(weights, "sce")
     tvs = torch.stack(task_vectors(base, experts))
     if config.select_topk < 1:
         tvs = tvs * variance_mask(tvs, config.select_topk).unsqueeze(0)

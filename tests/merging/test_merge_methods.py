@@ -5,7 +5,6 @@ import torch
 
 from merging import CONFIGS, METHODS, REGISTRY, merge
 from merging.methods import (
-    AverageConfig,
     BreadcrumbsConfig,
     ConsensusConfig,
     DareLinearConfig,
