@@ -102,3 +102,13 @@ def test_merged_tensors_are_checked_finite(tmp_path):
     assert issubclass(NonFiniteMergeError, ToolkitError)
     path = save_state_dict(base, tmp_path / "b.safetensors")  # the same inputs from a file merge fine at λ=1
     assert torch.equal(merge("task_arithmetic", path, [expert], progress=False)["w"], expert["w"])
+
+
+def test_tensors_no_expert_changed_are_the_base(gpt2_model, perturb):
+    experts = [perturb(gpt2_model, seed=1, only="blocks.0."), perturb(gpt2_model, seed=2, only="blocks.0.")]
+    base = gpt2_model.state_dict()
+    for method in ("weight_average", "karcher", "iso_c", "ties"):
+        merged = merge(method, gpt2_model, experts, progress=False)
+        assert torch.equal(merged["embed.W_E"], base["embed.W_E"]) and torch.equal(merged["blocks.1.mlp.W_in"],
+                                                                                    base["blocks.1.mlp.W_in"])
+        assert not torch.equal(merged["blocks.0.mlp.W_in"], base["blocks.0.mlp.W_in"]), method
