@@ -23,6 +23,7 @@ stops after the last requested layer, so the 262k-column unembedding never runs.
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from dataclasses import dataclass
 from fractions import Fraction
@@ -166,6 +167,19 @@ class ArithmeticPrompts:
         if where in ("a", "b"):
             return [r[f"{where}_pos"][-1] for r in self.rows]
         raise InputError(f"Unknown position {where!r}: use 'end', 'a' or 'b'.")
+
+
+def pairs_by_result(operand_max: int, per_result: int = 1, *, seed: int = 0) -> list[tuple[int, int]]:
+    """Operand pairs (a, b) in 0..operand_max with every sum 0..2·operand_max present ``per_result`` times
+    (fewer where fewer pairs exist: 0 = 0 + 0 only), so a spectrum over the sum has no gaps."""
+    if operand_max < 1 or per_result < 1:
+        raise InputError(f"Need operand_max >= 1 and per_result >= 1, got {operand_max}, {per_result}.")
+    rng = random.Random(seed)
+    pairs = []
+    for s in range(2 * operand_max + 1):
+        candidates = [(a, s - a) for a in range(max(0, s - operand_max), min(s, operand_max) + 1)]
+        pairs += rng.sample(candidates, min(per_result, len(candidates)))
+    return pairs
 
 
 def arithmetic_prompts(

@@ -65,3 +65,11 @@ def test_bad_component_and_layer_are_refused(model):
         number_activations(model, [1, 2], [(5, "resid_post")])
     with pytest.raises(InputError, match="'{n}'"):
         number_prompts(model, [1], template="no slot")
+
+
+def test_pairs_by_result_cover_every_sum():
+    from circuits.numbers import pairs_by_result
+    pairs = pairs_by_result(99, per_result=2, seed=1)
+    sums = [a + b for a, b in pairs]
+    assert sorted(set(sums)) == list(range(199)) and sums.count(0) == 1 and sums.count(100) == 2
+    assert all(0 <= a <= 99 and 0 <= b <= 99 for a, b in pairs) and len(set(pairs)) == len(pairs)
