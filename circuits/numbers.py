@@ -76,6 +76,14 @@ def _last_token_in_span(offsets: Sequence[tuple[int, int]], start: int, end: int
     return inside[-1]
 
 
+def length_chunks(token_lists: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
+    """Prompt indices in batches of equal token length (no padding), at most ``batch_size`` each."""
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for i, tokens in enumerate(token_lists):
+        by_length[len(tokens)].append(i)
+    return [idx[s:s + batch_size] for idx in by_length.values() for s in range(0, len(idx), batch_size)]
+
+
 @torch.no_grad()
 def collect(
     model: HookedTransformer,
@@ -98,10 +106,7 @@ def collect(
     names = {key: hook_name(model, *key) for key in keys}
     stop = max(layer for layer, _ in keys) + 1
     out = {key: torch.empty(len(token_lists), model.cfg.d_model) for key in keys}
-    by_length: dict[int, list[int]] = defaultdict(list)
-    for i, tokens in enumerate(token_lists):
-        by_length[len(tokens)].append(i)
-    chunks = [idx[s:s + batch_size] for idx in by_length.values() for s in range(0, len(idx), batch_size)]
+    chunks = length_chunks(token_lists, batch_size)
     for chunk in tqdm(chunks, desc=desc, leave=False, disable=len(chunks) < 4):
         tokens = torch.tensor([token_lists[i] for i in chunk], device=model.cfg.device)
         pos = torch.tensor([positions[i] for i in chunk], device=model.cfg.device)

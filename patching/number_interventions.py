@@ -43,17 +43,11 @@ from transformer_lens.utilities import get_act_name
 
 from circuits.errors import InputError
 from circuits.metrics import unembed_end
+from circuits.numbers import length_chunks
 from circuits.stats import Estimate, bootstrap
 
 HookList = list[tuple[str, Callable]]
 EditFn = Callable[[list[int]], HookList]  # prompt indices of a batch -> hooks for that batch
-
-
-def _length_chunks(token_lists: Sequence[Sequence[int]], batch_size: int) -> list[list[int]]:
-    by_length: dict[int, list[int]] = defaultdict(list)
-    for i, tokens in enumerate(token_lists):
-        by_length[len(tokens)].append(i)
-    return [idx[s:s + batch_size] for idx in by_length.values() for s in range(0, len(idx), batch_size)]
 
 
 def evaluate_end(
@@ -76,7 +70,7 @@ def evaluate_end(
     correct = torch.zeros(len(token_lists), dtype=torch.bool)
     diff = torch.full((len(token_lists),), float("nan"))
     with torch.no_grad():
-        for chunk in _length_chunks(token_lists, batch_size):
+        for chunk in length_chunks(token_lists, batch_size):
             tokens = torch.tensor([token_lists[i] for i in chunk], device=device)
             hooks = edit(chunk) if edit is not None else []
             resid = model.run_with_hooks(tokens, fwd_hooks=hooks, stop_at_layer=model.cfg.n_layers)[:, -1]
@@ -195,7 +189,7 @@ def neuron_attribution(
     acts = torch.zeros(len(token_lists), len(layers), model.cfg.d_mlp)
     grads = torch.zeros_like(acts)
     candidates = torch.tensor(list(candidate_ids), device=device)
-    for chunk in _length_chunks(token_lists, batch_size):
+    for chunk in length_chunks(token_lists, batch_size):
         stored: dict[str, Tensor] = {}
 
         def keep(tensor, *, hook):
