@@ -130,7 +130,9 @@ def fourier_spectrum(h: Float[Tensor, "n d"], *, n_shuffles: int = 200, alpha: f
     reduced = _reduced(h)
     generator = torch.Generator().manual_seed(seed)
     maxima, means = [], []
-    for start in range(0, n_shuffles, 25):  # 25 shuffles per batched FFT
+    if reduced.shape[0] == 0:  # h is constant over n: no power anywhere, shuffled or not
+        maxima, means = [0.0] * n_shuffles, [0.0] * n_shuffles
+    for start in range(0, n_shuffles if reduced.shape[0] else 0, 25):  # 25 shuffles per batched FFT
         perms = torch.stack([torch.randperm(h.shape[0], generator=generator)
                              for _ in range(min(25, n_shuffles - start))])
         shuffled = _power(reduced[:, perms].transpose(0, 1)).double()  # [shuffle, k]
@@ -172,8 +174,10 @@ def pca_subspace(h: Float[Tensor, "n d"], rank: int) -> Float[Tensor, "d rank"]:
 
 
 def _explained(h: Tensor, reconstruction: Tensor, mean: Tensor) -> float:
-    total = (h - mean).pow(2).sum()
-    return float(1 - (h - reconstruction).pow(2).sum() / total.clamp_min(1e-300))
+    total = float((h - mean).pow(2).sum())
+    if total <= 0:  # a constant representation: there is no variance to explain
+        return math.nan
+    return float(1 - (h - reconstruction).pow(2).sum() / total)
 
 
 @dataclass(frozen=True)

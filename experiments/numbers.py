@@ -65,16 +65,17 @@ parser.add_argument("--model", default="gemma-3-270m")
 parser.add_argument("--n-numbers", type=int, default=400, help="numbers 0..n-1 (a multiple of 100 puts T=2,5,10,100 "
                     "on exact frequencies)")
 parser.add_argument("--template", default="{n}", help="context of a number alone; {n} is the number")
-parser.add_argument("--components", nargs="+", default=list(COMPONENTS), choices=list(COMPONENTS))
+parser.add_argument("--components", nargs="+", default=["resid_post", "attn_out", "mlp_out"], choices=list(COMPONENTS),
+                    help="resid_pre (= the previous layer's resid_post) and resid_mid are available too")
 parser.add_argument("--n-shuffles", type=int, default=50, help="shuffled-n spectra for the null")
 parser.add_argument("--alpha", type=float, default=0.05, help="family-wise level of the spectrum null")
 parser.add_argument("--operand-max", type=int, default=99)
-parser.add_argument("--per-result", type=int, default=2, help="sum prompts per result value")
+parser.add_argument("--per-result", type=int, default=1, help="sum prompts per result value")
 parser.add_argument("--prefix", default="", help="text before every arithmetic prompt (e.g. solved examples)")
 parser.add_argument("--low-min-period", type=float, default=20.0)
 parser.add_argument("--high-max-period", type=float, default=10.0)
-parser.add_argument("--patch-layers", type=int, nargs="+", default=None, help="default: 5 evenly spaced layers")
-parser.add_argument("--n-pairs", type=int, default=64)
+parser.add_argument("--patch-layers", type=int, nargs="+", default=None, help="default: 4 evenly spaced layers")
+parser.add_argument("--n-pairs", type=int, default=32)
 parser.add_argument("--top-neurons", type=int, default=100)
 parser.add_argument("--heuristic-threshold", type=float, default=0.7)
 parser.add_argument("--batch-size", type=int, default=64)
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> dict:
                                    "rows": filters}
 
     # ------------------------------------------------------------------------ 4. helix-subspace patching
-    patch_layers = args.patch_layers or sorted(set(np.linspace(0, n_layers - 1, 5).round().astype(int).tolist()))
+    patch_layers = args.patch_layers or sorted(set(np.linspace(0, n_layers - 1, 4).round().astype(int).tolist()))
     rng = random.Random(args.seed)
     correct_idx = [i for i in range(len(pairs)) if base[i]]
     pair_list = []

@@ -99,3 +99,8 @@ def test_bad_inputs_are_refused_with_a_message():
         fit_helix(torch.randn(20, 3), list(range(19)))
     with pytest.raises(InputError, match="modulus must be at least 2"):
         mod_probe(torch.randn(20, 3), list(range(20)), 1)
+
+
+def test_a_constant_representation_has_no_power_and_no_significant_period():
+    spectrum = fourier_spectrum(torch.ones(40, 5), n_shuffles=10)
+    assert spectrum.significant_periods == [] and max(spectrum.power) == 0 and spectrum.null_threshold == 0

@@ -12,7 +12,7 @@ def test_numbers_experiment_writes_results(tiny_dir, tmp_path):
     out = tmp_path / "run"
     numbers_experiment.main(["--model", str(tiny_dir), *ARGS, "--out", str(out)])
     results = json.loads((out / "results.json").read_text())
-    assert len(results["numbers"]) == 2 * 5 and len(results["sums"]) == 2 * 5
+    assert len(results["numbers"]) == 2 * 3 and len(results["sums"]) == 2 * 3
     first = results["numbers"]["L0.resid_post"]
     assert first["spectrum"]["n_numbers"] == 100 and len(first["spectrum"]["power"]) == 50
     assert first["helix"]["r2_train"] <= first["helix"]["pca_r2_train"] + 1e-9  # PCA is the in-sample optimum
