@@ -8,9 +8,9 @@
    ``--per-result`` times), h at END per prompt, indexed by the sum;
 3. for every (layer, component) of both: Fourier spectrum vs the shuffled-n null, helix
    fit vs PCA of equal rank (held-out numbers), mod-T probes (κ, held-out, vs shuffled labels);
-4. **frequency filter** on the sum prompts: remove the low band (periods ≥ ``--low-min-period``)
-   or the high band (periods ≤ ``--high-max-period``) of every MLP's or every attention
-   layer's output over the sum; first-token accuracy;
+4. **frequency filter** on the sum prompts: remove the low band (periods ≥ ``--low-min-period``),
+   the high band (periods ≤ ``--high-max-period``) or, as a control, the mid band between them,
+   of every MLP's or every attention layer's output over the sum; first-token accuracy;
 5. **helix-subspace patching** at END (resid_post, ``--patch-layers``): pairs of correctly answered
    sum prompts with different first answer digits; helix vs PCA vs random subspace of the
    same dimension vs the whole layer; fraction of the logit difference moved;
@@ -154,8 +154,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     # ------------------------------------------------------------------------ 3. frequency filter
     n_values = max(sums) - min(sums) + 1
+    # The mid band (periods strictly between the two) is the control: removing about as many
+    # frequencies as the low band, but ones neither paper assigns to MLPs or attention.
     bands = {"low": frequency_band(n_values, min_period=args.low_min_period),
+             "mid": [k for k in frequency_band(n_values, min_period=args.high_max_period, max_period=args.low_min_period)
+                     if args.high_max_period < n_values / k < args.low_min_period],
              "high": frequency_band(n_values, max_period=args.high_max_period)}
+    bands = {band: ks for band, ks in bands.items() if ks}
     filters = []
     with timer.stage("frequency filter"):
         for component in ("mlp_out", "attn_out"):

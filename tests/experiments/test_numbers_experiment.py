@@ -18,7 +18,7 @@ def test_numbers_experiment_writes_results(tiny_dir, tmp_path):
     assert first["helix"]["r2_train"] <= first["helix"]["pca_r2_train"] + 1e-9  # PCA is the in-sample optimum
     assert set(first["probes"]) == {"2", "5", "10"}
     assert results["token_vectors"]["embed"]["numbers"] == [0, 9]
-    assert len(results["frequency_filter"]["rows"]) == 4
+    assert len(results["frequency_filter"]["rows"]) == 6  # low, mid, high for MLPs and attention
     heur = results["heuristic_neurons"]
     assert heur["top_k"] == 12 and abs(sum(c["fraction"] for c in heur["census"].values()) - 1) < 1e-9
     assert any(r["type"] == "all top neurons" for r in heur["knockout"])
