@@ -69,6 +69,10 @@ class CorruptModelDirError(ToolkitError, ValueError):
         self.problems = list(problems or [message])
 
 
+class ModelDirExistsError(ToolkitError, FileExistsError):
+    """`save_model` was asked to write where something already is (and may not be replaced)."""
+
+
 # --------------------------------------------------------------------------- config
 
 
@@ -147,6 +151,13 @@ def read_manifest(directory: str | Path) -> dict[str, Any] | None:
         return None
 
 
+def _confined(root: Path, name: str) -> bool:
+    """``name`` is a relative path that stays inside ``root`` (no absolute paths, ``..`` or symlinks out)."""
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        return False
+    return (root / name).resolve().is_relative_to(root)
+
+
 def verify_model_dir(directory: str | Path) -> list[str]:
     """Check ``directory`` against its manifest; return one message per problem (empty: intact).
 
@@ -160,6 +171,8 @@ def verify_model_dir(directory: str | Path) -> list[str]:
     manifest = read_manifest(directory)
     if manifest is None:
         return [f"{MANIFEST_FILE} is missing or unreadable (the directory was never completed)"]
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
+        return [f"{MANIFEST_FILE} is not a manifest (a JSON object with a 'files' object); it was replaced or damaged"]
     if manifest.get("format") != FORMAT_NAME or manifest.get("format_version") != FORMAT_VERSION:
         return [
             f"{MANIFEST_FILE} declares format {manifest.get('format')!r} version "
@@ -171,9 +184,15 @@ def verify_model_dir(directory: str | Path) -> list[str]:
         if required not in files:
             problems.append(f"{MANIFEST_FILE} does not list {required}")
     to_hash = []
+    root = directory.resolve()
     for name, expected in sorted(files.items()):  # cheap checks first, hashing last
         path = directory / name
-        if not path.is_file():
+        if not _confined(root, name):
+            problems.append(f"{MANIFEST_FILE} lists {name!r}, a path outside the model directory")
+        elif not (isinstance(expected, dict) and isinstance(expected.get("size"), int)
+                  and isinstance(expected.get("sha256"), str)):
+            problems.append(f"{MANIFEST_FILE} entry for {name} lacks its size or sha256")
+        elif not path.is_file():
             problems.append(f"{name} is missing")
         elif (size := path.stat().st_size) != expected["size"]:
             problems.append(f"{name} has {size} bytes, the manifest says {expected['size']} (truncated or replaced)")
@@ -248,6 +267,14 @@ def publish_dir(staged: Path, destination: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def _is_replaceable(destination: Path) -> bool:
+    """Only an empty folder or a model directory the toolkit wrote (its manifest says so) may be replaced."""
+    if not destination.is_dir() or destination.is_symlink():
+        return False
+    manifest = read_manifest(destination)
+    return not any(destination.iterdir()) or (isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME)
+
+
 def save_model(model: HookedTransformer, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Save ``model`` (weights, config, tokenizer, manifest) as a model directory at ``path``.
 
@@ -257,7 +284,12 @@ def save_model(model: HookedTransformer, path: str | os.PathLike, *, overwrite: 
     """
     destination = Path(path).expanduser()
     if destination.exists() and not overwrite:
-        raise FileExistsError(f"{destination} already exists; pass overwrite=True to replace it.")
+        raise ModelDirExistsError(f"{destination} already exists; pass overwrite=True to replace it.")
+    if destination.exists() and not _is_replaceable(destination):
+        raise ModelDirExistsError(
+            f"{destination} is not a model directory written by circuits.save_model (no {MANIFEST_FILE} of format "
+            f"{FORMAT_NAME!r}), so overwrite=True will not replace it: choose another path or move it away yourself."
+        )
     with staging_dir(destination) as staged:
         write_model_files(model, staged)
         write_manifest(staged)
