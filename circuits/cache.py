@@ -115,16 +115,50 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _payload_files(directory: Path) -> list[Path]:
-    return sorted(
-        p for p in directory.rglob("*") if p.is_file() and p.relative_to(directory).as_posix() != MANIFEST_FILE
-    )
-
-
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def file_entries(directory: str | Path, exclude: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"size", "sha256"}}`` of every file under ``directory`` but ``exclude``."""
+    directory = Path(directory)
+    return {
+        p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.relative_to(directory).as_posix() not in exclude
+    }
+
+
+def check_files(directory: str | Path, files: Any, manifest_name: str = MANIFEST_FILE) -> list[str]:
+    """Check the files of ``directory`` against manifest entries ``files`` (from `file_entries`).
+
+    One message per problem: an entry that is malformed or points outside ``directory``, a
+    missing file, a size mismatch (truncation) or a sha256 mismatch (any changed byte).
+    """
+    directory = Path(directory)
+    if not isinstance(files, dict):
+        return [f"{manifest_name} is not a manifest (a JSON object with a 'files' object); it was replaced or damaged"]
+    problems, to_hash = [], []
+    root = directory.resolve()
+    for name, expected in sorted(files.items()):  # cheap checks first, hashing last
+        path = directory / name
+        if not _confined(root, name):
+            problems.append(f"{manifest_name} lists {name!r}, a path outside the directory")
+        elif not (isinstance(expected, dict) and isinstance(expected.get("size"), int)
+                  and isinstance(expected.get("sha256"), str)):
+            problems.append(f"{manifest_name} entry for {name} lacks its size or sha256")
+        elif not path.is_file():
+            problems.append(f"{name} is missing")
+        elif (size := path.stat().st_size) != expected["size"]:
+            problems.append(f"{name} has {size} bytes, the manifest says {expected['size']} (truncated or replaced)")
+        else:
+            to_hash.append((name, path, expected["sha256"]))
+    for name, path, sha256 in to_hash:
+        if _sha256(path) != sha256:
+            problems.append(f"{name} has the right size but a different sha256 (its content changed)")
+    return problems
 
 
 def write_manifest(directory: str | Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -134,10 +168,7 @@ def write_manifest(directory: str | Path, extra: dict[str, Any] | None = None) -
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         **(extra or {}),
-        "files": {
-            p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
-            for p in _payload_files(directory)
-        },
+        "files": file_entries(directory, exclude=(MANIFEST_FILE,)),
     }
     _atomic_write_text(directory / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
@@ -183,24 +214,7 @@ def verify_model_dir(directory: str | Path) -> list[str]:
     for required in (WEIGHTS_FILE, CONFIG_FILE):
         if required not in files:
             problems.append(f"{MANIFEST_FILE} does not list {required}")
-    to_hash = []
-    root = directory.resolve()
-    for name, expected in sorted(files.items()):  # cheap checks first, hashing last
-        path = directory / name
-        if not _confined(root, name):
-            problems.append(f"{MANIFEST_FILE} lists {name!r}, a path outside the model directory")
-        elif not (isinstance(expected, dict) and isinstance(expected.get("size"), int)
-                  and isinstance(expected.get("sha256"), str)):
-            problems.append(f"{MANIFEST_FILE} entry for {name} lacks its size or sha256")
-        elif not path.is_file():
-            problems.append(f"{name} is missing")
-        elif (size := path.stat().st_size) != expected["size"]:
-            problems.append(f"{name} has {size} bytes, the manifest says {expected['size']} (truncated or replaced)")
-        else:
-            to_hash.append((name, path, expected["sha256"]))
-    for name, path, sha256 in to_hash:
-        if _sha256(path) != sha256:
-            problems.append(f"{name} has the right size but a different sha256 (its content changed)")
+    problems += check_files(directory, files)
     return problems
 
 

@@ -49,7 +49,7 @@ def test_cuda_on_cpu_torch_is_a_clear_error():
     [
         (["model.safetensors"], "is not a manifest"),
         ("drop_size", "lacks its size or sha256"),
-        ("escape", "a path outside the model directory"),
+        ("escape", "a path outside the directory"),
     ],
 )
 def test_malformed_manifests_are_reported(tmp_path, manifest, message):
