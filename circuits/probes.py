@@ -55,6 +55,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
+from circuits.checks import positive_int
 from circuits.metrics import unembed_end
 from circuits.tasks import iter_batches
 
@@ -69,6 +70,9 @@ class ProbeConfig:
     direction: str = "raw"
     batch_size: int = 16
     logit_lens: bool = True
+
+    def __post_init__(self) -> None:
+        positive_int(self.batch_size, "ProbeConfig.batch_size")
 
 
 @dataclass

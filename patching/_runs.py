@@ -25,6 +25,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 from transformer_lens import utils as tl_utils
 
+from circuits.checks import positive_int
 from circuits.tasks import TaskBatch, iter_batches
 
 PromptInput = Union[Dataset, TaskBatch, Tensor]
@@ -68,6 +69,7 @@ def prompt_groups(
 ) -> list[PromptGroup]:
     """Normalise the accepted input forms into equal-length groups on the model's device (see module docstring)."""
     device = model.cfg.device
+    positive_int(batch_size, "batch_size", allow_none=True)  # None: one group per prompt length
     groups: list[PromptGroup] = []
     if isinstance(reference, Dataset):
         if counterfactual is not None:

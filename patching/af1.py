@@ -44,6 +44,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
 
+from circuits.checks import positive_int
 from circuits.metrics import unembed_end
 from circuits.nodes import Head
 from circuits.errors import ToolkitError
@@ -75,6 +76,8 @@ class AF1Config:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        positive_int(self.batch_size, "AF1Config.batch_size")
+        positive_int(self.tail_batch_size, "AF1Config.tail_batch_size")
         if not 0 < self.fit_fraction < 1:
             raise ValueError(f"fit_fraction must be in (0, 1), got {self.fit_fraction}.")
         if not 0 < self.min_faithfulness <= 1 or not 0 < self.prune_keep <= 1:

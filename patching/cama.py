@@ -51,6 +51,8 @@ from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 from transformer_lens.hook_points import HookPoint
 
+from circuits.checks import positive_int
+
 
 @dataclass(frozen=True)
 class CamaConfig:
@@ -223,6 +225,7 @@ def residuals(
     fwd_hooks: Sequence = (),
 ) -> dict[int, Float[Tensor, "batch pos d_model"]]:
     """The residual stream at each CAMA ``layer`` (see :func:`resid_hook_name`), batched, on the model's device."""
+    positive_int(batch_size, "batch_size")
     names = {resid_hook_name(model, layer): layer for layer in layers}
     out: dict[int, list[Tensor]] = {layer: [] for layer in layers}
     # blocks.L.hook_resid_pre fires inside block L, so run blocks 0..L (stop_at_layer is exclusive).
