@@ -374,9 +374,9 @@ def _role_mask(rows: list[dict], key: str, n_pos: int) -> Bool[Tensor, "batch po
 
 def iter_batches(dataset: Dataset, batch_size: int = 32, device: str | torch.device | None = None) -> Iterator[TaskBatch]:
     """Batches of rows with equal token length (rows of one length stay in dataset order)."""
-    positive_int(batch_size, "batch_size")
     if len(dataset) == 0:
         raise TaskDataError("The dataset is empty: nothing to batch.")
+    positive_int(batch_size, "batch_size")
     by_length: dict[int, list[int]] = {}
     for i, n in enumerate(dataset["end_pos"]):
         by_length.setdefault(n + 1, []).append(i)

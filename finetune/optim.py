@@ -153,6 +153,6 @@ class SliceAdamW:
                 if key not in tensors:
                     raise KeyError(f"Optimizer state lacks {key!r}: the checkpoint was written for other slices.")
                 if tensors[key].shape != buf.shape:
-                    raise ValueError(f"{key}: checkpoint shape {tuple(tensors[key].shape)} != {tuple(buf.shape)}.")
+                    raise InputError(f"{key}: checkpoint shape {tuple(tensors[key].shape)} != {tuple(buf.shape)}.")
                 buf.copy_(tensors[key])
         self.step_count = int(step_count)
