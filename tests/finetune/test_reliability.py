@@ -12,22 +12,11 @@ from circuits.testing import tiny_model
 from finetune.checkpoints import CheckpointError, list_checkpoints, load_tuned
 from finetune.optim import SliceAdamW
 from finetune.trainer import NonFiniteLossError, TrainConfig, train
+from tests.finetune.test_trainer import Interrupt, _interrupt_at
 
 CFG = TrainConfig(lr=5e-3, batch_size=8, micro_batch_size=4, max_steps=6, checkpoint_every=2, keep_checkpoints=3,
                   progress=False)
 HEADS = [Head(0, 1), Head(1, 2)]
-
-
-class Interrupt(Exception):
-    pass
-
-
-def _stop_at(n):
-    def on_step(step, loss):
-        if step == n:
-            raise Interrupt
-
-    return on_step
 
 
 def _state(model):
@@ -39,7 +28,7 @@ def checkpoints(sft_rows, tmp_path):
     """A precise run interrupted after step 5: checkpoints at steps 2 and 4."""
     with pytest.raises(Interrupt):
         train(tiny_model(style="gemma"), sft_rows, CFG, method="precise", heads=HEADS, out_dir=tmp_path,
-              on_step=_stop_at(5))
+              on_step=_interrupt_at(5))
     found = list_checkpoints(tmp_path)
     assert [s for s, _ in found] == [2, 4]
     return tmp_path, dict(found)
