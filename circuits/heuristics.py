@@ -39,18 +39,21 @@ def _ranges(low: int, high: int, min_width: int = 1) -> Iterator[tuple[int, int]
 
 
 def operand_range_patterns(a: Tensor, b: Tensor) -> Iterator[Pattern]:
+    """"a in lo..hi" and "b in lo..hi" for every proper sub-range of the operand values."""
     for name, operand in (("a", a), ("b", b)):
         for lo, hi in _ranges(int(operand.min()), int(operand.max())):
             yield f"{name} in {lo}..{hi}", ((operand >= lo) & (operand <= hi)).double()
 
 
 def result_range_patterns(a: Tensor, b: Tensor) -> Iterator[Pattern]:
+    """"a+b in lo..hi" for every proper sub-range of the sums."""
     s = a + b
     for lo, hi in _ranges(int(s.min()), int(s.max())):
         yield f"a+b in {lo}..{hi}", ((s >= lo) & (s <= hi)).double()
 
 
 def modulus_patterns(a: Tensor, b: Tensor) -> Iterator[Pattern]:
+    """"x ≡ r mod T" for x in (a+b, a, b), T in :data:`MODULI` and every residue r."""
     for name, value in (("a+b", a + b), ("a", a), ("b", b)):
         for t in MODULI:
             for r in range(t):
@@ -58,6 +61,7 @@ def modulus_patterns(a: Tensor, b: Tensor) -> Iterator[Pattern]:
 
 
 def identical_operand_patterns(a: Tensor, b: Tensor) -> Iterator[Pattern]:
+    """The diagonal a = b."""
     yield "a = b", (a == b).double()
 
 
