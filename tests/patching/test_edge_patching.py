@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.tasks import make_dataset, single_batch
 from circuits.testing import tiny_model
@@ -113,3 +114,75 @@ def test_counterfactual_evaluation_with_and_without_prefix_reuse_agree(setup):
     fast = evaluate_circuit(model, mask, data)
     slow = evaluate_circuit(model, mask, data, reuse_prefix=False)
     torch.testing.assert_close(fast.per_prompt, slow.per_prompt, atol=2e-5, rtol=1e-4)
+
+
+def test_mean_ablation_pools_must_be_given_disjoint_and_of_the_right_lengths():
+    model = tiny_model(style="gemma", n_layers=1, seed=0)
+    data = make_dataset(model, n_prompts=4, n_shots=1, template_ids=["add-equation-0"], seed=1)
+    full = _full(model)
+    with pytest.raises(MeanPoolError, match="needs means_from"):
+        evaluate_circuit(model, full, data, ablation="mean")
+    overlapping = make_dataset(model, n_prompts=6, n_shots=1, template_ids=["add-equation-0"], seed=1)
+    with pytest.raises(MeanPoolError, match=r"shares \d+ prompt\(s\) with the evaluated prompts"):
+        evaluate_circuit(model, full, data, ablation="mean", means_from=overlapping)
+    with pytest.raises(MeanPoolError, match="shares"):
+        evaluate_circuit(model, full, data, ablation="positional-mean", means_from=single_batch(data).tokens)
+    other_length = make_dataset(model, n_prompts=4, n_shots=0, template_ids=["add-equation-0"], seed=9)
+    with pytest.raises(MeanPoolError, match="positional-mean needs pool prompts of every evaluated length"):
+        evaluate_circuit(model, full, data, ablation="positional-mean", means_from=other_length)
+    evaluate_circuit(model, full, data, ablation="mean", means_from=other_length)  # any lengths will do for "mean"
+    with pytest.raises(InputError, match="means_from is only used by mean ablations"):
+        evaluate_circuit(model, full, data, means_from=other_length)
+    with pytest.raises(InputError, match="Unknown ablation"):
+        evaluate_circuit(model, full, data, ablation="resample")
+    with pytest.raises(InputError, match="shape"):
+        evaluate_circuit(model, full[:, :-1], data)
+    with pytest.raises(InputError, match="not an edge"):
+        edge_patch(model, ["m0->a0.h0<q>"], data, progress=False)
+    with pytest.raises(InputError, match="not an edge"):
+        edge_patch(model, [(0, GraphLayout.of(model).n_backward)], data, progress=False)
+
+
+def _no_hooks(model) -> bool:
+    return all(not hp.fwd_hooks and not hp.bwd_hooks for hp in model.hook_dict.values())
+
+
+@pytest.mark.parametrize("call", ["edge_patch", "evaluate", "evaluate_mean"])
+def test_no_hook_or_flag_survives_an_exception(call):
+    model = tiny_model(style="gemma", n_layers=2, seed=0)
+    data = make_dataset(model, n_prompts=3, n_shots=1, template_ids=["add-equation-0"], seed=1)
+    pool = make_dataset(model, n_prompts=3, n_shots=1, template_ids=["add-equation-0"], seed=8)
+    flags = {f: getattr(model.cfg, f) for f in ("use_split_qkv_input", "ungroup_grouped_query_attention", "use_hook_mlp_in")}
+    calls = []
+
+    def raising(logits, answers, alt):
+        calls.append(1)
+        if len(calls) > 1:  # fail inside the sweep, after the reference run
+            raise RuntimeError("metric failed")
+        return logits.gather(-1, answers[:, None])[:, 0]
+
+    runs = {
+        "edge_patch": lambda: edge_patch(model, None, data, metric=raising, progress=False),
+        "evaluate": lambda: evaluate_circuits(model, [_full(model)] * 2, data, metric=raising, memory_mb=1e-4),
+        "evaluate_mean": lambda: evaluate_circuits(model, [_full(model)] * 2, data, ablation="mean", means_from=pool,
+                                                   metric=raising, memory_mb=1e-4),
+    }
+    with pytest.raises(RuntimeError, match="metric failed"):
+        runs[call]()
+    assert _no_hooks(model)
+    assert {f: getattr(model.cfg, f) for f in flags} == flags
+
+
+@pytest.mark.integration
+def test_gemma_full_graph_reproduces_the_model_and_empty_graph_the_counterfactual(gemma):
+    data = make_dataset(gemma, n_prompts=3, n_shots=2, template_ids=["add-equation-0"], seed=0)
+    batch = single_batch(data)
+    full, empty = evaluate_circuits(gemma, [_full(gemma), torch.zeros_like(_full(gemma))], data, metric="logit")
+    ref = gemma(batch.tokens)[:, -1].gather(-1, batch.answer_ids[:, None])[:, 0]
+    cf = gemma(batch.cf_tokens)[:, -1].gather(-1, batch.answer_ids[:, None])[:, 0]
+    torch.testing.assert_close(full.per_prompt.float(), ref, atol=1e-3, rtol=1e-4)
+    torch.testing.assert_close(empty.per_prompt.float(), cf, atol=1e-3, rtol=1e-4)
+    assert full.n_edges == 10342
+    logprob = evaluate_circuit(gemma, Graph.from_model(gemma), data, metric="logprob")  # reads the whole vocabulary
+    expected = gemma(batch.tokens)[:, -1].log_softmax(-1).gather(-1, batch.answer_ids[:, None])[:, 0]
+    torch.testing.assert_close(logprob.per_prompt.float(), expected, atol=1e-3, rtol=1e-4)
