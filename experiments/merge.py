@@ -124,7 +124,7 @@ def run_config(args) -> None:
     if unexpected or any(not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos")) for k in missing):
         raise SystemExit(f"The merged weights do not fit {args.model}: missing {missing[:5]}, unexpected {unexpected[:5]}.")
     path = save_model(model, out / "merged", overwrite=args.overwrite)
-    write_json_atomic(out / "results.json", {
+    complete_run(out, {
         "config": str(args.config), "method": plan.method, "method_config": repr(plan.config),
         "weights": plan.weights, "models": plan.expert_names, "seconds": round(seconds, 2),
         "peak_mb": round(peak_mb, 1), "merged": str(path)})
