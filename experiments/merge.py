@@ -39,7 +39,7 @@ import torch
 
 from circuits.loading import load_model
 from circuits.report import Report
-from circuits.runs import StageTimer, default_run_dir, prepare_run_dir, write_json_atomic
+from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results
 from circuits.cache import save_model
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     out = prepare_run_dir(args.out or default_run_dir("merge"), args.overwrite)
     timer = StageTimer()
     results: dict = {"args": vars(args), "models": {}, "seconds": timer.seconds}
-    save = lambda: write_json_atomic(out / "results.json", results)  # noqa: E731
+    timer.run_dir, timer.results = out, results  # results.json (status running) after every stage
+    save = lambda: save_results(out, results)  # noqa: E731
 
     # ---------------------------------------------------------------- base and data
     with timer.stage("load"):
@@ -386,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     report.add_settings(vars(args))
     report.add_table(timer.seconds, heading="Stage times (s)")
     report.save(out / "report.html")
+    complete_run(out, results)
     print(f"report: {out / 'report.html'}; total {timer.total / 60:.1f} min")
 
 
