@@ -44,7 +44,7 @@ from circuits.numbers import (
     pairs_by_result,
     single_token_numbers,
 )
-from circuits.runs import StageTimer, default_run_dir, prepare_run_dir, write_json_atomic
+from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results
 from circuits.stats import paired_difference, proportion
 from experiments._numbers_report import write_report
 from patching.number_interventions import (
@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    timer = StageTimer()
     out = prepare_run_dir(args.out or default_run_dir("numbers"), overwrite=args.overwrite)
+    timer = StageTimer(run_dir=out, results={"model": args.model, "settings": vars(args)})  # results.json per stage
     with timer.stage("load model"):
         model = load_model(args.model, device=args.device, dtype=args.dtype)
     n_layers = model.cfg.n_layers
@@ -267,9 +267,10 @@ def main(argv: list[str] | None = None) -> dict:
     # ------------------------------------------------------------------------ outputs
     results["seconds"] = timer.seconds
     results["wall_seconds"] = round(time.perf_counter() - start, 1)
-    write_json_atomic(out / "results.json", results)
+    save_results(out, results)
     # The report reads what results.json holds (JSON keys are strings), not the in-memory dict.
     write_report(json.loads((out / "results.json").read_text()), out, grids=grids[:12], grid_labels=labels[:12])
+    complete_run(out, results)
     print(f"wrote {out}/results.json, figures.html, report.html in {results['wall_seconds']:.0f} s")
     return results
 
