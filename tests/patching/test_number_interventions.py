@@ -154,3 +154,19 @@ def test_neuron_attribution_gradient_matches_finite_differences(model):
         grad = (metric_with(a + eps, row) - metric_with(a - eps, row)) / (2 * eps)
         estimates.append(abs((a - float(acts[:, j, neuron].mean())) * grad))
     assert abs(sum(estimates) / 2 - float(scores[j, neuron])) < 1e-2 * max(1.0, float(scores[j, neuron]))
+
+
+def test_no_hook_survives_an_edit_that_raises(model, pairs):
+    clean, _ = pairs
+    answers = [r["answer_token_ids"][0] for r in clean.rows]
+
+    def failing(chunk):
+        def hook(tensor, *, hook):
+            raise RuntimeError("edit failed")
+        return [(HOOK, hook)]
+
+    with pytest.raises(RuntimeError, match="edit failed"):
+        evaluate_end(model, clean.tokens(), answers, edit=failing)
+    assert all(not hp.fwd_hooks and not hp.bwd_hooks for hp in model.hook_dict.values())
+    neuron_attribution(model, clean.tokens()[:2], answers[:2], [0], candidate_ids=answers[:2])
+    assert all(not hp.fwd_hooks and not hp.bwd_hooks for hp in model.hook_dict.values())
