@@ -44,6 +44,8 @@ from patching.knockout import knockout_curve, knockout_transfer
 from patching.path_patching import path_patch
 from patching.results import key_heads
 
+from experiments import _cli as cli
+
 logger = logging.getLogger("experiments")
 
 CASE_PROBLEMS = {"+": "4 + 3 = ", "-": "7 - 3 = ", "*": "4 * 2 = ", "/": "8 / 2 = "}
@@ -77,8 +79,6 @@ class PipelineConfig:
 
 FLAG_HELP = {
     "model": "offline model name, TransformerLens model name, or a saved model directory",
-    "device": "'auto' (CUDA when present), 'cpu' or 'cuda'",
-    "dtype": "float32 / bfloat16 (default: float32 on CPU, bfloat16 on CUDA)",
     "n_prompts": "prompts sampled before keeping the correctly answered ones",
     "n_shots": "solved examples before each prompt",
     "seed": "seed of the data, the random-rank knockouts and training",
@@ -87,7 +87,7 @@ FLAG_HELP = {
     "knockout_ks": "comma-separated numbers of heads to knock out",
     "knockout_seeds": "random-rank repeats per k",
     "transfer_prompts": "prompts per transfer format",
-    "af1_stride": "L_wait step of the coarse AF1 grid (0: skip AF1)",
+    "af1_stride": "L_wait step of the coarse AF1 grid on zero-shot one-token prompts (0: skip AF1)",
     "af1_prompts": "prompts for the AF1 grid (55 = every one-digit sum below 10)",
     "finetune": "also tune the key heads with precise SFT and report accuracy before/after",
     "finetune_steps": "optimizer steps of that precise SFT run",
@@ -97,25 +97,39 @@ FLAG_HELP = {
     "overwrite": "write into an existing output folder",
 }
 
+# Checked when parsed, so a bad flag fails before the model loads (experiments._cli).
+FLAG_TYPES = {
+    "n_prompts": cli.positive_int, "n_shots": cli.nonnegative_int, "seed": int, "top_k": cli.positive_int,
+    "knockout_prompts": cli.positive_int, "knockout_ks": cli.int_list, "knockout_seeds": cli.positive_int,
+    "transfer_prompts": cli.positive_int, "af1_stride": cli.nonnegative_int, "af1_prompts": cli.positive_int,
+    "finetune_steps": cli.positive_int, "batch_size": cli.positive_int, "threads": cli.nonnegative_int,
+}
 
-def parse_config(op: str, argv: list[str] | None = None) -> PipelineConfig:
-    """CLI flags for every field of :class:`PipelineConfig` (``--help`` lists the defaults)."""
+
+def build_parser(op: str) -> argparse.ArgumentParser:
+    """The parser of ``python -m experiments.<operation>``: one flag per :class:`PipelineConfig` field."""
     name = resolve_operation(op).name
-    parser = argparse.ArgumentParser(
-        prog=f"python -m experiments.{name}",
-        description=f"Identify, validate and analyze the {name} circuit of a model.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = cli.make_parser(name, f"Identify, validate and analyze the {name} circuit of a model.\n\n"
+                             + __doc__.split("\n\n", 1)[1])
+    cli.add_device_flags(parser)
     for f in dataclasses.fields(PipelineConfig):
-        if f.name == "op":
+        if f.name in ("op", "device", "dtype"):
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":
             parser.add_argument(flag, action="store_true", help=FLAG_HELP[f.name])
         else:
-            kind = {"int": int, "float": float}.get(str(f.type), str)
-            parser.add_argument(flag, type=kind, default=f.default, help=FLAG_HELP[f.name])
-    return PipelineConfig(op=op, **vars(parser.parse_args(argv)))
+            kind = FLAG_TYPES.get(f.name, str)
+            metavar = {int: "N", cli.positive_int: "N", cli.nonnegative_int: "N", cli.int_list: "K,K,..."}.get(kind)
+            parser.add_argument(flag, type=kind, default=f.default, metavar=metavar, help=FLAG_HELP[f.name])
+    return parser
+
+
+def parse_config(op: str, argv: list[str] | None = None) -> PipelineConfig:
+    """CLI flags for every field of :class:`PipelineConfig` (``--help`` lists the defaults)."""
+    args = vars(build_parser(op).parse_args(argv))
+    args.pop("debug")
+    return PipelineConfig(op=op, **args)
 
 
 def _style_accuracy(dataset, mask) -> dict[str, float]:
@@ -140,12 +154,14 @@ def run(cfg: PipelineConfig) -> dict:
     results: dict = {"experiment": name, "settings": dataclasses.asdict(cfg)}
 
     # 1. model and data ------------------------------------------------------------------
-    with timer.stage("load model"):
-        model = load_model(cfg.model, device=None if cfg.device == "auto" else cfg.device, dtype=cfg.dtype)
+    with timer.stage("load model"), cli.progress(f"loading {cfg.model} (a first run builds the model cache: ~1 min)"):
+        model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
     with timer.stage("data"):
         task = TaskConfig(op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
-        dataset = make_dataset(model, task)
-        mask = accuracy_mask(model, dataset, cfg.batch_size)
+        with cli.progress(f"building {cfg.n_prompts} {name} prompts"):
+            dataset = make_dataset(model, task)
+        with cli.progress(f"base accuracy on {len(dataset)} prompts"):
+            mask = accuracy_mask(model, dataset, cfg.batch_size)
         kept, base_accuracy = filter_correct(model, dataset, mask=mask)
     results |= {"model": cfg.model, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
                 "n_prompts": len(dataset), "n_kept": len(kept), "base_accuracy": base_accuracy,
@@ -279,6 +295,11 @@ def _precise_sft(model, heads, cfg: PipelineConfig, out: Path) -> dict:
 
 
 def main(op: str, argv: list[str] | None = None) -> dict:
-    """Entry point of ``python -m experiments.<operation>``."""
+    """Parse ``argv`` (default: ``sys.argv``), run, return the results; errors propagate (see :func:`cli_main`)."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     return run(parse_config(op, argv))
+
+
+def cli_main(op: str) -> None:
+    """``python -m experiments.<operation>``: bad input is one line on stderr and exit status 2 (``--debug``: traceback)."""
+    cli.run_cli(lambda argv: main(op, argv), resolve_operation(op).name)
