@@ -32,6 +32,7 @@ from circuits.attention import (
     HeadClassConfig, attention_reads, attention_views, classes_table, classify_heads, plot_role_distribution, plot_role_heatmap,
 )
 from circuits.circuit_figure import circuit_figure
+from circuits.export import StaticExportError, export_figures, parse_formats
 from circuits.loading import load_model
 from circuits.probes import ProbeConfig, plot_top_tokens, probe_mlps, top_number_tokens
 from circuits.report import run_report
@@ -77,6 +78,7 @@ class PipelineConfig:
     threads: int = 0
     out: str | None = None
     overwrite: bool = False
+    figures: str = ""
 
 
 FLAG_HELP = {
@@ -97,6 +99,8 @@ FLAG_HELP = {
     "threads": "torch CPU threads (0: torch's default)",
     "out": "output folder (default: runs/<operation>-<timestamp>)",
     "overwrite": "write into an existing output folder",
+    "figures": "also write each figure as static files next to its JSON, sized for a two-column paper: a "
+               "comma-separated subset of svg,pdf,png (needs kaleido and Chrome/Chromium; default: none)",
 }
 
 # Checked when parsed, so a bad flag fails before the model loads (experiments._cli).
@@ -105,6 +109,7 @@ FLAG_TYPES = {
     "knockout_prompts": cli.positive_int, "knockout_ks": cli.int_list, "knockout_seeds": cli.positive_int,
     "transfer_prompts": cli.positive_int, "af1_stride": cli.nonnegative_int, "af1_prompts": cli.positive_int,
     "finetune_steps": cli.positive_int, "batch_size": cli.positive_int, "threads": cli.nonnegative_int,
+    "figures": cli.figure_formats,
 }
 
 
@@ -122,7 +127,8 @@ def build_parser(op: str) -> argparse.ArgumentParser:
             parser.add_argument(flag, action="store_true", help=FLAG_HELP[f.name])
         else:
             kind = FLAG_TYPES.get(f.name, str)
-            metavar = {int: "N", cli.positive_int: "N", cli.nonnegative_int: "N", cli.int_list: "K,K,..."}.get(kind)
+            metavar = {int: "N", cli.positive_int: "N", cli.nonnegative_int: "N", cli.int_list: "K,K,...",
+                       cli.figure_formats: "FORMATS"}.get(kind)
             parser.add_argument(flag, type=kind, default=f.default, metavar=metavar, help=FLAG_HELP[f.name])
     return parser
 
@@ -231,6 +237,14 @@ def run(cfg: PipelineConfig) -> dict:
     # 7. outputs --------------------------------------------------------------------------
     for key, fig in figures.items():
         write_text_atomic(figures_dir / f"{key}.json", fig.to_json())
+    if cfg.figures:
+        with timer.stage("static figures"), cli.progress(f"writing {cfg.figures} figures"):
+            try:  # the run's results matter more than its static copies: a failure is recorded, not fatal
+                written = export_figures(figures, figures_dir, parse_formats(cfg.figures))
+                results["static_figures"] = [str(p.relative_to(out)) for p in written]
+            except StaticExportError as err:
+                results["static_figures_error"] = str(err)
+                print(f"warning: {err}")
     results["seconds"] = timer.seconds
     results["wall_seconds"] = round(time.perf_counter() - start, 1)
     report = run_report(

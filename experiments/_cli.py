@@ -122,6 +122,18 @@ def int_list(text: str) -> str:
     return text
 
 
+def figure_formats(text: str) -> str:
+    """``svg,pdf,png`` (any subset): the static figure formats, checked with kaleido's presence (returned as given)."""
+    from circuits.export import parse_formats, require_kaleido
+
+    try:
+        if parse_formats(text):
+            require_kaleido()
+    except ToolkitError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def device(text: str) -> str:
     """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``, checked against what this torch build can use."""
     if text == "auto":

@@ -131,15 +131,16 @@ class NodeScores:
         bound = lambda t: float(torch.nan_to_num(t.abs(), nan=0.0).max()) or 1.0  # noqa: E731
         n_layers, n_heads = heads.shape
         unit = "%" if percent else self.metric
-        fig = make_subplots(rows=1, cols=2, column_widths=[0.8, 0.2], horizontal_spacing=0.12,
+        # Each colour bar sits in the gap right of its own panel (heads panel ends at x = 0.84 * 0.8).
+        fig = make_subplots(rows=1, cols=2, column_widths=[0.8, 0.2], horizontal_spacing=0.16,
                             subplot_titles=("heads", "MLPs (own scale)"))
         fig.add_trace(go.Heatmap(z=heads.numpy(), x=[str(h) for h in range(n_heads)], y=list(range(n_layers)),
                                  colorscale="RdBu", zmid=0, zmin=-bound(heads), zmax=bound(heads),
-                                 colorbar=dict(title=f"heads ({unit})", x=0.66, len=0.9),
+                                 colorbar=dict(title=f"heads ({unit})", x=0.68, xanchor="left", thickness=12, len=0.9),
                                  hovertemplate="L%{y}H%{x}: %{z:.3g}<extra></extra>"), 1, 1)
         fig.add_trace(go.Heatmap(z=mlps.numpy()[:, None], x=["MLP"], y=list(range(n_layers)),
                                  colorscale="RdBu", zmid=0, zmin=-bound(mlps), zmax=bound(mlps),
-                                 colorbar=dict(title=f"MLPs ({unit})", x=1.02, len=0.9),
+                                 colorbar=dict(title=f"MLPs ({unit})", x=1.01, xanchor="left", thickness=12, len=0.9),
                                  hovertemplate="MLP%{y}: %{z:.3g}<extra></extra>"), 1, 2)
         if key_heads:
             fig.add_trace(go.Scatter(

@@ -94,6 +94,7 @@ BAD_FLAGS = [
     (["--af1-stride", "-1"], "--af1-stride: must be an integer >= 0"),
     (["--threads", "-2"], "--threads: must be an integer >= 0"),
     (["--dtype", "float8"], "--dtype: invalid choice"),
+    (["--figures", "svg,eps"], "--figures: Unknown figure format(s) 'eps'"),
 ]
 
 
