@@ -202,9 +202,11 @@ def run(cfg: PipelineConfig) -> dict:
         classes = classify_heads(reads, HeadClassConfig())
         key_classes = [c for c in classes if c.head in set(heads)]
         role = {c.head: c.label for c in classes}
-        views = _views_per_head(attention_views(model, kept, heads[:4], max_prompts=1), heads[:4], role, "few-shot")
+        views = _views_per_head(attention_views(model, kept, heads[:4], max_prompts=1, last_tokens=MAX_VIEW_TOKENS),
+                                heads[:4], role, "few-shot")
         for format_name in ("multi_digit", "word_problem"):
-            views += _views_per_head(attention_views(model, formats[format_name], heads[:1], max_prompts=1),
+            views += _views_per_head(attention_views(model, formats[format_name], heads[:1], max_prompts=1,
+                                                     last_tokens=MAX_VIEW_TOKENS),
                                      heads[:1], role, format_name.replace("_", "-"))
     figures["attention_roles"] = plot_role_distribution(reads, heads, key_classes, title=f"END-query attention of the key heads, {name}")
     figures["attention_all_heads"] = plot_role_heatmap(reads, model.cfg.n_layers, model.cfg.n_heads)
@@ -282,6 +284,7 @@ def run(cfg: PipelineConfig) -> dict:
     return results
 
 
+MAX_VIEW_TOKENS = 160  # an attention view shows the whole prompt up to this many tokens (a grid grows as n^2)
 MIN_READABLE = 20  # fewer prompts than this and a stage's numbers are noise: the report says so instead
 
 
@@ -302,7 +305,9 @@ def _views_per_head(views: list, heads: list, role: dict, label: str) -> list:
         for i, head in enumerate(heads):
             kind = role.get(head, "other")
             out.append(dataclasses.replace(view, attention=view.attention[i:i + 1], head_names=[str(head)],
-                                           title=f"{head} ({kind} head), key head #{i + 1}, {label} prompt"))
+                                           title=f"{head} ({kind} head), key head #{i + 1}, {label} prompt"
+                                           + (f" (its last {MAX_VIEW_TOKENS} tokens)" if len(view.tokens) >= MAX_VIEW_TOKENS
+                                              else "")))
     return out
 
 
