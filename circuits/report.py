@@ -307,6 +307,7 @@ def run_report(
     settings: Mapping[str, Any] | None = None,
     notes: str | None = None,
     captions: Mapping[str, str] | None = None,
+    notices: Sequence[str] = (),
 ) -> Report:
     """The standard sections of an arithmetic-circuit run; each is skipped when its inputs are ``None``/empty.
 
@@ -314,11 +315,14 @@ def run_report(
     :func:`circuits.attention.classify_heads`. Figures come from any package (patching, ...).
     Every figure gets a caption: ``captions[key]`` (keys of :data:`CAPTIONS`; ``attention_figures``
     take ``attention_roles`` then ``attention_all_heads``) or the default of :data:`CAPTIONS`.
+    ``notices`` (e.g. a sample too small to read) are highlighted right under the summary.
     """
     caption = {**CAPTIONS, **(captions or {})}
     report = Report(title)
     if notes:
         report.add_text(notes)
+    for notice in notices:
+        report.add_notice(notice)
     if dataset is not None:
         report.add_heading("Data")
         templates, examples = data_summary(dataset)

@@ -100,7 +100,7 @@ FLAG_HELP = {
     "out": "output folder (default: runs/<operation>-<timestamp>)",
     "overwrite": "write into an existing output folder",
     "figures": "also write each figure as static files next to its JSON, sized for a two-column paper: a "
-               "comma-separated subset of svg,pdf,png (needs kaleido and Chrome/Chromium; default: none)",
+               "comma-separated subset of svg,pdf,png; needs kaleido and Chrome/Chromium (default: none)",
 }
 
 # Checked when parsed, so a bad flag fails before the model loads (experiments._cli).
@@ -255,10 +255,8 @@ def run(cfg: PipelineConfig) -> dict:
         patching_figure=figures["path_patching"], knockout_figure=figures["knockout"],
         head_classes=classes, attention_figures=[figures["attention_roles"], figures["attention_all_heads"]], attention_views=views,
         probes=probes, top_tokens_figure=figures["top_tokens"], circuit_figure=figures["circuit"],
-        notes=_summary(results), captions=_captions(results, cfg),
+        notes=_summary(results), captions=_captions(results, cfg), notices=_small_samples(results, cfg),
     )
-    for notice in _small_samples(results, cfg):
-        report.add_notice(notice)
     report.add_figure(figures["knockout_transfer"], heading="Do the key heads transfer?", caption=(
         f"Accuracy (first answer token, top-1) of the full model and with the {len(heads)} key heads mean-ablated, "
         f"per data format (Zhang et al. Figure 4); {cfg.transfer_prompts} prompts per format, all prompts "
