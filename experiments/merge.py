@@ -36,6 +36,7 @@ import time
 
 import torch
 
+from circuits.errors import InputError
 from circuits.loading import load_model
 from circuits.report import Report
 from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results
@@ -124,7 +125,8 @@ def run_config(args) -> None:
     model = load_model(args.model)
     missing, unexpected = model.load_state_dict(merged, strict=False)
     if unexpected or any(not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos")) for k in missing):
-        raise SystemExit(f"The merged weights do not fit {args.model}: missing {missing[:5]}, unexpected {unexpected[:5]}.")
+        raise InputError(f"The merged weights do not fit {args.model}: missing {missing[:5]}, unexpected {unexpected[:5]}; "
+                         "give --model the architecture of the YAML's models.")
     path = save_model(model, out / "merged", overwrite=args.overwrite)
     complete_run(out, {
         "config": str(args.config), "method": plan.method, "method_config": repr(plan.config),
