@@ -242,7 +242,9 @@ def plot_role_distribution(
                 legendgroup=str(head), showlegend=row == 1,
             ), row=row, col=1)
         fig.update_yaxes(title_text="attention from END", range=[0, 1], row=row, col=1)
-    fig.update_layout(title=title, boxmode="group", height=320 * len(by_op) + 80)
+    # Legend below the plot, in rows: on the right it cut off the eighth head.
+    fig.update_layout(title=title, boxmode="group", height=320 * len(by_op) + 140,
+                      legend=dict(orientation="h", yanchor="top", y=-0.15, x=0), margin=dict(b=120))
     return fig
 
 
@@ -254,7 +256,7 @@ def plot_role_heatmap(reads: AttentionReads, n_layers: int, n_heads: int, title:
         grid = reads.grid(role, n_layers, n_heads).numpy()
         fig.add_trace(go.Heatmap(
             z=grid, x=[f"H{h}" for h in range(n_heads)], y=[f"L{l}" for l in range(n_layers)],
-            zmin=0, zmax=1, colorscale="Blues", showscale=col == 3,
+            zmin=0, zmax=1, colorscale="Blues", showscale=col == 3, colorbar=dict(title="mean<br>attention"),
             hovertemplate="%{y}%{x}: %{z:.3f}<extra></extra>",
         ), row=1, col=col)
     fig.update_yaxes(autorange="reversed")
@@ -273,6 +275,7 @@ class AttentionView:
     attention: Float[np.ndarray, "head query_pos key_pos"]
     head_names: list[str]
     title: str = ""
+    prompt: str = ""  # the decoded prompt, line breaks kept (the report shows it under the view)
 
     def props(self) -> dict:
         """Keyword arguments of circuitsvis' ``attention_heads`` / ``attention_patterns``."""
@@ -328,6 +331,6 @@ def attention_views(
         strs = token_strings(model, toks)
         if last_tokens is not None and last_tokens < len(strs):
             att, strs = att[:, -last_tokens:, -last_tokens:], strs[-last_tokens:]
-        views.append(AttentionView(strs, att.numpy(), [str(h) for h in heads],
-                                   title=model.tokenizer.decode(toks, skip_special_tokens=True)))
+        text = model.tokenizer.decode(toks, skip_special_tokens=True)
+        views.append(AttentionView(strs, att.numpy(), [str(h) for h in heads], title=text, prompt=text))
     return views

@@ -348,7 +348,7 @@ def _load_from_hub(
     try:
         official_name = get_official_model_name(name)
     except ValueError:
-        raise _not_available(name, "it is neither an offline model, a directory, nor a TransformerLens model name")
+        raise _not_available(name, "it is neither an offline model, a directory, nor a TransformerLens model name") from None
     if _hub_offline():
         raise _not_available(name, "HF_HUB_OFFLINE is set, so the Hugging Face hub is not used")
     if not _hub_reachable():

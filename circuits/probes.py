@@ -293,7 +293,7 @@ def plot_probe_cosines(results: ProbeResults, title: str = "MLP input/output vs 
                                      legendgroup=target, showlegend=col == 1), row=1, col=col)
         fig.update_xaxes(title_text="layer", row=1, col=col)
     fig.update_yaxes(title_text="cosine similarity", row=1, col=1)
-    fig.update_layout(title=title, height=380)
+    fig.update_layout(title=title, height=400, legend=dict(orientation="h", yanchor="top", y=-0.2, x=0))
     return fig
 
 
@@ -304,6 +304,7 @@ def plot_top_tokens(top: list[list[tuple[str, float]]], prompt: str = "", answer
     text = [[f"<b>{t}</b>" if answer is not None and t == answer else t for t, _ in row] for row in top]
     fig = go.Figure(go.Heatmap(z=z, x=[f"#{i + 1}" for i in range(k)], y=[f"L{l}" for l in range(n_layers)],
                                text=text, texttemplate="%{text}", colorscale="Viridis",
+                               colorbar=dict(title="cosine with<br>MLP output"),
                                hovertemplate="%{y} %{x}: %{text} (cos %{z:.3f})<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=f"Top number tokens by cosine with MLP output at END: {prompt!r}",
@@ -318,9 +319,14 @@ def plot_logit_lens(results: ProbeResults, title: str = "Logit lens at END: the 
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     fig.add_trace(go.Scatter(x=layers, y=results.top1_rate().tolist(), name="answer top-1 rate", mode="lines+markers"))
     fig.add_trace(go.Scatter(x=layers, y=results.prob.mean(0).tolist(), name="mean answer probability", mode="lines+markers"))
-    fig.add_trace(go.Scatter(x=layers, y=(results.rank.float().median(0).values + 1).tolist(), name="median rank (1 = top)",
+    fig.add_trace(go.Scatter(x=layers, y=(results.rank.float().median(0).values + 1).tolist(),
+                             name="median rank of the answer (1 = it is the top token)",
                              mode="lines+markers", line=dict(dash="dot")), secondary_y=True)
     fig.update_yaxes(title_text="rate / probability", range=[0, 1.05], secondary_y=False)
-    fig.update_yaxes(title_text="median rank", type="log", secondary_y=True)
-    fig.update_layout(title=title, xaxis_title="layer (residual after block)", height=380)
+    # Whole-number ticks on the log axis: plotly's default minor labels ("2, 3, 7") read as clipped numbers.
+    fig.update_yaxes(title_text="median rank of the answer (log)", type="log", secondary_y=True,
+                     tickvals=[1, 10, 100, 1000, 10000, 100000], ticktext=["1", "10", "100", "1k", "10k", "100k"],
+                     automargin=True)
+    fig.update_layout(title=title, xaxis_title="layer (residual after block)", height=420,
+                      margin=dict(r=90), legend=dict(orientation="h", yanchor="top", y=-0.18, x=0))
     return fig

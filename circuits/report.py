@@ -51,6 +51,9 @@ th { background: #f6f6f6; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .caption { color: #555; font-size: 0.9em; margin: .2em 0 1.2em; }
 .figure { margin: 1em 0; }
+figure.figure-block { margin: 1em 0 1.5em; }
+td.text { white-space: pre-wrap; font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 0.95em; }
+.notice { background: #fff6e0; border-left: 4px solid #e0a000; padding: .5em .8em; }
 .meta { color: #777; font-size: 0.85em; }
 pre { background: #f6f6f6; padding: .6em; overflow-x: auto; white-space: pre-wrap; }
 """
@@ -80,7 +83,10 @@ def _cell(value: Any) -> str:
         return f'<td class="num">{text}</td>'
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return f'<td class="num">{value}</td>'
-    return f"<td>{html.escape(str(value))}</td>"
+    text = str(value)
+    if "\n" in text:  # few-shot prompts: keep their line breaks
+        return f'<td class="text">{html.escape(text)}</td>'
+    return f"<td>{html.escape(text)}</td>"
 
 
 class Report:
@@ -115,11 +121,11 @@ class Report:
 
     def add_table(
         self, rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], *, heading: str | None = None,
-        caption: str | None = None, max_rows: int = 200,
+        caption: str | None = None, max_rows: int = 200, columns: tuple[str, str] = ("setting", "value"),
     ) -> "Report":
-        """A table from a list of dicts (one per row) or one dict (key/value rows)."""
+        """A table from a list of dicts (one per row) or one dict (key/value rows headed by ``columns``)."""
         if isinstance(rows, Mapping):
-            rows = [{"setting": k, "value": v} for k, v in rows.items()]
+            rows = [{columns[0]: k, columns[1]: v} for k, v in rows.items()]
         rows = list(rows)
         self._maybe_heading(heading)
         if not rows:
@@ -140,9 +146,15 @@ class Report:
         self._maybe_heading(heading)
         div = pio.to_html(fig, full_html=False, include_plotlyjs=False, include_mathjax=False,
                           div_id=f"fig-{uuid.uuid4().hex[:12]}", config={"displaylogo": False, "responsive": True})
-        cap = f'<p class="caption">{html.escape(caption)}</p>' if caption else ""
-        self.blocks.append(f'<div class="figure plotly-figure">{div}</div>{cap}')
+        cap = f'<figcaption class="caption">{html.escape(caption)}</figcaption>' if caption else ""
+        self.blocks.append(f'<figure class="figure-block"><div class="figure plotly-figure">{div}</div>{cap}</figure>')
         self.n_figures += 1
+        return self
+
+    def add_notice(self, text: str, *, heading: str | None = None) -> "Report":
+        """A highlighted note (e.g. a stage whose sample is too small to read), HTML-escaped."""
+        self._maybe_heading(heading)
+        self.blocks.append(f'<p class="notice">{html.escape(text)}</p>')
         return self
 
     def add_html(self, fragment: str, *, heading: str | None = None) -> "Report":
@@ -164,9 +176,10 @@ class Report:
 
         if isinstance(view, Mapping):
             tokens, attention, names = view["tokens"], view["attention"], view.get("head_names")
-            title = view.get("title", "")
+            title, prompt = view.get("title", ""), view.get("prompt", "")
         else:
             tokens, attention, names, title = view.tokens, view.attention, view.head_names, view.title
+            prompt = getattr(view, "prompt", "")
         attention = np.asarray(attention.detach().cpu() if hasattr(attention, "detach") else attention, dtype=float)
         if attention.ndim != 3 or attention.shape[1:] != (len(tokens), len(tokens)):
             raise ValueError(f"attention must be [head, {len(tokens)}, {len(tokens)}] for {len(tokens)} tokens, "
@@ -180,11 +193,13 @@ class Report:
             props["attentionHeadNames"] = list(names)
         self._maybe_heading(heading)
         div_id = f"cv-{uuid.uuid4().hex[:12]}"
-        cap = html.escape(caption or (f"Prompt: {title!r}" if title else ""))
+        cap = html.escape(caption or (f"Prompt: {title!r}" if title and not prompt else ""))
+        if prompt:  # the whole prompt, its line breaks kept
+            cap += f'<pre class="prompt">{html.escape(prompt)}</pre>'
         self.blocks.append(
-            f'<div class="attention-view" id="{div_id}"></div>'
+            f'<figure class="figure-block"><div class="attention-view" id="{div_id}"></div>'
             f'<script>CircuitsVis.render("{div_id}", CircuitsVis.{component}, {_json_for_script(props)});</script>'
-            + (f'<p class="caption">{cap}</p>' if cap else "")
+            + (f'<figcaption class="caption">{cap}</figcaption>' if cap else "") + "</figure>"
         )
         self.n_attention_views += 1
         return self
@@ -250,6 +265,30 @@ def data_summary(dataset, base_accuracy: float | None = None, n_examples: int = 
     return templates, examples
 
 
+CAPTIONS = {
+    "path_patching": "Path patching: the change of the answer logit at the last token when one node's path to the "
+                     "logits is patched with its counterfactual activation, in % of the unpatched logit (mean over "
+                     "the prompts; point estimates, no interval drawn). Red: the logit drops (the node carries the "
+                     "answer); blue: it rises. Heads and MLPs have separate colour scales; outlined squares are the "
+                     "key heads, numbered by rank.",
+    "knockout": "Accuracy (first answer token, top-1) as the k heads with the largest path-patching drop are "
+                "mean-ablated, against k random heads; k = 0 is the unablated model on prompts it answers correctly.",
+    "attention_roles": "Attention of the key heads from the last token on each role (operands, operator, BOS, the "
+                       "rest): one box per head and role over the prompts (box: quartiles, whiskers: 1.5 IQR).",
+    "attention_all_heads": "Mean attention from the last token on the operands, the operator and BOS, for every "
+                           "head (0 to 1; averaged over the prompts).",
+    "probe_cosines": "Cosine similarity of each MLP's input and output with the unembedding of the operands A, B, "
+                     "the answer C and the other numbers, at the last token, averaged over the prompts (no interval).",
+    "top_tokens": "The number tokens whose unembedding is closest (cosine) to each layer's MLP output at the last "
+                  "token, for one prompt; rank 1 on the left; the answer in bold.",
+    "logit_lens": "Logit lens at the last token: after each block, the share of prompts whose answer is the top "
+                  "token, its mean probability (left axis) and its median rank (right axis, log; rank 1 = the "
+                  "answer is the top token).",
+    "circuit": "The key heads (coloured by their attention role), the key MLPs and the logits; marker size grows "
+               "with |path-patching effect|. Edges only show which later nodes a node can reach.",
+}
+
+
 def run_report(
     title: str,
     *,
@@ -267,15 +306,23 @@ def run_report(
     circuit_figure: go.Figure | None = None,
     settings: Mapping[str, Any] | None = None,
     notes: str | None = None,
+    captions: Mapping[str, str] | None = None,
+    notices: Sequence[str] = (),
 ) -> Report:
     """The standard sections of an arithmetic-circuit run; each is skipped when its inputs are ``None``/empty.
 
     ``probes`` is a :class:`circuits.probes.ProbeResults`; ``head_classes`` the output of
     :func:`circuits.attention.classify_heads`. Figures come from any package (patching, ...).
+    Every figure gets a caption: ``captions[key]`` (keys of :data:`CAPTIONS`; ``attention_figures``
+    take ``attention_roles`` then ``attention_all_heads``) or the default of :data:`CAPTIONS`.
+    ``notices`` (e.g. a sample too small to read) are highlighted right under the summary.
     """
+    caption = {**CAPTIONS, **(captions or {})}
     report = Report(title)
     if notes:
         report.add_text(notes)
+    for notice in notices:
+        report.add_notice(notice)
     if dataset is not None:
         report.add_heading("Data")
         templates, examples = data_summary(dataset)
@@ -290,12 +337,12 @@ def run_report(
     if patching_figure is not None or patching_table:
         report.add_heading("Path patching")
         if patching_figure is not None:
-            report.add_figure(patching_figure)
+            report.add_figure(patching_figure, caption=caption["path_patching"])
         if patching_table:
             report.add_table(patching_table, heading="Strongest nodes")
     if knockout_figure is not None:
         report.add_heading("Knockout")
-        report.add_figure(knockout_figure, caption="Accuracy as heads are mean-ablated in effect order vs random order.")
+        report.add_figure(knockout_figure, caption=caption["knockout"])
     if head_classes or attention_figures or attention_views:
         from circuits.attention import classes_table
 
@@ -304,10 +351,16 @@ def run_report(
             report.add_table(classes_table(head_classes, only_labelled=True) or [{"head": "(none)"}],
                              heading="Operand and operator heads",
                              caption="Mean attention from the END token on each role; rule in circuits.attention.")
-        for fig in attention_figures:
-            report.add_figure(fig)
+        for key, fig in zip(("attention_roles", "attention_all_heads", *(f"attention_{i}" for i in range(2, 99))),
+                            attention_figures):
+            report.add_figure(fig, caption=caption.get(key, "Attention from the last token."))
         for view in attention_views:
-            report.add_attention_view(view)
+            prompt = getattr(view, "prompt", "") or (view.get("prompt", "") if isinstance(view, Mapping) else "")
+            heading = (getattr(view, "title", "") or "") if prompt else None
+            names = getattr(view, "head_names", None) or []
+            report.add_attention_view(view, heading=heading if heading != prompt else None, caption=(
+                f"Attention pattern of {', '.join(names) or 'the heads'} over the whole prompt: row = query token, "
+                f"column = the key token it reads, darker = more attention (each row sums to 1). Prompt:"))
     if probes is not None or top_tokens_figure is not None:
         from circuits.probes import plot_logit_lens, plot_probe_cosines
 
@@ -320,15 +373,15 @@ def run_report(
                 first = probes.first_top1_layer()
                 text += (f" The answer is logit-lens top-1 for most prompts from layer {first} on." if first is not None
                          else " The answer never becomes logit-lens top-1 for most prompts before the end.")
-            report.add_text(text)
-            report.add_figure(plot_probe_cosines(probes))
+            report.add_text(text + f" n = {next(iter(probes.cos.values())).shape[0]} prompts.")
+            report.add_figure(plot_probe_cosines(probes), caption=caption["probe_cosines"])
         if top_tokens_figure is not None:
-            report.add_figure(top_tokens_figure)
+            report.add_figure(top_tokens_figure, caption=caption["top_tokens"])
         if probes is not None and probes.rank is not None:
-            report.add_figure(plot_logit_lens(probes))
+            report.add_figure(plot_logit_lens(probes), caption=caption["logit_lens"] + f" n = {probes.rank.shape[0]} prompts.")
     if circuit_figure is not None:
         report.add_heading("Circuit")
-        report.add_figure(circuit_figure)
+        report.add_figure(circuit_figure, caption=caption["circuit"])
     if settings:
         report.add_heading("Settings")
         report.add_settings(settings, heading=None)

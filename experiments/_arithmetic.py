@@ -10,7 +10,8 @@ Stages (each timed into results.json ``seconds``):
    and of the key heads on the transfer formats (multi-digit, decimals, word problems, zero-shot);
 4. analyze: attention reads of every head, classified into operand / operator heads (the
    key heads' role distribution as the paper's Figure 5), MLP probes and the logit lens;
-5. AF1: a coarse (L_wait, L_transfer) faithfulness grid (``--af1-stride``; 0 skips it);
+5. AF1: a coarse (L_wait, L_transfer) faithfulness grid on the zero-shot one-token prompts
+   ``experiments.af1`` uses (``--af1-stride``; 0 skips it; too few correct prompts: a note, no grid);
 6. with ``--finetune``: a short precise SFT of the key heads, accuracy before and after;
 7. outputs: results.json (keys in docs/results_json.md), figures/*.json (plotly), report.html.
 """
@@ -31,6 +32,7 @@ from circuits.attention import (
     HeadClassConfig, attention_reads, attention_views, classes_table, classify_heads, plot_role_distribution, plot_role_heatmap,
 )
 from circuits.circuit_figure import circuit_figure
+from circuits.export import StaticExportError, export_figures, parse_formats
 from circuits.loading import load_model
 from circuits.probes import ProbeConfig, plot_top_tokens, probe_mlps, top_number_tokens
 from circuits.report import run_report
@@ -44,8 +46,11 @@ from patching.knockout import knockout_curve, knockout_transfer
 from patching.path_patching import path_patch
 from patching.results import key_heads
 
+from experiments import _cli as cli
+
 logger = logging.getLogger("experiments")
 
+AF1_TEMPLATES = ("af1-equation", "af1-verbal", "af1-question")  # experiments.af1's default search templates
 CASE_PROBLEMS = {"+": "4 + 3 = ", "-": "7 - 3 = ", "*": "4 * 2 = ", "/": "8 / 2 = "}
 
 
@@ -73,12 +78,11 @@ class PipelineConfig:
     threads: int = 0
     out: str | None = None
     overwrite: bool = False
+    figures: str = ""
 
 
 FLAG_HELP = {
     "model": "offline model name, TransformerLens model name, or a saved model directory",
-    "device": "'auto' (CUDA when present), 'cpu' or 'cuda'",
-    "dtype": "float32 / bfloat16 (default: float32 on CPU, bfloat16 on CUDA)",
     "n_prompts": "prompts sampled before keeping the correctly answered ones",
     "n_shots": "solved examples before each prompt",
     "seed": "seed of the data, the random-rank knockouts and training",
@@ -87,7 +91,7 @@ FLAG_HELP = {
     "knockout_ks": "comma-separated numbers of heads to knock out",
     "knockout_seeds": "random-rank repeats per k",
     "transfer_prompts": "prompts per transfer format",
-    "af1_stride": "L_wait step of the coarse AF1 grid (0: skip AF1)",
+    "af1_stride": "L_wait step of the coarse AF1 grid on zero-shot one-token prompts (0: skip AF1)",
     "af1_prompts": "prompts for the AF1 grid (55 = every one-digit sum below 10)",
     "finetune": "also tune the key heads with precise SFT and report accuracy before/after",
     "finetune_steps": "optimizer steps of that precise SFT run",
@@ -95,27 +99,45 @@ FLAG_HELP = {
     "threads": "torch CPU threads (0: torch's default)",
     "out": "output folder (default: runs/<operation>-<timestamp>)",
     "overwrite": "write into an existing output folder",
+    "figures": "also write each figure as static files next to its JSON, sized for a two-column paper: a "
+               "comma-separated subset of svg,pdf,png; needs kaleido and Chrome/Chromium (default: none)",
+}
+
+# Checked when parsed, so a bad flag fails before the model loads (experiments._cli).
+FLAG_TYPES = {
+    "n_prompts": cli.positive_int, "n_shots": cli.nonnegative_int, "seed": int, "top_k": cli.positive_int,
+    "knockout_prompts": cli.positive_int, "knockout_ks": cli.int_list, "knockout_seeds": cli.positive_int,
+    "transfer_prompts": cli.positive_int, "af1_stride": cli.nonnegative_int, "af1_prompts": cli.positive_int,
+    "finetune_steps": cli.positive_int, "batch_size": cli.positive_int, "threads": cli.nonnegative_int,
+    "figures": cli.figure_formats,
 }
 
 
-def parse_config(op: str, argv: list[str] | None = None) -> PipelineConfig:
-    """CLI flags for every field of :class:`PipelineConfig` (``--help`` lists the defaults)."""
+def build_parser(op: str) -> argparse.ArgumentParser:
+    """The parser of ``python -m experiments.<operation>``: one flag per :class:`PipelineConfig` field."""
     name = resolve_operation(op).name
-    parser = argparse.ArgumentParser(
-        prog=f"python -m experiments.{name}",
-        description=f"Identify, validate and analyze the {name} circuit of a model.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    parser = cli.make_parser(name, f"Identify, validate and analyze the {name} circuit of a model.\n\n"
+                             + __doc__.split("\n\n", 1)[1])
+    cli.add_device_flags(parser)
     for f in dataclasses.fields(PipelineConfig):
-        if f.name == "op":
+        if f.name in ("op", "device", "dtype"):
             continue
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool":
             parser.add_argument(flag, action="store_true", help=FLAG_HELP[f.name])
         else:
-            kind = {"int": int, "float": float}.get(str(f.type), str)
-            parser.add_argument(flag, type=kind, default=f.default, help=FLAG_HELP[f.name])
-    return PipelineConfig(op=op, **vars(parser.parse_args(argv)))
+            kind = FLAG_TYPES.get(f.name, str)
+            metavar = {int: "N", cli.positive_int: "N", cli.nonnegative_int: "N", cli.int_list: "K,K,...",
+                       cli.figure_formats: "FORMATS"}.get(kind)
+            parser.add_argument(flag, type=kind, default=f.default, metavar=metavar, help=FLAG_HELP[f.name])
+    return parser
+
+
+def parse_config(op: str, argv: list[str] | None = None) -> PipelineConfig:
+    """CLI flags for every field of :class:`PipelineConfig` (``--help`` lists the defaults)."""
+    args = vars(build_parser(op).parse_args(argv))
+    args.pop("debug")
+    return PipelineConfig(op=op, **args)
 
 
 def _style_accuracy(dataset, mask) -> dict[str, float]:
@@ -139,12 +161,14 @@ def run(cfg: PipelineConfig) -> dict:
     timer = StageTimer(run_dir=out, results=results)  # saves results.json (status running) stage by stage
 
     # 1. model and data ------------------------------------------------------------------
-    with timer.stage("load model"):
-        model = load_model(cfg.model, device=None if cfg.device == "auto" else cfg.device, dtype=cfg.dtype)
+    with timer.stage("load model"), cli.progress(f"loading {cfg.model} (a first run builds the model cache: ~1 min)"):
+        model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
     with timer.stage("data"):
         task = TaskConfig(op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
-        dataset = make_dataset(model, task)
-        mask = accuracy_mask(model, dataset, cfg.batch_size)
+        with cli.progress(f"building {cfg.n_prompts} {name} prompts"):
+            dataset = make_dataset(model, task)
+        with cli.progress(f"base accuracy on {len(dataset)} prompts"):
+            mask = accuracy_mask(model, dataset, cfg.batch_size)
         kept, base_accuracy = filter_correct(model, dataset, mask=mask)
     results |= {"model": cfg.model, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
                 "n_prompts": len(dataset), "n_kept": len(kept), "base_accuracy": base_accuracy,
@@ -155,7 +179,7 @@ def run(cfg: PipelineConfig) -> dict:
     with timer.stage("path patching"):
         scores = path_patch(model, kept, batch_size=cfg.batch_size)
         heads, fraction = key_heads(scores, top_k=cfg.top_k)
-    figures["path_patching"] = scores.figure(title=f"Path patching, {name}: effect on the answer logit (%)")
+    figures["path_patching"] = scores.figure(title=f"Path patching, {name}: effect on the answer logit (%)", key_heads=heads)
     results |= {"path_patching": scores.to_dict(), "key_heads": [str(h) for h in heads], "key_head_fraction": fraction}
 
     # 3. validate: knockout curves, then transfer formats ---------------------------------
@@ -176,11 +200,13 @@ def run(cfg: PipelineConfig) -> dict:
         reads = attention_reads(model, kept, batch_size=cfg.batch_size)  # every head: cheap, END query only
         classes = classify_heads(reads, HeadClassConfig())
         key_classes = [c for c in classes if c.head in set(heads)]
-        views = attention_views(model, kept, heads[:6], max_prompts=2, last_tokens=14)
+        role = {c.head: c.label for c in classes}
+        views = _views_per_head(attention_views(model, kept, heads[:4], max_prompts=1, last_tokens=MAX_VIEW_TOKENS),
+                                heads[:4], role, "few-shot")
         for format_name in ("multi_digit", "word_problem"):
-            view = attention_views(model, formats[format_name], heads[:6], max_prompts=1, last_tokens=24)[0]
-            view.title = f"[{format_name}] {view.title}"
-            views.append(view)
+            views += _views_per_head(attention_views(model, formats[format_name], heads[:1], max_prompts=1,
+                                                     last_tokens=MAX_VIEW_TOKENS),
+                                     heads[:1], role, format_name.replace("_", "-"))
     figures["attention_roles"] = plot_role_distribution(reads, heads, key_classes, title=f"END-query attention of the key heads, {name}")
     figures["attention_all_heads"] = plot_role_heatmap(reads, model.cfg.n_layers, model.cfg.n_heads)
     results |= {"head_classes": classes_table(key_classes), "all_head_classes": classes_table(classes, only_labelled=True),
@@ -200,7 +226,9 @@ def run(cfg: PipelineConfig) -> dict:
     # 5. AF1 grid ------------------------------------------------------------------------
     if cfg.af1_stride > 0:
         with timer.stage("AF1 grid"):
-            results["af1"], figures["af1"] = _af1_grid(model, cfg)
+            results["af1"], af1_figure = _af1_grid(model, cfg)
+        if af1_figure is not None:
+            figures["af1"] = af1_figure
 
     # 6. precise SFT of the key heads ------------------------------------------------------
     if cfg.finetune:
@@ -210,6 +238,14 @@ def run(cfg: PipelineConfig) -> dict:
     # 7. outputs --------------------------------------------------------------------------
     for key, fig in figures.items():
         write_text_atomic(figures_dir / f"{key}.json", fig.to_json())
+    if cfg.figures:
+        with timer.stage("static figures"), cli.progress(f"writing {cfg.figures} figures"):
+            try:  # the run's results matter more than its static copies: a failure is recorded, not fatal
+                written = export_figures(figures, figures_dir, parse_formats(cfg.figures))
+                results["static_figures"] = [str(p.relative_to(out)) for p in written]
+            except StaticExportError as err:
+                results["static_figures_error"] = str(err)
+                print(f"warning: {err}")
     results["seconds"] = timer.seconds
     results["wall_seconds"] = round(time.perf_counter() - start, 1)
     report = run_report(
@@ -218,16 +254,25 @@ def run(cfg: PipelineConfig) -> dict:
         patching_figure=figures["path_patching"], knockout_figure=figures["knockout"],
         head_classes=classes, attention_figures=[figures["attention_roles"], figures["attention_all_heads"]], attention_views=views,
         probes=probes, top_tokens_figure=figures["top_tokens"], circuit_figure=figures["circuit"],
-        notes=_summary(results),
+        notes=_summary(results), captions=_captions(results, cfg), notices=_small_samples(results, cfg),
     )
-    report.add_figure(figures["knockout_transfer"], heading="Do the key heads transfer?",
-                      caption="Accuracy with the key heads mean-ablated, per data format (Zhang et al. Figure 4).")
+    report.add_figure(figures["knockout_transfer"], heading="Do the key heads transfer?", caption=(
+        f"Accuracy (first answer token, top-1) of the full model and with the {len(heads)} key heads mean-ablated, "
+        f"per data format (Zhang et al. Figure 4); {cfg.transfer_prompts} prompts per format, all prompts "
+        f"(not only correctly answered ones); point estimates, no interval."))
     if "af1" in figures:
-        report.add_figure(figures["af1"], heading="All for One",
-                          caption="AF1 faithfulness per (L_wait, L_transfer) on a coarse grid (Mamidanna et al. 2025).")
+        af1 = results["af1"]
+        report.add_figure(figures["af1"], heading="All for One", caption=(
+            f"AF1 faithfulness per (L_wait, L_transfer) on a coarse grid (every {cfg.af1_stride} L_wait; Mamidanna et "
+            f"al. 2025): the share of the {af1['n_eval']} evaluation prompts (zero-shot, one-token answers, templates "
+            f"{', '.join(af1['templates'])}; the full model answers {af1['base_accuracy']:.0%}) that the AF1 model still "
+            f"answers correctly; 1 = as the full model. Point estimates on one prompt set, no interval."))
+    elif "af1" in results:
+        report.add_notice(f"All for One: {results['af1']['skipped']}", heading="All for One")
     if "finetune" in results:
         report.add_table(results["finetune"]["table"], heading="Precise SFT of the key heads")
-    report.add_table(timer.seconds | {"total": results["wall_seconds"]}, heading="Wall time per stage (s)")
+    report.add_table(timer.seconds | {"total": results["wall_seconds"]}, heading="Wall time per stage",
+                     columns=("stage", "seconds"))
     report.add_settings(dataclasses.asdict(cfg))
     report.save(out / "report.html")
     complete_run(out, results)
@@ -236,28 +281,91 @@ def run(cfg: PipelineConfig) -> dict:
     return results
 
 
+MAX_VIEW_TOKENS = 160  # an attention view shows the whole prompt up to this many tokens (a grid grows as n^2)
+MIN_READABLE = 20  # fewer prompts than this and a stage's numbers are noise: the report says so instead
+
+
 def _summary(results: dict) -> str:
     knock = results["knockout"]
     k = knock["ks"][-1]
-    drop = (f"knocking out the top-{k} heads: accuracy {knock['effect_rank'][-1]:.0%} "
-            f"vs {knock['random_rank'][-1]:.0%} for {k} random heads (base {knock['base_accuracy']:.0%})")
-    return (f"{results['experiment']}: base accuracy {results['base_accuracy']:.1%}; key heads "
-            f"{', '.join(results['key_heads'])} ({results['key_head_fraction']:.1%} of heads); {drop}.")
+    drop = (f"knocking out the top-{k} heads: accuracy {knock['effect_rank'][-1]:.0%} vs {knock['random_rank'][-1]:.0%} "
+            f"for {k} random heads, on prompts the full model answers correctly (there {knock['base_accuracy']:.0%})")
+    return (f"{results['experiment']}: base accuracy {results['base_accuracy']:.1%} of {results['n_prompts']} prompts "
+            f"({results['n_kept']} answered correctly); key heads {', '.join(results['key_heads'])} "
+            f"({results['key_head_fraction']:.1%} of heads); {drop}.")
+
+
+def _views_per_head(views: list, heads: list, role: dict, label: str) -> list:
+    """Split circuitsvis views of several heads into one view per head, titled with the head and its role."""
+    out = []
+    for view in views:
+        for i, head in enumerate(heads):
+            kind = role.get(head, "other")
+            out.append(dataclasses.replace(view, attention=view.attention[i:i + 1], head_names=[str(head)],
+                                           title=f"{head} ({kind} head), key head #{i + 1}, {label} prompt"
+                                           + (f" (its last {MAX_VIEW_TOKENS} tokens)" if len(view.tokens) >= MAX_VIEW_TOKENS
+                                              else "")))
+    return out
+
+
+def _captions(results: dict, cfg: PipelineConfig) -> dict[str, str]:
+    """Captions that name this run's sample sizes (the rest of the wording is circuits.report.CAPTIONS)."""
+    from circuits.report import CAPTIONS
+
+    knock, n = results["knockout"], results["n_kept"]
+    n_knock = min(cfg.knockout_prompts, n)
+    return {
+        "path_patching": CAPTIONS["path_patching"] + f" n = {n} prompts the model answers correctly.",
+        "knockout": CAPTIONS["knockout"] + (
+            f" n = {n_knock} prompts; effect-rank: one ablation per k; random-rank: mean over "
+            f"{knock['n_seeds']} random head sets, error bars ±1 s.d. across those sets (not a confidence interval)."),
+        "attention_roles": CAPTIONS["attention_roles"] + f" n = {n} prompts.",
+        "attention_all_heads": CAPTIONS["attention_all_heads"] + f" n = {n} prompts.",
+    }
+
+
+def _small_samples(results: dict, cfg: PipelineConfig) -> list[str]:
+    """One notice per stage whose sample is too small to read (fewer than MIN_READABLE prompts)."""
+    notes, n = [], results["n_kept"]
+    if n < MIN_READABLE:
+        notes.append(f"Only {n} of {results['n_prompts']} prompts are answered correctly: path patching, knockout, "
+                     f"attention reads and probes below rest on them and are too noisy to read (need >= "
+                     f"{MIN_READABLE}; raise --n-prompts or use a stronger model).")
+    elif min(cfg.knockout_prompts, n) < MIN_READABLE:
+        notes.append(f"The knockout curve uses {min(cfg.knockout_prompts, n)} prompts (< {MIN_READABLE}): one prompt "
+                     f"moves accuracy by {1 / min(cfg.knockout_prompts, n):.0%}; raise --knockout-prompts.")
+    if cfg.transfer_prompts < MIN_READABLE:
+        notes.append(f"Transfer formats use {cfg.transfer_prompts} prompts each (< {MIN_READABLE}); raise --transfer-prompts.")
+    return notes
 
 
 def _af1_grid(model, cfg: PipelineConfig):
-    """Coarse AF1 faithfulness grid on the authors' equation template ("A+B=", one-token answers).
+    """Coarse AF1 faithfulness grid on the zero-shot one-token prompts ``experiments.af1`` searches on.
 
-    With the pipeline's few-shot prefix: zero-shot, gemma-3-270m answers too few of these
-    prompts (about 15%) to leave more than a handful of evaluation prompts.
+    AF1's claim is about zero-shot prompts (Mamidanna et al. 2025); the pipeline's few-shot prefix
+    would answer a different question. When fewer than ``MIN_READABLE`` prompts are answered
+    correctly, no grid is drawn (its cells would be noise): the reason goes to the report instead.
     """
-    templates = [t for t in authors_templates(cfg.op) if t.id == "af1-equation"]
-    data = make_template_dataset(model, templates, cfg.af1_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
-    runner = AF1Runner.from_dataset(model, data, AF1Config(batch_size=cfg.batch_size, seed=cfg.seed))
+    from patching.af1 import NoEvalPromptsError
+
+    authors = {t.id: t for t in authors_templates(cfg.op)}
+    templates = [authors[t] for t in AF1_TEMPLATES if t in authors]
+    data = make_template_dataset(model, templates, cfg.af1_prompts, n_shots=0, seed=cfg.seed)
+    info = {"templates": [t.id for t in templates], "n_shots": 0, "n_prompts": len(data)}
+    try:
+        runner = AF1Runner.from_dataset(model, data, AF1Config(batch_size=cfg.batch_size, seed=cfg.seed))
+    except NoEvalPromptsError as err:
+        return info | {"n_eval": 0, "skipped": f"{err} ({len(data)} zero-shot prompts)"}, None
+    info |= {"n_eval": runner.n_eval, "base_accuracy": runner.base_accuracy}
+    if runner.n_eval < MIN_READABLE:
+        return info | {"skipped": (
+            f"only {runner.n_eval} of {len(data)} zero-shot one-token prompts are answered correctly by the full "
+            f"model ({runner.base_accuracy:.0%}), fewer than the {MIN_READABLE} a faithfulness grid needs to be "
+            f"read; no grid is drawn. Run python -m experiments.af1 for the full search.")}, None
     grid = grid_faithfulness(runner, l_waits=range(0, model.cfg.n_layers + 1, cfg.af1_stride))
-    figure = faithfulness_heatmap(grid, f"AF1 faithfulness ({templates[0].text!r}, every {cfg.af1_stride} L_wait)")
-    return {"template": templates[0].text, "n_eval": runner.n_eval, "base_accuracy": runner.base_accuracy,
-            "grid": grid}, figure
+    figure = faithfulness_heatmap(grid, f"AF1 faithfulness (zero-shot, {', '.join(info['templates'])}; "
+                                        f"every {cfg.af1_stride} L_wait)")
+    return info | {"grid": grid}, figure
 
 
 def _precise_sft(model, heads, cfg: PipelineConfig, out: Path) -> dict:
@@ -278,6 +386,11 @@ def _precise_sft(model, heads, cfg: PipelineConfig, out: Path) -> dict:
 
 
 def main(op: str, argv: list[str] | None = None) -> dict:
-    """Entry point of ``python -m experiments.<operation>``."""
+    """Parse ``argv`` (default: ``sys.argv``), run, return the results; errors propagate (see :func:`cli_main`)."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     return run(parse_config(op, argv))
+
+
+def cli_main(op: str) -> None:
+    """``python -m experiments.<operation>``: bad input is one line on stderr and exit status 2 (``--debug``: traceback)."""
+    cli.run_cli(lambda argv: main(op, argv), resolve_operation(op).name)

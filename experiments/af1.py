@@ -20,7 +20,6 @@ Template ids: ``af1-equation``, ``af1-verbal``, ``af1-question``, ``af1-word``,
 
 from __future__ import annotations
 
-import argparse
 import logging
 import time
 
@@ -34,30 +33,33 @@ from patching.af1 import AF1Config, AF1Runner, NoEvalPromptsError, faithfulness_
 from patching.af1_data import authors_templates, make_template_dataset
 from patching.cama import CamaConfig
 
+from experiments import _cli as cli
+
 # ---------------------------------------------------------------------------- configuration (CLI flags)
 
-parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-parser.add_argument("--model", default="gemma-3-270m")
-parser.add_argument("--op", default="+")
+parser = cli.make_parser("af1", __doc__)
+parser.add_argument("--model", default="gemma-3-270m", help="offline model name, TransformerLens model name, or a saved model directory")
+parser.add_argument("--op", default="+", help="operation: +, -, * or / (or its name)")
 parser.add_argument("--templates", nargs="+", default=["af1-equation", "af1-verbal", "af1-question"],
                     help="templates of the grid search")
-parser.add_argument("--n-prompts", type=int, default=55, help="prompts per template (at most all operand pairs "
+parser.add_argument("--n-prompts", type=cli.positive_int, metavar="N", default=55, help="prompts per template (at most all operand pairs "
                     "with a one-token answer: 55 for + on 0..9)")
-parser.add_argument("--operand-max", type=int, default=9, help="operands are drawn from 0..operand-max")
-parser.add_argument("--n-shots", type=int, default=0, help="solved examples of the same template before each "
+parser.add_argument("--operand-max", type=cli.nonnegative_int, metavar="N", default=9, help="operands are drawn from 0..operand-max")
+parser.add_argument("--n-shots", type=cli.nonnegative_int, metavar="N", default=0, help="solved examples of the same template before each "
                     "prompt (the paper is zero-shot; gemma-3-270m answers few one-token sums zero-shot)")
-parser.add_argument("--min-count", type=int, default=2, help="CAMA: prompts needed for a token-conditioned mean")
-parser.add_argument("--min-faithfulness", type=float, default=0.9)
-parser.add_argument("--prune-keep", type=float, default=0.95)
+parser.add_argument("--min-count", type=cli.positive_int, metavar="N", default=2, help="CAMA: prompts needed for a token-conditioned mean")
+parser.add_argument("--min-faithfulness", type=cli.fraction, default=0.9,
+                    help="faithfulness an (L_wait, L_transfer) setting must reach to be selected")
+parser.add_argument("--prune-keep", type=cli.fraction, default=0.95,
+                    help="pruning keeps removing transfer heads while faithfulness stays above this share of the unpruned one")
 parser.add_argument("--no-authors", action="store_true", help="skip the authors' five formats")
-parser.add_argument("--batch-size", type=int, default=32)
-parser.add_argument("--seed", type=int, default=0)
-parser.add_argument("--device", default=None)
-parser.add_argument("--dtype", default=None)
-parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default). One thread "
+parser.add_argument("--batch-size", type=cli.positive_int, default=32, metavar="N", help="prompts per forward pass")
+parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the fit/eval split")
+cli.add_device_flags(parser)
+parser.add_argument("--threads", type=cli.nonnegative_int, metavar="N", default=1, help="torch CPU threads (0: torch's default). One thread "
                     "is ~8x faster on shared, oversubscribed CPUs, where OpenMP threads spin-wait on each other")
-parser.add_argument("--out", default=None)
-parser.add_argument("--overwrite", action="store_true")
+parser.add_argument("--out", default=None, help="output folder (default: runs/af1-<timestamp>)")
+parser.add_argument("--overwrite", action="store_true", help="write into an existing output folder")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -170,4 +172,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     torch.set_grad_enabled(False)
-    main()
+    cli.run_cli(main, "af1")

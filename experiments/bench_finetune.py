@@ -21,7 +21,6 @@ second, which needs ~4 GB more memory).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import statistics
@@ -35,18 +34,20 @@ from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, TrainConfig, arithmetic_train_set, train
 from patching.path_patching import path_patch
 
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--model", default="gemma-3-270m")
+from experiments import _cli as cli
+
+parser = cli.make_parser("bench_finetune", __doc__)
+parser.add_argument("--model", default="gemma-3-270m", help="offline model name, TransformerLens model name, or a saved model directory")
 parser.add_argument("--heads", default=None, help="comma-separated key heads, e.g. L9H1,L11H0 (default: ranked)")
-parser.add_argument("--k", type=int, default=8, help="number of key heads when ranked")
-parser.add_argument("--steps", type=int, default=4, help="optimizer steps per run (the first is not timed)")
-parser.add_argument("--rounds", type=int, default=2, help="alternating precise/full runs per method")
-parser.add_argument("--batch-size", type=int, default=16)
-parser.add_argument("--micro-batch-size", type=int, default=8)
-parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-parser.add_argument("--device", default=None)
-parser.add_argument("--out", default="runs/bench_finetune")
-parser.add_argument("--overwrite", action="store_true")
+parser.add_argument("--k", type=cli.positive_int, metavar="N", default=8, help="number of key heads when ranked")
+parser.add_argument("--steps", type=cli.positive_int, metavar="N", default=4, help="optimizer steps per run (the first is not timed)")
+parser.add_argument("--rounds", type=cli.positive_int, metavar="N", default=2, help="alternating precise/full runs per method")
+parser.add_argument("--batch-size", type=cli.positive_int, default=16, metavar="N", help="examples per optimizer step")
+parser.add_argument("--micro-batch-size", type=cli.positive_int, default=8, metavar="N", help="examples per forward/backward pass")
+parser.add_argument("--threads", type=cli.nonnegative_int, default=0, metavar="N", help="torch CPU threads (0: torch's default)")
+cli.add_device_flags(parser, dtype=False)
+parser.add_argument("--out", default="runs/bench_finetune", help="output folder")
+parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
 parser.add_argument("--no-full-all", action="store_true", help="skip the all-parameter full SFT arm")
 
 
@@ -116,4 +117,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_cli(main, "bench_finetune")

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import pandas as pd
@@ -32,16 +31,18 @@ from patching.attribution import attribution_patch, rank_agreement
 from patching.path_patching import path_patch
 from circuits.runs import complete_run, prepare_run_dir
 
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+from experiments import _cli as cli
+
+parser = cli.make_parser("bench_patching", __doc__)
 parser.add_argument("--model", default="gemma-3-270m", help="model name for circuits.loading.load_model")
-parser.add_argument("--n-prompts", type=int, default=64, help="prompts in the batch")
-parser.add_argument("--n-shots", type=int, default=2, help="few-shot examples before each prompt")
+parser.add_argument("--n-prompts", type=cli.positive_int, metavar="N", default=64, help="prompts in the batch")
+parser.add_argument("--n-shots", type=cli.nonnegative_int, metavar="N", default=2, help="few-shot examples before each prompt")
 parser.add_argument("--op", default="+", help="arithmetic operation")
 parser.add_argument("--check-senders", type=int, default=18, help="senders checked with plain hook path patching (0: none, -1: all)")
 parser.add_argument("--tl-layers", default="4", help="layers of the TransformerLens baseline sweep: 'all', a count of "
                     "evenly spaced layers (first and last included), or a comma list; the full-sweep TL time is then "
                     "extrapolated per head (TL runs a full forward per head, whatever its layer)")
-parser.add_argument("--device", default=None, help="cpu / cuda (default: auto)")
+cli.add_device_flags(parser, dtype=False)
 parser.add_argument("--seed", type=int, default=0, help="data seed")
 parser.add_argument("--out", default="runs/bench_patching", help="output folder")
 parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
@@ -169,4 +170,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_cli(main, "bench_patching")

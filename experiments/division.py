@@ -1,6 +1,8 @@
 """The division circuit: `python -m experiments.division --help` lists every flag (see experiments/_arithmetic.py)."""
 
-from experiments._arithmetic import main
+from experiments._arithmetic import build_parser, cli_main
+
+parser = build_parser("/")
 
 if __name__ == "__main__":
-    main("/")
+    cli_main("/")

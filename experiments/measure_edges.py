@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
@@ -31,7 +30,10 @@ from patching.edge_patching import edge_patch
 from patching.edge_runs import edge_mode, edge_prefix_kv, sender_outputs
 from patching.faithfulness import faithfulness_curve
 
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+from experiments import _cli as cli
+
+parser = cli.make_parser("measure_edges", __doc__)
 parser.add_argument("--model", default="gemma-3-270m", help="model name for circuits.loading.load_model")
 parser.add_argument("--n-prompts", type=int, default=32, help="prompts (one token length, answered correctly)")
 parser.add_argument("--n-shots", type=int, default=2, help="few-shot examples before each prompt")
@@ -39,7 +41,7 @@ parser.add_argument("--stride", type=int, default=1, help="patch every stride-th
 parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
 parser.add_argument("--memory-mb", type=float, default=512.0, help="activation budget per batched forward")
 parser.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap resamples")
-parser.add_argument("--device", default=None, help="cpu / cuda (default: auto)")
+cli.add_device_flags(parser, dtype=False)
 parser.add_argument("--seed", type=int, default=0, help="data seed")
 parser.add_argument("--out", default="runs/measure_edges", help="output folder")
 parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
@@ -118,4 +120,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_cli(main, "measure_edges")

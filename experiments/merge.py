@@ -28,7 +28,6 @@ config, seconds, peak memory); nothing is trained or scored.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import random
@@ -52,35 +51,38 @@ from merging import (CONFIGS, METHODS, LinearityConfig, SubmoduleMergeConfig, al
 from merging.circuit_aware import circuit_levels
 from merging.submodule import LEVELS
 
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+from experiments import _cli as cli
+
+parser = cli.make_parser("merge", __doc__)
 parser.add_argument("--model", default="gemma-3-270m", help="base model (offline name or model directory)")
-parser.add_argument("--out", default=None, help="run folder (default runs/merge-<time>)")
+parser.add_argument("--out", default=None, help="run folder (default: runs/merge-<timestamp>)")
 parser.add_argument("--overwrite", action="store_true", help="reuse a non-empty --out")
 parser.add_argument("--experts-dir", default=None, help="folder with saved experts (<task>/ model dirs): skip training")
 parser.add_argument("--expert-method", default="full", choices=("full", "precise", "lora"), help="finetune method")
-parser.add_argument("--steps", type=int, default=16, help="optimizer steps per expert")
-parser.add_argument("--batch-size", type=int, default=8, help="examples per optimizer step")
-parser.add_argument("--micro-batch-size", type=int, default=8)
-parser.add_argument("--lr", type=float, default=1e-5, help="expert learning rate (full SFT with Adam: higher values blow up the loss at batch 8)")
-parser.add_argument("--n-train", type=int, default=128, help="training examples per task")
-parser.add_argument("--n-val", type=int, default=12, help="validation prompts per task (baseline tuning)")
-parser.add_argument("--n-test", type=int, default=24, help="test prompts per task")
-parser.add_argument("--n-shots", type=int, default=1, help="few-shot examples per prompt")
-parser.add_argument("--n-samples", type=int, default=16, help="samples per task for the closed form (paper: 30)")
-parser.add_argument("--cf-batch-size", type=int, default=4, help="batch of the closed-form fit")
+parser.add_argument("--steps", type=cli.positive_int, metavar="N", default=16, help="optimizer steps per expert")
+parser.add_argument("--batch-size", type=cli.positive_int, metavar="N", default=8, help="examples per optimizer step")
+parser.add_argument("--micro-batch-size", type=cli.positive_int, default=8, metavar="N",
+                    help="examples per forward/backward pass (gradients accumulate up to --batch-size)")
+parser.add_argument("--lr", type=cli.positive_float, default=1e-5, help="expert learning rate (full SFT with Adam: higher values blow up the loss at batch 8)")
+parser.add_argument("--n-train", type=cli.positive_int, metavar="N", default=128, help="training examples per task")
+parser.add_argument("--n-val", type=cli.positive_int, metavar="N", default=12, help="validation prompts per task (baseline tuning)")
+parser.add_argument("--n-test", type=cli.positive_int, metavar="N", default=24, help="test prompts per task")
+parser.add_argument("--n-shots", type=cli.nonnegative_int, metavar="N", default=1, help="few-shot examples per prompt")
+parser.add_argument("--n-samples", type=cli.positive_int, metavar="N", default=16, help="samples per task for the closed form (paper: 30)")
+parser.add_argument("--cf-batch-size", type=cli.positive_int, metavar="N", default=4, help="batch of the closed-form fit")
 parser.add_argument("--levels", default=",".join(LEVELS), help="closed-form levels to run ('': no closed form, "
                     "circuit-aware included)")
 parser.add_argument("--ta-lambdas", default="0.5,1.0", help="task-arithmetic λ grid (val)")
 parser.add_argument("--ties-densities", default="0.2,0.5", help="TIES density grid (val)")
 parser.add_argument("--heads", default=None, help="key heads, e.g. L5H0,L9H1 (default: path patching)")
-parser.add_argument("--k", type=int, default=4, help="key heads per operation from path patching")
-parser.add_argument("--n-patch", type=int, default=12, help="prompts per operation for path patching")
-parser.add_argument("--linearity-samples", type=int, default=6, help="samples per task for the linearity figure (0: skip)")
+parser.add_argument("--k", type=cli.positive_int, metavar="N", default=4, help="key heads per operation from path patching")
+parser.add_argument("--n-patch", type=cli.positive_int, metavar="N", default=12, help="prompts per operation for path patching")
+parser.add_argument("--linearity-samples", type=cli.nonnegative_int, metavar="N", default=6, help="samples per task for the linearity figure (0: skip)")
 parser.add_argument("--linearity-alphas", default="0.5,1.0", help="uniform α values of the linearity figure")
 parser.add_argument("--pairs", action="store_true", help="also merge every pair of experts")
-parser.add_argument("--eval-batch-size", type=int, default=12)
-parser.add_argument("--seed", type=int, default=0)
-parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+parser.add_argument("--eval-batch-size", type=cli.positive_int, default=12, metavar="N", help="prompts per forward pass when scoring")
+parser.add_argument("--seed", type=int, default=0, help="seed of the data splits and training")
+parser.add_argument("--threads", type=cli.nonnegative_int, default=0, metavar="N", help="torch CPU threads (0: torch's default)")
 parser.add_argument("--config", default=None, help="run this mergekit merge YAML instead (merge and save only)")
 parser.add_argument("--methods", default=",".join(METHODS), help="data-free merge methods to run (comma-separated)")
 
@@ -394,4 +396,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_cli(main, "merge")

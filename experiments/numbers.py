@@ -22,7 +22,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
@@ -58,10 +57,12 @@ from patching.number_interventions import (
     top_neurons,
 )
 
+from experiments import _cli as cli
+
 MODULI = (2, 5, 10)
 
-parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-parser.add_argument("--model", default="gemma-3-270m")
+parser = cli.make_parser("numbers", __doc__)
+parser.add_argument("--model", default="gemma-3-270m", help="offline model name, TransformerLens model name, or a saved model directory")
 parser.add_argument("--n-numbers", type=int, default=400, help="numbers 0..n-1 (a multiple of 100 puts T=2,5,10,100 "
                     "on exact frequencies)")
 parser.add_argument("--template", default="{n}", help="context of a number alone; {n} is the number")
@@ -69,23 +70,22 @@ parser.add_argument("--components", nargs="+", default=["resid_post", "attn_out"
                     help="resid_pre (= the previous layer's resid_post) and resid_mid are available too")
 parser.add_argument("--n-shuffles", type=int, default=50, help="shuffled-n spectra for the null")
 parser.add_argument("--alpha", type=float, default=0.05, help="family-wise level of the spectrum null")
-parser.add_argument("--operand-max", type=int, default=99)
+parser.add_argument("--operand-max", type=cli.nonnegative_int, default=99, metavar="N", help="operands of the sum prompts are drawn from 0..operand-max")
 parser.add_argument("--per-result", type=int, default=1, help="sum prompts per result value")
 parser.add_argument("--prefix", default="", help="text before every arithmetic prompt (e.g. solved examples)")
-parser.add_argument("--low-min-period", type=float, default=20.0)
-parser.add_argument("--high-max-period", type=float, default=10.0)
+parser.add_argument("--low-min-period", type=cli.positive_float, default=20.0, help="Fourier periods at least this long count as low-frequency")
+parser.add_argument("--high-max-period", type=cli.positive_float, default=10.0, help="Fourier periods at most this long count as high-frequency")
 parser.add_argument("--patch-layers", type=int, nargs="+", default=None, help="default: 4 evenly spaced layers")
-parser.add_argument("--n-pairs", type=int, default=32)
-parser.add_argument("--top-neurons", type=int, default=100)
-parser.add_argument("--heuristic-threshold", type=float, default=0.7)
-parser.add_argument("--batch-size", type=int, default=64)
-parser.add_argument("--seed", type=int, default=0)
-parser.add_argument("--device", default=None)
-parser.add_argument("--dtype", default=None)
+parser.add_argument("--n-pairs", type=cli.positive_int, default=32, metavar="N", help="prompt pairs of the patching experiment")
+parser.add_argument("--top-neurons", type=cli.positive_int, default=100, metavar="N", help="MLP neurons classified into heuristics")
+parser.add_argument("--heuristic-threshold", type=cli.fraction, default=0.7, help="share a neuron's pattern must explain to get a heuristic label")
+parser.add_argument("--batch-size", type=cli.positive_int, default=64, metavar="N", help="prompts per forward pass")
+parser.add_argument("--seed", type=int, default=0, help="seed of the data and of the shuffled null")
+cli.add_device_flags(parser)
 parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default); one thread is "
                     "faster on shared, oversubscribed CPUs")
-parser.add_argument("--out", default=None)
-parser.add_argument("--overwrite", action="store_true")
+parser.add_argument("--out", default=None, help="output folder (default: runs/numbers-<timestamp>)")
+parser.add_argument("--overwrite", action="store_true", help="write into an existing output folder")
 
 
 def _key(layer: int, component: str) -> str:
@@ -277,4 +277,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     torch.set_grad_enabled(False)
-    main()
+    cli.run_cli(main, "numbers")

@@ -31,7 +31,6 @@ paper trains 2 epochs of batch 128 on 4 math datasets; scale with ``--n-train``,
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import gc
@@ -49,33 +48,35 @@ from finetune import ArithmeticMix, LoraSettings, MathSuiteConfig, TrainConfig, 
 from finetune.evaluate import NON_MATH_SENTENCES, evaluate, math_suite, pydoc_passages
 from patching.path_patching import path_patch
 
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--model", default="gemma-3-270m")
+from experiments import _cli as cli
+
+parser = cli.make_parser("precise_sft", __doc__)
+parser.add_argument("--model", default="gemma-3-270m", help="offline model name, TransformerLens model name, or a saved model directory")
 parser.add_argument("--heads", default=None, help="key heads, e.g. L9H1,L11H0 (default: path patching)")
 parser.add_argument("--mlps", default=None, help="top MLPs for the ablation, e.g. MLP15,MLP16 (default: path patching)")
-parser.add_argument("--k", type=int, default=8, help="key heads in the main precise run")
+parser.add_argument("--k", type=cli.positive_int, metavar="N", default=8, help="key heads in the main precise run")
 parser.add_argument("--ablation-k", default="4,8,16,32", help="head counts of the ablation ('' to skip)")
-parser.add_argument("--ablation-mlps", type=int, default=2, help="top MLPs added in the ablation's second arm (0: skip)")
-parser.add_argument("--n-train", type=int, default=256)
-parser.add_argument("--steps", type=int, default=16)
-parser.add_argument("--batch-size", type=int, default=16)
-parser.add_argument("--micro-batch-size", type=int, default=8)
-parser.add_argument("--lr", type=float, default=5e-5, help="precise and full SFT")
-parser.add_argument("--full-lr", type=float, default=None, help="full SFT's lr (default: --lr, as in the paper)")
-parser.add_argument("--lora-lr", type=float, default=2e-4)
-parser.add_argument("--lora-rank", type=int, default=8)
-parser.add_argument("--n-heldout", type=int, default=24, help="held-out-template prompts per operation")
-parser.add_argument("--n-transfer", type=int, default=12, help="prompts per operation and transfer format")
-parser.add_argument("--n-shots", type=int, default=2, help="few-shot examples before each training/eval prompt")
-parser.add_argument("--n-pydoc", type=int, default=8, help="pydoc passages in the drift text")
-parser.add_argument("--n-sentences", type=int, default=30, help="project sentences in the drift text (at most 30)")
-parser.add_argument("--drift-tokens", type=int, default=96)
-parser.add_argument("--n-rank-prompts", type=int, default=24, help="prompts per operation for ranking heads")
-parser.add_argument("--seed", type=int, default=0)
-parser.add_argument("--threads", type=int, default=None)
-parser.add_argument("--device", default=None)
-parser.add_argument("--out", default="runs/precise_sft")
-parser.add_argument("--overwrite", action="store_true")
+parser.add_argument("--ablation-mlps", type=cli.nonnegative_int, metavar="N", default=2, help="top MLPs added in the ablation's second arm (0: skip)")
+parser.add_argument("--n-train", type=cli.positive_int, metavar="N", default=256, help="training examples (all four operations)")
+parser.add_argument("--steps", type=cli.positive_int, metavar="N", default=16, help="optimizer steps per run")
+parser.add_argument("--batch-size", type=cli.positive_int, metavar="N", default=16, help="examples per optimizer step")
+parser.add_argument("--micro-batch-size", type=cli.positive_int, metavar="N", default=8, help="examples per forward/backward pass")
+parser.add_argument("--lr", type=cli.positive_float, default=5e-5, help="learning rate of precise and full SFT")
+parser.add_argument("--full-lr", type=cli.positive_float, default=None, help="full SFT's lr (default: --lr, as in the paper)")
+parser.add_argument("--lora-lr", type=cli.positive_float, default=2e-4, help="LoRA's learning rate")
+parser.add_argument("--lora-rank", type=cli.positive_int, metavar="N", default=8, help="LoRA rank on every attention and MLP weight")
+parser.add_argument("--n-heldout", type=cli.positive_int, metavar="N", default=24, help="held-out-template prompts per operation")
+parser.add_argument("--n-transfer", type=cli.positive_int, metavar="N", default=12, help="prompts per operation and transfer format")
+parser.add_argument("--n-shots", type=cli.nonnegative_int, metavar="N", default=2, help="few-shot examples before each training/eval prompt")
+parser.add_argument("--n-pydoc", type=cli.nonnegative_int, metavar="N", default=8, help="pydoc passages in the drift text")
+parser.add_argument("--n-sentences", type=cli.positive_int, metavar="N", default=30, help="project sentences in the drift text (at most 30)")
+parser.add_argument("--drift-tokens", type=cli.positive_int, metavar="N", default=96, help="tokens per drift passage (KL and LM loss on non-math text)")
+parser.add_argument("--n-rank-prompts", type=cli.positive_int, metavar="N", default=24, help="prompts per operation for ranking heads")
+parser.add_argument("--seed", type=int, default=0, help="seed of the data and training")
+parser.add_argument("--threads", type=cli.nonnegative_int, default=0, metavar="N", help="torch CPU threads (0: torch's default)")
+cli.add_device_flags(parser, dtype=False)
+parser.add_argument("--out", default="runs/precise_sft", help="output folder")
+parser.add_argument("--overwrite", action="store_true", help="start the output folder afresh")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -206,4 +207,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_cli(main, "precise_sft")

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
 
@@ -29,17 +28,19 @@ from patching.knockout import knockout
 from patching.path_patching import path_patch
 from patching.results import key_heads
 
-parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+from experiments import _cli as cli
+
+parser = cli.make_parser("transfer", __doc__)
 parser.add_argument("--model", default="gemma-3-270m", help="model name or saved model directory")
-parser.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda'")
+cli.add_device_flags(parser)
 parser.add_argument("--ops", nargs="+", default=["+", "-", "*", "/"], help="operations to compare")
-parser.add_argument("--n-prompts", type=int, default=96, help="prompts per operation before filtering")
-parser.add_argument("--knockout-prompts", type=int, default=48, help="prompts per operation for the cross knockout")
-parser.add_argument("--top-k", type=int, default=8, help="key heads per operation")
-parser.add_argument("--random-seeds", type=int, default=2, help="random head sets per operation (baseline)")
+parser.add_argument("--n-prompts", type=cli.positive_int, metavar="N", default=96, help="prompts per operation before filtering")
+parser.add_argument("--knockout-prompts", type=cli.positive_int, metavar="N", default=48, help="prompts per operation for the cross knockout")
+parser.add_argument("--top-k", type=cli.positive_int, metavar="N", default=8, help="key heads per operation")
+parser.add_argument("--random-seeds", type=cli.positive_int, metavar="N", default=2, help="random head sets per operation (baseline)")
 parser.add_argument("--seed", type=int, default=0, help="data and random-head seed")
-parser.add_argument("--batch-size", type=int, default=32, help="prompts per forward pass")
-parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+parser.add_argument("--batch-size", type=cli.positive_int, metavar="N", default=32, help="prompts per forward pass")
+parser.add_argument("--threads", type=cli.nonnegative_int, metavar="N", default=0, help="torch CPU threads (0: torch's default)")
 parser.add_argument("--out", default=None, help="output folder (default: runs/transfer-<timestamp>)")
 parser.add_argument("--overwrite", action="store_true", help="write into an existing output folder")
 
@@ -50,8 +51,6 @@ def jaccard(a: set, b: set) -> float:
 
 
 @torch.no_grad()
-
-
 def main(argv: list[str] | None = None) -> dict:
     """Run the comparison; return the results dict that is also written to results.json."""
     args = parser.parse_args(argv)
@@ -64,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
     names = {op: resolve_operation(op).name for op in ops}
 
     with timer.stage("load model"):
-        model = load_model(args.model, device=None if args.device == "auto" else args.device)
+        model = load_model(args.model, device=args.device, dtype=args.dtype)
 
     # 1. key heads per operation
     data, heads, base = {}, {}, {}
@@ -124,4 +123,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_cli(main, "transfer")

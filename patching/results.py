@@ -114,10 +114,14 @@ class NodeScores:
             "info": self.info,
         }
 
-    def figure(self, percent: bool = True, title: Optional[str] = None):
+    def figure(self, percent: bool = True, title: Optional[str] = None, key_heads: Optional[list] = None):
         """Zhang et al. Figure 2: heads x layers heatmap with an MLP column (plotly).
 
-        ``percent=True`` falls back to absolute effects when the reference metric is ~0.
+        Heads and MLPs have their own symmetric colour scales (red: the metric drops when the
+        node's path is patched, blue: it rises), so a large MLP effect does not wash out the
+        heads; each scale is symmetric around 0 and reaches the largest |effect| of its kind.
+        ``key_heads`` are outlined and labelled. ``percent=True`` falls back to absolute
+        effects when the reference metric is ~0.
         """
         from plotly.subplots import make_subplots
         import plotly.graph_objects as go
@@ -125,20 +129,33 @@ class NodeScores:
         percent = percent and _has_percent(self.baseline)
         heads = (self.heads_percent if percent else self.heads).float().cpu()
         mlps = (self.mlps_percent if percent else self.mlps).float().cpu()
-        vmax = float(torch.nan_to_num(torch.cat([heads.flatten(), mlps]).abs(), nan=0.0).max()) or 1.0
+        bound = lambda t: float(torch.nan_to_num(t.abs(), nan=0.0).max()) or 1.0  # noqa: E731
         n_layers, n_heads = heads.shape
         unit = "%" if percent else self.metric
-        fig = make_subplots(rows=1, cols=2, column_widths=[0.85, 0.15], horizontal_spacing=0.04,
-                            subplot_titles=("heads", "MLP"))
-        common = dict(colorscale="RdBu", zmid=0, zmin=-vmax, zmax=vmax)
+        # Each colour bar sits in the gap right of its own panel (heads panel ends at x = 0.84 * 0.8).
+        fig = make_subplots(rows=1, cols=2, column_widths=[0.8, 0.2], horizontal_spacing=0.16,
+                            subplot_titles=("heads", "MLPs (own scale)"))
         fig.add_trace(go.Heatmap(z=heads.numpy(), x=[str(h) for h in range(n_heads)], y=list(range(n_layers)),
-                                 colorbar=dict(title=unit), hovertemplate="L%{y}H%{x}: %{z:.3g}<extra></extra>", **common), 1, 1)
-        fig.add_trace(go.Heatmap(z=mlps.numpy()[:, None], x=["MLP"], y=list(range(n_layers)), showscale=False,
-                                 hovertemplate="MLP%{y}: %{z:.3g}<extra></extra>", **common), 1, 2)
-        fig.update_yaxes(title_text="layer", autorange="reversed", row=1, col=1)
+                                 colorscale="RdBu", zmid=0, zmin=-bound(heads), zmax=bound(heads),
+                                 colorbar=dict(title=f"heads ({unit})", x=0.68, xanchor="left", thickness=12, len=0.9),
+                                 hovertemplate="L%{y}H%{x}: %{z:.3g}<extra></extra>"), 1, 1)
+        fig.add_trace(go.Heatmap(z=mlps.numpy()[:, None], x=["MLP"], y=list(range(n_layers)),
+                                 colorscale="RdBu", zmid=0, zmin=-bound(mlps), zmax=bound(mlps),
+                                 colorbar=dict(title=f"MLPs ({unit})", x=1.01, xanchor="left", thickness=12, len=0.9),
+                                 hovertemplate="MLP%{y}: %{z:.3g}<extra></extra>"), 1, 2)
+        if key_heads:
+            fig.add_trace(go.Scatter(
+                x=[str(h.head) for h in key_heads], y=[h.layer for h in key_heads], mode="markers+text",
+                text=[f"#{i + 1}" for i in range(len(key_heads))], textfont=dict(size=10, color="black"),
+                marker=dict(symbol="square-open", size=22, color="black", line=dict(width=2)),
+                name=f"key heads (top {len(key_heads)}, rank shown)",
+                hovertemplate="key head #%{text}: L%{y}H%{x}<extra></extra>"), 1, 1)
+            fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.12, x=0))
+        fig.update_yaxes(title_text="layer", autorange="reversed", dtick=1, row=1, col=1)
         fig.update_yaxes(autorange="reversed", showticklabels=False, row=1, col=2)
         fig.update_xaxes(title_text="head", row=1, col=1)
-        fig.update_layout(title=title or f"{self.method}: change of {self.metric} at END ({unit}), {self.n_prompts} prompts")
+        fig.update_layout(title=title or f"{self.method}: change of {self.metric} at END ({unit}), {self.n_prompts} prompts",
+                          height=max(360, 24 * n_layers + 160))
         return fig
 
 

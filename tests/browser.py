@@ -48,6 +48,7 @@ class PageResult:
     """What the page looked like once its scripts had run."""
 
     counts: dict[str, int]
+    values: dict = field(default_factory=dict)
     console_errors: list[str] = field(default_factory=list)
     failed_requests: list[str] = field(default_factory=list)
     screenshot: Path | None = None
@@ -60,13 +61,17 @@ def load_page(
     screenshot: str | Path | None = None,
     wait_for: dict[str, int] | None = None,
     timeout_s: float = 60.0,
+    evaluate: dict[str, str] | None = None,
+    first_screen: str | Path | None = None,
 ) -> PageResult:
     """Open ``html_path`` in headless Chromium and count the CSS ``selectors`` (``{name: selector}``).
 
     Waits until each ``wait_for[name]`` count is reached (or ``timeout_s`` passes), then
     saves a full-page screenshot when ``screenshot`` is given. Console messages of level
     SEVERE are returned as errors; network requests (http, https, ws) are returned as
-    ``failed_requests`` (an offline report must make none).
+    ``failed_requests`` (an offline report must make none). ``evaluate`` maps names to JavaScript
+    expressions whose values come back in ``values``; ``first_screen`` saves what a reader sees
+    first (1300 x 900, not scrolled).
     """
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -102,6 +107,11 @@ def load_page(
                 url = message["params"]["request"]["url"]
                 if url.startswith(("http:", "https:", "ws:", "wss:", "ftp:")):
                     requests.append(url)
+        values = {name: driver.execute_script(f"return ({expr});") for name, expr in (evaluate or {}).items()}
+        if first_screen is not None:
+            Path(first_screen).parent.mkdir(parents=True, exist_ok=True)
+            driver.set_window_size(1300, 900)
+            driver.save_screenshot(str(first_screen))
         shot = None
         if screenshot is not None:
             shot = Path(screenshot)
@@ -109,7 +119,7 @@ def load_page(
             height = driver.execute_script("return document.body.scrollHeight;")
             driver.set_window_size(1300, min(max(int(height), 800), 16000))
             driver.save_screenshot(str(shot))
-        return PageResult(counts, errors, requests, shot)
+        return PageResult(counts, values, errors, requests, shot)
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)

@@ -21,7 +21,15 @@ def test_pipeline_writes_results_figures_and_report(tiny_dir, tmp_path):
     assert len(saved["key_heads"]) == 2 and saved["knockout"]["ks"] == [1, 2]
     assert set(saved["seconds"]) >= {"load model", "data", "path patching", "knockout", "attention reads"}
     assert (out / "report.html").stat().st_size > 100_000  # plotly.js inlined
-    assert {p.stem for p in (out / "figures").iterdir()} >= {"path_patching", "knockout", "circuit", "af1"}
+    stems = {p.stem for p in (out / "figures").iterdir()}
+    assert stems >= {"path_patching", "knockout", "circuit"}
+    # AF1 runs on zero-shot one-token prompts; too few correct ones and the report says so instead of a grid.
+    af1 = saved["af1"]
+    assert af1["n_shots"] == 0 and af1["templates"] == ["af1-equation", "af1-verbal", "af1-question"]
+    assert ("af1" in stems) == ("skipped" not in af1) and ("af1" in stems) == (af1["n_eval"] >= _arithmetic.MIN_READABLE)
+    html = (out / "report.html").read_text()
+    if "skipped" in af1:
+        assert "no grid is drawn" in html or "answered correctly" in html
     # A second run into the same folder refuses unless --overwrite.
     with pytest.raises(OutputExistsError, match="--overwrite"):
         _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(out), *FAST])
@@ -34,4 +42,5 @@ def test_every_flag_is_listed_with_its_default(capsys):
     for name in _arithmetic.PipelineConfig.__dataclass_fields__:
         if name != "op":
             assert "--" + name.replace("_", "-") in text
-    assert text.count("(default:") >= len(_arithmetic.PipelineConfig.__dataclass_fields__) - 1
+    switches = [f for f in _arithmetic.PipelineConfig.__dataclass_fields__.values() if f.type == "bool"]
+    assert text.count("(default:") == len(_arithmetic.PipelineConfig.__dataclass_fields__) - 1 - len(switches)

@@ -24,7 +24,7 @@ def _run(argv, monkeypatch):
     runpy.run_module("experiments.merge", run_name="__main__")
 
 
-def test_merge_experiment_writes_table_and_report(tiny_loader, monkeypatch, tmp_path):
+def test_merge_experiment_writes_table_and_report(tiny_loader, monkeypatch, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--out", str(out), "--steps", "1", "--batch-size", "4", "--micro-batch-size", "4", "--n-train", "8",
             "--n-val", "2", "--n-test", "2", "--n-samples", "2", "--cf-batch-size", "2", "--heads", "L1H0",
@@ -41,8 +41,9 @@ def test_merge_experiment_writes_table_and_report(tiny_loader, monkeypatch, tmp_
     assert all(results["models"][m]["merge_seconds"] > 0 and "peak_mb" in results["models"][m] for m in ("ties", "iso_c"))
     assert (out / "report.html").is_file() and (out / "merged_best").is_dir()
     assert (out / "experts" / "mul").is_dir()
-    with pytest.raises(FileExistsError, match="--overwrite"):
+    with pytest.raises(SystemExit) as exit:  # the command line prints the error as one line, exit status 2
         _run(argv, monkeypatch)
+    assert exit.value.code == 2 and "--overwrite" in capsys.readouterr().err
 
 
 def test_merge_experiment_runs_a_mergekit_yaml(tiny_loader, monkeypatch, tmp_path):

@@ -47,7 +47,7 @@ def test_a_failing_last_stage_keeps_earlier_results_and_nothing_stale(tiny_dir, 
     out = tmp_path / "run"
     _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(out), *FAST])
     assert json.loads((out / "results.json").read_text())["status"] == "complete"
-    assert (out / "figures" / "af1.json").is_file() and (out / "report.html").is_file()
+    assert (out / "figures" / "path_patching.json").is_file() and (out / "report.html").is_file()
 
     def no_eval_prompts(model, cfg):
         raise NoEvalPromptsError("the model answers none of the AF1 prompts")
