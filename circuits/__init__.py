@@ -16,6 +16,8 @@ from circuits.loading import (
     offline_models,
     save_model,
 )
+from circuits.graph_io import GraphFileError, load_eap_json, save_eap_json, write_mib_submission
+from circuits.graph_selection import prune, select_fraction, select_greedy, select_threshold, select_top_n
 from circuits.nodes import MLP, Head, Node, all_heads, all_mlps, all_nodes, parse_node, validate_nodes
 
 __all__ = [
@@ -37,4 +39,13 @@ __all__ = [
     "all_nodes",
     "parse_node",
     "validate_nodes",
+    "GraphFileError",
+    "load_eap_json",
+    "save_eap_json",
+    "write_mib_submission",
+    "prune",
+    "select_fraction",
+    "select_greedy",
+    "select_threshold",
+    "select_top_n",
 ]
