@@ -4,6 +4,7 @@
   answer logit (or to receiver heads' q/k/v), with an END-only fast path;
 * :mod:`patching.activation_patching`: activation patching of head outputs, MLP outputs
   and the residual stream (equal to ``transformer_lens.patching``'s sweeps, faster);
+* :mod:`patching.edge_runs`: senders' outputs and receivers' inputs of the edge graph (the norm convention);
 * :mod:`patching.attribution`: attribution patching, and its rank agreement with exact patching;
 * :mod:`patching.knockout`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
 * :mod:`patching.cama`, :mod:`patching.abp`, :mod:`patching.af1`: context-aware mean ablation,
@@ -11,6 +12,7 @@
 """
 
 from patching.activation_patching import activation_patch
+from patching.edge_runs import UnsupportedModelError, edge_mode, receiver_hooks, sender_outputs
 from patching.af1 import AF1Config, AF1Runner, AF1SearchResult, af1_accuracy, search_af1
 from patching.af1_data import authors_templates, make_template_dataset
 from patching.abp import abp_hooks, allowed_keys_mask, peek_mask
@@ -28,3 +30,4 @@ __all__ = [
     "mean_activations", "METRICS", "PatchMetric", "get_metric", "path_patch", "ActivationScores",
     "KnockoutCurve", "NodeScores", "key_heads",
 ]
+__all__ += ["UnsupportedModelError", "edge_mode", "receiver_hooks", "sender_outputs"]
