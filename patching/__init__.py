@@ -12,6 +12,7 @@
 """
 
 from patching.activation_patching import activation_patch
+from patching.edge_attribution import EDGE_ATTRIBUTION_METHODS, edge_attribution
 from patching.edge_runs import UnsupportedModelError, edge_mode, receiver_hooks, sender_outputs
 from patching.af1 import AF1Config, AF1Runner, AF1SearchResult, af1_accuracy, search_af1
 from patching.af1_data import authors_templates, make_template_dataset
@@ -31,3 +32,4 @@ __all__ = [
     "KnockoutCurve", "NodeScores", "key_heads",
 ]
 __all__ += ["UnsupportedModelError", "edge_mode", "receiver_hooks", "sender_outputs"]
+__all__ += ["EDGE_ATTRIBUTION_METHODS", "edge_attribution"]

@@ -50,10 +50,12 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
+from transformer_lens import utils as tl_utils
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from patching import _runs
+from patching.edge_runs import SenderRecorder, edge_mode, edge_prefix_kv, receiver_hooks, run_suffix
 from patching.metrics import PatchMetric, get_metric, score_end
 from patching.results import NodeScores
 
@@ -94,16 +96,10 @@ def _clean_corrupted(model, chunk, steps):
     yield chunk.emb_cf, []
 
 
-def _component_hooks(model: HookedTransformer) -> list[Optional[str]]:
-    """EAP-IG-activations' components: the input (None), then each layer's attention result and MLP output."""
-    names: list[Optional[str]] = [None]
-    for layer in range(model.cfg.n_layers):
-        names += [f"blocks.{layer}.attn.hook_result", f"blocks.{layer}.hook_mlp_out"]
-    return names
-
-
 def _eap_ig_activations(model, chunk, steps):
-    for name in _component_hooks(model):
+    # EAP-IG interpolates each layer's hook_result (all heads at once); result = z · W_O is linear in
+    # z, so interpolating hook_z is the same run without materialising the per-head results.
+    for name in [None] + _component_hook_names(model):
         for k in range(1, steps + 1):
             alpha = k / steps
             if name is None:
@@ -137,48 +133,31 @@ EDGE_ATTRIBUTION_METHODS: dict[str, _Method] = {
 
 
 def _run_suffix(model: HookedTransformer, resid: Resid, prefix_kv, hooks: list) -> Float[Tensor, "rows suffix d_model"]:
+    """Final residual of a run whose first-block input at the suffix positions is ``resid``."""
     cache = None if prefix_kv is None else _runs.TiledKVCache(prefix_kv, 1)
     return model.run_with_hooks(resid, start_at_layer=0, stop_at_layer=model.cfg.n_layers, fwd_hooks=hooks,
                                 past_kv_cache=cache)
 
 
-def _post_norm(model: HookedTransformer) -> bool:
-    return bool(model.cfg.use_normalization_before_and_after)
-
-
-def _sender_hook_names(model: HookedTransformer) -> list[str]:
-    names = []
-    for layer in range(model.cfg.n_layers):
-        names += [f"blocks.{layer}.attn.hook_result", f"blocks.{layer}.hook_mlp_out"]
-        if _post_norm(model):
-            names.append(f"blocks.{layer}.ln1_post.hook_scale")
-    return names
+def _component_hook_names(model: HookedTransformer) -> list[str]:
+    return [name for layer in range(model.cfg.n_layers)
+            for name in (tl_utils.get_act_name("z", layer), tl_utils.get_act_name("mlp_out", layer))]
 
 
 @torch.no_grad()
-def _sender_outputs(model: HookedTransformer, resid: Resid, prefix_kv) -> tuple[Tensor, dict[str, Tensor]]:
-    """Every sender's output ``[rows, suffix, n_forward, d_model]`` (forward-index order) and the raw hooked values."""
+def _sender_outputs(model: HookedTransformer, tokens, prefix: int, prefix_kv,
+                    keep_raw: bool) -> tuple[Float[Tensor, "n_forward rows suffix d_model"], dict[str, Tensor]]:
+    """Every sender's output at the suffix (:class:`patching.edge_runs.SenderRecorder`), and optionally the
+    layer components' raw values (``hook_z``, ``hook_mlp_out``) that EAP-IG-activations interpolates."""
     raw: dict[str, Tensor] = {}
 
     def keep(act, *, hook):
-        raw[hook.name] = act.detach()
+        raw[hook.name] = act.detach().clone()
 
-    _run_suffix(model, resid, prefix_kv, [(n, keep) for n in _sender_hook_names(model)])
-    parts = [resid[:, :, None, :]]
-    for layer in range(model.cfg.n_layers):
-        heads = raw[f"blocks.{layer}.attn.hook_result"]
-        if _post_norm(model):  # what each head adds to the residual through ln1_post, at this run's scale
-            norm = model.blocks[layer].ln1_post
-            heads = heads * norm.w / raw[f"blocks.{layer}.ln1_post.hook_scale"][:, :, None, :]
-        parts += [heads, raw[f"blocks.{layer}.hook_mlp_out"][:, :, None, :]]
-    return torch.cat(parts, dim=2), raw
-
-
-def _receiver_hook_names(model: HookedTransformer) -> list[str]:
-    names = []
-    for layer in range(model.cfg.n_layers):
-        names += [f"blocks.{layer}.hook_{x}_input" for x in "qkv"] + [f"blocks.{layer}.hook_mlp_in"]
-    return names + [f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"]
+    recorder = SenderRecorder(model)
+    extra = [(name, keep) for name in _component_hook_names(model)] if keep_raw else []
+    run_suffix(model, tokens, prefix, prefix_kv, recorder.hooks() + extra)
+    return recorder.stacked(), raw
 
 
 def _receiver_gradients(model: HookedTransformer, chunk: _Chunk, resid: Resid, hooks: list,
@@ -190,30 +169,19 @@ def _receiver_gradients(model: HookedTransformer, chunk: _Chunk, resid: Resid, h
         captured[hook.name] = act
         return act
 
-    names = _receiver_hook_names(model)
+    # receiver_hooks lists backward indices in order, grouped by hook with heads ascending
+    names = list(dict.fromkeys(name for name, _ in receiver_hooks(model)))
     with torch.enable_grad():
         resid = resid.detach().requires_grad_(True)
         final = _run_suffix(model, resid, chunk.prefix_kv, hooks + [(n, keep) for n in names])
         values = score_end(model, final[:, -1], chunk.answer_ids, chunk.alt_ids, metric)
-        grads = torch.autograd.grad(values.sum(), [captured[n] for n in names])
-    parts = []
-    for layer in range(model.cfg.n_layers):
-        q, k, v, mlp = grads[4 * layer: 4 * layer + 4]
-        parts += [q, k, v, mlp[:, :, None, :]]
-    parts.append(grads[-1][:, :, None, :])
-    return torch.cat(parts, dim=2), values.detach()
+        grads = torch.autograd.grad(values.sum(), [captured[n] for n in names], allow_unused=True)
+    # receivers upstream of a component that a pass replaces (EAP-IG-activations) do not reach the metric
+    grads = [torch.zeros_like(captured[n]) if g is None else g for n, g in zip(names, grads)]
+    return torch.cat([g if g.ndim == 4 else g[:, :, None, :] for g in grads], dim=2), values.detach()
 
 
 # ---------------------------------------------------------------------------- public entry point
-
-
-def _check_edge_ready(model: HookedTransformer) -> None:
-    for hook in _receiver_hook_names(model) + _sender_hook_names(model):
-        if hook not in model.hook_dict:
-            raise InputError(f"{hook} is not a hook point of this model; edge attribution needs a "
-                             f"TransformerLens HookedTransformer with standard block hooks.")
-    if model.cfg.parallel_attn_mlp:
-        raise InputError("Parallel attention/MLP blocks are not supported by edge attribution yet.")
 
 
 def _row_budget(model: HookedTransformer, memory_mb: float, n_suffix: int, n_prefix: int) -> int:
@@ -262,8 +230,6 @@ def edge_attribution(
     groups = _runs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
     layout = GraphLayout.of(model)
-    from patching.edges import edge_ready  # the engine's context: split q/k/v inputs, head results, mlp_in hooks
-
     total = torch.zeros(layout.n_forward, layout.n_backward, dtype=torch.float64)
     metric_total, n_prompts = 0.0, 0
     plan = []
@@ -273,8 +239,9 @@ def edge_attribution(
         rows = min(len(group), _row_budget(model, memory_mb, n_suffix, prefix))
         plan += [(group, prefix, sl) for sl in _runs.chunks(len(group), rows)]
     n_passes = spec.n_passes(model, ig_steps)
-    with edge_ready(model):
-        _check_edge_ready(model)
+    if model.cfg.parallel_attn_mlp:
+        raise InputError("Parallel attention/MLP blocks are not supported by edge attribution yet.")
+    with edge_mode(model):
         bar = tqdm(total=len(plan) * n_passes, desc=f"edge attribution ({method})", disable=not progress, leave=False)
         for group, prefix, sl in plan:
             chunk, outputs_ref, outputs_cf = _prepare_chunk(model, group, prefix, sl, spec.needs_raw_outputs)
@@ -284,7 +251,7 @@ def edge_attribution(
                 grad_sum = grads if grad_sum is None else grad_sum + grads
                 bar.update(1)
             diff = (outputs_cf - outputs_ref).to(grad_sum.dtype)
-            total += torch.einsum("bpfd,bpkd->fk", diff, grad_sum).double().cpu() / n_passes
+            total += torch.einsum("fbpd,bpkd->fk", diff, grad_sum).double().cpu() / n_passes
             metric_total += float(_reference_metric(model, chunk, metric).sum())
             n_prompts += sl.stop - sl.start
         bar.close()
@@ -300,14 +267,11 @@ def edge_attribution(
 @torch.no_grad()
 def _prepare_chunk(model, group, prefix: int, sl: slice, needs_raw: bool):
     tokens, cf_tokens = group.tokens[sl], group.cf_tokens[sl]
-    prefix_kv = _runs.prefix_kv_cache(model, tokens[:, :prefix]) if prefix > 0 else None
-    emb_ref = model(tokens, stop_at_layer=0)[:, prefix:]
-    emb_cf = model(cf_tokens, stop_at_layer=0)[:, prefix:]
-    outputs_ref, raw_ref = _sender_outputs(model, emb_ref, prefix_kv)
-    outputs_cf, raw_cf = _sender_outputs(model, emb_cf, prefix_kv)
+    prefix_kv = edge_prefix_kv(model, tokens[:, :prefix]) if prefix > 0 else None
+    outputs_ref, raw_ref = _sender_outputs(model, tokens, prefix, prefix_kv, needs_raw)
+    outputs_cf, raw_cf = _sender_outputs(model, cf_tokens, prefix, prefix_kv, needs_raw)
+    emb_ref, emb_cf = outputs_ref[0], outputs_cf[0]  # sender 0, the input, is the first block's input
     alt = None if group.alt_ids is None else group.alt_ids[sl]
-    if not needs_raw:
-        raw_ref, raw_cf = {}, {}
     chunk = _Chunk(emb_ref, emb_cf, prefix_kv, group.answer_ids[sl], alt, raw_ref, raw_cf)
     return chunk, outputs_ref, outputs_cf
 
