@@ -5,6 +5,8 @@
 * :mod:`patching.activation_patching`: activation patching of head outputs, MLP outputs
   and the residual stream (equal to ``transformer_lens.patching``'s sweeps, faster);
 * :mod:`patching.edge_runs`: senders' outputs and receivers' inputs of the edge graph (the norm convention);
+* :mod:`patching.edge_patching`, :mod:`patching.circuit_evaluation`: exact patching of each edge, and circuits run
+  with every edge outside them ablated; :mod:`patching.faithfulness`: MIB faithfulness curves, CPR and CMD;
 * :mod:`patching.attribution`: attribution patching, and its rank agreement with exact patching;
 * :mod:`patching.knockout`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
 * :mod:`patching.cama`, :mod:`patching.abp`, :mod:`patching.af1`: context-aware mean ablation,
@@ -12,6 +14,9 @@
 """
 
 from patching.activation_patching import activation_patch
+from patching.circuit_evaluation import ABLATIONS, CircuitEvaluation, MeanPoolError, evaluate_circuit, evaluate_circuits
+from patching.edge_patching import EdgeEffects, edge_patch
+from patching.faithfulness import MIB_FRACTIONS, FaithfulnessCurve, curve_areas, faithfulness_curve, top_n_mask
 from patching.edge_attribution import EDGE_ATTRIBUTION_METHODS, edge_attribution
 from patching.edge_runs import UnsupportedModelError, edge_mode, receiver_hooks, sender_outputs
 from patching.af1 import AF1Config, AF1Runner, AF1SearchResult, af1_accuracy, search_af1
@@ -31,5 +36,7 @@ __all__ = [
     "mean_activations", "METRICS", "PatchMetric", "get_metric", "path_patch", "ActivationScores",
     "KnockoutCurve", "NodeScores", "key_heads",
 ]
-__all__ += ["UnsupportedModelError", "edge_mode", "receiver_hooks", "sender_outputs"]
+__all__ += ["ABLATIONS", "CircuitEvaluation", "MeanPoolError", "evaluate_circuit", "evaluate_circuits", "EdgeEffects",
+            "edge_patch", "MIB_FRACTIONS", "FaithfulnessCurve", "curve_areas", "faithfulness_curve", "top_n_mask",
+            "UnsupportedModelError", "edge_mode", "receiver_hooks", "sender_outputs"]
 __all__ += ["EDGE_ATTRIBUTION_METHODS", "edge_attribution"]
