@@ -36,7 +36,8 @@ from torch import Tensor
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 
-__all__ = ["nodes_in_graph", "prune", "select_top_n", "select_threshold", "select_greedy", "select_fraction"]
+__all__ = ["nodes_in_graph", "prune", "select_top_n", "select_threshold", "select_greedy", "select_fraction",
+           "mib_selector"]
 
 
 def _receiver_owner(layout: GraphLayout) -> Tensor:
@@ -157,3 +158,17 @@ def select_greedy(graph: Graph, n: int, *, absolute: bool = True, prune: bool = 
             for receiver in receivers_of[f]:
                 push_into(receiver)
     return _finish(graph, edges, prune, f"greedy({n}, absolute={absolute})")
+
+
+def mib_selector(layout: GraphLayout, *, absolute: bool = True, greedy: bool = False):
+    """``(scores, n) -> bool mask``: the circuit MIB evaluates at size n (top-n or greedy, then pruned).
+
+    Pass it as ``select=`` to :func:`patching.faithfulness_curve` so that every point of the
+    curve is the pruned circuit hannamw/MIB-circuit-track's ``evaluate_area_under_curve`` builds.
+    """
+    chooser = select_greedy if greedy else select_top_n
+
+    def select(scores: Tensor, n: int) -> Tensor:
+        return chooser(Graph(layout, scores.detach().float().cpu()), n, absolute=absolute).in_graph
+
+    return select

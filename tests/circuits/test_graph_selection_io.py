@@ -166,3 +166,14 @@ def test_mib_submission_folders(tmp_path):
         assert circuit.n_edges_in_graph <= percent / 100 * graph.n_edges
     with pytest.raises(InputError, match="contains '_'"):
         write_mib_submission(graph, tmp_path, "arithmetic_addition", "gemma3")
+
+
+def test_mib_selector_is_top_n_then_pruned():
+    from circuits.graph_selection import mib_selector
+
+    graph = scored_graph(n_layers=3, n_heads=3, seed=9)
+    select = mib_selector(graph.layout)
+    for n in (3, 20, 80):
+        assert torch.equal(select(graph.scores, n), select_top_n(graph, n).in_graph)
+    greedy = mib_selector(graph.layout, greedy=True)
+    assert torch.equal(greedy(graph.scores, 20), select_greedy(graph, 20).in_graph)
