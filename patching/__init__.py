@@ -10,7 +10,9 @@
 * :mod:`patching.attribution`: attribution patching, and its rank agreement with exact patching;
 * :mod:`patching.knockout`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
 * :mod:`patching.cama`, :mod:`patching.abp`, :mod:`patching.af1`: context-aware mean ablation,
-  attention-based peeking and the All-for-One search (Mamidanna et al. 2025).
+  attention-based peeking and the All-for-One search (Mamidanna et al. 2025);
+* :mod:`patching.number_interventions`: frequency filters, helix-subspace patching and
+  heuristic-neuron knockout on number representations.
 """
 
 from patching.activation_patching import activation_patch
@@ -26,6 +28,10 @@ from patching.attribution import attribution_patch, rank_agreement
 from patching.cama import CamaConfig, CamaMeans, fit_cama
 from patching.knockout import knockout, knockout_curve, knockout_hooks, knockout_transfer, mean_activations
 from patching.metrics import METRICS, PatchMetric, get_metric
+from patching.number_interventions import (
+    evaluate_end, fourier_filter, fraction_moved, frequency_band, frequency_filter_edit, neuron_attribution,
+    neuron_knockout_edit, subspace_patch_edit, top_neurons,
+)
 from patching.path_patching import path_patch
 from patching.results import ActivationScores, KnockoutCurve, NodeScores, key_heads
 
@@ -34,7 +40,8 @@ __all__ = [
     "search_af1", "abp_hooks", "allowed_keys_mask", "peek_mask", "attribution_patch", "rank_agreement",
     "CamaConfig", "CamaMeans", "fit_cama", "knockout", "knockout_curve", "knockout_hooks", "knockout_transfer",
     "mean_activations", "METRICS", "PatchMetric", "get_metric", "path_patch", "ActivationScores",
-    "KnockoutCurve", "NodeScores", "key_heads",
+    "KnockoutCurve", "NodeScores", "key_heads", "evaluate_end", "fourier_filter", "fraction_moved", "frequency_band",
+    "frequency_filter_edit", "neuron_attribution", "neuron_knockout_edit", "subspace_patch_edit", "top_neurons",
 ]
 __all__ += ["ABLATIONS", "CircuitEvaluation", "MeanPoolError", "evaluate_circuit", "evaluate_circuits", "EdgeEffects",
             "edge_patch", "MIB_FRACTIONS", "FaithfulnessCurve", "curve_areas", "faithfulness_curve", "top_n_mask",

@@ -17,7 +17,8 @@ Speed (all 10,342 edges of gemma-3-270m are feasible on a laptop CPU):
 * the reference and counterfactual senders are recorded once per prompt group, and
   each edge's input change ``o_s(cf) − o_s(ref)`` is a precomputed constant;
 * a patched forward starts at the receiver's layer from the cached reference residual
-  (``start_at_layer``): nothing below the receiver changes;
+  (``start_at_layer``): nothing below the receiver changes; only that layer runs with
+  per-head q/k/v inputs (and K/V ungrouped per query head), the layers above run plain;
 * many edges share one forward (edges stacked along the batch, each row adding its own
   change at its own receiver), chunked to a memory budget;
 * only positions after the shared prefix of reference and counterfactual are run (the
@@ -41,7 +42,7 @@ from transformer_lens import HookedTransformer
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from patching import _runs
-from patching.edge_runs import SenderRecorder, edge_mode, edge_prefix_kv, receiver_hooks, run_suffix, sender_outputs
+from patching.edge_runs import SenderRecorder, edge_mode, plain_blocks, receiver_hooks, run_suffix, sender_outputs, ungroup_kv
 from patching.metrics import PatchMetric, get_metric, score_end
 
 EdgesInput = Union[None, Sequence[str], Sequence[tuple[int, int]], Bool[Tensor, "n_forward n_backward"], Graph]
@@ -157,7 +158,14 @@ def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_pr
     """Patched metric [n_edges, batch] and reference metric [batch] on one group of equal-length prompts."""
     B, n_pos = group.tokens.shape
     start = _runs.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix else 0
-    kv = edge_prefix_kv(model, group.tokens[:, :start]) if start else None
+    # Only the receiver's own block needs per-head q/k/v inputs (and ungrouped K/V): every other
+    # block runs plain, with the prefix's grouped keys/values.
+    if start:
+        with plain_blocks(model):
+            kv_plain = _runs.prefix_kv_cache(model, group.tokens[:, :start])
+        kv_split = ungroup_kv(model, kv_plain)
+    else:
+        kv_plain = kv_split = None
     P = n_pos - start
 
     # The reference run: every sender's output and every layer's residual input, positions start:.
@@ -168,8 +176,9 @@ def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_pr
         resid_pre[int(hook.name.split(".")[1])] = act
 
     names = _runs.act_names("resid_pre", range(layout.n_layers))
-    final = run_suffix(model, group.tokens, start, kv, recorder.hooks() + [(n, keep) for n in names])
-    delta = sender_outputs(model, group.cf_tokens, start=start, prefix_kv=kv) - recorder.stacked()  # [f, B, P, d]
+    with plain_blocks(model):
+        final = run_suffix(model, group.tokens, start, kv_plain, recorder.hooks() + [(n, keep) for n in names])
+        delta = sender_outputs(model, group.cf_tokens, start=start, prefix_kv=kv_plain) - recorder.stacked()  # [f, B, P, d]
     base = score_end(model, final[:, -1], group.answer_ids, group.alt_ids, metric)
 
     out = torch.empty(len(pairs), B, dtype=base.dtype, device=base.device)
@@ -195,14 +204,20 @@ def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_pr
             chunk = indices[sl]
             k = len(chunk)
             fwd_hooks = _receiver_patch_hooks([pairs[i] for i in chunk], hooks, delta, k, B)
-            kv_tiled = None if kv is None else _runs.TiledKVCache(kv, k)
-            resid = model.run_with_hooks(resid_pre[layer].repeat(k, 1, 1), start_at_layer=layer,
-                                         stop_at_layer=cfg.n_layers, fwd_hooks=fwd_hooks, past_kv_cache=kv_tiled)
+            resid = model.run_with_hooks(resid_pre[layer].repeat(k, 1, 1), start_at_layer=layer, stop_at_layer=layer + 1,
+                                         fwd_hooks=fwd_hooks, past_kv_cache=_tiled(kv_split, k))
+            if layer + 1 < cfg.n_layers:
+                with plain_blocks(model):
+                    resid = model(resid, start_at_layer=layer + 1, stop_at_layer=cfg.n_layers, past_kv_cache=_tiled(kv_plain, k))
             answers = group.answer_ids.repeat(k)
             alts = None if group.alt_ids is None else group.alt_ids.repeat(k)
             out[chunk] = score_end(model, resid[:, -1], answers, alts, metric).view(k, B)
             bar.update(k)
     return out, base
+
+
+def _tiled(entries, times: int):
+    return None if entries is None else _runs.TiledKVCache(entries, times)
 
 
 def _receiver_patch_hooks(chunk_pairs, hooks, delta, k: int, B: int):

@@ -251,35 +251,46 @@ def sender_outputs(
 # ---------------------------------------------------------------------------- prefix reuse
 
 
+@contextlib.contextmanager
+def plain_blocks(model: HookedTransformer) -> Iterator[HookedTransformer]:
+    """Inside :func:`edge_mode`: run blocks without per-head q/k/v inputs and with grouped K/V (cheaper), then restore.
+
+    For forwards, or parts of forwards, that read no head receiver: senders' outputs and the
+    layers above a patched receiver are the same either way.
+    """
+    before = model.cfg.use_split_qkv_input, model.cfg.ungroup_grouped_query_attention
+    try:
+        _set_flag(model, "use_split_qkv_input", False)
+        _set_flag(model, "ungroup_grouped_query_attention", False)
+        yield model
+    finally:
+        _set_flag(model, "use_split_qkv_input", before[0])
+        _set_flag(model, "ungroup_grouped_query_attention", before[1])
+
+
+def ungroup_kv(model: HookedTransformer, entries: Sequence[TransformerLensKeyValueCacheEntry]) -> list[TransformerLensKeyValueCacheEntry]:
+    """Grouped keys/values (one per K/V head) repeated per query head, as ungrouped GQA/MQA attention computes them."""
+    cfg = model.cfg
+    if cfg.n_key_value_heads is None or cfg.n_key_value_heads == cfg.n_heads:
+        return list(entries)
+    repeats = cfg.n_heads // cfg.n_key_value_heads
+    return [TransformerLensKeyValueCacheEntry(e.past_keys.repeat_interleave(repeats, dim=2),
+                                              e.past_values.repeat_interleave(repeats, dim=2), frozen=True)
+            for e in entries]
+
+
 @torch.no_grad()
 def edge_prefix_kv(model: HookedTransformer, tokens: Int[Tensor, "batch prefix"]) -> list[TransformerLensKeyValueCacheEntry]:
     """:func:`patching._runs.prefix_kv_cache`, with keys/values per query head when ``ungroup`` is on.
 
     TransformerLens allocates its cache per key/value head, so under :func:`edge_mode`
-    (ungrouped GQA/MQA) the prefix is run grouped and its keys/values are then repeated per
-    query head, which is what the ungrouped attention computes for them.
+    (ungrouped GQA/MQA) the prefix is run grouped (:func:`plain_blocks`) and its keys/values
+    are then repeated per query head (:func:`ungroup_kv`).
     """
-    cfg = model.cfg
-    grouped = cfg.n_key_value_heads is not None and cfg.n_key_value_heads != cfg.n_heads
-    ungrouped = grouped and cfg.ungroup_grouped_query_attention
-    split = cfg.use_split_qkv_input
-    try:
-        if ungrouped:
-            model.set_ungroup_grouped_query_attention(False)
-        if split:  # the prefix needs no per-head inputs; the plain attention is cheaper
-            model.set_use_split_qkv_input(False)
+    ungrouped = model.cfg.ungroup_grouped_query_attention
+    with plain_blocks(model):
         entries = _runs.prefix_kv_cache(model, tokens)
-    finally:
-        if ungrouped:
-            model.set_ungroup_grouped_query_attention(True)
-        if split:
-            model.set_use_split_qkv_input(True)
-    if not ungrouped:
-        return entries
-    repeats = cfg.n_heads // cfg.n_key_value_heads
-    return [TransformerLensKeyValueCacheEntry(e.past_keys.repeat_interleave(repeats, dim=2),
-                                              e.past_values.repeat_interleave(repeats, dim=2), frozen=True)
-            for e in entries]
+    return ungroup_kv(model, entries) if ungrouped else entries
 
 
 def run_suffix(
