@@ -7,8 +7,8 @@
 2. Times ``patching.edge_patch`` over every ``--stride``-th edge in index order (``--stride 1``:
    all 10,342 edges); with a stride > 1 the time for all edges is extrapolated linearly
    (every stride-th edge samples the layers in proportion) and marked as extrapolated.
-3. Scores every edge by a naive baseline, the size of its sender's output change
-   ``mean_prompts Σ_pos ‖o_s(X_c) − o_s(X_r)‖`` (the same for all receivers of a sender; an
+3. Scores every edge by a naive baseline, the product of the sizes of its sender's output
+   change and its receiver's input change, each ``mean_prompts Σ_pos ‖·(X_c) − ·(X_r)‖`` (an
    attribution method should beat it), and computes the ten-point MIB faithfulness curve,
    CPR and CMD with 95% bootstrap intervals (counterfactual ablation).
 4. Writes everything to ``<out>/results.json`` (atomic write) and prints a summary.
@@ -54,8 +54,13 @@ def output_change_scores(model, data) -> torch.Tensor:
         kv = edge_prefix_kv(model, batch.tokens[:, :start])
         ref = sender_outputs(model, batch.tokens, start=start, prefix_kv=kv)
         cf = sender_outputs(model, batch.cf_tokens, start=start, prefix_kv=kv)
-    per_sender = (cf - ref).norm(dim=-1).sum(-1).mean(-1).cpu()  # [n_forward]
-    return torch.where(layout.real_edge_mask, per_sender[:, None].expand(-1, layout.n_backward), torch.nan)
+    change = cf - ref  # [n_forward, batch, pos, d_model]
+    per_sender = change.norm(dim=-1).sum(-1).mean(-1).cpu()  # [n_forward]
+    # A receiver's input change is the sum of its senders' changes (the edge convention).
+    cumulative = change.cumsum(0)
+    limits = torch.tensor([layout.forward_limit(b) for b in range(layout.n_backward)])
+    per_receiver = cumulative[limits - 1].norm(dim=-1).sum(-1).mean(-1).cpu()  # [n_backward]
+    return torch.where(layout.real_edge_mask, per_sender[:, None] * per_receiver[None, :], torch.nan)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     curve_wall = time.perf_counter()
     curve = faithfulness_curve(model, scores, data, n_bootstrap=args.n_bootstrap, memory_mb=args.memory_mb)
     curve_wall = time.perf_counter() - curve_wall
-    print(f"faithfulness curve (output-change scores): CPR {curve.cpr}, CMD {curve.cmd}, {curve_wall:.1f} s")
+    print(f"faithfulness curve (output x input change scores): CPR {curve.cpr}, CMD {curve.cmd}, {curve_wall:.1f} s")
     for x, n, f in zip(curve.fractions, curve.n_edges, curve.faithfulness):
         print(f"  {100 * x:6.1f}% ({n:5d} edges): f = {f}")
 
@@ -107,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
                        "all_edges_wall_s": wall * scale, "extrapolated": args.stride != 1,
                        "reference_metric": effects.reference_metric,
                        "top_edges": {layout.edge_name(*edges[i]): float(effects.effects[i]) for i in top}},
-        "curve": {"scores": "sender output-change norm", "wall_s": curve_wall, **curve.to_dict()},
+        "curve": {"scores": "sender output-change norm x receiver input-change norm", "wall_s": curve_wall, **curve.to_dict()},
     })
     print(f"wrote {out / 'results.json'}")
 
