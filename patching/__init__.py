@@ -7,6 +7,7 @@
 * :mod:`patching.edge_runs`: senders' outputs and receivers' inputs of the edge graph (the norm convention);
 * :mod:`patching.edge_patching`, :mod:`patching.circuit_evaluation`: exact patching of each edge, and circuits run
   with every edge outside them ablated; :mod:`patching.faithfulness`: MIB faithfulness curves, CPR and CMD;
+* :mod:`patching.edge_attribution`: EAP / EAP-IG scores of every edge (hannamw/EAP-IG's methods);
 * :mod:`patching.attribution`: attribution patching, and its rank agreement with exact patching;
 * :mod:`patching.knockout`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
 * :mod:`patching.cama`, :mod:`patching.abp`, :mod:`patching.af1`: context-aware mean ablation,
