@@ -16,6 +16,9 @@ from circuits.loading import (
     offline_models,
     save_model,
 )
+from circuits.graph_figure import edge_circuit_figure, faithfulness_figure
+from circuits.graph_io import GraphFileError, load_eap_json, save_eap_json, write_mib_submission
+from circuits.graph_selection import mib_selector, prune, select_fraction, select_greedy, select_threshold, select_top_n
 from circuits.nodes import MLP, Head, Node, all_heads, all_mlps, all_nodes, parse_node, validate_nodes
 
 __all__ = [
@@ -40,4 +43,16 @@ __all__ = [
     "all_nodes",
     "parse_node",
     "validate_nodes",
+    "GraphFileError",
+    "load_eap_json",
+    "save_eap_json",
+    "write_mib_submission",
+    "prune",
+    "select_fraction",
+    "select_greedy",
+    "select_threshold",
+    "select_top_n",
+    "mib_selector",
+    "edge_circuit_figure",
+    "faithfulness_figure",
 ]

@@ -7,6 +7,7 @@
 * :mod:`patching.edge_runs`: senders' outputs and receivers' inputs of the edge graph (the norm convention);
 * :mod:`patching.edge_patching`, :mod:`patching.circuit_evaluation`: exact patching of each edge, and circuits run
   with every edge outside them ablated; :mod:`patching.faithfulness`: MIB faithfulness curves, CPR and CMD;
+* :mod:`patching.edge_attribution`: EAP / EAP-IG scores of every edge (hannamw/EAP-IG's methods);
 * :mod:`patching.attribution`: attribution patching, and its rank agreement with exact patching;
 * :mod:`patching.knockout`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
 * :mod:`patching.cama`, :mod:`patching.abp`, :mod:`patching.af1`: context-aware mean ablation,
@@ -19,6 +20,7 @@ from patching.activation_patching import activation_patch
 from patching.circuit_evaluation import ABLATIONS, CircuitEvaluation, MeanPoolError, evaluate_circuit, evaluate_circuits
 from patching.edge_patching import EdgeEffects, edge_patch
 from patching.faithfulness import MIB_FRACTIONS, FaithfulnessCurve, curve_areas, faithfulness_curve, top_n_mask
+from patching.edge_attribution import EDGE_ATTRIBUTION_METHODS, edge_attribution
 from patching.edge_runs import UnsupportedModelError, edge_mode, receiver_hooks, sender_outputs
 from patching.af1 import AF1Config, AF1Runner, AF1SearchResult, af1_accuracy, search_af1
 from patching.af1_data import authors_templates, make_template_dataset
@@ -45,3 +47,4 @@ __all__ = [
 __all__ += ["ABLATIONS", "CircuitEvaluation", "MeanPoolError", "evaluate_circuit", "evaluate_circuits", "EdgeEffects",
             "edge_patch", "MIB_FRACTIONS", "FaithfulnessCurve", "curve_areas", "faithfulness_curve", "top_n_mask",
             "UnsupportedModelError", "edge_mode", "receiver_hooks", "sender_outputs"]
+__all__ += ["EDGE_ATTRIBUTION_METHODS", "edge_attribution"]

@@ -1,0 +1,187 @@
+"""Benchmark: edge attribution, faithfulness curves and exact edge patching, side by side with hannamw/EAP-IG.
+
+    python -m experiments.bench_circuits --out runs/bench_circuits
+    python -m experiments.bench_circuits --exact-edges all --out runs/bench_circuits_full   # every edge exactly
+
+1. Samples few-shot addition prompts of one template and one token length (default 32).
+2. Times ``patching.edge_attribution`` (EAP-IG-inputs, ``--ig-steps`` steps, and EAP) over every edge.
+3. When hannamw/EAP-IG is importable (see ``experiments/_eap_ig_arm.py``), times its ``attribute`` on the
+   same prompts in this process and reports the largest score difference relative to the largest score
+   (over all edges, and over the edges whose sender is not a head: on models with norms after attention
+   the two tools' head outputs differ by design, see docs/methods.md). Otherwise the arm is skipped.
+4. Times ``patching.faithfulness_curve`` at MIB's ten sizes (top-n by |EAP-IG score|, pruned as MIB
+   prunes) and, with EAP-IG, its ``evaluate_graph`` on the same circuits; reports both curves.
+5. Exact edge patching (``patching.edge_patch``) of ``--exact-edges`` edges (a seeded random sample, or
+   ``all``): time, and Spearman rank correlation of EAP and EAP-IG scores with the exact effects.
+6. Prints a table and writes everything to ``<out>/results.json`` (atomic write).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from scipy.stats import spearmanr
+
+from circuits.graph import GraphLayout
+from circuits.graph_selection import mib_selector
+from circuits.loading import load_model
+from circuits.runs import prepare_run_dir, write_json_atomic
+from circuits.tasks import make_dataset, single_batch
+from circuits.templates import get_templates
+from experiments import _eap_ig_arm
+from patching.edge_attribution import edge_attribution
+from patching.edge_patching import edge_patch
+from patching.faithfulness import MIB_FRACTIONS, faithfulness_curve
+
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--model", default="gemma-3-270m", help="model name for circuits.loading.load_model")
+parser.add_argument("--n-prompts", type=int, default=32, help="prompts (one template, one token length)")
+parser.add_argument("--n-shots", type=int, default=2, help="few-shot examples before each prompt")
+parser.add_argument("--op", default="+", help="arithmetic operation")
+parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG integration steps")
+parser.add_argument("--eap-ig-batch-size", type=int, default=8, help="batch size of the EAP-IG arm")
+parser.add_argument("--exact-edges", default="300",
+                    help="edges patched exactly: a count (seeded random sample), 'all', or 0 for none")
+parser.add_argument("--no-eap-ig", action="store_true", help="skip the hannamw/EAP-IG arm even if importable")
+parser.add_argument("--no-curve", action="store_true", help="skip the faithfulness curves")
+parser.add_argument("--memory-mb", type=float, default=2048, help="activation budget per batched forward")
+parser.add_argument("--device", default=None, help="cpu / cuda (default: auto)")
+parser.add_argument("--seed", type=int, default=0, help="data and edge-sample seed")
+parser.add_argument("--out", default="runs/bench_circuits", help="output folder")
+parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
+
+
+def _timed(fn):
+    start = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - start
+
+
+def _prompts(model, args):
+    template = get_templates(args.op, ("equation",))[0]
+    # few-shot answers differ in length: sample extra prompts and keep the most common token length
+    data = make_dataset(model, op=args.op, n_prompts=4 * args.n_prompts, template_ids=(template.id,),
+                        n_shots=args.n_shots, seed=args.seed)
+    lengths = data["end_pos"]
+    common = max(set(lengths), key=lengths.count)
+    keep = [i for i, n in enumerate(lengths) if n == common][: args.n_prompts]
+    if len(keep) < args.n_prompts:
+        raise SystemExit(f"Only {len(keep)} prompts of one token length; lower --n-prompts.")
+    return data.select(keep)
+
+
+def _relative_differences(layout: GraphLayout, ours, theirs) -> dict:
+    real = layout.real_edge_mask
+    head_rows = torch.zeros(layout.n_forward, dtype=torch.bool)
+    head_rows[[layout.head_forward(l, h) for l in range(layout.n_layers) for h in range(layout.n_heads)]] = True
+    scale = float(theirs[real].abs().max())
+    diff = (ours - theirs).abs()
+    return {"max_rel_diff_all_edges": float(diff[real].max()) / scale,
+            "max_rel_diff_non_head_senders": float(diff[real & ~head_rows[:, None]].max()) / scale,
+            "max_rel_diff_head_senders": float(diff[real & head_rows[:, None]].max()) / scale,
+            "largest_abs_score": scale}
+
+
+def _spearman(a, b) -> float:
+    return float(spearmanr(a.numpy(), b.numpy())[0])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark with command-line flags ``argv`` (default: ``sys.argv``)."""
+    args = parser.parse_args(argv)
+    out = prepare_run_dir(args.out, overwrite=args.overwrite)
+    torch.manual_seed(args.seed)
+    model = load_model(args.model, device=args.device)
+    model.eval()
+    data = _prompts(model, args)
+    batch = single_batch(data, device=model.cfg.device)
+    layout = GraphLayout.of(model)
+    print(f"{args.model}: {layout.n_edges} edges; {len(data)} prompts of {batch.tokens.shape[1]} tokens, "
+          f"e.g. {batch.prompts[0]!r}")
+    results = {"model": args.model, "n_prompts": len(data), "n_tokens": batch.tokens.shape[1], "op": args.op,
+               "n_shots": args.n_shots, "ig_steps": args.ig_steps, "n_edges": layout.n_edges, "metric": "logit",
+               "device": str(model.cfg.device), "dtype": str(model.cfg.dtype), "seconds": {}}
+    sec = results["seconds"]
+
+    ig, sec["edge_attribution_eap_ig_inputs"] = _timed(lambda: edge_attribution(
+        model, batch, method="EAP-IG-inputs", ig_steps=args.ig_steps, memory_mb=args.memory_mb))
+    eap, sec["edge_attribution_eap"] = _timed(lambda: edge_attribution(model, batch, method="EAP",
+                                                                       memory_mb=args.memory_mb))
+    print(f"edge_attribution: EAP-IG-inputs ({args.ig_steps} steps) {sec['edge_attribution_eap_ig_inputs']:.1f} s, "
+          f"EAP {sec['edge_attribution_eap']:.1f} s")
+
+    missing = "skipped by --no-eap-ig" if args.no_eap_ig else _eap_ig_arm.eap_ig_missing()
+    results["eap_ig_arm"] = missing or "ran"
+    if missing:
+        print(f"EAP-IG arm skipped: {missing}")
+    else:
+        batches = _eap_ig_arm.dataloader(data["prompt"], data["counterfactual"], batch.answer_ids.cpu(),
+                                         args.eap_ig_batch_size)
+        theirs, sec["eap_ig_attribute_eap_ig_inputs"] = _timed(lambda: _eap_ig_arm.eap_ig_scores(
+            model, batches, "EAP-IG-inputs", args.ig_steps))
+        theirs_eap, sec["eap_ig_attribute_eap"] = _timed(lambda: _eap_ig_arm.eap_ig_scores(model, batches, "EAP"))
+        results["agreement_eap_ig_inputs"] = _relative_differences(layout, ig.scores, theirs)
+        results["agreement_eap"] = _relative_differences(layout, eap.scores, theirs_eap)
+        results["speedup_attribution"] = sec["eap_ig_attribute_eap_ig_inputs"] / sec["edge_attribution_eap_ig_inputs"]
+        print(f"EAP-IG attribute: EAP-IG-inputs {sec['eap_ig_attribute_eap_ig_inputs']:.1f} s "
+              f"({results['speedup_attribution']:.1f}x slower); max |diff| / max |score|: "
+              f"{results['agreement_eap_ig_inputs']['max_rel_diff_all_edges']:.1e} (all), "
+              f"{results['agreement_eap_ig_inputs']['max_rel_diff_non_head_senders']:.1e} (non-head senders)")
+
+    if not args.no_curve:
+        select = mib_selector(layout)
+        curve, sec["faithfulness_curve"] = _timed(lambda: faithfulness_curve(
+            model, ig, batch, select=select, memory_mb=args.memory_mb))
+        results["curve"] = curve.to_dict()
+        print(f"faithfulness_curve ({len(MIB_FRACTIONS)} sizes + full + empty): {sec['faithfulness_curve']:.1f} s; "
+              f"CPR {curve.cpr.value:.3f} [{curve.cpr.low:.3f}, {curve.cpr.high:.3f}], "
+              f"CMD {curve.cmd.value:.3f} [{curve.cmd.low:.3f}, {curve.cmd.high:.3f}]")
+        if not missing:
+            counts = [int(x * layout.n_edges) for x in MIB_FRACTIONS]
+            evals, sec["eap_ig_evaluate_curve"] = _timed(lambda: _eap_ig_arm.eap_ig_evaluate(
+                model, batches, ig.scores, counts))
+            full, empty = float(evals["full"].mean()), float(evals["empty"].mean())
+            theirs_f = [(float(evals[n].mean()) - empty) / (full - empty) for n in counts]
+            ours_f = [p.value for p in curve.faithfulness]
+            results["curve_eap_ig"] = {"faithfulness": theirs_f, "full_metric": full, "empty_metric": empty,
+                                       "max_abs_diff_faithfulness": max(abs(a - b) for a, b in zip(ours_f, theirs_f))}
+            results["speedup_curve"] = sec["eap_ig_evaluate_curve"] / sec["faithfulness_curve"]
+            print(f"EAP-IG evaluate_graph on the same circuits: {sec['eap_ig_evaluate_curve']:.1f} s "
+                  f"({results['speedup_curve']:.1f}x slower); max |f diff| "
+                  f"{results['curve_eap_ig']['max_abs_diff_faithfulness']:.2e}")
+
+    n_exact = layout.n_edges if args.exact_edges == "all" else min(int(args.exact_edges), layout.n_edges)
+    if n_exact > 0:
+        pairs = layout.real_edge_mask.nonzero()
+        pick = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(args.seed))[:n_exact]
+        edges = [tuple(p) for p in pairs[pick.sort().values].tolist()]
+        exact, sec["edge_patch"] = _timed(lambda: edge_patch(model, edges, batch, memory_mb=args.memory_mb))
+        f_idx, b_idx = torch.tensor([e[0] for e in edges]), torch.tensor([e[1] for e in edges])
+        truth = exact.scores[f_idx, b_idx].float()
+        rank = {"n_edges": n_exact, "eap_ig_inputs": _spearman(ig.scores[f_idx, b_idx], truth),
+                "eap": _spearman(eap.scores[f_idx, b_idx], truth)}
+        if not missing:
+            rank["eap_ig_tool_eap_ig_inputs"] = _spearman(theirs[f_idx, b_idx], truth)
+        results["spearman_vs_exact"] = rank
+        results["exact_seconds_per_edge"] = sec["edge_patch"] / n_exact
+        print(f"edge_patch of {n_exact} edges: {sec['edge_patch']:.1f} s "
+              f"({sec['edge_patch'] / n_exact * layout.n_edges / 60:.1f} min for all {layout.n_edges}); Spearman vs "
+              f"exact: EAP-IG {rank['eap_ig_inputs']:.3f}, EAP {rank['eap']:.3f}")
+
+    write_json_atomic(out / "results.json", results)
+    print("\nstage                              this toolkit (s)   hannamw/EAP-IG (s)   speed-up")
+    for name, ours_key, theirs_key in (("EAP-IG-inputs, every edge", "edge_attribution_eap_ig_inputs",
+                                        "eap_ig_attribute_eap_ig_inputs"),
+                                       ("EAP, every edge", "edge_attribution_eap", "eap_ig_attribute_eap"),
+                                       ("faithfulness curve (10 sizes)", "faithfulness_curve", "eap_ig_evaluate_curve")):
+        if ours_key in sec:
+            t_theirs = sec.get(theirs_key)
+            ratio = f"{t_theirs / sec[ours_key]:.1f}x" if t_theirs else "-"
+            print(f"{name:34s} {sec[ours_key]:16.1f}   {t_theirs or float('nan'):18.1f}   {ratio}")
+    print(f"wrote {out / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
