@@ -60,6 +60,30 @@ class NodeScores:
     n_prompts: int
     method: str = "path_patching"
     info: dict = field(default_factory=dict)
+    prompt_effects: dict = field(default_factory=dict, repr=False)  # node -> per-prompt effects, for intervals
+
+    def estimate(self, node: Node, seed: int = 0):
+        """The node's mean effect with a 95% percentile-bootstrap interval over prompts (needs ``prompt_effects``)."""
+        from circuits.stats import bootstrap
+
+        if node not in self.prompt_effects:
+            raise ValueError(f"No per-prompt effects for {node}: intervals need scores from path_patch of this version.")
+        return bootstrap(self.prompt_effects[node], seed=seed)
+
+    def intervals(self) -> dict:
+        """``{"heads_ci": [layer][head] -> [low, high], "mlps_ci": [layer] -> [low, high]}`` (null where unscored)."""
+        from circuits.stats import bootstrap
+
+        heads = [[None] * self.heads.shape[1] for _ in range(self.heads.shape[0])]
+        mlps = [None] * self.mlps.shape[0]
+        for node, values in self.prompt_effects.items():
+            e = bootstrap(values)
+            ci = [_finite(e.low), _finite(e.high)]
+            if isinstance(node, Head):
+                heads[node.layer][node.head] = ci
+            else:
+                mlps[node.layer] = ci
+        return {"heads_ci": heads, "mlps_ci": mlps, "interval": "95% percentile bootstrap over prompts"}
 
     @property
     def heads_percent(self) -> Tensor:
@@ -111,7 +135,7 @@ class NodeScores:
             "mlps_percent": as_list(self.mlps_percent),
             "ranked": [[str(n), v] for n, v in self.ranked()],
             "info": self.info,
-        }
+        } | (self.intervals() if self.prompt_effects else {})
 
     def figure(self, percent: bool = True, title: Optional[str] = None):
         """Zhang et al. Figure 2: heads x layers heatmap with an MLP column (plotly).
