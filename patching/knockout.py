@@ -142,7 +142,7 @@ def mean_activations(
             prefix_kv = _runs.prefix_kv_cache(model, tokens[:1, :prefix])
         for sl in _runs.chunks(len(rows), batch_size):
             chunk = tokens[sl]
-            acts = _suffix_acts(model, chunk, names, prefix, prefix_kv)
+            acts, _ = _suffix_run(model, model(chunk, stop_at_layer=0)[:, prefix:], prefix_kv, names)
             for n in names:
                 sums[n] = sums[n] + acts[n].double().sum(0)
         means = {}
@@ -152,20 +152,6 @@ def mean_activations(
             means[n] = full.to(model.cfg.dtype)
         out.means[layout], out.counts[layout], out.shared[layout] = means, len(rows), tokens[0, :prefix].cpu()
     return out
-
-
-def _suffix_acts(model, tokens, names, prefix, prefix_kv) -> dict[str, Tensor]:
-    """Named activations at positions ``prefix:`` of ``tokens`` (the prefix's keys/values from a batch-1 cache)."""
-    store: dict[str, Tensor] = {}
-
-    def keep(act, *, hook):
-        store[hook.name] = act.clone()
-
-    x = model(tokens, stop_at_layer=0)[:, prefix:]
-    kv = None if prefix_kv is None else _runs.TiledKVCache(prefix_kv, tokens.shape[0])
-    model.run_with_hooks(x, start_at_layer=0, stop_at_layer=model.cfg.n_layers, fwd_hooks=[(n, keep) for n in names],
-                         past_kv_cache=kv)
-    return store
 
 
 def pool_means(
@@ -297,9 +283,23 @@ def knockout_correct(
     return correct
 
 
+def _first_layers(sets_sel: dict[str, Tensor], n_sets: int, n_layers: int) -> list[int]:
+    """Per set: the first layer whose output it ablates (``n_layers`` for an empty set)."""
+    first = [n_layers] * n_sets
+    for name, sel in sets_sel.items():
+        layer = int(name.split(".")[1])
+        for s in sel.flatten(1).any(1).nonzero()[:, 0].tolist() if sel.ndim == 2 else sel.nonzero()[:, 0].tolist():
+            first[s] = min(first[s], layer)
+    return first
+
+
 def _layout_correct(model, data: Dataset, layout, selections, n_sets, means, memory_mb) -> Tensor:
-    """Top-1 hits [n_sets, rows] of one layout's rows: shared prefix once, many sets per forward."""
-    device = model.cfg.device
+    """Top-1 hits [n_sets, rows] of one layout's rows: shared prefix once, many sets per forward.
+
+    Layers below a set's first ablated layer compute what the clean run computes, so each set starts
+    from the clean residual stream there (cached once); sets are batched by their starting layer.
+    """
+    device, L = model.cfg.device, model.cfg.n_layers
     tokens = torch.tensor(data["tokens"], device=device)
     answers = torch.tensor([ids[0] for ids in data["answer_token_ids"]], device=device)
     B, n_pos = tokens.shape
@@ -310,30 +310,49 @@ def _layout_correct(model, data: Dataset, layout, selections, n_sets, means, mem
         prefix = min(prefix, int((~agree).nonzero()[0]) if (~agree).any() else shared.shape[0])
     prefix_kv = _runs.prefix_kv_cache(model, tokens[:1, :prefix]) if prefix else None
     x = model(tokens, stop_at_layer=0)[:, prefix:]
-    mean = {name: means[layout][name][prefix:].to(device) for name in selections}
+    starts = _first_layers(selections, n_sets, L)
+    clean, clean_final = _suffix_run(model, x, prefix_kv, _runs.act_names("resid_pre", sorted(set(starts) - {L})))
     out = torch.zeros(n_sets, B, dtype=torch.bool)
+    out[[s for s in range(n_sets) if starts[s] == L]] = (unembed_end(model, clean_final).argmax(-1) == answers).cpu()
+    mean = {name: means[layout][name][prefix:].to(device) for name in selections}
     per_chunk = max(1, _runs.rows_per_chunk(model, memory_mb, n_pos - prefix, cached_pos=prefix) // B)
-    for sl in _runs.chunks(n_sets, per_chunk):
-        k = sl.stop - sl.start
-        hooks = []
-        for name, sel in selections.items():
-            chosen = sel[sl].to(device)
-            if not chosen.any():
-                continue
-            # broadcast over (batch, pos[, d_head]) for heads, (batch, pos, d_model) for an MLP
-            mask = chosen.view(k, 1, 1, -1, 1) if chosen.ndim == 2 else chosen.view(k, 1, 1, 1)
+    for layer in sorted(set(starts) - {L}):
+        group = torch.tensor([s for s in range(n_sets) if starts[s] == layer])
+        for sl in _runs.chunks(len(group), per_chunk):
+            ids = group[sl]
+            k = len(ids)
+            hooks = []
+            for name, sel in selections.items():
+                chosen = sel[ids].to(device)
+                if not chosen.any():
+                    continue
+                # broadcast over (batch, pos[, d_head]) for heads, (batch, pos, d_model) for an MLP
+                mask = chosen.view(k, 1, 1, -1, 1) if chosen.ndim == 2 else chosen.view(k, 1, 1, 1)
 
-            def ablate(act, *, hook, mask=mask, value=mean[name]):
-                act = act.view(k, B, *act.shape[1:])
-                return torch.where(mask, value.to(act.dtype), act).flatten(0, 1)
+                def ablate(act, *, hook, mask=mask, value=mean[name], k=k):
+                    act = act.view(k, B, *act.shape[1:])
+                    return torch.where(mask, value.to(act.dtype), act).flatten(0, 1)
 
-            hooks.append((name, ablate))
-        kv = None if prefix_kv is None else _runs.TiledKVCache(prefix_kv, k * B)
-        resid = model.run_with_hooks(x.repeat(k, 1, 1), start_at_layer=0, stop_at_layer=model.cfg.n_layers,
-                                     fwd_hooks=hooks, past_kv_cache=kv)
-        hits = unembed_end(model, resid[:, -1]).argmax(-1) == answers.repeat(k)
-        out[sl] = hits.view(k, B).cpu()
+                hooks.append((name, ablate))
+            kv = None if prefix_kv is None else _runs.TiledKVCache(prefix_kv, k * B)
+            resid = model.run_with_hooks(clean[_runs.act_names("resid_pre", [layer])[0]].repeat(k, 1, 1),
+                                         start_at_layer=layer, stop_at_layer=L, fwd_hooks=hooks, past_kv_cache=kv)
+            hits = unembed_end(model, resid[:, -1]).argmax(-1) == answers.repeat(k)
+            out[ids] = hits.view(k, B).cpu()
     return out
+
+
+def _suffix_run(model, x, prefix_kv, names) -> tuple[dict[str, Tensor], Tensor]:
+    """The clean run of the suffix embeddings ``x``: the named activations and the final END residual."""
+    store: dict[str, Tensor] = {}
+
+    def keep(act, *, hook):
+        store[hook.name] = act.clone()
+
+    kv = None if prefix_kv is None else _runs.TiledKVCache(prefix_kv, x.shape[0])
+    resid = model.run_with_hooks(x, start_at_layer=0, stop_at_layer=model.cfg.n_layers, fwd_hooks=[(n, keep) for n in names],
+                                 past_kv_cache=kv)
+    return store, resid[:, -1]
 
 
 def knockout(
