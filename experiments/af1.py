@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{'' if search.meets_threshold else ' (below the threshold: best cell)'}; "
           f"{len(search.kept_heads)}/{search.n_transfer_heads} transfer heads kept "
           f"({search.pruned_faithfulness:.1%}): {[str(h) for h in search.kept_heads]}")
+    with timer.stage("held-out selection"):
         # the winner's curse: choose the cell on half of the eval prompts, report it on the other half
         held_out = held_out_selection(runner, min_faithfulness=config.min_faithfulness, seed=args.seed, progress=False) \
             if runner.n_eval >= 2 else {"skipped": f"{runner.n_eval} evaluation prompt(s): nothing to hold out"}
