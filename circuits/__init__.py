@@ -6,7 +6,7 @@ build prompts with :mod:`circuits.tasks`, name heads and MLPs with
 :class:`Head` / :class:`MLP`.
 """
 
-from circuits import metrics, tasks, templates
+from circuits import heuristics, metrics, number_geometry, numbers, tasks, templates
 from circuits.loading import (
     DEFAULT_MODEL,
     CorruptModelDirError,
@@ -26,7 +26,10 @@ __all__ = [
     "load_model",
     "offline_models",
     "save_model",
+    "heuristics",
     "metrics",
+    "number_geometry",
+    "numbers",
     "tasks",
     "templates",
     "Head",

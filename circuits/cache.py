@@ -69,6 +69,10 @@ class CorruptModelDirError(ToolkitError, ValueError):
         self.problems = list(problems or [message])
 
 
+class ModelDirExistsError(ToolkitError, FileExistsError):
+    """`save_model` was asked to write where something already is (and may not be replaced)."""
+
+
 # --------------------------------------------------------------------------- config
 
 
@@ -111,16 +115,50 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _payload_files(directory: Path) -> list[Path]:
-    return sorted(
-        p for p in directory.rglob("*") if p.is_file() and p.relative_to(directory).as_posix() != MANIFEST_FILE
-    )
-
-
 def _atomic_write_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def file_entries(directory: str | Path, exclude: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"size", "sha256"}}`` of every file under ``directory`` but ``exclude``."""
+    directory = Path(directory)
+    return {
+        p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.relative_to(directory).as_posix() not in exclude
+    }
+
+
+def check_files(directory: str | Path, files: Any, manifest_name: str = MANIFEST_FILE) -> list[str]:
+    """Check the files of ``directory`` against manifest entries ``files`` (from `file_entries`).
+
+    One message per problem: an entry that is malformed or points outside ``directory``, a
+    missing file, a size mismatch (truncation) or a sha256 mismatch (any changed byte).
+    """
+    directory = Path(directory)
+    if not isinstance(files, dict):
+        return [f"{manifest_name} is not a manifest (a JSON object with a 'files' object); it was replaced or damaged"]
+    problems, to_hash = [], []
+    root = directory.resolve()
+    for name, expected in sorted(files.items()):  # cheap checks first, hashing last
+        path = directory / name
+        if not _confined(root, name):
+            problems.append(f"{manifest_name} lists {name!r}, a path outside the directory")
+        elif not (isinstance(expected, dict) and isinstance(expected.get("size"), int)
+                  and isinstance(expected.get("sha256"), str)):
+            problems.append(f"{manifest_name} entry for {name} lacks its size or sha256")
+        elif not path.is_file():
+            problems.append(f"{name} is missing")
+        elif (size := path.stat().st_size) != expected["size"]:
+            problems.append(f"{name} has {size} bytes, the manifest says {expected['size']} (truncated or replaced)")
+        else:
+            to_hash.append((name, path, expected["sha256"]))
+    for name, path, sha256 in to_hash:
+        if _sha256(path) != sha256:
+            problems.append(f"{name} has the right size but a different sha256 (its content changed)")
+    return problems
 
 
 def write_manifest(directory: str | Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -130,10 +168,7 @@ def write_manifest(directory: str | Path, extra: dict[str, Any] | None = None) -
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         **(extra or {}),
-        "files": {
-            p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)}
-            for p in _payload_files(directory)
-        },
+        "files": file_entries(directory, exclude=(MANIFEST_FILE,)),
     }
     _atomic_write_text(directory / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
@@ -145,6 +180,13 @@ def read_manifest(directory: str | Path) -> dict[str, Any] | None:
         return json.loads((Path(directory) / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def _confined(root: Path, name: str) -> bool:
+    """``name`` is a relative path that stays inside ``root`` (no absolute paths, ``..`` or symlinks out)."""
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        return False
+    return (root / name).resolve().is_relative_to(root)
 
 
 def verify_model_dir(directory: str | Path) -> list[str]:
@@ -160,6 +202,8 @@ def verify_model_dir(directory: str | Path) -> list[str]:
     manifest = read_manifest(directory)
     if manifest is None:
         return [f"{MANIFEST_FILE} is missing or unreadable (the directory was never completed)"]
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
+        return [f"{MANIFEST_FILE} is not a manifest (a JSON object with a 'files' object); it was replaced or damaged"]
     if manifest.get("format") != FORMAT_NAME or manifest.get("format_version") != FORMAT_VERSION:
         return [
             f"{MANIFEST_FILE} declares format {manifest.get('format')!r} version "
@@ -170,18 +214,7 @@ def verify_model_dir(directory: str | Path) -> list[str]:
     for required in (WEIGHTS_FILE, CONFIG_FILE):
         if required not in files:
             problems.append(f"{MANIFEST_FILE} does not list {required}")
-    to_hash = []
-    for name, expected in sorted(files.items()):  # cheap checks first, hashing last
-        path = directory / name
-        if not path.is_file():
-            problems.append(f"{name} is missing")
-        elif (size := path.stat().st_size) != expected["size"]:
-            problems.append(f"{name} has {size} bytes, the manifest says {expected['size']} (truncated or replaced)")
-        else:
-            to_hash.append((name, path, expected["sha256"]))
-    for name, path, sha256 in to_hash:
-        if _sha256(path) != sha256:
-            problems.append(f"{name} has the right size but a different sha256 (its content changed)")
+    problems += check_files(directory, files)
     return problems
 
 
@@ -248,6 +281,14 @@ def publish_dir(staged: Path, destination: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
+def _is_replaceable(destination: Path) -> bool:
+    """Only an empty folder or a model directory the toolkit wrote (its manifest says so) may be replaced."""
+    if not destination.is_dir() or destination.is_symlink():
+        return False
+    manifest = read_manifest(destination)
+    return not any(destination.iterdir()) or (isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME)
+
+
 def save_model(model: HookedTransformer, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Save ``model`` (weights, config, tokenizer, manifest) as a model directory at ``path``.
 
@@ -257,7 +298,12 @@ def save_model(model: HookedTransformer, path: str | os.PathLike, *, overwrite: 
     """
     destination = Path(path).expanduser()
     if destination.exists() and not overwrite:
-        raise FileExistsError(f"{destination} already exists; pass overwrite=True to replace it.")
+        raise ModelDirExistsError(f"{destination} already exists; pass overwrite=True to replace it.")
+    if destination.exists() and not _is_replaceable(destination):
+        raise ModelDirExistsError(
+            f"{destination} is not a model directory written by circuits.save_model (no {MANIFEST_FILE} of format "
+            f"{FORMAT_NAME!r}), so overwrite=True will not replace it: choose another path or move it away yourself."
+        )
     with staging_dir(destination) as staged:
         write_model_files(model, staged)
         write_manifest(staged)

@@ -52,7 +52,7 @@ from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 from circuits import cache, gguf_models
 from circuits.cache import CorruptModelDirError, save_model, verify_model_dir
 from circuits.gguf_models import MissingModelPackageError
-from circuits.errors import ToolkitError
+from circuits.errors import InputError, ToolkitError
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +65,7 @@ __all__ = [
     "CorruptModelDirError",
     "MissingModelPackageError",
     "ModelNotAvailableError",
+    "RemoteCodeError",
     "OfflineModel",
     "default_cache_dir",
     "load_model",
@@ -79,6 +80,10 @@ __all__ = [
 
 class ModelNotAvailableError(ToolkitError, LookupError):
     """The requested model cannot be loaded here (unknown name, or the hub is unreachable)."""
+
+
+class RemoteCodeError(ModelNotAvailableError):
+    """A hub model that TransformerLens would load by running Python code from the hub, not allowed here."""
 
 
 @dataclass(frozen=True)
@@ -143,10 +148,22 @@ _DTYPES = {
 
 
 def resolve_device(device: str | torch.device | None = None) -> torch.device:
-    """``None``/``"auto"`` -> CUDA when available, else CPU; anything else as given."""
+    """``None``/``"auto"`` -> CUDA when available, else CPU; anything else as given, if this torch has it."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise InputError(f"Unknown device {device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:<index>'.") from err
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InputError(
+                f"Device {device!r} is not available: this torch ({torch.__version__}) sees no CUDA GPU; "
+                "use device='cpu' or 'auto'."
+            )
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise InputError(f"Device {device!r} does not exist: this machine has {torch.cuda.device_count()} CUDA GPU(s).")
+    return resolved
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -159,11 +176,11 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if isinstance(dtype, torch.dtype):
         if not dtype.is_floating_point:
-            raise ValueError(f"dtype {dtype} is not a floating-point type; use one of {sorted(set(_DTYPES))}.")
+            raise InputError(f"dtype {dtype} is not a floating-point type; use one of {sorted(set(_DTYPES))}.")
         return dtype
     if isinstance(dtype, str) and dtype.lower().removeprefix("torch.") in _DTYPES:
         return _DTYPES[dtype.lower().removeprefix("torch.")]
-    raise ValueError(f"Unknown dtype {dtype!r}: pass a torch.dtype or one of {sorted(_DTYPES)}.")
+    raise InputError(f"Unknown dtype {dtype!r}: pass a torch.dtype or one of {sorted(_DTYPES)}.")
 
 
 # --------------------------------------------------------------------------- processing
@@ -303,19 +320,51 @@ def _not_available(name: str, reason: str) -> ModelNotAvailableError:
     )
 
 
-def _load_from_hub(name: str, device: torch.device, dtype: torch.dtype, n_devices: int = 1) -> HookedTransformer:
+def _remote_code_reason(official_name: str) -> str | None:
+    """Why TransformerLens would load ``official_name`` with ``trust_remote_code=True`` (None: it would not).
+
+    TL turns it on in two places: for names in ``NEED_REMOTE_CODE_MODELS`` (before even reading
+    the config), and in the config it derives for some architectures (Qwen, phi, ...), which its
+    tokenizer loading then honours. The config is read here with remote code off.
+    """
+    from transformer_lens import loading_from_pretrained as tl_loading
+
+    if official_name.startswith(tl_loading.NEED_REMOTE_CODE_MODELS):
+        return "TransformerLens lists it among the models that need remote code"
+    try:
+        cfg = tl_loading.get_pretrained_model_config(official_name)
+    except ValueError as err:  # transformers refuses a config that needs remote code
+        if "trust_remote_code" in str(err):
+            return "its config needs remote code"
+        raise
+    return "TransformerLens' config for its architecture turns remote code on" if cfg.trust_remote_code else None
+
+
+def _load_from_hub(
+    name: str, device: torch.device, dtype: torch.dtype, n_devices: int = 1, allow_remote_code: bool = False
+) -> HookedTransformer:
     from transformer_lens.loading_from_pretrained import get_official_model_name
 
     try:
-        get_official_model_name(name)
+        official_name = get_official_model_name(name)
     except ValueError:
         raise _not_available(name, "it is neither an offline model, a directory, nor a TransformerLens model name")
     if _hub_offline():
         raise _not_available(name, "HF_HUB_OFFLINE is set, so the Hugging Face hub is not used")
     if not _hub_reachable():
         raise _not_available(name, "the Hugging Face hub is unreachable from this machine")
+    kwargs = {}
+    if allow_remote_code:
+        kwargs["trust_remote_code"] = True
+    elif reason := _remote_code_reason(official_name):
+        raise RemoteCodeError(
+            f"Refusing to load {name!r} with trust_remote_code=True ({reason}): that runs Python code downloaded "
+            "from the hub. Pass allow_remote_code=True to load_model only if you trust that code."
+        )
     try:
-        return HookedTransformer.from_pretrained_no_processing(name, device=str(device), dtype=dtype, n_devices=n_devices)
+        return HookedTransformer.from_pretrained_no_processing(
+            name, device=str(device), dtype=dtype, n_devices=n_devices, **kwargs
+        )
     except OSError as err:  # connection errors and missing local files surface as OSError subclasses
         raise _not_available(name, f"downloading it failed ({type(err).__name__}: {err})") from err
 
@@ -331,6 +380,7 @@ def load_model(
     processing: bool = False,
     cache_dir: str | os.PathLike | None = None,
     n_devices: int = 1,
+    allow_remote_code: bool = False,
 ) -> HookedTransformer:
     """Load a `HookedTransformer` by offline name, saved-directory path or TL model name.
 
@@ -346,6 +396,9 @@ def load_model(
         cache_dir: where offline models are cached (default: `default_cache_dir`).
         n_devices: split the layers of a hub model over this many GPUs (TransformerLens'
             ``n_devices``); offline models and saved directories load on one device.
+        allow_remote_code: let TransformerLens load a hub model with ``trust_remote_code=True``
+            (it does so for some families: Qwen, phi, OpenELM, ...). Off by default: such a
+            name raises `RemoteCodeError` before anything runs.
 
     Raises:
         ModelNotAvailableError: unknown name, or a hub model with no hub.
@@ -355,16 +408,23 @@ def load_model(
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     if n_devices < 1:
-        raise ValueError(f"n_devices must be >= 1, got {n_devices}.")
+        raise InputError(f"n_devices must be >= 1, got {n_devices}.")
+    if not isinstance(name, (str, os.PathLike)):
+        raise InputError(f"name must be a model name or a directory path, got {type(name).__name__}.")
     text = os.fspath(name)
+    if not str(text).strip():
+        raise InputError("name is empty: pass a model name (e.g. 'gemma-3-270m') or the path of a saved model directory.")
     entry = _offline_entry(text)
     if entry is not None:
         root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         model = _load_offline(entry, root, device, dtype)
     elif Path(text).expanduser().is_dir():
         model = cache.load_model_dir(Path(text).expanduser(), device=device, dtype=dtype)
-    elif os.path.isabs(text) or text.startswith((".", "~")) or Path(text).exists():
+    elif Path(text).expanduser().exists():
+        raise _not_available(text, "it is a file, not a directory; pass the model directory written by "
+                                   "circuits.save_model (the folder holding manifest.json)")
+    elif os.path.isabs(text) or text.startswith((".", "~")):
         raise _not_available(text, "it looks like a path, but no such directory exists")
     else:
-        model = _load_from_hub(text, device, dtype, n_devices)
+        model = _load_from_hub(text, device, dtype, n_devices, allow_remote_code)
     return process_weights(model) if processing else model

@@ -55,6 +55,8 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
+from circuits.checks import positive_int
+from circuits.errors import InputError
 from circuits.metrics import unembed_end
 from circuits.tasks import iter_batches
 
@@ -69,6 +71,9 @@ class ProbeConfig:
     direction: str = "raw"
     batch_size: int = 16
     logit_lens: bool = True
+
+    def __post_init__(self) -> None:
+        positive_int(self.batch_size, "ProbeConfig.batch_size")
 
 
 @dataclass
@@ -134,7 +139,7 @@ class ProbeResults:
 
     def _need_lens(self) -> None:
         if self.rank is None:
-            raise ValueError("No logit lens in these results: run probe_mlps(..., ProbeConfig(logit_lens=True)).")
+            raise InputError("No logit lens in these results: run probe_mlps(..., ProbeConfig(logit_lens=True)).")
 
     def lens_table(self) -> list[dict]:
         """Per layer: top-1 rate, median rank and mean probability of the answer."""
@@ -164,10 +169,10 @@ def unembedding_directions(model: HookedTransformer, token_ids: Tensor, directio
     if direction == "centered":
         numbers = torch.tensor(list(number_token_ids(model.tokenizer, 9).values()), device=W.device)
         if len(numbers) == 0:
-            raise ValueError("direction='centered' needs single-token digits in the vocabulary; use 'raw'.")
+            raise InputError("direction='centered' needs single-token digits in the vocabulary; use 'raw'.")
         return W - model.W_U[:, numbers].float().mean(1, keepdim=True)
     if direction != "effective":
-        raise ValueError(f"direction must be 'raw', 'centered' or 'effective', got {direction!r}.")
+        raise InputError(f"direction must be 'raw', 'centered' or 'effective', got {direction!r}.")
     norm = model.cfg.normalization_type
     if norm is None:
         return W
@@ -190,7 +195,7 @@ def _end_streams(model: HookedTransformer, tokens: Tensor) -> dict[str, Float[Te
     hooks = [(tl_utils.get_act_name(kind, l), keep_end) for kind in names for l in range(model.cfg.n_layers)]
     missing = [n for n, _ in hooks if n not in model.hook_dict]
     if missing:
-        raise ValueError(f"The model lacks hook points {missing[:3]}...; probes need a model with MLPs (not attn-only).")
+        raise InputError(f"The model lacks hook points {missing[:3]}...; probes need a model with MLPs (not attn-only).")
     with model.hooks(fwd_hooks=hooks):
         model(tokens, stop_at_layer=model.cfg.n_layers)  # stop before the 262k-vocab unembedding
     return {kind: torch.stack([store[tl_utils.get_act_name(kind, l)] for l in range(model.cfg.n_layers)], 1)
@@ -207,9 +212,9 @@ def probe_mlps(
 ) -> ProbeResults:
     """Cosines of MLP input/output with the A, B, C unembedding directions per layer, plus the logit lens."""
     if len(dataset) == 0:
-        raise ValueError("The dataset is empty: nothing to probe.")
+        raise InputError("The dataset is empty: nothing to probe.")
     if model.cfg.attn_only:
-        raise ValueError("The model is attention-only: it has no MLPs to probe.")
+        raise InputError("The model is attention-only: it has no MLPs to probe.")
     numbers = torch.tensor(list(number_token_ids(model.tokenizer, 9).values()), device=model.cfg.device)
     n, L = len(dataset), model.cfg.n_layers
     cos = {s: torch.zeros(n, L, len(TARGETS)) for s in STREAMS}
@@ -254,10 +259,10 @@ def top_number_tokens(
 ) -> list[list[tuple[str, float]]]:
     """For one prompt, per layer, the ``k`` number tokens most similar to ``stream`` at END (paper Fig. 6c, "4 + 3 = ")."""
     if stream not in STREAMS:
-        raise ValueError(f"stream must be one of {STREAMS}, got {stream!r}.")
+        raise InputError(f"stream must be one of {STREAMS}, got {stream!r}.")
     numbers = number_token_ids(model.tokenizer, max_value)
     if not numbers:
-        raise ValueError("The tokenizer has no single-token numbers to rank.")
+        raise InputError("The tokenizer has no single-token numbers to rank.")
     ids = torch.tensor(list(numbers.values()), device=model.cfg.device)
     acts = _end_streams(model, model.to_tokens(prompt))
     x = {"mlp_in": acts["resid_mid"], "mlp_out": acts["mlp_out"], "out_minus_in": acts["mlp_out"] - acts["resid_mid"]}[stream][0]

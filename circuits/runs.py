@@ -1,8 +1,25 @@
 """Run folders: where an experiment writes results.json, figures and report.html.
 
 Every file is written atomically (a temporary file in the same folder, then
-``os.replace``), so an interrupted run never leaves a half-written file. A run
-refuses to write into an existing, non-empty folder unless told to overwrite.
+``os.replace``), so an interrupted run never leaves a half-written file.
+
+A run folder carries a marker file (``.arith-circuits-run.json``) that says the
+toolkit wrote it, and ``results.json`` carries a ``status``:
+
+* ``running`` from the moment the folder is prepared, with the results of every
+  finished stage saved as it ends (`StageTimer` with ``run_dir``), so a failure in
+  the last stage keeps everything before it (a ``running`` folder whose process is
+  gone was interrupted);
+* ``failed: <stage>: <why>`` when a stage raised;
+* ``complete`` only after the last write (`complete_run`).
+
+`prepare_run_dir` never deletes anything. It refuses a non-empty folder unless
+``overwrite``; with ``overwrite`` it refuses a folder the toolkit did not write
+(no marker) and moves a toolkit run aside (``<name>.replaced-<time>`` next to it),
+so nothing stale (an old results.json, report.html or figure) can survive into
+the new run. The moved-aside run is deleted only when the new run completes; if
+it fails, the old outputs are still there to recover. A folder that holds only
+empty folders (an interrupted run's ``figures/``) counts as empty.
 """
 
 from __future__ import annotations
@@ -12,6 +29,7 @@ import gc
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from contextlib import contextmanager
@@ -24,7 +42,12 @@ from circuits.errors import ToolkitError
 
 
 class OutputExistsError(ToolkitError, FileExistsError):
-    """The output folder already holds a run."""
+    """The output folder already holds a run, or holds files the toolkit did not write."""
+
+
+RUN_MARKER = ".arith-circuits-run.json"
+RESULTS_FILE = "results.json"
+MARKER_FORMAT = "arith-circuits-run"
 
 
 def default_run_dir(name: str, root: str | Path = "runs") -> Path:
@@ -32,17 +55,79 @@ def default_run_dir(name: str, root: str | Path = "runs") -> Path:
     return Path(root) / f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
+def _holds_only_empty_folders(path: Path) -> bool:
+    return all(child.is_dir() and not child.is_symlink() and _holds_only_empty_folders(child) for child in path.iterdir())
+
+
+def read_marker(path: str | Path) -> dict | None:
+    """The run marker of folder ``path`` (None when the toolkit did not write that folder)."""
+    try:
+        marker = json.loads((Path(path) / RUN_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) and marker.get("format") == MARKER_FORMAT else None
+
+
 def prepare_run_dir(path: str | Path, overwrite: bool = False) -> Path:
-    """Create the run folder; refuse a non-empty existing one unless ``overwrite``."""
+    """Create the run folder, mark it as the toolkit's and start results.json with status ``running``.
+
+    Refuses a non-empty existing folder unless ``overwrite``; with ``overwrite``, refuses a
+    folder without the toolkit's marker and moves a marked one aside (see the module
+    docstring). Nothing is deleted here, so callers may prepare before validating.
+    """
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise OutputExistsError(f"Output path {path} exists and is not a folder; choose another --out.")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise OutputExistsError(
-            f"Output folder {path} already holds a run; pass --overwrite to replace its files or choose another --out."
-        )
+    replaced = None
+    if path.is_dir() and not _holds_only_empty_folders(path):
+        if not overwrite:
+            status = (read_status(path) or "unknown status") if read_marker(path) else "not written by this toolkit"
+            raise OutputExistsError(
+                f"Output folder {path} already holds a run ({status}); pass --overwrite to replace it "
+                "or choose another --out."
+            )
+        if read_marker(path) is None:
+            raise OutputExistsError(
+                f"Output folder {path} holds files this toolkit did not write (no {RUN_MARKER}); "
+                "--overwrite only replaces run folders the toolkit wrote: move it away yourself or choose another --out."
+            )
+        replaced = path.with_name(f"{path.name}.replaced-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
+        os.replace(path, replaced)  # one rename: the old run is either here or there, never half-moved
+        print(f"moved the earlier run in {path} aside to {replaced}; it is deleted when this run completes")
     path.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path / RUN_MARKER, {"format": MARKER_FORMAT, "created": datetime.now().isoformat(),
+                                          "replaced": None if replaced is None else str(replaced)})
+    save_results(path, {}, status="running")
     return path
+
+
+def read_status(path: str | Path) -> str | None:
+    """The ``status`` in ``path/results.json`` (None when there is none)."""
+    try:
+        results = json.loads((Path(path) / RESULTS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return results.get("status") if isinstance(results, dict) else None
+
+
+def save_results(path: str | Path, results: dict, *, status: str = "running") -> Path:
+    """Write ``results`` to ``path/results.json`` with ``status`` first, atomically."""
+    return write_json_atomic(Path(path) / RESULTS_FILE, {"status": status, **{k: v for k, v in results.items() if k != "status"}})
+
+
+def fail_run(path: str | Path, results: dict, why: str) -> Path:
+    """Save the results so far with status ``failed: <why>``; the run moved aside (if any) is kept."""
+    return save_results(path, results, status=f"failed: {' '.join(why.split())}")
+
+
+def complete_run(path: str | Path, results: dict) -> Path:
+    """Save the final results with status ``complete``, then delete the run this one replaced."""
+    out = save_results(path, results, status="complete")
+    replaced = (read_marker(path) or {}).get("replaced")
+    # Delete only a folder that still carries the toolkit's marker: what the toolkit wrote.
+    if replaced and Path(replaced).is_dir() and read_marker(replaced) is not None:
+        shutil.rmtree(replaced)
+    return out
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
@@ -84,17 +169,34 @@ def write_json_atomic(path: str | Path, obj: Any) -> Path:
 
 @dataclass
 class StageTimer:
-    """Wall time per named stage: ``with timer.stage("path patching"): ...``; ``timer.seconds`` for results.json."""
+    """Wall time per named stage: ``with timer.stage("path patching"): ...``; ``timer.seconds`` for results.json.
+
+    Given ``run_dir`` and the run's ``results`` dict, it also saves the results (status
+    ``running``, with ``seconds``) after every stage, and marks the run ``failed: <stage>: <why>``
+    when a stage raises, so an error late in a run keeps what the earlier stages found.
+    """
 
     seconds: dict[str, float] = field(default_factory=dict)
+    run_dir: Path | None = None
+    results: dict | None = None
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
             yield
-        finally:
-            self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 2)
+        except BaseException as err:
+            self._add(name, start)
+            if self.run_dir is not None:
+                why = "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
+                fail_run(self.run_dir, {**(self.results or {}), "seconds": self.seconds}, f"{name}: {why}")
+            raise
+        self._add(name, start)
+        if self.run_dir is not None:
+            save_results(self.run_dir, {**(self.results or {}), "seconds": self.seconds})
+
+    def _add(self, name: str, start: float) -> None:
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 2)
 
     @property
     def total(self) -> float:

@@ -24,6 +24,7 @@ as the paper does before any intervention.
 from __future__ import annotations
 
 import logging
+import numbers
 import random
 import re
 from dataclasses import dataclass, field, replace
@@ -36,7 +37,8 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from circuits.errors import ToolkitError
+from circuits.checks import non_negative_int, positive_int
+from circuits.errors import InputError, ToolkitError
 from circuits.templates import (
     COUNTERFACTUAL_SYMBOLS,
     COUNTERFACTUAL_WORDS,
@@ -65,6 +67,28 @@ class TaskConfig:
     allow_negative: bool = False
     seed: int = 0
     corrupt: str = "query"
+
+    def __post_init__(self) -> None:
+        # Checked here: these would otherwise surface as errors from `random` or a ZeroDivisionError.
+        positive_int(self.n_prompts, "n_prompts")
+        non_negative_int(self.decimals, "decimals")
+        non_negative_int(self.n_shots, "n_shots")
+        if self.template_ids is None and not self.styles:
+            raise InputError("styles is empty: name at least one style (e.g. 'equation') or pass template_ids.")
+        if self.template_ids is not None and not self.template_ids:
+            raise InputError("template_ids is empty: name at least one template, or pass None to use styles.")
+        check_operand_range(self.operand_range)
+
+
+def check_operand_range(operand_range) -> tuple[int, int]:
+    """``(lo, hi)``: two integers with ``lo <= hi`` (both inclusive)."""
+    try:
+        lo, hi = operand_range
+    except (TypeError, ValueError) as err:
+        raise InputError(f"operand_range must be (lo, hi), got {operand_range!r}.") from err
+    if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in (lo, hi)) or lo > hi:
+        raise InputError(f"operand_range must be two integers (lo, hi) with lo <= hi, got {operand_range!r}.")
+    return int(lo), int(hi)
 
 
 class TaskDataError(ToolkitError, ValueError):
@@ -166,9 +190,19 @@ def _check_operand_tokens(text: str, offsets, span, role: str, template: Templat
 def _answer_tokens(tokenizer, prompt: str, prompt_ids: list[int], answer: str) -> list[int]:
     full_ids, _ = _encode(tokenizer, prompt + answer)
     if full_ids[: len(prompt_ids)] != prompt_ids:
+        i = next((k for k, (x, y) in enumerate(zip(prompt_ids, full_ids)) if x != y), len(prompt_ids) - 1)
+        old, new = tokenizer.decode(prompt_ids[i:]), tokenizer.decode(full_ids[i:i + 1])
+        if answer.startswith("-") and new.endswith("-"):
+            raise TaskDataError(
+                f"The negative answer {answer!r} cannot be scored after {prompt[-40:]!r}: this tokenizer merges the "
+                f"prompt's last token {old!r} with the answer's minus sign into {new!r}, so the prompt's own tokens "
+                f"change and the first answer token would be the sign. Use allow_negative=False (answers >= 0) "
+                f"for this tokenizer."
+            )
         raise TaskDataError(
-            f"Appending the answer {answer!r} to {prompt!r} changes the prompt's tokens; this tokenizer "
-            f"merges the trailing space with the answer. Use templates without a trailing space for it."
+            f"Appending the answer {answer!r} to {prompt[-40:]!r} changes the prompt's tokens: this tokenizer merges "
+            f"the prompt's last token {old!r} with the start of the answer into {new!r}. Use templates whose prompt "
+            f"ends in a token the answer does not merge with (e.g. without a trailing space) for it."
         )
     answer_ids = full_ids[len(prompt_ids):]
     first = tokenizer.decode(answer_ids[:1]).strip()
@@ -310,8 +344,6 @@ def make_dataset(tokenizer, config: TaskConfig = TaskConfig(), **overrides) -> D
     tokenizer = getattr(tokenizer, "tokenizer", None) or tokenizer
     if not getattr(tokenizer, "is_fast", False):
         raise TaskDataError("A fast tokenizer (with offset mappings) is required to locate operands.")
-    if config.n_prompts < 1:
-        raise TaskDataError(f"n_prompts must be >= 1, got {config.n_prompts}.")
     templates = _select_templates(config)
     rng = random.Random(config.seed)
     # One fixed few-shot prefix per template: prompts of a template then share their token
@@ -453,6 +485,7 @@ def iter_batches(dataset: Dataset, batch_size: int = 32, device: str | torch.dev
     """Batches of rows with equal token length (rows of one length stay in dataset order)."""
     if len(dataset) == 0:
         raise TaskDataError("The dataset is empty: nothing to batch.")
+    positive_int(batch_size, "batch_size")
     by_length: dict[int, list[int]] = {}
     for i, n in enumerate(dataset["end_pos"]):
         by_length.setdefault(n + 1, []).append(i)

@@ -34,10 +34,10 @@ from circuits.circuit_figure import circuit_figure
 from circuits.loading import load_model
 from circuits.probes import ProbeConfig, plot_top_tokens, probe_mlps, top_number_tokens
 from circuits.report import run_report
-from circuits.runs import StageTimer, default_run_dir, prepare_run_dir, write_json_atomic, write_text_atomic
+from circuits.errors import InputError
+from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, write_text_atomic
 from circuits.scoring import score_rows
 from circuits.stats import proportion
-from circuits.errors import InputError
 from circuits.tasks import CORRUPTIONS, TaskConfig, accuracy_mask, filter_correct, make_dataset, transfer_datasets
 from circuits.templates import resolve_operation
 from finetune import ArithmeticMix, MathSuiteConfig, TrainConfig, arithmetic_train_set, evaluate, math_suite, train
@@ -160,11 +160,10 @@ def run(cfg: PipelineConfig) -> dict:
         torch.set_num_threads(cfg.threads)
     name = resolve_operation(cfg.op).name
     out = prepare_run_dir(cfg.out or default_run_dir(name), overwrite=cfg.overwrite)
-    figures_dir = out / "figures"
-    figures_dir.mkdir(exist_ok=True)
-    timer = StageTimer()
+    figures_dir = out / "figures"  # created by the first figure written, so an interrupted run leaves none
     figures: dict = {}
     results: dict = {"experiment": name, "settings": dataclasses.asdict(cfg)}
+    timer = StageTimer(run_dir=out, results=results)  # saves results.json (status running) stage by stage
 
     # 1. model and data ------------------------------------------------------------------
     with timer.stage("load model"):
@@ -269,7 +268,7 @@ def run(cfg: PipelineConfig) -> dict:
     report.add_table(timer.seconds | {"total": results["wall_seconds"]}, heading="Wall time per stage (s)")
     report.add_settings(dataclasses.asdict(cfg))
     report.save(out / "report.html")
-    write_json_atomic(out / "results.json", results)
+    complete_run(out, results)
     print(_summary(results))
     print(f"report: {out / 'report.html'}")
     return results

@@ -28,7 +28,7 @@ import torch
 
 from circuits.loading import load_model
 from circuits.report import Report
-from circuits.runs import StageTimer, default_run_dir, prepare_run_dir, write_json_atomic, write_text_atomic
+from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
 from circuits.templates import template_by_id
 from patching.af1 import AF1Config, AF1Runner, NoEvalPromptsError, faithfulness_heatmap, held_out_selection, search_af1
 from patching.af1_data import authors_templates, make_template_dataset
@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> dict:
     start = time.perf_counter()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    timer = StageTimer()
     out = prepare_run_dir(args.out or default_run_dir("af1"), overwrite=args.overwrite)
+    timer = StageTimer(run_dir=out, results={"model": args.model, "op": args.op, "settings": vars(args)})
     config = AF1Config(cama=CamaConfig(min_count=args.min_count), batch_size=args.batch_size,
                        min_faithfulness=args.min_faithfulness, prune_keep=args.prune_keep, seed=args.seed)
     authors = {t.id: t for t in authors_templates(args.op)}
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
         "per_template": per_template,
         "seconds": timer.seconds, "wall_seconds": round(wall, 1),
     }
-    write_json_atomic(out / "results.json", results)
+    save_results(out, results)
 
     report = Report("All for One: wait, transfer, compute alone",
                     f"{args.model}, operation {args.op}; CAMA + ABP (Mamidanna et al. 2025)")
@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
     report.add_table({k: v for k, v in timer.seconds.items()} | {"wall": round(wall, 1)}, heading="Wall time (s)")
     report.add_settings(vars(args))
     report.save(out / "report.html")
+    complete_run(out, results)
     print(f"wrote {out}/results.json, heatmap.html, report.html in {wall:.0f} s")
     return results
 

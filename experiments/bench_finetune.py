@@ -29,7 +29,7 @@ import statistics
 import torch
 
 from circuits.loading import load_model
-from circuits.runs import prepare_run_dir, release_freed_memory, write_json_atomic
+from circuits.runs import complete_run, prepare_run_dir, release_freed_memory
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, TrainConfig, arithmetic_train_set, train
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     for arm, r in ratios.items():
         print(f"vs {arm} ({summary[arm]['selection']}): precise is {r['speedup_over_precise']:.2f}x faster per step "
               f"(goal >= 2x); optimizer memory {100 * r['precise_optimizer_memory_ratio']:.2f}% (goal <= 5%)")
-    write_json_atomic(out / "results.json", results)
+    complete_run(out, results)
     print(f"wrote {out / 'results.json'}")
 
 

@@ -35,7 +35,7 @@ from patching.activation_patching import activation_patch
 from patching.attribution import attribution_patch, rank_agreement
 from patching.knockout import knockout_curve, pool_means
 from patching.path_patching import path_patch
-from circuits.runs import prepare_run_dir, write_json_atomic
+from circuits.runs import complete_run, prepare_run_dir
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--model", default="gemma-3-270m", help="model name for circuits.loading.load_model")
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         "top_heads_path_patching": [[str(n), v] for n, v in path.ranked("heads", by="neg")[:10]],
         "knockout": _knockout_arm(model, data, path, args.knockout_seeds),
     }
-    write_json_atomic(out / "results.json", results)
+    complete_run(out, results)
     print(f"speed-up path patching (full sweep, {len(all_nodes(model))} nodes) vs TL heads sweep (72 heads): {results['speedup_path_patch_vs_tl']:.1f}x")
     print(f"speed-up activation patching vs TL on the same heads: {results['speedup_activation_patch_vs_tl']:.1f}x")
     print(f"wrote {out / 'results.json'}")

@@ -1,14 +1,16 @@
 """Merging three experts: weight-space baselines vs closed-form submodule merging (Dai et al., ICLR 2025).
 
     python -m experiments.merge --threads 1
+    python -m experiments.merge --config merge.yml --out runs/my-merge   # run a mergekit YAML, save the model
 
 1. Trains three experts from the base model with finetune (full SFT, embeddings
    frozen, by default): (a) addition word problems, (b) multiplication
    (equation/statement/question templates), (c) English -> French number words
    (0..30, few-shot, words split into train/val/test). Experts are saved as
    model directories under ``<out>/experts`` (reuse them with ``--experts-dir``).
-2. Merges all three with every baseline in ``merging.METHODS`` (λ / density
-   tuned on the validation split, tiny grids) and with closed-form submodule
+2. Merges all three with every data-free method in ``merging.REGISTRY`` (λ / density
+   tuned on the validation split, tiny grids; each method's time and peak
+   memory of one merge recorded) and with closed-form submodule
    merging at every level (model, layer, attn_mlp, head), plus circuit-aware
    merging: head-level α in the layers of the key heads that path patching finds
    on the base for + and *, attn/MLP level elsewhere. ``--pairs`` also merges
@@ -17,28 +19,35 @@
    of the whole answer, ``exact``; first-token accuracy in results.json), times
    every method, saves the best merged model (reloaded and checked), and writes
    ``results.json`` and ``report.html`` (table, α heatmap, linearity figure).
+
+``--config merge.yml`` instead runs one mergekit merge YAML
+(:func:`merging.load_mergekit_config`) and saves the merged model (loaded into
+``--model``'s architecture) as ``<out>/merged`` with ``results.json`` (method,
+config, seconds, peak memory); nothing is trained or scored.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import random
+import threading
 import time
 
 import torch
 
 from circuits.loading import load_model
 from circuits.report import Report
-from circuits.runs import StageTimer, default_run_dir, prepare_run_dir, write_json_atomic
+from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results
 from circuits.cache import save_model
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
 from finetune import TrainConfig, encode_pairs, split_templates, train
 from finetune.data import arithmetic_rows
 from finetune.evaluate import answer_accuracy
-from merging import (CONFIGS, METHODS, LinearityConfig, SubmoduleMergeConfig, alpha_heatmap, merge, merge_submodules,
-                     nonlinearity_figure, nonlinearity_scores)
+from merging import (CONFIGS, METHODS, LinearityConfig, SubmoduleMergeConfig, alpha_heatmap, load_mergekit_config, merge,
+                     merge_submodules, nonlinearity_figure, nonlinearity_scores)
 from merging.circuit_aware import circuit_levels
 from merging.submodule import LEVELS
 
@@ -58,7 +67,8 @@ parser.add_argument("--n-test", type=int, default=24, help="test prompts per tas
 parser.add_argument("--n-shots", type=int, default=1, help="few-shot examples per prompt")
 parser.add_argument("--n-samples", type=int, default=16, help="samples per task for the closed form (paper: 30)")
 parser.add_argument("--cf-batch-size", type=int, default=4, help="batch of the closed-form fit")
-parser.add_argument("--levels", default=",".join(LEVELS), help="closed-form levels to run")
+parser.add_argument("--levels", default=",".join(LEVELS), help="closed-form levels to run ('': no closed form, "
+                    "circuit-aware included)")
 parser.add_argument("--ta-lambdas", default="0.5,1.0", help="task-arithmetic λ grid (val)")
 parser.add_argument("--ties-densities", default="0.2,0.5", help="TIES density grid (val)")
 parser.add_argument("--heads", default=None, help="key heads, e.g. L5H0,L9H1 (default: path patching)")
@@ -70,6 +80,55 @@ parser.add_argument("--pairs", action="store_true", help="also merge every pair 
 parser.add_argument("--eval-batch-size", type=int, default=12)
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+parser.add_argument("--config", default=None, help="run this mergekit merge YAML instead (merge and save only)")
+parser.add_argument("--methods", default=",".join(METHODS), help="data-free merge methods to run (comma-separated)")
+
+
+def _rss_bytes() -> int:
+    """Resident memory of this process (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def measured(fn, *args, **kwargs):
+    """``(fn(...), seconds, peak MB of resident memory above the start)``, memory sampled every 5 ms."""
+    start_rss, peak, done = _rss_bytes(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_bytes())
+            done.wait(0.005)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    start = time.perf_counter()
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        seconds = time.perf_counter() - start
+        done.set()
+        thread.join()
+    return out, seconds, max(peak[0], _rss_bytes()) / 2**20 - start_rss / 2**20
+
+
+def run_config(args) -> None:
+    """Run the mergekit YAML ``args.config``: merge, load into ``args.model``'s architecture, save, write results.json."""
+    out = prepare_run_dir(args.out or default_run_dir("merge-config"), args.overwrite)
+    plan = load_mergekit_config(args.config)
+    merged, seconds, peak_mb = measured(plan.run)
+    model = load_model(args.model)
+    missing, unexpected = model.load_state_dict(merged, strict=False)
+    if unexpected or any(not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos")) for k in missing):
+        raise SystemExit(f"The merged weights do not fit {args.model}: missing {missing[:5]}, unexpected {unexpected[:5]}.")
+    path = save_model(model, out / "merged", overwrite=args.overwrite)
+    complete_run(out, {
+        "config": str(args.config), "method": plan.method, "method_config": repr(plan.config),
+        "weights": plan.weights, "models": plan.expert_names, "seconds": round(seconds, 2),
+        "peak_mb": round(peak_mb, 1), "merged": str(path)})
+    print(f"{plan.method}: merged {len(plan.experts)} models in {seconds:.1f} s (peak +{peak_mb:.0f} MB) -> {path}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,10 +137,13 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.config:
+        return run_config(args)
     out = prepare_run_dir(args.out or default_run_dir("merge"), args.overwrite)
     timer = StageTimer()
     results: dict = {"args": vars(args), "models": {}, "seconds": timer.seconds}
-    save = lambda: write_json_atomic(out / "results.json", results)  # noqa: E731
+    timer.run_dir, timer.results = out, results  # results.json (status running) after every stage
+    save = lambda: save_results(out, results)  # noqa: E731
 
     # ---------------------------------------------------------------- base and data
     with timer.stage("load"):
@@ -196,10 +258,18 @@ def main(argv: list[str] | None = None) -> None:
 
     # ---------------------------------------------------------------- merges
     def baseline_grid() -> dict[str, list]:
-        """Configs per baseline method: tiny λ / density grids, defaults otherwise."""
-        grid = {m: [CONFIGS[m]()] for m in METHODS}
-        grid["task_arithmetic"] = [CONFIGS["task_arithmetic"](lam=float(x)) for x in args.ta_lambdas.split(",")]
-        grid["ties"] = [CONFIGS["ties"](density=float(x)) for x in args.ties_densities.split(",")]
+        """Configs per data-free method: tiny λ / density grids; the papers' sparsity where mergekit's default is none."""
+        grid = {m: [CONFIGS[m]()] for m in args.methods.split(",") if m}
+        papers = {"dare_linear": dict(density=0.1, rescale_norm="inverse_density"), "dare_ties": dict(density=0.1),
+                  "breadcrumbs": dict(density=0.9), "breadcrumbs_ties": dict(density=0.9),
+                  "della": dict(density=0.5, epsilon=0.1), "della_linear": dict(density=0.5, epsilon=0.1)}
+        for m, kw in papers.items():
+            if m in grid:
+                grid[m] = [CONFIGS[m](**kw)]
+        if "task_arithmetic" in grid:
+            grid["task_arithmetic"] = [CONFIGS["task_arithmetic"](lam=float(x)) for x in args.ta_lambdas.split(",")]
+        if "ties" in grid:
+            grid["ties"] = [CONFIGS["ties"](density=float(x)) for x in args.ties_densities.split(",")]
         return grid
 
     def merge_all(names: tuple[str, ...], suffix: str, configs: dict | None = None) -> dict:
@@ -209,19 +279,21 @@ def main(argv: list[str] | None = None) -> None:
         for method, grid in (baseline_grid() if configs is None else {m: [c] for m, c in configs.items()}).items():
             start, best = time.perf_counter(), None
             for cfg in grid:
-                load_into_work(merge(method, base, srcs, cfg, progress=False))
+                state, secs, peak = measured(merge, method, base, srcs, cfg, progress=False)
+                load_into_work(state)
+                del state
                 val = score(work, "val", names)["avg"] if len(grid) > 1 else None
                 if best is None or val > best[0]:
-                    best = (val, cfg, copy.deepcopy(work.state_dict()) if len(grid) > 1 else None)
+                    best = (val, cfg, copy.deepcopy(work.state_dict()) if len(grid) > 1 else None, secs, peak)
             if best[2] is not None:
                 load_into_work(best[2])
             chosen[method] = best[1]
             record(f"{method}{suffix}", work, time.perf_counter() - start, config=best[1], val_avg=best[0],
-                   grid=[str(c) for c in grid])
+                   grid=[str(c) for c in grid], merge_seconds=round(best[3], 2), peak_mb=round(best[4], 1))
         levels = [lv for lv in args.levels.split(",") if lv] if configs is None else ["attn_mlp"]
         cf = SubmoduleMergeConfig(n_samples=args.n_samples, batch_size=args.cf_batch_size)
         plans = [(f"closed form ({lv}){suffix}", lv) for lv in levels]
-        if configs is None:
+        if configs is None and levels:  # --levels "" runs no closed form at all
             plans.append((f"circuit-aware (head in key layers){suffix}", circuit_levels(key_heads, base.cfg.n_layers)))
         for name, spec in plans:
             start = time.perf_counter()
@@ -276,20 +348,23 @@ def main(argv: list[str] | None = None) -> None:
     save()
 
     # ---------------------------------------------------------------- table and report
-    ROW_ORDER = ["weight_average", "task_arithmetic", "ties", "dare", "breadcrumbs", "consensus_ta"]
+    ROW_ORDER = [m for m in METHODS if m in results["models"]]
     names = [f"expert {t}" for t in TASKS] + ["base"] + ROW_ORDER + [k for k in merged if k not in ROW_ORDER]
     names += [k for k in results["models"] if k not in names]
     table = []
     for n in names:
         e = results["models"][n]
         row = {"model": n, **{t: round(e["test"]["tasks"][t]["exact"], 3) for t in TASKS if t in e["test"]["tasks"]}}
-        row.update({"average": round(e["test"]["avg"], 3), "seconds": e["seconds"], "config": str(e.get("config", ""))})
+        row.update({"average": round(e["test"]["avg"], 3), "seconds": e["seconds"],
+                    "merge_seconds": e.get("merge_seconds", ""), "peak_mb": e.get("peak_mb", ""),
+                    "config": str(e.get("config", ""))})
         table.append(row)
     results["table"] = table
-    ta, am = merged["task_arithmetic"]["test"]["avg"], merged.get("closed form (attn_mlp)", {}).get("test", {}).get("avg")
+    ta = merged.get("task_arithmetic", {}).get("test", {}).get("avg")
+    am = merged.get("closed form (attn_mlp)", {}).get("test", {}).get("avg")
     circ = merged.get("circuit-aware (head in key layers)", {}).get("test", {}).get("avg")
     verdict = (f"attn/MLP-level closed form average {am:.3f} vs task arithmetic {ta:.3f}: "
-               f"{'beats' if am > ta else 'does not beat'} TA. " if am is not None else "") + \
+               f"{'beats' if am > ta else 'does not beat'} TA. " if am is not None and ta is not None else "") + \
               (f"Circuit-aware {circ:.3f} vs attn/MLP {am:.3f}: {'helps' if circ > am else 'does not help'}." if circ is not None
                and am is not None else "")
     results["verdict"] = verdict
@@ -301,7 +376,8 @@ def main(argv: list[str] | None = None) -> None:
     report = Report("Merging three experts", f"{args.model}: add_word, mul, en_fr")
     report.add_text("Test accuracy = teacher-forced exact answer (every answer token argmax). Baseline λ/density "
                     "chosen on the validation split. " + verdict, heading="Summary")
-    report.add_table(table, heading="Test accuracy (exact) and time per method (s, includes val tuning)")
+    report.add_table(table, heading="Test accuracy (exact); time per method (s, includes val tuning), one merge's "
+                                    "time (merge_seconds) and peak resident memory above the start (peak_mb, MB)")
     report.add_text("Key heads (path patching on the base, + and *): " + ", ".join(results["key_heads"]))
     for name in ("closed form (attn_mlp)", "circuit-aware (head in key layers)"):
         if name in alpha_tables:
@@ -311,6 +387,7 @@ def main(argv: list[str] | None = None) -> None:
     report.add_settings(vars(args))
     report.add_table(timer.seconds, heading="Stage times (s)")
     report.save(out / "report.html")
+    complete_run(out, results)
     print(f"report: {out / 'report.html'}; total {timer.total / 60:.1f} min")
 
 

@@ -35,7 +35,6 @@ import argparse
 import copy
 import dataclasses
 import gc
-import shutil
 import time
 from pathlib import Path
 
@@ -43,7 +42,7 @@ import torch
 
 from circuits.loading import load_model
 from circuits.report import Report
-from circuits.runs import prepare_run_dir, release_freed_memory, write_json_atomic
+from circuits.runs import complete_run, prepare_run_dir, release_freed_memory, save_results
 from circuits.nodes import MLP, Head, parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
@@ -83,10 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
     args = parser.parse_args(argv)
 
-    out = Path(args.out)
-    if args.overwrite and out.exists():
-        shutil.rmtree(out)  # training resumes from checkpoints it finds, so an overwrite starts clean
-    out = prepare_run_dir(out)
+    # --overwrite moves an earlier run (and its checkpoints, which training would resume from) aside,
+    # deleting nothing; a folder the toolkit did not write is refused.
+    out = prepare_run_dir(Path(args.out), overwrite=args.overwrite)
     if args.threads:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -148,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     results["base"] = evaluate(base, base, suite, texts, drift_tokens=args.drift_tokens, progress=False)
 
     def write_results() -> None:
-        write_json_atomic(out / "results.json", results)
+        save_results(out, results)
 
     for method, name, k, mlps in runs:
         print(f"--- {name}")
@@ -204,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
     report.add_figure(fig)
     report.add_settings(vars(args))
     report.save(out / "report.html")
+    complete_run(out, results)
 
 
 if __name__ == "__main__":

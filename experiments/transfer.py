@@ -22,7 +22,7 @@ import torch
 from circuits.loading import load_model
 from circuits.nodes import all_heads
 from circuits.report import Report
-from circuits.runs import StageTimer, default_run_dir, prepare_run_dir, write_json_atomic, write_text_atomic
+from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
 from circuits.tasks import TaskConfig, filter_correct, make_dataset
 from circuits.templates import resolve_operation
 from patching.knockout import knockout
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     out = prepare_run_dir(args.out or default_run_dir("transfer"), overwrite=args.overwrite)
-    timer = StageTimer()
+    timer = StageTimer(run_dir=out, results={"settings": vars(args)})
     ops = [resolve_operation(op).symbol for op in args.ops]
     names = {op: resolve_operation(op).name for op in ops}
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
                            for y, row in cross.items()},
         "seconds": timer.seconds, "wall_seconds": round(time.perf_counter() - start, 1),
     }
-    write_json_atomic(out / "results.json", results)
+    save_results(out, results)
     report = Report(f"Key heads across operations: {args.model}")
     report.add_table([{"operation": names[o], "base accuracy": f"{base[o]:.1%}", "key heads": ", ".join(map(str, heads[o]))}
                       for o in ops], heading="Key heads per operation")
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> dict:
     report.add_table(timer.seconds, heading="Wall time per stage (s)")
     report.add_settings(vars(args))
     report.save(out / "report.html")
+    complete_run(out, results)
     print(f"report: {out / 'report.html'}")
     return results
 

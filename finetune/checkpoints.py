@@ -7,7 +7,14 @@ A checkpoint is a directory ``<out_dir>/checkpoints/step-<NNNNNNNN>/`` with
   precise-SFT checkpoint of a few heads is a few MB, not the whole model;
 * ``optimizer.safetensors``: the AdamW moment buffers (:class:`finetune.optim.SliceAdamW`);
 * ``state.json``: the step, the optimizer's step count, which rows each tensor
-  holds, and the training configuration (scalars only: no pickle anywhere).
+  holds, and the training configuration (scalars only: no pickle anywhere);
+* ``manifest.json``: size and sha256 of each of those files, written last.
+
+Before anything is copied into a model or optimizer, `load_tuned` checks every
+file against the manifest, parses ``state.json``, reads every tensor and checks
+names, shapes and finiteness; any failure is a `CheckpointError` naming the file,
+and the model is left untouched. `latest_intact_checkpoint` skips damaged
+checkpoints (with a warning) to resume from the newest intact one.
 
 Directories are written under a temporary name and renamed into place
 (``os.replace``), so a process killed mid-write leaves no half-written
@@ -24,17 +31,21 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from finetune.masks import Selection, TunableSlice
+from circuits.cache import check_files, file_entries
 from circuits.errors import ToolkitError
+from finetune.masks import Selection, TunableSlice
 
 CHECKPOINT_RE = re.compile(r"^step-(\d{8})$")
+MANIFEST = "manifest.json"
 
 
 class CheckpointError(ToolkitError, ValueError):
@@ -102,6 +113,8 @@ def save_tuned(
                       str(staging / "optimizer.safetensors"))
             meta["optimizer_step_count"] = optimizer.step_count
         (staging / "state.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+        manifest = {"format": "arith-circuits-tuned", "files": file_entries(staging, exclude=(MANIFEST,))}
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
     return _write_dir_atomically(Path(path), write)
 
@@ -111,7 +124,41 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
     state_file = Path(path) / "state.json"
     if not state_file.is_file():
         raise CheckpointError(f"{path} is not a checkpoint: it has no state.json.")
-    return json.loads(state_file.read_text())
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as err:
+        raise CheckpointError(f"{state_file} is not readable JSON ({err}); the checkpoint is damaged.") from err
+    if not isinstance(state, dict) or not isinstance(state.get("selection"), dict):
+        raise CheckpointError(f"{state_file} lacks the tuned selection; the checkpoint is damaged.")
+    return state
+
+
+def verify_checkpoint(path: str | os.PathLike) -> list[str]:
+    """Check a checkpoint's files against its manifest; one message per problem (empty: intact)."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return [f"{path / MANIFEST} is missing or unreadable (the checkpoint is incomplete or was written "
+                "by an older version that kept no checksums)"]
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    problems = check_files(path, files, MANIFEST)
+    if isinstance(files, dict) and not {"weights.safetensors", "state.json"} <= set(files):
+        problems.append(f"{MANIFEST} does not list weights.safetensors and state.json")
+    return [p if p.startswith(str(path)) else f"{path}: {p}" for p in problems]
+
+
+def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
+    if not file.is_file():
+        raise CheckpointError(f"{file} is missing; the checkpoint is incomplete.")
+    try:
+        tensors = load_file(str(file))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        raise CheckpointError(f"{file} is not a readable safetensors file ({err}).") from err
+    for key, t in tensors.items():
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise CheckpointError(f"{file}: tensor {key!r} holds NaN/Inf values; the checkpoint is damaged.")
+    return tensors
 
 
 @torch.no_grad()
@@ -119,13 +166,21 @@ def load_tuned(model: nn.Module, path: str | os.PathLike, *, optimizer=None) -> 
     """Write a directory's tuned tensors into ``model`` (and its moments into ``optimizer``); return its state.
 
     Works on any model with the same parameter shapes as the one trained,
-    e.g. a freshly loaded base model: the result is the tuned model.
+    e.g. a freshly loaded base model: the result is the tuned model. Everything is
+    verified first (see the module docstring); on any problem ``model`` and
+    ``optimizer`` are unchanged and a `CheckpointError` names the file.
     """
     path = Path(path)
+    if problems := verify_checkpoint(path):
+        raise CheckpointError(f"Checkpoint {path} is damaged: {'; '.join(problems)}.")
     state = read_state(path)
-    selection = selection_from_json(state["selection"])
-    tensors = load_file(str(path / "weights.safetensors"))
+    try:
+        selection = selection_from_json(state["selection"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{path / 'state.json'}: its selection is malformed ({err!r}).") from err
+    tensors = _read_tensors(path / "weights.safetensors")
     params = dict(model.named_parameters())
+    updates = []
     for s in selection.slices:
         if s.name not in params or s.name not in tensors:
             raise CheckpointError(f"{path}: tensor {s.name!r} is missing from the model or the checkpoint.")
@@ -133,18 +188,31 @@ def load_tuned(model: nn.Module, path: str | os.PathLike, *, optimizer=None) -> 
         expected = p.shape if s.index is None else (len(s.index), *p.shape[1:])
         if tuple(t.shape) != tuple(expected):
             raise CheckpointError(f"{path}: {s.name} has shape {tuple(t.shape)}, the model needs {tuple(expected)}.")
+        updates.append((s, p, t))
+    moments = None
+    if optimizer is not None:
+        opt_file = path / "optimizer.safetensors"
+        if not opt_file.is_file():
+            raise CheckpointError(f"{path} has no optimizer state to resume from ({opt_file.name} is missing).")
+        moments = _read_tensors(opt_file)
+        for kind, store in (("exp_avg", optimizer.exp_avg), ("exp_avg_sq", optimizer.exp_avg_sq)):
+            for name, buf in store.items():
+                key = f"{kind}/{name}"
+                if key not in moments or tuple(moments[key].shape) != tuple(buf.shape):
+                    raise CheckpointError(f"{opt_file}: {key} is missing or has another shape; the checkpoint was "
+                                          "written for other slices.")
+        if not isinstance(state.get("optimizer_step_count"), int):
+            raise CheckpointError(f"{path / 'state.json'} lacks the optimizer's step count.")
+    # Everything checked: only now touch the model and the optimizer.
+    for s, p, t in updates:
         t = t.to(device=p.device, dtype=p.dtype)
         if s.index is None:
             p.copy_(t)
         else:
             p.index_copy_(0, torch.tensor(s.index, device=p.device), t)
-    if optimizer is not None:
-        opt_file = path / "optimizer.safetensors"
-        if not opt_file.is_file():
-            raise CheckpointError(f"{path} has no optimizer state to resume from.")
+    if moments is not None:
         device = next(iter(optimizer.exp_avg.values())).device
-        optimizer.load_state_tensors({k: v.to(device) for k, v in load_file(str(opt_file)).items()},
-                                     state["optimizer_step_count"])
+        optimizer.load_state_tensors({k: v.to(device) for k, v in moments.items()}, state["optimizer_step_count"])
     return state
 
 
@@ -167,9 +235,34 @@ def list_checkpoints(out_dir: str | os.PathLike) -> list[tuple[int, Path]]:
 
 
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint under ``out_dir``, or None."""
+    """The newest complete checkpoint under ``out_dir``, or None (not verified: see `latest_intact_checkpoint`)."""
     found = list_checkpoints(out_dir)
     return found[-1][1] if found else None
+
+
+def latest_intact_checkpoint(out_dir: str | os.PathLike, *, need_optimizer: bool = True) -> Path | None:
+    """The newest checkpoint under ``out_dir`` that passes `verify_checkpoint` (None if there is none at all).
+
+    Damaged ones are skipped with a warning that names them; if checkpoints exist but none
+    is intact, `CheckpointError` lists what is wrong with each (resuming from scratch silently
+    would hide the damage).
+    """
+    found = list_checkpoints(out_dir)
+    damaged = []
+    for _, path in reversed(found):
+        problems = verify_checkpoint(path)
+        if need_optimizer and not problems and not (path / "optimizer.safetensors").is_file():
+            problems = [f"{path}: optimizer.safetensors is missing"]
+        if not problems:
+            if damaged:
+                warnings.warn(f"Skipping damaged checkpoint(s) {'; '.join(damaged)}; resuming from {path}.",
+                              RuntimeWarning, stacklevel=2)
+            return path
+        damaged.append("; ".join(problems))
+    if damaged:
+        raise CheckpointError(f"No intact checkpoint under {out_dir}: {' | '.join(damaged)}. "
+                              "Delete the checkpoints folder to start over, or pass resume=False.")
+    return None
 
 
 def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> None:

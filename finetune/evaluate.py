@@ -32,6 +32,8 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from circuits.checks import positive_int
+from circuits.errors import InputError
 from circuits.metrics import unembed_end
 from circuits.templates import resolve_operation, template_by_id
 from finetune.data import arithmetic_rows, collate, from_task_dataset, split_templates, targets
@@ -109,8 +111,9 @@ def drift(
     Texts are truncated to ``max_tokens`` tokens (BOS included); every position
     that predicts a real next token counts once.
     """
+    positive_int(batch_size, "batch_size")
     if not texts:
-        raise ValueError("drift needs at least one text.")
+        raise InputError("drift needs at least one text.")
     tok = model.tokenizer
     max_tokens = min(max_tokens, model.cfg.n_ctx)
     encoded = [list(tok(t, add_special_tokens=True)["input_ids"])[:max_tokens] for t in texts]
@@ -173,6 +176,7 @@ def answer_accuracy(model: HookedTransformer, task_ds: Dataset, batch_size: int 
 
     ``task_ds`` holds SFT rows (``input_ids``, ``n_prompt``) or is a :mod:`circuits.tasks` dataset.
     """
+    positive_int(batch_size, "batch_size")
     rows = task_ds.to_list() if "input_ids" in task_ds.column_names else from_task_dataset(task_ds).to_list()
     pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     first = exact = 0

@@ -23,6 +23,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from circuits.errors import InputError
 from finetune.masks import TunableSlice
 
 
@@ -33,12 +34,24 @@ def lr_at(step: int, total_steps: int, peak_lr: float, warmup_ratio: float = 0.0
     paper's warmup ratio refers to. Warmup lasts ``ceil(warmup_ratio * total)`` steps.
     """
     if total_steps < 1:
-        raise ValueError(f"total_steps must be >= 1, got {total_steps}.")
+        raise InputError(f"total_steps must be >= 1, got {total_steps}.")
     warmup = math.ceil(warmup_ratio * total_steps)
     if step < warmup:
         return peak_lr * (step + 1) / warmup
     remaining = max(1, total_steps - warmup)
     return peak_lr * max(0.0, (total_steps - step) / remaining)
+
+
+def check_betas(betas) -> tuple[float, float]:
+    """``betas`` as AdamW needs them: two finite numbers with 0 <= beta < 1 (beta = 1 divides by zero)."""
+    try:
+        beta1, beta2 = (float(b) for b in betas)
+    except (TypeError, ValueError) as err:
+        raise InputError(f"betas must be two numbers (beta1, beta2), got {betas!r}.") from err
+    for name, beta in (("beta1", beta1), ("beta2", beta2)):
+        if not (math.isfinite(beta) and 0 <= beta < 1):
+            raise InputError(f"{name} must lie in [0, 1), got {beta!r}.")
+    return beta1, beta2
 
 
 class SliceAdamW:
@@ -59,9 +72,9 @@ class SliceAdamW:
         weight_decay: float = 0.1,
     ):
         if not slices:
-            raise ValueError("SliceAdamW got no parameters to optimize.")
+            raise InputError("SliceAdamW got no parameters to optimize.")
         self.slices = list(slices)
-        self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
+        self.betas, self.eps, self.weight_decay = check_betas(betas), eps, weight_decay
         self.step_count = 0
         self._index = {}
         self.exp_avg: dict[str, torch.Tensor] = {}
@@ -97,6 +110,8 @@ class SliceAdamW:
     @torch.no_grad()
     def step(self, lr: float) -> None:
         """One AdamW update of the tuned rows with learning rate ``lr``."""
+        if not math.isfinite(lr) or lr < 0:
+            raise InputError(f"lr must be a finite number >= 0, got {lr!r}.")
         self.step_count += 1
         beta1, beta2 = self.betas
         bias1 = 1 - beta1**self.step_count
@@ -138,6 +153,6 @@ class SliceAdamW:
                 if key not in tensors:
                     raise KeyError(f"Optimizer state lacks {key!r}: the checkpoint was written for other slices.")
                 if tensors[key].shape != buf.shape:
-                    raise ValueError(f"{key}: checkpoint shape {tuple(tensors[key].shape)} != {tuple(buf.shape)}.")
+                    raise InputError(f"{key}: checkpoint shape {tuple(tensors[key].shape)} != {tuple(buf.shape)}.")
                 buf.copy_(tensors[key])
         self.step_count = int(step_count)

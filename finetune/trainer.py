@@ -49,13 +49,14 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from circuits.errors import InputError, ToolkitError
 from circuits.metrics import unembed_end
 from circuits.nodes import MLP, Head
 from finetune import checkpoints as ckpt
 from finetune.data import SFTDataError, collate, epoch_order, targets
 from finetune.lora import LoraSettings, attach_lora, lora_targets, merge_lora
 from finetune.masks import Selection, apply_selection, full_selection, named_selection, precise_selection
-from finetune.optim import SliceAdamW, lr_at
+from finetune.optim import SliceAdamW, check_betas, lr_at
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +95,30 @@ class TrainConfig:
     keep_checkpoints: int = 2
     progress: bool = True
 
+    def __post_init__(self):
+        # Checked here, not after a run: a NaN or negative lr trains to a NaN model without complaint.
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise InputError(f"lr must be a finite number > 0, got {self.lr!r}.")
+        check_betas(self.betas)
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise InputError(f"eps must be a finite number > 0, got {self.eps!r}.")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise InputError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}.")
+        if not (math.isfinite(self.warmup_ratio) and 0 <= self.warmup_ratio <= 1):
+            raise InputError(f"warmup_ratio must lie in [0, 1], got {self.warmup_ratio!r}.")
+        if self.max_grad_norm is not None and not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
+            raise InputError(f"max_grad_norm must be a finite number > 0 or None, got {self.max_grad_norm!r}.")
+
     def identity(self) -> dict:
         """The fields a resumed run must share with the run it continues."""
         data = asdict(self)
         for key in ("checkpoint_every", "keep_checkpoints", "progress"):
             data.pop(key)
         return data
+
+
+class NonFiniteLossError(ToolkitError, FloatingPointError):
+    """Training produced a NaN/Inf loss or gradient; it stopped before the update (no final/ written)."""
 
 
 @dataclass
@@ -212,7 +231,7 @@ def _select(model, method, heads, mlps, config) -> tuple[Selection, Selection]:
                                       rescale=config.rescale)
         return selection, selection
     if heads or mlps:
-        raise ValueError(f"heads/mlps are only used by method='precise', not {method!r}.")
+        raise InputError(f"heads/mlps are only used by method='precise', not {method!r}.")
     if method == "full":
         selection = full_selection(model, train_embeddings=config.train_embeddings)
         return selection, selection
@@ -251,19 +270,19 @@ def train(
         a :class:`TrainResult`; ``result.model`` is ``model``, trained (LoRA merged in).
     """
     if method not in METHODS:
-        raise ValueError(f"Unknown method {method!r}: use one of {METHODS}.")
+        raise InputError(f"Unknown method {method!r}: use one of {METHODS}.")
     missing = {"input_ids", "n_prompt"} - set(train_dataset.column_names)
     if missing:
         raise SFTDataError(f"train_dataset lacks columns {sorted(missing)}; build it with finetune.data.encode_pairs.")
     if config.batch_size < 1 or config.micro_batch_size < 1:
-        raise ValueError("batch_size and micro_batch_size must be >= 1.")
+        raise InputError("batch_size and micro_batch_size must be >= 1.")
     rows = [{"input_ids": list(r["input_ids"]), "n_prompt": int(r["n_prompt"])} for r in train_dataset]
     steps_per_epoch = len(rows) // config.batch_size
     if steps_per_epoch == 0:
         raise SFTDataError(f"{len(rows)} examples are fewer than one batch of {config.batch_size}.")
     total = config.max_steps if config.max_steps is not None else math.ceil(config.epochs * steps_per_epoch)
     if total < 1:
-        raise ValueError("The run has no steps: raise epochs or max_steps.")
+        raise InputError("The run has no steps: raise epochs or max_steps.")
     rank, world = _world()
     out_dir = Path(out_dir) if out_dir is not None else None
     n_parameters = sum(p.numel() for p in model.parameters())
@@ -278,7 +297,7 @@ def train(
                     "total_steps": total, "world_size": world,
                     "selection": ckpt.selection_to_json(selection)["slices"]}
         start, losses, resumed_from = 0, [], None
-        latest = ckpt.latest_checkpoint(out_dir) if (out_dir is not None and resume) else None
+        latest = ckpt.latest_intact_checkpoint(out_dir) if (out_dir is not None and resume) else None
         if latest is not None:
             saved = ckpt.read_state(latest)
             if saved.get("identity") != json.loads(json.dumps(identity)):
@@ -314,8 +333,16 @@ def train(
 
                 _all_reduce_grads(optimizer)
                 dist.all_reduce(step_loss, op=dist.ReduceOp.SUM)
+            if not math.isfinite(float(step_loss)):
+                raise NonFiniteLossError(
+                    f"Step {step + 1}: the loss is {float(step_loss)}; training stopped before the update and "
+                    "wrote no final weights. Lower lr, check the data, or check the model for NaN weights.")
             if config.max_grad_norm is not None:
-                optimizer.clip_grad_norm(config.max_grad_norm)
+                norm = optimizer.clip_grad_norm(config.max_grad_norm)
+                if not math.isfinite(norm):
+                    raise NonFiniteLossError(
+                        f"Step {step + 1}: the gradient norm is {norm}; training stopped before the update and "
+                        "wrote no final weights. Lower lr or check the data.")
             optimizer.step(lr_at(step, total, config.lr, config.warmup_ratio))
             optimizer.zero_grad()
             losses.append(float(step_loss))

@@ -2,9 +2,12 @@
 
 * :mod:`merging.state_dicts`: task vectors, source checks (architecture, NaN/Inf,
   processed weights), lazy safetensors sources, atomic saving.
-* :mod:`merging.primitives` and :mod:`merging.methods`: weight average, task
-  arithmetic, TIES, DARE, Breadcrumbs, Consensus TA in the registry
-  :data:`METHODS`; :func:`merge` streams them over a state dict.
+* :mod:`merging.primitives` and :mod:`merging.methods`: one generalized
+  task-arithmetic pipeline (task arithmetic, TIES, DARE, Breadcrumbs, DELLA) plus
+  weight average, Karcher mean, Model Stock, SCE, Consensus TA, TSV-M, Iso-C and
+  Iso-CTS, all records of one registry :data:`REGISTRY`; :func:`merge` streams
+  them over a state dict; :mod:`merging.lines` adds LiNeS layer scaling to any.
+* :mod:`merging.mergekit_config`: run a mergekit YAML with these methods.
 * :mod:`merging.submodule`: Dai et al. (ICLR 2025) closed-form α per submodule.
 * :mod:`merging.linearity`: non-linearity scores of submodules vs the whole model.
 * :mod:`merging.circuit_aware`: head-level weights where the key heads are, coarser elsewhere.
@@ -18,15 +21,27 @@ from merging.linearity import (
     nonlinearity_figure,
     nonlinearity_scores,
 )
+from merging.lines import LinesConfig
 from merging.merge import merge
-from merging.methods import CONFIGS, METHODS
+from merging.mergekit_config import MergePlan, load_mergekit_config
+from merging.methods import CONFIGS, METHODS, REGISTRY, MergeMethod
 from merging.methods import (
     AverageConfig,
     BreadcrumbsConfig,
+    BreadcrumbsTiesConfig,
     ConsensusConfig,
-    DareConfig,
+    DareLinearConfig,
+    DareTiesConfig,
+    DellaConfig,
+    DellaLinearConfig,
+    IsoCConfig,
+    IsoCtsConfig,
+    KarcherConfig,
+    ModelStockConfig,
+    SceConfig,
     TaskArithmeticConfig,
     TiesConfig,
+    TsvConfig,
 )
 from merging.state_dicts import (
     StateDictSource,
@@ -48,8 +63,10 @@ from merging.submodule import (
 __all__ = [
     "circuit_levels",
     "merge_circuit_aware",
-    "METHODS", "CONFIGS", "merge", "AverageConfig", "BreadcrumbsConfig", "ConsensusConfig", "DareConfig",
-    "TaskArithmeticConfig", "TiesConfig", "StateDictSource", "apply_task_vectors", "check_compatible",
+    "REGISTRY", "MergeMethod", "METHODS", "CONFIGS", "merge", "LinesConfig", "MergePlan", "load_mergekit_config",
+    "AverageConfig", "BreadcrumbsConfig", "BreadcrumbsTiesConfig", "ConsensusConfig", "DareLinearConfig",
+    "DareTiesConfig", "DellaConfig", "DellaLinearConfig", "IsoCConfig", "IsoCtsConfig", "KarcherConfig",
+    "ModelStockConfig", "SceConfig", "TaskArithmeticConfig", "TiesConfig", "TsvConfig", "StateDictSource", "apply_task_vectors", "check_compatible",
     "iter_task_vectors", "load_state_dict", "save_state_dict", "task_vector", "AlphaTable",
     "SubmoduleMergeConfig", "SubmoduleMergeResult", "alpha_heatmap", "merge_submodules",
     "LinearityConfig", "LinearityResult", "alpha_grid", "nonlinearity_figure", "nonlinearity_scores",

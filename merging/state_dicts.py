@@ -25,6 +25,11 @@ Choices (this package is the reference implementation, so they are written down)
   ``.safetensors`` path opened lazily with ``safetensors.safe_open``: tensors are
   read one key at a time, so a merge holds the base tensor plus one tensor per
   expert beyond its inputs.
+* **Sources.** A state dict, a ``HookedTransformer``, a ``.safetensors`` file, or a
+  folder written by ``circuits.save_model`` (its ``model.safetensors`` is read; such
+  a folder has no buffers, so use a model or state dict as the *base* when the
+  result must load strictly). Unreadable files are an :class:`InputError` naming
+  the file.
 * **Checks before work.** :func:`check_compatible` reads every parameter once
   and rejects different key sets, shapes, dtypes and NaN/Inf values with a
   message that names the key and the source.
@@ -45,10 +50,21 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from circuits.errors import InputError, ToolkitError
+from merging.primitives import combine
+from merging.primitives import task_vectors as expert_task_vectors
+
 BUFFER_SUFFIXES = (".mask", ".IGNORE", ".rotary_sin", ".rotary_cos")
 EMBEDDING_PREFIXES = ("embed.", "pos_embed.", "ln_final.", "unembed.")
 
 SourceLike = Union[Mapping[str, Tensor], HookedTransformer, str, os.PathLike, "StateDictSource"]
+
+
+class NonFiniteMergeError(ToolkitError, ValueError):
+    """A merge produced NaN/Inf values (the inputs were finite)."""
+
+
+SAVED_MODEL_WEIGHTS = "model.safetensors"  # the weights file of a circuits.save_model folder
 
 
 def is_buffer(key: str) -> bool:
@@ -76,17 +92,14 @@ class StateDictSource:
             self.cfg = source.cfg
             self._dict = source.state_dict()
         elif isinstance(source, (str, os.PathLike)):
-            path = Path(source)
-            if not path.is_file():
-                raise FileNotFoundError(f"{name}: no safetensors file at {path}.")
-            self._file = safe_open(str(path), framework="pt", device="cpu")
+            self._file = _open_safetensors(Path(source), name)
             self._dict = None
         elif isinstance(source, Mapping):
             self._dict = source
         else:
-            raise TypeError(
-                f"{name}: expected a state dict (mapping of tensors), a HookedTransformer or a "
-                f".safetensors path, got {type(source).__name__}."
+            raise InputError(
+                f"{name}: expected a state dict (mapping of tensors), a HookedTransformer, a .safetensors "
+                f"path or a circuits.save_model folder, got {type(source).__name__}."
             )
 
     def keys(self) -> list[str]:
@@ -113,10 +126,30 @@ class StateDictSource:
         return key in (self._file.keys() if self._file is not None else self._dict)
 
 
+def _open_safetensors(path: Path, name: str):
+    """Open ``path`` (a .safetensors file or a saved-model folder) lazily; clear errors for anything else."""
+    if path.is_dir():
+        if not (path / SAVED_MODEL_WEIGHTS).is_file():
+            raise InputError(
+                f"{name}: folder {path} has no {SAVED_MODEL_WEIGHTS}. Pass a folder written by "
+                "circuits.save_model, a .safetensors file, a state dict or a HookedTransformer."
+            )
+        path = path / SAVED_MODEL_WEIGHTS
+    if not path.is_file():
+        raise InputError(f"{name}: no safetensors file or saved-model folder at {path}.")
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except Exception as err:  # safetensors raises its own SafetensorError / OSError for damaged headers
+        raise InputError(
+            f"{name}: {path} is not a readable safetensors file ({err}). Re-save it with "
+            "merging.save_state_dict or circuits.save_model."
+        ) from err
+
+
 def as_sources(base: SourceLike, experts: Sequence[SourceLike]) -> tuple[StateDictSource, list[StateDictSource]]:
     """Wrap ``base`` and ``experts`` as :class:`StateDictSource` with names used in error messages."""
     if len(experts) == 0:
-        raise ValueError("No experts given: pass at least one fine-tuned state dict to merge.")
+        raise InputError("No experts given: pass at least one fine-tuned state dict to merge.")
     return StateDictSource(base, "base"), [StateDictSource(e, f"expert {i}") for i, e in enumerate(experts)]
 
 
@@ -149,7 +182,7 @@ def check_compatible(
 ) -> list[str]:
     """Check that ``experts`` are fine-tuned copies of ``base``; return the parameter keys to merge.
 
-    Raises ``ValueError`` naming the offending source and key when an expert has
+    Raises :class:`InputError` naming the offending source and key when an expert has
     missing or extra keys, a different shape or dtype (a different
     architecture), NaN/Inf values, or when any source has processed weights.
     """
@@ -160,10 +193,10 @@ def check_compatible(
     for src in (base, *experts):
         reason = _processed_reason(src)
         if reason:
-            raise ValueError(f"{src.name} has processed weights: {reason}. {processed_hint}")
+            raise InputError(f"{src.name} has processed weights: {reason}. {processed_hint}")
     keys = base.param_keys()
     if not keys:
-        raise ValueError("base has no parameters to merge.")
+        raise InputError("base has no parameters to merge.")
     base_norms = _norm_keys(base)
     for src in experts:
         other = src.param_keys()
@@ -178,10 +211,10 @@ def check_compatible(
                 msg += f". Norm weights differ: one side looks processed (folded LayerNorm). {processed_hint}"
             else:
                 msg += ". Experts must be fine-tuned copies of the base (same architecture)."
-            raise ValueError(msg)
+            raise InputError(msg)
         for key in keys:
             if src.shape(key) != base.shape(key):
-                raise ValueError(
+                raise InputError(
                     f"{src.name} has a different architecture: {key} has shape {src.shape(key)}, "
                     f"the base has {base.shape(key)}. Experts must be fine-tuned copies of the base."
                 )
@@ -189,18 +222,18 @@ def check_compatible(
     for key in bar:
         ref = base.get(key)
         if not ref.is_floating_point():
-            raise ValueError(f"base: {key} has non-float dtype {ref.dtype}; only float weights can be merged.")
+            raise InputError(f"base: {key} has non-float dtype {ref.dtype}; only float weights can be merged.")
         for src in (base, *experts):
             t = ref if src is base else src.get(key)
             if t.dtype != ref.dtype:
-                raise ValueError(
+                raise InputError(
                     f"{src.name}: {key} has dtype {t.dtype}, the base has {ref.dtype}. "
                     "Cast all models to one dtype before merging."
                 )
             # fast path: one float64 reduction, no mask allocation; NaN/Inf anywhere make the sum non-finite
             if check_finite and not bool(torch.isfinite(t.sum(dtype=torch.float64))) and not bool(torch.isfinite(t).all()):
                 n_bad = int((~torch.isfinite(t)).sum())
-                raise ValueError(
+                raise InputError(
                     f"{src.name}: {key} has {n_bad} NaN/Inf values; a diverged fine-tune cannot be merged."
                 )
     return keys
@@ -224,12 +257,7 @@ def task_vector(base: SourceLike, expert: SourceLike, *, check: bool = True) -> 
 
 def combine_experts(base: Tensor, experts: Sequence[Tensor], coefficients: Sequence[float]) -> Tensor:
     """``θ0 + Σ_i c_i (θ_i − θ0)`` for one tensor, computed in float32 (float64 for float64), in ``θ0``'s dtype."""
-    dt = torch.float64 if base.dtype == torch.float64 else torch.float32
-    b = base.to(dt)
-    acc = b.clone()
-    for c, e in zip(coefficients, experts):
-        acc.add_(e.to(device=b.device, dtype=dt) - b, alpha=float(c))  # experts may sit on another device
-    return acc.to(base.dtype)
+    return combine(base, expert_task_vectors(base, experts), [float(c) for c in coefficients])
 
 
 def apply_task_vectors(
@@ -237,17 +265,14 @@ def apply_task_vectors(
 ) -> dict[str, Tensor]:
     """``θ0 + Σ_i c_i τ_i`` for every parameter; buffers copied from the base."""
     if len(task_vectors) != len(coefficients):
-        raise ValueError(f"{len(task_vectors)} task vectors but {len(coefficients)} coefficients.")
+        raise InputError(f"{len(task_vectors)} task vectors but {len(coefficients)} coefficients.")
+    coefficients = [float(c) for c in coefficients]
     b = StateDictSource(base, "base")
     out = {}
     for key in b.keys():
         t = b.get(key)
         if not is_buffer(key):
-            dt = torch.float64 if t.dtype == torch.float64 else torch.float32
-            acc = t.to(dt).clone()
-            for c, tv in zip(coefficients, task_vectors):
-                acc.add_(tv[key].to(dt), alpha=float(c))
-            t = acc.to(t.dtype)
+            t = combine(t, [tv[key] for tv in task_vectors], coefficients)
         out[key] = t
     return out
 

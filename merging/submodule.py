@@ -41,6 +41,8 @@ while fitting a layer.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -50,6 +52,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from circuits.errors import InputError
 from merging import blocks
 from merging.state_dicts import (
     EMBEDDING_PREFIXES,
@@ -77,10 +80,19 @@ class SubmoduleMergeConfig:
     embed_lambda: float | None = None
 
     def __post_init__(self):
+        if not (math.isfinite(self.ridge) and self.ridge >= 0):
+            raise InputError(f"SubmoduleMergeConfig.ridge={self.ridge}: give a finite number >= 0 (relative ridge ε).")
+        if self.n_samples < 1 or self.batch_size < 1:
+            raise InputError(
+                f"SubmoduleMergeConfig needs n_samples >= 1 and batch_size >= 1, got n_samples={self.n_samples}, "
+                f"batch_size={self.batch_size}: the closed form fits α on task samples."
+            )
+        if self.embed_lambda is not None and not math.isfinite(self.embed_lambda):
+            raise InputError(f"SubmoduleMergeConfig.embed_lambda={self.embed_lambda}: give a finite number or None.")
         if self.level not in LEVELS:
-            raise ValueError(f"level must be one of {LEVELS}, got {self.level!r}.")
+            raise InputError(f"level must be one of {LEVELS}, got {self.level!r}.")
         if self.inputs_from not in ("expert", "base"):
-            raise ValueError(f"inputs_from must be 'expert' or 'base', got {self.inputs_from!r}.")
+            raise InputError(f"inputs_from must be 'expert' or 'base', got {self.inputs_from!r}.")
 
 
 @dataclass(frozen=True)
@@ -134,7 +146,7 @@ def level_of(levels: LevelSpec, layer: int, default: str = "attn_mlp") -> str:
     else:
         level = levels.get(layer, default)
     if level not in LEVELS[1:]:
-        raise ValueError(f"Layer {layer}: per-layer level must be one of {LEVELS[1:]}, got {level!r}.")
+        raise InputError(f"Layer {layer}: per-layer level must be one of {LEVELS[1:]}, got {level!r}.")
     return level
 
 
@@ -164,7 +176,7 @@ def plan_layer(model: HookedTransformer, layer: int, level: str) -> list[Submodu
     else:
         missing = set(names) - owned - set(blocks.head_param_names(model, layer))
     if missing:
-        raise ValueError(f"Block {layer} parameters {sorted(missing)} belong to no submodule at level {level!r}.")
+        raise InputError(f"Block {layer} parameters {sorted(missing)} belong to no submodule at level {level!r}.")
     return subs
 
 
@@ -239,7 +251,7 @@ def merge_submodules(
     """
     base, sources = as_sources(model, experts)
     if len(tasks) != len(sources):
-        raise ValueError(f"{len(tasks)} tasks for {len(sources)} experts: give one task (data) per expert.")
+        raise InputError(f"{len(tasks)} tasks for {len(sources)} experts: give one task (data) per expert.")
     check_compatible(base, sources)
     n = len(sources)
     names = list(expert_names) if expert_names is not None else [f"expert {i}" for i in range(n)]
@@ -318,7 +330,7 @@ def _assemble(base: StateDictSource, sources, merged: dict[str, Tensor], lam: fl
         elif key.startswith(EMBEDDING_PREFIXES):
             out[key] = combine_experts(t.cpu(), [s.get(key) for s in sources], [lam] * len(sources))
         else:
-            raise ValueError(f"Parameter {key} is neither in a block nor an embedding/unembedding/final norm.")
+            raise InputError(f"Parameter {key} is neither in a block nor an embedding/unembedding/final norm.")
     return out
 
 

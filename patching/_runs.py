@@ -25,6 +25,8 @@ from torch import Tensor
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 from transformer_lens import utils as tl_utils
 
+from circuits.checks import positive_int
+from circuits.errors import InputError
 from circuits.tasks import TaskBatch, iter_batches
 
 PromptInput = Union[Dataset, TaskBatch, Tensor]
@@ -53,7 +55,7 @@ def _ids(ids: IdInput, n: int, name: str, device, rows: Optional[Sequence[int]] 
     if rows is not None:  # per-row ids of a whole dataset, selected for this batch
         ids = ids[torch.as_tensor(rows)]
     if ids.shape != (n,):
-        raise ValueError(f"{name} has shape {tuple(ids.shape)} but there are {n} prompts: pass one id per prompt or one int.")
+        raise InputError(f"{name} has shape {tuple(ids.shape)} but there are {n} prompts: pass one id per prompt or one int.")
     return ids.to(device)
 
 
@@ -68,31 +70,32 @@ def prompt_groups(
 ) -> list[PromptGroup]:
     """Normalise the accepted input forms into equal-length groups on the model's device (see module docstring)."""
     device = model.cfg.device
+    positive_int(batch_size, "batch_size", allow_none=True)  # None: one group per prompt length
     groups: list[PromptGroup] = []
     if isinstance(reference, Dataset):
         if counterfactual is not None:
-            raise ValueError("With a Dataset the counterfactual comes from its cf_tokens column; pass counterfactual=None.")
+            raise InputError("With a Dataset the counterfactual comes from its cf_tokens column; pass counterfactual=None.")
         if answer_ids is not None:
-            raise ValueError("With a Dataset the answers come from its answer_token_ids column; pass answer_ids=None.")
+            raise InputError("With a Dataset the answers come from its answer_token_ids column; pass answer_ids=None.")
         for batch in iter_batches(reference, batch_size or len(reference)):
             groups.append(PromptGroup(batch.tokens.to(device), batch.cf_tokens.to(device), batch.answer_ids.to(device),
                                       _ids(alt_ids, len(batch), "alt_ids", device, batch.indices)))
     elif isinstance(reference, TaskBatch):
         if counterfactual is not None or answer_ids is not None:
-            raise ValueError("A TaskBatch carries its counterfactual and answers; pass counterfactual=None, answer_ids=None.")
+            raise InputError("A TaskBatch carries its counterfactual and answers; pass counterfactual=None, answer_ids=None.")
         n = len(reference)
         groups.append(PromptGroup(reference.tokens.to(device), reference.cf_tokens.to(device),
                                   reference.answer_ids.to(device), _ids(alt_ids, n, "alt_ids", device)))
     elif isinstance(reference, Tensor):
         if not isinstance(counterfactual, Tensor):
-            raise ValueError("With reference tokens, pass counterfactual tokens of the same shape as a tensor.")
+            raise InputError("With reference tokens, pass counterfactual tokens of the same shape as a tensor.")
         if reference.ndim != 2 or reference.shape != counterfactual.shape:
-            raise ValueError(
+            raise InputError(
                 f"reference {tuple(reference.shape)} and counterfactual {tuple(counterfactual.shape)} must both be "
                 f"[batch, pos] with the same shape: patching swaps activations position by position."
             )
         if answer_ids is None:
-            raise ValueError("With token tensors, pass answer_ids (one int, or one id per prompt).")
+            raise InputError("With token tensors, pass answer_ids (one int, or one id per prompt).")
         n = reference.shape[0]
         step = batch_size or n
         answers, alts = _ids(answer_ids, n, "answer_ids", device), _ids(alt_ids, n, "alt_ids", device)
@@ -106,7 +109,7 @@ def prompt_groups(
     for g in groups:
         for name, ids in (("answer_ids", g.answer_ids), ("alt_ids", g.alt_ids)):
             if ids is not None and (ids.min() < 0 or ids.max() >= vocab):
-                raise ValueError(f"{name} contains ids outside the vocabulary 0..{vocab - 1}.")
+                raise InputError(f"{name} contains ids outside the vocabulary 0..{vocab - 1}.")
     return groups
 
 

@@ -44,10 +44,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
 
+from circuits.checks import positive_int
 from circuits.metrics import unembed_end
 from circuits.nodes import Head
+from circuits.errors import InputError, ToolkitError
 from circuits.stats import proportion
-from circuits.errors import ToolkitError
 from circuits.tasks import accuracy_mask
 from patching import _runs
 from patching.abp import PeekRule, abp_hooks, layer_peek_masks
@@ -76,10 +77,12 @@ class AF1Config:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        positive_int(self.batch_size, "AF1Config.batch_size")
+        positive_int(self.tail_batch_size, "AF1Config.tail_batch_size")
         if not 0 < self.fit_fraction < 1:
-            raise ValueError(f"fit_fraction must be in (0, 1), got {self.fit_fraction}.")
+            raise InputError(f"fit_fraction must be in (0, 1), got {self.fit_fraction}.")
         if not 0 < self.min_faithfulness <= 1 or not 0 < self.prune_keep <= 1:
-            raise ValueError("min_faithfulness and prune_keep must be in (0, 1].")
+            raise InputError("min_faithfulness and prune_keep must be in (0, 1].")
 
 
 # ---------------------------------------------------------------------------- masks
@@ -91,9 +94,9 @@ def check_setting(model: HookedTransformer, l_wait: int, l_transfer: int) -> Non
     if not isinstance(l_wait, int) or not isinstance(l_transfer, int):
         raise TypeError(f"l_wait and l_transfer must be ints, got {l_wait!r}, {l_transfer!r}.")
     if not 0 <= l_wait <= n:
-        raise ValueError(f"l_wait={l_wait} is out of range: use 0..{n} (the model has {n} layers).")
+        raise InputError(f"l_wait={l_wait} is out of range: use 0..{n} (the model has {n} layers).")
     if l_transfer < 0 or l_wait + l_transfer > n:
-        raise ValueError(f"l_wait + l_transfer = {l_wait} + {l_transfer} must be at most n_layers = {n} (and l_transfer >= 0).")
+        raise InputError(f"l_wait + l_transfer = {l_wait} + {l_transfer} must be at most n_layers = {n} (and l_transfer >= 0).")
 
 
 def af1_masks(
@@ -112,7 +115,7 @@ def af1_masks(
         full_heads = {layer: [] for layer in transfer}
         for head in transfer_heads:
             if head.layer not in full_heads:
-                raise ValueError(f"{head} is not in the transfer layers {list(transfer)}.")
+                raise InputError(f"{head} is not in the transfer layers {list(transfer)}.")
             full_heads[head.layer].append(head.head)
     masks = layer_peek_masks(model, n_pos, layers=transfer, last="full", others=others, full_heads=full_heads)
     masks.update(layer_peek_masks(model, n_pos, layers=range(l_wait + l_transfer, model.cfg.n_layers),
@@ -147,7 +150,7 @@ class AF1Runner:
         if len(eval_data) == 0:
             raise NoEvalPromptsError("AF1 needs at least one evaluation prompt (none were answered correctly?).")
         if len(fit_data) == 0:
-            raise ValueError("AF1 needs prompts to fit the CAMA means on; the fit set is empty.")
+            raise InputError("AF1 needs prompts to fit the CAMA means on; the fit set is empty.")
         self.model, self.config = model, config
         n = model.cfg.n_layers
         self.layers = sorted(set(range(n + 1) if layers is None else layers))
@@ -176,7 +179,7 @@ class AF1Runner:
                      fit_data: Dataset | None = None, layers: Iterable[int] | None = None) -> "AF1Runner":
         """Split ``data`` (unless ``fit_data`` is given), keep the correctly answered eval prompts, build a runner."""
         if len(data) == 0:
-            raise ValueError("AF1 got an empty dataset.")
+            raise InputError("AF1 got an empty dataset.")
         if fit_data is None:
             fit_data, data = split_fit_eval(data, config.fit_fraction, config.seed)
         correct = accuracy_mask(model, data, config.batch_size)
@@ -215,7 +218,7 @@ class AF1Runner:
             # except where a rare token would fall back to a position mean, which would only add noise.
             return group.resid[0]
         if l_wait not in group.means:
-            raise ValueError(f"This runner has no CAMA means for l_wait={l_wait}; it was built for layers {self.layers}.")
+            raise InputError(f"This runner has no CAMA means for l_wait={l_wait}; it was built for layers {self.layers}.")
         return group.means[l_wait].apply(group.resid[l_wait], group.tokens)
 
     def _run(self, resid: Tensor, start: int, stop: int, masks: Mapping[int, Tensor]) -> Tensor:
@@ -398,7 +401,7 @@ def select_setting(grid: Sequence[Sequence[float]], min_faithfulness: float = 0.
     """
     cells = [(w, t, v) for w, row in enumerate(grid) for t, v in enumerate(row) if not math.isnan(v)]
     if not cells:
-        raise ValueError("The grid has no evaluated cells.")
+        raise InputError("The grid has no evaluated cells.")
     good = [(w, t) for w, t, v in cells if v >= min_faithfulness]
     if good:
         w = max(w for w, _ in good)

@@ -9,7 +9,9 @@ from typing import Sequence
 
 from datasets import Dataset
 
-from circuits.tasks import make_row
+from circuits.checks import non_negative_int, positive_int
+from circuits.errors import InputError
+from circuits.tasks import check_operand_range, make_row
 from circuits.templates import Template, resolve_operation
 from patching.cama import group_rows
 
@@ -56,9 +58,9 @@ def make_template_dataset(
     pairs, other than the query), one per line.
     """
     tokenizer = getattr(tokenizer, "tokenizer", None) or tokenizer
-    if n_per_template < 1:
-        raise ValueError(f"n_per_template must be >= 1, got {n_per_template}.")
-    lo, hi = operand_range
+    positive_int(n_per_template, "n_per_template")
+    non_negative_int(n_shots, "n_shots")
+    lo, hi = check_operand_range(operand_range)
     rng = random.Random(seed)
     rows = []
     for template in templates:
@@ -70,14 +72,14 @@ def make_template_dataset(
         if single_token_answers:
             candidates = [row for row in candidates if len(row["answer_token_ids"]) == 1]
         if not candidates:
-            raise ValueError(f"No operand pairs in {operand_range} suit {template.id!r} ({op})"
+            raise InputError(f"No operand pairs in {operand_range} suit {template.id!r} ({op})"
                              f"{' with one-token answers' if single_token_answers else ''}.")
         chosen = rng.sample(range(len(candidates)), min(n_per_template, len(candidates)))
         if n_shots == 0:
             rows.extend(candidates[i] for i in chosen)
             continue
         if len(candidates) <= n_shots:
-            raise ValueError(f"{template.id!r}: {len(candidates)} operand pairs cannot give {n_shots} shots.")
+            raise InputError(f"{template.id!r}: {len(candidates)} operand pairs cannot give {n_shots} shots.")
         for i in chosen:
             shots = rng.sample([j for j in range(len(candidates)) if j != i], n_shots)
             prefix = "".join(candidates[j]["prompt"] + candidates[j]["answer"] + "\n" for j in shots)
@@ -89,7 +91,7 @@ def make_template_dataset(
 def split_fit_eval(dataset: Dataset, fit_fraction: float = 0.5, seed: int = 0) -> tuple[Dataset, Dataset]:
     """Disjoint (fit, eval) splits, stratified by CAMA alignment group; equal prompts go to one side."""
     if len(dataset) < 2:
-        raise ValueError(f"Need at least 2 prompts to split into fit and eval sets, got {len(dataset)}.")
+        raise InputError(f"Need at least 2 prompts to split into fit and eval sets, got {len(dataset)}.")
     rng = random.Random(seed)
     prompts = dataset["prompt"]
     fit, evaluate = [], []
@@ -105,5 +107,5 @@ def split_fit_eval(dataset: Dataset, fit_fraction: float = 0.5, seed: int = 0) -
         for j, prompt in enumerate(unique):
             (fit if j < n_fit else evaluate).extend(by_prompt[prompt])
     if not fit or not evaluate:
-        raise ValueError("The split left the fit or the eval set empty; use more prompts.")
+        raise InputError("The split left the fit or the eval set empty; use more prompts.")
     return dataset.select(sorted(fit)), dataset.select(sorted(evaluate))

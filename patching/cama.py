@@ -51,6 +51,9 @@ from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 from transformer_lens.hook_points import HookPoint
 
+from circuits.checks import positive_int
+from circuits.errors import InputError
+
 
 @dataclass(frozen=True)
 class CamaConfig:
@@ -67,14 +70,14 @@ class CamaConfig:
 
     def __post_init__(self) -> None:
         if self.min_count < 1:
-            raise ValueError(f"min_count must be >= 1, got {self.min_count}.")
+            raise InputError(f"min_count must be >= 1, got {self.min_count}.")
 
 
 def resid_hook_name(model: HookedTransformer, layer: int) -> str:
     """The hook point CAMA acts on for ``layer`` (see the module docstring)."""
     n_layers = model.cfg.n_layers
     if not 0 <= layer <= n_layers:
-        raise ValueError(f"CAMA layer {layer} is out of range: use 0..{n_layers} (the number of blocks run first).")
+        raise InputError(f"CAMA layer {layer} is out of range: use 0..{n_layers} (the number of blocks run first).")
     if layer == n_layers:
         return tl_utils.get_act_name("resid_post", n_layers - 1)
     return tl_utils.get_act_name("resid_pre", layer)
@@ -108,7 +111,7 @@ class CamaMeans:
     ) -> tuple[Float[Tensor, "batch pos d_model"], Int[Tensor, "batch pos"]]:
         """The mean for each (prompt, position) and how many fit prompts it used (0 where kept)."""
         if tokens.ndim != 2 or tokens.shape[1] != self.n_pos:
-            raise ValueError(
+            raise InputError(
                 f"These CAMA means are for prompts of {self.n_pos} tokens; got tokens of shape {tuple(tokens.shape)}."
             )
         device = self.position_mean.device
@@ -156,7 +159,7 @@ class CamaMeans:
 
         def cama(resid: Float[Tensor, "batch pos d_model"], *, hook: HookPoint) -> Tensor:
             if resid.shape[:2] != tokens.shape:
-                raise ValueError(f"CAMA hook built for tokens {tuple(tokens.shape)} got a residual {tuple(resid.shape)}.")
+                raise InputError(f"CAMA hook built for tokens {tuple(tokens.shape)} got a residual {tuple(resid.shape)}.")
             return torch.where(keep.to(resid.device), resid, means.to(resid.device, resid.dtype))
 
         return cama
@@ -180,9 +183,9 @@ def fit_cama_means(
 ) -> CamaMeans:
     """Context-aware means from residuals ``resid`` of aligned prompts ``tokens`` (means in float32)."""
     if tokens.ndim != 2 or tokens.shape[0] == 0:
-        raise ValueError(f"Need a non-empty [batch, pos] token tensor to fit CAMA means, got {tuple(tokens.shape)}.")
+        raise InputError(f"Need a non-empty [batch, pos] token tensor to fit CAMA means, got {tuple(tokens.shape)}.")
     if resid.shape[:2] != tokens.shape:
-        raise ValueError(f"Residual {tuple(resid.shape)} does not match tokens {tuple(tokens.shape)}.")
+        raise InputError(f"Residual {tuple(resid.shape)} does not match tokens {tuple(tokens.shape)}.")
     resid = resid.float()
     tokens = tokens.to(resid.device)
     keys, value_means, value_counts = [], [], []
@@ -223,6 +226,7 @@ def residuals(
     fwd_hooks: Sequence = (),
 ) -> dict[int, Float[Tensor, "batch pos d_model"]]:
     """The residual stream at each CAMA ``layer`` (see :func:`resid_hook_name`), batched, on the model's device."""
+    positive_int(batch_size, "batch_size")
     names = {resid_hook_name(model, layer): layer for layer in layers}
     out: dict[int, list[Tensor]] = {layer: [] for layer in layers}
     # blocks.L.hook_resid_pre fires inside block L, so run blocks 0..L (stop_at_layer is exclusive).
@@ -251,11 +255,11 @@ def fit_cama(
     """
     layers = [layers] if isinstance(layers, int) else sorted(set(layers))
     if not layers:
-        raise ValueError("No CAMA layers given.")
+        raise InputError("No CAMA layers given.")
     for layer in layers:
         resid_hook_name(model, layer)  # range check with a clear message
     if len(dataset) == 0:
-        raise ValueError("Cannot fit CAMA means on an empty dataset.")
+        raise InputError("Cannot fit CAMA means on an empty dataset.")
     fitted = {}
     for key, rows in group_rows(dataset).items():
         tokens = torch.tensor(dataset.select(rows)["tokens"], device=model.cfg.device)

@@ -30,6 +30,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
+from circuits.errors import InputError
 from circuits.metrics import unembed_end
 
 MetricFn = Callable[[Tensor, Tensor, Optional[Tensor]], Tensor]
@@ -75,7 +76,7 @@ def get_metric(metric: Union[str, PatchMetric, MetricFn]) -> PatchMetric:
         return metric
     if isinstance(metric, str):
         if metric not in METRICS:
-            raise ValueError(f"Unknown metric {metric!r}: use one of {sorted(METRICS)} or pass a callable "
+            raise InputError(f"Unknown metric {metric!r}: use one of {sorted(METRICS)} or pass a callable "
                              f"fn(logits, answer_ids, alt_ids) -> per-prompt values.")
         return METRICS[metric]
     if callable(metric):
@@ -92,11 +93,28 @@ def score_end(
 ) -> Float[Tensor, "batch"]:
     """Final norm, unembedding (only the needed columns when the metric allows) and the metric, per row."""
     if metric.needs_alt and alt_ids is None:
-        raise ValueError(f"Metric {metric.name!r} compares against an alternative token: pass alt_ids.")
+        raise InputError(f"Metric {metric.name!r} compares against an alternative token: pass alt_ids.")
     if metric.full_vocab:
-        return metric.fn(unembed_end(model, resid_end), answer_ids, alt_ids)
+        return check_metric_values(metric, metric.fn(unembed_end(model, resid_end), answer_ids, alt_ids), len(answer_ids))
     needed = answer_ids if alt_ids is None else torch.cat([answer_ids, alt_ids])
     columns = torch.unique(needed)  # sorted, so searchsorted maps token ids to column indices
     logits = unembed_end(model, resid_end, columns)
     local_alt = None if alt_ids is None else torch.searchsorted(columns, alt_ids)
-    return metric.fn(logits, torch.searchsorted(columns, answer_ids), local_alt)
+    return check_metric_values(metric, metric.fn(logits, torch.searchsorted(columns, answer_ids), local_alt), len(answer_ids))
+
+
+def check_metric_values(metric: PatchMetric, values: object, batch: int) -> Float[Tensor, "batch"]:
+    """A metric's output must be one finite value per prompt; anything else would give garbage effects.
+
+    (A metric that averages over the batch returns a scalar: patching would then compare sums of
+    different sizes. A NaN would silently drop every node from the key heads.)
+    """
+    if not isinstance(values, Tensor) or tuple(values.shape) != (batch,):
+        shape = tuple(values.shape) if isinstance(values, Tensor) else type(values).__name__
+        raise InputError(f"Metric {metric.name!r} returned {shape} for {batch} prompts; a metric must return one "
+                         f"value per prompt (a tensor of shape ({batch},)), not a mean or a [batch, ...] tensor.")
+    if not torch.isfinite(values.detach()).all():
+        raise InputError(f"Metric {metric.name!r} returned NaN/Inf for {int((~torch.isfinite(values.detach())).sum())} "
+                         f"of {batch} prompts; patching effects would be meaningless. Fix the metric (e.g. clamp "
+                         "before a log).")
+    return values

@@ -28,6 +28,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from circuits.errors import InputError
 from circuits.nodes import MLP, Head, Node
 
 
@@ -110,9 +111,9 @@ class NodeScores:
         """
         keys = {"abs": lambda v: -abs(v), "neg": lambda v: v, "pos": lambda v: -v}
         if by not in keys:
-            raise ValueError(f"Unknown ranking {by!r}: use 'abs', 'neg' or 'pos'.")
+            raise InputError(f"Unknown ranking {by!r}: use 'abs', 'neg' or 'pos'.")
         if kind not in ("all", "heads", "mlps"):
-            raise ValueError(f"Unknown node kind {kind!r}: use 'all', 'heads' or 'mlps'.")
+            raise InputError(f"Unknown node kind {kind!r}: use 'all', 'heads' or 'mlps'.")
         items: list[tuple[Node, float]] = []
         if kind in ("all", "heads"):
             items += [(Head(l, h), float(v)) for (l, h), v in _enumerate2(self.heads)]
@@ -184,11 +185,16 @@ def key_heads(
     if threshold is None and top_k is None:
         threshold, by = 5.0, "abs"
     if top_k is not None and top_k < 0:
-        raise ValueError(f"top_k must be >= 0, got {top_k}.")
+        raise InputError(f"top_k must be >= 0, got {top_k}.")
+    # NaN marks a head that was not scored; no head scored, an Inf or a NaN reference means a broken metric.
+    if torch.isinf(result.heads).any() or torch.isnan(result.heads).all() or not math.isfinite(result.baseline):
+        raise InputError(f"The {result.metric} scores are not usable (reference {result.baseline}, "
+                         f"{int(torch.isnan(result.heads).sum())} NaN and {int(torch.isinf(result.heads).sum())} Inf "
+                         "head effects); no key heads can be chosen. Check the metric and the model.")
     ranked = result.ranked("heads", by=by)
     if threshold is not None:
         if not _has_percent(result.baseline):
-            raise ValueError(f"The reference {result.metric} averages {result.baseline:.3g}, so a threshold in % of it "
+            raise InputError(f"The reference {result.metric} averages {result.baseline:.3g}, so a threshold in % of it "
                              f"means nothing: pass top_k instead, or score with metric='logit'.")
         signed = {"neg": lambda v: -v, "pos": lambda v: v, "abs": abs}[by]
         ranked = [(n, v) for n, v in ranked if signed(result.percent(n)) >= threshold]

@@ -1,4 +1,4 @@
-"""Consensus task arithmetic (Wang et al., 2024, "Localizing Task Information").
+"""Consensus task arithmetic (Wang et al., 2024, "Localizing Task Information"); not in mergekit.
 
 TALL masks ``mask_t = |τ_t| >= λ_t |τ_MTL − τ_t|`` with ``τ_MTL = Σ_i τ_i`` mark the
 entries where task ``t`` matters relative to the others. Entries selected by at
@@ -7,7 +7,8 @@ the unused ones) are kept: ``θ = θ0 + λ · (Σ_i w_i τ_i) ⊙ [Σ_t mask_t >
 
 ``tall_lambda`` is λ_t (one value for all tasks, or one per expert); the paper
 picks λ_t per task on validation data from {0.2, ..., 0.6}; the default 0.4 is
-the middle of that range. The masks use the unweighted ``τ_MTL`` of the brief.
+the middle of that range. The masks use the unweighted ``τ_MTL``. ``k`` must not
+exceed the number of experts (no entry could be kept).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from merging.methods.average import work_dtype
-from merging.primitives import elementwise_chunks, stack_weights, tall_masks
+from circuits.errors import InputError
+from merging.methods.checks import check_config, check_weights
+from merging.primitives import elementwise_chunks, per_expert, stack_weights, tall_masks, task_vectors, work_dtype
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,11 @@ class ConsensusConfig:
     tall_lambda: float | tuple[float, ...] = 0.4
     k: int = 2
     lam: float = 1.0
+
+    def __post_init__(self):
+        check_config(self)
+        if self.k < 1:
+            raise InputError(f"ConsensusConfig.k={self.k}: at least 1 mask must select an entry.")
 
 
 def consensus(
@@ -39,16 +46,18 @@ def consensus(
     **_: object,
 ) -> Tensor:
     """Consensus TA on one tensor."""
-    dt = work_dtype(base)
     n = len(experts)
-    lambdas = [config.tall_lambda] * n if isinstance(config.tall_lambda, (int, float)) else list(config.tall_lambda)
-    if len(lambdas) != n:
-        raise ValueError(f"ConsensusConfig.tall_lambda has {len(lambdas)} values for {n} experts.")
-    w = list(weights) if weights is not None else [1.0] * n
+    if config.k > n:
+        raise InputError(
+            f"ConsensusConfig.k={config.k} but only {n} experts: an entry can be selected by at most {n} masks, "
+            f"so nothing would be kept. Use k <= {n} (k=2 is the paper's)."
+        )
+    lambdas = per_expert(config.tall_lambda, n, "ConsensusConfig.tall_lambda")
+    w = check_weights(weights, n)
 
-    def combine(stacked: Tensor) -> Tensor:  # stacked: [n_experts, chunk] task vectors
+    def keep_consensus(stacked: Tensor) -> Tensor:  # stacked: [n_experts, chunk] task vectors
         keep = tall_masks(stacked, lambdas).sum(0) >= config.k
         return (stacked * stack_weights(w, stacked[0])).sum(0) * keep
 
-    merged = elementwise_chunks([e.to(dt) - base.to(dt) for e in experts], combine)
-    return (base.to(dt) + config.lam * merged).to(base.dtype)
+    merged = elementwise_chunks(task_vectors(base, experts), keep_consensus)
+    return (base.to(work_dtype(base)) + config.lam * merged).to(base.dtype)

@@ -94,7 +94,18 @@ def test_top_tokens_and_figures(model, data):
     res = probe_mlps(model, data, progress=False)
     assert len(plot_probe_cosines(res).data) == len(STREAMS) * len(TARGETS)
     assert len(plot_logit_lens(res).data) == 3
-    assert plot_top_tokens(top, "4 + 3 = ", "7").data[0].text is not None
+    # independent check: cosine of each layer's MLP output at END with the number tokens' W_U columns
+    _, cache = model.run_with_cache(model.to_tokens("4 + 3 = "))
+    numbers = number_token_ids(model.tokenizer)
+    columns = model.W_U[:, list(numbers.values())]
+    for layer, row in enumerate(top):
+        cos = torch.nn.functional.cosine_similarity(cache["mlp_out", layer][0, -1][None], columns.T, dim=-1)
+        values, index = cos.topk(3)
+        assert [t for t, _ in row] == [str(list(numbers)[i]) for i in index.tolist()]
+        torch.testing.assert_close(torch.tensor([v for _, v in row]), values.float(), atol=1e-5, rtol=0)
+    heatmap = plot_top_tokens(top, "4 + 3 = ", "7").data[0]
+    assert [list(r) for r in heatmap.z] == [[v for _, v in row] for row in top]
+    assert [list(r) for r in heatmap.text] == [[f"<b>{t}</b>" if t == "7" else t for t, _ in row] for row in top]
     with pytest.raises(ValueError, match="stream"):
         top_number_tokens(model, "4 + 3 = ", stream="resid")
 
@@ -106,4 +117,10 @@ def test_gemma_answer_emerges_by_the_last_layer(gemma):
     ds, _ = filter_correct(gemma, make_dataset(gemma, n_prompts=6, styles=("equation",), seed=0))
     res = probe_mlps(gemma, ds, progress=False)
     assert (res.rank[:, -1] == 0).all()  # kept prompts are answered correctly: the lens agrees at the end
-    assert res.first_top1_layer() is not None
+    # independent: the first layer from which at least half of the prompts rank the answer first, for good
+    rate = (res.rank == 0).float().mean(0).tolist()
+    expected = next(l for l in range(len(rate)) if all(r >= 0.5 for r in rate[l:]))
+    layer = res.first_top1_layer()
+    assert layer == expected
+    assert 0 < layer < gemma.cfg.n_layers  # formed inside the network, not read off the embedding
+    assert rate[0] < 0.5

@@ -1,17 +1,76 @@
 import json
+import time
 
 import pytest
 import torch
 
-from circuits.runs import OutputExistsError, StageTimer, prepare_run_dir, write_json_atomic, write_text_atomic
+from circuits.runs import (
+    OutputExistsError,
+    StageTimer,
+    complete_run,
+    prepare_run_dir,
+    read_status,
+    write_json_atomic,
+    write_text_atomic,
+)
+
+
+def _status(path):
+    return json.loads((path / "results.json").read_text())["status"]
 
 
 def test_prepare_run_dir_refuses_existing_run_unless_overwrite(tmp_path):
     out = prepare_run_dir(tmp_path / "run")
-    (out / "results.json").write_text("{}")
-    with pytest.raises(OutputExistsError, match="--overwrite"):
+    complete_run(out, {"accuracy": 0.9})
+    write_text_atomic(out / "report.html", "old report")
+    write_text_atomic(out / "figures" / "af1.json", "{}")
+    with pytest.raises(OutputExistsError, match=r"already holds a run \(complete\); pass --overwrite"):
         prepare_run_dir(out)
     assert prepare_run_dir(out, overwrite=True) == out
+    # nothing stale survives an overwrite: the new folder holds only the marker and a running results.json
+    assert sorted(p.name for p in out.iterdir()) == [".arith-circuits-run.json", "results.json"]
+    assert json.loads((out / "results.json").read_text()) == {"status": "running"}
+    # the old run was moved aside, not deleted, and goes only when the new run completes
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert (aside / "report.html").read_text() == "old report"
+    complete_run(out, {"accuracy": 0.5})
+    assert not aside.exists() and _status(out) == "complete"
+
+
+def test_overwrite_refuses_a_folder_the_toolkit_did_not_write(tmp_path):
+    (tmp_path / "thesis.tex").write_text("precious")
+    with pytest.raises(OutputExistsError, match="did not write"):
+        prepare_run_dir(tmp_path, overwrite=True)
+    assert (tmp_path / "thesis.tex").read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["thesis.tex"]
+
+
+def test_interrupted_run_with_only_empty_folders_does_not_block_a_rerun(tmp_path):
+    (tmp_path / "run" / "figures").mkdir(parents=True)
+    out = prepare_run_dir(tmp_path / "run")
+    assert _status(out) == "running"
+
+
+def test_failed_overwrite_leaves_no_complete_looking_run(tmp_path):
+    out = prepare_run_dir(tmp_path / "run")
+    complete_run(out, {"accuracy": 0.9})
+    out = prepare_run_dir(out, overwrite=True)
+    results = {"experiment": "x"}
+    timer = StageTimer(run_dir=out, results=results)
+    with timer.stage("data"):
+        results["n"] = 3
+    assert json.loads((out / "results.json").read_text())["n"] == 3  # saved stage by stage
+    with pytest.raises(KeyboardInterrupt), timer.stage("patching"):
+        raise KeyboardInterrupt
+    assert _status(out) == "failed: patching: interrupted"
+    with pytest.raises(ValueError), timer.stage("af1"):
+        raise ValueError("no eval prompts")
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["status"] == "failed: af1: ValueError: no eval prompts" and saved["n"] == 3
+    assert set(saved["seconds"]) == {"data", "patching", "af1"}
+    # the replaced run is kept for recovery when the new one fails
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]) == 1
+    assert read_status(out).startswith("failed")
 
 
 def test_atomic_writes_leave_no_partial_file_on_error(tmp_path):
@@ -34,7 +93,11 @@ def test_atomic_writes_leave_no_partial_file_on_error(tmp_path):
 def test_stage_timer_accumulates():
     timer = StageTimer()
     with timer.stage("a"):
-        pass
+        time.sleep(0.03)
     with timer.stage("a"):
-        pass
-    assert set(timer.seconds) == {"a"} and timer.total >= 0
+        time.sleep(0.03)
+    with timer.stage("b"):
+        time.sleep(0.02)
+    assert set(timer.seconds) == {"a", "b"}
+    assert 0.06 <= timer.seconds["a"] < 1.0 and 0.02 <= timer.seconds["b"] < 1.0
+    assert timer.total == pytest.approx(timer.seconds["a"] + timer.seconds["b"], abs=0.011)

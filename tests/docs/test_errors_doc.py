@@ -1,4 +1,9 @@
-"""docs/errors.md must not go stale: every row names a test that exists and still checks an error.
+"""docs/errors.md must not go stale: every row names a test that exists and checks an error's message,
+and every documented message is still what the code raises.
+
+The second check compares text: each literal stretch of a documented message (the parts
+between ``{placeholders}`` and ``…``) must occur in a string literal of the toolkit's source,
+so a reworded message in the code fails here until the row is updated.
 
 Fast and model-free: it only parses markdown and Python source (``ast``), it imports nothing
 from the toolkit.
@@ -85,3 +90,57 @@ def test_referenced_test_exists_and_checks_an_error(path, name):
     assert "pytest.raises" in functions[name], (
         f"{path}::{name} no longer contains pytest.raises; update docs/errors.md"
     )
+    assert re.search(r"pytest\.raises\([^)]*match=", functions[name]), (
+        f"{path}::{name} checks only the type of its errors; give pytest.raises a match= on the message"
+    )
+
+
+PACKAGES = ("circuits", "patching", "finetune", "merging", "experiments")
+MIN_FRAGMENT = 12  # shorter stretches ("got ", ", use ") say nothing about drift
+
+
+@lru_cache(maxsize=None)
+def _source_strings() -> tuple[str, ...]:
+    """Every literal stretch of every string in the toolkit's source (f-strings split at their fields)."""
+    pieces = []
+    for package in PACKAGES:
+        for file in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    pieces.append(node.value)
+    return tuple(pieces)
+
+
+# What a documented message shows in place of an interpolated value: {placeholders}, …, and
+# literal lists or tuples of quoted names (a registry's keys, printed with repr).
+INTERPOLATED = re.compile(r"\{[^{}]*\}|…|\[[^\]]*…[^\]]*\]|[\[(]'[^\])]*'[\])]")
+
+
+def message_fragments(message_cell: str) -> list[str]:
+    """The literal stretches of a documented message: backticked text split where values are interpolated.
+
+    Stretches are also split at ``: `` and ``; ``, where the code often joins a prefix built
+    elsewhere, and trimmed of the punctuation around them.
+    """
+    fragments = []
+    for quoted in re.findall(r"``(.+?)``|`([^`]+)`", message_cell):
+        text = (quoted[0] or quoted[1]).replace("\\|", "|")
+        for part in INTERPOLATED.split(text):
+            for piece in re.split(r"[:;] ", part):
+                piece = piece.strip(" .,:;()[]")
+                if len(piece) >= 4:
+                    fragments.append(piece)
+    long = [f for f in fragments if len(f) >= MIN_FRAGMENT]
+    return long or fragments  # a message of short stretches only is checked stretch by stretch
+
+
+@pytest.mark.parametrize("row", error_rows(), ids=lambda row: f"row{row['cells'][0]}")
+def test_documented_message_is_what_the_code_raises(row):
+    fragments = message_fragments(row["cells"][3])
+    assert fragments, f"docs/errors.md line {row['line']}: the message cell quotes no text to check"
+    strings = _source_strings()
+    for fragment in fragments:
+        assert any(fragment in s for s in strings), (
+            f"docs/errors.md line {row['line']}: {fragment!r} occurs in no string of the toolkit's source; "
+            "the message in the code changed: update the row"
+        )

@@ -32,12 +32,33 @@ def test_merge_experiment_writes_table_and_report(tiny_loader, monkeypatch, tmp_
     _run(argv, monkeypatch)
     results = json.loads((out / "results.json").read_text())
     rows = {r["model"] for r in results["table"]}
-    assert {"weight_average", "task_arithmetic", "ties", "dare", "breadcrumbs", "consensus_ta",
+    assert {"weight_average", "task_arithmetic", "ties", "dare_linear", "breadcrumbs", "consensus_ta", "della", "sce",
+            "model_stock", "karcher", "tsv_m", "iso_c", "iso_cts",
             "closed form (model)", "closed form (layer)", "closed form (attn_mlp)", "closed form (head)",
             "circuit-aware (head in key layers)", "expert en_fr"} <= rows
     assert any("[add_word+mul]" in r for r in rows)
     assert results["models"]["task_arithmetic"]["config"]["lam"] in (0.5, 1.0)
+    assert all(results["models"][m]["merge_seconds"] > 0 and "peak_mb" in results["models"][m] for m in ("ties", "iso_c"))
     assert (out / "report.html").is_file() and (out / "merged_best").is_dir()
     assert (out / "experts" / "mul").is_dir()
     with pytest.raises(FileExistsError, match="--overwrite"):
         _run(argv, monkeypatch)
+
+
+def test_merge_experiment_runs_a_mergekit_yaml(tiny_loader, monkeypatch, tmp_path):
+    from merging import save_state_dict
+
+    base = tiny_model(style="gemma", n_layers=2).state_dict()
+    gen = torch.Generator().manual_seed(0)
+    for name in ("a", "b"):
+        save_state_dict({k: v + 0.01 * torch.randn(v.shape, generator=gen) if v.is_floating_point() and
+                         not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos")) else v
+                         for k, v in base.items()}, tmp_path / f"{name}.safetensors")
+    save_state_dict(base, tmp_path / "base.safetensors")
+    (tmp_path / "m.yml").write_text("models:\n  - {model: a.safetensors, parameters: {weight: 0.5, density: 0.5}}\n"
+                                    "  - {model: b.safetensors, parameters: {weight: 0.5}}\n"
+                                    "base_model: base.safetensors\nmerge_method: ties\n")
+    out = tmp_path / "run"
+    _run(["--config", str(tmp_path / "m.yml"), "--out", str(out)], monkeypatch)
+    results = json.loads((out / "results.json").read_text())
+    assert results["method"] == "ties" and results["seconds"] > 0 and (out / "merged").is_dir()

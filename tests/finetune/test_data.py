@@ -42,7 +42,7 @@ def test_collate_and_targets_align():
     tokens, mask = collate(rows, pad_id=0)
     assert tokens.tolist() == [[1, 5, 6], [1, 8, 0]]
     assert targets(rows, mask).tolist() == [6, 7, 9]
-    with pytest.raises(SFTDataError):
+    with pytest.raises(SFTDataError, match="leaves no answer"):
         collate([{"input_ids": [1, 2], "n_prompt": 2}], 0)
 
 

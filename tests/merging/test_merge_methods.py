@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-from merging import CONFIGS, METHODS, merge
+from merging import CONFIGS, METHODS, REGISTRY, merge
 from merging.methods import (
     BreadcrumbsConfig,
     ConsensusConfig,
-    DareConfig,
+    DareLinearConfig,
+    DellaLinearConfig,
     TaskArithmeticConfig,
     TiesConfig,
 )
@@ -24,11 +25,17 @@ def run(name, config=None, **kw):
     return METHODS[name](BASE, EXPERTS, config if config is not None else CONFIGS[name](), **kw)
 
 
-def test_registry_is_a_plain_dict_with_configs():
-    assert type(METHODS) is dict
-    assert set(METHODS) == set(CONFIGS) == {
-        "weight_average", "task_arithmetic", "ties", "dare", "breadcrumbs", "consensus_ta",
+def test_registry_records_and_views():
+    assert type(METHODS) is dict and type(REGISTRY) is dict
+    assert set(METHODS) == set(CONFIGS) == {n for n, r in REGISTRY.items() if not r.needs_data} == {
+        "weight_average", "task_arithmetic", "ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties",
+        "della", "della_linear", "sce", "model_stock", "karcher", "consensus_ta", "tsv_m", "iso_c", "iso_cts",
     }
+    assert REGISTRY["closed_form"].needs_data and REGISTRY["ties"].mergekit == "ties"
+    assert REGISTRY["weight_average"].mergekit == "linear" and REGISTRY["iso_c"].mergekit is None
+    for r in REGISTRY.values():
+        r.config()  # every config has defaults
+        assert r.paper
 
 
 def test_weight_average():
@@ -95,10 +102,11 @@ def test_dare_drops_and_rescales():
     assert torch.allclose(l1.abs().sum(), x.abs().sum())
     factor = x.sum() / x[l1 != 0].sum()
     assert torch.allclose(l1[l1 != 0], factor * x[l1 != 0])
-    # p = 0 is task arithmetic; seeded -> reproducible; different seeds differ
-    assert torch.equal(run("dare", DareConfig(drop_rate=0.0)), run("task_arithmetic"))
-    a = run("dare", DareConfig(drop_rate=0.5), generator=torch.Generator().manual_seed(3))
-    b = run("dare", DareConfig(drop_rate=0.5), generator=torch.Generator().manual_seed(3))
+    # density 1 is task arithmetic; seeded -> reproducible; different seeds differ
+    assert torch.equal(run("dare_linear", DareLinearConfig(density=1.0)), run("task_arithmetic"))
+    inverse = DareLinearConfig(density=0.5, rescale_norm="inverse_density")
+    a = run("dare_linear", inverse, generator=torch.Generator().manual_seed(3))
+    b = run("dare_linear", inverse, generator=torch.Generator().manual_seed(3))
     assert torch.equal(a, b)
     # each entry of the merged delta is a sum of {0, 2 tau_A} and {0, 2 tau_B}
     d = a - BASE
@@ -109,9 +117,10 @@ def test_dare_drops_and_rescales():
 def test_dare_merge_is_seeded_per_tensor_and_order_independent():
     base = {"a": torch.zeros(50), "b": torch.zeros(50)}
     experts = [{"a": torch.ones(50), "b": torch.ones(50)}]
-    one = merge("dare", base, experts, DareConfig(drop_rate=0.5, seed=7), progress=False)
-    rev = merge("dare", {"b": base["b"], "a": base["a"]}, experts, DareConfig(drop_rate=0.5, seed=7), progress=False)
-    other = merge("dare", base, experts, DareConfig(drop_rate=0.5, seed=8), progress=False)
+    one = merge("dare_linear", base, experts, DareLinearConfig(density=0.5, seed=7), progress=False)
+    rev = merge("dare_linear", {"b": base["b"], "a": base["a"]}, experts, DareLinearConfig(density=0.5, seed=7),
+                progress=False)
+    other = merge("dare_linear", base, experts, DareLinearConfig(density=0.5, seed=8), progress=False)
     assert torch.equal(one["a"], rev["a"]) and torch.equal(one["b"], rev["b"])
     assert not torch.equal(one["a"], other["a"])
     assert not torch.equal(one["a"], one["b"])  # different tensors get different masks
@@ -156,14 +165,17 @@ def test_identical_experts_give_base_plus_task_vector():
         "weight_average": None,
         "task_arithmetic": TaskArithmeticConfig(normalize=True),
         "ties": TiesConfig(density=1.0),
-        "dare": DareConfig(drop_rate=0.0, lam=0.5),
+        "dare_linear": DareLinearConfig(lam=0.5),
         "breadcrumbs": BreadcrumbsConfig(gamma=0.0, density=1.0, lam=0.5),
+        "della_linear": DellaLinearConfig(lam=0.5),
         "consensus_ta": ConsensusConfig(lam=0.5),
     }
     for name, cfg in configs.items():
         out = METHODS[name](base, [expert, expert], cfg if cfg is not None else CONFIGS[name]())
         assert torch.equal(out, expert if name == "weight_average" else expected), name
         assert out.dtype == base.dtype
+    for name in ("sce", "model_stock", "karcher"):  # averages of identical inputs, up to rounding
+        torch.testing.assert_close(METHODS[name](base, [expert, expert], CONFIGS[name]()), expected, msg=name)
 
 
 def test_masks_break_ties_like_a_stable_descending_sort():

@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 
+from circuits.errors import InputError
 from circuits.testing import tiny_model
 from merging import (
     METHODS,
@@ -101,11 +102,11 @@ def test_centred_writing_weights_are_rejected(perturb, gpt2_model):
 def test_no_experts_and_bad_sources(perturb, gpt2_model):
     with pytest.raises(ValueError, match="No experts"):
         merge("ties", gpt2_model, [], progress=False)
-    with pytest.raises(TypeError, match="expected a state dict"):
+    with pytest.raises(InputError, match="expected a state dict"):
         StateDictSource(42, "expert 0")
     with pytest.raises(ValueError, match="Unknown merge method 'foo'"):
         merge("foo", gpt2_model, [perturb(gpt2_model)], progress=False)
-    with pytest.raises(TypeError, match="ties expects a TiesConfig"):
+    with pytest.raises(InputError, match="ties expects a TiesConfig"):
         merge("ties", gpt2_model, [perturb(gpt2_model)], TaskArithmeticConfig(), progress=False)
 
 

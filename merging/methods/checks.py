@@ -1,0 +1,73 @@
+"""Argument checks shared by the merge configs: finite numbers, densities in (0, 1], per-expert lengths.
+
+Every config dataclass calls :func:`check_config` from ``__post_init__``, so a
+bad value fails when the config is built, with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from circuits.errors import InputError
+
+UNIT_FIELDS = ("density", "select_topk")  # must lie in (0, 1]
+FRACTION_FIELDS = ("gamma", "common_space_fraction")  # must lie in [0, 1]
+
+
+def _values(value) -> list:
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
+def check_config(config) -> None:
+    """Raise :class:`InputError` for NaN/Inf numbers and out-of-range densities or fractions in ``config``."""
+    name = type(config).__name__
+    for field in dataclasses.fields(config):
+        raw = getattr(config, field.name)
+        for v in _values(raw):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            if not math.isfinite(v):
+                shown = "lam" if field.name == "lam" else field.name
+                raise InputError(f"{name}.{shown} is {v}; give a finite number.")
+            if field.name in UNIT_FIELDS and not 0.0 < v <= 1.0:
+                raise InputError(
+                    f"{name}.{field.name}={v} is outside (0, 1]: it is the fraction of entries kept "
+                    "(1 keeps everything)."
+                )
+            if field.name in FRACTION_FIELDS and not 0.0 <= v <= 1.0:
+                raise InputError(f"{name}.{field.name}={v} is outside [0, 1].")
+            if field.name == "epsilon" and v < 0:
+                raise InputError(f"{name}.epsilon={v} is negative; DELLA's ε is a probability spread >= 0.")
+
+
+def check_choice(config, field: str, choices: Sequence[str]) -> None:
+    """Raise :class:`InputError` unless ``config.<field>`` is one of ``choices``."""
+    value = getattr(config, field)
+    if value not in choices:
+        raise InputError(f"{type(config).__name__}.{field} must be one of {tuple(choices)}, got {value!r}.")
+
+
+def check_weights(weights: Sequence[float] | None, n_experts: int, *, normalized: bool = False) -> list[float]:
+    """Per-expert weights (default 1) checked: one per expert, finite, and a sum away from 0 if ``normalized``."""
+    if weights is None:
+        return [1.0] * n_experts
+    w = [float(x) for x in weights]
+    if len(w) != n_experts:
+        raise InputError(f"{len(w)} weights for {n_experts} experts: give one weight per expert.")
+    bad = [x for x in w if not math.isfinite(x)]
+    if bad:
+        raise InputError(f"Merge weights must be finite numbers, got {w}.")
+    if normalized and abs(sum(w)) < 1e-8:
+        raise InputError(
+            f"Merge weights {w} sum to ~0, and this method divides by their sum (normalize=True): "
+            "use weights with a nonzero sum, or normalize=False."
+        )
+    return w
+
+
+def check_no_weights(weights: Sequence[float] | None, method: str) -> None:
+    """Refuse non-uniform per-expert weights for a method that has none (as in mergekit)."""
+    if weights is not None and len({float(w) for w in weights}) > 1:
+        raise InputError(f"{method} takes no per-expert weights (mergekit has none for it): drop `weights`.")

@@ -1,0 +1,195 @@
+"""A mergekit YAML runs on tiny TransformerLens models and equals mergekit's own functions tensor by tensor."""
+
+import textwrap
+import zlib
+
+import pytest
+import torch
+
+from circuits.cache import save_model
+from circuits.errors import InputError
+from circuits.testing import tiny_model
+from merging import load_mergekit_config, save_state_dict
+from merging.methods import DellaConfig, TiesConfig
+from merging.state_dicts import is_buffer
+
+mk_registry = pytest.importorskip("mergekit.merge_methods.registry")
+from mergekit.merge_methods.base import TensorGroup  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, perturb):
+    """A base .safetensors, expert ``add`` as a saved-model folder, experts ``mul`` and ``fr`` as .safetensors."""
+    folder = tmp_path_factory.mktemp("mk")
+    base = tiny_model(style="gpt2", seed=0)
+    save_state_dict(base.state_dict(), folder / "base.safetensors")
+    sds = {}
+    for i, name in enumerate(("add", "mul", "fr")):
+        sds[name] = perturb(base, seed=i + 1, scale=0.05)
+        if name == "add":
+            m = tiny_model(style="gpt2", seed=7)
+            m.load_state_dict(sds[name])
+            save_model(m, folder / name)
+        else:
+            save_state_dict(sds[name], folder / f"{name}.safetensors")
+    return folder, base.state_dict(), sds
+
+
+def write(folder, text, name="merge.yml"):
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def mergekit_tensor(method, base, experts, params, key=None, seed=None, with_base=True):
+    tensors = [base, *experts] if with_base else list(experts)
+    if seed is not None:  # the per-tensor seed merging.merge gives its generator
+        torch.manual_seed((seed * 1_000_003 + zlib.crc32(key.encode())) % (2**63))
+    (out,) = mk_registry.get(method)([TensorGroup.from_tensors(tensors, base_index=0 if with_base else None)],
+                                     parameters=params)
+    return out
+
+
+YAMLS = {
+    "ties": """\
+        models:
+          - model: add
+            parameters: {weight: 0.6, density: 0.5}
+          - model: mul.safetensors
+            parameters: {weight: 0.4, density: 0.3}
+          - model: fr.safetensors
+            parameters: {weight: 0.8}
+        base_model: base.safetensors
+        merge_method: ties
+        parameters: {density: 0.7, lambda: 0.9, int8_mask: true}
+        dtype: float32
+    """,
+    "dare_ties": """\
+        models:
+          - model: base.safetensors
+          - model: add
+            parameters: {weight: 1.0, density: 0.4}
+          - model: mul.safetensors
+            parameters: {weight: 0.5, density: 0.6}
+        base_model: base.safetensors
+        merge_method: dare_ties
+        parameters: {normalize: true}
+    """,
+    "della_linear": """\
+        models:
+          - model: add
+            parameters: {weight: 1.0, density: 0.5, epsilon: 0.1}
+          - model: fr.safetensors
+            parameters: {weight: 0.7, density: 0.4}
+        base_model: base.safetensors
+        merge_method: della_linear
+        parameters: {epsilon: 0.2, lambda: 1.1}
+    """,
+}
+EXPECTED_PARAMS = {
+    "ties": ({"weight": [0.6, 0.4, 0.8], "density": [0.5, 0.3, 0.7], "lambda": 0.9}, ["add", "mul", "fr"]),
+    "dare_ties": ({"weight": [1.0, 0.5], "density": [0.4, 0.6], "normalize": True}, ["add", "mul"]),
+    "della_linear": ({"weight": [1.0, 0.7], "density": [0.5, 0.4], "epsilon": [0.1, 0.2], "lambda": 1.1},
+                     ["add", "fr"]),
+}
+
+
+@pytest.mark.parametrize("method", sorted(YAMLS))
+def test_yaml_equals_mergekit_tensor_by_tensor(files, method):
+    folder, base, sds = files
+    plan = load_mergekit_config(write(folder, YAMLS[method], f"{method}.yml"))
+    assert plan.method == method
+    merged = plan.run(progress=False)
+    params, names = EXPECTED_PARAMS[method]
+    seed = 0 if method != "ties" else None
+    for key, value in merged.items():
+        if is_buffer(key):
+            assert torch.equal(value, base[key])
+            continue
+        ref = mergekit_tensor(method, base[key], [sds[n][key] for n in names], params, key, seed)
+        torch.testing.assert_close(value, ref, atol=1e-6, rtol=0, msg=key)
+    target = tiny_model(style="gpt2", seed=4)
+    target.load_state_dict(merged)  # strict: the merged state dict loads
+
+
+def test_config_maps_parameters(files):
+    folder, _, _ = files
+    plan = load_mergekit_config(write(folder, YAMLS["ties"], "ties.yml"))
+    assert plan.config == TiesConfig(density=(0.5, 0.3, 0.7), lam=0.9)
+    assert plan.weights == [0.6, 0.4, 0.8] and plan.dtype == torch.float32
+    della = load_mergekit_config(write(folder, YAMLS["della_linear"], "dl.yml"))
+    assert isinstance(della.config, DellaConfig) and della.config.epsilon == (0.1, 0.2)
+
+
+def test_linear_model_stock_and_karcher(files):
+    folder, base, sds = files
+    linear = load_mergekit_config(write(folder, """\
+        models:
+          - {model: add, parameters: {weight: 2.0}}
+          - {model: mul.safetensors, parameters: {weight: 1.0}}
+        merge_method: linear
+        dtype: float64
+        out_dtype: float32
+    """, "linear.yml")).run(progress=False)
+    stock = load_mergekit_config(write(folder, """\
+        models: [{model: add}, {model: mul.safetensors}, {model: fr.safetensors}]
+        base_model: base.safetensors
+        merge_method: model_stock
+        parameters: {filter_wise: true}
+    """, "stock.yml")).run(progress=False)
+    karcher = load_mergekit_config(write(folder, """\
+        models: [{model: add}, {model: fr.safetensors}]
+        base_model: base.safetensors
+        merge_method: karcher
+        parameters: {max_iter: 5}
+    """, "karcher.yml")).run(progress=False)
+    for key in (k for k in base if not is_buffer(k)):
+        a, m, f = sds["add"][key], sds["mul"][key], sds["fr"][key]
+        ref = mergekit_tensor("linear", None, [a.double(), m.double()], {"weight": [2.0, 1.0]}, with_base=False)
+        torch.testing.assert_close(linear[key], ref.float(), atol=1e-6, rtol=0, msg=key)
+        assert linear[key].dtype == torch.float32
+        torch.testing.assert_close(stock[key], mergekit_tensor("model_stock", base[key], [a, m, f],
+                                                               {"filter_wise": True}), atol=1e-6, rtol=0, msg=key)
+        torch.testing.assert_close(karcher[key], mergekit_tensor("karcher", base[key], [a, f], {"max_iter": 5}),
+                                   atol=1e-6, rtol=0, msg=key)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("models: [{model: add, parameters: {weight: 1}}]\nbase_model: base.safetensors\nmerge_method: slerp\n",
+     "merge_method 'slerp' is not implemented here"),
+    ("models: [{model: add, parameters: {weight: 1}}]\nbase_model: base.safetensors\nmerge_method: ties\n"
+     "parameters: {densty: 0.5}\n", "unknown parameter 'densty' for ties; accepted: .*'density'"),
+    ("models: [{model: add, parameters: {weight: 1, dens: 0.5}}]\nbase_model: base.safetensors\n"
+     "merge_method: ties\n", r"unknown per-model parameters \['dens'\]"),
+    ("models: [{model: add}]\nbase_model: base.safetensors\nmerge_method: ties\n", "missing parameter 'weight'"),
+    ("models: [{model: add, parameters: {weight: [0.1, 0.9]}}]\nbase_model: base.safetensors\nmerge_method: ties\n",
+     "gradients .* are not supported"),
+    ("models: [{model: add, parameters: {weight: 1}}]\nmerge_method: ties\n", "ties needs base_model"),
+    ("models: [{model: nowhere, parameters: {weight: 1}}]\nbase_model: base.safetensors\nmerge_method: ties\n",
+     "cannot resolve model 'nowhere'"),
+    ("slices: []\nmerge_method: ties\n", r"unsupported keys \['slices'\]"),
+    ("models: [{model: add}, {model: fr.safetensors}]\nbase_model: base.safetensors\nmerge_method: sce\n"
+     "dtype: float8\n", "dtype 'float8' is not one of"),
+    ("models: [{model: add, parameters: {weight: 1}}, {model: fr.safetensors, parameters: {weight: 1}}]\n"
+     "base_model: base.safetensors\nmerge_method: sce\n", "sce takes no per-model weight"),
+])
+def test_bad_configs_are_clear_errors(files, text, match):
+    folder, _, _ = files
+    with pytest.raises(InputError, match=match):
+        load_mergekit_config(write(folder, text, "bad.yml"))
+
+
+def test_models_mapping_overrides_paths(files, gpt2_model):
+    folder, base, sds = files
+    path = write(folder, """\
+        models:
+          - {model: expert-a, parameters: {weight: 1.0}}
+          - {model: expert-b, parameters: {weight: 1.0}}
+        base_model: the-base
+        merge_method: task_arithmetic
+        parameters: {normalize: true}
+    """, "mapped.yml")
+    merged = load_mergekit_config(path, models={"the-base": gpt2_model, "expert-a": sds["add"],
+                                                "expert-b": sds["mul"]}).run(progress=False)
+    key = "blocks.0.mlp.W_in"
+    torch.testing.assert_close(merged[key], (sds["add"][key] + sds["mul"][key]) / 2)

@@ -1,0 +1,110 @@
+"""Faithfulness curves: CPR/CMD areas of hand-made curves, top-n selection, and the curve on a tiny gemma-style model."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from circuits.errors import InputError
+from circuits.graph import Graph, GraphLayout
+from circuits.tasks import make_dataset
+from circuits.testing import tiny_model
+from patching.circuit_evaluation import evaluate_circuit
+from patching.faithfulness import MIB_FRACTIONS, curve_areas, faithfulness_curve, top_n_mask
+
+
+def test_areas_of_hand_made_curves():
+    assert curve_areas([0.0, 0.5, 1.0], [0.0, 1.0, 1.0]) == pytest.approx((0.75, 0.25))
+    # f = 1 everywhere: the area is the span of x (MIB starts at 0.1%), no distance from the model
+    assert curve_areas(MIB_FRACTIONS, [1.0] * 10) == pytest.approx((0.999, 0.0))
+    # f = x: ∫ x dx exactly (trapezoids are exact on a line); |1 − f| = 1 − f
+    cpr, cmd = curve_areas(MIB_FRACTIONS, MIB_FRACTIONS)
+    assert cpr == pytest.approx((1 - 0.001**2) / 2)
+    assert cmd == pytest.approx(0.999 - (1 - 0.001**2) / 2)
+    # overshoot counts in CMD: f = 2 at one point
+    f = [1, 1, 2, 1]
+    assert curve_areas([0.1, 0.2, 0.3, 0.4], f) == pytest.approx((0.1 * (1 + 1.5 + 1.5), 0.1 * (0 + 0.5 + 0.5)))
+    with pytest.raises(InputError, match="one faithfulness per fraction"):
+        curve_areas([0.1, 0.2], [1.0])
+
+
+def test_top_n_mask_takes_the_largest_absolute_scores_of_real_edges():
+    layout = GraphLayout(n_layers=2, n_heads=2)
+    scores = torch.where(layout.real_edge_mask, torch.arange(layout.n_forward * layout.n_backward).view(layout.n_forward, -1).float(),
+                         torch.tensor(1e9))  # huge values off the real edges must never be chosen
+    f0, b0 = layout.edge_index("input->logits")
+    f1, b1 = layout.edge_index("a0.h0->m0")
+    scores[f0, b0], scores[f1, b1] = -1e6, float("nan")
+    mask = top_n_mask(layout, scores, 3)
+    assert int(mask.sum()) == 3 and bool(mask[f0, b0]) and not bool(mask[f1, b1])
+    assert not bool((mask & ~layout.real_edge_mask).any())
+    assert not bool(top_n_mask(layout, scores, 3, absolute=False)[f0, b0])
+    assert int(top_n_mask(layout, scores, 10**6).sum()) == layout.n_edges
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_model(style="gemma", n_layers=2, seed=5)
+    data = make_dataset(model, n_prompts=6, n_shots=1, template_ids=["add-equation-0"], seed=2)
+    layout = GraphLayout.of(model)
+    scores = torch.randn(layout.n_forward, layout.n_backward, generator=torch.Generator().manual_seed(0))
+    return model, data, layout, Graph(layout, scores=torch.where(layout.real_edge_mask, scores, torch.nan))
+
+
+def test_curve_points_are_ratios_of_evaluated_circuits(setup):
+    model, data, layout, graph = setup
+    fractions = (0.05, 0.2, 0.5, 1.0)
+    curve = faithfulness_curve(model, graph, data, fractions=fractions, n_bootstrap=200, progress=False)
+    full = evaluate_circuit(model, layout.real_edge_mask, data).mean
+    empty = evaluate_circuit(model, torch.zeros_like(layout.real_edge_mask), data).mean
+    expected = []
+    for x, point, n in zip(fractions, curve.faithfulness, curve.n_edges):
+        assert n == int(x * layout.n_edges)
+        m = evaluate_circuit(model, top_n_mask(layout, graph.scores, n), data).mean
+        expected.append((m - empty) / (full - empty))
+        assert point.value == pytest.approx(expected[-1], rel=1e-5, abs=1e-6)
+        assert point.low <= point.value <= point.high and point.n == len(data)
+    assert curve.faithfulness[-1].value == pytest.approx(1.0, abs=1e-6)
+    cpr, cmd = curve_areas(fractions, expected)
+    assert curve.cpr.value == pytest.approx(cpr, rel=1e-5) and curve.cmd.value == pytest.approx(cmd, rel=1e-5, abs=1e-6)
+    assert curve.cpr.low <= curve.cpr.value <= curve.cpr.high
+    assert curve.full.value == pytest.approx(full) and curve.empty.value == pytest.approx(empty)
+    d = curve.to_dict()
+    assert d["n_prompts"] == len(data) and len(d["faithfulness"]) == len(fractions) and d["cpr"]["interval"] == "bootstrap"
+
+
+def test_custom_selection_and_zero_ablation(setup):
+    model, data, layout, graph = setup
+    only_logits = torch.zeros_like(layout.real_edge_mask)
+    only_logits[:, layout.logits_backward] = True
+    chosen = []
+
+    def select(scores, n):
+        chosen.append(n)
+        return only_logits & top_n_mask(layout, scores, n)
+
+    curve = faithfulness_curve(model, graph.scores, data, fractions=(0.5, 1.0), select=select, ablation="zero",
+                               n_bootstrap=50, progress=False)
+    assert chosen == [int(0.5 * layout.n_edges), layout.n_edges]
+    assert curve.ablation == "zero" and curve.n_edges[-1] == layout.n_forward
+    assert math.isfinite(curve.cpr.value)
+
+
+def test_bad_fractions_are_refused(setup):
+    model, data, _, graph = setup
+    for bad in [(0.5, 0.2), (0.0, 1.0), (0.5, 1.5)]:
+        with pytest.raises(InputError, match="fractions must increase"):
+            faithfulness_curve(model, graph, data, fractions=bad, progress=False)
+    with pytest.raises(InputError, match="Scores must be"):
+        faithfulness_curve(model, torch.zeros(3, 3), data, progress=False)
+
+
+def test_bootstrap_intervals_use_the_same_resamples_for_every_point(setup):
+    """The top point (the full graph) is 1 in every resample, so its interval is degenerate at 1."""
+    model, data, _, graph = setup
+    curve = faithfulness_curve(model, graph, data, fractions=(0.1, 1.0), n_bootstrap=100, progress=False)
+    top = curve.faithfulness[-1]
+    assert np.isclose([top.low, top.high], 1.0, atol=1e-5).all()
