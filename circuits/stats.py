@@ -152,3 +152,34 @@ def paired_difference(a, b, *, confidence: float = 0.95, n_resamples: int = DEFA
             f"A paired difference needs one value per prompt in both arms, got {a_array.size} and {b_array.size}."
         )
     return bootstrap(a_array - b_array, confidence=confidence, n_resamples=n_resamples, seed=seed)
+
+
+def bootstrap_two_way(
+    values, *, confidence: float = 0.95, n_resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> Estimate:
+    """Mean of a [n_prompts, n_repeats] table with a bootstrap interval over prompts *and* repeats.
+
+    Each resample draws the prompts (rows) and, independently, the repeats (columns, e.g. the
+    random head sets of a random-rank knockout) with replacement and takes the mean of the
+    drawn cells, so the interval covers both sources of variation. ``n`` is the number of prompts.
+    """
+    _check_confidence(confidence)
+    table = _as_numpy(values)
+    if table.ndim != 2 or 0 in table.shape:
+        raise InputError(f"bootstrap_two_way needs a non-empty [prompts, repeats] table, got shape {table.shape}.")
+    if n_resamples < 1:
+        raise InputError(f"n_resamples must be >= 1, got {n_resamples}.")
+    n_rows, n_cols = table.shape
+    value = float(table.mean())
+    if n_rows * n_cols == 1:
+        return Estimate(value=value, low=math.nan, high=math.nan, n=n_rows, interval="none")
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, n_rows, size=(n_resamples, n_rows))
+    cols = rng.integers(0, n_cols, size=(n_resamples, n_cols))
+    # mean over drawn cells = mean over drawn rows of the row sums restricted to drawn columns
+    col_counts = np.stack([np.bincount(c, minlength=n_cols) for c in cols])  # [resample, col]
+    row_counts = np.stack([np.bincount(r, minlength=n_rows) for r in rows])  # [resample, row]
+    samples = np.einsum("sr,rc,sc->s", row_counts, table, col_counts) / (n_rows * n_cols)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(samples, [tail, 1 - tail])
+    return Estimate(value=value, low=float(low), high=float(high), n=n_rows, interval="bootstrap over prompts and repeats")

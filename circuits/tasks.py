@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import numbers
 import random
+import re
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Iterator, Sequence
@@ -65,6 +66,7 @@ class TaskConfig:
     n_shots: int = 3
     allow_negative: bool = False
     seed: int = 0
+    corrupt: str = "query"
 
     def __post_init__(self) -> None:
         # Checked here: these would otherwise surface as errors from `random` or a ZeroDivisionError.
@@ -212,14 +214,48 @@ def _answer_tokens(tokenizer, prompt: str, prompt_ids: list[int], answer: str) -
     return answer_ids
 
 
-def _counterfactual(tokenizer, template: Template, a: str, b: str, prefix: str, n_tokens: int):
-    """The first irrelevant operator replacement whose prompt has ``n_tokens`` tokens, or None."""
+CORRUPTIONS = ("query", "all")
+
+
+def _check_corrupt(corrupt: str) -> None:
+    if corrupt not in CORRUPTIONS:
+        raise TaskDataError(f"corrupt must be one of {CORRUPTIONS} ('query': the queried line's operator only; "
+                            f"'all': every operator, few-shot lines included), got {corrupt!r}.")
+
+
+def parse_shots(template: Template, prefix: str) -> list[tuple[str, str, str]]:
+    """The (a, b, answer) strings of a few-shot prefix written by ``template`` (one solved line per shot)."""
+    pieces = re.split(r"(\{A\}|\{B\}|\[[^\]]+\])", template.text)
+    pattern = "".join("(-?[0-9.]+)" if p in ("{A}", "{B}") else re.escape(template.operator_text) if p.startswith("[")
+                      else re.escape(p) for p in pieces) + "(.+)"
+    shots = []
+    for line in prefix.splitlines():
+        match = re.fullmatch(pattern, line)
+        if match is None:
+            raise TaskDataError(f"Few-shot line {line!r} is not a solved {template.id!r} problem; corrupt='all' "
+                                f"needs a prefix written by the same template.")
+        shots.append(match.groups())
+    return shots
+
+
+def _shot_prefix(template: Template, shots, operator_text: str | None = None) -> str:
+    return "".join(template.fill(a, b, operator_text=operator_text) + answer + "\n" for a, b, answer in shots)
+
+
+def _counterfactual(tokenizer, template: Template, a: str, b: str, prefix: str, n_tokens: int, corrupt: str = "query"):
+    """The first irrelevant operator replacement whose prompt has ``n_tokens`` tokens, or None.
+
+    ``corrupt="all"`` puts the replacement in every few-shot line too, so the operation cannot be
+    read from the examples either.
+    """
     symbol_first = not template.operator_text.isalpha()
     candidates = COUNTERFACTUAL_SYMBOLS + COUNTERFACTUAL_WORDS if symbol_first else COUNTERFACTUAL_WORDS + COUNTERFACTUAL_SYMBOLS
     # Multi-token operators ("in each") need multi-word replacements of the same token count.
     pairs = tuple(f"{w} {v}" for w in COUNTERFACTUAL_WORDS for v in COUNTERFACTUAL_WORDS if w != v)
+    shots = parse_shots(template, prefix) if corrupt == "all" else None
     for word in candidates + pairs:
-        text = prefix + template.fill(a, b, operator_text=word)
+        cf_prefix = prefix if shots is None else _shot_prefix(template, shots, operator_text=word)
+        text = cf_prefix + template.fill(a, b, operator_text=word)
         ids, _ = _encode(tokenizer, text)
         if len(ids) == n_tokens:
             return text, ids
@@ -249,8 +285,14 @@ def _select_templates(config: TaskConfig) -> list[Template]:
     return get_templates(op, config.styles)
 
 
-def make_row(tokenizer, template: Template, a: Fraction, b: Fraction, *, prefix: str = "", decimals: int = 0) -> dict:
-    """One dataset row for ``template`` filled with ``a`` and ``b`` (see the module docstring)."""
+def make_row(tokenizer, template: Template, a: Fraction, b: Fraction, *, prefix: str = "", decimals: int = 0,
+             corrupt: str = "query") -> dict:
+    """One dataset row for ``template`` filled with ``a`` and ``b`` (see the module docstring).
+
+    ``corrupt`` chooses the counterfactual twin: ``"query"`` replaces the queried line's operator,
+    ``"all"`` every operator in the prompt (the few-shot lines' too).
+    """
+    _check_corrupt(corrupt)
     sa, sb = format_number(a, decimals), format_number(b, decimals)
     answer = format_answer(template.op, a, b, decimals)
     prompt = prefix + template.fill(sa, sb)
@@ -261,7 +303,7 @@ def make_row(tokenizer, template: Template, a: Fraction, b: Fraction, *, prefix:
         "b": _check_operand_tokens(prompt, offsets, spans["b"], "b", template),
         "op": _token_positions(offsets, spans["op"]),
     }
-    counterfactual = _counterfactual(tokenizer, template, sa, sb, prefix, len(ids))
+    counterfactual = _counterfactual(tokenizer, template, sa, sb, prefix, len(ids), corrupt)
     if counterfactual is None:
         raise TaskDataError(
             f"No irrelevant operator replacement keeps {prompt!r} at {len(ids)} tokens; "
@@ -286,6 +328,7 @@ def make_row(tokenizer, template: Template, a: Fraction, b: Fraction, *, prefix:
         "template_id": template.id,
         "style": template.style,
         "n_shots": prefix.count("\n"),
+        "corrupt": corrupt,
     }
 
 
@@ -316,7 +359,7 @@ def make_dataset(tokenizer, config: TaskConfig = TaskConfig(), **overrides) -> D
                 break
         seen.add((template.id, a, b))
         prefix = prefixes[template.id]
-        rows.append(make_row(tokenizer, template, a, b, prefix=prefix, decimals=config.decimals))
+        rows.append(make_row(tokenizer, template, a, b, prefix=prefix, decimals=config.decimals, corrupt=config.corrupt))
     return Dataset.from_list(rows)
 
 
@@ -335,6 +378,72 @@ def transfer_datasets(tokenizer, op: str = "+", n_prompts: int = 100, seed: int 
         "word_problem": make_dataset(tokenizer, base, styles=("word_problem",), operand_range=(1, 9)),
         "zero_shot": make_dataset(tokenizer, base, n_shots=0),
     }
+
+
+def _operand_format(dataset: Dataset) -> tuple[tuple[int, int], int]:
+    """The operand range (by digit count) and decimal places that ``dataset``'s operands were drawn with."""
+    values = [v for col in ("a", "b") for v in dataset[col]]
+    decimals = max((len(v.split(".")[1]) for v in values if "." in v), default=0)
+    digits = [len(v.lstrip("-").split(".")[0]) for v in values]
+    low = 0 if min(digits) == 1 else 10 ** (min(digits) - 1)
+    return (low, 10 ** max(digits) - 1), decimals
+
+
+def pool_dataset(
+    tokenizer,
+    evaluated: Dataset,
+    n_prompts: int = 512,
+    *,
+    operand_range: tuple[int, int] | None = None,
+    decimals: int | None = None,
+    seed: int = 0,
+) -> Dataset:
+    """Prompts in ``evaluated``'s layouts but none of its problems: a pool to average ablation means over.
+
+    For each (template, few-shot prefix) of ``evaluated`` (read from its rows, so the pool's prompts
+    align token for token with the evaluated ones) the pool gets an equal share of ``n_prompts``
+    fresh queries, skipping every (template, a, b) that ``evaluated`` contains, with the same
+    counterfactual rule (``corrupt`` column). A template whose unseen operand pairs run out
+    contributes all of them. ``operand_range`` and ``decimals`` default to what the evaluated
+    operands need (one-digit -> (0, 9), two-digit -> (10, 99), decimal places as seen).
+    """
+    tokenizer = getattr(tokenizer, "tokenizer", None) or tokenizer
+    if len(evaluated) == 0:
+        raise TaskDataError("pool_dataset got an empty evaluated dataset: there are no layouts to match.")
+    if n_prompts < 1:
+        raise TaskDataError(f"n_prompts must be >= 1, got {n_prompts}.")
+    inferred_range, inferred_decimals = _operand_format(evaluated)
+    operand_range = operand_range or inferred_range
+    decimals = inferred_decimals if decimals is None else decimals
+    corrupt = evaluated["corrupt"][0] if "corrupt" in evaluated.column_names else "query"
+    allow_negative = any(v.startswith("-") for v in evaluated["answer"])
+    groups: dict[tuple[str, str], set] = {}
+    for row in evaluated.select_columns(["prompt", "template_id", "a", "b"]).to_list():
+        template = template_by_id(row["template_id"])
+        prefix = row["prompt"][: len(row["prompt"]) - len(template.fill(row["a"], row["b"]))]
+        groups.setdefault((template.id, prefix), set()).add((row["a"], row["b"]))
+    rng = random.Random(f"{seed}/pool")
+    rows, live, turn = [], sorted(groups), 0
+    bar = tqdm(total=n_prompts, desc="building the mean pool", disable=n_prompts < 500, leave=False)
+    while len(rows) < n_prompts and live:
+        template_id, prefix = live[turn % len(live)]
+        turn += 1
+        template, used = template_by_id(template_id), groups[(template_id, prefix)]
+        for _ in range(200):
+            a, b = sample_operands(rng, template.op, operand_range, decimals, allow_negative)
+            key = (format_number(a, decimals), format_number(b, decimals))
+            if key not in used:
+                break
+        else:  # every unseen pair is taken (or too rare to draw): this layout's share is complete
+            live.remove((template_id, prefix))
+            continue
+        used.add(key)
+        rows.append(make_row(tokenizer, template, a, b, prefix=prefix, decimals=decimals, corrupt=corrupt))
+        bar.update(1)
+    bar.close()
+    if not rows:
+        raise TaskDataError("No operand pair outside the evaluated prompts is left for the pool; evaluate fewer prompts.")
+    return Dataset.from_list(rows)
 
 
 # ---------------------------------------------------------------------------- batches

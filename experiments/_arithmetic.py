@@ -36,8 +36,11 @@ from circuits.export import StaticExportError, export_figures, parse_formats
 from circuits.loading import load_model
 from circuits.probes import ProbeConfig, plot_top_tokens, probe_mlps, top_number_tokens
 from circuits.report import run_report
+from circuits.errors import InputError
 from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, write_text_atomic
-from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset, transfer_datasets
+from circuits.scoring import score_rows
+from circuits.stats import proportion
+from circuits.tasks import CORRUPTIONS, TaskConfig, accuracy_mask, filter_correct, make_dataset, transfer_datasets
 from circuits.templates import resolve_operation
 from finetune import ArithmeticMix, MathSuiteConfig, TrainConfig, arithmetic_train_set, evaluate, math_suite, train
 from patching.af1 import AF1Config, AF1Runner, faithfulness_heatmap, grid_faithfulness
@@ -68,7 +71,9 @@ class PipelineConfig:
     top_k: int = 8
     knockout_prompts: int = 64
     knockout_ks: str = "1,2,4,8"
-    knockout_seeds: int = 3
+    knockout_seeds: int = 10
+    knockout_pool: int = 512
+    corrupt: str = "query"
     transfer_prompts: int = 32
     af1_stride: int = 3
     af1_prompts: int = 55
@@ -90,6 +95,8 @@ FLAG_HELP = {
     "knockout_prompts": "prompts for the knockout curves",
     "knockout_ks": "comma-separated numbers of heads to knock out",
     "knockout_seeds": "random-rank repeats per k",
+    "knockout_pool": "prompts (none of them evaluated) the ablation means are averaged over, per format",
+    "corrupt": "counterfactual twins of the key-head ranking: 'query' (the queried operator) or 'all' (every operator, shots too); both are reported",
     "transfer_prompts": "prompts per transfer format",
     "af1_stride": "L_wait step of the coarse AF1 grid on zero-shot one-token prompts (0: skip AF1)",
     "af1_prompts": "prompts for the AF1 grid (55 = every one-digit sum below 10)",
@@ -147,10 +154,30 @@ def _style_accuracy(dataset, mask) -> dict[str, float]:
     return {style: sum(v) / len(v) for style, v in by_style.items()}
 
 
+def _style_estimates(dataset, mask) -> dict[str, dict]:
+    by_style: dict[str, list[bool]] = {}
+    for style, ok in zip(dataset["style"], mask):
+        by_style.setdefault(style, []).append(ok)
+    return {style: proportion(torch.tensor(v, dtype=torch.float64)).to_dict() for style, v in by_style.items()}
+
+
+def _accuracy_estimates(model, dataset, mask, batch_size: int) -> dict:
+    """First-token accuracy beside the whole answer (teacher-forced) and one-token answers, each with a Wilson interval."""
+    whole = score_rows(model, dataset, "whole", batch_size)
+    one_token = [ok for ok, ids in zip(mask, dataset["answer_token_ids"]) if len(ids) == 1]
+    as_tensor = lambda v: torch.tensor(v, dtype=torch.float64)
+    return {"first_token": proportion(as_tensor(mask)).to_dict(), "whole_answer": proportion(as_tensor(whole)).to_dict(),
+            "one_token_answers": proportion(as_tensor(one_token)).to_dict(),
+            "by_style_first_token": _style_estimates(dataset, mask), "by_style_whole_answer": _style_estimates(dataset, whole),
+            "interval": "95% Wilson over prompts"}
+
+
 @torch.no_grad()
 def run(cfg: PipelineConfig) -> dict:
     """Run the pipeline; return the results dict that is also written to results.json."""
     start = time.perf_counter()
+    if cfg.corrupt not in CORRUPTIONS:
+        raise InputError(f"--corrupt must be one of {CORRUPTIONS}, got {cfg.corrupt!r}.")
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     name = resolve_operation(cfg.op).name
@@ -170,27 +197,35 @@ def run(cfg: PipelineConfig) -> dict:
         with cli.progress(f"base accuracy on {len(dataset)} prompts"):
             mask = accuracy_mask(model, dataset, cfg.batch_size)
         kept, base_accuracy = filter_correct(model, dataset, mask=mask)
+        # the same prompts with every operator corrupted in their twins (shots included)
+        twins = {"query": kept, "all": make_dataset(model, task, corrupt="all").select([i for i, ok in enumerate(mask) if ok])}
+        accuracy = _accuracy_estimates(model, dataset, mask, cfg.batch_size)
     results |= {"model": cfg.model, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
                 "n_prompts": len(dataset), "n_kept": len(kept), "base_accuracy": base_accuracy,
-                "accuracy_by_style": _style_accuracy(dataset, mask)}
-    print(f"base accuracy {base_accuracy:.1%} on {len(dataset)} prompts; {len(kept)} kept")
+                "accuracy_by_style": _style_accuracy(dataset, mask), "accuracy": accuracy}
+    print(f"base accuracy {base_accuracy:.1%} on {len(dataset)} prompts (whole answer "
+          f"{accuracy['whole_answer']['value']:.1%}); {len(kept)} kept")
 
     # 2. identify: path patching to the answer logit -------------------------------------
     with timer.stage("path patching"):
-        scores = path_patch(model, kept, batch_size=cfg.batch_size)
+        by_corrupt = {c: path_patch(model, twins[c], batch_size=cfg.batch_size) for c in ("query", "all")}
+        scores = by_corrupt[cfg.corrupt]
         heads, fraction = key_heads(scores, top_k=cfg.top_k)
-    figures["path_patching"] = scores.figure(title=f"Path patching, {name}: effect on the answer logit (%)", key_heads=heads)
-    results |= {"path_patching": scores.to_dict(), "key_heads": [str(h) for h in heads], "key_head_fraction": fraction}
+    figures["path_patching"] = scores.figure(title=f"Path patching, {name}: effect on the answer logit (%), "
+                                                   f"twins corrupt={cfg.corrupt!r}", key_heads=heads)
+    results |= {"path_patching": scores.to_dict(), "key_heads": [str(h) for h in heads], "key_head_fraction": fraction,
+                "corrupt": cfg.corrupt, "identification_by_corrupt": _by_corrupt(by_corrupt, cfg.top_k)}
 
     # 3. validate: knockout curves, then transfer formats ---------------------------------
     with timer.stage("knockout"):
         knock_data = kept.shuffle(seed=cfg.seed).select(range(min(cfg.knockout_prompts, len(kept))))
         ks = [int(k) for k in cfg.knockout_ks.split(",") if int(k) <= model.cfg.n_layers * model.cfg.n_heads]
-        curve = knockout_curve(model, knock_data, scores, ks=ks, n_seeds=cfg.knockout_seeds,
+        curve = knockout_curve(model, knock_data, scores, ks=ks, n_seeds=cfg.knockout_seeds, n_pool=cfg.knockout_pool,
                                seed=cfg.seed, batch_size=cfg.batch_size)
     with timer.stage("knockout on transfer formats"):
         formats = transfer_datasets(model, cfg.op, n_prompts=cfg.transfer_prompts, seed=cfg.seed, n_shots=cfg.n_shots)
-        curve.transfer = knockout_transfer(model, formats, heads, batch_size=cfg.batch_size)
+        curve.transfer = knockout_transfer(model, formats, heads, n_pool=cfg.knockout_pool, drop_uncovered=True,
+                                           seed=cfg.seed, batch_size=cfg.batch_size)
     figures["knockout"] = curve.figure(title=f"Knockout, {name}: effect-rank vs random-rank heads")
     figures["knockout_transfer"] = curve.transfer_figure(title=f"Key heads of {name} knocked out on other formats")
     results["knockout"] = curve.to_dict()
@@ -212,6 +247,9 @@ def run(cfg: PipelineConfig) -> dict:
     results |= {"head_classes": classes_table(key_classes), "all_head_classes": classes_table(classes, only_labelled=True),
                 "operand_heads": [str(c.head) for c in classes if c.label == "operand"],
                 "operator_heads": [str(c.head) for c in classes if c.label == "operator"]}
+    ranks = {c: [n for n, _ in s.ranked("heads", by="neg")] for c, s in by_corrupt.items()}
+    results["identification_by_corrupt"]["labelled_head_ranks"] = {
+        str(c.head): {"label": c.label, **{k: ranks[k].index(c.head) + 1 for k in ranks}} for c in classes if c.label}
     with timer.stage("MLP probes and logit lens"):
         probes = probe_mlps(model, kept, ProbeConfig(batch_size=cfg.batch_size))
         case = kept[0]["prompt"].rsplit("\n", 1)[0] + "\n" + CASE_PROBLEMS[resolve_operation(cfg.op).symbol] \
@@ -285,11 +323,28 @@ MAX_VIEW_TOKENS = 160  # an attention view shows the whole prompt up to this man
 MIN_READABLE = 20  # fewer prompts than this and a stage's numbers are noise: the report says so instead
 
 
+def _by_corrupt(by_corrupt: dict, top_k: int) -> dict:
+    """Key heads under each counterfactual rule, their overlap, and each head's effect with its interval."""
+    out = {}
+    for corrupt, s in by_corrupt.items():
+        top, _ = key_heads(s, top_k=top_k)
+        out[corrupt] = {"key_heads": [str(h) for h in top], "baseline": s.baseline, "n_prompts": s.n_prompts,
+                        "effects": {str(h): s.estimate(h).to_dict() for h in top}}
+    sets = [set(v["key_heads"]) for v in out.values()]
+    out["overlap"] = sorted(set.intersection(*sets))
+    if "all" in by_corrupt:
+        out["all_scores"] = by_corrupt["all"].to_dict()
+    return out
+
+
 def _summary(results: dict) -> str:
     knock = results["knockout"]
     k = knock["ks"][-1]
-    drop = (f"knocking out the top-{k} heads: accuracy {knock['effect_rank'][-1]:.0%} vs {knock['random_rank'][-1]:.0%} "
-            f"for {k} random heads, on prompts the full model answers correctly (there {knock['base_accuracy']:.0%})")
+    lo, hi = knock["random_ci"][-1] if knock.get("random_ci") else (float("nan"), float("nan"))
+    drop = (f"knocking out the top-{k} heads: accuracy {knock['effect_rank'][-1]:.0%} "
+            f"vs {knock['random_rank'][-1]:.0%} [{lo:.0%}, {hi:.0%}] for {k} random heads over {knock['n_seeds']} seeds, "
+            f"on {knock.get('n_prompts')} prompts the full model answers correctly (there {knock['base_accuracy']:.0%}; "
+            f"ablation means over {knock.get('n_pool')} other prompts)")
     return (f"{results['experiment']}: base accuracy {results['base_accuracy']:.1%} of {results['n_prompts']} prompts "
             f"({results['n_kept']} answered correctly); key heads {', '.join(results['key_heads'])} "
             f"({results['key_head_fraction']:.1%} of heads); {drop}.")
@@ -317,8 +372,9 @@ def _captions(results: dict, cfg: PipelineConfig) -> dict[str, str]:
     return {
         "path_patching": CAPTIONS["path_patching"] + f" n = {n} prompts the model answers correctly.",
         "knockout": CAPTIONS["knockout"] + (
-            f" n = {n_knock} prompts; effect-rank: one ablation per k; random-rank: mean over "
-            f"{knock['n_seeds']} random head sets, error bars ±1 s.d. across those sets (not a confidence interval)."),
+            f" n = {knock.get('n_prompts', n_knock)} prompts, ablation means over {knock.get('n_pool')} other prompts; "
+            f"effect-rank: one ablation per k, error bars a 95% Wilson interval over prompts; random-rank: mean over "
+            f"{knock['n_seeds']} random head sets, error bars a 95% bootstrap interval over prompts and head sets."),
         "attention_roles": CAPTIONS["attention_roles"] + f" n = {n} prompts.",
         "attention_all_heads": CAPTIONS["attention_all_heads"] + f" n = {n} prompts.",
     }

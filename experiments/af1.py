@@ -29,7 +29,7 @@ from circuits.loading import load_model
 from circuits.report import Report
 from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
 from circuits.templates import template_by_id
-from patching.af1 import AF1Config, AF1Runner, NoEvalPromptsError, faithfulness_heatmap, search_af1
+from patching.af1 import AF1Config, AF1Runner, NoEvalPromptsError, faithfulness_heatmap, held_out_selection, search_af1
 from patching.af1_data import authors_templates, make_template_dataset
 from patching.cama import CamaConfig
 
@@ -95,6 +95,14 @@ def main(argv: list[str] | None = None) -> dict:
           f"{'' if search.meets_threshold else ' (below the threshold: best cell)'}; "
           f"{len(search.kept_heads)}/{search.n_transfer_heads} transfer heads kept "
           f"({search.pruned_faithfulness:.1%}): {[str(h) for h in search.kept_heads]}")
+    with timer.stage("held-out selection"):
+        # the winner's curse: choose the cell on half of the eval prompts, report it on the other half
+        held_out = held_out_selection(runner, min_faithfulness=config.min_faithfulness, seed=args.seed, progress=False) \
+            if runner.n_eval >= 2 else {"skipped": f"{runner.n_eval} evaluation prompt(s): nothing to hold out"}
+    if "l_wait" in held_out:
+        print(f"held out: cell ({held_out['l_wait']}, {held_out['l_transfer']}) chosen on "
+              f"{len(held_out['selection_prompts'])} prompts scores {held_out['held_out_faithfulness']['value']:.1%} "
+              f"on the other {len(held_out['report_prompts'])}")
     heatmap = faithfulness_heatmap(search.grid, f"AF1 faithfulness, {args.model}, {', '.join(args.templates)}",
                                    best=(search.l_wait, search.l_transfer))
     write_text_atomic(out / "heatmap.html", heatmap.to_html(include_plotlyjs=True, full_html=True))
@@ -137,6 +145,9 @@ def main(argv: list[str] | None = None) -> dict:
         "model": args.model, "op": args.op, "search_templates": args.templates, "settings": vars(args),
         "config": config, "n_layers": n_layers, "n_heads": model.cfg.n_heads,
         "search": search.to_json(), "cama_counts_at_selected_l_wait": runner.cama_counts(search.l_wait),
+        "held_out_selection": held_out,
+        "layer_convention": "CAMA replaces hook_resid_pre of layer L_wait (the authors' demo: hook_resid_post of "
+                            "L_wait - 1, the same tensor); the paper's Llama-3-8B cell is (14, 2)",
         "per_template": per_template,
         "seconds": timer.seconds, "wall_seconds": round(wall, 1),
     }

@@ -11,7 +11,11 @@
    against the plain hook-based path patching (one forward per sender) on ``--check-senders`` senders.
 5. Times ``patching.attribution_patch`` (every head and MLP from one backward) and reports its
    Spearman rank agreement with exact activation patching (every head) and path patching.
-6. Prints both speed-up ratios and writes everything to ``<out>/results.json`` (atomic write).
+6. Times the knockout curve (top-k heads by path patching vs k random heads, ``--knockout-seeds``
+   per k, means over a pool of other prompts) with ``patching.knockout``'s fast path and with the
+   plain hook implementation (one full forward per knockout set) on the same prompts and means,
+   and checks that every per-prompt hit is equal (``--knockout-only`` runs just this arm).
+7. Prints the speed-up ratios and writes everything to ``<out>/results.json`` (atomic write).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from circuits.tasks import make_dataset, single_batch
 from circuits.templates import get_templates
 from patching.activation_patching import activation_patch
 from patching.attribution import attribution_patch, rank_agreement
+from patching.knockout import knockout_curve, pool_means
 from patching.path_patching import path_patch
 from circuits.runs import complete_run, prepare_run_dir
 
@@ -46,6 +51,33 @@ cli.add_device_flags(parser, dtype=False)
 parser.add_argument("--seed", type=int, default=0, help="data seed")
 parser.add_argument("--out", default="runs/bench_patching", help="output folder")
 parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
+parser.add_argument("--knockout-seeds", type=int, default=3, help="random head sets per k in the knockout arm")
+parser.add_argument("--knockout-only", action="store_true", help="run only the knockout arm (and the path patching it ranks by)")
+
+
+def _knockout_arm(model, data, path, n_seeds: int) -> dict:
+    """The knockout curve, fast path vs plain hooks, on the same prompts and the same pooled means."""
+    from circuits.nodes import all_heads
+
+    start = time.perf_counter()
+    means = pool_means(model, data, all_heads(model))
+    t_means = time.perf_counter() - start
+    curves, seconds = {}, {}
+    for method in ("prefix", "hooks"):
+        start = time.perf_counter()
+        curves[method] = knockout_curve(model, data, path, ks=(1, 2, 4, 8), n_seeds=n_seeds, means=means, method=method,
+                                        progress=False)
+        seconds[method] = time.perf_counter() - start
+        print(f"knockout curve ({method}): {seconds[method]:.1f} s")
+    fast, plain = curves["prefix"], curves["hooks"]
+    equal = fast.effect_rank == plain.effect_rank and fast.random_rank == plain.random_rank \
+        and fast.base_accuracy == plain.base_accuracy
+    print(f"knockout curve speed-up (fast vs plain hooks): {seconds['hooks'] / seconds['prefix']:.1f}x; "
+          f"equal accuracies: {equal}; means over {means.n_prompts} pool prompts took {t_means:.1f} s")
+    return {"n_seeds": n_seeds, "n_sets": 1 + 4 * (1 + n_seeds), "n_pool": means.n_prompts, "seconds_means": t_means,
+            "seconds_fast": seconds["prefix"], "seconds_hooks": seconds["hooks"],
+            "speedup": seconds["hooks"] / seconds["prefix"], "equal_accuracies": equal,
+            "fast": fast.to_dict(), "hooks": plain.to_dict()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,6 +114,15 @@ def main(argv: list[str] | None = None) -> None:
         count = min(int(args.tl_layers), n_layers)
         tl_layers = sorted({round(i * (n_layers - 1) / max(1, count - 1)) for i in range(count)})
     print(f"TransformerLens baseline over the heads of layers {tl_layers}")
+
+    if args.knockout_only:
+        path = path_patch(model, batch, metric="logit")
+        results = {"model": args.model, "n_prompts": args.n_prompts, "n_tokens": batch.tokens.shape[1],
+                   "device": str(model.cfg.device), "dtype": str(model.cfg.dtype),
+                   "knockout": _knockout_arm(model, data, path, args.knockout_seeds)}
+        write_json_atomic(out / "results.json", results)
+        print(f"wrote {out / 'results.json'}")
+        return
 
     # -- TransformerLens activation patching of each head at all positions (the baseline)
     start = time.perf_counter()
@@ -162,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         "max_abs_diff_path_fast_vs_hooks": path_diff,
         "path_checked_senders": [str(n) for n in senders],
         "top_heads_path_patching": [[str(n), v] for n, v in path.ranked("heads", by="neg")[:10]],
+        "knockout": _knockout_arm(model, data, path, args.knockout_seeds),
     }
     complete_run(out, results)
     print(f"speed-up path patching (full sweep, {len(all_nodes(model))} nodes) vs TL heads sweep (72 heads): {results['speedup_path_patch_vs_tl']:.1f}x")

@@ -27,7 +27,10 @@ from patching.af1_data import authors_templates, make_template_dataset
 from patching.abp import abp_hooks, allowed_keys_mask, peek_mask
 from patching.attribution import attribution_patch, rank_agreement
 from patching.cama import CamaConfig, CamaMeans, fit_cama
-from patching.knockout import knockout, knockout_curve, knockout_hooks, knockout_transfer, mean_activations
+from patching.knockout import (
+    LayoutMeans, PoolError, knockout, knockout_correct, knockout_curve, knockout_hooks, knockout_transfer, mean_activations,
+    pool_means,
+)
 from patching.metrics import METRICS, PatchMetric, get_metric
 from patching.number_interventions import (
     evaluate_end, fourier_filter, fraction_moved, frequency_band, frequency_filter_edit, neuron_attribution,
@@ -40,7 +43,7 @@ __all__ = [
     "activation_patch", "AF1Config", "AF1Runner", "AF1SearchResult", "af1_accuracy", "authors_templates", "make_template_dataset",
     "search_af1", "abp_hooks", "allowed_keys_mask", "peek_mask", "attribution_patch", "rank_agreement",
     "CamaConfig", "CamaMeans", "fit_cama", "knockout", "knockout_curve", "knockout_hooks", "knockout_transfer",
-    "mean_activations", "METRICS", "PatchMetric", "get_metric", "path_patch", "ActivationScores",
+    "mean_activations", "LayoutMeans", "PoolError", "knockout_correct", "pool_means", "METRICS", "PatchMetric", "get_metric", "path_patch", "ActivationScores",
     "KnockoutCurve", "NodeScores", "key_heads", "evaluate_end", "fourier_filter", "fraction_moved", "frequency_band",
     "frequency_filter_edit", "neuron_attribution", "neuron_knockout_edit", "subspace_patch_edit", "top_neurons",
 ]

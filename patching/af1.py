@@ -48,6 +48,7 @@ from circuits.checks import positive_int
 from circuits.metrics import unembed_end
 from circuits.nodes import Head
 from circuits.errors import InputError, ToolkitError
+from circuits.stats import proportion
 from circuits.tasks import accuracy_mask
 from patching import _runs
 from patching.abp import PeekRule, abp_hooks, layer_peek_masks
@@ -259,6 +260,11 @@ class AF1Runner:
     @torch.no_grad()
     def sweep_transfer(self, l_wait: int, max_transfer: int | None = None) -> list[float]:
         """Faithfulness for ``l_transfer = 0 .. max_transfer`` at one ``l_wait`` (see :meth:`sweep_end_resid`)."""
+        return [h.float().mean().item() for h in self.sweep_transfer_hits(l_wait, max_transfer)]
+
+    @torch.no_grad()
+    def sweep_transfer_hits(self, l_wait: int, max_transfer: int | None = None) -> list[Bool[Tensor, "prompt"]]:
+        """Per ``l_transfer = 0 .. max_transfer``: which eval prompts (group order) the AF1 model answers correctly."""
         hits: list[list[Tensor]] = []
         for index, group in enumerate(self.groups):
             ends = self.sweep_end_resid(index, l_wait, max_transfer)
@@ -269,7 +275,7 @@ class AF1Runner:
                 if t == len(hits):
                     hits.append([])
                 hits[t].append(part == group.answers)
-        return [torch.cat(h).float().mean().item() for h in hits]
+        return [torch.cat(h).cpu() for h in hits]
 
     @torch.no_grad()
     def sweep_end_resid(self, group_index: int, l_wait: int,
@@ -402,6 +408,35 @@ def select_setting(grid: Sequence[Sequence[float]], min_faithfulness: float = 0.
         return w, min(t for ww, t in good if ww == w), True
     w, t, _ = max(cells, key=lambda c: (c[2], c[0], -c[1]))
     return w, t, False
+
+
+def held_out_selection(runner: AF1Runner, l_waits: Iterable[int] | None = None, min_faithfulness: float = 0.9,
+                       seed: int = 0, progress: bool = True) -> dict:
+    """Choose (l_wait, l_transfer) on one half of the eval prompts and report its faithfulness on the other half.
+
+    Picking the best of ~100 cells on the same prompts that report it overstates the faithfulness
+    (winner's curse). The eval prompts are split at random (``seed``) into a selection half and a
+    report half; :func:`select_setting` runs on the selection half's grid, and the chosen cell's
+    faithfulness is reported on the report half with its Wilson interval.
+    """
+    n = runner.model.cfg.n_layers
+    order = torch.randperm(runner.n_eval, generator=torch.Generator().manual_seed(seed))
+    select_idx, report_idx = order[: runner.n_eval // 2].sort().values, order[runner.n_eval // 2:].sort().values
+    if len(select_idx) == 0 or len(report_idx) == 0:
+        raise NoEvalPromptsError(f"A held-out AF1 selection needs at least 2 evaluation prompts, got {runner.n_eval}.")
+    hits: dict[tuple[int, int], Tensor] = {}
+    for w in tqdm(runner.layers if l_waits is None else sorted(l_waits), desc="AF1 grid (held out)", disable=not progress):
+        for t, h in enumerate(runner.sweep_transfer_hits(w)):
+            hits[(w, t)] = h
+    half_grid = lambda idx: [[float(hits[(w, t)][idx].float().mean()) if (w, t) in hits else float("nan")
+                              for t in range(n + 1)] for w in range(n + 1)]
+    w, t, ok = select_setting(half_grid(select_idx), min_faithfulness)
+    reported = proportion(hits[(w, t)][report_idx].double())
+    return {"l_wait": w, "l_transfer": t, "meets_threshold_on_selection_half": ok,
+            "selection_faithfulness": float(hits[(w, t)][select_idx].float().mean()),
+            "held_out_faithfulness": reported.to_dict(),
+            "selection_prompts": select_idx.tolist(), "report_prompts": report_idx.tolist(),
+            "interval": "95% Wilson over the report half"}
 
 
 def prune_transfer_heads(runner: AF1Runner, l_wait: int, l_transfer: int, keep: float = 0.95,

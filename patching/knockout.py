@@ -1,44 +1,110 @@
 """Mean-ablation knockout (Wang et al. 2023; Zhang et al. 2024 §4.1, Figures 3 and 4).
 
 To knock a node out, replace its output (a head's ``hook_z`` slice, an MLP's
-``hook_mlp_out``) with its *mean over the counterfactual data* at the same
-position: the task information is removed, the "typical" activation is kept.
-Means are position-wise, so they are taken per prompt layout: per template
-and token length (rows of one template and length have their operands, operator
-and END at the same positions).
+``hook_mlp_out``) with its *mean over counterfactual data* at the same position:
+the task information is removed, the "typical" activation is kept. Means are
+position-wise, so they are taken per prompt layout: per template and token length
+(rows of one template and length have their operands, operator and END at the
+same positions).
+
+**Means come from a pool disjoint from the evaluated prompts.** Averaging over the
+evaluated prompts themselves leaks each prompt's own information back into its
+"ablated" activation (a layout with one prompt would be replaced by its own twin),
+which shrinks every knockout effect. By default the means are taken over
+:data:`DEFAULT_POOL` prompts of the evaluated layouts generated separately by
+:func:`circuits.tasks.pool_dataset` (same few-shot prefix, none of the evaluated
+problems); a layout with fewer than ``min_pool`` pool prompts is refused.
+
+**Fast path.** Positions before the first one where the evaluated prompts and the
+pool's prompts differ (the few-shot prefix) hold the same activation in every one
+of them, so their mean *is* the clean activation: knocking a node out changes
+nothing there. :func:`knockout_correct` computes that prefix's keys/values once
+per layout, runs only the later positions, many knockout sets per batched forward
+(sets stacked along the batch), and unembeds END only. ``method="hooks"`` runs
+the plain implementation (one full forward per set and batch) for comparison.
 
 :func:`knockout_curve` validates a ranking: knock out the top-k heads by
-path-patching effect ("effect-rank") for growing k, against k random heads
-averaged over several seeds ("random-rank"). :func:`knockout_transfer` knocks
-the key heads out on other data formats (:func:`circuits.tasks.transfer_datasets`)
-to see whether they matter there too.
+path-patching effect ("effect-rank") for growing k, against k random heads over
+several seeds ("random-rank"). :func:`knockout_transfer` knocks the key heads out
+on other data formats (:func:`circuits.tasks.transfer_datasets`).
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
 
 import torch
 from datasets import Dataset
+from jaxtyping import Bool
+from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from circuits.metrics import top1_correct
+from circuits.errors import InputError, ToolkitError
+from circuits.metrics import top1_correct, unembed_end
 from circuits.nodes import Head, Node, all_heads, validate_nodes
-from circuits.tasks import TaskBatch, iter_batches
+from circuits.stats import bootstrap_two_way, paired_difference, proportion
+from circuits.tasks import TaskBatch, iter_batches, pool_dataset
 from patching import _runs
 from patching.results import KnockoutCurve, NodeScores
 
-Means = dict[tuple[str, int], dict[str, torch.Tensor]]
+DEFAULT_POOL = 512  # pool prompts the means are averaged over (shared among the evaluated layouts)
+MIN_POOL_PER_LAYOUT = 8  # fewer pool prompts than this in a layout: its "mean" is too close to single prompts
+METHODS = ("prefix", "hooks")
+
+Layout = tuple[str, int]
 
 
-def _layout(row_template: str, n_pos: int) -> tuple[str, int]:
-    return (row_template, n_pos)
+class PoolError(ToolkitError, ValueError):
+    """The ablation means do not cover the evaluated prompts properly (missing, too few, or overlapping)."""
+
+
+@dataclass
+class LayoutMeans:
+    """Position-wise mean activations per (template, token length) layout, and what they were averaged over.
+
+    ``means[layout][hook_name]`` is shaped like one row of the activation (``[pos, head, d_head]``
+    or ``[pos, d_model]``); ``counts[layout]`` is the number of pool prompts; ``shared[layout]``
+    the token prefix common to all of them; ``prompts`` the pool's reference prompts (to refuse
+    evaluating on them).
+    """
+
+    means: dict[Layout, dict[str, Tensor]]
+    counts: dict[Layout, int]
+    shared: dict[Layout, Tensor]
+    prompts: frozenset = frozenset()
+    source: str = "counterfactual"
+
+    def __getitem__(self, layout: Layout) -> dict[str, Tensor]:
+        return self.means[layout]
+
+    def __contains__(self, layout: Layout) -> bool:
+        return layout in self.means
+
+    @property
+    def n_prompts(self) -> int:
+        return sum(self.counts.values())
 
 
 def _templates(dataset: Dataset) -> list[str]:
     return dataset["template_id"] if "template_id" in dataset.column_names else [""] * len(dataset)
+
+
+def _layouts(dataset: Dataset) -> dict[Layout, list[int]]:
+    """Row indices per (template, token length)."""
+    groups: dict[Layout, list[int]] = {}
+    for i, (template, end) in enumerate(zip(_templates(dataset), dataset["end_pos"])):
+        groups.setdefault((template, end + 1), []).append(i)
+    return groups
+
+
+def _common_prefix(tokens: Tensor) -> int:
+    """Leading positions where every row has the same token (END excluded)."""
+    differs = (tokens != tokens[:1]).any(0)
+    first = int(differs.nonzero()[0]) if differs.any() else tokens.shape[1]
+    return min(first, tokens.shape[1] - 1)
 
 
 @torch.no_grad()
@@ -49,42 +115,90 @@ def mean_activations(
     *,
     source: str = "counterfactual",
     batch_size: int = 32,
-) -> Means:
-    """Position-wise mean of each node's hook activation, per (template, token length) layout.
+) -> LayoutMeans:
+    """Position-wise mean of each node's hook activation over ``dataset``, per (template, token length) layout.
 
     ``source="counterfactual"`` averages over the counterfactual twins (the paper's choice);
-    ``"reference"`` over the reference prompts. Returns ``{(template_id, n_pos): {hook_name: mean}}``
-    with means shaped like one row of the activation (``[pos, head, d_head]`` or ``[pos, d_model]``).
+    ``"reference"`` over the reference prompts. The positions every row of a layout shares are
+    run once (one prompt), the rest per row. Pass a pool disjoint from the evaluated prompts
+    (:func:`pool_means` builds one).
     """
     if source not in ("counterfactual", "reference"):
-        raise ValueError(f"source must be 'counterfactual' or 'reference', got {source!r}.")
+        raise InputError(f"source must be 'counterfactual' or 'reference', got {source!r}.")
     nodes = validate_nodes(model, nodes)
     names = sorted({n.hook_name for n in nodes})
-    templates = _templates(dataset)
-    sums: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
-    counts: dict[tuple[str, int], int] = {}
+    column = "cf_tokens" if source == "counterfactual" else "tokens"
+    out = LayoutMeans({}, {}, {}, frozenset(dataset["prompt"]), source)
     if not names:
-        return sums
-    for batch in iter_batches(dataset, batch_size, device=model.cfg.device):
-        tokens = batch.cf_tokens if source == "counterfactual" else batch.tokens
-        acts, _ = _runs.full_cache(model, tokens, names)
-        for row, index in enumerate(batch.indices):
-            key = _layout(templates[index], tokens.shape[1])
-            slot = sums.setdefault(key, {n: 0.0 for n in names})
+        return out
+    device = model.cfg.device
+    for layout, rows in _layouts(dataset).items():
+        tokens = torch.tensor(dataset.select(rows)[column], device=device)
+        prefix = _common_prefix(tokens)
+        sums = {n: 0.0 for n in names}
+        head, prefix_kv = {}, None
+        if prefix:
+            head, _ = _runs.full_cache(model, tokens[:1, :prefix], names)
+            prefix_kv = _runs.prefix_kv_cache(model, tokens[:1, :prefix])
+        for sl in _runs.chunks(len(rows), batch_size):
+            chunk = tokens[sl]
+            acts, _ = _suffix_run(model, model(chunk, stop_at_layer=0)[:, prefix:], prefix_kv, names)
             for n in names:
-                slot[n] = slot[n] + acts[n][row].double()
-            counts[key] = counts.get(key, 0) + 1
-    return {key: {n: (v / counts[key]).to(model.cfg.dtype) for n, v in slot.items()} for key, slot in sums.items()}
+                sums[n] = sums[n] + acts[n].double().sum(0)
+        means = {}
+        for n in names:
+            tail = sums[n] / len(rows)
+            full = tail if not prefix else torch.cat([head[n][0].double(), tail], 0)
+            means[n] = full.to(model.cfg.dtype)
+        out.means[layout], out.counts[layout], out.shared[layout] = means, len(rows), tokens[0, :prefix].cpu()
+    return out
 
 
-def knockout_hooks(model: HookedTransformer, batch: TaskBatch, templates: Sequence[str], nodes: Sequence[Node], means: Means):
-    """Forward hooks that replace each node's output with its layout's mean, row by row."""
+def pool_means(
+    model: HookedTransformer,
+    dataset: Dataset,
+    nodes: Sequence[Node],
+    *,
+    n_pool: int = DEFAULT_POOL,
+    seed: int = 0,
+    batch_size: int = 32,
+) -> LayoutMeans:
+    """:func:`mean_activations` over a fresh pool of ``n_pool`` prompts in ``dataset``'s layouts, none of them evaluated."""
+    pool = pool_dataset(model, dataset, n_pool, seed=seed)
+    return mean_activations(model, pool, nodes, batch_size=batch_size)
+
+
+def check_means(dataset: Dataset, means: LayoutMeans, min_pool: int = MIN_POOL_PER_LAYOUT) -> None:
+    """Refuse means that miss a layout of ``dataset``, average over fewer than ``min_pool`` prompts, or include evaluated prompts."""
+    layouts = _layouts(dataset)
+    missing = sorted(k for k in layouts if k not in means)
+    if missing:
+        raise PoolError(f"No mean activations for layouts {missing} (template, n_pos); compute the means on "
+                        f"data with the same templates and lengths.")
+    thin = {k: means.counts.get(k, 0) for k in layouts if means.counts.get(k, 0) < min_pool}
+    if thin:
+        raise PoolError(f"Layouts {thin} (template, n_pos): pool prompts) have fewer than min_pool={min_pool} pool "
+                        f"prompts: a mean over so few prompts still carries their information. Use a larger pool "
+                        f"(n_pool), drop those prompts, or lower min_pool knowingly.")
+    shared = means.prompts & set(dataset["prompt"])
+    if shared:
+        raise PoolError(f"{len(shared)} evaluated prompts are also in the means' pool (e.g. {sorted(shared)[0]!r}): "
+                        f"their own activations would leak into the ablation. Build the pool with pool_means().")
+
+
+def covered_rows(dataset: Dataset, means: LayoutMeans, min_pool: int = MIN_POOL_PER_LAYOUT) -> list[int]:
+    """Rows of ``dataset`` whose layout has at least ``min_pool`` pool prompts in ``means``."""
+    return [i for k, rows in _layouts(dataset).items() if means.counts.get(k, 0) >= min_pool for i in rows]
+
+
+def knockout_hooks(model: HookedTransformer, batch: TaskBatch, templates: Sequence[str], nodes: Sequence[Node], means: LayoutMeans):
+    """Forward hooks that replace each node's output with its layout's mean, row by row (the plain implementation)."""
     n_pos = batch.tokens.shape[1]
-    keys = [_layout(templates[i], n_pos) for i in batch.indices]
+    keys = [(templates[i], n_pos) for i in batch.indices]
     missing = sorted({k for k in keys if k not in means})
     if missing:
-        raise ValueError(f"No mean activations for layouts {missing} (template, n_pos); compute the means on "
-                         f"data with the same templates and lengths.")
+        raise PoolError(f"No mean activations for layouts {missing} (template, n_pos); compute the means on "
+                        f"data with the same templates and lengths.")
     by_name: dict[str, list] = {}
     for node in nodes:
         by_name.setdefault(node.hook_name, []).append(node)
@@ -104,30 +218,162 @@ def knockout_hooks(model: HookedTransformer, batch: TaskBatch, templates: Sequen
     return hooks
 
 
+def _selections(model, sets: Sequence[Sequence[Node]]) -> dict[str, Bool[Tensor, "set ..."]]:
+    """Per hook name, which sets ablate it: ``[n_sets, n_heads]`` for ``hook_z``, ``[n_sets]`` for an MLP."""
+    sel: dict[str, Tensor] = {}
+    for s, nodes in enumerate(sets):
+        for node in nodes:
+            if isinstance(node, Head):
+                sel.setdefault(node.hook_name, torch.zeros(len(sets), model.cfg.n_heads, dtype=torch.bool))[s, node.head] = True
+            else:
+                sel.setdefault(node.hook_name, torch.zeros(len(sets), dtype=torch.bool))[s] = True
+    return sel
+
+
 @torch.no_grad()
+def knockout_correct(
+    model: HookedTransformer,
+    dataset: Dataset,
+    sets: Sequence[Sequence[Node]],
+    *,
+    means: Optional[LayoutMeans] = None,
+    n_pool: int = DEFAULT_POOL,
+    min_pool: int = MIN_POOL_PER_LAYOUT,
+    seed: int = 0,
+    method: str = "prefix",
+    batch_size: int = 32,
+    memory_mb: float = 1024.0,
+    progress: bool = False,
+) -> Bool[Tensor, "set prompt"]:
+    """Per knockout set and prompt: is the first answer token top-1 with the set's nodes mean-ablated?
+
+    An empty set scores the unablated model. ``means`` defaults to :func:`pool_means` over every
+    node of the sets (``n_pool`` prompts, ``seed``); it is checked by :func:`check_means`.
+    ``method="prefix"`` is the fast path (module docstring), ``"hooks"`` the plain implementation.
+    """
+    if method not in METHODS:
+        raise InputError(f"Unknown knockout method {method!r}: use one of {METHODS}.")
+    if len(dataset) == 0:
+        raise InputError("knockout got an empty dataset: pass at least one prompt.")
+    sets = [validate_nodes(model, nodes) for nodes in sets]
+    union = sorted({n for nodes in sets for n in nodes}, key=str)
+    if means is None:
+        means = pool_means(model, dataset, union, n_pool=n_pool, seed=seed, batch_size=batch_size) if union \
+            else LayoutMeans({}, {}, {})
+    if union:
+        check_means(dataset, means, min_pool)
+    correct = torch.zeros(len(sets), len(dataset), dtype=torch.bool)
+    if method == "hooks":
+        templates = _templates(dataset)
+        for s, nodes in enumerate(tqdm(sets, desc="knockout (hooks)", disable=not progress, leave=False)):
+            for batch in iter_batches(dataset, batch_size, device=model.cfg.device):
+                hooks = knockout_hooks(model, batch, templates, nodes, means) if nodes else []
+                correct[s, batch.indices] = top1_correct(model, batch.tokens, batch.answer_ids, fwd_hooks=hooks).cpu()
+        return correct
+    selections = _selections(model, sets)
+    layouts = _layouts(dataset)
+    bar = tqdm(total=len(layouts), desc="knockout", disable=not progress, leave=False)
+    for layout, rows in layouts.items():
+        for sl in _runs.chunks(len(rows), batch_size):
+            chunk_rows = rows[sl]
+            correct[:, chunk_rows] = _layout_correct(model, dataset.select(chunk_rows), layout, selections, len(sets),
+                                                     means, memory_mb)
+        bar.update(1)
+    bar.close()
+    return correct
+
+
+def _first_layers(sets_sel: dict[str, Tensor], n_sets: int, n_layers: int) -> list[int]:
+    """Per set: the first layer whose output it ablates (``n_layers`` for an empty set)."""
+    first = [n_layers] * n_sets
+    for name, sel in sets_sel.items():
+        layer = int(name.split(".")[1])
+        for s in sel.flatten(1).any(1).nonzero()[:, 0].tolist() if sel.ndim == 2 else sel.nonzero()[:, 0].tolist():
+            first[s] = min(first[s], layer)
+    return first
+
+
+def _layout_correct(model, data: Dataset, layout, selections, n_sets, means, memory_mb) -> Tensor:
+    """Top-1 hits [n_sets, rows] of one layout's rows: shared prefix once, many sets per forward.
+
+    Layers below a set's first ablated layer compute what the clean run computes, so each set starts
+    from the clean residual stream there (cached once); sets are batched by their starting layer.
+    """
+    device, L = model.cfg.device, model.cfg.n_layers
+    tokens = torch.tensor(data["tokens"], device=device)
+    answers = torch.tensor([ids[0] for ids in data["answer_token_ids"]], device=device)
+    B, n_pos = tokens.shape
+    prefix = _common_prefix(tokens)
+    if selections:  # ablated positions must see the clean prefix: stop where the pool's tokens differ
+        shared = means.shared[layout].to(device)
+        agree = (tokens[:, : shared.shape[0]] == shared[None, : n_pos]).all(0)
+        prefix = min(prefix, int((~agree).nonzero()[0]) if (~agree).any() else shared.shape[0])
+    prefix_kv = _runs.prefix_kv_cache(model, tokens[:1, :prefix]) if prefix else None
+    x = model(tokens, stop_at_layer=0)[:, prefix:]
+    starts = _first_layers(selections, n_sets, L)
+    clean, clean_final = _suffix_run(model, x, prefix_kv, _runs.act_names("resid_pre", sorted(set(starts) - {L})))
+    out = torch.zeros(n_sets, B, dtype=torch.bool)
+    out[[s for s in range(n_sets) if starts[s] == L]] = (unembed_end(model, clean_final).argmax(-1) == answers).cpu()
+    mean = {name: means[layout][name][prefix:].to(device) for name in selections}
+    per_chunk = max(1, _runs.rows_per_chunk(model, memory_mb, n_pos - prefix, cached_pos=prefix) // B)
+    for layer in sorted(set(starts) - {L}):
+        group = torch.tensor([s for s in range(n_sets) if starts[s] == layer])
+        for sl in _runs.chunks(len(group), per_chunk):
+            ids = group[sl]
+            k = len(ids)
+            hooks = []
+            for name, sel in selections.items():
+                chosen = sel[ids].to(device)
+                if not chosen.any():
+                    continue
+                # broadcast over (batch, pos[, d_head]) for heads, (batch, pos, d_model) for an MLP
+                mask = chosen.view(k, 1, 1, -1, 1) if chosen.ndim == 2 else chosen.view(k, 1, 1, 1)
+
+                def ablate(act, *, hook, mask=mask, value=mean[name], k=k):
+                    act = act.view(k, B, *act.shape[1:])
+                    return torch.where(mask, value.to(act.dtype), act).flatten(0, 1)
+
+                hooks.append((name, ablate))
+            kv = None if prefix_kv is None else _runs.TiledKVCache(prefix_kv, k * B)
+            resid = model.run_with_hooks(clean[_runs.act_names("resid_pre", [layer])[0]].repeat(k, 1, 1),
+                                         start_at_layer=layer, stop_at_layer=L, fwd_hooks=hooks, past_kv_cache=kv)
+            hits = unembed_end(model, resid[:, -1]).argmax(-1) == answers.repeat(k)
+            out[ids] = hits.view(k, B).cpu()
+    return out
+
+
+def _suffix_run(model, x, prefix_kv, names) -> tuple[dict[str, Tensor], Tensor]:
+    """The clean run of the suffix embeddings ``x``: the named activations and the final END residual."""
+    store: dict[str, Tensor] = {}
+
+    def keep(act, *, hook):
+        store[hook.name] = act.clone()
+
+    kv = None if prefix_kv is None else _runs.TiledKVCache(prefix_kv, x.shape[0])
+    resid = model.run_with_hooks(x, start_at_layer=0, stop_at_layer=model.cfg.n_layers, fwd_hooks=[(n, keep) for n in names],
+                                 past_kv_cache=kv)
+    return store, resid[:, -1]
+
+
 def knockout(
     model: HookedTransformer,
     dataset: Dataset,
     nodes: Sequence[Node],
     *,
-    means: Optional[Means] = None,
+    means: Optional[LayoutMeans] = None,
+    n_pool: int = DEFAULT_POOL,
+    min_pool: int = MIN_POOL_PER_LAYOUT,
+    seed: int = 0,
+    method: str = "prefix",
     batch_size: int = 32,
 ) -> float:
     """Top-1 accuracy (first answer token) with ``nodes`` mean-ablated; no nodes gives the plain accuracy.
 
-    ``means`` defaults to :func:`mean_activations` over ``dataset``'s counterfactual twins.
+    ``means`` defaults to a fresh pool (:func:`pool_means`); see :func:`knockout_correct`.
     """
-    if len(dataset) == 0:
-        raise ValueError("knockout got an empty dataset.")
-    nodes = validate_nodes(model, nodes)
-    if means is None:
-        means = mean_activations(model, dataset, nodes, batch_size=batch_size)
-    templates = _templates(dataset)
-    hits = 0
-    for batch in iter_batches(dataset, batch_size, device=model.cfg.device):
-        hooks = knockout_hooks(model, batch, templates, nodes, means) if nodes else []
-        hits += int(top1_correct(model, batch.tokens, batch.answer_ids, fwd_hooks=hooks).sum())
-    return hits / len(dataset)
+    hits = knockout_correct(model, dataset, [nodes], means=means, n_pool=n_pool, min_pool=min_pool, seed=seed,
+                            method=method, batch_size=batch_size)
+    return float(hits.float().mean())
 
 
 def _ranking(model, ranking: Union[NodeScores, Sequence[Head]], by: str) -> list[Head]:
@@ -136,45 +382,73 @@ def _ranking(model, ranking: Union[NodeScores, Sequence[Head]], by: str) -> list
     return validate_nodes(model, ranking)
 
 
+def resolve_ks(ks: Sequence[Union[int, float]], n_heads: int, n_ranked: int) -> list[int]:
+    """Numbers of heads: an int is a count, a float in (0, 1) a fraction of all ``n_heads`` (at least 1)."""
+    counts = []
+    for k in ks:
+        if isinstance(k, float) and 0 < k < 1:
+            counts.append(max(1, round(k * n_heads)))
+        elif float(k) == int(k):
+            counts.append(int(k))
+        else:
+            raise InputError(f"k={k!r} is neither a head count nor a fraction of heads in (0, 1).")
+    counts = sorted(set(counts))
+    if not counts or counts[0] < 1 or counts[-1] > n_ranked:
+        raise InputError(f"ks must lie in 1..{n_ranked} (the number of ranked heads), got {counts}.")
+    return counts
+
+
 def knockout_curve(
     model: HookedTransformer,
     dataset: Dataset,
     ranking: Union[NodeScores, Sequence[Head]],
     *,
-    ks: Sequence[int] = (1, 2, 4, 8),
-    n_seeds: int = 5,
+    ks: Sequence[Union[int, float]] = (1, 2, 4, 8),
+    n_seeds: int = 10,
     seed: int = 0,
     by: str = "neg",
+    means: Optional[LayoutMeans] = None,
+    n_pool: int = DEFAULT_POOL,
+    min_pool: int = MIN_POOL_PER_LAYOUT,
+    method: str = "prefix",
     batch_size: int = 32,
     progress: bool = True,
 ) -> KnockoutCurve:
-    """Accuracy after knocking out the top-k heads of ``ranking`` vs k random heads (mean/std over seeds).
+    """Accuracy after knocking out the top-k heads of ``ranking`` vs k random heads (``n_seeds`` draws per k).
 
     ``ranking`` is a path-patching :class:`NodeScores` (heads ordered by ``by``; ``"neg"``: the
     largest drop of the answer logit first) or an explicit list of heads, most important first.
+    ``ks`` may mix counts and fractions of all heads. Intervals: effect-rank and the base accuracy
+    are Wilson intervals over prompts; random-rank is a bootstrap over prompts and seeds.
     """
+    if n_seeds < 1:
+        raise InputError(f"n_seeds must be >= 1, got {n_seeds}.")
     heads = _ranking(model, ranking, by)
-    ks = sorted(set(int(k) for k in ks))
-    if not ks or ks[0] < 1 or ks[-1] > len(heads):
-        raise ValueError(f"ks must lie in 1..{len(heads)} (the number of ranked heads), got {ks}.")
     every_head = all_heads(model)
-    means = mean_activations(model, dataset, every_head, batch_size=batch_size)
-    base = knockout(model, dataset, [], means=means, batch_size=batch_size)
-    bar = tqdm(total=len(ks) * (1 + n_seeds), desc="knockout curve", disable=not progress, leave=False)
-    effect, rand_mean, rand_std = [], [], []
+    ks = resolve_ks(ks, len(every_head), len(heads))
+    if means is None:
+        means = pool_means(model, dataset, every_head, n_pool=n_pool, seed=seed, batch_size=batch_size)
+    sets: list[list[Head]] = [[]]
     for k in ks:
-        effect.append(knockout(model, dataset, heads[:k], means=means, batch_size=batch_size))
-        bar.update(1)
-        accs = []
-        for s in range(n_seeds):
-            picked = random.Random(seed + s).sample(every_head, k)
-            accs.append(knockout(model, dataset, picked, means=means, batch_size=batch_size))
-            bar.update(1)
-        t = torch.tensor(accs, dtype=torch.float64)
-        rand_mean.append(float(t.mean()))
-        rand_std.append(float(t.std()) if len(accs) > 1 else 0.0)
-    bar.close()
-    return KnockoutCurve(ks, effect, rand_mean, rand_std, base, [str(h) for h in heads[: ks[-1]]], n_seeds)
+        sets.append(heads[:k])
+        sets += [random.Random(seed + s).sample(every_head, k) for s in range(n_seeds)]
+    hits = knockout_correct(model, dataset, sets, means=means, min_pool=min_pool, method=method,
+                            batch_size=batch_size, progress=progress).double()
+    base = proportion(hits[0])
+    effect, random_rank = [], []
+    for i in range(len(ks)):
+        first = 1 + i * (1 + n_seeds)
+        effect.append(proportion(hits[first]))
+        random_rank.append(bootstrap_two_way(hits[first + 1: first + 1 + n_seeds].T, seed=seed))
+    per_seed = [hits[1 + i * (1 + n_seeds) + 1: 1 + (i + 1) * (1 + n_seeds)].mean(1) for i in range(len(ks))]
+    return KnockoutCurve(
+        ks, [e.value for e in effect], [r.value for r in random_rank],
+        [float(t.std()) if n_seeds > 1 else 0.0 for t in per_seed], base.value, [str(h) for h in heads[: ks[-1]]],
+        n_seeds, n_prompts=len(dataset), n_pool=means.n_prompts,
+        base_ci=[base.low, base.high], effect_ci=[[e.low, e.high] for e in effect],
+        random_ci=[[r.low, r.high] for r in random_rank],
+        effect_drop=[paired_difference(hits[0], hits[1 + i * (1 + n_seeds)], seed=seed).to_dict() for i in range(len(ks))],
+    )
 
 
 def knockout_transfer(
@@ -182,20 +456,36 @@ def knockout_transfer(
     datasets: dict[str, Dataset],
     heads: Sequence[Head],
     *,
+    means: Optional[dict[str, LayoutMeans]] = None,
+    n_pool: int = DEFAULT_POOL,
+    min_pool: int = MIN_POOL_PER_LAYOUT,
+    drop_uncovered: bool = False,
+    seed: int = 0,
+    method: str = "prefix",
     batch_size: int = 32,
     progress: bool = True,
 ) -> dict[str, dict]:
-    """Per data format: accuracy of the full model and with ``heads`` mean-ablated (means from that format).
+    """Per data format: accuracy of the full model and with ``heads`` mean-ablated (means from a pool of that format).
 
-    Pass :func:`circuits.tasks.transfer_datasets` output (Zhang et al. Figure 4). Assign the
-    returned dict to ``KnockoutCurve.transfer`` to draw it with ``transfer_figure()``.
+    Pass :func:`circuits.tasks.transfer_datasets` output (Zhang et al. Figure 4); ``means`` maps
+    a format to its :class:`LayoutMeans` (default: a fresh pool per format). ``drop_uncovered``
+    evaluates only the prompts whose layout has ``min_pool`` pool prompts (the count dropped is
+    reported) instead of refusing. Accuracies carry Wilson intervals, the drop a paired bootstrap.
     """
     out = {}
     for name, ds in tqdm(datasets.items(), desc="knockout transfer", disable=not progress, leave=False):
-        means = mean_activations(model, ds, heads, batch_size=batch_size)
-        out[name] = {
-            "n_prompts": len(ds),
-            "base": knockout(model, ds, [], means=means, batch_size=batch_size),
-            "knockout": knockout(model, ds, heads, means=means, batch_size=batch_size),
-        }
+        m = (means or {}).get(name) or pool_means(model, ds, heads, n_pool=n_pool, seed=seed, batch_size=batch_size)
+        n_all = len(ds)
+        if drop_uncovered:
+            ds = ds.select(covered_rows(ds, m, min_pool))
+            if len(ds) == 0:
+                out[name] = {"n_prompts": 0, "n_dropped": n_all, "skipped": "no layout has enough pool prompts"}
+                continue
+        hits = knockout_correct(model, ds, [[], heads], means=m, min_pool=min_pool, method=method,
+                                batch_size=batch_size).double()
+        base, ablated = proportion(hits[0]), proportion(hits[1])
+        out[name] = {"n_prompts": len(ds), "n_dropped": n_all - len(ds), "n_pool": m.n_prompts,
+                     "base": base.value, "knockout": ablated.value,
+                     "base_estimate": base.to_dict(), "knockout_estimate": ablated.to_dict(),
+                     "drop": paired_difference(hits[0], hits[1], seed=seed).to_dict()}
     return out

@@ -103,7 +103,7 @@ def path_patch(
         method = "hooks"  # the END-only shortcut holds only for logits receivers and sequential blocks
 
     total = torch.zeros(len(senders), dtype=torch.float64)
-    base_total, n_prompts = 0.0, 0
+    base_total, n_prompts, per_prompt = 0.0, 0, []
     bar = tqdm(total=len(groups) * len(senders), desc=f"path patching ({method})", disable=not progress, leave=False)
     for group in groups:
         if method == "fast":
@@ -112,7 +112,8 @@ def path_patch(
         else:
             patched, base = _hooks_group(model, group, senders, metric, freeze_mlps,
                                          None if to_logits else (receivers, receiver_input), bar)
-        total += (patched - base[None]).double().sum(-1).cpu()
+        per_prompt.append((patched - base[None]).double().cpu())
+        total += per_prompt[-1].sum(-1)
         base_total += float(base.double().sum())
         n_prompts += len(group)
     bar.close()
@@ -126,7 +127,9 @@ def path_patch(
             mlps[node.layer] = value
     info = {"freeze_mlps": freeze_mlps, "receivers": "logits" if to_logits else [str(r) for r in receivers],
             "computation": method}
-    return NodeScores(heads, mlps, metric.name, base_total / n_prompts, n_prompts, "path_patching", info)
+    scores = NodeScores(heads, mlps, metric.name, base_total / n_prompts, n_prompts, "path_patching", info)
+    scores.prompt_effects = dict(zip(senders, torch.cat(per_prompt, 1).float()))
+    return scores
 
 
 # ---------------------------------------------------------------------------- fast path

@@ -61,6 +61,30 @@ class NodeScores:
     n_prompts: int
     method: str = "path_patching"
     info: dict = field(default_factory=dict)
+    prompt_effects: dict = field(default_factory=dict, repr=False)  # node -> per-prompt effects, for intervals
+
+    def estimate(self, node: Node, seed: int = 0):
+        """The node's mean effect with a 95% percentile-bootstrap interval over prompts (needs ``prompt_effects``)."""
+        from circuits.stats import bootstrap
+
+        if node not in self.prompt_effects:
+            raise ValueError(f"No per-prompt effects for {node}: intervals need scores from path_patch of this version.")
+        return bootstrap(self.prompt_effects[node], seed=seed)
+
+    def intervals(self) -> dict:
+        """``{"heads_ci": [layer][head] -> [low, high], "mlps_ci": [layer] -> [low, high]}`` (null where unscored)."""
+        from circuits.stats import bootstrap
+
+        heads = [[None] * self.heads.shape[1] for _ in range(self.heads.shape[0])]
+        mlps = [None] * self.mlps.shape[0]
+        for node, values in self.prompt_effects.items():
+            e = bootstrap(values)
+            ci = [_finite(e.low), _finite(e.high)]
+            if isinstance(node, Head):
+                heads[node.layer][node.head] = ci
+            else:
+                mlps[node.layer] = ci
+        return {"heads_ci": heads, "mlps_ci": mlps, "interval": "95% percentile bootstrap over prompts"}
 
     @property
     def heads_percent(self) -> Tensor:
@@ -112,7 +136,7 @@ class NodeScores:
             "mlps_percent": as_list(self.mlps_percent),
             "ranked": [[str(n), v] for n, v in self.ranked()],
             "info": self.info,
-        }
+        } | (self.intervals() if self.prompt_effects else {})
 
     def figure(self, percent: bool = True, title: Optional[str] = None, key_heads: Optional[list] = None):
         """Zhang et al. Figure 2: heads x layers heatmap with an MLP column (plotly).
@@ -234,7 +258,14 @@ class ActivationScores:
 
 @dataclass
 class KnockoutCurve:
-    """Accuracy after knocking out k heads: effect-ranked vs random (mean and std over seeds)."""
+    """Accuracy after knocking out k heads: effect-ranked vs random, with 95% intervals.
+
+    ``effect_ci`` and ``base_ci`` are Wilson intervals over the ``n_prompts`` prompts;
+    ``random_ci`` a bootstrap over prompts and the ``n_seeds`` random head sets (both vary);
+    ``random_std`` the std over seeds of the per-seed accuracy; ``effect_drop`` the paired
+    bootstrap of base minus effect-rank accuracy per k; ``n_pool`` the prompts the ablation
+    means were averaged over (none of them evaluated).
+    """
 
     ks: list[int]
     effect_rank: list[float]
@@ -244,33 +275,60 @@ class KnockoutCurve:
     heads: list[str]
     n_seeds: int
     transfer: dict = field(default_factory=dict)
+    n_prompts: int = 0
+    n_pool: int = 0
+    base_ci: list = field(default_factory=list)
+    effect_ci: list = field(default_factory=list)
+    random_ci: list = field(default_factory=list)
+    effect_drop: list = field(default_factory=list)
+    intervals: str = ("95%: effect-rank and base Wilson over prompts; random-rank percentile bootstrap over prompts "
+                      "and seeds; effect_drop paired bootstrap over prompts")
 
     def to_dict(self) -> dict:
-        """JSON-ready form."""
-        return dict(self.__dict__)
+        """JSON-ready form (NaN becomes null)."""
+        clean = lambda v: [clean(x) for x in v] if isinstance(v, list) else _finite(v) if isinstance(v, float) else v
+        return {k: clean(v) if isinstance(v, (list, float)) else v for k, v in self.__dict__.items()}
 
     def figure(self, title: Optional[str] = None):
-        """Zhang et al. Figure 3: accuracy vs number of knocked-out heads, effect-rank vs random-rank."""
+        """Zhang et al. Figure 3: accuracy vs number of knocked-out heads, effect-rank vs random-rank, 95% intervals."""
         import plotly.graph_objects as go
+
+        def bars(values, cis):
+            if len(cis) != len(values):  # a curve without intervals
+                return None
+            return dict(type="data", symmetric=False, array=[(h - v) if h is not None else 0 for v, (l, h) in zip(values, cis)],
+                        arrayminus=[(v - l) if l is not None else 0 for v, (l, h) in zip(values, cis)])
 
         fig = go.Figure()
         ks = [0, *self.ks]
-        fig.add_trace(go.Scatter(x=ks, y=[self.base_accuracy, *self.effect_rank], mode="lines+markers", name="effect-rank"))
+        base_ci = [self.base_ci] if self.base_ci else []
+        effect_ci, random_ci = base_ci + list(self.effect_ci), base_ci + list(self.random_ci)
+        fig.add_trace(go.Scatter(x=ks, y=[self.base_accuracy, *self.effect_rank], mode="lines+markers",
+                                 name="effect-rank (95% Wilson over prompts)",
+                                 error_y=bars([self.base_accuracy, *self.effect_rank], effect_ci)))
         fig.add_trace(go.Scatter(x=ks, y=[self.base_accuracy, *self.random_rank], mode="lines+markers",
-                                 name=f"random-rank (mean of {self.n_seeds})",
-                                 error_y=dict(type="data", array=[0.0, *self.random_std])))
-        fig.update_layout(title=title or "Mean-ablation knockout of the top-k heads", xaxis_title="k (heads knocked out)",
+                                 name=f"random-rank, {self.n_seeds} seeds (95% bootstrap over prompts and seeds)",
+                                 error_y=bars([self.base_accuracy, *self.random_rank], random_ci)
+                                 or dict(type="data", array=[0.0, *self.random_std])))
+        n = f", {self.n_prompts} prompts, means over {self.n_pool} pool prompts" if self.n_prompts else ""
+        fig.update_layout(title=title or f"Mean-ablation knockout of the top-k heads{n}", xaxis_title="k (heads knocked out)",
                           yaxis_title="accuracy", yaxis_range=[0, 1.05])
         return fig
 
     def transfer_figure(self, title: Optional[str] = None):
-        """Zhang et al. Figure 4: accuracy per data format before and after knocking out the key heads."""
+        """Zhang et al. Figure 4: accuracy per data format before and after knocking out the key heads (95% Wilson)."""
         import plotly.graph_objects as go
 
-        names = list(self.transfer)
-        fig = go.Figure([
-            go.Bar(name="full model", x=names, y=[self.transfer[n]["base"] for n in names]),
-            go.Bar(name="key heads knocked out", x=names, y=[self.transfer[n]["knockout"] for n in names]),
-        ])
+        names = [n for n in self.transfer if "base" in self.transfer[n]]
+
+        def trace(label, key):
+            values = [self.transfer[n][key] for n in names]
+            est = [self.transfer[n].get(f"{key}_estimate") for n in names]
+            error = None if None in est else dict(type="data", symmetric=False,
+                                                  array=[e["high"] - v for e, v in zip(est, values)],
+                                                  arrayminus=[v - e["low"] for e, v in zip(est, values)])
+            return go.Bar(name=label, x=names, y=values, error_y=error)
+
+        fig = go.Figure([trace("full model", "base"), trace("key heads knocked out", "knockout")])
         fig.update_layout(barmode="group", title=title or "Transfer of the key heads", yaxis_title="accuracy", yaxis_range=[0, 1.05])
         return fig

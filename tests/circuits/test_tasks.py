@@ -206,3 +206,33 @@ def test_gemma_keeps_at_least_sixty_percent_of_few_shot_addition(gemma):
     assert len(ds) == 200 and all(len(r["tokens"]) == len(r["cf_tokens"]) for r in ds)
     kept, base_accuracy = tasks.filter_correct(gemma, ds)
     assert base_accuracy >= 0.6 and len(kept) == round(base_accuracy * 200)
+
+
+
+@pytest.mark.parametrize("op", ["+", "*"])
+def test_corrupt_all_changes_every_operator_and_nothing_else(tok, op):
+    from circuits.templates import COUNTERFACTUAL_SYMBOLS, COUNTERFACTUAL_WORDS
+
+    words = COUNTERFACTUAL_SYMBOLS + COUNTERFACTUAL_WORDS
+    words += tuple(f"{w} {v}" for w in COUNTERFACTUAL_WORDS for v in COUNTERFACTUAL_WORDS if w != v)
+    query = tasks.make_dataset(tok, op=op, n_prompts=12, n_shots=3, seed=2)
+    every = tasks.make_dataset(tok, op=op, n_prompts=12, n_shots=3, seed=2, corrupt="all")
+    assert every["prompt"] == query["prompt"] and set(every["corrupt"]) == {"all"} and set(query["corrupt"]) == {"query"}
+    for row in every:
+        template = tasks.template_by_id(row["template_id"])
+        shots = tasks.parse_shots(template, row["prompt"].rsplit("\n", 1)[0] + "\n")
+        assert len(shots) == 3 and len(row["cf_tokens"]) == len(row["tokens"])
+
+        def written(operator_text):  # the prompt with every operator written as operator_text
+            lines = [template.fill(a, b, operator_text=operator_text) + answer for a, b, answer in shots]
+            return "\n".join(lines + [template.fill(row["a"], row["b"], operator_text=operator_text)])
+
+        assert written(None) == row["prompt"]
+        assert any(written(w) == row["counterfactual"] for w in words)  # every operator replaced, nothing else
+        assert all(x != y for x, y in zip(row["prompt"].split("\n"), row["counterfactual"].split("\n")))
+        assert sum(x != y for x, y in zip(row["tokens"], row["cf_tokens"])) >= 4  # three shots and the query
+
+
+def test_corrupt_must_be_query_or_all(tok):
+    with pytest.raises(tasks.TaskDataError, match="corrupt must be one of"):
+        tasks.make_dataset(tok, n_prompts=2, corrupt="shots")

@@ -15,6 +15,9 @@ def test_af1_experiment_writes_results(tiny_dir, tmp_path):
     search = results["search"]
     assert 0 <= search["l_wait"] <= results["n_layers"] and 0 <= search["faithfulness"] <= 1
     assert len(results["per_template"]) == 5  # formats this random model never answers are rows with n_eval 0
+    held = results["held_out_selection"]
+    assert "skipped" in held or not set(held["selection_prompts"]) & set(held["report_prompts"])
+    assert "resid_pre" in results["layer_convention"]
     assert (out / "report.html").is_file() and (out / "heatmap.html").is_file()
 
 

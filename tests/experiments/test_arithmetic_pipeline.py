@@ -9,7 +9,7 @@ from experiments import _arithmetic
 
 
 FAST = ["--n-prompts", "60", "--top-k", "2", "--knockout-prompts", "6", "--knockout-ks", "1,2",
-        "--knockout-seeds", "1", "--transfer-prompts", "6", "--af1-stride", "1", "--af1-prompts", "30",
+        "--knockout-seeds", "2", "--knockout-pool", "120", "--transfer-prompts", "6", "--af1-stride", "1", "--af1-prompts", "30",
         "--batch-size", "16"]
 
 
@@ -19,6 +19,16 @@ def test_pipeline_writes_results_figures_and_report(tiny_dir, tmp_path):
     saved = json.loads((out / "results.json").read_text())
     assert saved["experiment"] == "addition" and saved["n_kept"] == results["n_kept"] > 0
     assert len(saved["key_heads"]) == 2 and saved["knockout"]["ks"] == [1, 2]
+    knock = saved["knockout"]
+    assert knock["n_pool"] >= 8 and len(knock["effect_ci"]) == len(knock["random_ci"]) == 2 and knock["n_prompts"] == 6
+    for ci, value in zip(knock["effect_ci"], knock["effect_rank"]):
+        assert ci[0] <= value <= ci[1]
+    accuracy = saved["accuracy"]
+    assert accuracy["first_token"]["value"] == pytest.approx(saved["base_accuracy"])
+    assert accuracy["whole_answer"]["value"] <= accuracy["first_token"]["value"] and accuracy["whole_answer"]["n"] == 60
+    by_corrupt = saved["identification_by_corrupt"]
+    assert set(by_corrupt) >= {"query", "all", "overlap"} and by_corrupt["query"]["key_heads"] == saved["key_heads"]
+    assert "heads_ci" in saved["path_patching"]
     assert set(saved["seconds"]) >= {"load model", "data", "path patching", "knockout", "attention reads"}
     assert (out / "report.html").stat().st_size > 100_000  # plotly.js inlined
     stems = {p.stem for p in (out / "figures").iterdir()}

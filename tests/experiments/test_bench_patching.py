@@ -17,6 +17,9 @@ def test_bench_patching_writes_ratios_and_equal_results(tiny_dir, tmp_path):
     agreement = results["attribution_rank_agreement"]
     assert agreement["vs_path_patching_all"]["n_nodes"] == 4 * 2 + 2  # 2 layers of 4 heads, 2 MLPs
     assert -1 <= agreement["vs_activation_patching_heads"]["spearman"] <= 1
+    knock = results["knockout"]
+    assert knock["equal_accuracies"] and knock["speedup"] > 0 and knock["n_pool"] >= 8
+    assert knock["fast"]["effect_rank"] == knock["hooks"]["effect_rank"]
 
 
 def test_bench_patching_refuses_an_earlier_run(tiny_dir, tmp_path):

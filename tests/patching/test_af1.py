@@ -21,6 +21,7 @@ from patching.af1 import (
     check_setting,
     faithfulness_heatmap,
     grid_faithfulness,
+    held_out_selection,
     prune_transfer_heads,
     search_af1,
     select_setting,
@@ -113,6 +114,27 @@ def test_search_and_pruning_run_end_to_end():
     assert result.to_json()["grid"][2][1] is None
     fig = faithfulness_heatmap(result.grid, best=(result.l_wait, result.l_transfer))
     assert len(fig.data) == 2
+
+
+def test_held_out_selection_and_report_use_disjoint_prompts():
+    model = tiny_model(style="gemma", n_layers=2)
+    runner = _runner(model)
+    out = held_out_selection(runner, min_faithfulness=0.5, seed=1, progress=False)
+    select, report = set(out["selection_prompts"]), set(out["report_prompts"])
+    assert not select & report and select | report == set(range(runner.n_eval))
+    assert abs(len(select) - len(report)) <= 1
+    # the reported number is the chosen cell on the report half only, with its Wilson interval
+    hits = runner.sweep_transfer_hits(out["l_wait"])[out["l_transfer"]]
+    held = out["held_out_faithfulness"]
+    assert held["n"] == len(report) and held["value"] == pytest.approx(hits[sorted(report)].float().mean().item())
+    assert out["selection_faithfulness"] == pytest.approx(hits[sorted(select)].float().mean().item())
+    assert held["low"] <= held["value"] <= held["high"]
+    # and the chosen cell is what select_setting picks on the selection half's grid
+    grid = [[float("nan")] * 3 for _ in range(3)]
+    for w in range(3):
+        for t, h in enumerate(runner.sweep_transfer_hits(w)):
+            grid[w][t] = h[sorted(select)].float().mean().item()
+    assert select_setting(grid, 0.5)[:2] == (out["l_wait"], out["l_transfer"])
 
 
 def test_af1_accuracy_on_correct_prompts_and_errors():

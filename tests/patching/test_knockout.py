@@ -1,4 +1,4 @@
-"""Mean-ablation knockout: sanity checks and curves on tiny models."""
+"""Mean-ablation knockout: pooled means, the fast path against the plain hooks, curves, on tiny models."""
 
 from __future__ import annotations
 
@@ -6,33 +6,40 @@ import pytest
 import torch
 
 from circuits.metrics import end_logits
-from circuits.nodes import Head, all_heads, all_mlps
-from circuits.tasks import accuracy, iter_batches, make_dataset
+from circuits.nodes import MLP, Head, all_heads, all_mlps
+from circuits.tasks import accuracy, iter_batches, make_dataset, pool_dataset
 from circuits.testing import tiny_model
-from patching.knockout import knockout, knockout_curve, knockout_hooks, knockout_transfer, mean_activations
+from patching.knockout import (
+    PoolError, check_means, knockout, knockout_correct, knockout_curve, knockout_hooks, knockout_transfer,
+    mean_activations, pool_means, resolve_ks,
+)
 from patching.path_patching import path_patch
+
+
+def _own_answers(model, data):
+    """A random model gets the arithmetic wrong; score its own top-1 predictions so the base accuracy is 1."""
+    predicted = {}
+    for b in iter_batches(data):
+        for i, t in zip(b.indices, end_logits(model, b.tokens).argmax(-1).tolist()):
+            predicted[i] = t
+    return data.map(lambda r, i: {"answer_token_ids": [predicted[i]]}, with_indices=True)
 
 
 @pytest.fixture(scope="module")
 def setup():
     model = tiny_model(style="llama", n_key_value_heads=2, n_layers=2)
-    data = make_dataset(model, n_prompts=16, n_shots=0, seed=4)
-    # A random model gets the arithmetic wrong; score its own top-1 predictions so the base accuracy is 1.
-    predicted = {}
-    for b in iter_batches(data):
-        for i, t in zip(b.indices, end_logits(model, b.tokens).argmax(-1).tolist()):
-            predicted[i] = t
-    data = data.map(lambda r, i: {"answer_token_ids": [predicted[i]]}, with_indices=True)
-    return model, data
+    data = _own_answers(model, make_dataset(model, n_prompts=12, n_shots=1, seed=4))
+    means = pool_means(model, data, all_heads(model) + all_mlps(model), n_pool=120)
+    return model, data, means
 
 
 def test_nothing_knocked_out_is_base_accuracy(setup):
-    model, data = setup
+    model, data, _ = setup
     assert knockout(model, data, []) == pytest.approx(accuracy(model, data)) == pytest.approx(1.0)
 
 
 def test_own_means_on_one_prompt_change_nothing(setup):
-    model, data = setup
+    model, data, _ = setup
     one = data.select([0])
     nodes = all_heads(model) + all_mlps(model)
     means = mean_activations(model, one, nodes, source="reference")
@@ -41,35 +48,84 @@ def test_own_means_on_one_prompt_change_nothing(setup):
     torch.testing.assert_close(end_logits(model, batch.tokens, fwd_hooks=hooks), end_logits(model, batch.tokens))
 
 
-def test_knocking_out_everything_hurts(setup):
-    model, data = setup
-    assert knockout(model, data, all_heads(model) + all_mlps(model)) < 1.0
+def test_pooled_means_exclude_evaluated_prompts(setup):
+    model, data, means = setup
+    pool = pool_dataset(model, data, 120)
+    evaluated = set(zip(data["template_id"], data["a"], data["b"]))
+    assert not evaluated & set(zip(pool["template_id"], pool["a"], pool["b"]))
+    assert not means.prompts & set(data["prompt"]) and means.n_prompts == len(pool) == 120
+    # the pool shares each template's few-shot prefix, so every evaluated layout is covered
+    assert all(means.counts[(t, n + 1)] >= 8 for t, n in zip(data["template_id"], data["end_pos"]))
+    # the default means are these pooled means, not the evaluated prompts' own
+    nodes = all_heads(model)
+    default = knockout_correct(model, data, [nodes], n_pool=120)
+    assert torch.equal(default, knockout_correct(model, data, [nodes], means=means))
+    own = mean_activations(model, data, nodes)
+    with pytest.raises(PoolError, match="evaluated prompts are also in the means' pool"):
+        check_means(data, own, min_pool=1)
+
+
+def test_one_prompt_layout_is_refused(setup):
+    model, data, _ = setup
+    row = data.select([0])
+    pool = pool_dataset(model, row, 1)
+    means = mean_activations(model, pool, [Head(0, 0)])
+    assert means.n_prompts == 1
+    with pytest.raises(PoolError, match="fewer than min_pool=8 pool prompts"):
+        knockout(model, row, [Head(0, 0)], means=means)
+
+
+@pytest.mark.parametrize("style,kv", [("gpt2", None), ("llama", 2), ("gemma", 1)])
+def test_fast_path_equals_plain_hooks(style, kv):
+    model = tiny_model(style=style, n_layers=2, **({"n_key_value_heads": kv} if kv else {}))
+    data = _own_answers(model, make_dataset(model, n_prompts=12, n_shots=1, seed=1))
+    every = all_heads(model) + all_mlps(model)
+    means = pool_means(model, data, every, n_pool=96)
+    sets = [[], [Head(0, 1)], [Head(1, 0), Head(0, 3)], [MLP(1)], all_heads(model)[::2], every]
+    fast = knockout_correct(model, data, sets, means=means, memory_mb=0.05)  # tiny budget: several set chunks
+    plain = knockout_correct(model, data, sets, means=means, method="hooks")
+    assert torch.equal(fast, plain)
+    assert fast[0].all() and not fast[-1].all()  # the sets do change predictions
+
+
+def test_ks_as_fractions():
+    assert resolve_ks((0.05, 2, 8), n_heads=72, n_ranked=72) == [2, 4, 8]
+    with pytest.raises(ValueError, match="ks must lie"):
+        resolve_ks((0.5,), n_heads=72, n_ranked=8)
+    with pytest.raises(ValueError, match="neither a head count"):
+        resolve_ks((1.5,), n_heads=72, n_ranked=72)
 
 
 def test_curve_and_transfer(setup):
-    model, data = setup
+    model, data, means = setup
     scores = path_patch(model, data, progress=False)
-    curve = knockout_curve(model, data, scores, ks=(1, 2, 4), n_seeds=2, progress=False)
-    assert curve.ks == [1, 2, 4] and len(curve.effect_rank) == 3 and len(curve.random_rank) == 3
+    curve = knockout_curve(model, data, scores, ks=(1, 2), means=means, progress=False)
+    assert curve.ks == [1, 2] and curve.n_seeds == 10 and curve.n_prompts == 12 and curve.n_pool == 120
     assert curve.base_accuracy == pytest.approx(1.0)
-    assert all(0 <= a <= 1 for a in curve.effect_rank + curve.random_rank)
-    explicit = knockout_curve(model, data, [Head(1, 0), Head(0, 3)], ks=(1, 2), n_seeds=1, progress=False)
+    for values, cis in ((curve.effect_rank, curve.effect_ci), (curve.random_rank, curve.random_ci)):
+        assert all(lo <= v <= hi for v, (lo, hi) in zip(values, cis))
+    # effect-rank at k = 1 equals knocking that head out alone
+    assert curve.effect_rank[0] == pytest.approx(knockout(model, data, [scores.ranked("heads", by="neg")[0][0]], means=means))
+    explicit = knockout_curve(model, data, [Head(1, 0), Head(0, 3)], ks=(1, 2), n_seeds=1, means=means, progress=False)
     assert explicit.heads == ["L1H0", "L0H3"]
-    curve.transfer = knockout_transfer(model, {"same": data}, [Head(1, 0)], progress=False)
-    assert set(curve.transfer["same"]) == {"n_prompts", "base", "knockout"}
+    curve.transfer = knockout_transfer(model, {"same": data}, [Head(1, 0)], n_pool=96, progress=False)
+    same = curve.transfer["same"]
+    assert same["base"] == pytest.approx(1.0) and same["n_pool"] == 96 and same["drop"]["n"] == 12
     assert len(curve.figure().data) == 2 and len(curve.transfer_figure().data) == 2
-    assert curve.to_dict()["ks"] == [1, 2, 4]
+    assert curve.figure().data[0].error_y.arrayminus is not None
+    assert curve.to_dict()["ks"] == [1, 2]
 
 
 def test_bad_inputs(setup):
-    model, data = setup
+    model, data, means = setup
     with pytest.raises(ValueError, match="out of range"):
-        knockout(model, data, [Head(9, 0)])
+        knockout(model, data, [Head(9, 0)], means=means)
     with pytest.raises(ValueError, match="ks must lie"):
-        knockout_curve(model, data, [Head(0, 0)], ks=(2,), progress=False)
+        knockout_curve(model, data, [Head(0, 0)], ks=(2,), means=means, progress=False)
     other = make_dataset(model, n_prompts=2, n_shots=0, template_ids=("add-question-0",))
-    means = mean_activations(model, other, [Head(0, 0)])
-    with pytest.raises(ValueError, match="No mean activations"):
-        knockout(model, data, [Head(0, 0)], means=means)
+    with pytest.raises(PoolError, match="No mean activations"):
+        knockout(model, data, [Head(0, 0)], means=mean_activations(model, other, [Head(0, 0)]))
     with pytest.raises(ValueError, match="source"):
         mean_activations(model, data, [Head(0, 0)], source="both")
+    with pytest.raises(ValueError, match="Unknown knockout method"):
+        knockout(model, data, [Head(0, 0)], means=means, method="fast")
