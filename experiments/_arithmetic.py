@@ -114,6 +114,7 @@ FLAG_HELP = {
 FLAG_TYPES = {
     "n_prompts": cli.positive_int, "n_shots": cli.nonnegative_int, "seed": int, "top_k": cli.positive_int,
     "knockout_prompts": cli.positive_int, "knockout_ks": cli.int_list, "knockout_seeds": cli.positive_int,
+    "knockout_pool": cli.positive_int,
     "transfer_prompts": cli.positive_int, "af1_stride": cli.nonnegative_int, "af1_prompts": cli.positive_int,
     "finetune_steps": cli.positive_int, "batch_size": cli.positive_int, "threads": cli.nonnegative_int,
     "figures": cli.figure_formats,
@@ -136,7 +137,9 @@ def build_parser(op: str) -> argparse.ArgumentParser:
             kind = FLAG_TYPES.get(f.name, str)
             metavar = {int: "N", cli.positive_int: "N", cli.nonnegative_int: "N", cli.int_list: "K,K,...",
                        cli.figure_formats: "FORMATS"}.get(kind)
-            parser.add_argument(flag, type=kind, default=f.default, metavar=metavar, help=FLAG_HELP[f.name])
+            choices = CORRUPTIONS if f.name == "corrupt" else None
+            parser.add_argument(flag, type=kind, default=f.default, choices=choices, metavar=metavar,
+                                help=FLAG_HELP[f.name])
     return parser
 
 

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
@@ -30,24 +29,27 @@ from circuits.loading import load_model
 from circuits.runs import prepare_run_dir, write_json_atomic
 from circuits.tasks import make_dataset, single_batch
 from circuits.templates import get_templates
+from experiments import _cli as cli
 from experiments import _eap_ig_arm
 from patching.edge_attribution import edge_attribution
 from patching.edge_patching import edge_patch
 from patching.faithfulness import MIB_FRACTIONS, faithfulness_curve
 
-parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser = cli.make_parser("bench_circuits", __doc__)
 parser.add_argument("--model", default="gemma-3-270m", help="model name for circuits.loading.load_model")
-parser.add_argument("--n-prompts", type=int, default=32, help="prompts (one template, one token length)")
-parser.add_argument("--n-shots", type=int, default=2, help="few-shot examples before each prompt")
+parser.add_argument("--n-prompts", type=cli.positive_int, metavar="N", default=32,
+                    help="prompts (one template, one token length)")
+parser.add_argument("--n-shots", type=cli.nonnegative_int, metavar="N", default=2, help="few-shot examples before each prompt")
 parser.add_argument("--op", default="+", help="arithmetic operation")
-parser.add_argument("--ig-steps", type=int, default=5, help="EAP-IG integration steps")
-parser.add_argument("--eap-ig-batch-size", type=int, default=8, help="batch size of the EAP-IG arm")
+parser.add_argument("--ig-steps", type=cli.positive_int, metavar="N", default=5, help="EAP-IG integration steps")
+parser.add_argument("--eap-ig-batch-size", type=cli.positive_int, metavar="N", default=8, help="batch size of the EAP-IG arm")
 parser.add_argument("--exact-edges", default="300",
                     help="edges patched exactly: a count (seeded random sample), 'all', or 0 for none")
 parser.add_argument("--no-eap-ig", action="store_true", help="skip the hannamw/EAP-IG arm even if importable")
 parser.add_argument("--no-curve", action="store_true", help="skip the faithfulness curves")
-parser.add_argument("--memory-mb", type=float, default=2048, help="activation budget per batched forward")
-parser.add_argument("--device", default=None, help="cpu / cuda (default: auto)")
+parser.add_argument("--memory-mb", type=cli.positive_float, metavar="MB", default=2048,
+                    help="activation budget per batched forward")
+cli.add_device_flags(parser, dtype=False)
 parser.add_argument("--seed", type=int, default=0, help="data and edge-sample seed")
 parser.add_argument("--out", default="runs/bench_circuits", help="output folder")
 parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
@@ -184,4 +186,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_cli(main, "bench_circuits")
