@@ -42,6 +42,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from circuits.checks import positive_int
 from circuits.errors import InputError, ToolkitError
 from circuits.metrics import top1_correct, unembed_end
 from circuits.nodes import Head, Node, all_heads, validate_nodes
@@ -253,6 +254,7 @@ def knockout_correct(
     """
     if method not in METHODS:
         raise InputError(f"Unknown knockout method {method!r}: use one of {METHODS}.")
+    positive_int(batch_size, "batch_size")
     if len(dataset) == 0:
         raise InputError("knockout got an empty dataset: pass at least one prompt.")
     sets = [validate_nodes(model, nodes) for nodes in sets]

@@ -21,7 +21,7 @@ def _run(module, argv, monkeypatch):
     runpy.run_module(module, run_name="__main__")
 
 
-def test_precise_sft_experiment_writes_results(tiny_loader, monkeypatch, tmp_path):
+def test_precise_sft_experiment_writes_results(tiny_loader, monkeypatch, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--out", str(out), "--k", "2", "--ablation-k", "1,2", "--ablation-mlps", "1", "--n-train", "16",
             "--steps", "2", "--batch-size", "8", "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1",
@@ -34,8 +34,12 @@ def test_precise_sft_experiment_writes_results(tiny_loader, monkeypatch, tmp_pat
     assert set(results["runs"]) == {"precise_k2", "full", "lora", "precise_k1", "precise_k1_mlp1", "precise_k2_mlp1"}
     assert results["runs"]["precise_k2"]["train"]["n_trainable"] < results["runs"]["full"]["train"]["n_trainable"]
     assert (out / "report.html").is_file()
-    with pytest.raises(OutputExistsError, match="--overwrite"):
+    # the command line turns the OutputExistsError into one line on stderr and exit status 2
+    with pytest.raises(SystemExit) as exit_info:
         _run("experiments.precise_sft", argv, monkeypatch)
+    assert exit_info.value.code == 2
+    assert isinstance(exit_info.value.__context__, OutputExistsError)
+    assert "already holds a run" in capsys.readouterr().err
 
 
 def test_bench_finetune_writes_ratios(tiny_loader, monkeypatch, tmp_path):
