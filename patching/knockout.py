@@ -12,7 +12,7 @@ evaluated prompts themselves leaks each prompt's own information back into its
 "ablated" activation (a layout with one prompt would be replaced by its own twin),
 which shrinks every knockout effect. By default the means are taken over
 :data:`DEFAULT_POOL` prompts of the evaluated layouts generated separately by
-:func:`circuits.tasks.pool_dataset` (same few-shot prefix, none of the evaluated
+:func:`circuits.pools.pool_dataset` (same few-shot prefix, none of the evaluated
 problems); a layout with fewer than ``min_pool`` pool prompts is refused.
 
 **Fast path.** Positions before the first one where the evaluated prompts and the
@@ -47,7 +47,8 @@ from circuits.errors import InputError, ToolkitError
 from circuits.metrics import top1_correct, unembed_end
 from circuits.nodes import Head, Node, all_heads, validate_nodes
 from circuits.stats import bootstrap_two_way, paired_difference, proportion
-from circuits.tasks import TaskBatch, iter_batches, pool_dataset
+from circuits.pools import pool_dataset
+from circuits.tasks import TaskBatch, iter_batches
 from patching import _runs
 from patching.results import KnockoutCurve, NodeScores
 

@@ -7,7 +7,8 @@ import torch
 
 from circuits.metrics import end_logits
 from circuits.nodes import MLP, Head, all_heads, all_mlps
-from circuits.tasks import accuracy, iter_batches, make_dataset, pool_dataset
+from circuits.pools import pool_dataset
+from circuits.tasks import accuracy, iter_batches, make_dataset
 from circuits.testing import tiny_model
 from patching.knockout import (
     PoolError, check_means, knockout, knockout_correct, knockout_curve, knockout_hooks, knockout_transfer,
