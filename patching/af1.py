@@ -19,7 +19,19 @@ themselves (no peek; ``AF1Config.others="full"`` lifts this). *Faithfulness*
 is the AF1 model's top-1 accuracy on the first answer token over prompts the
 full model answers correctly.
 
-:class:`AF1Runner` makes the (``L_wait``, ``L_transfer``) grid cheap: CAMA
+**Held-out means.** CAMA means must not contain the prompt they ablate, and a
+(position, token) pair with too few fit prompts falls back to the position mean,
+erasing the token itself. :meth:`AF1Runner.cross_fitted` splits all operand
+pairs of each template (two-digit sums included) into folds stratified by the
+second operand and evaluates each fold with means fitted on the others;
+:meth:`AF1Runner.cama_counts` reports the fallback fraction.
+
+**Layer convention.** ``L_wait`` counts the blocks run before CAMA (it replaces
+``blocks.{L_wait}.hook_resid_pre``). The authors' demo patches
+``blocks.{W}.hook_resid_post``: their ``(W, T)`` is our ``(W + 1, T)``, so the
+paper's Llama-3-8B cell (14, 2) is our (15, 2).
+
+:class:`AF1Runner` (in :mod:`patching.af1_runner`) makes the (``L_wait``, ``L_transfer``) grid cheap: CAMA
 means for every layer and the evaluation prompts' residuals are computed once;
 an AF1 forward starts at block ``L_wait`` (``start_at_layer``) from the CAMA'd
 residual and scores the END position only. For one ``L_wait`` the runs with
