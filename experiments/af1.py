@@ -27,6 +27,8 @@ Template ids: ``af1-equation``, ``af1-verbal``, ``af1-question``, ``af1-word``,
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import logging
 import time
 
@@ -47,7 +49,9 @@ from patching.af1 import (
     search_af1,
 )
 from patching.af1_data import authors_templates, make_template_dataset
-from circuits.stats import proportion
+from circuits.errors import InputError
+from circuits.stats import paired_difference, proportion
+from patching.af1 import check_setting
 from patching.cama import CamaConfig
 
 from experiments import _cli as cli
@@ -73,6 +77,9 @@ parser.add_argument("--min-faithfulness", type=cli.fraction, default=0.9,
 parser.add_argument("--prune-keep", type=cli.fraction, default=0.95,
                     help="pruning keeps removing transfer heads while faithfulness stays above this share of the unpruned one")
 parser.add_argument("--no-authors", action="store_true", help="skip the authors' five formats")
+parser.add_argument("--isolate", nargs="+", metavar="W,T", default=None, help="instead of the search: score these "
+                    "pre-specified (L_wait, L_transfer) cells under each variant of ISOLATION_VARIANTS on the same eval "
+                    "prompts (paired), to find what limits faithfulness")
 parser.add_argument("--batch-size", type=cli.positive_int, default=32, metavar="N", help="prompts per forward pass")
 parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the fit/eval split")
 cli.add_device_flags(parser)
@@ -126,6 +133,58 @@ def build_runner(model, templates, args, config: AF1Config) -> tuple[AF1Runner, 
     return runner, per_template
 
 
+def _variant_runners(model, runner: AF1Runner, templates, args, config: AF1Config):
+    """The isolation variants: each changes one thing of the main (cross-fitted) AF1 model."""
+    def rebuilt(**changes) -> AF1Runner:
+        return build_runner(model, templates, argparse.Namespace(**{**vars(args), **changes}), config)[0]
+
+    return {
+        "main": lambda: runner,
+        # CAMA skipped: only the ABP restrictions (what the attention masks alone cost)
+        "abp_only": lambda: runner.with_config(ablate_wait=False),
+        # non-last tokens may keep reading each other after L_wait (the paper forbids it)
+        "others_full_peek": lambda: runner.with_config(others="full"),
+        # means from 4/5 instead of 1/2 of the pairs: how much mean noise costs
+        "five_folds": lambda: rebuilt(n_folds=5),
+        # every token-conditioned mean replaced by the position mean: the fallback everywhere
+        "all_fallback": lambda: build_runner(model, templates, args, dataclasses.replace(
+            config, cama=CamaConfig(min_count=10 ** 9)))[0],
+    }
+
+
+def isolate(model, args, config: AF1Config, templates, timer) -> dict:
+    """Score pre-specified cells under each variant on the same eval prompts, paired against the main model."""
+    try:
+        cells = [tuple(int(x) for x in cell.split(",")) for cell in args.isolate]
+    except ValueError:
+        raise InputError(f"--isolate takes cells as W,T (e.g. 7,6), got {args.isolate}.") from None
+    for w, t in cells:
+        check_setting(model, w, t)
+    with timer.stage("data, CAMA means and cached residuals"):
+        runner, counts = build_runner(model, templates, args, config)
+    out, main_hits = {"cells": [list(c) for c in cells], "search_counts": counts, "variants": {}}, None
+    for name, make in _variant_runners(model, runner, templates, args, config).items():
+        with timer.stage(f"isolation: {name}"):
+            variant = make()
+            order = {p: i for i, p in enumerate(variant.prompts)}
+            align = torch.tensor([order[p] for p in runner.prompts])  # the main runner's prompt order
+            rows = {w: [h[align] for h in variant.sweep_transfer_hits(w)] for w in sorted({w for w, _ in cells})}
+        main_hits = main_hits or rows
+        result = {"fallback_fraction": variant.cama_counts()["fallback_fraction"], "cells": {}}
+        for w, t in cells:
+            hit = rows[w][t].double()
+            result["cells"][f"{w},{t}"] = {"faithfulness": proportion(hit).to_dict(),
+                                          "minus_main": paired_difference(hit, main_hits[w][t].double()).to_dict()}
+        best = max(((w, t) for w in rows for t in range(len(rows[w]))), key=lambda c: float(rows[c[0]][c[1]].float().mean()))
+        result["best_in_rows"] = {"l_wait": best[0], "l_transfer": best[1],
+                                  "faithfulness": proportion(rows[best[0]][best[1]].double()).to_dict()}
+        out["variants"][name] = result
+        print(f"{name:18s} " + "  ".join(f"({c}) {v['faithfulness']['value']:.0%}" for c, v in result["cells"].items())
+              + f"  best in rows {best}: {result['best_in_rows']['faithfulness']['value']:.0%}")
+    out["n_eval"] = runner.n_eval
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -142,6 +201,13 @@ def main(argv: list[str] | None = None) -> dict:
     with timer.stage("load model"):
         model = load_model(args.model, device=args.device, dtype=args.dtype)
     n_layers = model.cfg.n_layers
+    if args.isolate:
+        results = {"model": args.model, "op": args.op, "search_templates": args.templates, "settings": vars(args),
+                   "layer_convention": LAYER_CONVENTION, "isolation": isolate(model, args, config, search_templates, timer),
+                   "seconds": timer.seconds, "wall_seconds": round(time.perf_counter() - start, 1)}
+        save_results(out, results)
+        complete_run(out, results)
+        return results
 
     # ------------------------------------------------------------------------ grid search and pruning
     with timer.stage("data, CAMA means and cached residuals"):

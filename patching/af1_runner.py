@@ -7,6 +7,8 @@ their cached residuals, and scores any (``L_wait``, ``L_transfer``) setting chea
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Hashable, Iterable, Mapping, Sequence
@@ -47,6 +49,8 @@ class AF1Config:
     min_faithfulness: float = 0.9
     prune_keep: float = 0.95
     seed: int = 0
+    # False skips CAMA (each prompt keeps its own residual at L_wait, ABP only): isolates what CAMA costs
+    ablate_wait: bool = True
 
     def __post_init__(self) -> None:
         positive_int(self.batch_size, "AF1Config.batch_size")
@@ -252,7 +256,23 @@ class AF1Runner:
         answers = torch.cat([g.answers for g in self.groups])
         return (answers == answers.mode().values).float().mean().item()
 
+    def with_config(self, **changes) -> "AF1Runner":
+        """A copy sharing this runner's prompts, means and residuals, with ``AF1Config`` fields changed
+        (not ``cama``, whose means are already fitted)."""
+        if "cama" in changes:
+            raise InputError("with_config cannot change the CAMA settings of fitted means; build a new runner.")
+        other = copy.copy(self)
+        other.config = dataclasses.replace(self.config, **changes)
+        return other
+
+    @property
+    def prompts(self) -> list[str]:
+        """The eval prompts in group order (as the hit vectors)."""
+        return [p for group in self.groups for p in group.prompts]
+
     def _cama_resid(self, group: _Group, l_wait: int) -> Tensor:
+        if not self.config.ablate_wait:
+            return group.resid[l_wait]
         if l_wait == 0:
             # The embeddings depend on each position's own token only: CAMA is the identity there,
             # except where a rare token would fall back to a position mean, which would only add noise.

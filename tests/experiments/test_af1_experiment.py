@@ -50,3 +50,23 @@ def test_af1_experiment_split_means(tiny_dir, tmp_path):
     results = af1_experiment.main(["--model", str(tiny_dir), *ARGS, "--means", "split", "--no-authors", "--out", str(out)])
     assert results["means"] == "split" and results["n_folds"] is None
     assert all(c["n_one_token"] == c["n_prompts"] for c in results["search_counts"].values())
+
+
+def test_af1_isolation_variants_are_paired(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    results = af1_experiment.main(["--model", str(tiny_dir), *ARGS, "--isolate", "1,1", "0,2", "--out", str(out)])
+    iso = results["isolation"]
+    assert set(iso["variants"]) == {"main", "abp_only", "others_full_peek", "five_folds", "all_fallback"}
+    main = iso["variants"]["main"]["cells"]["1,1"]
+    assert main["minus_main"]["value"] == 0 and main["faithfulness"]["n"] == iso["n_eval"]
+    assert iso["variants"]["all_fallback"]["fallback_fraction"] > 0 == iso["variants"]["main"]["fallback_fraction"]
+    assert json.loads((out / "results.json").read_text())["isolation"]["cells"] == [[1, 1], [0, 2]]
+
+
+def test_af1_isolation_rejects_bad_cells(tiny_dir, tmp_path):
+    import pytest
+
+    with pytest.raises(ValueError, match="W,T"):
+        af1_experiment.main(["--model", str(tiny_dir), *ARGS, "--isolate", "7-6", "--out", str(tmp_path / "a")])
+    with pytest.raises(ValueError, match="at most n_layers"):
+        af1_experiment.main(["--model", str(tiny_dir), *ARGS, "--isolate", "1,5", "--out", str(tmp_path / "b")])
