@@ -206,7 +206,7 @@ def held_out_selection(runner: AF1Runner, l_waits: Iterable[int] | None = None, 
 def cell_estimate(hits: dict[tuple[int, int], Tensor], l_wait: int, l_transfer: int) -> dict:
     """Faithfulness of one pre-specified cell over all eval prompts (no selection), with its Wilson interval."""
     if (l_wait, l_transfer) not in hits:
-        raise InputError(f"The grid has no cell ({l_wait}, {l_transfer}).")
+        raise InputError(f"The grid has no cell ({l_wait}, {l_transfer}): compute its l_wait with grid_hits first.")
     return {"l_wait": l_wait, "l_transfer": l_transfer,
             "faithfulness": proportion(hits[(l_wait, l_transfer)].double()).to_dict()}
 

@@ -197,7 +197,7 @@ class AF1Runner:
             raise InputError("AF1 got an empty dataset.")
         eligible = [True] * len(data) if eligible is None else list(eligible)
         if len(eligible) != len(data):
-            raise InputError(f"eligible has {len(eligible)} entries for {len(data)} rows.")
+            raise InputError(f"eligible has {len(eligible)} entries for {len(data)} rows: give one flag per row of data.")
         folds = cross_fit_folds(data, n_folds, config.seed)
         candidates = [i for i, ok in enumerate(eligible) if ok]
         if not candidates:

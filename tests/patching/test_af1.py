@@ -11,6 +11,7 @@ from circuits.metrics import end_logits, unembed_end
 from circuits.nodes import Head
 from circuits.tasks import make_row
 from circuits.templates import Template
+from patching.cama import CamaConfig
 from circuits.testing import tiny_model
 from patching.af1_data import AUTHORS_TEMPLATES, cross_fit_folds, make_template_dataset, split_fit_eval
 from patching.af1 import (
@@ -196,8 +197,24 @@ def test_cross_fit_errors():
         cross_fit_folds(data, 2, stratify="nope")
     with pytest.raises(ValueError, match="eligible has 3 entries"):
         AF1Runner.cross_fitted(model, data, eligible=[True] * 3)
-    with pytest.raises(ValueError, match="eligible"):
+    with pytest.raises(ValueError, match="No row of the data is eligible"):
         AF1Runner.cross_fitted(model, data, eligible=[False] * 10)
+    with pytest.raises(ValueError, match="cannot change the CAMA settings"):
+        _runner(model).with_config(cama=CamaConfig(min_count=3))
+
+
+@pytest.mark.parametrize("style,kv", [("gemma", None), ("llama", 2)])
+def test_without_cama_and_with_full_peek_after_the_wait_is_the_plain_model(style, kv):
+    model = tiny_model(style=style, n_layers=3, n_key_value_heads=kv)
+    runner = _runner(model)
+    plain = runner.with_config(ablate_wait=False, others="full")
+    for w in (1, 2):
+        for logits, group in zip(plain.end_logits(w, 3 - w), plain.groups):
+            assert torch.allclose(logits, end_logits(model, group.tokens), atol=1e-5)
+        # with CAMA the same setting differs: the masks alone are not what changes the output
+        assert not all(torch.allclose(a, end_logits(model, g.tokens), atol=1e-4)
+                       for a, g in zip(runner.with_config(others="full").end_logits(w, 3 - w), runner.groups))
+    assert runner.config.ablate_wait and plain.prompts == runner.prompts
 
 
 def test_held_out_rules_and_pre_specified_cells():
@@ -213,7 +230,7 @@ def test_held_out_rules_and_pre_specified_cells():
     assert out["rules"]["longest_wait"]["l_wait"] == out["l_wait"]
     cell = cell_estimate(hits, 1, 1)["faithfulness"]
     assert cell["n"] == runner.n_eval and cell["value"] == pytest.approx(runner.faithfulness(1, 1))
-    with pytest.raises(ValueError, match="no cell"):
+    with pytest.raises(ValueError, match="compute its l_wait"):
         cell_estimate(hits, 2, 1)
 
 
