@@ -277,3 +277,14 @@ def test_af1_on_gemma(gemma):
         assert torch.allclose(unembed_end(gemma, ends[t]), runner.end_logits(12, t)[0], atol=1e-3)
     # nothing reaches the last token after layer 12: it keeps only its own "=" mean
     assert runner.faithfulness(12, 0) <= runner.constant_baseline + 1e-6
+
+
+@pytest.mark.integration
+def test_cross_fitted_af1_data_on_gemma(gemma):
+    # the search data of experiments.af1: all pairs of three formats; one-token sums evaluated
+    data = make_template_dataset(gemma, AUTHORS_TEMPLATES[:3], n_per_template=100, single_token_answers=False)
+    eligible = [len(ids) == 1 for ids in data["answer_token_ids"]]
+    runner = AF1Runner.cross_fitted(gemma, data, AF1Config(), eligible=eligible, layers=[9])
+    assert runner.n_eval_total == 165 and runner.n_eval >= 45  # 46 measured (13 + 18 + 15)
+    assert runner.cama_counts()["fallback_fraction"] == 0.0
+    assert all(not set(g.prompts) & g.fit_prompts for g in runner.groups)
