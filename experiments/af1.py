@@ -21,6 +21,10 @@
    template, and faithfulness against L_wait at the selected L_transfer;
 5. outputs in ``--out``: results.json, heatmap.html, report.html.
 
+``--isolate W,T ...`` replaces 2-4: it scores those pre-specified cells on the same eval prompts
+under one change at a time (no CAMA, non-last tokens with full peek, 5 folds, every mean a
+fallback), paired against the AF1 model, to find what limits faithfulness (results.json only).
+
 Template ids: ``af1-equation``, ``af1-verbal``, ``af1-question``, ``af1-word``,
 ``af1-python`` (``patching.af1_data.authors_templates``) or any id of ``circuits.templates``.
 """
