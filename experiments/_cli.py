@@ -47,6 +47,8 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
             or not action.option_strings
         if quiet or "(default" in text or "default:" in text:
             return text
+        if isinstance(action.default, tuple):  # several values: as they are typed
+            return f"{text} (default: {' '.join(map(str, action.default))})"
         return f"{text} (default: %(default)s)"
 
 
@@ -241,16 +243,21 @@ def add_config_flags(parser: argparse.ArgumentParser, config: type) -> None:
                             nargs=(meta["nargs"] or "+") if several else None, help=meta["help"])
 
 
-def parse_config(config: type[Config], name: str, doc: str | None, argv: Sequence[str] | None = None,
+def config_parser(config: type, name: str, doc: str | None) -> ExperimentParser:
+    """The parser of ``python -m experiments.<name>``: one flag per field of the dataclass ``config``."""
+    parser = make_parser(name, doc)
+    add_config_flags(parser, config)
+    return parser
+
+
+def parse_config(parser: argparse.ArgumentParser, config: type[Config], argv: Sequence[str] | None = None,
                  **fixed: Any) -> Config:
-    """Parse ``argv`` (default: ``sys.argv``) into ``config`` (values of several-valued flags become tuples).
+    """Parse ``argv`` (default: ``sys.argv``) with ``parser`` into ``config``; several-valued flags become tuples.
 
     ``fixed`` fields are set by the caller, not by a flag.
     """
-    parser = make_parser(name, doc)
-    add_config_flags(parser, config)
     args = vars(parser.parse_args(argv))
-    args.pop("debug")
+    args.pop("debug", None)
     return config(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}, **fixed)
 
 
