@@ -26,5 +26,5 @@ def check_option(name: str, value: Any, option: Any) -> Any:
     """``value`` if ``option`` (a ``Literal`` alias or a tuple) allows it; otherwise an ``InputError`` that lists the allowed values."""
     allowed = allowed_values(option)
     if value not in allowed:
-        raise InputError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}.")
+        raise InputError(f"Unknown {name} {value!r}: use one of {', '.join(map(repr, allowed))}.")
     return value

@@ -1,0 +1,45 @@
+"""finetune.configs: one config per method on a shared base; train() picks the method from the config's type."""
+
+import pytest
+
+from circuits.errors import InputError
+from finetune.configs import FullConfig, LoraConfig, PreciseConfig, SFTConfig, TrainConfig, _method_of, method_config
+from finetune.lora import LoraSettings
+
+
+def test_each_method_config_holds_only_its_own_fields():
+    assert {"tune_kv", "rescale"} <= set(PreciseConfig.__dataclass_fields__)
+    assert "lora" not in PreciseConfig.__dataclass_fields__ and "train_embeddings" not in PreciseConfig.__dataclass_fields__
+    assert "train_embeddings" in FullConfig.__dataclass_fields__ and "tune_kv" not in FullConfig.__dataclass_fields__
+    assert "lora" in LoraConfig.__dataclass_fields__ and "rescale" not in LoraConfig.__dataclass_fields__
+    for kind in (PreciseConfig, FullConfig, LoraConfig, TrainConfig):
+        assert issubclass(kind, SFTConfig)
+
+
+def test_the_all_methods_config_narrows_to_each_method():
+    config = TrainConfig(lr=1e-3, batch_size=4, tune_kv=False, train_embeddings=True, lora=LoraSettings(r=2))
+    precise = method_config(config, "precise")
+    assert type(precise) is PreciseConfig and precise.lr == 1e-3 and precise.tune_kv is False
+    assert type(method_config(config, "full")) is FullConfig and method_config(config, "full").train_embeddings
+    assert method_config(config, "lora").lora.r == 2
+    # the resume identity of a precise run does not depend on LoRA's settings
+    other = TrainConfig(lr=1e-3, batch_size=4, tune_kv=False, lora=LoraSettings(r=16))
+    assert method_config(other, "precise").identity() == precise.identity()
+    assert method_config(other, "lora").identity() != method_config(config, "lora").identity()
+
+
+def test_the_method_comes_from_the_config_unless_named():
+    assert _method_of(LoraConfig(), None) == "lora" and _method_of(FullConfig(), None) == "full"
+    assert _method_of(TrainConfig(), None) == "precise" and _method_of(SFTConfig(), None) == "precise"
+    assert _method_of(TrainConfig(), "full") == "full"
+    with pytest.raises(InputError, match="Unknown method 'qlora'"):
+        _method_of(TrainConfig(), "qlora")
+    with pytest.raises(InputError, match="configures another method"):
+        method_config(LoraConfig(), "precise")
+    assert method_config(SFTConfig(lr=1e-3), "full").lr == 1e-3  # the shared base works for every method
+
+
+def test_the_shared_checks_run_for_every_method_config():
+    for kind in (PreciseConfig, FullConfig, LoraConfig, TrainConfig):
+        with pytest.raises(InputError, match="lr must be a finite number"):
+            kind(lr=float("nan"))
