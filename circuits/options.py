@@ -22,9 +22,12 @@ def allowed_values(option: Any) -> tuple:
     return tuple(values)
 
 
-def check_option(name: str, value: Any, option: Any) -> Any:
-    """``value`` if ``option`` (a ``Literal`` alias or a tuple) allows it; otherwise an ``InputError`` that lists the allowed values."""
+def check_option(name: str, value: Any, option: Any, *, where: str = "") -> Any:
+    """``value`` if ``option`` (a ``Literal`` alias or a tuple) allows it; otherwise an ``InputError`` that lists the allowed values.
+
+    ``where`` prefixes the message (e.g. ``"Layer 3: "``).
+    """
     allowed = allowed_values(option)
     if value not in allowed:
-        raise InputError(f"Unknown {name} {value!r}: use one of {', '.join(map(repr, allowed))}.")
+        raise InputError(f"{where}Unknown {name} {value!r}: {name} must be one of {', '.join(map(repr, allowed))}.")
     return value

@@ -27,7 +27,7 @@ with ``corrupted_tokens=reference`` and ``clean_cache=counterfactual cache``
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Literal, Optional, Sequence, Union, get_args
 
 import torch
 from jaxtyping import Bool
@@ -36,12 +36,16 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
+from circuits.options import check_option
+
 from patching import _runs
 from patching.metrics import PatchMetric, get_metric, score_end
 from patching.results import ActivationScores
 
-COMPONENTS = ("z", "attn_out", "mlp_out", "resid_pre", "resid_mid", "resid_post")
-POSITIONS = ("all", "end", "each")
+Component = Literal["z", "attn_out", "mlp_out", "resid_pre", "resid_mid", "resid_post"]
+Positions = Literal["all", "end", "each"]
+COMPONENTS: tuple[str, ...] = get_args(Component)
+POSITIONS: tuple[str, ...] = get_args(Positions)
 
 
 @torch.no_grad()
@@ -50,8 +54,8 @@ def activation_patch(
     reference,
     counterfactual: Optional[Tensor] = None,
     *,
-    component: str = "z",
-    positions: str = "all",
+    component: Component = "z",
+    positions: Positions = "all",
     layers: Optional[Sequence[int]] = None,
     metric: Union[str, PatchMetric, callable] = "logit",
     answer_ids=None,
@@ -79,10 +83,8 @@ def activation_patch(
     Returns:
         :class:`ActivationScores` with axes ``(layer, head)``, ``(layer, pos, head)``, ``(layer,)`` or ``(layer, pos)``.
     """
-    if component not in COMPONENTS:
-        raise ValueError(f"Unknown component {component!r}: use one of {COMPONENTS}.")
-    if positions not in POSITIONS:
-        raise ValueError(f"Unknown positions {positions!r}: use one of {POSITIONS}.")
+    check_option("component", component, Component)
+    check_option("positions", positions, Positions)
     if component in ("mlp_out", "resid_mid") and model.cfg.attn_only:
         raise ValueError(f"The model is attention-only: it has no {component}.")
     metric = get_metric(metric)
