@@ -43,3 +43,15 @@ def test_the_shared_checks_run_for_every_method_config():
     for kind in (PreciseConfig, FullConfig, LoraConfig, TrainConfig):
         with pytest.raises(InputError, match="lr must be a finite number"):
             kind(lr=float("nan"))
+
+
+def test_train_runs_the_method_its_config_names(tiny):
+    from circuits.testing import char_tokenizer
+    from finetune.data import encode_pairs
+    from finetune.trainer import train
+
+    data = encode_pairs(char_tokenizer(), [(f"{a}+{a}=", str(2 * a)) for a in range(4)])
+    result = train(tiny, data, FullConfig(lr=1e-3, batch_size=2, max_steps=1, progress=False))
+    assert result.method == "full" and result.steps == 1 and len(result.losses) == 1
+    with pytest.raises(InputError, match="configures another method"):
+        train(tiny, data, FullConfig(lr=1e-3, batch_size=2, max_steps=1), method="lora")
