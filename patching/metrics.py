@@ -23,7 +23,7 @@ with the signature above is accepted and sees the full vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Literal, Optional, Union, get_args
 
 import torch
 from jaxtyping import Float, Int
@@ -70,7 +70,12 @@ METRICS: dict[str, PatchMetric] = {
 }
 
 
-def get_metric(metric: Union[str, PatchMetric, MetricFn]) -> PatchMetric:
+MetricName = Literal["logit", "logit_diff", "prob", "logprob"]  # the keys of METRICS
+MetricLike = Union[MetricName, PatchMetric, MetricFn]  # what every patching function's ``metric=`` accepts
+assert set(get_args(MetricName)) == set(METRICS), "MetricName lists the keys of METRICS"
+
+
+def get_metric(metric: MetricLike) -> PatchMetric:
     """Resolve a registry name, a :class:`PatchMetric`, or a plain callable (full vocabulary) to a metric."""
     if isinstance(metric, PatchMetric):
         return metric
