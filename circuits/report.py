@@ -35,6 +35,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from circuits.atomic_files import write_text_atomic
+from circuits.errors import InputError
 
 CIRCUITSVIS_BUNDLE = Path("dist") / "cdn" / "iife.js"
 
@@ -102,7 +103,7 @@ class Report:
     def add_heading(self, text: str, level: int = 2) -> "Report":
         """A section heading (``level`` 2 for sections, 3 for subsections)."""
         if level not in (2, 3, 4):
-            raise ValueError(f"Heading level must be 2, 3 or 4, got {level}.")
+            raise InputError(f"Heading level must be 2, 3 or 4, got {level}.")
         self.blocks.append(f"<h{level}>{html.escape(text)}</h{level}>")
         return self
 
@@ -180,11 +181,11 @@ class Report:
             prompt = getattr(view, "prompt", "")
         attention = np.asarray(attention.detach().cpu() if hasattr(attention, "detach") else attention, dtype=float)
         if attention.ndim != 3 or attention.shape[1:] != (len(tokens), len(tokens)):
-            raise ValueError(f"attention must be [head, {len(tokens)}, {len(tokens)}] for {len(tokens)} tokens, "
+            raise InputError(f"attention must be [head, {len(tokens)}, {len(tokens)}] for {len(tokens)} tokens, "
                              f"got shape {attention.shape}.")
         component = {"heads": "AttentionHeads", "patterns": "AttentionPatterns"}.get(kind)
         if component is None:
-            raise ValueError(f"kind must be 'heads' or 'patterns', got {kind!r}.")
+            raise InputError(f"kind must be 'heads' or 'patterns', got {kind!r}.")
         # 4 decimals keep the inlined JSON small without visible change.
         props = {"attention": convert_prop_type(np.round(attention, 4)), "tokens": list(tokens)}
         if kind == "heads" and names is not None:

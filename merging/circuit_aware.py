@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 
 from transformer_lens import HookedTransformer
 
+from circuits.errors import InputError
 from circuits.nodes import Head
 from circuits.options import check_option
 from merging.state_dicts import SourceLike
@@ -41,7 +42,7 @@ def circuit_levels(
     layers = set()
     for h in key_heads:
         if not 0 <= h.layer < n_layers:
-            raise ValueError(f"Key head {h} is outside the model's {n_layers} layers.")
+            raise InputError(f"Key head {h} is outside the model's {n_layers} layers.")
         layers.add(h.layer)
     return {layer: inside if layer in layers else outside for layer in range(n_layers)}
 

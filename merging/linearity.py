@@ -35,6 +35,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from circuits.errors import InputError
 from circuits.options import check_option
 from merging import blocks
 from merging.state_dicts import SourceLike, as_sources, check_compatible, combine_experts
@@ -106,9 +107,9 @@ def nonlinearity_scores(
     n = len(sources)
     for a in alphas:
         if len(a) != n:
-            raise ValueError(f"Interpolation {tuple(a)} has {len(a)} coefficients for {n} experts.")
+            raise InputError(f"Interpolation {tuple(a)} has {len(a)} coefficients for {n} experts.")
     if config.inputs_from == "expert" and len(tasks) != n:
-        raise ValueError(f"inputs_from='expert' needs one task per expert: {len(tasks)} tasks, {n} experts.")
+        raise InputError(f"inputs_from='expert' needs one task per expert: {len(tasks)} tasks, {n} experts.")
     device, dtype = model.cfg.device, next(model.parameters()).dtype
     masks = attention_masks if attention_masks is not None else [None] * len(tasks)
     task_batches = [

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
+from circuits.errors import InputError
 from circuits.options import check_option
 
 from patching import _runs
@@ -86,18 +87,18 @@ def activation_patch(
     check_option("component", component, Component)
     check_option("positions", positions, Positions)
     if component in ("mlp_out", "resid_mid") and model.cfg.attn_only:
-        raise ValueError(f"The model is attention-only: it has no {component}.")
+        raise InputError(f"The model is attention-only: it has no {component}.")
     metric = get_metric(metric)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     layers = list(range(L)) if layers is None else sorted(set(layers))
     bad = [l for l in layers if not 0 <= l < L]
     if bad:
-        raise ValueError(f"Layers {bad} are out of range; the model has layers 0..{L - 1}.")
+        raise InputError(f"Layers {bad} are out of range; the model has layers 0..{L - 1}.")
     groups = _runs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
     n_pos = groups[0].tokens.shape[1]
     if positions == "each" and any(g.tokens.shape[1] != n_pos for g in groups):
-        raise ValueError("positions='each' needs prompts of one token length (restrict the dataset to one template).")
+        raise InputError("positions='each' needs prompts of one token length (restrict the dataset to one template).")
 
     per_head = component == "z"
     site_shape = {"all": (), "end": (), "each": (n_pos,)}[positions] + ((H,) if per_head else ())

@@ -24,6 +24,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from circuits.errors import InputError
 from circuits.nodes import MLP, Head, Node, all_nodes, validate_nodes
 from patching import _runs
 from patching.metrics import PatchMetric, get_metric, score_end
@@ -94,7 +95,7 @@ def _node_values(result: Union[NodeScores, ActivationScores]) -> dict[Node, floa
                 if math.isfinite(v)}
     if result.axes == ("layer",) and result.component == "mlp_out":
         return {MLP(l): float(v) for l, v in enumerate(result.effect.tolist()) if math.isfinite(v)}
-    raise ValueError(f"Cannot compare activation patching with axes {result.axes} of {result.component!r}: use "
+    raise InputError(f"Cannot compare activation patching with axes {result.axes} of {result.component!r}: use "
                      f"component='z' or 'mlp_out' with positions='all' or 'end'.")
 
 
@@ -122,6 +123,6 @@ def rank_agreement(
     va, vb = values(a), values(b)
     common = sorted(set(va) & set(vb), key=lambda n: (isinstance(n, MLP), n.layer, getattr(n, "head", 0)))
     if len(common) < 3:
-        raise ValueError(f"Only {len(common)} nodes are scored by both results; rank correlation needs at least 3.")
+        raise InputError(f"Only {len(common)} nodes are scored by both results; rank correlation needs at least 3.")
     rho, p = spearmanr([va[n] for n in common], [vb[n] for n in common])
     return {"spearman": float(rho), "p_value": float(p), "n_nodes": len(common)}
