@@ -27,7 +27,7 @@ with ``corrupted_tokens=reference`` and ``clean_cache=counterfactual cache``
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Sequence, Union, get_args
+from typing import Literal, Sequence, get_args
 
 import torch
 from jaxtyping import Bool
@@ -40,7 +40,7 @@ from circuits.errors import InputError
 from circuits.options import check_option
 
 from patching import _runs
-from patching.metrics import PatchMetric, get_metric, score_end
+from patching.metrics import MetricLike, get_metric, score_end
 from patching.results import ActivationScores
 
 Component = Literal["z", "attn_out", "mlp_out", "resid_pre", "resid_mid", "resid_post"]
@@ -53,15 +53,15 @@ POSITIONS: tuple[str, ...] = get_args(Positions)
 def activation_patch(
     model: HookedTransformer,
     reference,
-    counterfactual: Optional[Tensor] = None,
+    counterfactual: Tensor | None = None,
     *,
     component: Component = "z",
     positions: Positions = "all",
-    layers: Optional[Sequence[int]] = None,
-    metric: Union[str, PatchMetric, callable] = "logit",
+    layers: Sequence[int] | None = None,
+    metric: MetricLike = "logit",
     answer_ids=None,
     alt_ids=None,
-    batch_size: Optional[int] = None,
+    batch_size: int | None = None,
     memory_mb: float = 1024.0,
     reuse_prefix: bool = True,
     progress: bool = True,
@@ -126,7 +126,7 @@ def activation_patch(
     return ActivationScores((total / n_prompts).float(), axes, component, metric.name, base_total / n_prompts, n_prompts)
 
 
-def _site_masks(positions: str, n_pos: int, n_heads: Optional[int], device) -> Bool[Tensor, "site pos ..."]:
+def _site_masks(positions: str, n_pos: int, n_heads: int | None, device) -> Bool[Tensor, "site pos ..."]:
     """One boolean mask per patch site over (pos[, head]), in the result's (pos, head) order."""
     if positions == "each":
         pos_masks = torch.eye(n_pos, dtype=torch.bool, device=device)

@@ -16,7 +16,7 @@ against exact activation patching or path patching on the same prompts with
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Union
+from typing import Sequence
 
 import torch
 from scipy.stats import spearmanr
@@ -27,20 +27,20 @@ from transformer_lens import HookedTransformer
 from circuits.errors import InputError
 from circuits.nodes import MLP, Head, Node, all_nodes, validate_nodes
 from patching import _runs
-from patching.metrics import PatchMetric, get_metric, score_end
+from patching.metrics import MetricLike, get_metric, score_end
 from patching.results import ActivationScores, NodeScores
 
 
 def attribution_patch(
     model: HookedTransformer,
     reference,
-    counterfactual: Optional[Tensor] = None,
+    counterfactual: Tensor | None = None,
     *,
-    nodes: Optional[Sequence[Node]] = None,
-    metric: Union[str, PatchMetric, callable] = "logit",
+    nodes: Sequence[Node] | None = None,
+    metric: MetricLike = "logit",
     answer_ids=None,
     alt_ids=None,
-    batch_size: Optional[int] = None,
+    batch_size: int | None = None,
     progress: bool = True,
 ) -> NodeScores:
     """Linear estimate of each node's activation-patching effect (counterfactual value into the reference run).
@@ -87,7 +87,7 @@ def attribution_patch(
     return NodeScores(head_out, mlp_out, metric.name, base_total / n_prompts, n_prompts, "attribution")
 
 
-def _node_values(result: Union[NodeScores, ActivationScores]) -> dict[Node, float]:
+def _node_values(result: NodeScores | ActivationScores) -> dict[Node, float]:
     if isinstance(result, NodeScores):
         return {n: v for n, v in result.ranked("all")}
     if result.axes == ("layer", "head"):
@@ -100,8 +100,8 @@ def _node_values(result: Union[NodeScores, ActivationScores]) -> dict[Node, floa
 
 
 def rank_agreement(
-    a: Union[NodeScores, ActivationScores, Sequence],
-    b: Union[NodeScores, ActivationScores, Sequence],
+    a: NodeScores | ActivationScores | Sequence,
+    b: NodeScores | ActivationScores | Sequence,
     kind: str = "all",
 ) -> dict:
     """Spearman rank correlation of two node scorings over the nodes both scored.
