@@ -32,7 +32,7 @@ from circuits.loading import load_model
 from circuits.runs import complete_run, prepare_run_dir, release_freed_memory
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
-from finetune import ArithmeticMix, FullConfig, PreciseConfig, arithmetic_train_set, train
+from finetune import ArithmeticMix, FullSFTConfig, PreciseSFTConfig, arithmetic_train_set, train
 from patching.key_heads import KeyHeads, given_key_heads, rank_key_heads
 
 from experiments import _cli as cli
@@ -72,14 +72,14 @@ def run_arms(model, data, heads, cfg: BenchFinetuneConfig) -> dict[str, list[dic
     """``--rounds`` rounds of each arm in turn on the same model object; each run's ``TrainResult.summary()``."""
     shared = dict(lr=1e-5, batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size, max_steps=cfg.steps,
                   progress=False)
-    arms = {"precise": PreciseConfig(**shared), "full": FullConfig(**shared)}
+    arms = {"precise": PreciseSFTConfig(**shared), "full": FullSFTConfig(**shared)}
     if not cfg.no_full_all:
-        arms["full_all"] = FullConfig(**shared, train_embeddings=True)
+        arms["full_all"] = FullSFTConfig(**shared, train_embeddings=True)
     runs: dict[str, list[dict]] = {arm: [] for arm in arms}
     for round_ in range(cfg.rounds):
         for arm, config in arms.items():
             release_freed_memory()  # else memory freed by the previous arm counts in this arm's peak RSS
-            result = train(model, data, config, heads=heads if isinstance(config, PreciseConfig) else None)
+            result = train(model, data, config, heads=heads if isinstance(config, PreciseSFTConfig) else None)
             runs[arm].append(result.summary())
             print(f"round {round_}: {arm:8s} {result.seconds_per_step:6.2f} s/step, "
                   f"optimizer state {result.optimizer_state_bytes / 2**20:8.1f} MiB, "

@@ -26,7 +26,7 @@ from finetune.evaluate import MathSuiteConfig, drift, evaluate, general_texts, m
 from finetune.lora import LoraSettings, attach_lora, merge_lora
 from finetune.masks import Selection, TunableSlice, apply_selection, full_selection, precise_selection
 from finetune.optim import SliceAdamW, lr_at
-from finetune.configs import FullConfig, LoraConfig, PreciseConfig, SFTConfig, method_config
+from finetune.configs import FullSFTConfig, LoraSFTConfig, PreciseSFTConfig, SFTConfig, method_config
 from finetune.trainer import METHODS, TrainConfig, TrainResult, train
 
 __all__ = [
@@ -36,4 +36,4 @@ __all__ = [
     "load_tuned", "lr_at", "math_suite", "merge_lora", "precise_selection", "save_tuned", "split_templates",
     "train",
 ]
-__all__ += ["FullConfig", "LoraConfig", "PreciseConfig", "SFTConfig", "method_config"]
+__all__ += ["FullSFTConfig", "LoraSFTConfig", "PreciseSFTConfig", "SFTConfig", "method_config"]

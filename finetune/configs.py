@@ -1,8 +1,8 @@
 """One config per training method, on a shared base.
 
 :class:`SFTConfig` holds what every method shares (the paper's optimization settings, §5.3, and
-bookkeeping); :class:`PreciseConfig`, :class:`FullConfig` and :class:`LoraConfig` add their method's
-own fields, and their type names the method, so ``train(model, data, LoraConfig(lora=...))`` needs no
+bookkeeping); :class:`PreciseSFTConfig`, :class:`FullSFTConfig` and :class:`LoraSFTConfig` add their method's
+own fields, and their type names the method, so ``train(model, data, LoraSFTConfig(lora=...))`` needs no
 ``method=``. :class:`TrainConfig` holds every method's fields at once, for a script that trains several
 methods from one set of flags; :func:`method_config` narrows it to one method's config, which is what a
 run's identity (the resume check) is made of.
@@ -71,7 +71,7 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
-class PreciseConfig(SFTConfig):
+class PreciseSFTConfig(SFTConfig):
     """Precise SFT: ``tune_kv`` also trains the K/V slices the key heads read; ``rescale`` (see finetune.masks)."""
 
     tune_kv: bool = True
@@ -79,26 +79,26 @@ class PreciseConfig(SFTConfig):
 
 
 @dataclass(frozen=True)
-class FullConfig(SFTConfig):
+class FullSFTConfig(SFTConfig):
     """Full SFT: every parameter, the embeddings only with ``train_embeddings``."""
 
     train_embeddings: bool = False
 
 
 @dataclass(frozen=True)
-class LoraConfig(SFTConfig):
+class LoraSFTConfig(SFTConfig):
     """LoRA: rank-r factors on the targets of ``lora``, merged into the weights at the end."""
 
     lora: LoraSettings = field(default_factory=LoraSettings)
 
 
 @dataclass(frozen=True)
-class TrainConfig(PreciseConfig, FullConfig, LoraConfig):
+class TrainConfig(PreciseSFTConfig, FullSFTConfig, LoraSFTConfig):
     """Every method's settings in one (for a script that trains several methods with one config);
     :func:`train` keeps only the fields of the method it runs (:func:`method_config`)."""
 
 
-METHOD_CONFIGS: dict[str, type[SFTConfig]] = {"precise": PreciseConfig, "full": FullConfig, "lora": LoraConfig}
+METHOD_CONFIGS: dict[str, type[SFTConfig]] = {"precise": PreciseSFTConfig, "full": FullSFTConfig, "lora": LoraSFTConfig}
 
 
 def method_config(config: SFTConfig, method: Method) -> SFTConfig:

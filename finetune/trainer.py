@@ -57,7 +57,7 @@ from finetune.data import SFTDataError, collate, epoch_order, targets
 from finetune.lora import attach_lora, lora_targets, merge_lora
 from finetune.masks import Selection, apply_selection, full_selection, named_selection, precise_selection
 from finetune.configs import (  # noqa: F401  (re-exported: finetune.trainer.TrainConfig is public)
-    METHOD_CONFIGS, METHODS, FullConfig, LoraConfig, Method, PreciseConfig, SFTConfig, TrainConfig, _method_of, method_config,
+    METHOD_CONFIGS, METHODS, FullSFTConfig, LoraSFTConfig, Method, PreciseSFTConfig, SFTConfig, TrainConfig, _method_of, method_config,
 )
 from finetune.optim import SliceAdamW, lr_at
 
@@ -204,7 +204,7 @@ def train(
     """Fine-tune ``model`` in place on ``train_dataset`` (rows with ``input_ids`` and ``n_prompt``).
 
     Args:
-        config: a :class:`PreciseConfig`, :class:`FullConfig` or :class:`LoraConfig` (which names the
+        config: a :class:`PreciseSFTConfig`, :class:`FullSFTConfig` or :class:`LoraSFTConfig` (which names the
             method), or a :class:`TrainConfig` holding every method's settings.
         method: ``"precise"`` (needs ``heads`` and/or ``mlps``), ``"full"`` or ``"lora"``; by default the
             method ``config`` is for (``"precise"`` for a TrainConfig).
