@@ -328,3 +328,18 @@ def evaluate(
     drift_scores = drift(model, base, general_texts() if texts is None else texts, max_tokens=drift_tokens,
                          batch_size=max(1, batch_size // 4), progress=progress, per_text=per_prompt)
     return {"math": per_set, "math_summary": summarize_math(per_set), "drift": drift_scores}
+
+
+def paired_comparison(scores: dict, reference: dict, *, family: str = "heldout", seed: int = 0) -> dict[str, Estimate]:
+    """``scores`` minus ``reference`` (two :func:`evaluate` results with ``per_prompt=True``, same suite and texts).
+
+    ``accuracy``: the paired bootstrap of the exact-accuracy difference over the
+    same prompts (:func:`circuits.stats.paired_difference`); ``kl`` and
+    ``lm_loss_increase``: the paired per-token drift differences, resampling texts.
+    """
+    from circuits.stats import paired_difference
+
+    a, b = pooled_hits(scores["math"], family), pooled_hits(reference["math"], family)
+    out = {"accuracy": paired_difference(a, b, seed=seed)}
+    out |= drift_estimates(scores["drift"]["per_text"], reference["drift"]["per_text"], seed=seed)
+    return out
