@@ -97,3 +97,6 @@ def test_per_prompt_hits_and_drift_intervals(tiny_gemma):
     assert d["kl"].low > 0 and d["kl"].n == 6
     paired = drift_estimates(per_text, per_text)  # a model against itself: exactly zero
     assert paired["kl"].value == 0 and paired["kl"].high == 0
+    shorter = {k: v[:-1] for k, v in per_text.items()}
+    with pytest.raises(ValueError, match="same texts in both arms"):
+        drift_estimates(per_text, shorter)
