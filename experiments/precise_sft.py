@@ -29,7 +29,9 @@
    (paired differences); ``<out>/report.html``.
 
 ``--resume`` continues a folder written with the same settings, skipping the
-methods it already holds, so the methods can run as separate commands.
+methods and learning-rate trials it already holds, so the work can be split
+over several commands (each trial is recorded as it ends; the best trial's
+tuned weights stay under ``<out>/runs/``).
 Default scale: 256 training examples, 16 optimizer steps of 16 (one epoch),
 three learning rates per method. The paper trains 2 epochs of batch 128 on 4
 math datasets; scale with ``--n-train``, ``--steps``, ``--batch-size``.
@@ -41,6 +43,7 @@ import argparse
 import copy
 import dataclasses
 import gc
+import shutil
 import time
 from pathlib import Path
 
@@ -52,7 +55,7 @@ from circuits.nodes import MLP, Head, parse_node
 from circuits.report import Report
 from circuits.runs import complete_run, prepare_run_dir, read_marker, release_freed_memory, save_results
 from circuits.tasks import make_dataset
-from finetune import ArithmeticMix, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
+from finetune import ArithmeticMix, load_tuned, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
 from finetune.evaluate import (
     NON_MATH_SENTENCES, accuracy_estimate, answer_accuracy, drift_estimates, evaluate, math_suite, paired_comparison,
     pydoc_passages, validation_suite,
@@ -241,49 +244,72 @@ def main(argv: list[str] | None = None) -> None:
     config = TrainConfig(batch_size=args.batch_size, micro_batch_size=args.micro_batch_size, max_steps=args.steps,
                          seed=args.seed, lora=LoraSettings(r=args.lora_rank), progress=False)
 
-    def train_one(name: str, method_key: str, lr: float, heads_=None, mlps_=None):
+    def train_one(name: str, method_key: str, lr: float, heads_=None, mlps_=None, out_dir=None):
         method, overrides, _ = METHOD_SPECS[method_key]
         release_freed_memory()  # so each run's peak RSS is its own
         model = copy.deepcopy(base)
         run_config = dataclasses.replace(config, lr=lr, **overrides)
-        result = train(model, train_set, run_config, method=method, heads=heads_, mlps=mlps_,
-                       out_dir=out / "runs" / name if method == "precise" else None)
+        if out_dir is None and method == "precise":
+            out_dir = out / "runs" / name
+        result = train(model, train_set, run_config, method=method, heads=heads_, mlps=mlps_, out_dir=out_dir)
         return model, result
 
     # ---------------------------------------------------------------- lr search on validation, test at the chosen lr
+    # Each trial (method, lr) is recorded as it ends and the best one's tuned weights stay on disk
+    # (runs/<method>_lr<lr>/final), so a command stopped by its time limit resumes at the next trial.
     for method_key in args.methods:
         if method_key in results["runs"]:
             print(f"--- {method_key}: already in {out}, skipped")
             continue
         grid = getattr(args, METHOD_SPECS[method_key][2])
         is_precise = METHOD_SPECS[method_key][0] == "precise"
-        search, best = {}, None
+        search = results["lr_search"].setdefault(method_key, {
+            "grid": grid, "chosen_lr": None, "by_lr": {}, "rule": "best validation exact accuracy; ties: smaller lr"})
+        best = None  # (validation estimate, lr, tuned model, trial entry)
         for lr in grid:
+            key, trial_dir = f"{lr:g}", out / "runs" / f"{method_key}_lr{lr:g}"
+            entry = search["by_lr"].get(key)
+            if entry is not None:  # done by an earlier command
+                if entry["kept"]:
+                    model = copy.deepcopy(base)
+                    load_tuned(model, trial_dir / "final")
+                    best = (entry["validation_exact"], lr, model, entry)
+                continue
+            shutil.rmtree(trial_dir, ignore_errors=True)  # a trial cut short restarts from the base weights
             tick = time.perf_counter()
-            model, result = train_one(f"{method_key}_lr{lr:g}", method_key, lr, heads if is_precise else None)
+            model, result = train_one("", method_key, lr, heads if is_precise else None, out_dir=trial_dir)
             val = evaluate_val(model)
-            search[f"{lr:g}"] = {"lr": lr, "validation_exact": val, "final_loss": result.losses[-1],
-                                 "seconds": time.perf_counter() - tick}
+            entry = {"lr": lr, "validation_exact": val, "final_loss": result.losses[-1], "kept": False,
+                     "train": result.summary(), "losses": result.losses, "seconds": time.perf_counter() - tick}
             print(f"{method_key} lr {lr:g}: validation exact {val['value']:.3f} [{val['low']:.3f}, {val['high']:.3f}] "
-                  f"(n={val['n']}), final loss {result.losses[-1]:.4f}, {search[f'{lr:g}']['seconds']:.0f} s")
+                  f"(n={val['n']}), final loss {result.losses[-1]:.4f}, {entry['seconds']:.0f} s")
+            discard = trial_dir
             if best is None or val["value"] > best[0]["value"]:  # strict: ties keep the smaller lr
-                best = (val, lr, model, result)
+                discard = None if best is None else out / "runs" / f"{method_key}_lr{best[1]:g}"
+                if best is not None:
+                    best[3]["kept"] = False
+                entry["kept"] = True
+                best = (val, lr, model, entry)
+            search["by_lr"][key] = entry
+            save_results(out, results)  # before deleting: a stop in between leaves a kept trial's weights on disk
+            if discard is not None:
+                shutil.rmtree(discard, ignore_errors=True)
             del model, result
             gc.collect()
-        val, lr, model, result = best
-        results["lr_search"][method_key] = {"grid": grid, "chosen_lr": lr, "by_lr": search,
-                                            "rule": "best validation exact accuracy; ties: smaller lr"}
+        val, lr, model, entry = best
+        search["chosen_lr"] = lr
         scores = evaluate_test(model)
-        results["runs"][method_key] = {"method": result.method, "lr": lr, "k": args.k if is_precise else None,
+        results["runs"][method_key] = {"method": METHOD_SPECS[method_key][0], "lr": lr,
+                                       "k": args.k if is_precise else None,
                                        "tune_kv": METHOD_SPECS[method_key][1].get("tune_kv"), "validation_exact": val,
-                                       "train": result.summary(), "losses": result.losses, **scores,
+                                       "train": entry["train"], "losses": entry["losses"], **scores,
                                        "summary": _score_summary(scores, base_scores)}
         s = results["runs"][method_key]["summary"]
         print(f"{method_key}: lr {lr:g}, test held-out exact {s['heldout_exact']['value']:.3f} "
               f"(gain {s['heldout_gain']['value']:+.3f} [{s['heldout_gain']['low']:+.3f}, {s['heldout_gain']['high']:+.3f}]), "
-              f"KL {scores['drift']['kl']:.4f}, {result.n_trainable:,} trained")
+              f"KL {scores['drift']['kl']:.4f}, {entry['train']['n_trainable']:,} trained")
         save_results(out, results)
-        del best, model, result
+        del best, model
         gc.collect()
 
     # ---------------------------------------------------------------- Table-2 ablation at precise's chosen lr

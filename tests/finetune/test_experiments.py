@@ -78,3 +78,40 @@ def test_bench_finetune_writes_ratios(tiny_loader, monkeypatch, tmp_path):
         assert results["ratios"][arm]["precise_optimizer_memory_ratio"] < 1
         assert results["methods"]["precise"]["n_trainable"] < results["methods"][arm]["n_trainable"]
     assert results["methods"]["full"]["n_trainable"] < results["methods"]["full_all"]["n_trainable"]
+
+
+def test_precise_sft_resumes_inside_the_lr_grid(tiny_loader, monkeypatch, tmp_path):
+    """A command stopped after one lr trial resumes at the next and ends as an uninterrupted run does."""
+    import experiments.precise_sft as exp
+
+    common = ["--heads", "L1H0,L1H2", "--k", "2", "--n-train", "16", "--steps", "2", "--batch-size", "8",
+              "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "3", "--n-shots", "0",
+              "--n-pydoc", "1", "--n-sentences", "2", "--methods", "full,precise_nokv",
+              "--full-lrs", "1e-3,3e-2,1e-1", "--precise-lrs", "1e-2"]
+    exp.main([*common, "--out", str(tmp_path / "whole")])
+    whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+
+    real_train, calls = exp.train, []
+
+    def stop_at_the_third_trial(*args, **kwargs):
+        calls.append(kwargs["method"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as a time limit would
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(exp, "train", stop_at_the_third_trial)
+    with pytest.raises(KeyboardInterrupt):
+        exp.main([*common, "--out", str(tmp_path / "cut")])
+    cut = json.loads((tmp_path / "cut" / "results.json").read_text())
+    assert set(cut["lr_search"]["full"]["by_lr"]) == {"0.001", "0.03"} and not cut["runs"]
+    monkeypatch.setattr(exp, "train", real_train)
+    exp.main([*common, "--out", str(tmp_path / "cut"), "--resume"])
+    resumed = json.loads((tmp_path / "cut" / "results.json").read_text())
+    for method in ("full", "precise_nokv"):
+        assert resumed["lr_search"][method]["chosen_lr"] == whole["lr_search"][method]["chosen_lr"]
+        assert resumed["runs"][method]["math"] == whole["runs"][method]["math"]  # same tuned weights
+        assert resumed["runs"][method]["drift"]["kl"] == pytest.approx(whole["runs"][method]["drift"]["kl"])
+    kept = [k for k, v in resumed["lr_search"]["full"]["by_lr"].items() if v["kept"]]
+    assert kept == [f"{resumed['lr_search']['full']['chosen_lr']:g}"]
+    assert sorted(p.name for p in (tmp_path / "cut" / "runs").iterdir()) == sorted(
+        f"{m}_lr{resumed['lr_search'][m]['chosen_lr']:g}" for m in ("full", "precise_nokv"))
