@@ -16,7 +16,8 @@
 Two full-SFT arms: ``full`` is this package's default (embeddings frozen, see
 finetune.masks.full_selection) and ``full_all`` trains every parameter, the
 paper's full SFT. Ratios are given against both (``--no-full-all`` skips the
-second, which needs ~4 GB more memory).
+second, which needs ~4 GB more memory). ``--nokv`` adds precise SFT with the
+K/V slices frozen (``tune_kv=False``), timed against the K/V-tuning arm.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ cli.add_device_flags(parser, dtype=False)
 parser.add_argument("--out", default="runs/bench_finetune", help="output folder")
 parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
 parser.add_argument("--no-full-all", action="store_true", help="skip the all-parameter full SFT arm")
+parser.add_argument("--nokv", action="store_true", help="add a precise arm that leaves the K/V slices frozen (tune_kv=False)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     config = TrainConfig(lr=1e-5, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
                          max_steps=args.steps, progress=False)
     arms = {"precise": ("precise", config), "full": ("full", config)}
+    if args.nokv:
+        arms["precise_nokv"] = ("precise", dataclasses.replace(config, tune_kv=False))
     if not args.no_full_all:
         arms["full_all"] = ("full", dataclasses.replace(config, train_embeddings=True))
     runs = {arm: [] for arm in arms}
@@ -100,7 +104,13 @@ def main(argv: list[str] | None = None) -> None:
     precise = summary["precise"]
     ratios = {arm: {"speedup_over_precise": summary[arm]["seconds_per_step_median"] / precise["seconds_per_step_median"],
                     "precise_optimizer_memory_ratio": precise["optimizer_state_bytes"] / summary[arm]["optimizer_state_bytes"]}
-              for arm in summary if arm != "precise"}
+              for arm in summary if not arm.startswith("precise")}
+    if "precise_nokv" in summary:  # against the K/V-tuning precise arm: >1 means freezing K/V is faster
+        nokv = summary["precise_nokv"]
+        results_nokv = {"speedup_over_precise_with_kv": precise["seconds_per_step_median"] / nokv["seconds_per_step_median"],
+                        "optimizer_memory_ratio_to_precise_with_kv": nokv["optimizer_state_bytes"] / precise["optimizer_state_bytes"]}
+    else:
+        results_nokv = None
     results = {
         "model": args.model, "heads": [str(h) for h in heads], "head_source": head_source,
         "steps_per_run": args.steps, "rounds": args.rounds, "batch_size": args.batch_size,
@@ -109,6 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         "goals": {arm: {"speedup>=2": r["speedup_over_precise"] >= 2, "memory_ratio<=0.05": r["precise_optimizer_memory_ratio"] <= 0.05}
                   for arm, r in ratios.items()},
     }
+    if results_nokv is not None:
+        results["precise_nokv"] = results_nokv
     for arm, r in ratios.items():
         print(f"vs {arm} ({summary[arm]['selection']}): precise is {r['speedup_over_precise']:.2f}x faster per step "
               f"(goal >= 2x); optimizer memory {100 * r['precise_optimizer_memory_ratio']:.2f}% (goal <= 5%)")

@@ -78,6 +78,18 @@ def test_bench_finetune_writes_ratios(tiny_loader, monkeypatch, tmp_path):
         assert results["ratios"][arm]["precise_optimizer_memory_ratio"] < 1
         assert results["methods"]["precise"]["n_trainable"] < results["methods"][arm]["n_trainable"]
     assert results["methods"]["full"]["n_trainable"] < results["methods"]["full_all"]["n_trainable"]
+    assert "precise_nokv" not in results
+
+
+def test_bench_finetune_nokv_arm(tiny_loader, monkeypatch, tmp_path):
+    _run("experiments.bench_finetune", ["--out", str(tmp_path), "--heads", "L1H0", "--steps", "2", "--rounds", "1",
+                                        "--batch-size", "4", "--micro-batch-size", "4", "--no-full-all", "--nokv"],
+         monkeypatch)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["ratios"]) == {"full"}
+    methods = results["methods"]
+    assert methods["precise_nokv"]["n_trainable"] < methods["precise"]["n_trainable"]
+    assert 0 < results["precise_nokv"]["optimizer_memory_ratio_to_precise_with_kv"] < 1
 
 
 def test_precise_sft_resumes_inside_the_lr_grid(tiny_loader, monkeypatch, tmp_path):
