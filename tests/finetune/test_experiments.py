@@ -78,7 +78,7 @@ def test_bench_finetune_writes_ratios(tiny_loader, monkeypatch, tmp_path):
         assert results["ratios"][arm]["precise_optimizer_memory_ratio"] < 1
         assert results["methods"]["precise"]["n_trainable"] < results["methods"][arm]["n_trainable"]
     assert results["methods"]["full"]["n_trainable"] < results["methods"]["full_all"]["n_trainable"]
-    assert "precise_nokv" not in results
+    assert "precise_nokv" not in results["methods"]
 
 
 def test_bench_finetune_nokv_arm(tiny_loader, monkeypatch, tmp_path):
@@ -89,7 +89,7 @@ def test_bench_finetune_nokv_arm(tiny_loader, monkeypatch, tmp_path):
     assert set(results["ratios"]) == {"full"}
     methods = results["methods"]
     assert methods["precise_nokv"]["n_trainable"] < methods["precise"]["n_trainable"]
-    assert 0 < results["precise_nokv"]["optimizer_memory_ratio_to_precise_with_kv"] < 1
+    assert 0 < methods["precise_nokv"]["vs_precise_with_kv"]["optimizer_memory_ratio_to_precise_with_kv"] < 1
 
 
 def test_precise_sft_resumes_inside_the_lr_grid(tiny_loader, monkeypatch, tmp_path):
