@@ -55,6 +55,7 @@ class BenchFinetuneConfig:
     out: str = option("runs/bench_finetune", "output folder")
     overwrite: bool = option(False, "replace the results of an earlier run in --out")
     no_full_all: bool = option(False, "skip the all-parameter full SFT arm")
+    nokv: bool = option(False, "add a precise arm that leaves the K/V slices frozen (tune_kv=False)")
 
 
 parser = cli.config_parser(BenchFinetuneConfig, "bench_finetune", __doc__)
@@ -73,6 +74,8 @@ def run_arms(model, data, heads, cfg: BenchFinetuneConfig) -> dict[str, list[dic
     shared = dict(lr=1e-5, batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size, max_steps=cfg.steps,
                   progress=False)
     arms = {"precise": PreciseSFTConfig(**shared), "full": FullSFTConfig(**shared)}
+    if cfg.nokv:
+        arms["precise_nokv"] = PreciseSFTConfig(**shared, tune_kv=False)
     if not cfg.no_full_all:
         arms["full_all"] = FullSFTConfig(**shared, train_embeddings=True)
     runs: dict[str, list[dict]] = {arm: [] for arm in arms}
@@ -103,7 +106,12 @@ def summarize(runs: dict[str, list[dict]]) -> tuple[dict, dict]:
     precise = summary["precise"]
     ratios = {arm: {"speedup_over_precise": summary[arm]["seconds_per_step_median"] / precise["seconds_per_step_median"],
                     "precise_optimizer_memory_ratio": precise["optimizer_state_bytes"] / summary[arm]["optimizer_state_bytes"]}
-              for arm in summary if arm != "precise"}
+              for arm in summary if not arm.startswith("precise")}
+    if "precise_nokv" in summary:  # >1: freezing K/V is faster than tuning it
+        nokv = summary["precise_nokv"]
+        ratios_nokv = {"speedup_over_precise_with_kv": precise["seconds_per_step_median"] / nokv["seconds_per_step_median"],
+                       "optimizer_memory_ratio_to_precise_with_kv": nokv["optimizer_state_bytes"] / precise["optimizer_state_bytes"]}
+        summary["precise_nokv"]["vs_precise_with_kv"] = ratios_nokv
     for arm, r in ratios.items():
         print(f"vs {arm} ({summary[arm]['selection']}): precise is {r['speedup_over_precise']:.2f}x faster per step "
               f"(goal >= 2x); optimizer memory {100 * r['precise_optimizer_memory_ratio']:.2f}% (goal <= 5%)")

@@ -127,7 +127,10 @@ def arithmetic_pairs(
     n_shots: int = 2,
     seed: int = 0,
 ) -> list[dict]:
-    """``n`` arithmetic (prompt, answer, template_id) dicts, cycling through ``template_ids``, seeded.
+    """``n`` arithmetic (prompt, answer, template_id, query) dicts, cycling through ``template_ids``, seeded.
+
+    ``query`` is the asked line (the filled template after the shots); it is
+    what :func:`finetune.evaluate.validation_suite` keeps apart from the test set.
 
     Unlike :func:`circuits.tasks.make_dataset` no counterfactual twin is built:
     fine-tuning needs none, and some templates (e.g. multiplication word
@@ -150,14 +153,21 @@ def arithmetic_pairs(
             lines.append((template.fill(format_number(a, decimals), format_number(b, decimals)),
                           format_answer(symbol, a, b, decimals)))
         prefix = "".join(prompt + answer + "\n" for prompt, answer in lines[:-1])
-        out.append({"prompt": prefix + lines[-1][0], "answer": lines[-1][1], "template_id": template.id})
+        out.append({"prompt": prefix + lines[-1][0], "answer": lines[-1][1], "template_id": template.id,
+                    "query": lines[-1][0]})
     return out
 
 
 def arithmetic_rows(tokenizer, op: str, template_ids: Sequence[str], n: int, **kwargs) -> Dataset:
-    """SFT rows (with ``template_id``) of :func:`arithmetic_pairs`."""
+    """SFT rows (with ``template_id`` and ``query``) of :func:`arithmetic_pairs`."""
     items = arithmetic_pairs(op, template_ids, n, **kwargs)
-    rows = [{**encode_pair(tokenizer, it["prompt"], it["answer"]), "template_id": it["template_id"]} for it in items]
+    return rows_from_pairs(tokenizer, items)
+
+
+def rows_from_pairs(tokenizer, items: Sequence[dict]) -> Dataset:
+    """SFT rows of :func:`arithmetic_pairs` items, keeping their ``template_id`` and ``query``."""
+    rows = [{**encode_pair(tokenizer, it["prompt"], it["answer"]), "template_id": it["template_id"],
+             "query": it["query"]} for it in items]
     return Dataset.from_list(rows)
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
@@ -35,8 +36,9 @@ from transformer_lens import HookedTransformer
 from circuits.checks import positive_int
 from circuits.errors import InputError
 from circuits.metrics import unembed_end
+from circuits.stats import Estimate, bootstrap, proportion
 from circuits.templates import resolve_operation, template_by_id
-from finetune.data import arithmetic_rows, collate, from_task_dataset, split_templates, targets
+from finetune.data import SFTDataError, arithmetic_pairs, arithmetic_rows, collate, from_task_dataset, rows_from_pairs, split_templates, targets
 
 NON_MATH_SENTENCES = (
     "The old lighthouse keeper climbed the spiral stairs every evening to light the lamp.",
@@ -105,11 +107,14 @@ def drift(
     max_tokens: int = 128,
     batch_size: int = 4,
     progress: bool = False,
-) -> dict[str, float]:
+    per_text: bool = False,
+) -> dict:
     """Mean per-token ``KL(p_base || p_model)`` and LM losses of ``model`` and ``base`` on ``texts``.
 
     Texts are truncated to ``max_tokens`` tokens (BOS included); every position
-    that predicts a real next token counts once.
+    that predicts a real next token counts once. ``per_text=True`` adds
+    ``"per_text"``: each text's summed KL, summed losses and token count, the
+    unit :func:`drift_estimates` resamples for its intervals.
     """
     positive_int(batch_size, "batch_size")
     if not texts:
@@ -122,6 +127,7 @@ def drift(
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     kl_sum = loss_sum = base_loss_sum = 0.0
     count = 0
+    sums: dict[str, list] = {"kl": [], "lm_loss": [], "base_lm_loss": [], "n_tokens": []}
     for start in tqdm(range(0, len(rows), batch_size), desc="drift", disable=not progress, leave=False):
         chunk = rows[start:start + batch_size]
         tokens, mask = collate(chunk, pad_id, model.cfg.device)
@@ -129,11 +135,49 @@ def drift(
         logp = unembed_end(model, model(tokens, stop_at_layer=model.cfg.n_layers)[mask]).float().log_softmax(-1)
         base_logp = unembed_end(base, base(tokens.to(base.cfg.device), stop_at_layer=base.cfg.n_layers)[mask.to(base.cfg.device)])
         base_logp = base_logp.float().log_softmax(-1).to(logp.device)
-        kl_sum += float((base_logp.exp() * (base_logp - logp)).sum())
-        loss_sum += float(F.nll_loss(logp, target, reduction="sum"))
-        base_loss_sum += float(F.nll_loss(base_logp, target, reduction="sum"))
+        kl = (base_logp.exp() * (base_logp - logp)).sum(-1)
+        loss = F.nll_loss(logp, target, reduction="none")
+        base_loss = F.nll_loss(base_logp, target, reduction="none")
+        kl_sum += float(kl.sum())
+        loss_sum += float(loss.sum())
+        base_loss_sum += float(base_loss.sum())
         count += int(mask.sum())
-    return {"kl": kl_sum / count, "lm_loss": loss_sum / count, "base_lm_loss": base_loss_sum / count, "n_tokens": count}
+        if per_text:
+            row_of = mask.nonzero()[:, 0].to(kl.device)
+            for key, values in (("kl", kl), ("lm_loss", loss), ("base_lm_loss", base_loss)):
+                per_row = torch.zeros(len(chunk), dtype=torch.float64, device=kl.device)
+                sums[key] += per_row.index_add_(0, row_of, values.double()).tolist()
+            sums["n_tokens"] += mask.sum(1).tolist()
+    out = {"kl": kl_sum / count, "lm_loss": loss_sum / count, "base_lm_loss": base_loss_sum / count, "n_tokens": count}
+    if per_text:
+        out["per_text"] = sums
+    return out
+
+
+def _per_token_ratio(columns: np.ndarray) -> float:
+    # columns: [texts, 2] = (summed quantity, token count): the per-token mean over the drawn texts
+    return float(columns[:, 0].sum() / columns[:, 1].sum())
+
+
+def drift_estimates(per_text: dict, other: dict | None = None, *, seed: int = 0) -> dict[str, Estimate]:
+    """Per-token KL and LM-loss increase over base, with percentile-bootstrap intervals over texts.
+
+    ``per_text`` is ``drift(..., per_text=True)["per_text"]``. Texts, not tokens,
+    are resampled (tokens of one text are not independent). With ``other`` (the
+    same texts under another model) the estimates are paired differences
+    ``self - other`` of the per-token KL and LM loss.
+    """
+    n_tokens = np.asarray(per_text["n_tokens"], dtype=np.float64)
+    kl = np.asarray(per_text["kl"], dtype=np.float64)
+    loss_up = np.asarray(per_text["lm_loss"], dtype=np.float64) - np.asarray(per_text["base_lm_loss"], dtype=np.float64)
+    if other is not None:
+        if list(other["n_tokens"]) != list(per_text["n_tokens"]):
+            raise InputError("Paired drift needs the same texts in both arms (token counts differ).")
+        kl = kl - np.asarray(other["kl"], dtype=np.float64)
+        loss_up = loss_up - (np.asarray(other["lm_loss"], dtype=np.float64)
+                             - np.asarray(other["base_lm_loss"], dtype=np.float64))
+    return {"kl": bootstrap(np.stack([kl, n_tokens], 1), _per_token_ratio, seed=seed),
+            "lm_loss_increase": bootstrap(np.stack([loss_up, n_tokens], 1), _per_token_ratio, seed=seed)}
 
 
 @dataclass(frozen=True)
@@ -170,16 +214,68 @@ def math_suite(tokenizer, config: MathSuiteConfig = MathSuiteConfig()) -> dict[s
     return suites
 
 
+def validation_suite(tokenizer, config: MathSuiteConfig, n_per_op: int, *, exclude: Sequence[Dataset] = (),
+                     seed: int = 777) -> dict[str, Dataset]:
+    """``heldout/<op>`` validation sets for choosing hyperparameters (learning rates), disjoint from ``exclude``.
+
+    The prompts come from the same held-out templates as :func:`math_suite`'s
+    ``heldout`` sets (so validation measures what the test measures), drawn
+    with another seed, and a candidate is dropped when its asked line
+    (``query``: template filled with the operands) or its whole prompt occurs in
+    any dataset of ``exclude`` (pass the test sets and the training set). A
+    test problem therefore never appears in validation, not even with other shots.
+    """
+    positive_int(n_per_op, "n_per_op")
+    taken_queries = {q for ds in exclude if "query" in ds.column_names for q in ds["query"]}
+    taken_prompts = {p for ds in exclude if "prompt" in ds.column_names for p in ds["prompt"]}
+    suites: dict[str, Dataset] = {}
+    for i, op in enumerate(config.ops):
+        _, eval_ids = split_templates(op)
+        candidates = arithmetic_pairs(op, eval_ids, 20 * n_per_op, n_shots=config.n_shots, seed=seed + 31 * i)
+        kept, seen = [], set()
+        for item in candidates:
+            if item["query"] in taken_queries or item["prompt"] in taken_prompts or item["prompt"] in seen:
+                continue
+            seen.add(item["prompt"])
+            kept.append(item)
+            if len(kept) == n_per_op:
+                break
+        if len(kept) < n_per_op:
+            raise SFTDataError(f"Only {len(kept)} validation prompts for {op!r} avoid the excluded sets; "
+                               f"lower n_per_op (asked {n_per_op}).")
+        suites[f"heldout/{op}"] = rows_from_pairs(tokenizer, kept)
+    return suites
+
+
+def pooled_hits(per_set: dict[str, dict], family: str, key: str = "exact_hits") -> list[int]:
+    """The per-prompt hits of every set of ``family`` (e.g. ``"heldout"``; ``"transfer"``: every other family), in order."""
+    names = sorted(n for n in per_set if (n.split("/")[0] == family) or (family == "transfer" and not n.startswith("heldout/")))
+    if not names:
+        raise InputError(f"No evaluation sets of family {family!r} in {sorted(per_set)}.")
+    if any(key not in per_set[n] for n in names):
+        raise InputError(f"The scores lack {key!r}: evaluate with per_prompt=True.")
+    return [hit for n in names for hit in per_set[n][key]]
+
+
+def accuracy_estimate(per_set: dict[str, dict], family: str, key: str = "exact_hits") -> Estimate:
+    """Pooled accuracy of ``family`` with its Wilson 95% interval and n (prompts)."""
+    return proportion(pooled_hits(per_set, family, key))
+
+
 @torch.no_grad()
-def answer_accuracy(model: HookedTransformer, task_ds: Dataset, batch_size: int = 16) -> dict[str, float]:
+def answer_accuracy(model: HookedTransformer, task_ds: Dataset, batch_size: int = 16, *,
+                    per_prompt: bool = False) -> dict:
     """``first_token`` and ``exact`` (every answer token argmax under teacher forcing) accuracy.
 
     ``task_ds`` holds SFT rows (``input_ids``, ``n_prompt``) or is a :mod:`circuits.tasks` dataset.
+    ``per_prompt=True`` adds ``first_token_hits`` and ``exact_hits`` (0/1 per prompt, in order),
+    for intervals and paired comparisons between models on the same prompts.
     """
     positive_int(batch_size, "batch_size")
     rows = task_ds.to_list() if "input_ids" in task_ds.column_names else from_task_dataset(task_ds).to_list()
     pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-    first = exact = 0
+    first_hits: list[int] = []
+    exact_hits: list[int] = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
         tokens, mask = collate(chunk, pad_id, model.cfg.device)
@@ -187,9 +283,12 @@ def answer_accuracy(model: HookedTransformer, task_ds: Dataset, batch_size: int 
         row_of = mask.nonzero()[:, 0]
         for i in range(len(chunk)):
             row_hits = hits[row_of == i]
-            first += int(row_hits[0])
-            exact += int(row_hits.all())
-    return {"first_token": first / len(rows), "exact": exact / len(rows), "n": len(rows)}
+            first_hits.append(int(row_hits[0]))
+            exact_hits.append(int(row_hits.all()))
+    out = {"first_token": sum(first_hits) / len(rows), "exact": sum(exact_hits) / len(rows), "n": len(rows)}
+    if per_prompt:
+        out |= {"first_token_hits": first_hits, "exact_hits": exact_hits}
+    return out
 
 
 def summarize_math(per_set: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -217,11 +316,30 @@ def evaluate(
     batch_size: int = 16,
     drift_tokens: int = 128,
     progress: bool = True,
+    per_prompt: bool = False,
 ) -> dict:
-    """Score ``model`` on every math set of ``suite`` and its drift from ``base`` on ``texts`` (default :func:`general_texts`)."""
+    """Score ``model`` on every math set of ``suite`` and its drift from ``base`` on ``texts`` (default :func:`general_texts`).
+
+    ``per_prompt=True`` keeps the per-prompt hits and per-text drift sums (for intervals).
+    """
     model.eval()
-    per_set = {name: answer_accuracy(model, ds, batch_size)
+    per_set = {name: answer_accuracy(model, ds, batch_size, per_prompt=per_prompt)
                for name, ds in tqdm(suite.items(), desc="math eval", disable=not progress, leave=False)}
     drift_scores = drift(model, base, general_texts() if texts is None else texts, max_tokens=drift_tokens,
-                         batch_size=max(1, batch_size // 4), progress=progress)
+                         batch_size=max(1, batch_size // 4), progress=progress, per_text=per_prompt)
     return {"math": per_set, "math_summary": summarize_math(per_set), "drift": drift_scores}
+
+
+def paired_comparison(scores: dict, reference: dict, *, family: str = "heldout", seed: int = 0) -> dict[str, Estimate]:
+    """``scores`` minus ``reference`` (two :func:`evaluate` results with ``per_prompt=True``, same suite and texts).
+
+    ``accuracy``: the paired bootstrap of the exact-accuracy difference over the
+    same prompts (:func:`circuits.stats.paired_difference`); ``kl`` and
+    ``lm_loss_increase``: the paired per-token drift differences, resampling texts.
+    """
+    from circuits.stats import paired_difference
+
+    a, b = pooled_hits(scores["math"], family), pooled_hits(reference["math"], family)
+    out = {"accuracy": paired_difference(a, b, seed=seed)}
+    out |= drift_estimates(scores["drift"]["per_text"], reference["drift"]["per_text"], seed=seed)
+    return out

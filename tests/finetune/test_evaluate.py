@@ -48,3 +48,55 @@ def test_first_token_accuracy_agrees_with_circuits_and_bounds_exact(tiny):
     result = evaluate(tiny, copy.deepcopy(tiny), suite, texts=NON_MATH_SENTENCES[:3], progress=False)
     assert set(result) == {"math", "math_summary", "drift"}
     assert "transfer/exact" in result["math_summary"]
+
+
+def test_validation_is_disjoint_from_test_and_train(tiny):
+    from finetune.data import ArithmeticMix, arithmetic_train_set
+    from finetune.evaluate import validation_suite
+
+    config = MathSuiteConfig(ops=("+", "/"), n_heldout=24, n_transfer=3, n_shots=1)
+    test = math_suite(tiny, config)
+    train = arithmetic_train_set(tiny, ArithmeticMix(ops=("+", "/"), n_examples=64, n_shots=1))
+    val = validation_suite(tiny, config, 24, exclude=[*test.values(), train])
+    assert set(val) == {"heldout/+", "heldout//"}
+    held = set(split_templates("+")[1]) | set(split_templates("/")[1])
+    test_queries = {q for ds in test.values() for q in ds["query"]}
+    test_prompts = {p for ds in test.values() for p in ds["prompt"]}
+    for name, ds in val.items():
+        assert len(ds) == 24 and set(ds["template_id"]) <= held  # same templates as the test's held-out sets
+        assert not set(ds["query"]) & test_queries  # no test problem, not even with other shots
+        assert not set(ds["prompt"]) & (test_prompts | set(train["prompt"]))
+        assert len(set(ds["prompt"])) == len(ds)
+    # without the exclusion the same draw does share problems with the test: the filter is doing work
+    unfiltered = validation_suite(tiny, config, 24)
+    assert any(set(ds["query"]) & test_queries for ds in unfiltered.values())
+    # zero-shot division on 4 held-out templates has 4 x 32 distinct problems: 200 cannot be found
+    with pytest.raises(ValueError, match="validation prompts"):
+        validation_suite(tiny, MathSuiteConfig(ops=("/",), n_shots=0), 200)
+
+
+def test_per_prompt_hits_and_drift_intervals(tiny_gemma):
+    from circuits.stats import wilson_interval
+    from finetune.evaluate import accuracy_estimate, drift_estimates
+
+    base = copy.deepcopy(tiny_gemma)
+    suite = math_suite(tiny_gemma, MathSuiteConfig(ops=("+",), n_heldout=8, n_transfer=2, n_shots=0))
+    with torch.no_grad():
+        tiny_gemma.blocks[1].mlp.W_out.add_(0.3)
+    scores = evaluate(tiny_gemma, base, suite, texts=NON_MATH_SENTENCES[:6], progress=False, per_prompt=True)
+    held = scores["math"]["heldout/+"]
+    assert len(held["exact_hits"]) == 8 and sum(held["exact_hits"]) / 8 == held["exact"]
+    est = accuracy_estimate(scores["math"], "heldout")
+    assert (est.low, est.high) == pytest.approx(wilson_interval(sum(held["exact_hits"]), 8)) and est.n == 8
+    assert accuracy_estimate(scores["math"], "transfer").n == 6  # three transfer formats x 2
+    per_text = scores["drift"]["per_text"]
+    assert len(per_text["kl"]) == 6 and sum(per_text["n_tokens"]) == scores["drift"]["n_tokens"]
+    assert sum(per_text["kl"]) / sum(per_text["n_tokens"]) == pytest.approx(scores["drift"]["kl"])
+    d = drift_estimates(per_text)
+    assert d["kl"].value == pytest.approx(scores["drift"]["kl"]) and d["kl"].low <= d["kl"].value <= d["kl"].high
+    assert d["kl"].low > 0 and d["kl"].n == 6
+    paired = drift_estimates(per_text, per_text)  # a model against itself: exactly zero
+    assert paired["kl"].value == 0 and paired["kl"].high == 0
+    shorter = {k: v[:-1] for k, v in per_text.items()}
+    with pytest.raises(ValueError, match="same texts in both arms"):
+        drift_estimates(per_text, shorter)

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 import circuits.loading
+from circuits.errors import InputError
 from circuits.runs import OutputExistsError
 from circuits.testing import tiny_model
 
@@ -23,20 +24,46 @@ def _run(module, argv, monkeypatch):
 
 def test_precise_sft_experiment_writes_results(tiny_loader, monkeypatch, tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["--out", str(out), "--k", "2", "--ablation-k", "1,2", "--ablation-mlps", "1", "--n-train", "16",
-            "--steps", "2", "--batch-size", "8", "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1",
-            "--n-shots", "0", "--n-pydoc", "1", "--n-sentences", "3", "--n-rank-prompts", "4", "--lr", "1e-2",
-            "--full-lr", "1e-3"]
-    _run("experiments.precise_sft", argv, monkeypatch)
+    common = ["--out", str(out), "--k", "2", "--n-train", "16", "--steps", "2", "--batch-size", "8",
+              "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "2", "--n-shots", "0",
+              "--n-pydoc", "1", "--n-sentences", "3", "--n-rank-prompts", "4", "--precise-lrs", "1e-2,1e-3",
+              "--full-lrs", "1e-3", "--lora-lrs", "2e-4,1e-3"]
+    # two commands into one folder: the precise arms (with the Table-2 ablation), then the rest with --resume
+    _run("experiments.precise_sft", [*common, "--methods", "precise,precise_nokv", "--ablation-k", "1,2",
+                                     "--ablation-mlps", "1"], monkeypatch)
+    partial = json.loads((out / "results.json").read_text())
+    assert partial["status"] == "running" and "claims" not in partial
+    _run("experiments.precise_sft", [*common, "--methods", "full,lora", "--resume"], monkeypatch)
     results = json.loads((out / "results.json").read_text())
-    assert {name: r["lr"] for name, r in results["runs"].items() if name in ("precise_k2", "full", "lora")} == {
-        "precise_k2": 1e-2, "full": 1e-3, "lora": 2e-4}
-    assert set(results["runs"]) == {"precise_k2", "full", "lora", "precise_k1", "precise_k1_mlp1", "precise_k2_mlp1"}
-    assert results["runs"]["precise_k2"]["train"]["n_trainable"] < results["runs"]["full"]["train"]["n_trainable"]
+    assert results["status"] == "complete" and len(results["wall_seconds_by_command"]) == 2
+    assert set(results["runs"]) == {"precise", "precise_nokv", "full", "lora", "ablation_k1", "ablation_k1_mlp1",
+                                    "ablation_k2", "ablation_k2_mlp1"}
+    for method, grid in (("precise", [1e-3, 1e-2]), ("precise_nokv", [1e-3, 1e-2]), ("full", [1e-3]),
+                         ("lora", [2e-4, 1e-3])):
+        search = results["lr_search"][method]
+        assert search["grid"] == grid and set(search["by_lr"]) == {f"{lr:g}" for lr in grid}
+        best = max(v["validation_exact"]["value"] for v in search["by_lr"].values())
+        chosen = search["by_lr"][f"{search['chosen_lr']:g}"]["validation_exact"]
+        assert chosen["value"] == best and chosen["n"] == 8  # 2 validation prompts x 4 operations
+        assert results["runs"][method]["lr"] == search["chosen_lr"]
+    runs = results["runs"]
+    assert runs["precise_nokv"]["train"]["n_trainable"] < runs["precise"]["train"]["n_trainable"] \
+        < runs["full"]["train"]["n_trainable"]
+    assert runs["ablation_k2"]["lr"] == results["lr_search"]["precise"]["chosen_lr"]
+    summary = runs["precise"]["summary"]
+    assert summary["heldout_exact"]["n"] == 8 and summary["heldout_exact"]["interval"] == "wilson"
+    assert summary["heldout_gain"]["low"] <= summary["heldout_gain"]["value"] <= summary["heldout_gain"]["high"]
+    assert set(results["claims"]) == {"precise", "precise_nokv"}
+    assert results["claims"]["precise"]["verdict"] in ("reproduced", "not reproduced")
     assert (out / "report.html").is_file()
+    # a resumed folder refuses other settings
+    from experiments.precise_sft import main as precise_main
+
+    with pytest.raises(InputError, match=r"--resume: .* was run with other settings \(steps\)"):
+        precise_main([*common, "--methods", "full", "--resume", "--steps", "3"])
     # the command line turns the OutputExistsError into one line on stderr and exit status 2
     with pytest.raises(SystemExit) as exit_info:
-        _run("experiments.precise_sft", argv, monkeypatch)
+        _run("experiments.precise_sft", [*common, "--methods", "full"], monkeypatch)
     assert exit_info.value.code == 2
     assert isinstance(exit_info.value.__context__, OutputExistsError)
     assert "already holds a run" in capsys.readouterr().err
@@ -51,3 +78,52 @@ def test_bench_finetune_writes_ratios(tiny_loader, monkeypatch, tmp_path):
         assert results["ratios"][arm]["precise_optimizer_memory_ratio"] < 1
         assert results["methods"]["precise"]["n_trainable"] < results["methods"][arm]["n_trainable"]
     assert results["methods"]["full"]["n_trainable"] < results["methods"]["full_all"]["n_trainable"]
+    assert "precise_nokv" not in results["methods"]
+
+
+def test_bench_finetune_nokv_arm(tiny_loader, monkeypatch, tmp_path):
+    _run("experiments.bench_finetune", ["--out", str(tmp_path), "--heads", "L1H0", "--steps", "2", "--rounds", "1",
+                                        "--batch-size", "4", "--micro-batch-size", "4", "--no-full-all", "--nokv"],
+         monkeypatch)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results["ratios"]) == {"full"}
+    methods = results["methods"]
+    assert methods["precise_nokv"]["n_trainable"] < methods["precise"]["n_trainable"]
+    assert 0 < methods["precise_nokv"]["vs_precise_with_kv"]["optimizer_memory_ratio_to_precise_with_kv"] < 1
+
+
+def test_precise_sft_resumes_inside_the_lr_grid(tiny_loader, monkeypatch, tmp_path):
+    """A command stopped after one lr trial resumes at the next and ends as an uninterrupted run does."""
+    import experiments.precise_sft as exp
+
+    common = ["--heads", "L1H0,L1H2", "--k", "2", "--n-train", "16", "--steps", "2", "--batch-size", "8",
+              "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "3", "--n-shots", "0",
+              "--n-pydoc", "1", "--n-sentences", "2", "--methods", "full,precise_nokv",
+              "--full-lrs", "1e-3,3e-2,1e-1", "--precise-lrs", "1e-2"]
+    exp.main([*common, "--out", str(tmp_path / "whole")])
+    whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+
+    real_train, calls = exp.train, []
+
+    def stop_at_the_third_trial(*args, **kwargs):
+        calls.append(kwargs["method"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as a time limit would
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(exp, "train", stop_at_the_third_trial)
+    with pytest.raises(KeyboardInterrupt):
+        exp.main([*common, "--out", str(tmp_path / "cut")])
+    cut = json.loads((tmp_path / "cut" / "results.json").read_text())
+    assert set(cut["lr_search"]["full"]["by_lr"]) == {"0.001", "0.03"} and not cut["runs"]
+    monkeypatch.setattr(exp, "train", real_train)
+    exp.main([*common, "--out", str(tmp_path / "cut"), "--resume"])
+    resumed = json.loads((tmp_path / "cut" / "results.json").read_text())
+    for method in ("full", "precise_nokv"):
+        assert resumed["lr_search"][method]["chosen_lr"] == whole["lr_search"][method]["chosen_lr"]
+        assert resumed["runs"][method]["math"] == whole["runs"][method]["math"]  # same tuned weights
+        assert resumed["runs"][method]["drift"]["kl"] == pytest.approx(whole["runs"][method]["drift"]["kl"])
+    kept = [k for k, v in resumed["lr_search"]["full"]["by_lr"].items() if v["kept"]]
+    assert kept == [f"{resumed['lr_search']['full']['chosen_lr']:g}"]
+    assert sorted(p.name for p in (tmp_path / "cut" / "runs").iterdir()) == sorted(
+        f"{m}_lr{resumed['lr_search'][m]['chosen_lr']:g}" for m in ("full", "precise_nokv"))

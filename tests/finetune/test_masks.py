@@ -71,3 +71,57 @@ def test_full_selection_freezes_embeddings_by_default(tiny):
     assert "embed.W_E" not in names and "unembed.W_U" not in names and "pos_embed.W_pos" not in names
     assert "blocks.0.attn.W_Q" in names
     assert "embed.W_E" in {s.name for s in full_selection(tiny, train_embeddings=True).slices}
+
+
+# ---------------------------------------------------------------- tune_kv=False (Q and O slices only)
+
+def _expected_rows_without_kv(model, heads):
+    """What tune_kv=False may change, written out by hand: W_Q/b_Q/W_O rows of the heads, nothing else."""
+    expected = {}
+    for layer in sorted({h.layer for h in heads}):
+        rows = tuple(sorted(h.head for h in heads if h.layer == layer))
+        for short in ("W_Q", "b_Q", "W_O"):
+            expected[f"blocks.{layer}.attn.{short}"] = rows
+    return expected
+
+
+@pytest.mark.parametrize("style, n_kv", [("gemma", None), ("llama", 2), ("llama", None)])
+def test_without_kv_only_query_and_output_slices_change(style, n_kv, sft_rows):
+    from finetune.trainer import TrainConfig, train
+
+    model = tiny_model(style=style, n_layers=2, n_key_value_heads=n_kv)
+    heads = [Head(0, 1), Head(1, 0), Head(1, 3)]
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    config = TrainConfig(lr=5e-3, batch_size=8, micro_batch_size=8, max_steps=3, progress=False, tune_kv=False)
+    result = train(model, sft_rows, config, method="precise", heads=heads)
+    expected = {n: rows for n, rows in _expected_rows_without_kv(model, heads).items() if n in before}
+    assert {s.name: s.index for s in result.selection.slices} == expected
+    for name, value in model.named_parameters():
+        changed_rows = {r for r in range(value.shape[0]) if not torch.equal(value[r], before[name][r])}
+        # every selected matrix row moves (biases may start at 0 and stay near it, but must not leave their rows)
+        allowed = set(expected.get(name, ()))
+        assert changed_rows <= allowed, f"{name}: rows {sorted(changed_rows - allowed)} changed outside the selection"
+        if name.endswith(("W_Q", "W_O")) and name in expected:
+            assert changed_rows == allowed, f"{name}: selected rows {sorted(allowed - changed_rows)} did not move"
+    assert not any(("W_K" in n or "W_V" in n) for n in result.selection.names())
+
+
+@pytest.mark.parametrize("style, n_kv", [("gemma", None), ("llama", 2)])
+@pytest.mark.parametrize("tune_kv", [True, False])
+def test_gradient_mask_counts_match_the_selection(style, n_kv, tune_kv):
+    model = tiny_model(style=style, n_layers=2, n_key_value_heads=n_kv)
+    heads = [Head(1, 0), Head(1, 3)]
+    sel = precise_selection(model, heads, tune_kv=tune_kv)
+    d_model, d_head = model.cfg.d_model, model.cfg.d_head
+    n_kv_rows = 1 if n_kv is None and style == "gemma" else 2  # MQA: one KV head; GQA 2: heads 0 and 3 in both groups
+    # by hand: Q and O of two heads (+ b_Q), and K, V of the KV heads they read (+ b_K, b_V)
+    expected = 2 * (2 * d_model * d_head + d_head) + (2 * n_kv_rows * (d_model * d_head + d_head) if tune_kv else 0)
+    assert sel.n_trainable(model) == expected
+    with apply_selection(model, sel):
+        model(torch.tensor([[1, 10, 20, 30, 40, 50, 60]])).float().pow(2).mean().backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        assert sum(int(torch.count_nonzero(g)) for g in grads.values()) == expected
+        kv = [n for n in grads if "_W_K" in n or "_W_V" in n or "_b_K" in n or "_b_V" in n]
+        assert bool(kv) == tune_kv
+        q = grads["blocks.1.attn.W_Q"]
+        assert torch.count_nonzero(q[[1, 2]]) == 0 and torch.count_nonzero(q[[0, 3]]) == q[[0, 3]].numel()
