@@ -17,8 +17,9 @@ exact (the same hits as the plain hook implementation, up to float rounding at e
    are computed once; an ablated run's logits differ from them by ``Δh · w_t`` (``Δh`` the
    change of the normalised END residual), and ``|Δh · w_t| <= |Δh| |w_t|``. So every token
    whose clean logit is below ``answer logit - |Δh| max_t |w_t|`` provably loses; only the few
-   remaining candidates get exact logits. Rows where the bound proves nothing, near-ties
-   (within ``tie_margin``), and models with a logit soft-cap take the full unembedding.
+   remaining candidates get exact logits; a candidate that beats the answer decides a miss.
+   Rows where neither decides, near-ties (within ``tie_margin``), and models with a logit
+   soft-cap take the full unembedding.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from circuits.metrics import unembed_end
 from patching import _runs
 
 MAX_CANDIDATES = 512  # candidate tokens per row scored exactly before falling back to the full vocabulary
-ANCHOR_TOP = 4096  # clean logits kept per prompt (the rest are bounded by the smallest of these)
+ANCHOR_TOP = 4096
+GATHER_ROWS = 128  # rows whose candidates' unembedding columns are gathered at once  # clean logits kept per prompt (the rest are bounded by the smallest of these)
 
 
 # ---------------------------------------------------------------------------- pruned top-1
@@ -89,20 +91,19 @@ class Top1Anchor:
         threshold = answer_logit - margin - slack
         values, ids = self.top_values.repeat(k, 1), self.top_ids.repeat(k, 1)
         n_cand = (values >= threshold[:, None]).sum(-1)
-        outside_ruled_out = values[:, -1] < threshold  # every token outside the kept top is below the floor
-        decided = outside_ruled_out & (n_cand <= MAX_CANDIDATES)
+        provable = (values[:, -1] < threshold) & (n_cand <= MAX_CANDIDATES)  # the rest of the vocabulary is below
         out = torch.zeros_like(answers, dtype=torch.bool)
-        rows = decided.nonzero()[:, 0]
-        if len(rows):
-            m = max(1, int(n_cand[rows].max()))
-            cand = ids[rows, :m]  # the top-m clean tokens of each row (its candidates and maybe a few more)
-            cand_logits = torch.einsum("rd,rmd->rm", h[rows], W_U.T[cand]) + b_U[cand]
-            cand_logits = cand_logits.masked_fill(cand == answers[rows, None], float("-inf"))
-            best = cand_logits.max(-1).values
-            lead = answer_logit[rows] - best
-            out[rows] = lead > margin[rows]
-            undecided = lead.abs() <= margin[rows]  # a near-tie: let the full argmax break it
-            decided[rows[undecided]] = False
+        decided = torch.zeros_like(out)
+        for sl in _runs.chunks(len(answers), GATHER_ROWS):
+            # exact logits of each row's top clean tokens: its candidates, or (when the bound proves
+            # nothing) the tokens most likely to beat the answer, which decide a miss just as well
+            m = int(n_cand[sl].clamp(1, MAX_CANDIDATES).max())
+            cand = ids[sl, :m]
+            logits = torch.einsum("rd,rmd->rm", h[sl], W_U.T[cand]) + b_U[cand]
+            best = logits.masked_fill(cand == answers[sl, None], float("-inf")).max(-1).values
+            lead = answer_logit[sl] - best
+            out[sl] = lead > margin[sl]
+            decided[sl] = (lead < -margin[sl]) | ((lead > margin[sl]) & provable[sl])
         rest = (~decided).nonzero()[:, 0]
         if len(rest):
             self.stats["full"] += len(rest)
