@@ -20,8 +20,10 @@ pool's prompts differ (the few-shot prefix) hold the same activation in every on
 of them, so their mean *is* the clean activation: knocking a node out changes
 nothing there. :func:`knockout_correct` computes that prefix's keys/values once
 per layout, runs only the later positions, many knockout sets per batched forward
-(sets stacked along the batch), and unembeds END only. ``method="hooks"`` runs
-the plain implementation (one full forward per set and batch) for comparison.
+(sets stacked along the batch), runs suffix starts shared by several prompts once,
+and decides top-1 at END with an exact bound instead of the full vocabulary where it
+can (:mod:`patching.knockout_fast`). ``method="hooks"`` runs the plain
+implementation (one full forward per set and batch) for comparison.
 
 :func:`knockout_curve` validates a ranking: knock out the top-k heads by
 path-patching effect ("effect-rank") for growing k, against k random heads over
@@ -448,6 +450,8 @@ def knockout_curve(
         base_ci=[base.low, base.high], effect_ci=[[e.low, e.high] for e in effect],
         random_ci=[[r.low, r.high] for r in random_rank],
         effect_drop=[paired_difference(hits[0], hits[1 + i * (1 + n_seeds)], seed=seed).to_dict() for i in range(len(ks))],
+        random_sets=[[[str(h) for h in sets[1 + i * (1 + n_seeds) + 1 + j]] for j in range(n_seeds)] for i in range(len(ks))],
+        random_per_seed=[t.tolist() for t in per_seed],
     )
 
 
