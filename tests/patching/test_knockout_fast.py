@@ -8,6 +8,7 @@ import torch
 from circuits.metrics import unembed_end
 from circuits.nodes import Head, all_heads, all_mlps
 from circuits.tasks import make_dataset
+from circuits.templates import get_templates
 from circuits.testing import tiny_model
 from patching import knockout_fast
 from patching.knockout import knockout_correct, pool_means
@@ -70,12 +71,17 @@ def test_choose_split_runs_shared_starts_once():
 
 @pytest.mark.parametrize("prune,share", [(True, True), (True, False), (False, True)])
 def test_fast_options_equal_plain_hooks(model, prune, share):
-    data = make_dataset(model, n_prompts=16, n_shots=1, seed=1)
+    # one template, one few-shot prefix: 40 prompts of one layout whose suffixes share their first operand
+    template = get_templates("+", ("equation",))[0]
+    data = make_dataset(model, n_prompts=40, n_shots=1, seed=1, template_ids=(template.id,))
+    suffix = torch.tensor(data["tokens"])[:, 12:]  # past the shared prefix
+    assert knockout_fast.choose_split(suffix) is not None
     every = all_heads(model) + all_mlps(model)
     means = pool_means(model, data, every, n_pool=128)
     sets = [[], [Head(0, 1)], [Head(1, 0), Head(0, 3)], all_heads(model)[::2], every]
     stats = {}
-    fast = knockout_correct(model, data, sets, means=means, prune_top1=prune, share_starts=share, stats=stats)
+    fast = knockout_correct(model, data, sets, means=means, prune_top1=prune, share_starts=share, stats=stats,
+                            memory_mb=0.05)  # a tiny budget: several chunks of sets
     plain = knockout_correct(model, data, sets, means=means, method="hooks")
     assert torch.equal(fast, plain)
     assert stats["rows"] == len(data) * (len(sets) - 1)
