@@ -287,7 +287,9 @@ def knockout_correct(
     fast = {"prune": prune_top1, "split": share_starts, "stats": stats if stats is not None else {}}
     bar = tqdm(total=len(layouts), desc="knockout", disable=not progress, leave=False)
     for layout, rows in layouts.items():
-        for sl in _runs.chunks(len(rows), batch_size):
+        # sets are stacked along the batch within memory_mb, and more rows per chunk widen the shared
+        # starts (one run per distinct start serves more rows): up to 4 x batch_size rows at once
+        for sl in _runs.chunks(len(rows), 4 * batch_size):
             chunk_rows = rows[sl]
             correct[:, chunk_rows] = _layout_correct(model, dataset.select(chunk_rows), layout, selections, len(sets),
                                                      means, memory_mb, fast)
