@@ -1,18 +1,29 @@
 """All for One: where does a model wait, transfer and compute alone? (Mamidanna et al. 2025)
 
     python -m experiments.af1 [--model gemma-3-270m] [--op +] [--templates af1-equation ...]
-                              [--n-prompts 100] [--out runs/af1-<timestamp>] [--overwrite]
+                              [--n-prompts 100] [--means cross-fit|split] [--out runs/af1-<timestamp>] [--overwrite]
 
-1. prompts: ``--n-prompts`` zero-shot prompts per search template (one-digit operands),
-   (``--n-shots`` solved examples first, if asked), split into a CAMA fit half and a disjoint eval half; the eval half keeps the
-   prompts the full model answers correctly;
-2. grid: AF1 faithfulness for every (L_wait, L_transfer) (``patching.af1``);
+1. prompts: ``--n-prompts`` zero-shot prompts per search template (one-digit operands; 100 = all
+   pairs), ``--n-shots`` solved examples first if asked. ``--means cross-fit`` (default): the
+   prompts fall in ``--n-folds`` folds (stratified by the second operand); each fold's prompts with
+   a one-token answer that the full model answers correctly are evaluated with CAMA means fitted on
+   the other folds, two-digit sums included, so no prompt meets its own mean and no mean falls back
+   for lack of prompts (the fallback fraction is reported). ``--means split``: the earlier scheme,
+   one-token answers only, a fit half and an eval half;
+2. grid: AF1 faithfulness for every (L_wait, L_transfer) (``patching.af1``), and at the
+   paper's cell (in our layer convention) and its depth-scaled twin, with no selection;
 3. selection: the largest L_wait reaching ``--min-faithfulness`` with the fewest
-   transfer layers; greedy pruning of its transfer heads at ``--prune-keep``;
+   transfer layers; greedy pruning of its transfer heads at ``--prune-keep``; the same
+   selection (and the most faithful cell) chosen on half of the eval prompts and reported on
+   the other half with a 95% Wilson interval;
 4. the authors' five formats (equation "A+B=", verbal, question, word problem,
    Python): faithfulness of the selected setting (all heads and pruned heads) per
    template, and faithfulness against L_wait at the selected L_transfer;
 5. outputs in ``--out``: results.json, heatmap.html, report.html.
+
+``--isolate W,T ...`` replaces 2-4: it scores those pre-specified cells on the same eval prompts
+under one change at a time (no CAMA, non-last tokens with full peek, 5 folds, every mean a
+fallback), paired against the AF1 model, to find what limits faithfulness (results.json only).
 
 Template ids: ``af1-equation``, ``af1-verbal``, ``af1-question``, ``af1-word``,
 ``af1-python`` (``patching.af1_data.authors_templates``) or any id of ``circuits.templates``.
@@ -20,6 +31,8 @@ Template ids: ``af1-equation``, ``af1-verbal``, ``af1-question``, ``af1-word``,
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import logging
 import time
 
@@ -29,8 +42,20 @@ from circuits.loading import load_model
 from circuits.report import Report
 from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
 from circuits.templates import template_by_id
-from patching.af1 import AF1Config, AF1Runner, NoEvalPromptsError, faithfulness_heatmap, held_out_selection, search_af1
+from patching.af1 import (
+    AF1Config,
+    AF1Runner,
+    NoEvalPromptsError,
+    cell_estimate,
+    faithfulness_heatmap,
+    grid_hits,
+    held_out_selection,
+    search_af1,
+)
 from patching.af1_data import authors_templates, make_template_dataset
+from circuits.errors import InputError
+from circuits.stats import paired_difference, proportion
+from patching.af1 import check_setting
 from patching.cama import CamaConfig
 
 from experiments import _cli as cli
@@ -42,8 +67,11 @@ parser.add_argument("--model", default="gemma-3-270m", help="offline model name,
 parser.add_argument("--op", default="+", help="operation: +, -, * or / (or its name)")
 parser.add_argument("--templates", nargs="+", default=["af1-equation", "af1-verbal", "af1-question"],
                     help="templates of the grid search")
-parser.add_argument("--n-prompts", type=cli.positive_int, metavar="N", default=55, help="prompts per template (at most all operand pairs "
-                    "with a one-token answer: 55 for + on 0..9)")
+parser.add_argument("--n-prompts", type=cli.positive_int, metavar="N", default=100, help="operand pairs per template (at most all "
+                    "pairs: 100 for + on 0..9; with --means split, at most the pairs with a one-token answer: 55)")
+parser.add_argument("--means", choices=["cross-fit", "split"], default="cross-fit", help="CAMA means cross-fitted over folds of "
+                    "all pairs (default) or fitted on a fixed half of the one-token prompts (the earlier scheme)")
+parser.add_argument("--n-folds", type=cli.positive_int, metavar="N", default=2, help="folds of the cross-fitted CAMA means")
 parser.add_argument("--operand-max", type=cli.nonnegative_int, metavar="N", default=9, help="operands are drawn from 0..operand-max")
 parser.add_argument("--n-shots", type=cli.nonnegative_int, metavar="N", default=0, help="solved examples of the same template before each "
                     "prompt (the paper is zero-shot; gemma-3-270m answers few one-token sums zero-shot)")
@@ -53,6 +81,9 @@ parser.add_argument("--min-faithfulness", type=cli.fraction, default=0.9,
 parser.add_argument("--prune-keep", type=cli.fraction, default=0.95,
                     help="pruning keeps removing transfer heads while faithfulness stays above this share of the unpruned one")
 parser.add_argument("--no-authors", action="store_true", help="skip the authors' five formats")
+parser.add_argument("--isolate", nargs="+", metavar="W,T", default=None, help="instead of the search: score these "
+                    "pre-specified (L_wait, L_transfer) cells under each variant of ISOLATION_VARIANTS on the same eval "
+                    "prompts (paired), to find what limits faithfulness")
 parser.add_argument("--batch-size", type=cli.positive_int, default=32, metavar="N", help="prompts per forward pass")
 parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the fit/eval split")
 cli.add_device_flags(parser)
@@ -60,6 +91,102 @@ parser.add_argument("--threads", type=cli.nonnegative_int, metavar="N", default=
                     "is ~8x faster on shared, oversubscribed CPUs, where OpenMP threads spin-wait on each other")
 parser.add_argument("--out", default=None, help="output folder (default: runs/af1-<timestamp>)")
 parser.add_argument("--overwrite", action="store_true", help="write into an existing output folder")
+
+
+# The authors' demo (af1-demo, table_4_original.py) on Llama-3-8B (32 layers): CAMA at
+# blocks.{14}.hook_resid_post, full peek in blocks 15-16, self peek from block 17 on. Our
+# L_wait counts the blocks run before CAMA (hook_resid_pre of block L_wait), so theirs is (15, 2) here.
+PAPER_CELL = {"model": "Llama-3-8B", "n_layers": 32, "their_wait_until_layer": 14, "their_full_peek_period": 2,
+              "their_hook": "blocks.14.hook_resid_post", "l_wait_ours": 15, "l_transfer": 2}
+LAYER_CONVENTION = (
+    "Ours: L_wait = the number of blocks run before CAMA; CAMA replaces blocks.{L_wait}.hook_resid_pre, full peek "
+    "in blocks L_wait .. L_wait+L_transfer-1, self peek after. The authors' demo (table_4_original.py) patches "
+    "blocks.{W}.hook_resid_post for wait_until_layer=W and gives full peek to blocks W+1 .. W+full_peek_period: "
+    "their (W, T) is our (W+1, T). The paper's Llama-3-8B cell (14, 2) is our (15, 2) of 32 layers, i.e. CAMA "
+    "after 47% of the blocks and 2 transfer blocks (6%).")
+
+
+def _depth_scaled_cell(n_layers: int) -> tuple[int, int]:
+    """The paper's cell scaled to this model's depth (same fraction of blocks waited, >= 1 transfer block)."""
+    wait = round(PAPER_CELL["l_wait_ours"] / PAPER_CELL["n_layers"] * n_layers)
+    transfer = max(1, round(PAPER_CELL["l_transfer"] / PAPER_CELL["n_layers"] * n_layers))
+    return wait, min(transfer, n_layers - wait)
+
+
+def _one_token(data) -> list[bool]:
+    return [len(ids) == 1 for ids in data["answer_token_ids"]]
+
+
+def build_runner(model, templates, args, config: AF1Config) -> tuple[AF1Runner, dict]:
+    """The AF1 runner for ``templates`` (``--means``) and how many prompts each template gave."""
+    operand_range = (0, args.operand_max)
+    cross_fit = args.means == "cross-fit"
+    data = make_template_dataset(model, templates, args.n_prompts, operand_range=operand_range, n_shots=args.n_shots,
+                                 seed=args.seed, single_token_answers=not cross_fit)
+    if cross_fit:
+        runner = AF1Runner.cross_fitted(model, data, config, eligible=_one_token(data), n_folds=args.n_folds)
+    else:
+        runner = AF1Runner.from_dataset(model, data, config)
+    per_template = {}
+    prompt_templates = runner.prompt_templates
+    for template in templates:
+        rows = [i for i, t in enumerate(data["template_id"]) if t == template.id]
+        per_template[template.id] = {"n_prompts": len(rows),
+                                     "n_one_token": sum(_one_token(data.select(rows))) if rows else 0,
+                                     "n_eval_correct": prompt_templates.count(template.id)}
+    return runner, per_template
+
+
+def _variant_runners(model, runner: AF1Runner, templates, args, config: AF1Config):
+    """The isolation variants: each changes one thing of the main (cross-fitted) AF1 model."""
+    def rebuilt(**changes) -> AF1Runner:
+        return build_runner(model, templates, argparse.Namespace(**{**vars(args), **changes}), config)[0]
+
+    return {
+        "main": lambda: runner,
+        # CAMA skipped: only the ABP restrictions (what the attention masks alone cost)
+        "abp_only": lambda: runner.with_config(ablate_wait=False),
+        # non-last tokens may keep reading each other after L_wait (the paper forbids it)
+        "others_full_peek": lambda: runner.with_config(others="full"),
+        # means from 4/5 instead of 1/2 of the pairs: how much mean noise costs
+        "five_folds": lambda: rebuilt(n_folds=5),
+        # every token-conditioned mean replaced by the position mean: the fallback everywhere
+        "all_fallback": lambda: build_runner(model, templates, args, dataclasses.replace(
+            config, cama=CamaConfig(min_count=10 ** 9)))[0],
+    }
+
+
+def isolate(model, args, config: AF1Config, templates, timer) -> dict:
+    """Score pre-specified cells under each variant on the same eval prompts, paired against the main model."""
+    try:
+        cells = [tuple(int(x) for x in cell.split(",")) for cell in args.isolate]
+    except ValueError:
+        raise InputError(f"--isolate takes cells as W,T (e.g. 7,6), got {args.isolate}.") from None
+    for w, t in cells:
+        check_setting(model, w, t)
+    with timer.stage("data, CAMA means and cached residuals"):
+        runner, counts = build_runner(model, templates, args, config)
+    out, main_hits = {"cells": [list(c) for c in cells], "search_counts": counts, "variants": {}}, None
+    for name, make in _variant_runners(model, runner, templates, args, config).items():
+        with timer.stage(f"isolation: {name}"):
+            variant = make()
+            order = {p: i for i, p in enumerate(variant.prompts)}
+            align = torch.tensor([order[p] for p in runner.prompts])  # the main runner's prompt order
+            rows = {w: [h[align] for h in variant.sweep_transfer_hits(w)] for w in sorted({w for w, _ in cells})}
+        main_hits = main_hits or rows
+        result = {"fallback_fraction": variant.cama_counts()["fallback_fraction"], "cells": {}}
+        for w, t in cells:
+            hit = rows[w][t].double()
+            result["cells"][f"{w},{t}"] = {"faithfulness": proportion(hit).to_dict(),
+                                          "minus_main": paired_difference(hit, main_hits[w][t].double()).to_dict()}
+        best = max(((w, t) for w in rows for t in range(len(rows[w]))), key=lambda c: float(rows[c[0]][c[1]].float().mean()))
+        result["best_in_rows"] = {"l_wait": best[0], "l_transfer": best[1],
+                                  "faithfulness": proportion(rows[best[0]][best[1]].double()).to_dict()}
+        out["variants"][name] = result
+        print(f"{name:18s} " + "  ".join(f"({c}) {v['faithfulness']['value']:.0%}" for c, v in result["cells"].items())
+              + f"  best in rows {best}: {result['best_in_rows']['faithfulness']['value']:.0%}")
+    out["n_eval"] = runner.n_eval
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -74,35 +201,48 @@ def main(argv: list[str] | None = None) -> dict:
                        min_faithfulness=args.min_faithfulness, prune_keep=args.prune_keep, seed=args.seed)
     authors = {t.id: t for t in authors_templates(args.op)}
     search_templates = [authors[t] if t in authors else template_by_id(t) for t in args.templates]
-    operand_range = (0, args.operand_max)
 
     with timer.stage("load model"):
         model = load_model(args.model, device=args.device, dtype=args.dtype)
     n_layers = model.cfg.n_layers
+    if args.isolate:
+        results = {"model": args.model, "op": args.op, "search_templates": args.templates, "settings": vars(args),
+                   "layer_convention": LAYER_CONVENTION, "isolation": isolate(model, args, config, search_templates, timer),
+                   "seconds": timer.seconds, "wall_seconds": round(time.perf_counter() - start, 1)}
+        save_results(out, results)
+        complete_run(out, results)
+        return results
 
     # ------------------------------------------------------------------------ grid search and pruning
-    with timer.stage("data"):
-        data = make_template_dataset(model, search_templates, args.n_prompts, operand_range=operand_range,
-                                     n_shots=args.n_shots, seed=args.seed)
-    with timer.stage("fit CAMA means and cache residuals"):
-        runner = AF1Runner.from_dataset(model, data, config)
-    print(f"search data: {len(data)} prompts, eval {runner.n_eval_total}, full-model accuracy "
-          f"{runner.base_accuracy:.1%}, {runner.n_eval} correct prompts kept; always answering the most "
-          f"common answer would score {runner.constant_baseline:.1%}")
-    with timer.stage("grid search and pruning"):
-        search = search_af1(model, data, config, runner=runner)
-    print(f"selected L_wait={search.l_wait} L_transfer={search.l_transfer}: faithfulness {search.faithfulness:.1%}"
-          f"{'' if search.meets_threshold else ' (below the threshold: best cell)'}; "
+    with timer.stage("data, CAMA means and cached residuals"):
+        runner, search_counts = build_runner(model, search_templates, args, config)
+    fallback = runner.cama_counts()
+    print(f"search data: eval candidates {runner.n_eval_total}, full-model accuracy {runner.base_accuracy:.1%}, "
+          f"{runner.n_eval} correct prompts kept ({search_counts}); CAMA fallback fraction "
+          f"{fallback['fallback_fraction']:.1%}; a constant answer would score {runner.constant_baseline:.1%}")
+    with timer.stage("grid"):
+        hits = grid_hits(runner)
+    with timer.stage("selection and pruning"):
+        search = search_af1(model, None, config, runner=runner, hits=hits)
+    print(f"selected (all eval prompts, in-sample) L_wait={search.l_wait} L_transfer={search.l_transfer}: "
+          f"faithfulness {search.faithfulness:.1%}{'' if search.meets_threshold else ' (below the threshold: best cell)'}; "
           f"{len(search.kept_heads)}/{search.n_transfer_heads} transfer heads kept "
           f"({search.pruned_faithfulness:.1%}): {[str(h) for h in search.kept_heads]}")
-    with timer.stage("held-out selection"):
-        # the winner's curse: choose the cell on half of the eval prompts, report it on the other half
-        held_out = held_out_selection(runner, min_faithfulness=config.min_faithfulness, seed=args.seed, progress=False) \
-            if runner.n_eval >= 2 else {"skipped": f"{runner.n_eval} evaluation prompt(s): nothing to hold out"}
-    if "l_wait" in held_out:
-        print(f"held out: cell ({held_out['l_wait']}, {held_out['l_transfer']}) chosen on "
-              f"{len(held_out['selection_prompts'])} prompts scores {held_out['held_out_faithfulness']['value']:.1%} "
-              f"on the other {len(held_out['report_prompts'])}")
+    # the winner's curse: choose the cell on half of the eval prompts, report it on the other half
+    held_out = held_out_selection(runner, min_faithfulness=config.min_faithfulness, seed=args.seed, hits=hits) \
+        if runner.n_eval >= 2 else {"skipped": f"{runner.n_eval} evaluation prompt(s): nothing to hold out"}
+    for name, rule in held_out.get("rules", {}).items():
+        est = rule["held_out_faithfulness"]
+        print(f"held out ({name}): cell ({rule['l_wait']}, {rule['l_transfer']}) chosen on "
+              f"{len(held_out['selection_prompts'])} prompts ({rule['selection_faithfulness']:.1%}) scores "
+              f"{est['value']:.1%} [{est['low']:.1%}, {est['high']:.1%}] on the other {est['n']}")
+    paper_cells = {}
+    for name, (w, t) in {"paper_cell_ours": (PAPER_CELL["l_wait_ours"], PAPER_CELL["l_transfer"]),
+                         "depth_scaled": _depth_scaled_cell(n_layers)}.items():
+        if w + t <= n_layers and (w, t) in hits:
+            paper_cells[name] = cell_estimate(hits, w, t)
+            est = paper_cells[name]["faithfulness"]
+            print(f"{name} ({w}, {t}), no selection: {est['value']:.1%} [{est['low']:.1%}, {est['high']:.1%}] n={est['n']}")
     heatmap = faithfulness_heatmap(search.grid, f"AF1 faithfulness, {args.model}, {', '.join(args.templates)}",
                                    best=(search.l_wait, search.l_transfer))
     write_text_atomic(out / "heatmap.html", heatmap.to_html(include_plotlyjs=True, full_html=True))
@@ -112,26 +252,28 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.no_authors:
         with timer.stage("authors' templates"):
             for template in authors.values():
-                t_data = make_template_dataset(model, [template], args.n_prompts, operand_range=operand_range,
-                                               n_shots=args.n_shots, seed=args.seed)
                 try:
-                    t_runner = AF1Runner.from_dataset(model, t_data, config)
+                    t_runner, counts = build_runner(model, [template], args, config)
                 except NoEvalPromptsError as err:  # e.g. a format the model never answers: report it, go on
                     per_template.append({"template": template.id, "text": template.text, "n_eval": 0,
                                          "skipped": str(err)})
                     print(f"{template.id:14s} skipped: {err}")
                     continue
                 along_wait = [t_runner.faithfulness(w, search.l_transfer) for w in range(n_layers - search.l_transfer + 1)]
+                hit = t_runner.correct(search.l_wait, search.l_transfer).double()
                 row = {
                     "template": template.id, "text": template.text, "n_eval": t_runner.n_eval,
-                    "base_accuracy": t_runner.base_accuracy, "constant_baseline": t_runner.constant_baseline,
-                    "faithfulness": along_wait[search.l_wait],
+                    **counts[template.id], "base_accuracy": t_runner.base_accuracy,
+                    "constant_baseline": t_runner.constant_baseline,
+                    "faithfulness": along_wait[search.l_wait], "faithfulness_ci": proportion(hit).to_dict(),
                     "faithfulness_pruned": t_runner.faithfulness(search.l_wait, search.l_transfer, search.kept_heads),
+                    "cama_fallback_fraction": t_runner.cama_counts()["fallback_fraction"],
                     "faithfulness_by_l_wait": along_wait,
                 }
                 per_template.append(row)
                 print(f"{template.id:14s} full acc {row['base_accuracy']:.0%}  n={row['n_eval']:3d}  "
-                      f"AF1 {row['faithfulness']:.0%}  pruned {row['faithfulness_pruned']:.0%}")
+                      f"AF1 {row['faithfulness']:.0%}  pruned {row['faithfulness_pruned']:.0%}  "
+                      f"fallback {row['cama_fallback_fraction']:.0%}")
 
     # ------------------------------------------------------------------------ outputs
     import plotly.graph_objects as go
@@ -144,10 +286,12 @@ def main(argv: list[str] | None = None) -> dict:
     results = {
         "model": args.model, "op": args.op, "search_templates": args.templates, "settings": vars(args),
         "config": config, "n_layers": n_layers, "n_heads": model.cfg.n_heads,
-        "search": search.to_json(), "cama_counts_at_selected_l_wait": runner.cama_counts(search.l_wait),
-        "held_out_selection": held_out,
-        "layer_convention": "CAMA replaces hook_resid_pre of layer L_wait (the authors' demo: hook_resid_post of "
-                            "L_wait - 1, the same tensor); the paper's Llama-3-8B cell is (14, 2)",
+        "means": args.means, "n_folds": args.n_folds if args.means == "cross-fit" else None,
+        "search": search.to_json(), "search_counts": search_counts, "cama_counts": fallback,
+        "cama_fallback_fraction": fallback["fallback_fraction"],
+        "in_sample_faithfulness": proportion(hits[(search.l_wait, search.l_transfer)].double()).to_dict(),
+        "held_out_selection": held_out, "paper_cells": paper_cells, "paper": PAPER_CELL,
+        "layer_convention": LAYER_CONVENTION,
         "per_template": per_template,
         "seconds": timer.seconds, "wall_seconds": round(wall, 1),
     }
@@ -157,7 +301,9 @@ def main(argv: list[str] | None = None) -> dict:
                     f"{args.model}, operation {args.op}; CAMA + ABP (Mamidanna et al. 2025)")
     report.add_text(
         f"Grid search on {', '.join(args.templates)}: {runner.n_eval} eval prompts that the full model answers "
-        f"correctly (full-model accuracy {runner.base_accuracy:.1%}); CAMA means from a disjoint fit split. "
+        f"correctly (full-model accuracy {runner.base_accuracy:.1%}); CAMA means "
+        f"{'cross-fitted over folds of all operand pairs' if args.means == 'cross-fit' else 'from a disjoint fit split'}"
+        f" (fallback fraction {fallback['fallback_fraction']:.1%}). {LAYER_CONVENTION} "
         f"Answers are one token (sums up to 9), so the first-token metric scores the whole answer; a model "
         f"that always gave the most common answer would reach {runner.constant_baseline:.1%}. "
         f"Selected L_wait={search.l_wait}, L_transfer={search.l_transfer} with faithfulness "

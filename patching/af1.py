@@ -19,7 +19,19 @@ themselves (no peek; ``AF1Config.others="full"`` lifts this). *Faithfulness*
 is the AF1 model's top-1 accuracy on the first answer token over prompts the
 full model answers correctly.
 
-:class:`AF1Runner` makes the (``L_wait``, ``L_transfer``) grid cheap: CAMA
+**Held-out means.** CAMA means must not contain the prompt they ablate, and a
+(position, token) pair with too few fit prompts falls back to the position mean,
+erasing the token itself. :meth:`AF1Runner.cross_fitted` splits all operand
+pairs of each template (two-digit sums included) into folds stratified by the
+second operand and evaluates each fold with means fitted on the others;
+:meth:`AF1Runner.cama_counts` reports the fallback fraction.
+
+**Layer convention.** ``L_wait`` counts the blocks run before CAMA (it replaces
+``blocks.{L_wait}.hook_resid_pre``). The authors' demo patches
+``blocks.{W}.hook_resid_post``: their ``(W, T)`` is our ``(W + 1, T)``, so the
+paper's Llama-3-8B cell (14, 2) is our (15, 2).
+
+:class:`AF1Runner` (in :mod:`patching.af1_runner`) makes the (``L_wait``, ``L_transfer``) grid cheap: CAMA
 means for every layer and the evaluation prompts' residuals are computed once;
 an AF1 forward starts at block ``L_wait`` (``start_at_layer``) from the CAMA'd
 residual and scores the END position only. For one ``L_wait`` the runs with
@@ -31,308 +43,28 @@ the faithfulness stays ``>= prune_keep`` times that setting's.
 """
 
 from __future__ import annotations
+from __future__ import annotations
 
-import logging
 import math
-from dataclasses import dataclass, field
-from typing import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 import torch
 from datasets import Dataset
-from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
+from transformer_lens import HookedTransformer
 
-from circuits.checks import positive_int
-from circuits.metrics import unembed_end
+from circuits.errors import InputError
 from circuits.nodes import Head
-from circuits.errors import InputError, ToolkitError
 from circuits.stats import proportion
-from circuits.tasks import accuracy_mask
-from patching import _runs
-from patching.abp import PeekRule, abp_hooks, layer_peek_masks
-from patching.af1_data import split_fit_eval
-from patching.cama import CamaConfig, CamaMeans, fit_cama, group_rows, residuals
-
-logger = logging.getLogger(__name__)
-
-
-
-class NoEvalPromptsError(ToolkitError, ValueError):
-    """No evaluation prompt is left for AF1 (none answered correctly, or no layout matches the fit prompts)."""
-
-
-@dataclass(frozen=True)
-class AF1Config:
-    """AF1 settings. ``others``: peek rule of non-last tokens after ``L_wait`` (paper: ``"self"``)."""
-
-    cama: CamaConfig = field(default_factory=CamaConfig)
-    others: PeekRule = "self"
-    fit_fraction: float = 0.5
-    batch_size: int = 32
-    tail_batch_size: int = 256  # rows per block call when the grid batches many settings together
-    min_faithfulness: float = 0.9
-    prune_keep: float = 0.95
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        positive_int(self.batch_size, "AF1Config.batch_size")
-        positive_int(self.tail_batch_size, "AF1Config.tail_batch_size")
-        if not 0 < self.fit_fraction < 1:
-            raise InputError(f"fit_fraction must be in (0, 1), got {self.fit_fraction}.")
-        if not 0 < self.min_faithfulness <= 1 or not 0 < self.prune_keep <= 1:
-            raise InputError("min_faithfulness and prune_keep must be in (0, 1].")
-
-
-# ---------------------------------------------------------------------------- masks
-
-
-def check_setting(model: HookedTransformer, l_wait: int, l_transfer: int) -> None:
-    """Raise a clear error unless ``0 <= l_wait``, ``0 <= l_transfer`` and ``l_wait + l_transfer <= n_layers``."""
-    n = model.cfg.n_layers
-    if not isinstance(l_wait, int) or not isinstance(l_transfer, int):
-        raise TypeError(f"l_wait and l_transfer must be ints, got {l_wait!r}, {l_transfer!r}.")
-    if not 0 <= l_wait <= n:
-        raise InputError(f"l_wait={l_wait} is out of range: use 0..{n} (the model has {n} layers).")
-    if l_transfer < 0 or l_wait + l_transfer > n:
-        raise InputError(f"l_wait + l_transfer = {l_wait} + {l_transfer} must be at most n_layers = {n} (and l_transfer >= 0).")
-
-
-def af1_masks(
-    model: HookedTransformer, n_pos: int, l_wait: int, l_transfer: int, *,
-    transfer_heads: Iterable[Head] | None = None, others: PeekRule = "self",
-) -> dict[int, Tensor]:
-    """ABP masks of the AF1 model for every layer from ``l_wait`` on.
-
-    With ``transfer_heads``, only those heads give the last token full peek in the
-    transfer layers; the other heads there get self peek.
-    """
-    check_setting(model, l_wait, l_transfer)
-    transfer = range(l_wait, l_wait + l_transfer)
-    full_heads = None
-    if transfer_heads is not None:
-        full_heads = {layer: [] for layer in transfer}
-        for head in transfer_heads:
-            if head.layer not in full_heads:
-                raise InputError(f"{head} is not in the transfer layers {list(transfer)}.")
-            full_heads[head.layer].append(head.head)
-    masks = layer_peek_masks(model, n_pos, layers=transfer, last="full", others=others, full_heads=full_heads)
-    masks.update(layer_peek_masks(model, n_pos, layers=range(l_wait + l_transfer, model.cfg.n_layers),
-                                  last="self", others=others))
-    return masks
-
-
-# ---------------------------------------------------------------------------- the runner
-
-
-@dataclass
-class _Group:
-    tokens: Int[Tensor, "batch pos"]
-    answers: Int[Tensor, "batch"]
-    means: dict[int, CamaMeans]
-    resid: dict[int, Float[Tensor, "batch pos d_model"]]
-
-
-class AF1Runner:
-    """Evaluates AF1 models on fixed eval prompts with CAMA means fitted on disjoint fit prompts.
-
-    ``eval_data`` should hold the prompts the full model answers correctly (see
-    :meth:`from_dataset`). Eval prompts whose alignment group has no fit prompts are
-    dropped and counted in ``n_unmatched``.
-    """
-
-    base_accuracy: float = float("nan")  # full-model accuracy on the eval split (set by from_dataset)
-    n_eval_total: int = 0
-
-    def __init__(self, model: HookedTransformer, fit_data: Dataset, eval_data: Dataset,
-                 config: AF1Config = AF1Config(), layers: Iterable[int] | None = None):
-        if len(eval_data) == 0:
-            raise NoEvalPromptsError("AF1 needs at least one evaluation prompt (none were answered correctly?).")
-        if len(fit_data) == 0:
-            raise InputError("AF1 needs prompts to fit the CAMA means on; the fit set is empty.")
-        self.model, self.config = model, config
-        n = model.cfg.n_layers
-        self.layers = sorted(set(range(n + 1) if layers is None else layers))
-        for layer in self.layers:
-            check_setting(model, layer, 0)
-        fitted = fit_cama(model, fit_data, self.layers, config.cama, batch_size=config.batch_size)
-        self.groups: list[_Group] = []
-        self.n_unmatched = 0
-        self.group_keys: list[Hashable] = []
-        for key, rows in group_rows(eval_data).items():
-            if key not in fitted:
-                self.n_unmatched += len(rows)
-                continue
-            subset = eval_data.select(rows)
-            tokens = torch.tensor(subset["tokens"], device=model.cfg.device)
-            answers = torch.tensor([ids[0] for ids in subset["answer_token_ids"]], device=model.cfg.device)
-            self.groups.append(_Group(tokens, answers, fitted[key], residuals(model, tokens, self.layers, config.batch_size)))
-            self.group_keys.append(key)
-        if not self.groups:
-            raise NoEvalPromptsError("No evaluation prompt shares a template/token layout with the fit prompts.")
-        if self.n_unmatched:
-            logger.warning("%d eval prompts have no fit prompts of the same layout and are left out.", self.n_unmatched)
-
-    @classmethod
-    def from_dataset(cls, model: HookedTransformer, data: Dataset, config: AF1Config = AF1Config(),
-                     fit_data: Dataset | None = None, layers: Iterable[int] | None = None) -> "AF1Runner":
-        """Split ``data`` (unless ``fit_data`` is given), keep the correctly answered eval prompts, build a runner."""
-        if len(data) == 0:
-            raise InputError("AF1 got an empty dataset.")
-        if fit_data is None:
-            fit_data, data = split_fit_eval(data, config.fit_fraction, config.seed)
-        correct = accuracy_mask(model, data, config.batch_size)
-        runner = cls(model, fit_data, data.select([i for i, ok in enumerate(correct) if ok]), config, layers)
-        runner.base_accuracy = sum(correct) / len(correct)
-        runner.n_eval_total = len(correct)
-        return runner
-
-    @property
-    def n_eval(self) -> int:
-        return sum(len(g.tokens) for g in self.groups)
-
-    def cama_counts(self, l_wait: int) -> dict:
-        """How many fit prompts the CAMA means at ``l_wait`` used, over the replaced (prompt, position) pairs."""
-        used, fallback = [], []
-        for group in self.groups:
-            means = group.means[l_wait]
-            n_used = means.lookup(group.tokens)[1][:, ~means.kept]
-            used.append(n_used.flatten())
-            fallback.append((~means.uses_value_mean(group.tokens)[:, ~means.kept]).flatten())
-        used_all, fallback_all = torch.cat(used).float(), torch.cat(fallback).float()
-        if used_all.numel() == 0:
-            return {"min": None, "median": None, "fallback_fraction": None}
-        return {"min": int(used_all.min()), "median": float(used_all.median()),
-                "fallback_fraction": float(fallback_all.mean())}
-
-    @property
-    def constant_baseline(self) -> float:
-        """Faithfulness of a model that always says the most common answer token: the floor to beat."""
-        answers = torch.cat([g.answers for g in self.groups])
-        return (answers == answers.mode().values).float().mean().item()
-
-    def _cama_resid(self, group: _Group, l_wait: int) -> Tensor:
-        if l_wait == 0:
-            # The embeddings depend on each position's own token only: CAMA is the identity there,
-            # except where a rare token would fall back to a position mean, which would only add noise.
-            return group.resid[0]
-        if l_wait not in group.means:
-            raise InputError(f"This runner has no CAMA means for l_wait={l_wait}; it was built for layers {self.layers}.")
-        return group.means[l_wait].apply(group.resid[l_wait], group.tokens)
-
-    def _run(self, resid: Tensor, start: int, stop: int, masks: Mapping[int, Tensor]) -> Tensor:
-        if start >= stop:
-            return resid
-        hooks = abp_hooks(self.model, {l: m for l, m in masks.items() if start <= l < stop})
-        with self.model.hooks(fwd_hooks=hooks):
-            return self.model(resid, start_at_layer=start, stop_at_layer=stop)
-
-    def _logits_from(self, resid: Tensor, start: int, masks) -> Float[Tensor, "batch d_vocab"]:
-        """Run blocks ``start..n-1`` in chunks; logits at END."""
-        bs = self.config.batch_size
-        return torch.cat([unembed_end(self.model, self._run(resid[i:i + bs], start, self.model.cfg.n_layers, masks)[:, -1])
-                          for i in range(0, len(resid), bs)])
-
-    @torch.no_grad()
-    def end_logits(self, l_wait: int, l_transfer: int,
-                   transfer_heads: Iterable[Head] | None = None) -> list[Float[Tensor, "batch d_vocab"]]:
-        """The AF1 model's END logits, one tensor per alignment group (``self.groups`` order)."""
-        check_setting(self.model, l_wait, l_transfer)
-        heads = None if transfer_heads is None else list(transfer_heads)
-        out = []
-        for group in self.groups:
-            masks = af1_masks(self.model, group.tokens.shape[1], l_wait, l_transfer,
-                              transfer_heads=heads, others=self.config.others)
-            out.append(self._logits_from(self._cama_resid(group, l_wait), l_wait, masks))
-        return out
-
-    def correct(self, l_wait: int, l_transfer: int,
-                transfer_heads: Iterable[Head] | None = None) -> Bool[Tensor, "prompt"]:
-        """Per eval prompt (group order): does the AF1 model answer top-1 correctly?"""
-        logits = self.end_logits(l_wait, l_transfer, transfer_heads)
-        return torch.cat([lg.argmax(-1) == g.answers for lg, g in zip(logits, self.groups)])
-
-    def faithfulness(self, l_wait: int, l_transfer: int, transfer_heads: Iterable[Head] | None = None) -> float:
-        """AF1 accuracy over the eval prompts (which the full model answers correctly)."""
-        return self.correct(l_wait, l_transfer, transfer_heads).float().mean().item()
-
-    @torch.no_grad()
-    def sweep_transfer(self, l_wait: int, max_transfer: int | None = None) -> list[float]:
-        """Faithfulness for ``l_transfer = 0 .. max_transfer`` at one ``l_wait`` (see :meth:`sweep_end_resid`)."""
-        return [h.float().mean().item() for h in self.sweep_transfer_hits(l_wait, max_transfer)]
-
-    @torch.no_grad()
-    def sweep_transfer_hits(self, l_wait: int, max_transfer: int | None = None) -> list[Bool[Tensor, "prompt"]]:
-        """Per ``l_transfer = 0 .. max_transfer``: which eval prompts (group order) the AF1 model answers correctly."""
-        hits: list[list[Tensor]] = []
-        for index, group in enumerate(self.groups):
-            ends = self.sweep_end_resid(index, l_wait, max_transfer)
-            flat = ends.flatten(0, 1)
-            logits_argmax = torch.cat([unembed_end(self.model, chunk).argmax(-1)
-                                       for chunk in flat.split(self.config.tail_batch_size)])
-            for t, part in enumerate(logits_argmax.split(len(group.tokens))):
-                if t == len(hits):
-                    hits.append([])
-                hits[t].append(part == group.answers)
-        return [torch.cat(h).cpu() for h in hits]
-
-    @torch.no_grad()
-    def sweep_end_resid(self, group_index: int, l_wait: int,
-                        max_transfer: int | None = None) -> Float[Tensor, "setting batch d_model"]:
-        """Final END residuals of one group for ``l_transfer = 0 .. max_transfer`` at one ``l_wait``.
-
-        Exact shortcuts, so the whole grid costs about as much as a few full forwards:
-
-        * the settings share the full-peek prefix (one run of each transfer layer);
-        * once a setting is past its transfer layers, only END matters for its output, and
-          END reads only BOS and itself. BOS attends only to itself in every setting, so its
-          keys and values are the plain model's: they are cached once, and each self-peek
-          layer runs END alone (rotary positions stay right through TransformerLens'
-          key/value cache offset), batched over all settings at that layer.
-        """
-        n = self.model.cfg.n_layers
-        max_transfer = n - l_wait if max_transfer is None else max_transfer
-        check_setting(self.model, l_wait, max_transfer)
-        group = self.groups[group_index]
-        n_pos = group.tokens.shape[1]
-        full = af1_masks(self.model, n_pos, l_wait, n - l_wait, others=self.config.others)
-        end_row = {layer: mask[..., -1:, :] for layer, mask in
-                   af1_masks(self.model, n_pos, l_wait, 0, others=self.config.others).items()}
-        prefix_cache = self._prefix_cache(group) if n_pos > 1 else None
-        state = self._cama_resid(group, l_wait)  # full sequence after t full-peek layers
-        tails: list[Tensor] = []  # tails[t]: END residual of setting t, past its transfer layers
-        for layer in range(l_wait, n):
-            t = layer - l_wait
-            if t <= max_transfer:
-                tails.append(state[:, -1:])
-            merged = self._run_end_only(torch.cat(tails), layer, end_row, prefix_cache)
-            tails = list(merged.split(len(group.tokens)))
-            state = self._run_chunked(state, layer, full) if t < max_transfer else None
-        if max_transfer == n - l_wait:
-            tails.append(state[:, -1:])
-        return torch.stack([tail[:, -1] for tail in tails])
-
-    def _prefix_cache(self, group: _Group) -> list[TransformerLensKeyValueCacheEntry]:
-        """Per-layer keys/values of positions 0..n-2 from a plain run of one prompt.
-
-        Only BOS's entries are ever read (the ABP mask hides the others), and BOS is the
-        same in every prompt and setting."""
-        return _runs.prefix_kv_cache(self.model, group.tokens[:1, :-1])
-
-    def _run_end_only(self, end: Tensor, layer: int, end_row: Mapping[int, Tensor], prefix_cache) -> Tensor:
-        size = self.config.tail_batch_size
-        out = []
-        for chunk in end.split(size):
-            entries = None if prefix_cache is None else _runs.TiledKVCache(prefix_cache, len(chunk))
-            with self.model.hooks(fwd_hooks=abp_hooks(self.model, {layer: end_row[layer]})):
-                out.append(self.model(chunk, start_at_layer=layer, stop_at_layer=layer + 1, past_kv_cache=entries))
-        return torch.cat(out)
-
-    def _run_chunked(self, resid: Tensor, layer: int, masks) -> Tensor:
-        size = self.config.tail_batch_size
-        return torch.cat([self._run(chunk, layer, layer + 1, masks) for chunk in resid.split(size)])
-
+from patching.af1_runner import (  # noqa: F401  (re-exported: the AF1 API lives in patching.af1)
+    AF1Config,
+    AF1Runner,
+    NoEvalPromptsError,
+    af1_masks,
+    check_setting,
+)
 
 # ---------------------------------------------------------------------------- search
 
@@ -382,15 +114,28 @@ class AF1SearchResult:
         }
 
 
+def grid_hits(runner: AF1Runner, l_waits: Iterable[int] | None = None,
+              progress: bool = True) -> dict[tuple[int, int], Tensor]:
+    """Per grid cell ``(l_wait, l_transfer)``: which eval prompts (group order) the AF1 model gets right."""
+    hits: dict[tuple[int, int], Tensor] = {}
+    for w in tqdm(runner.layers if l_waits is None else sorted(l_waits), desc="AF1 grid (l_wait)", disable=not progress):
+        for t, h in enumerate(runner.sweep_transfer_hits(w)):
+            hits[(w, t)] = h
+    return hits
+
+
+def grid_from_hits(hits: dict[tuple[int, int], Tensor], n_layers: int, prompts: Tensor | None = None) -> list[list[float]]:
+    """``grid[w][t]``: the mean of ``hits[(w, t)]`` (over ``prompts`` if given), NaN for cells not in ``hits``."""
+    def mean(h: Tensor) -> float:
+        return float((h if prompts is None else h[prompts]).float().mean())
+
+    return [[mean(hits[(w, t)]) if (w, t) in hits else float("nan") for t in range(n_layers + 1)]
+            for w in range(n_layers + 1)]
+
+
 def grid_faithfulness(runner: AF1Runner, l_waits: Iterable[int] | None = None, progress: bool = True) -> list[list[float]]:
     """The (l_wait, l_transfer) grid: ``grid[w][t]``, NaN outside ``w + t <= n_layers`` or for skipped ``w``."""
-    n = runner.model.cfg.n_layers
-    grid = [[float("nan")] * (n + 1) for _ in range(n + 1)]
-    l_waits = runner.layers if l_waits is None else sorted(l_waits)
-    for w in tqdm(l_waits, desc="AF1 grid (l_wait)", disable=not progress):
-        for t, value in enumerate(runner.sweep_transfer(w)):
-            grid[w][t] = value
-    return grid
+    return grid_from_hits(grid_hits(runner, l_waits, progress), runner.model.cfg.n_layers)
 
 
 def select_setting(grid: Sequence[Sequence[float]], min_faithfulness: float = 0.9) -> tuple[int, int, bool]:
@@ -406,37 +151,64 @@ def select_setting(grid: Sequence[Sequence[float]], min_faithfulness: float = 0.
     if good:
         w = max(w for w, _ in good)
         return w, min(t for ww, t in good if ww == w), True
+    return (*most_faithful_setting(grid), False)
+
+
+def most_faithful_setting(grid: Sequence[Sequence[float]]) -> tuple[int, int]:
+    """The most faithful cell (ties: larger ``l_wait``, then fewer transfer layers)."""
+    cells = [(w, t, v) for w, row in enumerate(grid) for t, v in enumerate(row) if not math.isnan(v)]
+    if not cells:
+        raise InputError("The grid has no evaluated cells.")
     w, t, _ = max(cells, key=lambda c: (c[2], c[0], -c[1]))
-    return w, t, False
+    return w, t
+
+
+# How the held-out selection picks its cell: the paper's rule (the longest wait that keeps the
+# threshold, fewest transfer layers) and the most faithful cell, which tests "faithful at some cell".
+SELECTION_RULES = {
+    "longest_wait": lambda grid, threshold: select_setting(grid, threshold)[:2],
+    "most_faithful": lambda grid, threshold: most_faithful_setting(grid),
+}
 
 
 def held_out_selection(runner: AF1Runner, l_waits: Iterable[int] | None = None, min_faithfulness: float = 0.9,
-                       seed: int = 0, progress: bool = True) -> dict:
+                       seed: int = 0, progress: bool = True,
+                       hits: dict[tuple[int, int], Tensor] | None = None) -> dict:
     """Choose (l_wait, l_transfer) on one half of the eval prompts and report its faithfulness on the other half.
 
     Picking the best of ~100 cells on the same prompts that report it overstates the faithfulness
     (winner's curse). The eval prompts are split at random (``seed``) into a selection half and a
     report half; :func:`select_setting` runs on the selection half's grid, and the chosen cell's
-    faithfulness is reported on the report half with its Wilson interval.
+    faithfulness is reported on the report half with its Wilson interval (top-level keys).
+    ``rules`` repeats this for every rule of :data:`SELECTION_RULES`. ``hits``: a precomputed
+    :func:`grid_hits` (else it is computed).
     """
     n = runner.model.cfg.n_layers
     order = torch.randperm(runner.n_eval, generator=torch.Generator().manual_seed(seed))
     select_idx, report_idx = order[: runner.n_eval // 2].sort().values, order[runner.n_eval // 2:].sort().values
     if len(select_idx) == 0 or len(report_idx) == 0:
         raise NoEvalPromptsError(f"A held-out AF1 selection needs at least 2 evaluation prompts, got {runner.n_eval}.")
-    hits: dict[tuple[int, int], Tensor] = {}
-    for w in tqdm(runner.layers if l_waits is None else sorted(l_waits), desc="AF1 grid (held out)", disable=not progress):
-        for t, h in enumerate(runner.sweep_transfer_hits(w)):
-            hits[(w, t)] = h
-    half_grid = lambda idx: [[float(hits[(w, t)][idx].float().mean()) if (w, t) in hits else float("nan")
-                              for t in range(n + 1)] for w in range(n + 1)]
-    w, t, ok = select_setting(half_grid(select_idx), min_faithfulness)
-    reported = proportion(hits[(w, t)][report_idx].double())
+    hits = grid_hits(runner, l_waits, progress) if hits is None else hits
+    selection_grid = grid_from_hits(hits, n, select_idx)
+    rules = {}
+    for name, rule in SELECTION_RULES.items():
+        w, t = rule(selection_grid, min_faithfulness)
+        rules[name] = {"l_wait": w, "l_transfer": t, "selection_faithfulness": selection_grid[w][t],
+                       "held_out_faithfulness": proportion(hits[(w, t)][report_idx].double()).to_dict()}
+    w, t, ok = select_setting(selection_grid, min_faithfulness)
     return {"l_wait": w, "l_transfer": t, "meets_threshold_on_selection_half": ok,
-            "selection_faithfulness": float(hits[(w, t)][select_idx].float().mean()),
-            "held_out_faithfulness": reported.to_dict(),
+            "selection_faithfulness": selection_grid[w][t],
+            "held_out_faithfulness": rules["longest_wait"]["held_out_faithfulness"], "rules": rules,
             "selection_prompts": select_idx.tolist(), "report_prompts": report_idx.tolist(),
             "interval": "95% Wilson over the report half"}
+
+
+def cell_estimate(hits: dict[tuple[int, int], Tensor], l_wait: int, l_transfer: int) -> dict:
+    """Faithfulness of one pre-specified cell over all eval prompts (no selection), with its Wilson interval."""
+    if (l_wait, l_transfer) not in hits:
+        raise InputError(f"The grid has no cell ({l_wait}, {l_transfer}): compute its l_wait with grid_hits first.")
+    return {"l_wait": l_wait, "l_transfer": l_transfer,
+            "faithfulness": proportion(hits[(l_wait, l_transfer)].double()).to_dict()}
 
 
 def prune_transfer_heads(runner: AF1Runner, l_wait: int, l_transfer: int, keep: float = 0.95,
@@ -466,11 +238,12 @@ def prune_transfer_heads(runner: AF1Runner, l_wait: int, l_transfer: int, keep: 
 
 def search_af1(model: HookedTransformer, data: Dataset, config: AF1Config = AF1Config(), *,
                fit_data: Dataset | None = None, l_waits: Iterable[int] | None = None,
-               runner: AF1Runner | None = None, progress: bool = True) -> AF1SearchResult:
-    """Grid over (l_wait, l_transfer), select the setting, prune its transfer heads."""
+               runner: AF1Runner | None = None, progress: bool = True,
+               hits: dict[tuple[int, int], Tensor] | None = None) -> AF1SearchResult:
+    """Grid over (l_wait, l_transfer), select the setting, prune its transfer heads (``hits``: a precomputed grid)."""
     if runner is None:
         runner = AF1Runner.from_dataset(model, data, config, fit_data=fit_data, layers=l_waits)
-    grid = grid_faithfulness(runner, l_waits, progress)
+    grid = grid_faithfulness(runner, l_waits, progress) if hits is None else grid_from_hits(hits, model.cfg.n_layers)
     w, t, ok = select_setting(grid, config.min_faithfulness)
     kept, pruned, trace = prune_transfer_heads(runner, w, t, config.prune_keep, progress)
     return AF1SearchResult(grid, w, t, grid[w][t], ok, kept, pruned, t * model.cfg.n_heads, trace,

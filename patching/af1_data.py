@@ -109,3 +109,35 @@ def split_fit_eval(dataset: Dataset, fit_fraction: float = 0.5, seed: int = 0) -
     if not fit or not evaluate:
         raise InputError("The split left the fit or the eval set empty; use more prompts.")
     return dataset.select(sorted(fit)), dataset.select(sorted(evaluate))
+
+
+def cross_fit_folds(dataset: Dataset, n_folds: int = 2, seed: int = 0, stratify: str | None = "b") -> list[int]:
+    """A fold number per row for cross-fitted CAMA means: fit on the other folds, evaluate on this one.
+
+    Folds are drawn within each CAMA alignment group and, inside it, within each value of the
+    ``stratify`` column (default: the second operand, whose token CAMA conditions on), so every
+    (position, token) mean of a fold's complement has as many prompts as the data allow;
+    equal prompts share a fold (a prompt must never sit on both sides).
+    """
+    positive_int(n_folds, "n_folds")
+    if n_folds < 2:
+        raise InputError(f"Cross-fitting needs n_folds >= 2 (fit on the others, evaluate on one), got {n_folds}.")
+    if stratify is not None and stratify not in dataset.column_names:
+        raise InputError(f"Cannot stratify the folds by {stratify!r}: the dataset has columns {dataset.column_names}.")
+    rng = random.Random(seed)
+    prompts = dataset["prompt"]
+    strata = dataset[stratify] if stratify is not None else [None] * len(dataset)
+    folds = [0] * len(dataset)
+    for rows in group_rows(dataset).values():
+        by_stratum: dict[object, dict[str, list[int]]] = {}
+        for i in rows:
+            by_stratum.setdefault(strata[i], {}).setdefault(prompts[i], []).append(i)
+        offset = rng.randrange(n_folds)  # which fold gets the odd prompt of each stratum rotates
+        for _, by_prompt in sorted(by_stratum.items(), key=lambda kv: str(kv[0])):
+            unique = list(by_prompt)
+            rng.shuffle(unique)
+            for j, prompt in enumerate(unique):
+                for i in by_prompt[prompt]:
+                    folds[i] = (offset + j) % n_folds
+            offset = (offset + len(unique)) % n_folds
+    return folds

@@ -20,11 +20,16 @@ On "A+B=" the position of ``B`` gets the mean over all ``A`` for that ``B``, the
 
 Where one (position, token) pair occurs in fewer than ``min_count`` prompts,
 its mean falls back to the plain mean of the position over all prompts; every
-lookup reports how many prompts its mean used.
+lookup reports how many prompts its mean used, and :meth:`CamaMeans.fallback_mask`
+marks the fallbacks. A fallback erases the token itself (on "A+B=", operand B), so
+fit on enough prompts that none occur (``patching.af1`` cross-fits for this).
 
 **Where it acts.** ``layer = L`` replaces the residual stream entering block
 ``L``: ``blocks.L.hook_resid_pre`` (= ``blocks.{L-1}.hook_resid_post``), i.e.
-after ``L`` blocks have run. ``L = 0`` acts on the embeddings (plus learned
+after ``L`` blocks have run. The authors' demo (``table_4_original.py``) patches
+``blocks.{W}.hook_resid_post`` for ``wait_until_layer = W``, i.e. after ``W + 1``
+blocks: their ``W`` is our ``L = W + 1`` (their Llama-3-8B setting ``W = 14`` is
+our ``L_wait = 15``). ``L = 0`` acts on the embeddings (plus learned
 positional embeddings, where the model has them), where every position already
 depends on its own token only, so CAMA there changes nothing but BOS-free means;
 ``L = n_layers`` acts on the final residual (``blocks.{n-1}.hook_resid_post``).
@@ -143,6 +148,11 @@ class CamaMeans:
             idx = torch.searchsorted(keys, tokens[:, t].contiguous()).clamp(max=len(keys) - 1)
             out[:, t] = (keys[idx] == tokens[:, t]) & (self.value_counts[t][idx] >= self.min_count)
         return out
+
+    def fallback_mask(self, tokens: Int[Tensor, "batch pos"]) -> Bool[Tensor, "batch pos"]:
+        """True where a replaced position falls back to the plain position mean (its token has fewer
+        than ``min_count`` fit prompts): there CAMA erases the token itself, not only its context."""
+        return ~self.uses_value_mean(tokens) & ~self.kept.to(tokens.device)[None]
 
     def apply(
         self, resid: Float[Tensor, "batch pos d_model"], tokens: Int[Tensor, "batch pos"]

@@ -11,8 +11,9 @@ from circuits.metrics import end_logits, unembed_end
 from circuits.nodes import Head
 from circuits.tasks import make_row
 from circuits.templates import Template
+from patching.cama import CamaConfig
 from circuits.testing import tiny_model
-from patching.af1_data import AUTHORS_TEMPLATES, make_template_dataset, split_fit_eval
+from patching.af1_data import AUTHORS_TEMPLATES, cross_fit_folds, make_template_dataset, split_fit_eval
 from patching.af1 import (
     AF1Config,
     AF1Runner,
@@ -21,6 +22,9 @@ from patching.af1 import (
     check_setting,
     faithfulness_heatmap,
     grid_faithfulness,
+    SELECTION_RULES,
+    cell_estimate,
+    grid_hits,
     held_out_selection,
     prune_transfer_heads,
     search_af1,
@@ -137,6 +141,99 @@ def test_held_out_selection_and_report_use_disjoint_prompts():
     assert select_setting(grid, 0.5)[:2] == (out["l_wait"], out["l_transfer"])
 
 
+def _self_answered(model, data):
+    """``data`` with each prompt's answer set to the plain model's own prediction: every prompt is 'correct'."""
+    predictions = end_logits(model, torch.tensor(data["tokens"])).argmax(-1).tolist()
+    return data.remove_columns("answer_token_ids").add_column("answer_token_ids", [[p] for p in predictions])
+
+
+def test_cross_fitted_means_never_use_the_evaluated_prompt():
+    model = tiny_model(style="gemma", n_layers=2)
+    data = _self_answered(model, _data(model))  # all 100 pairs: the fit pool
+    eligible = [int(a) + int(b) <= 9 for a, b in zip(data["a"], data["b"])]  # the one-token sums are evaluated
+    runner = AF1Runner.cross_fitted(model, data, AF1Config(), eligible=eligible, n_folds=2)
+    evaluated = [p for g in runner.groups for p in g.prompts]
+    assert sorted(evaluated) == sorted(p for p, ok in zip(data["prompt"], eligible) if ok)  # each once
+    assert {g.fold for g in runner.groups} == {0, 1}
+    by_prompt = dict(zip(data["prompt"], data["tokens"]))
+    layer = 1
+    for group in runner.groups:
+        assert not set(group.prompts) & group.fit_prompts
+        assert len(group.fit_prompts) == 50  # the other fold of all pairs, two-digit sums included
+        # an independent computation of the means from the fit prompts' cached residuals
+        fit = sorted(group.fit_prompts)
+        fit_tokens = torch.tensor([by_prompt[p] for p in fit])
+        _, cache = model.run_with_cache(fit_tokens, names_filter=f"blocks.{layer}.hook_resid_pre")
+        resid = cache[f"blocks.{layer}.hook_resid_pre"]
+        means, n_used = group.means[layer].lookup(group.tokens)
+        for i in range(len(group.tokens)):
+            for t in torch.nonzero(~group.means[layer].kept).flatten().tolist():
+                same = fit_tokens[:, t] == group.tokens[i, t]
+                assert n_used[i, t] == same.sum() >= 2
+                assert torch.allclose(means[i, t], resid[same, t].mean(0), atol=1e-5)
+    assert runner.cama_counts()["fallback_fraction"] == 0.0
+    # the folds are stratified by the second operand: 5 of the 10 first operands per fold
+    folds = cross_fit_folds(data, 2, seed=0)
+    for b in range(10):
+        assert sorted(f for f, bb in zip(folds, data["b"]) if bb == str(b)).count(0) == 5
+
+
+def test_fallback_fraction_of_a_runner_by_hand():
+    model = tiny_model(style="gemma", n_layers=2)
+    fit = Dataset.from_list([make_row(model.tokenizer, EQ, Fraction(a), Fraction(b)) for a, b in [(0, 1), (1, 1), (2, 2)]])
+    ev = Dataset.from_list([make_row(model.tokenizer, EQ, Fraction(3), Fraction(b)) for b in (1, 2)])
+    counts = AF1Runner(model, fit, ev).cama_counts()
+    # replaced positions "+", B, "=" (BOS and A keep their own values): 6 pairs; B = 2 has one fit prompt
+    assert counts["n_replaced"] == 6 and counts["fallback_fraction"] == pytest.approx(1 / 6)
+    assert counts["prompts_with_fallback"] == 0.5 and counts["min"] == 2  # the fallback itself uses all 3
+
+
+def test_cross_fit_errors():
+    model = tiny_model(style="gemma", n_layers=2)
+    data = _data(model, 10)
+    with pytest.raises(ValueError, match="n_folds >= 2"):
+        cross_fit_folds(data, 1)
+    with pytest.raises(ValueError, match="stratify"):
+        cross_fit_folds(data, 2, stratify="nope")
+    with pytest.raises(ValueError, match="eligible has 3 entries"):
+        AF1Runner.cross_fitted(model, data, eligible=[True] * 3)
+    with pytest.raises(ValueError, match="No row of the data is eligible"):
+        AF1Runner.cross_fitted(model, data, eligible=[False] * 10)
+    with pytest.raises(ValueError, match="cannot change the CAMA settings"):
+        _runner(model).with_config(cama=CamaConfig(min_count=3))
+
+
+@pytest.mark.parametrize("style,kv", [("gemma", None), ("llama", 2)])
+def test_without_cama_and_with_full_peek_after_the_wait_is_the_plain_model(style, kv):
+    model = tiny_model(style=style, n_layers=3, n_key_value_heads=kv)
+    runner = _runner(model)
+    plain = runner.with_config(ablate_wait=False, others="full")
+    for w in (1, 2):
+        for logits, group in zip(plain.end_logits(w, 3 - w), plain.groups):
+            assert torch.allclose(logits, end_logits(model, group.tokens), atol=1e-5)
+        # with CAMA the same setting differs: the masks alone are not what changes the output
+        assert not all(torch.allclose(a, end_logits(model, g.tokens), atol=1e-4)
+                       for a, g in zip(runner.with_config(others="full").end_logits(w, 3 - w), runner.groups))
+    assert runner.config.ablate_wait and plain.prompts == runner.prompts
+
+
+def test_held_out_rules_and_pre_specified_cells():
+    model = tiny_model(style="gemma", n_layers=2)
+    runner = _runner(model)
+    hits = grid_hits(runner, progress=False)
+    out = held_out_selection(runner, min_faithfulness=0.5, seed=3, hits=hits)
+    assert set(out["rules"]) == set(SELECTION_RULES)
+    report = sorted(out["report_prompts"])
+    best = out["rules"]["most_faithful"]
+    assert best["held_out_faithfulness"]["value"] == pytest.approx(
+        hits[(best["l_wait"], best["l_transfer"])][report].float().mean().item())
+    assert out["rules"]["longest_wait"]["l_wait"] == out["l_wait"]
+    cell = cell_estimate(hits, 1, 1)["faithfulness"]
+    assert cell["n"] == runner.n_eval and cell["value"] == pytest.approx(runner.faithfulness(1, 1))
+    with pytest.raises(ValueError, match="compute its l_wait"):
+        cell_estimate(hits, 2, 1)
+
+
 def test_af1_accuracy_on_correct_prompts_and_errors():
     model = tiny_model(style="llama", n_layers=2)
     data = _data(model)
@@ -180,3 +277,14 @@ def test_af1_on_gemma(gemma):
         assert torch.allclose(unembed_end(gemma, ends[t]), runner.end_logits(12, t)[0], atol=1e-3)
     # nothing reaches the last token after layer 12: it keeps only its own "=" mean
     assert runner.faithfulness(12, 0) <= runner.constant_baseline + 1e-6
+
+
+@pytest.mark.integration
+def test_cross_fitted_af1_data_on_gemma(gemma):
+    # the search data of experiments.af1: all pairs of three formats; one-token sums evaluated
+    data = make_template_dataset(gemma, AUTHORS_TEMPLATES[:3], n_per_template=100, single_token_answers=False)
+    eligible = [len(ids) == 1 for ids in data["answer_token_ids"]]
+    runner = AF1Runner.cross_fitted(gemma, data, AF1Config(), eligible=eligible, layers=[9])
+    assert runner.n_eval_total == 165 and runner.n_eval >= 45  # 46 measured (13 + 18 + 15)
+    assert runner.cama_counts()["fallback_fraction"] == 0.0
+    assert all(not set(g.prompts) & g.fit_prompts for g in runner.groups)

@@ -121,3 +121,16 @@ def test_uses_value_mean_flags_fallbacks():
     means = fit_cama_means(tokens, torch.randn(4, 3, 2), 1, CamaConfig(min_count=2, keep_self_context=False))
     assert means.uses_value_mean(torch.tensor([[0, 5, 9], [0, 4, 7]])).tolist() == [[False, True, False],
                                                                                  [False, False, True]]
+
+
+def test_fallback_mask_by_hand():
+    # fit: position 1 sees 5 (x2) and 6 (x2); position 2 sees 7 (x2), 8 and 9 once each
+    tokens = torch.tensor([[0, 5, 7], [0, 6, 7], [0, 5, 8], [0, 6, 9]])
+    means = fit_cama_means(tokens, torch.randn(4, 3, 2), 1, CamaConfig(min_count=2, keep_self_context=False))
+    evaluated = torch.tensor([[0, 5, 9], [0, 4, 7], [0, 6, 7]])
+    # 9 occurs once (< min_count), 4 never: both fall back; BOS is kept, never a fallback
+    assert means.fallback_mask(evaluated).tolist() == [[False, False, True], [False, True, False], [False, False, False]]
+    # 2 of the 6 replaced (prompt, position) pairs; and the fallback uses the position mean
+    assert means.fallback_mask(evaluated)[:, ~means.kept].float().mean().item() == pytest.approx(2 / 6)
+    looked_up, n_used = means.lookup(evaluated)
+    assert torch.allclose(looked_up[0, 2], means.position_mean[2]) and n_used[0, 2] == 4 and n_used[0, 1] == 2
