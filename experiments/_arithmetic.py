@@ -225,6 +225,7 @@ def run(cfg: PipelineConfig) -> dict:
         ks = [int(k) for k in cfg.knockout_ks.split(",") if int(k) <= model.cfg.n_layers * model.cfg.n_heads]
         curve = knockout_curve(model, knock_data, scores, ks=ks, n_seeds=cfg.knockout_seeds, n_pool=cfg.knockout_pool,
                                seed=cfg.seed, batch_size=cfg.batch_size)
+        results["knockout"] = curve.to_dict()  # saved with this stage, before the (slower) transfer formats
     with timer.stage("knockout on transfer formats"):
         formats = transfer_datasets(model, cfg.op, n_prompts=cfg.transfer_prompts, seed=cfg.seed, n_shots=cfg.n_shots)
         curve.transfer = knockout_transfer(model, formats, heads, n_pool=cfg.knockout_pool, drop_uncovered=True,

@@ -20,8 +20,10 @@ pool's prompts differ (the few-shot prefix) hold the same activation in every on
 of them, so their mean *is* the clean activation: knocking a node out changes
 nothing there. :func:`knockout_correct` computes that prefix's keys/values once
 per layout, runs only the later positions, many knockout sets per batched forward
-(sets stacked along the batch), and unembeds END only. ``method="hooks"`` runs
-the plain implementation (one full forward per set and batch) for comparison.
+(sets stacked along the batch), runs suffix starts shared by several prompts once,
+and decides top-1 at END with an exact bound instead of the full vocabulary where it
+can (:mod:`patching.knockout_fast`). ``method="hooks"`` runs the plain
+implementation (one full forward per set and batch) for comparison.
 
 :func:`knockout_curve` validates a ranking: knock out the top-k heads by
 path-patching effect ("effect-rank") for growing k, against k random heads over
@@ -50,6 +52,7 @@ from circuits.stats import bootstrap_two_way, paired_difference, proportion
 from circuits.pools import pool_dataset
 from circuits.tasks import TaskBatch, iter_batches
 from patching import _runs
+from patching import knockout_fast as _fast
 from patching.results import KnockoutCurve, NodeScores
 
 DEFAULT_POOL = 512  # pool prompts the means are averaged over (shared among the evaluated layouts)
@@ -245,13 +248,19 @@ def knockout_correct(
     method: str = "prefix",
     batch_size: int = 32,
     memory_mb: float = 1024.0,
+    prune_top1: bool = True,
+    share_starts: bool = True,
+    stats: Optional[dict] = None,
     progress: bool = False,
 ) -> Bool[Tensor, "set prompt"]:
     """Per knockout set and prompt: is the first answer token top-1 with the set's nodes mean-ablated?
 
     An empty set scores the unablated model. ``means`` defaults to :func:`pool_means` over every
     node of the sets (``n_pool`` prompts, ``seed``); it is checked by :func:`check_means`.
-    ``method="prefix"`` is the fast path (module docstring), ``"hooks"`` the plain implementation.
+    ``method="prefix"`` is the fast path (module docstring; ``prune_top1`` and ``share_starts``
+    switch its savings 3 and 2 of :mod:`patching.knockout_fast`), ``"hooks"`` the plain
+    implementation. ``stats``, a dict, receives how many ablated rows the fast path scored and how
+    many of them needed the full-vocabulary unembedding.
     """
     if method not in METHODS:
         raise InputError(f"Unknown knockout method {method!r}: use one of {METHODS}.")
@@ -275,12 +284,15 @@ def knockout_correct(
         return correct
     selections = _selections(model, sets)
     layouts = _layouts(dataset)
+    fast = {"prune": prune_top1, "split": share_starts, "stats": stats if stats is not None else {}}
     bar = tqdm(total=len(layouts), desc="knockout", disable=not progress, leave=False)
     for layout, rows in layouts.items():
-        for sl in _runs.chunks(len(rows), batch_size):
+        # sets are stacked along the batch within memory_mb, and more rows per chunk widen the shared
+        # starts (one run per distinct start serves more rows): up to 4 x batch_size rows at once
+        for sl in _runs.chunks(len(rows), 4 * batch_size):
             chunk_rows = rows[sl]
             correct[:, chunk_rows] = _layout_correct(model, dataset.select(chunk_rows), layout, selections, len(sets),
-                                                     means, memory_mb)
+                                                     means, memory_mb, fast)
         bar.update(1)
     bar.close()
     return correct
@@ -296,8 +308,8 @@ def _first_layers(sets_sel: dict[str, Tensor], n_sets: int, n_layers: int) -> li
     return first
 
 
-def _layout_correct(model, data: Dataset, layout, selections, n_sets, means, memory_mb) -> Tensor:
-    """Top-1 hits [n_sets, rows] of one layout's rows: shared prefix once, many sets per forward.
+def _layout_correct(model, data: Dataset, layout, selections, n_sets, means, memory_mb, fast: dict) -> Tensor:
+    """Top-1 hits [n_sets, rows] of one layout's rows: shared prefix once, many sets per forward (:mod:`patching.knockout_fast`).
 
     Layers below a set's first ablated layer compute what the clean run computes, so each set starts
     from the clean residual stream there (cached once); sets are batched by their starting layer.
@@ -315,33 +327,22 @@ def _layout_correct(model, data: Dataset, layout, selections, n_sets, means, mem
     x = model(tokens, stop_at_layer=0)[:, prefix:]
     starts = _first_layers(selections, n_sets, L)
     clean, clean_final = _suffix_run(model, x, prefix_kv, _runs.act_names("resid_pre", sorted(set(starts) - {L})))
+    anchor = _fast.Top1Anchor(model, clean_final, answers, prune=fast["prune"])
+    split = _fast.choose_split(tokens[:, prefix:]) if fast["split"] else None
     out = torch.zeros(n_sets, B, dtype=torch.bool)
-    out[[s for s in range(n_sets) if starts[s] == L]] = (unembed_end(model, clean_final).argmax(-1) == answers).cpu()
+    out[[s for s in range(n_sets) if starts[s] == L]] = anchor.clean_hits.cpu()
     mean = {name: means[layout][name][prefix:].to(device) for name in selections}
     per_chunk = max(1, _runs.rows_per_chunk(model, memory_mb, n_pos - prefix, cached_pos=prefix) // B)
     for layer in sorted(set(starts) - {L}):
         group = torch.tensor([s for s in range(n_sets) if starts[s] == layer])
+        resid = clean[_runs.act_names("resid_pre", [layer])[0]]
         for sl in _runs.chunks(len(group), per_chunk):
             ids = group[sl]
-            k = len(ids)
-            hooks = []
-            for name, sel in selections.items():
-                chosen = sel[ids].to(device)
-                if not chosen.any():
-                    continue
-                # broadcast over (batch, pos[, d_head]) for heads, (batch, pos, d_model) for an MLP
-                mask = chosen.view(k, 1, 1, -1, 1) if chosen.ndim == 2 else chosen.view(k, 1, 1, 1)
-
-                def ablate(act, *, hook, mask=mask, value=mean[name], k=k):
-                    act = act.view(k, B, *act.shape[1:])
-                    return torch.where(mask, value.to(act.dtype), act).flatten(0, 1)
-
-                hooks.append((name, ablate))
-            kv = None if prefix_kv is None else _runs.TiledKVCache(prefix_kv, k * B)
-            resid = model.run_with_hooks(clean[_runs.act_names("resid_pre", [layer])[0]].repeat(k, 1, 1),
-                                         start_at_layer=layer, stop_at_layer=L, fwd_hooks=hooks, past_kv_cache=kv)
-            hits = unembed_end(model, resid[:, -1]).argmax(-1) == answers.repeat(k)
-            out[ids] = hits.view(k, B).cpu()
+            hooks_at = lambda positions, ids=ids: _fast.ablation_hooks(selections, ids, mean, positions, device)
+            end = _fast.ablated_end(model, resid, layer, prefix_kv, hooks_at, len(ids), split)
+            out[ids] = anchor.hits(end).view(len(ids), B).cpu()
+    for key, value in anchor.stats.items():
+        fast["stats"][key] = fast["stats"].get(key, 0) + value
     return out
 
 
@@ -451,6 +452,8 @@ def knockout_curve(
         base_ci=[base.low, base.high], effect_ci=[[e.low, e.high] for e in effect],
         random_ci=[[r.low, r.high] for r in random_rank],
         effect_drop=[paired_difference(hits[0], hits[1 + i * (1 + n_seeds)], seed=seed).to_dict() for i in range(len(ks))],
+        random_sets=[[[str(h) for h in sets[1 + i * (1 + n_seeds) + 1 + j]] for j in range(n_seeds)] for i in range(len(ks))],
+        random_per_seed=[t.tolist() for t in per_seed],
     )
 
 

@@ -264,7 +264,8 @@ class KnockoutCurve:
     ``random_ci`` a bootstrap over prompts and the ``n_seeds`` random head sets (both vary);
     ``random_std`` the std over seeds of the per-seed accuracy; ``effect_drop`` the paired
     bootstrap of base minus effect-rank accuracy per k; ``n_pool`` the prompts the ablation
-    means were averaged over (none of them evaluated).
+    means were averaged over (none of them evaluated); ``random_sets`` / ``random_per_seed`` the
+    random draws and their accuracies (to see which heads move a random knockout).
     """
 
     ks: list[int]
@@ -281,6 +282,8 @@ class KnockoutCurve:
     effect_ci: list = field(default_factory=list)
     random_ci: list = field(default_factory=list)
     effect_drop: list = field(default_factory=list)
+    random_sets: list = field(default_factory=list)  # per k: the heads of each seed's draw
+    random_per_seed: list = field(default_factory=list)  # per k: each seed's accuracy
     intervals: str = ("95%: effect-rank and base Wilson over prompts; random-rank percentile bootstrap over prompts "
                       "and seeds; effect_drop paired bootstrap over prompts")
 

@@ -19,7 +19,18 @@ def test_bench_patching_writes_ratios_and_equal_results(tiny_dir, tmp_path):
     assert -1 <= agreement["vs_activation_patching_heads"]["spearman"] <= 1
     knock = results["knockout"]
     assert knock["equal_accuracies"] and knock["speedup"] > 0 and knock["n_pool"] >= 8
-    assert knock["fast"]["effect_rank"] == knock["hooks"]["effect_rank"]
+    assert all(knock["equal_hits_vs_hooks"].values()) and set(knock["seconds"]) == set(bench_patching.KNOCKOUT_VARIANTS)
+    assert knock["n_sets"] == len(knock["sets"]) == len(knock["accuracy_per_set"]) == 1 + 4 * (1 + 3)
+    assert knock["fast_stats"]["rows"] == 4 * (knock["n_sets"] - 1)  # every ablated row scored once
+
+
+def test_bench_patching_knockout_only(tiny_dir, tmp_path):
+    out = tmp_path / "bench"
+    bench_patching.main(["--model", str(tiny_dir), "--n-prompts", "4", "--n-shots", "1", "--knockout-only",
+                         "--knockout-seeds", "1", "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    assert results["n_shots"] == 1 and results["knockout"]["n_sets"] == 1 + 4 * 2
+    assert all(results["knockout"]["equal_hits_vs_hooks"].values())
 
 
 def test_bench_patching_refuses_an_earlier_run(tiny_dir, tmp_path):

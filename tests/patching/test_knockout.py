@@ -107,6 +107,11 @@ def test_curve_and_transfer(setup):
         assert all(lo <= v <= hi for v, (lo, hi) in zip(values, cis))
     # effect-rank at k = 1 equals knocking that head out alone
     assert curve.effect_rank[0] == pytest.approx(knockout(model, data, [scores.ranked("heads", by="neg")[0][0]], means=means))
+    # the recorded random draws reproduce their per-seed accuracies
+    assert [len(d) for d in curve.random_sets[1]] == [2] * 10 and len(curve.random_per_seed[1]) == 10
+    draw = [Head(int(h[1:h.index("H")]), int(h[h.index("H") + 1:])) for h in curve.random_sets[1][3]]
+    assert curve.random_per_seed[1][3] == pytest.approx(knockout(model, data, draw, means=means))
+    assert sum(curve.random_per_seed[0]) / 10 == pytest.approx(curve.random_rank[0])
     explicit = knockout_curve(model, data, [Head(1, 0), Head(0, 3)], ks=(1, 2), n_seeds=1, means=means, progress=False)
     assert explicit.heads == ["L1H0", "L0H3"]
     curve.transfer = knockout_transfer(model, {"same": data}, [Head(1, 0)], n_pool=96, progress=False)
