@@ -153,7 +153,8 @@ def test_a_bug_keeps_its_traceback():
 
 
 FAST = ["--n-prompts", "40", "--top-k", "2", "--knockout-prompts", "4", "--knockout-ks", "1,2", "--knockout-seeds", "1",
-        "--transfer-prompts", "4", "--af1-stride", "0", "--batch-size", "16", "--threads", "1"]
+        "--transfer-prompts", "4", "--af1-stride", "0", "--batch-size", "16", "--threads", "1",
+        "--circuit-prompts", "0"]
 
 
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules")  # runpy: the module was imported by an earlier test
