@@ -218,6 +218,19 @@ def key_head_relation(circuit: Graph, heads: list[Head]) -> dict:
             "n_circuit_heads": sum(1 for name, kept in zip(layout.forward_names, nodes) if kept and name.startswith("a"))}
 
 
+def key_heads_by_size(scores: Graph, heads: list[Head], fractions=MIB_FRACTIONS) -> list[dict]:
+    """At each curve size: the heads of the pruned top-n circuit, and which key heads are among them."""
+    names = {_head_name(h): str(h) for h in heads}
+    rows = []
+    for fraction in fractions:
+        circuit = select_fraction(scores, fraction)
+        nodes = [n for n, kept in zip(scores.layout.forward_names, nodes_in_graph(circuit).tolist()) if kept]
+        circuit_heads = [n for n in nodes if n.startswith("a")]
+        rows.append({"fraction": fraction, "n_edges": int(circuit.in_graph.sum()), "n_heads": len(circuit_heads),
+                     "key_heads": [names[n] for n in circuit_heads if n in names]})
+    return rows
+
+
 def path_patching_key_heads(model, prompts: Dataset, cfg: CircuitConfig) -> list[Head]:
     """The top ``cfg.top_k`` heads by path-patching effect on the answer logit (none when top_k is 0)."""
     if cfg.top_k == 0:
@@ -291,6 +304,7 @@ def edge_circuit_stage(model, kept: Dataset, heads: list[Head], roles: dict[Head
         title=f"Faithfulness of the top {cfg.method} edges ({cfg.ablation} ablation)")}
     if circuit is not None:
         results["key_heads"] = key_head_relation(circuit, heads)
+        results["key_heads"]["by_size"] = key_heads_by_size(scores, heads)
         results["n_circuit_nodes"] = int(nodes_in_graph(circuit).sum())
         figures["edge_circuit"] = edge_circuit_figure(circuit, roles, title=(
             f"Smallest circuit with f >= {cfg.threshold:g}: {smallest['n_edges']} edges "
@@ -326,6 +340,9 @@ def add_report_section(report: Report, stage: dict, figures: dict) -> Report:
             f"{relation['n_key_heads_in_circuit']} of {len(relation['key_heads'])} key heads are in the circuit; "
             f"missing: {', '.join(relation['missing']) or 'none'}; circuit heads that are not key heads: "
             f"{', '.join(relation['circuit_heads_not_key']) or 'none'}."))
+        report.add_table([{"% of edges": 100 * r["fraction"], "edges": r["n_edges"], "heads": r["n_heads"],
+                           "key heads among them": ", ".join(r["key_heads"]) or "none"} for r in relation["by_size"]],
+                         caption="The key heads among the nodes of the pruned top-n circuit at each curve size.")
     return report
 
 

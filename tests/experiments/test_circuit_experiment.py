@@ -81,6 +81,11 @@ def test_key_head_rows_count_the_circuit_edges_by_name(run):
         assert row["edges_out"] == sum(name.startswith(node + "->") for name in kept)
         assert row["edges_in"] == sum(name.split("->")[1].split("<")[0] == node for name in kept)
         assert row["in_circuit"] == (row["head"] not in relation["missing"])
+    by_size = relation["by_size"]
+    assert [r["fraction"] for r in by_size] == list(MIB_FRACTIONS)
+    assert [r["n_edges"] for r in by_size] == stage["curve_heldout"]["n_edges"]  # the circuits the curve evaluated
+    at_chosen = next(r for r in by_size if r["fraction"] == stage["smallest"]["fraction"])
+    assert sorted(at_chosen["key_heads"]) == sorted(r["head"] for r in relation["rows"] if r["in_circuit"])
 
 
 def test_figures_and_report(run):
