@@ -125,3 +125,15 @@ def test_help_lists_every_flag(capsys):
     text = capsys.readouterr().out
     for name in circuit_experiment.CircuitConfig.__dataclass_fields__:
         assert "--" + name.replace("_", "-") in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "bogus"], "--method: invalid choice"),
+    (["--threshold", "1.5"], "--threshold: must be in [0, 1]"),
+    (["--circuit-prompts", "0"], "--circuit-prompts: must be an integer >= 1"),
+    (["--ablation", "resample"], "--ablation: invalid choice"),
+])
+def test_bad_flags_fail_before_the_model_loads(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit:
+        circuit_experiment.parse_config(argv)
+    assert exit.value.code == 2 and message in capsys.readouterr().err
