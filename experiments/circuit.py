@@ -140,9 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+parser = build_parser()
+
+
 def parse_config(argv: list[str] | None = None) -> CircuitConfig:
     """CLI flags for every field of :class:`CircuitConfig` (``--help`` lists the defaults)."""
-    args = vars(build_parser().parse_args(argv))
+    args = vars(parser.parse_args(argv))
     args.pop("debug")
     return CircuitConfig(**args)
 
