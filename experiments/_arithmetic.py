@@ -84,7 +84,7 @@ class PipelineConfig:
     transfer_prompts: int = 32
     af1_stride: int = 3
     af1_prompts: int = 55
-    circuit_prompts: int = 32
+    circuit_prompts: int = 40
     finetune: bool = False
     finetune_steps: int = 30
     batch_size: int = 32
@@ -413,6 +413,10 @@ def _small_samples(results: dict, cfg: PipelineConfig) -> list[str]:
     elif min(cfg.knockout_prompts, n) < MIN_READABLE:
         notes.append(f"The knockout curve uses {min(cfg.knockout_prompts, n)} prompts (< {MIN_READABLE}): one prompt "
                      f"moves accuracy by {1 / min(cfg.knockout_prompts, n):.0%}; raise --knockout-prompts.")
+    if "edge_circuit" in results and "skipped" not in results["edge_circuit"] \
+            and results["edge_circuit"]["n_heldout"] < MIN_READABLE:
+        notes.append(f"The edge circuit is reported on {results['edge_circuit']['n_heldout']} held-out prompts "
+                     f"(< {MIN_READABLE}); raise --circuit-prompts (half score and choose, half report).")
     if cfg.transfer_prompts < MIN_READABLE:
         notes.append(f"Transfer formats use {cfg.transfer_prompts} prompts each (< {MIN_READABLE}); raise --transfer-prompts.")
     return notes

@@ -47,6 +47,7 @@ def test_pipeline_writes_results_figures_and_report(tiny_dir, tmp_path):
     assert circuit["key_heads"]["key_heads"] == saved["key_heads"]
     assert {"edge attribution", "faithfulness curves"} <= set(saved["seconds"]) and stems >= {"edge_curve", "edge_circuit"}
     assert (out / circuit["files"]["circuit"]).exists() and "Edge circuit (EAP-IG)" in html
+    assert "The edge circuit is reported on 3 held-out prompts" in html  # fewer than MIN_READABLE: said so
     # A second run into the same folder refuses unless --overwrite.
     with pytest.raises(OutputExistsError, match="--overwrite"):
         _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(out), *FAST])
