@@ -309,7 +309,7 @@ def edge_circuit_stage(model, kept: Dataset, heads: list[Head], roles: dict[Head
         results["key_heads"] = key_head_relation(circuit, heads)
         results["key_heads"]["by_size"] = key_heads_by_size(scores, heads)
         results["n_circuit_nodes"] = int(nodes_in_graph(circuit).sum())
-        figures["edge_circuit"] = edge_circuit_figure(circuit, roles, title=(
+        figures["edge_circuit"] = edge_circuit_figure(circuit, roles, highlight=heads, title=(
             f"Smallest circuit with f >= {cfg.threshold:g}: {smallest['n_edges']} edges "
             f"({100 * smallest['fraction']:g}% of {scores.layout.n_edges})"))
     return results, figures
@@ -336,7 +336,7 @@ def add_report_section(report: Report, stage: dict, figures: dict) -> Report:
     report.add_figure(figures["edge_circuit"], caption=(
         f"The smallest circuit with f >= {smallest['threshold']:g} on the selection prompts "
         f"({smallest['n_edges']} edges, {100 * smallest['fraction']:g}%); on the held-out prompts f = "
-        f"{_fmt(smallest['f_heldout'])}. Heads coloured by their attention-read class; edge width grows with |score|."))
+        f"{_fmt(smallest['f_heldout'])}. Heads coloured by their attention-read class, key heads of path patching ringed in black; edge width grows with |score|."))
     relation = stage["key_heads"]
     if relation["key_heads"]:
         report.add_table(relation["rows"], heading="Key heads (path patching) in the edge circuit", caption=(
