@@ -5,7 +5,7 @@
   below, ``input`` at the left, ``logits`` at the right), each edge a line whose width grows with
   ``|score|`` (blue: positive score, red: negative). Heads are coloured by their attention-read
   class when ``head_roles`` is given (:func:`circuits.attention.classify_heads`), as in
-  :func:`circuits.circuit_figure.circuit_figure`. Edges into a head's q, k and v inputs all end at
+  :func:`circuits.circuit_figure.circuit_figure`; ``highlight`` rings chosen heads (e.g. key heads). Edges into a head's q, k and v inputs all end at
   the head; the hover text names the input.
 * :func:`faithfulness_figure` draws one or more faithfulness curves (f against the fraction of
   edges kept, log x) with their 95% interval bands, the f = 1 line of the full model and an
@@ -60,8 +60,12 @@ def edge_circuit_figure(
     *,
     max_edges: int = 300,
     title: str = "Edge circuit",
+    highlight: Sequence[Head] = (),
 ) -> go.Figure:
-    """The circuit's edges as a layered graph; at most ``max_edges`` edges (the largest |score|) are drawn."""
+    """The circuit's edges as a layered graph; at most ``max_edges`` edges (the largest |score|) are drawn.
+
+    ``highlight``: heads drawn with a thick black ring (e.g. the key heads of path patching).
+    """
     layout = graph.layout
     edges = (graph.in_graph & layout.real_edge_mask).cpu()
     if not edges.any():
@@ -100,13 +104,16 @@ def edge_circuit_figure(
     shown = {layout.forward_names[f] for f, b in pairs} | {_receiver_owner_name(layout, b)[0] for f, b in pairs}
     roles = {f"a{h.layer}.h{h.head}": label for h, label in (head_roles or {}).items()}
     heads = [n for n in layout.forward_names if n.startswith("a") and n in shown]
+    ringed = {f"a{h.layer}.h{h.head}" for h in highlight}
     for label in ("operand", "operator", "other"):
         group = [n for n in heads if roles.get(n, "other") == label]
         if group:
             fig.add_trace(go.Scatter(
                 x=[pos[n][0] for n in group], y=[pos[n][1] for n in group], mode="markers+text", text=group,
                 textposition="top center", name=f"{label} heads" if head_roles else "heads",
-                marker=dict(size=16, color=CLASS_COLORS[label], line=dict(width=1, color="white"))))
+                marker=dict(size=16, color=CLASS_COLORS[label],
+                            line=dict(width=[3.5 if n in ringed else 1 for n in group],
+                                      color=["black" if n in ringed else "white" for n in group]))))
     mlps = [n for n in layout.forward_names if n.startswith("m") and n in shown]
     if mlps:
         fig.add_trace(go.Scatter(x=[pos[n][0] for n in mlps], y=[pos[n][1] for n in mlps], mode="markers+text",

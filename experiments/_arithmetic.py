@@ -10,6 +10,10 @@ Stages (each timed into results.json ``seconds``):
    and of the key heads on the transfer formats (multi-digit, decimals, word problems, zero-shot);
 4. analyze: attention reads of every head, classified into operand / operator heads (the
    key heads' role distribution as the paper's Figure 5), MLP probes and the logit lens;
+4b. edge circuit (``experiments.circuit``): EAP-IG edge scores on half of ``--circuit-prompts``
+   correct prompts, the MIB faithfulness curve, CPR and CMD on the other half, the smallest
+   circuit with f >= 0.8 (chosen on the first half, its f read on the second), which key heads
+   it holds; EAP-IG / MIB circuit files in edge_circuit/ (``--circuit-prompts 0`` skips it);
 5. AF1: a coarse (L_wait, L_transfer) faithfulness grid on the zero-shot one-token prompts
    ``experiments.af1`` uses (``--af1-stride``; 0 skips it; too few correct prompts: a note, no grid);
 6. with ``--finetune``: a short precise SFT of the key heads, accuracy before and after;
@@ -50,6 +54,9 @@ from patching.path_patching import path_patch
 from patching.results import key_heads
 
 from experiments import _cli as cli
+from experiments.circuit import MIN_PROMPTS as MIN_CIRCUIT_PROMPTS
+from experiments.circuit import CircuitConfig, add_report_section, edge_circuit_stage
+from experiments.circuit import summary as circuit_summary
 
 logger = logging.getLogger("experiments")
 
@@ -77,6 +84,7 @@ class PipelineConfig:
     transfer_prompts: int = 32
     af1_stride: int = 3
     af1_prompts: int = 55
+    circuit_prompts: int = 40
     finetune: bool = False
     finetune_steps: int = 30
     batch_size: int = 32
@@ -100,6 +108,7 @@ FLAG_HELP = {
     "transfer_prompts": "prompts per transfer format",
     "af1_stride": "L_wait step of the coarse AF1 grid on zero-shot one-token prompts (0: skip AF1)",
     "af1_prompts": "prompts for the AF1 grid (55 = every one-digit sum below 10)",
+    "circuit_prompts": "correct prompts for the EAP-IG edge circuit, half to score and choose, half to report (0: skip)",
     "finetune": "also tune the key heads with precise SFT and report accuracy before/after",
     "finetune_steps": "optimizer steps of that precise SFT run",
     "batch_size": "prompts per forward pass",
@@ -116,6 +125,7 @@ FLAG_TYPES = {
     "knockout_prompts": cli.positive_int, "knockout_ks": cli.int_list, "knockout_seeds": cli.positive_int,
     "knockout_pool": cli.positive_int,
     "transfer_prompts": cli.positive_int, "af1_stride": cli.nonnegative_int, "af1_prompts": cli.positive_int,
+    "circuit_prompts": cli.nonnegative_int,
     "finetune_steps": cli.positive_int, "batch_size": cli.positive_int, "threads": cli.nonnegative_int,
     "figures": cli.figure_formats,
 }
@@ -265,6 +275,11 @@ def run(cfg: PipelineConfig) -> dict:
     figures["circuit"] = circuit_figure(scores.heads, scores.mlps, {c.head: c.label for c in classes},
                                         top_heads=len(heads), top_mlps=3, rank_by="negative")
 
+    # 4b. edge circuit: EAP-IG edges, faithfulness curve, smallest faithful circuit ---------
+    if cfg.circuit_prompts > 0:
+        results["edge_circuit"], circuit_figures = _edge_circuit(model, kept, heads, role, cfg, out, timer)
+        figures |= circuit_figures
+
     # 5. AF1 grid ------------------------------------------------------------------------
     if cfg.af1_stride > 0:
         with timer.stage("AF1 grid"):
@@ -311,6 +326,11 @@ def run(cfg: PipelineConfig) -> dict:
             f"answers correctly; 1 = as the full model. Point estimates on one prompt set, no interval."))
     elif "af1" in results:
         report.add_notice(f"All for One: {results['af1']['skipped']}", heading="All for One")
+    if "edge_circuit" in results:
+        if "skipped" in results["edge_circuit"]:
+            report.add_notice(results["edge_circuit"]["skipped"], heading="Edge circuit (EAP-IG)")
+        else:
+            add_report_section(report, results["edge_circuit"], figures)
     if "finetune" in results:
         report.add_table(results["finetune"]["table"], heading="Precise SFT of the key heads")
     report.add_table(timer.seconds | {"total": results["wall_seconds"]}, heading="Wall time per stage",
@@ -394,6 +414,10 @@ def _small_samples(results: dict, cfg: PipelineConfig) -> list[str]:
     elif min(cfg.knockout_prompts, n) < MIN_READABLE:
         notes.append(f"The knockout curve uses {min(cfg.knockout_prompts, n)} prompts (< {MIN_READABLE}): one prompt "
                      f"moves accuracy by {1 / min(cfg.knockout_prompts, n):.0%}; raise --knockout-prompts.")
+    if "edge_circuit" in results and "skipped" not in results["edge_circuit"] \
+            and results["edge_circuit"]["n_heldout"] < MIN_READABLE:
+        notes.append(f"The edge circuit is reported on {results['edge_circuit']['n_heldout']} held-out prompts "
+                     f"(< {MIN_READABLE}); raise --circuit-prompts (half score and choose, half report).")
     if cfg.transfer_prompts < MIN_READABLE:
         notes.append(f"Transfer formats use {cfg.transfer_prompts} prompts each (< {MIN_READABLE}); raise --transfer-prompts.")
     return notes
@@ -426,6 +450,19 @@ def _af1_grid(model, cfg: PipelineConfig):
     figure = faithfulness_heatmap(grid, f"AF1 faithfulness (zero-shot, {', '.join(info['templates'])}; "
                                         f"every {cfg.af1_stride} L_wait)")
     return info | {"grid": grid}, figure
+
+
+def _edge_circuit(model, kept, heads, role, cfg: PipelineConfig, out: Path, timer: StageTimer) -> tuple[dict, dict]:
+    """The edge-circuit stage of ``experiments.circuit`` with this run's key heads and head classes."""
+    n = min(cfg.circuit_prompts, len(kept))
+    if n < MIN_CIRCUIT_PROMPTS:
+        return {"skipped": f"only {n} correctly answered prompts for the edge circuit (needs >= {MIN_CIRCUIT_PROMPTS}, "
+                           f"two per half); raise --n-prompts or --circuit-prompts."}, {}
+    stage_cfg = CircuitConfig(model=cfg.model, op=cfg.op, n_prompts=cfg.n_prompts, circuit_prompts=cfg.circuit_prompts,
+                              n_shots=cfg.n_shots, seed=cfg.seed, top_k=cfg.top_k, batch_size=cfg.batch_size)
+    stage, figures = edge_circuit_stage(model, kept, heads, role, stage_cfg, out, timer)
+    print(circuit_summary(stage))
+    return stage, figures
 
 
 def _precise_sft(model, heads, cfg: PipelineConfig, out: Path) -> dict:

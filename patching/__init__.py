@@ -20,7 +20,7 @@
 from patching.activation_patching import activation_patch
 from patching.circuit_evaluation import ABLATIONS, CircuitEvaluation, MeanPoolError, evaluate_circuit, evaluate_circuits
 from patching.edge_patching import EdgeEffects, edge_patch
-from patching.faithfulness import MIB_FRACTIONS, FaithfulnessCurve, curve_areas, faithfulness_curve, top_n_mask
+from patching.faithfulness import MIB_FRACTIONS, FaithfulnessCurve, curve_areas, faithfulness_curve
 from patching.edge_attribution import EDGE_ATTRIBUTION_METHODS, edge_attribution
 from patching.edge_runs import UnsupportedModelError, edge_mode, receiver_hooks, sender_outputs
 from patching.af1 import AF1Config, AF1Runner, AF1SearchResult, af1_accuracy, search_af1
@@ -50,7 +50,7 @@ __all__ = [
     "frequency_filter_edit", "neuron_attribution", "neuron_knockout_edit", "subspace_patch_edit", "top_neurons",
 ]
 __all__ += ["ABLATIONS", "CircuitEvaluation", "MeanPoolError", "evaluate_circuit", "evaluate_circuits", "EdgeEffects",
-            "edge_patch", "MIB_FRACTIONS", "FaithfulnessCurve", "curve_areas", "faithfulness_curve", "top_n_mask",
+            "edge_patch", "MIB_FRACTIONS", "FaithfulnessCurve", "curve_areas", "faithfulness_curve",
             "UnsupportedModelError", "edge_mode", "receiver_hooks", "sender_outputs"]
 __all__ += ["EDGE_ATTRIBUTION_METHODS", "edge_attribution"]
 __all__ += ["KeyHeads", "combine_key_heads", "given_key_heads", "rank_key_heads"]

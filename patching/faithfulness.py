@@ -20,8 +20,10 @@ Intervals: the prompts are resampled with replacement (the same resamples for ev
 point), and each resample recomputes every point's ratio of means, CPR and CMD; the
 95% interval is the percentile interval of those (:func:`circuits.stats.bootstrap`).
 
-This module selects by plain top-n. A ``select`` callable ``(scores, n) -> mask`` can
-replace it (greedy growth, pruning of edges off every input-to-logits path).
+This module selects by plain top-n (:func:`circuits.graph_selection.select_top_n` without
+pruning; every real edge needs a score). A ``select`` callable ``(scores, n) -> mask`` can
+replace it (greedy growth, pruning of edges off every input-to-logits path:
+:func:`circuits.graph_selection.mib_selector`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
+from circuits.graph_selection import select_top_n
 from circuits.stats import Estimate, bootstrap
 from patching.circuit_evaluation import evaluate_circuits
 
@@ -54,19 +57,6 @@ def curve_areas(fractions: Sequence[float], faithfulness: Sequence[float]) -> tu
     gap = np.abs(1 - f)
     cmd = float(np.sum(width * (gap[:-1] + gap[1:]) / 2))
     return cpr, cmd
-
-
-def top_n_mask(layout: GraphLayout, scores: Float[Tensor, "n_forward n_backward"], n: int, absolute: bool = True) -> Bool[Tensor, "n_forward n_backward"]:
-    """The ``n`` real edges of largest ``|score|`` (or score); NaN scores rank last; ties by index order."""
-    real = layout.real_edge_mask
-    edges = real.flatten().nonzero()[:, 0]  # only real edges compete
-    values = scores.detach().float().cpu().flatten()[edges]
-    values = values.abs() if absolute else values
-    values = torch.nan_to_num(values, nan=float("-inf"))
-    order = torch.sort(values, descending=True, stable=True).indices[: max(0, min(n, len(edges)))]
-    mask = torch.zeros(real.numel(), dtype=torch.bool)
-    mask[edges[order]] = True
-    return mask.view_as(real)
 
 
 @dataclass
@@ -154,7 +144,7 @@ def faithfulness_curve(
     if not fractions or any(not 0 < x <= 1 for x in fractions) or any(b <= a for a, b in zip(fractions, fractions[1:])):
         raise InputError(f"fractions must increase strictly within (0, 1], got {fractions}.")
     counts = [int(x * layout.n_edges) for x in fractions]
-    choose = select or (lambda s, n: top_n_mask(layout, s, n, absolute))
+    choose = select or (lambda s, n: select_top_n(Graph(layout, s), n, absolute=absolute, prune=False).in_graph)
     masks = [choose(scores, n) for n in counts]
     full = layout.real_edge_mask.clone()
     empty = torch.zeros_like(full)

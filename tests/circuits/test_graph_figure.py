@@ -58,3 +58,13 @@ def test_faithfulness_figure_band_follows_the_intervals():
     assert fig.layout.xaxis.type == "log"
     with pytest.raises(InputError, match="fractions"):
         faithfulness_figure({"x": []})
+
+
+def test_highlighted_heads_get_a_black_ring():
+    graph = select_top_n(scored(2), 60, prune=False)
+    fig = edge_circuit_figure(graph, highlight=[Head(1, 0)])
+    rings = {}
+    for trace in fig.data:
+        if trace.mode == "markers+text" and trace.name == "heads":
+            rings.update(zip(trace.text, trace.marker.line.color))
+    assert rings["a1.h0"] == "black" and all(c == "white" for n, c in rings.items() if n != "a1.h0")

@@ -10,7 +10,7 @@ from experiments import _arithmetic
 
 FAST = ["--n-prompts", "60", "--top-k", "2", "--knockout-prompts", "6", "--knockout-ks", "1,2",
         "--knockout-seeds", "2", "--knockout-pool", "120", "--transfer-prompts", "6", "--af1-stride", "1", "--af1-prompts", "30",
-        "--batch-size", "16"]
+        "--batch-size", "16", "--circuit-prompts", "6"]
 
 
 def test_pipeline_writes_results_figures_and_report(tiny_dir, tmp_path):
@@ -40,6 +40,14 @@ def test_pipeline_writes_results_figures_and_report(tiny_dir, tmp_path):
     html = (out / "report.html").read_text()
     if "skipped" in af1:
         assert "no grid is drawn" in html or "answered correctly" in html
+    # The edge circuit of 6 correct prompts: scored and sized on 3, reported on the other 3.
+    circuit = saved["edge_circuit"]
+    assert circuit["n_selection"] == circuit["n_heldout"] == 3 and circuit["method"] == "EAP-IG-inputs"
+    assert len(circuit["curve_heldout"]["faithfulness"]) == 10 and circuit["cpr"]["low"] <= circuit["cpr"]["high"]
+    assert circuit["key_heads"]["key_heads"] == saved["key_heads"]
+    assert {"edge attribution", "faithfulness curves"} <= set(saved["seconds"]) and stems >= {"edge_curve", "edge_circuit"}
+    assert (out / circuit["files"]["circuit"]).exists() and "Edge circuit (EAP-IG)" in html
+    assert "The edge circuit is reported on 3 held-out prompts" in html  # fewer than MIN_READABLE: said so
     # A second run into the same folder refuses unless --overwrite.
     with pytest.raises(OutputExistsError, match="--overwrite"):
         _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(out), *FAST])
@@ -54,3 +62,10 @@ def test_every_flag_is_listed_with_its_default(capsys):
             assert "--" + name.replace("_", "-") in text
     switches = [f for f in _arithmetic.PipelineConfig.__dataclass_fields__.values() if f.type == "bool"]
     assert text.count("(default:") == len(_arithmetic.PipelineConfig.__dataclass_fields__) - 1 - len(switches)
+
+
+def test_circuit_prompts_0_skips_the_edge_circuit(tiny_dir, tmp_path):
+    argv = FAST + ["--circuit-prompts", "0", "--af1-stride", "0"]  # argparse: the last value of a flag wins
+    saved = _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(tmp_path / "run"), *argv])
+    assert "edge_circuit" not in saved and "edge attribution" not in saved["seconds"]
+    assert not (tmp_path / "run" / "edge_circuit").exists()

@@ -27,7 +27,7 @@ def _python(code: str, *args: str, timeout: int = 300) -> subprocess.CompletedPr
 
 def test_the_experiment_list_is_complete():
     assert set(OPERATIONS) | {"af1", "merge", "transfer", "precise_sft", "bench_patching", "bench_finetune", "numbers",
-                              "measure_edges", "bench_circuits"} == set(EXPERIMENTS)
+                              "measure_edges", "bench_circuits", "circuit"} == set(EXPERIMENTS)
 
 
 # One interpreter runs every module as `python -m` does (runpy, run_name="__main__"), so torch and
@@ -153,7 +153,8 @@ def test_a_bug_keeps_its_traceback():
 
 
 FAST = ["--n-prompts", "40", "--top-k", "2", "--knockout-prompts", "4", "--knockout-ks", "1,2", "--knockout-seeds", "1",
-        "--transfer-prompts", "4", "--af1-stride", "0", "--batch-size", "16", "--threads", "1"]
+        "--transfer-prompts", "4", "--af1-stride", "0", "--batch-size", "16", "--threads", "1",
+        "--circuit-prompts", "0"]
 
 
 @pytest.mark.filterwarnings("ignore:.*found in sys.modules")  # runpy: the module was imported by an earlier test

@@ -37,7 +37,7 @@ def test_precise_sft_overwrite_refuses_a_folder_the_toolkit_did_not_write(monkey
 
 FAST = ["--n-prompts", "60", "--top-k", "2", "--knockout-prompts", "6", "--knockout-ks", "1,2",
         "--knockout-seeds", "1", "--transfer-prompts", "6", "--af1-stride", "1", "--af1-prompts", "30",
-        "--batch-size", "16"]
+        "--batch-size", "16", "--circuit-prompts", "0"]
 
 
 def test_a_failing_last_stage_keeps_earlier_results_and_nothing_stale(tiny_dir, tmp_path, monkeypatch):

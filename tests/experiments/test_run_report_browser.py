@@ -13,7 +13,7 @@ from tests.browser import browser_or_skip, load_page
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 FAST = ["--n-prompts", "60", "--top-k", "4", "--knockout-prompts", "6", "--knockout-ks", "1,2", "--knockout-seeds", "1",
-        "--transfer-prompts", "4", "--af1-stride", "0", "--batch-size", "16"]
+        "--transfer-prompts", "4", "--af1-stride", "0", "--batch-size", "16", "--circuit-prompts", "4"]
 
 CHECKS = {
     "figures": "document.querySelectorAll('figure.figure-block').length",

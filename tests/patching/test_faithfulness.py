@@ -10,10 +10,11 @@ import torch
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
+from circuits.graph_selection import select_top_n
 from circuits.tasks import make_dataset
 from circuits.testing import tiny_model
 from patching.circuit_evaluation import evaluate_circuit
-from patching.faithfulness import MIB_FRACTIONS, curve_areas, faithfulness_curve, top_n_mask
+from patching.faithfulness import MIB_FRACTIONS, curve_areas, faithfulness_curve
 
 
 def test_areas_of_hand_made_curves():
@@ -29,20 +30,6 @@ def test_areas_of_hand_made_curves():
     assert curve_areas([0.1, 0.2, 0.3, 0.4], f) == pytest.approx((0.1 * (1 + 1.5 + 1.5), 0.1 * (0 + 0.5 + 0.5)))
     with pytest.raises(InputError, match="one faithfulness per fraction"):
         curve_areas([0.1, 0.2], [1.0])
-
-
-def test_top_n_mask_takes_the_largest_absolute_scores_of_real_edges():
-    layout = GraphLayout(n_layers=2, n_heads=2)
-    scores = torch.where(layout.real_edge_mask, torch.arange(layout.n_forward * layout.n_backward).view(layout.n_forward, -1).float(),
-                         torch.tensor(1e9))  # huge values off the real edges must never be chosen
-    f0, b0 = layout.edge_index("input->logits")
-    f1, b1 = layout.edge_index("a0.h0->m0")
-    scores[f0, b0], scores[f1, b1] = -1e6, float("nan")
-    mask = top_n_mask(layout, scores, 3)
-    assert int(mask.sum()) == 3 and bool(mask[f0, b0]) and not bool(mask[f1, b1])
-    assert not bool((mask & ~layout.real_edge_mask).any())
-    assert not bool(top_n_mask(layout, scores, 3, absolute=False)[f0, b0])
-    assert int(top_n_mask(layout, scores, 10**6).sum()) == layout.n_edges
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +50,7 @@ def test_curve_points_are_ratios_of_evaluated_circuits(setup):
     expected = []
     for x, point, n in zip(fractions, curve.faithfulness, curve.n_edges):
         assert n == int(x * layout.n_edges)
-        m = evaluate_circuit(model, top_n_mask(layout, graph.scores, n), data).mean
+        m = evaluate_circuit(model, select_top_n(graph, n, prune=False).in_graph, data).mean
         expected.append((m - empty) / (full - empty))
         assert point.value == pytest.approx(expected[-1], rel=1e-5, abs=1e-6)
         assert point.low <= point.value <= point.high and point.n == len(data)
@@ -84,7 +71,7 @@ def test_custom_selection_and_zero_ablation(setup):
 
     def select(scores, n):
         chosen.append(n)
-        return only_logits & top_n_mask(layout, scores, n)
+        return only_logits & select_top_n(Graph(layout, scores), n, prune=False).in_graph
 
     curve = faithfulness_curve(model, graph.scores, data, fractions=(0.5, 1.0), select=select, ablation="zero",
                                n_bootstrap=50, progress=False)
@@ -108,3 +95,12 @@ def test_bootstrap_intervals_use_the_same_resamples_for_every_point(setup):
     curve = faithfulness_curve(model, graph, data, fractions=(0.1, 1.0), n_bootstrap=100, progress=False)
     top = curve.faithfulness[-1]
     assert np.isclose([top.low, top.high], 1.0, atol=1e-5).all()
+
+
+def test_an_unscored_edge_is_refused_by_the_default_selection(setup):
+    model, data, layout, graph = setup
+    scores = graph.scores.clone()
+    f, b = layout.edge_index("a0.h0->m0")
+    scores[f, b] = float("nan")
+    with pytest.raises(InputError, match="without a score"):
+        faithfulness_curve(model, scores, data, fractions=(0.5, 1.0), n_bootstrap=20, progress=False)

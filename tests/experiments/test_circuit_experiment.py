@@ -1,0 +1,139 @@
+"""``python -m experiments.circuit`` end to end on a tiny random gemma-style model, checked against
+independent recomputations (the circuit evaluated anew on the held-out prompts, edge counts read from
+the EAP-IG JSON file by name)."""
+
+import json
+
+import pytest
+import torch
+
+from circuits.errors import InputError
+from circuits.graph import Graph, GraphLayout
+from circuits.graph_io import load_eap_json
+from circuits.graph_selection import select_fraction
+from circuits.loading import load_model
+from circuits.nodes import Head
+from experiments import circuit as circuit_experiment
+from patching.circuit_evaluation import evaluate_circuits
+from patching.faithfulness import MIB_FRACTIONS, curve_areas
+
+FAST = ["--n-prompts", "60", "--circuit-prompts", "8", "--top-k", "2", "--n-bootstrap", "200", "--batch-size", "16"]
+
+
+@pytest.fixture(scope="module")
+def run(tiny_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("circuit") / "run"
+    results = circuit_experiment.main(["--model", str(tiny_dir), "--out", str(out), *FAST])
+    return out, results
+
+
+def test_results_curves_and_the_held_out_choice(run):
+    out, results = run
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["status"] == "complete"
+    stage = saved["edge_circuit"]
+    assert stage["n_selection"] + stage["n_heldout"] == min(8, saved["n_kept"]) and stage["n_selection"] >= 2
+    for key in ("curve_selection", "curve_heldout"):
+        curve = stage[key]
+        assert curve["fractions"] == list(MIB_FRACTIONS) and len(curve["faithfulness"]) == 10
+        assert curve["faithfulness"][-1]["value"] == pytest.approx(1.0, abs=1e-5)  # the full graph is the model
+        assert all(p["low"] <= p["value"] + 1e-9 and p["value"] <= p["high"] + 1e-9 for p in curve["faithfulness"])
+    held = stage["curve_heldout"]
+    cpr, cmd = curve_areas(held["fractions"], [p["value"] for p in held["faithfulness"]])
+    assert stage["cpr"]["value"] == pytest.approx(cpr) and stage["cmd"]["value"] == pytest.approx(cmd)
+    # the size is the first that reaches the threshold on the selection prompts; its f is read on the other half
+    selection = [p["value"] for p in stage["curve_selection"]["faithfulness"]]
+    first = next(i for i, f in enumerate(selection) if f >= 0.8)
+    smallest = stage["smallest"]
+    assert smallest["fraction"] == MIB_FRACTIONS[first]
+    assert smallest["f_heldout"] == held["faithfulness"][first]
+    assert smallest["n_edges"] == held["n_edges"][first]
+
+
+def test_circuit_file_is_the_chosen_circuit_and_reproduces_its_held_out_faithfulness(run, tiny_dir):
+    out, results = run
+    stage = results["edge_circuit"]
+    circuit = load_eap_json(out / stage["files"]["circuit"])
+    scores = load_eap_json(out / stage["files"]["scores"])
+    assert torch.equal(circuit.scores.nan_to_num(), scores.scores.nan_to_num())
+    chosen = select_fraction(Graph(scores.layout, scores.scores), stage["smallest"]["fraction"])
+    assert torch.equal(circuit.in_graph, chosen.in_graph) and int(circuit.in_graph.sum()) == stage["smallest"]["n_edges"]
+    assert (out / stage["files"]["mib_submission"] / "importances.json").exists()
+    # evaluate the file's circuit anew on the held-out half: f must be the reported one
+    model = load_model(str(tiny_dir), device="cpu")
+    cfg = circuit_experiment.parse_config(["--model", str(tiny_dir), *FAST])
+    kept, _ = circuit_experiment.correct_prompts(model, cfg)
+    _, heldout = circuit_experiment.split_prompts(kept, cfg)
+    full = circuit.layout.real_edge_mask
+    c, f, e = (r.mean for r in evaluate_circuits(model, [circuit, full, torch.zeros_like(full)], heldout))
+    assert (c - e) / (f - e) == pytest.approx(stage["smallest"]["f_heldout"]["value"], rel=1e-4, abs=1e-5)
+
+
+def test_key_head_rows_count_the_circuit_edges_by_name(run):
+    out, results = run
+    stage = results["edge_circuit"]
+    edges = json.loads((out / stage["files"]["circuit"]).read_text())["edges"]
+    kept = [name for name, info in edges.items() if info["in_graph"]]
+    relation = stage["key_heads"]
+    assert len(relation["rows"]) == 2
+    for row in relation["rows"]:
+        node = row["node"]
+        assert row["edges_out"] == sum(name.startswith(node + "->") for name in kept)
+        assert row["edges_in"] == sum(name.split("->")[1].split("<")[0] == node for name in kept)
+        assert row["in_circuit"] == (row["head"] not in relation["missing"])
+    by_size = relation["by_size"]
+    assert [r["fraction"] for r in by_size] == list(MIB_FRACTIONS)
+    assert [r["n_edges"] for r in by_size] == stage["curve_heldout"]["n_edges"]  # the circuits the curve evaluated
+    at_chosen = next(r for r in by_size if r["fraction"] == stage["smallest"]["fraction"])
+    assert sorted(at_chosen["key_heads"]) == sorted(r["head"] for r in relation["rows"] if r["in_circuit"])
+
+
+def test_figures_and_report(run):
+    out, _ = run
+    assert {p.stem for p in (out / "figures").iterdir()} == {"edge_curve", "edge_circuit"}
+    html = (out / "report.html").read_text()
+    assert "Edge circuit (EAP-IG)" in html and "Key heads (path patching) in the edge circuit" in html
+
+
+def test_key_head_relation_of_a_hand_made_circuit():
+    layout = GraphLayout(n_layers=2, n_heads=2)
+    in_graph = torch.zeros(layout.n_forward, layout.n_backward, dtype=torch.bool)
+    # input -> a0.h1<v> -> a1.h0<q> -> logits, plus input -> m1 -> logits
+    in_graph[0, layout.head_backward(0, 1, "v")] = True
+    in_graph[layout.head_forward(0, 1), layout.head_backward(1, 0, "q")] = True
+    in_graph[layout.head_forward(1, 0), layout.logits_backward] = True
+    in_graph[0, layout.mlp_backward(1)] = True
+    in_graph[layout.mlp_forward(1), layout.logits_backward] = True
+    graph = Graph(layout, torch.ones(layout.n_forward, layout.n_backward), in_graph)
+    relation = circuit_experiment.key_head_relation(graph, [Head(0, 1), Head(1, 1)])
+    assert relation["rows"][0] == {"head": "L0H1", "node": "a0.h1", "in_circuit": True, "edges_out": 1, "edges_in": 1}
+    assert relation["rows"][1]["in_circuit"] is False and relation["missing"] == ["L1H1"]
+    assert relation["circuit_heads_not_key"] == ["a1.h0"] and relation["n_circuit_heads"] == 2
+
+
+def test_too_few_prompts_is_a_clear_error():
+    from datasets import Dataset
+
+    with pytest.raises(InputError, match="at least 4"):
+        circuit_experiment.split_prompts(Dataset.from_list([{"x": i} for i in range(3)]),
+                                         circuit_experiment.CircuitConfig())
+
+
+def test_help_lists_every_flag(capsys):
+    with pytest.raises(SystemExit):
+        circuit_experiment.parse_config(["--help"])
+    text = capsys.readouterr().out
+    for name in circuit_experiment.CircuitConfig.__dataclass_fields__:
+        assert "--" + name.replace("_", "-") in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "bogus"], "--method: invalid choice"),
+    (["--threshold", "1.5"], "--threshold: must be in [0, 1]"),
+    (["--circuit-prompts", "0"], "--circuit-prompts: must be an integer >= 1"),
+    (["--ablation", "resample"], "--ablation: invalid choice"),
+])
+def test_bad_flags_fail_before_the_model_loads(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit:
+        circuit_experiment.parse_config(argv)
+    assert exit.value.code == 2 and message in capsys.readouterr().err
