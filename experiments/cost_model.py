@@ -125,26 +125,28 @@ SWEEPS: dict[str, Sweep] = {
         lambda s, x: s.B * s.T * _width(s) * s.bytes + s.B * (s.H + 1) * s.L * 4 * s.d * s.bytes,
         "every head and MLP to the logits (END-only fast path)"),
     "activation_patch": Sweep(
-        lambda s, x: 2 * _fwd(s, s.B, s.T, s.L, s.f) + s.B * s.S * s.H * s.L * (s.L + 1) / 2 * s.f,
+        lambda s, x: _fwd(s, s.B, s.T + s.S, s.L, s.f) + s.B * s.S * s.H * s.L * (s.L + 1) / 2 * s.f,
         lambda s, x: s.B * s.S * s.L * (2 * s.H * s.dh + s.d) * s.bytes + s.B * s.H * s.S * _width(s) * s.bytes,
         "every head's z, all positions"),
     "knockout": Sweep(
-        lambda s, x: _fwd(s, x["pool"] + s.B, s.T, s.L, s.f) + _fwd(s, x["sets"] * s.B, s.S, s.L, s.f)
+        lambda s, x: _fwd(s, s.B, s.T, s.L, s.f) + _fwd(s, x["pool"] + x["sets"] * s.B, s.S, s.L, s.f)
         + (x["sets"] + 1) * s.B * 2 * s.d * s.V,
         lambda s, x: x["pool"] * s.T * s.L * s.H * s.dh * s.bytes + x["sets"] * s.B * s.S * _width(s) * s.bytes,
         "K mean-ablation sets, top-1 correctness (pool means included)"),
     "edge_attribution": Sweep(
-        lambda s, x: _fwd(s, s.B, s.T - s.S, s.L, s.f) + (3 + 3 * x["steps"]) * _fwd(s, s.B, s.S, s.L, s.f_edge)
+        lambda s, x: _fwd(s, s.B, s.T - s.S, s.L, s.f) + (3 + 2 * x["steps"]) * _fwd(s, s.B, s.S, s.L, s.f_edge)
         + 2 * s.layout.n_forward * s.layout.n_backward * s.B * s.S * s.d,
         lambda s, x: s.B * s.S * (s.L * (16 * s.d + 3 * s.H * s.d + 3 * s.m + s.H * (4 * s.dh + 3 * s.d + 2 * s.T))
                                   + 3 * (s.layout.n_forward + s.layout.n_backward) * s.d) * s.bytes,
-        "EAP-IG-inputs, every edge (steps forward+backward passes)"),
+        "EAP-IG-inputs, every edge (steps forward + input-gradient backward passes)"),
     "edge_patch": Sweep(
-        lambda s, x: 2 * _fwd(s, s.B, s.S, s.L, s.f_edge) + s.B * s.S * x["patched_layers"] * s.f_edge,
+        lambda s, x: _fwd(s, s.B, s.T - s.S, s.L, s.f) + 2 * _fwd(s, s.B, s.S, s.L, s.f_edge)
+        + s.B * s.S * x["patched_layers"] * s.f_edge,
         lambda s, x: s.B * s.S * (s.layout.n_forward + s.L) * s.d * s.bytes,
         "exact patching of E edges (Σ blocks run per edge = patched_layers)"),
     "faithfulness_curve": Sweep(
-        lambda s, x: (x["circuits"] + 1) * _fwd(s, s.B, s.S, s.L, s.f_edge) + 2 * x["circuits"] * s.B * s.S * s.d * s.layout.n_edges,
+        lambda s, x: _fwd(s, s.B, s.T - s.S, s.L, s.f) + (x["circuits"] + 1) * _fwd(s, s.B, s.S, s.L, s.f_edge)
+        + 2 * x["circuits"] * s.B * s.S * s.d * s.layout.n_edges,
         lambda s, x: s.B * s.S * s.layout.n_forward * s.d * s.bytes * 2,
         "C circuits (10 points + full + empty), counterfactual ablation"),
     "af1_grid": Sweep(
