@@ -37,7 +37,7 @@ import torch
 
 from circuits.graph import GraphLayout
 from circuits.nodes import Head
-from circuits.runs import write_json_atomic
+from circuits.runs import write_json_atomic, write_text_atomic
 from finetune.trainer import _peak_rss, _reset_peak_rss
 
 GPU_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (NVIDIA's datasheet, without sparsity)
@@ -298,9 +298,31 @@ def _fit(args) -> None:
         print(f"{row['model']:14s} {row['B']:3d} {row['sweep']:20s} {row['measured_s']:8.2f} {row['predicted_s']:8.2f} "
               f"{row['measured_peak_mb']:8.0f} {row['predicted_mem_mb']:8.0f}")
     print("alphas:", {k: round(v, 2) for k, v in alphas.items()})
+    if args.markdown:
+        write_text_atomic(args.markdown, _markdown(out))
     for p in predictions:
         print(f"{p['model']:12s} {p['sweep']:20s} {p['tflops']:10.1f} TFLOP {p['predicted_s']:9.1f} s "
               f"act {p['activation_gb_unchunked']:7.2f} GB")
+
+
+def _markdown(fit: dict) -> str:
+    """The calibration and prediction tables of docs/gpu.md."""
+    lines = ["| model | B | sweep | GFLOP | measured s | predicted s | measured peak MB | predicted MB |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['B']} | {r['sweep']} | {r['gflops']:.1f} | {r['measured_s']:.2f} | {r['predicted_s']:.2f} "
+              f"| {r['measured_peak_mb']:.0f} | {r['predicted_mem_mb']:.0f} |" for r in fit["table"]]
+    lines += ["", "| sweep | α | " + " | ".join(f"{m} TFLOP | {m} time | {m} activations GB" for m in PREDICT) + " |",
+              "|---|---|" + "---|---|---|" * len(PREDICT)]
+    by = {(p["model"], p["sweep"]): p for p in fit["predictions"]}
+    for name in SWEEPS:
+        cells = []
+        for m in PREDICT:
+            p = by[(m, name)]
+            t = p["predicted_s"]
+            cells.append(f"{p['tflops']:.1f} | {t:.1f} s" if t < 120 else f"{p['tflops']:.1f} | {t / 60:.0f} min")
+            cells[-1] += f" | {p['activation_gb_unchunked']:.1f}"
+        lines.append(f"| {name} | {fit['alphas'].get(name, float('nan')):.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -320,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     f = sub.add_parser("fit", help="fit the constants on measure outputs and predict the Llama models")
     f.add_argument("files", nargs="+")
     f.add_argument("--out", required=True)
+    f.add_argument("--markdown", default=None, help="also write the tables for docs/gpu.md here")
     args = parser.parse_args(argv)
     (_measure if args.command == "measure" else _fit)(args)
 
