@@ -319,9 +319,10 @@ def _markdown(fit: dict) -> str:
         for m in PREDICT:
             p = by[(m, name)]
             t = p["predicted_s"]
-            cells.append(f"{p['tflops']:.1f} | {t:.1f} s" if t < 120 else f"{p['tflops']:.1f} | {t / 60:.0f} min")
+            cells.append(f"{p['tflops']:.1f} | {t:.2g} s" if t < 120 else f"{p['tflops']:.1f} | {t / 60:.0f} min")
             cells[-1] += f" | {p['activation_gb_unchunked']:.1f}"
-        lines.append(f"| {name} | {fit['alphas'].get(name, float('nan')):.2f} | " + " | ".join(cells) + " |")
+        alpha = fit["alphas"].get(name)
+        lines.append(f"| {name} | {'1 (not fitted)' if alpha is None else f'{alpha:.2f}'} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -340,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--out", required=True)
     f = sub.add_parser("fit", help="fit the constants on measure outputs and predict the Llama models")
-    f.add_argument("files", nargs="+")
+    f.add_argument("files", nargs="*", help="measure outputs (none: predict with α = 1, the FLOP-bound time)")
     f.add_argument("--out", required=True)
     f.add_argument("--markdown", default=None, help="also write the tables for docs/gpu.md here")
     args = parser.parse_args(argv)
