@@ -204,19 +204,20 @@ def _measure(args) -> None:
         extra["af1_grid"] = {"fit": len(af1_data) - runner.n_eval_total, "eval_all": runner.n_eval_total}
         state["af1_eval"] = runner.n_eval
 
+    # cheap and edge sweeps first: a run cut short by its time limit still leaves them in the JSON
     runs = {
         "forward": lambda: model(tokens, stop_at_layer=shape.L),
         "path_patch": lambda: path_patch(model, data, progress=False),
-        "activation_patch": lambda: activation_patch(model, data, component="z", progress=False),
-        "knockout": lambda: knockout_correct(model, data, sets, n_pool=args.knockout_pool),
         "edge_attribution": lambda: state.update(graph=edge_attribution(model, data, ig_steps=5, progress=False)),
-        "edge_patch": lambda: edge_patch(model, edges, data, progress=False),
         "faithfulness_curve": lambda: faithfulness_curve(model, state["graph"], data, n_bootstrap=200, progress=False),
+        "edge_patch": lambda: edge_patch(model, edges, data, progress=False),
+        "knockout": lambda: knockout_correct(model, data, sets, n_pool=args.knockout_pool),
         "af1_grid": af1,
+        "activation_patch": lambda: activation_patch(model, data, component="z", progress=False),
     }
     with torch.no_grad():
         model(tokens[:2], stop_at_layer=shape.L)  # warm-up
-    measured = {}
+    measured, shapes = {}, {}
     for name, run in runs.items():
         if args.only and name not in args.only:
             continue
@@ -227,16 +228,16 @@ def _measure(args) -> None:
         with torch.no_grad() if name == "forward" else torch.enable_grad():
             run()
         seconds = time.perf_counter() - began
+        if name == "af1_grid" and not state.get("af1_eval"):
+            continue  # no evaluation prompts: nothing was measured
         measured[name] = {"seconds": seconds, "peak_rss_above_start_mb": (_peak_rss(exact) - before) / 2**20,
                           "peak_exact": exact, **extra.get(name, {})}
+        shapes[name] = asdict(replace(shape, B=state["af1_eval"]) if name == "af1_grid" else shape)
         print(f"{name:20s} {seconds:8.2f} s  peak +{measured[name]['peak_rss_above_start_mb']:.0f} MB", flush=True)
-    if state.get("af1_eval") == 0:
-        del measured["af1_grid"]
-    sweeps_shape = {name: asdict(replace(shape, B=state["af1_eval"]) if name == "af1_grid" else shape) for name in measured}
-    write_json_atomic(args.out, {"model": args.model, "threads": torch.get_num_threads(), "shape": asdict(shape),
-                                 "sweep_shapes": sweeps_shape, "measured": measured,
-                                 "command": f"python -m experiments.cost_model measure --model {args.model} "
-                                            f"--n-prompts {args.n_prompts}"})
+        write_json_atomic(args.out, {"model": args.model, "threads": torch.get_num_threads(), "shape": asdict(shape),
+                                     "sweep_shapes": shapes, "measured": measured,
+                                     "command": f"python -m experiments.cost_model measure --model {args.model} "
+                                                f"--n-prompts {args.n_prompts}"})
 
 
 # ---------------------------------------------------------------------------- fit and predictions
