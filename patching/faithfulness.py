@@ -124,6 +124,7 @@ def faithfulness_curve(
     batch_size: Optional[int] = None,
     memory_mb: float = 1024.0,
     progress: bool = True,
+    evaluate: Optional[Callable] = None,
 ) -> FaithfulnessCurve:
     """Faithfulness of the top-scored edges at each fraction, CPR and CMD, with bootstrap intervals.
 
@@ -137,6 +138,8 @@ def faithfulness_curve(
         absolute: rank edges by ``|score|`` (MIB's default) rather than by signed score.
         select: ``(scores, n) -> bool mask`` replacing the top-n choice (e.g. greedy selection with pruning).
         n_bootstrap, confidence, seed: the bootstrap over prompts.
+        evaluate: runs the circuits (default :func:`patching.evaluate_circuits`, or one with its signature);
+            :mod:`patching.distributed` passes one that splits them over processes.
     """
     layout = GraphLayout.of(model)
     scores = _scores_of(layout, scores)
@@ -148,9 +151,10 @@ def faithfulness_curve(
     masks = [choose(scores, n) for n in counts]
     full = layout.real_edge_mask.clone()
     empty = torch.zeros_like(full)
-    evaluations = evaluate_circuits(model, masks + [full, empty], reference, counterfactual, ablation=ablation,
-                                    means_from=means_from, metric=metric, answer_ids=answer_ids, alt_ids=alt_ids,
-                                    batch_size=batch_size, memory_mb=memory_mb, progress=progress)
+    evaluate = evaluate or evaluate_circuits
+    evaluations = evaluate(model, masks + [full, empty], reference, counterfactual, ablation=ablation,
+                           means_from=means_from, metric=metric, answer_ids=answer_ids, alt_ids=alt_ids,
+                           batch_size=batch_size, memory_mb=memory_mb, progress=progress)
     table = torch.stack([e.per_prompt for e in evaluations], dim=1).numpy()  # [prompt, point + full + empty]
     n_points = len(masks)
 

@@ -1,0 +1,76 @@
+"""experiments.cost_model: its FLOP formulas count what torch's FlopCounterMode counts when the sweeps run.
+
+FlopCounterMode counts the matrix multiplications (forward and backward) of whatever runs
+inside it; the formulas are written from the algorithms, so agreement checks both the
+formulas and the sweeps' claimed shortcuts (prefix reuse, END-only rows, starting at the
+patched layer). Tiny random models, a few seconds each.
+"""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from circuits.graph import GraphLayout
+from circuits.nodes import Head
+from circuits.tasks import make_dataset
+from circuits.testing import tiny_model
+from experiments.cost_model import SWEEPS, main, patched_layers, shape_of
+from patching import activation_patch, edge_attribution, edge_patch, faithfulness_curve, knockout_correct, path_patch
+from patching._runs import shared_prefix_length
+from patching.edge_runs import edge_mode
+
+
+def _counted(run) -> int:
+    with FlopCounterMode(display=False) as counter:
+        run()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("style", ["gpt2", "gemma"])
+def test_formulas_count_the_flops_the_sweeps_run(style):
+    model = tiny_model(style=style, n_layers=3)
+    data = make_dataset(model, n_prompts=6, n_shots=1, template_ids=["add-equation-0"], seed=2)
+    tokens, cf = torch.tensor(data["tokens"]), torch.tensor(data["cf_tokens"])
+    T = tokens.shape[1]
+    shape = replace(shape_of(model), T=T, S=T - shared_prefix_length(tokens, cf), B=len(data))
+    assert 0 < shape.S < T  # the prompts share a prefix: the formulas' T and S differ
+    layout = GraphLayout.of(model)
+    edges = layout.real_edge_mask.nonzero().tolist()
+    scores = torch.randn(layout.n_forward, layout.n_backward, generator=torch.Generator().manual_seed(0))
+
+    # one block per position: exact
+    with torch.no_grad():
+        assert _counted(lambda: model(tokens, stop_at_layer=shape.L)) == SWEEPS["forward"].flops(shape, {})
+        with edge_mode(model):
+            assert _counted(lambda: model(tokens, stop_at_layer=shape.L)) == shape.B * T * shape.L * shape.f_edge
+
+    sweeps = {
+        "path_patch": (lambda: path_patch(model, data, progress=False), {}),
+        "activation_patch": (lambda: activation_patch(model, data, progress=False), {}),
+        "knockout": (lambda: knockout_correct(model, data, [[Head(0, 1), Head(2, 3)], [Head(1, 0)]], n_pool=16),
+                     {"pool": 16, "sets": 2}),
+        "edge_attribution": (lambda: edge_attribution(model, data, ig_steps=5, progress=False), {"steps": 5}),
+        "edge_patch": (lambda: edge_patch(model, edges, data, progress=False),
+                       {"patched_layers": patched_layers(layout, edges)}),
+        "faithfulness_curve": (lambda: faithfulness_curve(model, scores, data, n_bootstrap=10, progress=False),
+                               {"circuits": 12}),
+    }
+    for name, (run, extra) in sweeps.items():
+        ratio = _counted(run) / SWEEPS[name].flops(shape, extra)
+        assert 0.9 < ratio < 1.1, f"{name}: counted / formula = {ratio:.3f}"
+
+
+def test_measure_and_fit_write_their_json(tmp_path):
+    for style in ("gpt2", "llama"):
+        main(["measure", "--model", f"tiny-{style}", "--n-prompts", "4", "--edge-stride", "7", "--only", "forward",
+              "edge_patch", "--out", str(tmp_path / f"{style}.json")])
+    main(["fit", str(tmp_path / "gpt2.json"), str(tmp_path / "llama.json"), "--out", str(tmp_path / "fit.json")])
+    fit = json.loads((tmp_path / "fit.json").read_text())
+    assert fit["alphas"]["forward"] == pytest.approx(1.0)  # R is defined by the plain forward
+    rows = {(r["model"], r["sweep"]): r for r in fit["table"]}
+    assert rows[("tiny-gpt2", "forward")]["predicted_s"] == pytest.approx(rows[("tiny-gpt2", "forward")]["measured_s"])
+    llama = {p["sweep"]: p for p in fit["predictions"] if p["model"] == "Llama-2-7B"}
+    assert llama["edge_patch"]["edges"] == 1_592_881 and llama["forward"]["weights_gb"] == pytest.approx(13.5, abs=0.3)
