@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"({results['speedup_curve']:.1f}x slower); max |f diff| "
                   f"{results['curve_eap_ig']['max_abs_diff_faithfulness']:.2e}")
 
+    write_json_atomic(out / "results.json", results)  # partial results survive a timeout in the stages below
     if args.compare_per_stratum:
         sample = _strata(layout, args.compare_per_stratum, args.seed)
         hooked, sec["edge_patch_sample_hook_path"] = _timed(lambda: edge_patch(
@@ -205,12 +206,14 @@ def main(argv: list[str] | None = None) -> None:
             "n_edges": len(sample), "per_stratum": args.compare_per_stratum,
             "speedup": sec["edge_patch_sample_hook_path"] / sec["edge_patch_sample_fast_path"],
             "max_abs_diff": float((fast.per_prompt - hooked.per_prompt).abs().max()),
-            "max_abs_effect": float(hooked.per_prompt.abs().max())}
+            "max_abs_effect": float(hooked.per_prompt.abs().max()),
+            "seconds_by_stage_hook_path": hooked.seconds, "seconds_by_stage_fast_path": fast.seconds}
         print(f"edge_patch on {len(sample)} stratified edges: hook path {sec['edge_patch_sample_hook_path']:.1f} s, "
               f"fast path {sec['edge_patch_sample_fast_path']:.1f} s "
               f"({results['edge_patch_fast_vs_hook_path']['speedup']:.1f}x); max |diff| "
               f"{results['edge_patch_fast_vs_hook_path']['max_abs_diff']:.1e}")
 
+    write_json_atomic(out / "results.json", results)
     n_exact = layout.n_edges if args.exact_edges == "all" else min(int(args.exact_edges), layout.n_edges)
     if n_exact > 0:
         pairs = layout.real_edge_mask.nonzero()
@@ -229,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
         rank = _rank_agreement(methods, truth)
         results["spearman_vs_exact"] = rank
         results["exact_seconds_per_edge"] = sec["edge_patch"] / n_exact
+        results["exact_seconds_by_stage"] = exact.seconds
         results["exact_largest_effects"] = {layout.edge_name(*edges[i]): float(truth[i])
                                             for i in truth.abs().argsort(descending=True)[:10].tolist()}
         print(f"edge_patch of {n_exact} edges: {sec['edge_patch']:.1f} s wall, {sec['edge_patch_cpu']:.1f} s CPU "

@@ -30,7 +30,8 @@ Speed (all 10,342 edges of gemma-3-270m are feasible on a laptop CPU):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -58,6 +59,8 @@ class EdgeEffects:
     per_prompt: Float[Tensor, "edge prompt"]
     metric: str
     reference_metric: float
+    #: wall seconds by stage: "reference runs", "logits", "layer L mlp" / "layer L heads" (fast path), "layer L"
+    seconds: dict = field(default_factory=dict)
 
     @property
     def effects(self) -> Float[Tensor, "edge"]:
@@ -145,21 +148,34 @@ def edge_patch(
         raise InputError("No edges to patch.")
     groups = _runs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
-    per_group, base_total, n_prompts = [], 0.0, 0
+    per_group, base_total, n_prompts, seconds = [], 0.0, 0, {}
     bar = tqdm(total=len(groups) * len(pairs), desc="edge patching", disable=not progress, leave=False)
     with edge_mode(model):
         hooks = receiver_hooks(model)
         for group in groups:
-            patched, base = _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_prefix, fast, bar)
+            patched, base = _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_prefix, fast, bar,
+                                        seconds)
             per_group.append((patched - base[None]).double().cpu())
             base_total += float(base.double().sum())
             n_prompts += len(group)
     bar.close()
-    return EdgeEffects(layout, pairs, torch.cat(per_group, dim=1), metric.name, base_total / n_prompts)
+    return EdgeEffects(layout, pairs, torch.cat(per_group, dim=1), metric.name, base_total / n_prompts, seconds)
 
 
-def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_prefix, fast, bar) -> tuple[Tensor, Tensor]:
-    """Patched metric [n_edges, batch] and reference metric [batch] on one group of equal-length prompts."""
+def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_prefix, fast, bar,
+                 seconds) -> tuple[Tensor, Tensor]:
+    """Patched metric [n_edges, batch] and reference metric [batch] on one group of equal-length prompts.
+
+    Adds the wall time of each stage to ``seconds``.
+    """
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[stage] = seconds.get(stage, 0.0) + now - clock
+        clock = now
+
     B, n_pos = group.tokens.shape
     start = _runs.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix else 0
     # Only the receiver's own block needs per-head q/k/v inputs (and ungrouped K/V): every other
@@ -187,6 +203,7 @@ def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_pr
         final = run_suffix(model, group.tokens, start, kv_plain, recorder.hooks() + [(n, keep) for n in names])
         delta = sender_outputs(model, group.cf_tokens, start=start, prefix_kv=kv_plain) - recorder.stacked()  # [f, B, P, d]
     base = score_end(model, final[:, -1], group.answer_ids, group.alt_ids, metric)
+    lap("reference runs")
 
     out = torch.empty(len(pairs), B, dtype=base.dtype, device=base.device)
     # chunks never mix receiver layers (the forward starts there) nor, on the fast path, MLP and head receivers
@@ -208,6 +225,7 @@ def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_pr
                                      None if group.alt_ids is None else group.alt_ids.repeat(len(logit_edges)),
                                      metric).view(len(logit_edges), B)
         bar.update(len(logit_edges))
+        lap("logits")
 
     cfg = model.cfg
     split_factor = (12 + 6 * cfg.n_heads) / 12  # per-head q/k/v inputs: ~6·n_heads extra residual copies per position
@@ -232,6 +250,7 @@ def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_pr
             alts = None if group.alt_ids is None else group.alt_ids.repeat(k)
             out[chunk] = score_end(model, end, answers, alts, metric).view(k, B)
             bar.update(k)
+        lap(f"layer {layer}" + ("" if not fast else " mlp" if mlp_only else " heads"))
     return out, base
 
 
