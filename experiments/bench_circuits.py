@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{results['agreement_eap_ig_inputs']['max_rel_diff_all_edges']:.1e} (all), "
               f"{results['agreement_eap_ig_inputs']['max_rel_diff_non_head_senders']:.1e} (non-head senders)")
 
+    write_json_atomic(out / "results.json", results)
     if not args.no_curve:
         select = mib_selector(layout)
         curve, sec["faithfulness_curve"] = _timed(lambda: faithfulness_curve(
