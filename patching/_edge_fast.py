@@ -9,9 +9,10 @@ against a plain hook implementation):
 
 * **MLP receivers** change only the MLP's input: the layer's attention is not run at all;
   the layer's output is ``resid_mid(ref) + MLP(ln2(resid_mid(ref) + change))``.
-* **Head receivers** (q/k/v of one head) need per-head inputs only for the kind that is
-  patched in the chunk (q, k or v); the other kinds use the normalized reference
-  residual, broadcast over heads without a copy.
+* **Head receivers** (q/k/v of one head): the attention runs on the normalized reference
+  residual, and only the receiving head's projection (``attn.hook_{q,k,v}``, before any
+  q/k norm and rotary) is replaced by the projection of its normalized patched input;
+  no per-head copies of the residual are normalized and projected.
 * **The last layer** only has to produce the END position, which the metric reads: its
   keys/values (all positions) come from its attention; its norm after attention, the MLP
   and the residual sums run at END only.
@@ -80,31 +81,52 @@ def head_receiver_layer(
 ) -> Float[Tensor, "rows pos d_model"]:
     """Layer ``layer``'s output when edge j adds ``change[j]`` to the ``receivers[j] = (kind, head)`` input only.
 
-    Runs under :func:`patching.edge_runs.edge_mode` (per-head q/k/v inputs, K/V per query head);
-    ``kv_split`` holds the prefix's keys/values per query head.
+    The attention runs on the reference normalized residual with K/V per query head
+    (``ungroup_grouped_query_attention``; ``kv_split`` holds the prefix's keys/values per
+    query head); at ``attn.hook_{q,k,v}``, right after the projection (before any q/k norm
+    and rotary), each patched row's receiving head gets the projection of its own
+    normalized patched input instead. That is what per-head inputs compute, without
+    normalizing and projecting a copy of the residual for every head.
     """
     block, cfg = model.blocks[layer], model.cfg
+    attn = block.attn
     k, B, P, d = change.shape
-    H = cfg.n_heads
     x = resid_pre.repeat(k, 1, 1)
-    normed = block.ln1(x)[:, :, None].expand(k * B, P, H, d)  # the reference input of every head
-    inputs = {}
-    for kind in ("q", "k", "v"):
+    normed = block.ln1(x)
+    patched = block.ln1((resid_pre[None] + change).flatten(0, 1)).view(k, B, P, d)
+    weights = {"q": (attn.W_Q, attn.b_Q), "k": (attn.W_K, attn.b_K), "v": (attn.W_V, attn.b_V)}
+    hooks = []
+    for kind, (W, b) in weights.items():
         js = [j for j, (x_kind, _) in enumerate(receivers) if x_kind == kind]
         if not js:
-            inputs[kind] = normed
             continue
-        patched = x[:, :, None].repeat(1, 1, H, 1).view(k, B, P, H, d)
-        heads = torch.tensor([receivers[j][1] for j in js], device=x.device)
         rows = torch.tensor(js, device=x.device)
-        patched[rows, :, :, heads] += change[rows]
-        inputs[kind] = block.ln1(patched.view(k * B, P, H, d))
-    attn = block.attn(query_input=inputs["q"], key_input=inputs["k"], value_input=inputs["v"],
-                      past_kv_cache_entry=_entry(kv_split, layer, k))
+        heads = torch.tensor([receivers[j][1] for j in js], device=x.device)
+        projected = torch.einsum("nbpd,ndh->nbph", patched[rows], W[heads].to(patched.dtype)) + b[heads][:, None, None]
+        hooks.append((f"blocks.{layer}.attn.hook_{kind}", _replace_heads(rows, heads, projected, k)))
+    split_before = cfg.use_split_qkv_input
+    model.set_use_split_qkv_input(False)
+    try:
+        with model.hooks(fwd_hooks=hooks):
+            out = attn(query_input=normed, key_input=normed, value_input=normed,
+                       past_kv_cache_entry=_entry(kv_split, layer, k))
+    finally:
+        model.set_use_split_qkv_input(split_before)
     if end_only:
-        attn, x = attn[:, -1:], x[:, -1:]
-    resid_mid = x + _attn_added(model, block, attn)
+        out, x = out[:, -1:], x[:, -1:]
+    resid_mid = x + _attn_added(model, block, out)
     return _mlp_on(block, resid_mid, resid_mid)
+
+
+def _replace_heads(rows: Tensor, heads: Tensor, projected: Tensor, k: int):
+    """Hook: row block ``rows[i]`` (one edge's prompts) of head ``heads[i]`` becomes ``projected[i]``."""
+
+    def replace(act, *, hook):
+        act = act.reshape(k, -1, *act.shape[1:]).clone()
+        act[rows, :, :, heads] = projected.to(act.dtype)
+        return act.flatten(0, 1)
+
+    return replace
 
 
 def end_residual_above(
