@@ -41,7 +41,7 @@ from experiments import _cli as cli
 from experiments import _eap_ig_arm
 from patching.edge_attribution import edge_attribution
 from patching._edge_fast import receiver_kind
-from patching.edge_patching import edge_patch
+from patching.edge_patching import EdgeEffects, edge_patch
 from patching.faithfulness import MIB_FRACTIONS, faithfulness_curve
 
 parser = cli.make_parser("bench_circuits", __doc__)
@@ -121,6 +121,28 @@ def _strata(layout: GraphLayout, per_stratum: int, seed: int) -> list[tuple[int,
     g = torch.Generator().manual_seed(seed)
     picked = [edges[i] for edges in strata.values() for i in torch.randperm(len(edges), generator=g)[:per_stratum].tolist()]
     return sorted(picked)
+
+
+def _exact_in_parts(model, layout: GraphLayout, edges, batch, memory_mb: float, out, results: dict) -> EdgeEffects:
+    """``edge_patch`` of ``edges`` in parts of three receiver layers, last layers first, noting progress in
+    ``<out>/results.json`` after each part (a run stopped by a time limit still says how far it got)."""
+    part_of = {}
+    for f, b in edges:
+        layer = layout.n_layers if b == layout.logits_backward else receiver_kind(layout, b)[0]
+        part_of.setdefault((layout.n_layers - layer) // 3, []).append((f, b))
+    parts, done, clock = [], 0, time.perf_counter()
+    for key in sorted(part_of):
+        parts.append(edge_patch(model, part_of[key], batch, memory_mb=memory_mb))
+        done += len(part_of[key])
+        results["exact_progress"] = {"n_edges_done": done, "n_edges": len(edges), "seconds": time.perf_counter() - clock}
+        write_json_atomic(out / "results.json", results)
+    seconds: dict = {}
+    for part in parts:
+        for stage, value in part.seconds.items():
+            seconds[stage] = seconds.get(stage, 0.0) + value
+    reference = sum(p.reference_metric * p.n_prompts for p in parts) / sum(p.n_prompts for p in parts)
+    return EdgeEffects(layout, [e for p in parts for e in p.edges], torch.cat([p.per_prompt for p in parts]),
+                       parts[0].metric, reference, seconds)
 
 
 def _save_exact(out, exact, d_model: int) -> None:
@@ -230,8 +252,10 @@ def main(argv: list[str] | None = None) -> None:
         pick = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(args.seed))[:n_exact]
         edges = [tuple(p) for p in pairs[pick.sort().values].tolist()]
         cpu = time.process_time()
-        exact, sec["edge_patch"] = _timed(lambda: edge_patch(model, edges, batch, memory_mb=args.memory_mb))
+        exact, sec["edge_patch"] = _timed(lambda: _exact_in_parts(model, layout, edges, batch, args.memory_mb,
+                                                                  out, results))
         sec["edge_patch_cpu"] = time.process_time() - cpu
+        edges = exact.edges
         if n_exact == layout.n_edges:
             _save_exact(out, exact, model.cfg.d_model)
         f_idx, b_idx = torch.tensor([e[0] for e in edges]), torch.tensor([e[1] for e in edges])
