@@ -56,6 +56,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
+from circuits.errors import InputError
 from circuits.nodes import Head, all_heads, validate_nodes
 from circuits.tasks import iter_batches
 
@@ -129,9 +130,9 @@ class HeadClass:
 def _check_dataset(dataset: Dataset) -> None:
     missing = [c for c in ("tokens", "a_pos", "b_pos", "op_pos", "end_pos") if c not in dataset.column_names]
     if missing:
-        raise ValueError(f"The dataset lacks columns {missing}; build it with circuits.tasks.make_dataset().")
+        raise InputError(f"The dataset lacks columns {missing}; build it with circuits.tasks.make_dataset().")
     if len(dataset) == 0:
-        raise ValueError("The dataset is empty: no prompts to read attention from.")
+        raise InputError("The dataset is empty: no prompts to read attention from.")
 
 
 @torch.no_grad()
@@ -151,7 +152,7 @@ def attention_reads(
     _check_dataset(dataset)
     heads = validate_nodes(model, all_heads(model) if heads is None else list(heads))
     if not heads or not all(isinstance(h, Head) for h in heads):
-        raise ValueError("attention_reads needs a non-empty list of Head nodes.")
+        raise InputError("attention_reads needs a non-empty list of Head nodes.")
     layers = sorted({h.layer for h in heads})
     scores = torch.zeros(len(dataset), len(heads), len(ROLES))
     store: dict[int, Tensor] = {}
@@ -180,7 +181,7 @@ def attention_reads(
 def classify_heads(reads: AttentionReads, config: HeadClassConfig = HeadClassConfig()) -> list[HeadClass]:
     """Label each head operand / operator / other by the rule in the module docstring."""
     if not 0 < config.operand_threshold <= 1 or not 0 < config.operator_threshold <= 1:
-        raise ValueError(f"Thresholds must lie in (0, 1], got {config}.")
+        raise InputError(f"Thresholds must lie in (0, 1], got {config}.")
     operand, operator = reads.role("operand").mean(0), reads.role("op").mean(0)
     bos, other = reads.role("bos").mean(0), reads.role("other").mean(0)
     out = []
@@ -223,7 +224,7 @@ def plot_role_distribution(
     """
     by_op = {"": reads} if isinstance(reads, AttentionReads) else dict(reads)
     if not by_op:
-        raise ValueError("plot_role_distribution got no attention reads.")
+        raise InputError("plot_role_distribution got no attention reads.")
     label_of = {c.head: c.label for c in classes or ()}
     fig = make_subplots(rows=len(by_op), cols=1, subplot_titles=[f"operation {k}" if k else "" for k in by_op],
                         shared_xaxes=True, vertical_spacing=0.08)
@@ -231,7 +232,7 @@ def plot_role_distribution(
         chosen = list(heads) if heads is not None else r.heads
         for head in chosen:
             if head not in r.heads:
-                raise ValueError(f"{head} was not read; pass it to attention_reads() first.")
+                raise InputError(f"{head} was not read; pass it to attention_reads() first.")
             i = r.heads.index(head)
             label = label_of.get(head, "other")
             y = r.scores[:, i, :].numpy()
@@ -289,7 +290,7 @@ class AttentionView:
             return cv.attention.attention_heads(**self.props())
         if kind == "patterns":
             return cv.attention.attention_patterns(tokens=self.tokens, attention=self.attention)
-        raise ValueError(f"kind must be 'heads' or 'patterns', got {kind!r}.")
+        raise InputError(f"kind must be 'heads' or 'patterns', got {kind!r}.")
 
     def _repr_html_(self) -> str:
         return self.to_circuitsvis()._repr_html_()
@@ -316,7 +317,7 @@ def attention_views(
     """
     heads = validate_nodes(model, list(heads))
     if not heads:
-        raise ValueError("attention_views needs at least one head.")
+        raise InputError("attention_views needs at least one head.")
     token_lists = (
         [list(t) for t in prompts["tokens"]] if isinstance(prompts, Dataset)
         else [model.to_tokens(p)[0].tolist() for p in prompts]

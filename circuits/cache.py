@@ -44,6 +44,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from circuits.atomic_files import write_text_atomic
 from circuits.errors import ToolkitError
 
 FORMAT_NAME = "arith-circuits-model"
@@ -115,12 +116,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def file_entries(directory: str | Path, exclude: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
     """``{relative path: {"size", "sha256"}}`` of every file under ``directory`` but ``exclude``."""
     directory = Path(directory)
@@ -170,7 +165,7 @@ def write_manifest(directory: str | Path, extra: dict[str, Any] | None = None) -
         **(extra or {}),
         "files": file_entries(directory, exclude=(MANIFEST_FILE,)),
     }
-    _atomic_write_text(directory / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True))
+    write_text_atomic(directory / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True))
     return manifest
 
 

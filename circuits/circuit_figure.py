@@ -24,6 +24,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from circuits.attention import CLASS_COLORS
+from circuits.errors import InputError
 from circuits.nodes import MLP, Head
 
 MLP_COLOR = "#1f77b4"
@@ -37,7 +38,7 @@ def _to_numpy(values):
 def _as_head_grid(head_effects) -> np.ndarray:
     if isinstance(head_effects, Mapping):
         if not head_effects:
-            raise ValueError("head_effects is empty.")
+            raise InputError("head_effects is empty.")
         n_layers = max(h.layer for h in head_effects) + 1
         n_heads = max(h.head for h in head_effects) + 1
         grid = np.full((n_layers, n_heads), np.nan)
@@ -46,7 +47,7 @@ def _as_head_grid(head_effects) -> np.ndarray:
         return grid
     grid = np.asarray(_to_numpy(head_effects), dtype=float)
     if grid.ndim != 2:
-        raise ValueError(f"head_effects must be a [n_layers, n_heads] array or a dict of Head -> effect, got shape {grid.shape}.")
+        raise InputError(f"head_effects must be a [n_layers, n_heads] array or a dict of Head -> effect, got shape {grid.shape}.")
     return grid
 
 
@@ -60,7 +61,7 @@ def _as_mlp_vector(mlp_effects, n_layers: int) -> np.ndarray:
         return vec
     vec = np.asarray(_to_numpy(mlp_effects), dtype=float).reshape(-1)
     if vec.shape[0] != n_layers:
-        raise ValueError(f"mlp_effects has {vec.shape[0]} entries but head_effects has {n_layers} layers.")
+        raise InputError(f"mlp_effects has {vec.shape[0]} entries but head_effects has {n_layers} layers.")
     return vec
 
 
@@ -72,7 +73,7 @@ def _rank_key(values: np.ndarray, rank_by: str) -> np.ndarray:
         return values
     if rank_by == "positive":
         return -values
-    raise ValueError(f"rank_by must be 'abs', 'negative' or 'positive', got {rank_by!r}.")
+    raise InputError(f"rank_by must be 'abs', 'negative' or 'positive', got {rank_by!r}.")
 
 
 def top_nodes(head_effects, mlp_effects=None, top_heads: int = 10, top_mlps: int = 3, rank_by: str = "abs"):
@@ -103,7 +104,7 @@ def circuit_figure(
     Marker size grows with ``|effect|``.
     """
     if top_heads < 0 or top_mlps < 0:
-        raise ValueError("top_heads and top_mlps must be >= 0.")
+        raise InputError("top_heads and top_mlps must be >= 0.")
     grid = _as_head_grid(head_effects)
     n_layers, n_heads = grid.shape
     heads, mlps = top_nodes(head_effects, mlp_effects, top_heads, top_mlps, rank_by)

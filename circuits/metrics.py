@@ -64,22 +64,3 @@ def top1_correct(
     """Boolean per prompt: is the answer token the top-1 prediction at END?"""
     logits = end_logits(model, tokens, fwd_hooks=fwd_hooks)
     return logits.argmax(-1) == answer_ids.to(logits.device)
-
-
-def answer_logit(
-    logits: Float[Tensor, "batch d_vocab"], answer_ids: Int[Tensor, "batch"]
-) -> Float[Tensor, "batch"]:
-    """The correct answer token's logit per prompt."""
-    return logits.gather(-1, answer_ids[:, None].to(logits.device))[:, 0]
-
-
-def logit_diff(
-    logits: Float[Tensor, "batch d_vocab"], answer_ids: Int[Tensor, "batch"], alt_ids: Int[Tensor, "batch"]
-) -> Float[Tensor, "batch"]:
-    """Correct-answer logit minus an alternative token's logit."""
-    return answer_logit(logits, answer_ids) - answer_logit(logits, alt_ids)
-
-
-def answer_prob(logits: Float[Tensor, "batch d_vocab"], answer_ids: Int[Tensor, "batch"]) -> Float[Tensor, "batch"]:
-    """Probability of the correct answer token (softmax over the full vocabulary)."""
-    return answer_logit(logits.float().log_softmax(-1), answer_ids).exp()

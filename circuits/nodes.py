@@ -19,6 +19,8 @@ from typing import Iterable, Union
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
+from circuits.errors import InputError
+
 
 @dataclass(frozen=True, order=True)
 class Head:
@@ -80,7 +82,7 @@ def parse_node(text: str) -> Node:
             return Head(int(layer), int(head))
     except ValueError:
         pass
-    raise ValueError(f"Cannot parse node {text!r}: write heads as 'L<layer>H<head>' (e.g. 'L3H1') and MLPs as 'MLP<layer>'.")
+    raise InputError(f"Cannot parse node {text!r}: write heads as 'L<layer>H<head>' (e.g. 'L3H1') and MLPs as 'MLP<layer>'.")
 
 
 def validate_nodes(model: HookedTransformer, nodes: Iterable[Node]) -> list[Node]:
@@ -91,12 +93,12 @@ def validate_nodes(model: HookedTransformer, nodes: Iterable[Node]) -> list[Node
         if not isinstance(node, (Head, MLP)):
             raise TypeError(f"Expected Head or MLP nodes, got {node!r} of type {type(node).__name__}.")
         if not 0 <= node.layer < n_layers:
-            raise ValueError(f"{node!r}: layer {node.layer} is out of range; the model has layers 0..{n_layers - 1}.")
+            raise InputError(f"{node!r}: layer {node.layer} is out of range; the model has layers 0..{n_layers - 1}.")
         if isinstance(node, Head) and not 0 <= node.head < n_heads:
-            raise ValueError(f"{node!r}: head {node.head} is out of range; the model has heads 0..{n_heads - 1} per layer.")
+            raise InputError(f"{node!r}: head {node.head} is out of range; the model has heads 0..{n_heads - 1} per layer.")
         if isinstance(node, MLP) and model.cfg.attn_only:
-            raise ValueError(f"{node!r}: the model is attention-only and has no MLPs.")
+            raise InputError(f"{node!r}: the model is attention-only and has no MLPs.")
         if node.hook_name not in model.hook_dict:
-            raise ValueError(f"{node!r}: hook point {node.hook_name!r} not found on the model.")
+            raise InputError(f"{node!r}: hook point {node.hook_name!r} not found on the model.")
         checked.append(node)
     return checked

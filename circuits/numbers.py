@@ -27,7 +27,7 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterable, Sequence
+from typing import Iterable, Literal, Sequence
 
 import torch
 from jaxtyping import Float
@@ -165,7 +165,7 @@ class ArithmeticPrompts:
     def tokens(self) -> list[list[int]]:
         return [r["tokens"] for r in self.rows]
 
-    def positions(self, where: str) -> list[int]:
+    def positions(self, where: Literal["end", "a", "b"]) -> list[int]:
         """Token positions: ``"end"``, or ``"a"`` / ``"b"`` (the operand's last token)."""
         if where == "end":
             return [r["end_pos"] for r in self.rows]
@@ -235,7 +235,7 @@ def single_token_numbers(model: HookedTransformer, n_max: int) -> dict[int, int]
     return ids
 
 
-def number_token_vectors(model: HookedTransformer, n_max: int, which: str = "embed") -> tuple[list[int], Float[Tensor, "n d_model"]]:
+def number_token_vectors(model: HookedTransformer, n_max: int, which: Literal["embed", "unembed"] = "embed") -> tuple[list[int], Float[Tensor, "n d_model"]]:
     """Embedding rows (``"embed"``) or unembedding columns (``"unembed"``) of the single-token numbers 0..k."""
     ids = single_token_numbers(model, n_max)
     if not ids:

@@ -44,6 +44,7 @@ prompts in every later layer.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import plotly.graph_objects as go
 import torch
@@ -57,10 +58,12 @@ from transformer_lens import utils as tl_utils
 
 from circuits.checks import positive_int
 from circuits.errors import InputError
+from circuits.options import check_option
 from circuits.metrics import unembed_end
 from circuits.tasks import iter_batches
 
-STREAMS = ("mlp_in", "mlp_out", "out_minus_in")
+Stream = Literal["mlp_in", "mlp_out", "out_minus_in"]
+STREAMS: tuple[str, ...] = get_args(Stream)
 TARGETS = ("A", "B", "C", "others")
 
 
@@ -254,12 +257,11 @@ def probe_mlps(
 
 @torch.no_grad()
 def top_number_tokens(
-    model: HookedTransformer, prompt: str, stream: str = "mlp_out", k: int = 5, max_value: int = 9,
+    model: HookedTransformer, prompt: str, stream: Stream = "mlp_out", k: int = 5, max_value: int = 9,
     direction: str = "raw",
 ) -> list[list[tuple[str, float]]]:
     """For one prompt, per layer, the ``k`` number tokens most similar to ``stream`` at END (paper Fig. 6c, "4 + 3 = ")."""
-    if stream not in STREAMS:
-        raise InputError(f"stream must be one of {STREAMS}, got {stream!r}.")
+    check_option("stream", stream, Stream)
     numbers = number_token_ids(model.tokenizer, max_value)
     if not numbers:
         raise InputError("The tokenizer has no single-token numbers to rank.")

@@ -30,7 +30,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
+from circuits.atomic_files import write_text_atomic  # noqa: F401  (re-exported)
 from circuits.errors import ToolkitError
 
 
@@ -128,22 +128,6 @@ def complete_run(path: str | Path, results: dict) -> Path:
     if replaced and Path(replaced).is_dir() and read_marker(replaced) is not None:
         shutil.rmtree(replaced)
     return out
-
-
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def _jsonable(value: Any) -> Any:

@@ -16,23 +16,23 @@ Wilson interval over the scored rows (:mod:`circuits.stats`).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional, get_args
 
 import torch
 from datasets import Dataset
 from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
+from circuits.options import check_option
 from circuits.metrics import unembed_end
 from circuits.stats import Estimate, proportion
 
-SCORINGS = ("first", "one_token", "whole")
+Scoring = Literal["first", "one_token", "whole"]  # first answer token, one-token answers only, whole answer
+SCORINGS: tuple[str, ...] = get_args(Scoring)
 
 
 def _check(scoring: str) -> None:
-    if scoring not in SCORINGS:
-        raise InputError(f"Unknown scoring {scoring!r}: use one of {SCORINGS} (first answer token, one-token answers "
-                         f"only, or the whole answer teacher-forced).")
+    check_option("scoring", scoring, Scoring)
 
 
 @torch.no_grad()

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable
 
+from circuits.errors import InputError
+
 STYLES = ("equation", "statement", "question", "word_problem")
 
 
@@ -54,7 +56,7 @@ def resolve_operation(op: str) -> Operation:
     """Return the :class:`Operation` for a symbol (``"+"``) or a name (``"addition"``, ``"add"``)."""
     key = OPERATION_ALIASES.get(op.strip().lower(), op.strip())
     if key not in OPERATIONS:
-        raise ValueError(
+        raise InputError(
             f"Unknown operation {op!r}. Use one of {sorted(OPERATIONS)} or a name such as "
             f"{sorted(OPERATION_ALIASES)}."
         )
@@ -73,16 +75,16 @@ class Template:
     def __post_init__(self) -> None:
         for marker in ("{A}", "{B}"):
             if self.text.count(marker) != 1:
-                raise ValueError(
+                raise InputError(
                     f"Template {self.id!r} must contain {marker} exactly once, got: {self.text!r}."
                 )
         if len(re.findall(r"\[[^\]]+\]", self.text)) != 1:
-            raise ValueError(
+            raise InputError(
                 f"Template {self.id!r} must mark its operator word or symbol once with brackets, "
                 f"e.g. '{{A}} [+] {{B}} = ', got: {self.text!r}."
             )
         if self.style not in STYLES:
-            raise ValueError(f"Template {self.id!r}: unknown style {self.style!r}; use one of {STYLES}.")
+            raise InputError(f"Template {self.id!r}: unknown style {self.style!r}; use one of {STYLES}.")
         resolve_operation(self.op)
 
     @property
@@ -183,7 +185,7 @@ def get_templates(op: str, styles: tuple[str, ...] | list[str] | None = None) ->
     wanted = ("equation", "statement", "question") if styles is None else tuple(styles)
     unknown = set(wanted) - set(STYLES)
     if unknown:
-        raise ValueError(f"Unknown template styles {sorted(unknown)}; use any of {STYLES}.")
+        raise InputError(f"Unknown template styles {sorted(unknown)}; use any of {STYLES}.")
     return [t for t in TEMPLATES[symbol] if t.style in wanted]
 
 
@@ -194,7 +196,7 @@ def template_by_id(template_id: str) -> Template:
             if template.id == template_id:
                 return template
     known = [t.id for ts in TEMPLATES.values() for t in ts]
-    raise ValueError(f"No template with id {template_id!r}. Known ids: {known}.")
+    raise InputError(f"No template with id {template_id!r}. Known ids: {known}.")
 
 
 # Irrelevant replacements for the operator (paper §3). Symbols first for symbol operators,

@@ -35,7 +35,7 @@ from circuits.circuit_figure import circuit_figure
 from circuits.export import StaticExportError, export_figures, parse_formats
 from circuits.loading import load_model
 from circuits.probes import ProbeConfig, plot_top_tokens, probe_mlps, top_number_tokens
-from circuits.report import run_report
+from experiments._report import run_report
 from circuits.errors import InputError
 from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, write_text_atomic
 from circuits.scoring import score_rows
@@ -368,7 +368,7 @@ def _views_per_head(views: list, heads: list, role: dict, label: str) -> list:
 
 def _captions(results: dict, cfg: PipelineConfig) -> dict[str, str]:
     """Captions that name this run's sample sizes (the rest of the wording is circuits.report.CAPTIONS)."""
-    from circuits.report import CAPTIONS
+    from experiments._report import CAPTIONS
 
     knock, n = results["knockout"], results["n_kept"]
     n_knock = min(cfg.knockout_prompts, n)

@@ -11,6 +11,10 @@ A researcher meets the toolkit through ``python -m experiments.<name>``; three r
   prints ``<prog>: error: <what was wrong>`` and, where the message has one, ``hint: <what to do>`` on
   stderr and exits with status 2. ``--debug`` shows the full traceback instead. Any other exception is a
   bug and keeps its traceback.
+* **Flags come from a config**: an experiment declares a frozen dataclass whose fields are its settings
+  (:func:`option` adds the help text and the parse-time check); :func:`parse_config` builds the parser
+  from it, so the defaults live in one place and ``results.json`` records ``dataclasses.asdict(config)``.
+  ``device``/``dtype`` fields become the shared :func:`add_device_flags` (``auto`` = CUDA when present).
 * **``--help`` reads like a man page**: ``python -m experiments.<name>`` as the program name, the module
   docstring with its line breaks (reStructuredText double backticks dropped), every flag described, and
   its default shown once (not when the help text already states it, nor when it is ``None``/off).
@@ -19,11 +23,12 @@ A researcher meets the toolkit through ``python -m experiments.<name>``; three r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 import sys
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 
@@ -42,6 +47,8 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
             or not action.option_strings
         if quiet or "(default" in text or "default:" in text:
             return text
+        if isinstance(action.default, tuple):  # several values: as they are typed
+            return f"{text} (default: {' '.join(map(str, action.default))})"
         return f"{text} (default: %(default)s)"
 
 
@@ -197,3 +204,64 @@ def progress(message: str) -> Iterator[None]:
     start = time.perf_counter()
     yield
     print(f"  done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- flags from a config dataclass
+
+Config = TypeVar("Config")
+_METAVARS = {int: "N", float: "X", positive_int: "N", nonnegative_int: "N", positive_float: "X", fraction: "X",
+             int_list: "K,K,...", figure_formats: "FORMATS"}
+
+
+def option(default: Any, help: str, *, type: Callable[[str], Any] | None = None, choices: Sequence | None = None,
+           nargs: str | None = None) -> Any:
+    """A config field that is also a command-line flag: its default, help text and parse-time check (``type``).
+
+    A tuple default (or ``nargs="+"``) becomes a flag taking several values; a ``False`` default a switch.
+    """
+    meta = {"help": help, "type": type, "choices": tuple(choices) if choices is not None else None, "nargs": nargs}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config: type) -> None:
+    """One ``--flag`` per field of the dataclass ``config`` (``device``/``dtype``: :func:`add_device_flags`)."""
+    names = {f.name for f in dataclasses.fields(config)}
+    if "device" in names:
+        add_device_flags(parser, dtype="dtype" in names)
+    for f in dataclasses.fields(config):
+        if f.name in ("device", "dtype") or "help" not in f.metadata:
+            continue
+        meta, flag = f.metadata, "--" + f.name.replace("_", "-")
+        if f.default is False:
+            parser.add_argument(flag, action="store_true", help=meta["help"])
+            continue
+        several = isinstance(f.default, tuple) or meta["nargs"] is not None
+        sample = f.default[0] if isinstance(f.default, tuple) and f.default else f.default
+        kind = meta["type"] or (type(sample) if isinstance(sample, (int, float)) and not isinstance(sample, bool) else str)
+        metavar = None if meta["choices"] else _METAVARS.get(kind)
+        parser.add_argument(flag, type=kind, default=f.default, choices=meta["choices"], metavar=metavar,
+                            nargs=(meta["nargs"] or "+") if several else None, help=meta["help"])
+
+
+def config_parser(config: type, name: str, doc: str | None) -> ExperimentParser:
+    """The parser of ``python -m experiments.<name>``: one flag per field of the dataclass ``config``."""
+    parser = make_parser(name, doc)
+    add_config_flags(parser, config)
+    return parser
+
+
+def parse_config(parser: argparse.ArgumentParser, config: type[Config], argv: Sequence[str] | None = None,
+                 **fixed: Any) -> Config:
+    """Parse ``argv`` (default: ``sys.argv``) with ``parser`` into ``config``; several-valued flags become tuples.
+
+    ``fixed`` fields are set by the caller, not by a flag.
+    """
+    args = vars(parser.parse_args(argv))
+    args.pop("debug", None)
+    return config(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}, **fixed)
+
+
+def set_threads(threads: int) -> None:
+    """``--threads N``: torch CPU threads (0 keeps torch's default)."""
+    if threads > 0:
+        torch.set_num_threads(threads)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
+from dataclasses import dataclass
 
 import torch
 
@@ -31,61 +32,63 @@ from circuits.loading import load_model
 from circuits.runs import complete_run, prepare_run_dir, release_freed_memory
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
-from finetune import ArithmeticMix, TrainConfig, arithmetic_train_set, train
-from patching.path_patching import path_patch
+from finetune import ArithmeticMix, FullSFTConfig, PreciseSFTConfig, arithmetic_train_set, train
+from patching.key_heads import KeyHeads, given_key_heads, rank_key_heads
 
 from experiments import _cli as cli
-
-parser = cli.make_parser("bench_finetune", __doc__)
-parser.add_argument("--model", default="gemma-3-270m", help="offline model name, TransformerLens model name, or a saved model directory")
-parser.add_argument("--heads", default=None, help="comma-separated key heads, e.g. L9H1,L11H0 (default: ranked)")
-parser.add_argument("--k", type=cli.positive_int, metavar="N", default=8, help="number of key heads when ranked")
-parser.add_argument("--steps", type=cli.positive_int, metavar="N", default=4, help="optimizer steps per run (the first is not timed)")
-parser.add_argument("--rounds", type=cli.positive_int, metavar="N", default=2, help="alternating precise/full runs per method")
-parser.add_argument("--batch-size", type=cli.positive_int, default=16, metavar="N", help="examples per optimizer step")
-parser.add_argument("--micro-batch-size", type=cli.positive_int, default=8, metavar="N", help="examples per forward/backward pass")
-parser.add_argument("--threads", type=cli.nonnegative_int, default=0, metavar="N", help="torch CPU threads (0: torch's default)")
-cli.add_device_flags(parser, dtype=False)
-parser.add_argument("--out", default="runs/bench_finetune", help="output folder")
-parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
-parser.add_argument("--no-full-all", action="store_true", help="skip the all-parameter full SFT arm")
+from experiments._cli import option
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
-    args = parser.parse_args(argv)
+@dataclass(frozen=True)
+class BenchFinetuneConfig:
+    """Every flag of ``python -m experiments.bench_finetune``, with its default."""
 
-    out = prepare_run_dir(args.out, overwrite=args.overwrite)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    model: str = option("gemma-3-270m", "offline model name, TransformerLens model name, or a saved model directory")
+    heads: str | None = option(None, "comma-separated key heads, e.g. L9H1,L11H0 (default: ranked)")
+    k: int = option(8, "number of key heads when ranked", type=cli.positive_int)
+    steps: int = option(4, "optimizer steps per run (the first is not timed)", type=cli.positive_int)
+    rounds: int = option(2, "alternating precise/full runs per method", type=cli.positive_int)
+    batch_size: int = option(16, "examples per optimizer step", type=cli.positive_int)
+    micro_batch_size: int = option(8, "examples per forward/backward pass", type=cli.positive_int)
+    threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
+    device: str = "auto"
+    out: str = option("runs/bench_finetune", "output folder")
+    overwrite: bool = option(False, "replace the results of an earlier run in --out")
+    no_full_all: bool = option(False, "skip the all-parameter full SFT arm")
 
-    model = load_model(args.model, device=args.device)
-    data = arithmetic_train_set(model, ArithmeticMix(n_examples=args.batch_size * args.steps, seed=1))
 
-    if args.heads:
-        heads = [parse_node(h) for h in args.heads.split(",")]
-        head_source = "--heads"
-    else:
-        probe = make_dataset(model, op="+", n_prompts=32, styles=("equation",), seed=7)
-        scores, head_source = path_patch(model, probe, progress=False), "path_patching"
-        heads = [node for node, _ in scores.ranked("heads", by="neg")[: args.k]]
-    print(f"key heads ({head_source}): {', '.join(map(str, heads))}")
+parser = cli.config_parser(BenchFinetuneConfig, "bench_finetune", __doc__)
 
-    config = TrainConfig(lr=1e-5, batch_size=args.batch_size, micro_batch_size=args.micro_batch_size,
-                         max_steps=args.steps, progress=False)
-    arms = {"precise": ("precise", config), "full": ("full", config)}
-    if not args.no_full_all:
-        arms["full_all"] = ("full", dataclasses.replace(config, train_embeddings=True))
-    runs = {arm: [] for arm in arms}
-    for round_ in range(args.rounds):
-        for arm, (method, arm_config) in arms.items():
+
+def choose_heads(model, cfg: BenchFinetuneConfig) -> KeyHeads:
+    """``--heads``, or the top ``--k`` heads by path patching on 32 addition prompts."""
+    if cfg.heads:
+        return given_key_heads([parse_node(h) for h in cfg.heads.split(",")])
+    probe = make_dataset(model, op="+", n_prompts=32, styles=("equation",), seed=7)
+    return rank_key_heads(model, {"+": probe}, top_k=cfg.k)
+
+
+def run_arms(model, data, heads, cfg: BenchFinetuneConfig) -> dict[str, list[dict]]:
+    """``--rounds`` rounds of each arm in turn on the same model object; each run's ``TrainResult.summary()``."""
+    shared = dict(lr=1e-5, batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size, max_steps=cfg.steps,
+                  progress=False)
+    arms = {"precise": PreciseSFTConfig(**shared), "full": FullSFTConfig(**shared)}
+    if not cfg.no_full_all:
+        arms["full_all"] = FullSFTConfig(**shared, train_embeddings=True)
+    runs: dict[str, list[dict]] = {arm: [] for arm in arms}
+    for round_ in range(cfg.rounds):
+        for arm, config in arms.items():
             release_freed_memory()  # else memory freed by the previous arm counts in this arm's peak RSS
-            result = train(model, data, arm_config, method=method, heads=heads if method == "precise" else None)
+            result = train(model, data, config, heads=heads if isinstance(config, PreciseSFTConfig) else None)
             runs[arm].append(result.summary())
             print(f"round {round_}: {arm:8s} {result.seconds_per_step:6.2f} s/step, "
                   f"optimizer state {result.optimizer_state_bytes / 2**20:8.1f} MiB, "
                   f"peak RSS {result.peak_rss_bytes / 2**30:5.2f} GiB, trainable {result.n_trainable:,}")
+    return runs
 
+
+def summarize(runs: dict[str, list[dict]]) -> tuple[dict, dict]:
+    """Per arm: median seconds per step, optimizer bytes, smallest peak RSS; the ratios of every arm to precise."""
     summary = {}
     for arm, results in runs.items():
         summary[arm] = {
@@ -101,19 +104,34 @@ def main(argv: list[str] | None = None) -> None:
     ratios = {arm: {"speedup_over_precise": summary[arm]["seconds_per_step_median"] / precise["seconds_per_step_median"],
                     "precise_optimizer_memory_ratio": precise["optimizer_state_bytes"] / summary[arm]["optimizer_state_bytes"]}
               for arm in summary if arm != "precise"}
+    for arm, r in ratios.items():
+        print(f"vs {arm} ({summary[arm]['selection']}): precise is {r['speedup_over_precise']:.2f}x faster per step "
+              f"(goal >= 2x); optimizer memory {100 * r['precise_optimizer_memory_ratio']:.2f}% (goal <= 5%)")
+    return summary, ratios
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark with command-line flags ``argv`` (default: ``sys.argv``)."""
+    cfg = cli.parse_config(parser, BenchFinetuneConfig, argv)
+    out = prepare_run_dir(cfg.out, overwrite=cfg.overwrite)
+    cli.set_threads(cfg.threads)
+    model = load_model(cfg.model, device=cfg.device)
+    data = arithmetic_train_set(model, ArithmeticMix(n_examples=cfg.batch_size * cfg.steps, seed=1))
+    chosen = choose_heads(model, cfg)
+    print(f"key heads ({chosen.rule['source']}): {', '.join(map(str, chosen.heads))}")
+    summary, ratios = summarize(run_arms(model, data, chosen.heads, cfg))
     results = {
-        "model": args.model, "heads": [str(h) for h in heads], "head_source": head_source,
-        "steps_per_run": args.steps, "rounds": args.rounds, "batch_size": args.batch_size,
-        "micro_batch_size": args.micro_batch_size, "threads": torch.get_num_threads(),
+        "model": cfg.model, "settings": dataclasses.asdict(cfg), "heads": [str(h) for h in chosen.heads],
+        "head_source": chosen.rule["source"], "key_heads_rule": chosen.rule,
+        "steps_per_run": cfg.steps, "rounds": cfg.rounds, "batch_size": cfg.batch_size,
+        "micro_batch_size": cfg.micro_batch_size, "threads": torch.get_num_threads(),
         "load_average": os.getloadavg(), "methods": summary, "ratios": ratios,
         "goals": {arm: {"speedup>=2": r["speedup_over_precise"] >= 2, "memory_ratio<=0.05": r["precise_optimizer_memory_ratio"] <= 0.05}
                   for arm, r in ratios.items()},
     }
-    for arm, r in ratios.items():
-        print(f"vs {arm} ({summary[arm]['selection']}): precise is {r['speedup_over_precise']:.2f}x faster per step "
-              f"(goal >= 2x); optimizer memory {100 * r['precise_optimizer_memory_ratio']:.2f}% (goal <= 5%)")
     complete_run(out, results)
     print(f"wrote {out / 'results.json'}")
+    return results
 
 
 if __name__ == "__main__":

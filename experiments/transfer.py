@@ -3,7 +3,7 @@
     python -m experiments.transfer [--ops + - * /] [--top-k 8] [--out runs/transfer-<timestamp>]
 
 1. for each operation: few-shot prompts, keep the correctly answered ones, path patching,
-   the top-k key heads;
+   the top-k key heads (patching.rank_key_heads, combine="per-op");
 2. the overlap of the key-head sets (shared heads and Jaccard index) per pair of operations;
 3. cross knockout: accuracy on operation Y with operation X's key heads mean-ablated,
    against k random heads, so a shared mechanism shows as a drop off the diagonal too;
@@ -12,8 +12,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
+from dataclasses import dataclass
 
 import plotly.graph_objects as go
 import torch
@@ -24,25 +26,33 @@ from circuits.report import Report
 from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
 from circuits.tasks import TaskConfig, filter_correct, make_dataset
 from circuits.templates import resolve_operation
+from patching.key_heads import KeyHeads, rank_key_heads
 from patching.knockout import knockout
-from patching.path_patching import path_patch
-from patching.results import key_heads
 
 from experiments import _cli as cli
+from experiments._cli import option
 
-parser = cli.make_parser("transfer", __doc__)
-parser.add_argument("--model", default="gemma-3-270m", help="model name or saved model directory")
-cli.add_device_flags(parser)
-parser.add_argument("--ops", nargs="+", default=["+", "-", "*", "/"], help="operations to compare")
-parser.add_argument("--n-prompts", type=cli.positive_int, metavar="N", default=96, help="prompts per operation before filtering")
-parser.add_argument("--knockout-prompts", type=cli.positive_int, metavar="N", default=48, help="prompts per operation for the cross knockout")
-parser.add_argument("--top-k", type=cli.positive_int, metavar="N", default=8, help="key heads per operation")
-parser.add_argument("--random-seeds", type=cli.positive_int, metavar="N", default=2, help="random head sets per operation (baseline)")
-parser.add_argument("--seed", type=int, default=0, help="data and random-head seed")
-parser.add_argument("--batch-size", type=cli.positive_int, metavar="N", default=32, help="prompts per forward pass")
-parser.add_argument("--threads", type=cli.nonnegative_int, metavar="N", default=0, help="torch CPU threads (0: torch's default)")
-parser.add_argument("--out", default=None, help="output folder (default: runs/transfer-<timestamp>)")
-parser.add_argument("--overwrite", action="store_true", help="write into an existing output folder")
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """Every flag of ``python -m experiments.transfer``, with its default."""
+
+    model: str = option("gemma-3-270m", "model name or saved model directory")
+    device: str = "auto"
+    dtype: str | None = None
+    ops: tuple[str, ...] = option(("+", "-", "*", "/"), "operations to compare")
+    n_prompts: int = option(96, "prompts per operation before filtering", type=cli.positive_int)
+    knockout_prompts: int = option(48, "prompts per operation for the cross knockout", type=cli.positive_int)
+    top_k: int = option(8, "key heads per operation", type=cli.positive_int)
+    random_seeds: int = option(2, "random head sets per operation (baseline)", type=cli.positive_int)
+    seed: int = option(0, "data and random-head seed")
+    batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
+    threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
+    out: str | None = option(None, "output folder (default: runs/transfer-<timestamp>)")
+    overwrite: bool = option(False, "write into an existing output folder")
+
+
+parser = cli.config_parser(TransferConfig, "transfer", __doc__)
 
 
 def jaccard(a: set, b: set) -> float:
@@ -50,76 +60,104 @@ def jaccard(a: set, b: set) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
 
 
-@torch.no_grad()
-def main(argv: list[str] | None = None) -> dict:
-    """Run the comparison; return the results dict that is also written to results.json."""
-    args = parser.parse_args(argv)
-    start = time.perf_counter()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    out = prepare_run_dir(args.out or default_run_dir("transfer"), overwrite=args.overwrite)
-    timer = StageTimer(run_dir=out, results={"settings": vars(args)})
-    ops = [resolve_operation(op).symbol for op in args.ops]
-    names = {op: resolve_operation(op).name for op in ops}
-
-    with timer.stage("load model"):
-        model = load_model(args.model, device=args.device, dtype=args.dtype)
-
-    # 1. key heads per operation
-    data, heads, base = {}, {}, {}
+def identify(model, cfg: TransferConfig, ops: list[str], timer: StageTimer) -> tuple[KeyHeads, dict, dict]:
+    """Per operation: correctly answered prompts, their path-patching key heads, a knockout sample, base accuracy."""
+    kept, base = {}, {}
+    with timer.stage("identify"):
+        for op in ops:
+            dataset = make_dataset(model, TaskConfig(op=op, n_prompts=cfg.n_prompts, seed=cfg.seed))
+            kept[op], base[op] = filter_correct(model, dataset, cfg.batch_size)
+        chosen = rank_key_heads(model, kept, top_k=cfg.top_k, combine="per-op", batch_size=cfg.batch_size)
+    samples = {op: data.shuffle(seed=cfg.seed).select(range(min(cfg.knockout_prompts, len(data))))
+               for op, data in kept.items()}
     for op in ops:
-        with timer.stage(f"identify {names[op]}"):
-            dataset = make_dataset(model, TaskConfig(op=op, n_prompts=args.n_prompts, seed=args.seed))
-            kept, base[op] = filter_correct(model, dataset, args.batch_size)
-            scores = path_patch(model, kept, batch_size=args.batch_size)
-            heads[op], _ = key_heads(scores, top_k=args.top_k)
-            data[op] = kept.shuffle(seed=args.seed).select(range(min(args.knockout_prompts, len(kept))))
-        print(f"{names[op]}: base accuracy {base[op]:.1%}, key heads {', '.join(map(str, heads[op]))}")
+        print(f"{_name(op)}: base accuracy {base[op]:.1%}, key heads {', '.join(map(str, chosen.by_op[op]))}")
+    return chosen, samples, base
 
-    # 2. overlap of the key-head sets
-    overlap = [{"pair": f"{names[x]} / {names[y]}", "shared": sorted(str(h) for h in set(heads[x]) & set(heads[y])),
-                "n_shared": len(set(heads[x]) & set(heads[y])), "jaccard": round(jaccard(set(heads[x]), set(heads[y])), 3)}
-               for i, x in enumerate(ops) for y in ops[i + 1:]]
 
-    # 3. cross knockout: rows = whose key heads are ablated, columns = evaluated operation
-    rng = random.Random(args.seed)
-    random_sets = [rng.sample(all_heads(model), args.top_k) for _ in range(args.random_seeds)]
+def overlaps(by_op: dict) -> list[dict]:
+    """Shared heads and Jaccard index of every pair of operations' key-head sets."""
+    ops = list(by_op)
+    return [{"pair": f"{_name(x)} / {_name(y)}", "shared": sorted(str(h) for h in set(by_op[x]) & set(by_op[y])),
+             "n_shared": len(set(by_op[x]) & set(by_op[y])), "jaccard": round(jaccard(set(by_op[x]), set(by_op[y])), 3)}
+            for i, x in enumerate(ops) for y in ops[i + 1:]]
+
+
+def cross_knockout(model, cfg: TransferConfig, by_op: dict, samples: dict) -> dict:
+    """``cross[y][x]``: accuracy on ``y`` with ``x``'s key heads ablated; also the base and random-head rows."""
+    rng = random.Random(cfg.seed)
+    random_sets = [rng.sample(all_heads(model), cfg.top_k) for _ in range(cfg.random_seeds)]
     cross = {}
-    with timer.stage("cross knockout"):
-        for y in ops:
-            cross[y] = {"base": knockout(model, data[y], [], batch_size=args.batch_size)}
-            for x in ops:
-                cross[y][x] = knockout(model, data[y], heads[x], batch_size=args.batch_size)
-            cross[y]["random"] = sum(knockout(model, data[y], r, batch_size=args.batch_size) for r in random_sets) / len(random_sets)
+    for y, data in samples.items():
+        cross[y] = {"base": knockout(model, data, [], batch_size=cfg.batch_size)}
+        for x, heads in by_op.items():
+            cross[y][x] = knockout(model, data, heads, batch_size=cfg.batch_size)
+        cross[y]["random"] = sum(knockout(model, data, r, batch_size=cfg.batch_size) for r in random_sets) / len(random_sets)
+    return cross
 
+
+def cross_figure(cross: dict, ops: list[str], top_k: int) -> go.Figure:
+    """Heatmap: rows = whose key heads are ablated, columns = evaluated operation."""
     matrix = go.Figure(go.Heatmap(
-        z=[[cross[y][x] for y in ops] for x in ops], x=[names[y] for y in ops], y=[names[x] for x in ops],
+        z=[[cross[y][x] for y in ops] for x in ops], x=[_name(y) for y in ops], y=[_name(x) for x in ops],
         text=[[f"{cross[y][x]:.0%}" for y in ops] for x in ops], texttemplate="%{text}", colorscale="RdBu", zmin=0, zmax=1))
-    matrix.update_layout(title=f"Accuracy with the top-{args.top_k} heads of one operation (rows) knocked out, per operation (columns)",
+    matrix.update_layout(title=f"Accuracy with the top-{top_k} heads of one operation (rows) knocked out, per operation (columns)",
                          xaxis_title="evaluated on", yaxis_title="key heads of")
-    write_text_atomic(out / "figures" / "cross_knockout.json", matrix.to_json())
+    return matrix
 
+
+def write_report(out, cfg: TransferConfig, results: dict, matrix: go.Figure, timer: StageTimer) -> None:
+    """report.html: key heads per operation, their overlap, the cross-knockout matrix, wall times, settings."""
+    ops, cross = list(results["key_heads"]), results["cross_knockout"]
+    report = Report(f"Key heads across operations: {cfg.model}")
+    report.add_table([{"operation": o, "base accuracy": f"{results['base_accuracy'][o]:.1%}",
+                       "key heads": ", ".join(results["key_heads"][o])} for o in ops], heading="Key heads per operation")
+    report.add_table([{**row, "shared": ", ".join(row["shared"])} for row in results["overlap"]], heading="Overlap")
+    report.add_figure(matrix, heading="Cross knockout",
+                      caption=f"Random baseline (top-{cfg.top_k} random heads, {cfg.random_seeds} seeds): "
+                              + ", ".join(f"{o} {cross[o]['random']:.0%}" for o in ops))
+    report.add_table(timer.seconds, heading="Wall time per stage (s)")
+    report.add_settings(dataclasses.asdict(cfg))
+    report.save(out / "report.html")
+
+
+@torch.no_grad()
+def run(cfg: TransferConfig) -> dict:
+    """Run the comparison; return the results dict that is also written to results.json."""
+    start = time.perf_counter()
+    cli.set_threads(cfg.threads)
+    out = prepare_run_dir(cfg.out or default_run_dir("transfer"), overwrite=cfg.overwrite)
+    timer = StageTimer(run_dir=out, results={"settings": dataclasses.asdict(cfg)})
+    ops = [resolve_operation(op).symbol for op in cfg.ops]
+    with timer.stage("load model"):
+        model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    chosen, samples, base = identify(model, cfg, ops, timer)
+    with timer.stage("cross knockout"):
+        cross = cross_knockout(model, cfg, chosen.by_op, samples)
+    matrix = cross_figure(cross, ops, cfg.top_k)
+    write_text_atomic(out / "figures" / "cross_knockout.json", matrix.to_json())
     results = {
-        "model": args.model, "settings": vars(args), "base_accuracy": {names[o]: base[o] for o in ops},
-        "key_heads": {names[o]: [str(h) for h in heads[o]] for o in ops}, "overlap": overlap,
-        "cross_knockout": {names[y]: {"base": row["base"], "random": row["random"], **{names[x]: row[x] for x in ops}}
+        "model": cfg.model, "settings": dataclasses.asdict(cfg), "base_accuracy": {_name(o): base[o] for o in ops},
+        "key_heads": {_name(o): [str(h) for h in chosen.by_op[o]] for o in ops}, "key_heads_rule": chosen.rule,
+        "overlap": overlaps(chosen.by_op),
+        "cross_knockout": {_name(y): {"base": row["base"], "random": row["random"], **{_name(x): row[x] for x in ops}}
                            for y, row in cross.items()},
         "seconds": timer.seconds, "wall_seconds": round(time.perf_counter() - start, 1),
     }
     save_results(out, results)
-    report = Report(f"Key heads across operations: {args.model}")
-    report.add_table([{"operation": names[o], "base accuracy": f"{base[o]:.1%}", "key heads": ", ".join(map(str, heads[o]))}
-                      for o in ops], heading="Key heads per operation")
-    report.add_table([{**row, "shared": ", ".join(row["shared"])} for row in overlap], heading="Overlap")
-    report.add_figure(matrix, heading="Cross knockout",
-                      caption=f"Random baseline (top-{args.top_k} random heads, {args.random_seeds} seeds): "
-                              + ", ".join(f"{names[y]} {cross[y]['random']:.0%}" for y in ops))
-    report.add_table(timer.seconds, heading="Wall time per stage (s)")
-    report.add_settings(vars(args))
-    report.save(out / "report.html")
+    write_report(out, cfg, results, matrix, timer)
     complete_run(out, results)
     print(f"report: {out / 'report.html'}")
     return results
+
+
+def _name(op: str) -> str:
+    return resolve_operation(op).name
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Parse ``argv`` (default: ``sys.argv``) and run."""
+    return run(cli.parse_config(parser, TransferConfig, argv))
 
 
 if __name__ == "__main__":

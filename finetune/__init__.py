@@ -15,7 +15,7 @@ Quick start::
 
 Modules: :mod:`finetune.masks` (which entries train), :mod:`finetune.optim`
 (AdamW over slices), :mod:`finetune.data` (pairs -> tokens), :mod:`finetune.trainer`
-(the loop), :mod:`finetune.checkpoints` (small checkpoints, exact resume),
+(the loop), :mod:`finetune.configs` (one config per method), :mod:`finetune.checkpoints` (small checkpoints, exact resume),
 :mod:`finetune.lora` (peft LoRA on TL parameters), :mod:`finetune.evaluate`
 (accuracy and drift), :mod:`finetune.benchmarks` (GSM8K, SVAMP, MMLU, CSQA).
 """
@@ -26,6 +26,7 @@ from finetune.evaluate import MathSuiteConfig, drift, evaluate, general_texts, m
 from finetune.lora import LoraSettings, attach_lora, merge_lora
 from finetune.masks import Selection, TunableSlice, apply_selection, full_selection, precise_selection
 from finetune.optim import SliceAdamW, lr_at
+from finetune.configs import FullSFTConfig, LoraSFTConfig, PreciseSFTConfig, SFTConfig, method_config
 from finetune.trainer import METHODS, TrainConfig, TrainResult, train
 
 __all__ = [
@@ -35,3 +36,4 @@ __all__ = [
     "load_tuned", "lr_at", "math_suite", "merge_lora", "precise_selection", "save_tuned", "split_templates",
     "train",
 ]
+__all__ += ["FullSFTConfig", "LoraSFTConfig", "PreciseSFTConfig", "SFTConfig", "method_config"]

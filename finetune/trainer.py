@@ -39,7 +39,7 @@ import math
 import os
 import resource
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -54,68 +54,14 @@ from circuits.metrics import unembed_end
 from circuits.nodes import MLP, Head
 from finetune import checkpoints as ckpt
 from finetune.data import SFTDataError, collate, epoch_order, targets
-from finetune.lora import LoraSettings, attach_lora, lora_targets, merge_lora
+from finetune.lora import attach_lora, lora_targets, merge_lora
 from finetune.masks import Selection, apply_selection, full_selection, named_selection, precise_selection
-from finetune.optim import SliceAdamW, check_betas, lr_at
+from finetune.configs import (  # noqa: F401  (re-exported: finetune.trainer.TrainConfig is public)
+    METHOD_CONFIGS, METHODS, FullSFTConfig, LoraSFTConfig, Method, PreciseSFTConfig, SFTConfig, TrainConfig, _method_of, method_config,
+)
+from finetune.optim import SliceAdamW, lr_at
 
 logger = logging.getLogger(__name__)
-
-METHODS = ("precise", "full", "lora")
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimization settings; defaults follow the paper (§5.3) except where a field says otherwise.
-
-    ``batch_size`` is the number of examples per optimizer step (across all
-    processes); ``micro_batch_size`` how many go through one forward/backward.
-    ``epochs`` may be fractional; ``max_steps`` overrides it.
-    """
-
-    lr: float = 2e-5
-    batch_size: int = 128
-    micro_batch_size: int = 8
-    epochs: float = 2.0
-    max_steps: int | None = None
-    warmup_ratio: float = 0.02
-    weight_decay: float = 0.1
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    max_grad_norm: float | None = 1.0
-    seed: int = 0
-    # precise SFT
-    tune_kv: bool = True
-    rescale: bool = True
-    # full SFT
-    train_embeddings: bool = False
-    # LoRA
-    lora: LoraSettings = field(default_factory=LoraSettings)
-    # bookkeeping (not part of the run's identity)
-    checkpoint_every: int = 0
-    keep_checkpoints: int = 2
-    progress: bool = True
-
-    def __post_init__(self):
-        # Checked here, not after a run: a NaN or negative lr trains to a NaN model without complaint.
-        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
-            raise InputError(f"lr must be a finite number > 0, got {self.lr!r}.")
-        check_betas(self.betas)
-        if not (math.isfinite(self.eps) and self.eps > 0):
-            raise InputError(f"eps must be a finite number > 0, got {self.eps!r}.")
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise InputError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}.")
-        if not (math.isfinite(self.warmup_ratio) and 0 <= self.warmup_ratio <= 1):
-            raise InputError(f"warmup_ratio must lie in [0, 1], got {self.warmup_ratio!r}.")
-        if self.max_grad_norm is not None and not (math.isfinite(self.max_grad_norm) and self.max_grad_norm > 0):
-            raise InputError(f"max_grad_norm must be a finite number > 0 or None, got {self.max_grad_norm!r}.")
-
-    def identity(self) -> dict:
-        """The fields a resumed run must share with the run it continues."""
-        data = asdict(self)
-        for key in ("checkpoint_every", "keep_checkpoints", "progress"):
-            data.pop(key)
-        return data
-
 
 class NonFiniteLossError(ToolkitError, FloatingPointError):
     """Training produced a NaN/Inf loss or gradient; it stopped before the update (no final/ written)."""
@@ -246,9 +192,9 @@ def _select(model, method, heads, mlps, config) -> tuple[Selection, Selection]:
 def train(
     model: HookedTransformer,
     train_dataset: Dataset,
-    config: TrainConfig = TrainConfig(),
+    config: SFTConfig = TrainConfig(),
     *,
-    method: str = "precise",
+    method: Method | None = None,
     heads: Sequence[Head] | None = None,
     mlps: Sequence[MLP] | None = None,
     out_dir: str | os.PathLike | None = None,
@@ -258,7 +204,10 @@ def train(
     """Fine-tune ``model`` in place on ``train_dataset`` (rows with ``input_ids`` and ``n_prompt``).
 
     Args:
-        method: ``"precise"`` (needs ``heads`` and/or ``mlps``), ``"full"`` or ``"lora"``.
+        config: a :class:`PreciseSFTConfig`, :class:`FullSFTConfig` or :class:`LoraSFTConfig` (which names the
+            method), or a :class:`TrainConfig` holding every method's settings.
+        method: ``"precise"`` (needs ``heads`` and/or ``mlps``), ``"full"`` or ``"lora"``; by default the
+            method ``config`` is for (``"precise"`` for a TrainConfig).
         out_dir: where checkpoints (every ``config.checkpoint_every`` steps) and
             the final tuned tensors (``out_dir/final``, loadable onto a base model
             with :func:`finetune.checkpoints.load_tuned`) go. With ``resume=True``
@@ -269,8 +218,63 @@ def train(
     Returns:
         a :class:`TrainResult`; ``result.model`` is ``model``, trained (LoRA merged in).
     """
-    if method not in METHODS:
-        raise InputError(f"Unknown method {method!r}: use one of {METHODS}.")
+    method = _method_of(config, method)
+    config = method_config(config, method)
+    rows, steps_per_epoch, total = _training_rows(train_dataset, config)
+    rank, world = _world()
+    run = _start_run(model, rows, config, method, heads, mlps, out_dir, resume, total, steps_per_epoch, rank, world)
+    try:
+        bar = tqdm(range(run.start, total), desc=f"{method} SFT", disable=not config.progress or rank != 0,
+                   initial=run.start, total=total)
+        for step in bar:
+            began = time.perf_counter()
+            step_loss = _accumulate_gradients(run, _batch(run, step))
+            _sync_processes(run, step_loss)
+            _check_finite(run, step, step_loss)
+            run.optimizer.step(lr_at(step, total, config.lr, config.warmup_ratio))
+            run.optimizer.zero_grad()
+            run.losses.append(float(step_loss))
+            run.step_times.append(time.perf_counter() - began)
+            bar.set_postfix(loss=f"{run.losses[-1]:.4f}")
+            _maybe_checkpoint(run, step + 1)
+            if on_step is not None:
+                on_step(step + 1, run.losses[-1])
+        state_bytes = run.optimizer.state_bytes()
+    finally:
+        run.applied.remove()
+    return _finish(run, state_bytes)
+
+
+@dataclass
+class _Run:
+    """One training run's state, shared by the named steps of :func:`train`."""
+
+    model: HookedTransformer
+    rows: list[dict]
+    config: SFTConfig
+    method: str
+    selection: Selection  # what the optimizer trains
+    final_selection: Selection  # what changes in the final model (they differ for LoRA)
+    applied: object
+    optimizer: SliceAdamW
+    identity: dict
+    total: int
+    steps_per_epoch: int
+    rank: int
+    world: int
+    out_dir: Path | None
+    n_parameters: int
+    n_trainable: int
+    rss_reset: bool = False
+    start: int = 0
+    losses: list[float] = field(default_factory=list)
+    resumed_from: Path | None = None
+    step_times: list[float] = field(default_factory=list)
+    order_cache: dict[int, list[int]] = field(default_factory=dict)
+
+
+def _training_rows(train_dataset: Dataset, config: SFTConfig) -> tuple[list[dict], int, int]:
+    """The rows as plain dicts, steps per epoch and the run's total steps; bad data or settings raise."""
     missing = {"input_ids", "n_prompt"} - set(train_dataset.column_names)
     if missing:
         raise SFTDataError(f"train_dataset lacks columns {sorted(missing)}; build it with finetune.data.encode_pairs.")
@@ -283,10 +287,13 @@ def train(
     total = config.max_steps if config.max_steps is not None else math.ceil(config.epochs * steps_per_epoch)
     if total < 1:
         raise InputError("The run has no steps: raise epochs or max_steps.")
-    rank, world = _world()
+    return rows, steps_per_epoch, total
+
+
+def _start_run(model, rows, config, method, heads, mlps, out_dir, resume, total, steps_per_epoch, rank, world) -> _Run:
+    """Choose what trains, hook it, build the optimizer, resume from a checkpoint if one fits, reset the memory peaks."""
     out_dir = Path(out_dir) if out_dir is not None else None
     n_parameters = sum(p.numel() for p in model.parameters())
-
     selection, final_selection = _select(model, method, heads, mlps, config)
     n_trainable = selection.n_trainable(model)
     applied = apply_selection(model, selection)
@@ -296,84 +303,107 @@ def train(
         identity = {"method": method, "config": config.identity(), "data": _dataset_fingerprint(rows),
                     "total_steps": total, "world_size": world,
                     "selection": ckpt.selection_to_json(selection)["slices"]}
-        start, losses, resumed_from = 0, [], None
-        latest = ckpt.latest_intact_checkpoint(out_dir) if (out_dir is not None and resume) else None
-        if latest is not None:
-            saved = ckpt.read_state(latest)
-            if saved.get("identity") != json.loads(json.dumps(identity)):
-                raise ckpt.CheckpointError(
-                    f"{latest} was written by a different run (method, settings, data, world size or selection "
-                    f"differ); pass another out_dir or resume=False.")
-            ckpt.load_tuned(model, latest, optimizer=optimizer)
-            start, losses, resumed_from = saved["step"], list(saved["losses"]), latest
-            logger.info("resuming %s from %s at step %d", method, latest, start)
-
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-        rss_reset = _reset_peak_rss()  # so peak_rss_bytes is this run's, not an earlier run's in the process
-        step_times = []
-        order_cache: dict[int, list[int]] = {}
-        bar = tqdm(range(start, total), desc=f"{method} SFT", disable=not config.progress or rank != 0,
-                   initial=start, total=total)
-        for step in bar:
-            began = time.perf_counter()
-            epoch, position = divmod(step, steps_per_epoch)
-            if epoch not in order_cache:
-                order_cache = {epoch: epoch_order(len(rows), epoch, config.seed)}
-            batch = order_cache[epoch][position * config.batch_size:(position + 1) * config.batch_size]
-            mine = batch[rank::world]
-            step_loss = torch.zeros((), dtype=torch.float64)
-            for i in range(0, len(mine), config.micro_batch_size):
-                micro = [rows[j] for j in mine[i:i + config.micro_batch_size]]
-                loss = answer_loss(model, micro, len(batch))
-                loss.backward()
-                step_loss += loss.detach().double().cpu()
-            if world > 1:
-                import torch.distributed as dist
-
-                _all_reduce_grads(optimizer)
-                dist.all_reduce(step_loss, op=dist.ReduceOp.SUM)
-            if not math.isfinite(float(step_loss)):
-                raise NonFiniteLossError(
-                    f"Step {step + 1}: the loss is {float(step_loss)}; training stopped before the update and "
-                    "wrote no final weights. Lower lr, check the data, or check the model for NaN weights.")
-            if config.max_grad_norm is not None:
-                norm = optimizer.clip_grad_norm(config.max_grad_norm)
-                if not math.isfinite(norm):
-                    raise NonFiniteLossError(
-                        f"Step {step + 1}: the gradient norm is {norm}; training stopped before the update and "
-                        "wrote no final weights. Lower lr or check the data.")
-            optimizer.step(lr_at(step, total, config.lr, config.warmup_ratio))
-            optimizer.zero_grad()
-            losses.append(float(step_loss))
-            step_times.append(time.perf_counter() - began)
-            bar.set_postfix(loss=f"{losses[-1]:.4f}")
-            done = step + 1
-            if out_dir is not None and config.checkpoint_every and done % config.checkpoint_every == 0 and done < total:
-                if rank == 0:
-                    ckpt.save_tuned(model, selection, ckpt.checkpoint_dir(out_dir, done), optimizer=optimizer,
-                                    state={"step": done, "losses": losses, "identity": identity})
-                    ckpt.prune_checkpoints(out_dir, config.keep_checkpoints)
-                if world > 1:
-                    torch.distributed.barrier()
-            if on_step is not None:
-                on_step(done, losses[-1])
-        state_bytes = optimizer.state_bytes()
-    finally:
+        run = _Run(model, rows, config, method, selection, final_selection, applied, optimizer, identity, total,
+                   steps_per_epoch, rank, world, out_dir, n_parameters, n_trainable)
+        if out_dir is not None and resume:
+            _resume(run)
+    except BaseException:
         applied.remove()
-    if method == "lora":
+        raise
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    run.rss_reset = _reset_peak_rss()  # so peak_rss_bytes is this run's, not an earlier run's in the process
+    return run
+
+
+def _resume(run: _Run) -> None:
+    """Continue from the latest intact checkpoint in ``run.out_dir``, if there is one; it must be of this run."""
+    latest = ckpt.latest_intact_checkpoint(run.out_dir)
+    if latest is None:
+        return
+    saved = ckpt.read_state(latest)
+    if saved.get("identity") != json.loads(json.dumps(run.identity)):
+        raise ckpt.CheckpointError(
+            f"{latest} was written by a different run (method, settings, data, world size or selection "
+            f"differ); pass another out_dir or resume=False.")
+    ckpt.load_tuned(run.model, latest, optimizer=run.optimizer)
+    run.start, run.losses, run.resumed_from = saved["step"], list(saved["losses"]), latest
+    logger.info("resuming %s from %s at step %d", run.method, latest, run.start)
+
+
+def _batch(run: _Run, step: int) -> list[int]:
+    """The example indices of optimizer step ``step``: a pure function of ``(step, seed)``."""
+    epoch, position = divmod(step, run.steps_per_epoch)
+    if epoch not in run.order_cache:
+        run.order_cache = {epoch: epoch_order(len(run.rows), epoch, run.config.seed)}
+    size = run.config.batch_size
+    return run.order_cache[epoch][position * size:(position + 1) * size]
+
+
+def _accumulate_gradients(run: _Run, batch: list[int]) -> torch.Tensor:
+    """Forward/backward this process's share of ``batch`` in micro-batches; the loss (float64, on CPU)."""
+    mine = batch[run.rank::run.world]
+    step_loss = torch.zeros((), dtype=torch.float64)
+    for i in range(0, len(mine), run.config.micro_batch_size):
+        micro = [run.rows[j] for j in mine[i:i + run.config.micro_batch_size]]
+        loss = answer_loss(run.model, micro, len(batch))
+        loss.backward()
+        step_loss += loss.detach().double().cpu()
+    return step_loss
+
+
+def _sync_processes(run: _Run, step_loss: torch.Tensor) -> None:
+    """Data parallel: sum the gradients and the loss over processes, so every process applies the same update."""
+    if run.world > 1:
+        import torch.distributed as dist
+
+        _all_reduce_grads(run.optimizer)
+        dist.all_reduce(step_loss, op=dist.ReduceOp.SUM)
+
+
+def _check_finite(run: _Run, step: int, step_loss: torch.Tensor) -> None:
+    """Stop before the update on a NaN/Inf loss or gradient norm; clip the gradients (``max_grad_norm``)."""
+    if not math.isfinite(float(step_loss)):
+        raise NonFiniteLossError(
+            f"Step {step + 1}: the loss is {float(step_loss)}; training stopped before the update and "
+            "wrote no final weights. Lower lr, check the data, or check the model for NaN weights.")
+    if run.config.max_grad_norm is not None:
+        norm = run.optimizer.clip_grad_norm(run.config.max_grad_norm)
+        if not math.isfinite(norm):
+            raise NonFiniteLossError(
+                f"Step {step + 1}: the gradient norm is {norm}; training stopped before the update and "
+                "wrote no final weights. Lower lr or check the data.")
+
+
+def _maybe_checkpoint(run: _Run, done: int) -> None:
+    """Every ``checkpoint_every`` steps (not the last): the main process saves, prunes, and the others wait."""
+    every = run.config.checkpoint_every
+    if run.out_dir is None or not every or done % every or done >= run.total:
+        return
+    if run.rank == 0:
+        ckpt.save_tuned(run.model, run.selection, ckpt.checkpoint_dir(run.out_dir, done), optimizer=run.optimizer,
+                        state={"step": done, "losses": run.losses, "identity": run.identity})
+        ckpt.prune_checkpoints(run.out_dir, run.config.keep_checkpoints)
+    if run.world > 1:
+        torch.distributed.barrier()
+
+
+def _finish(run: _Run, state_bytes: int) -> TrainResult:
+    """Merge LoRA, freeze the model, write ``out_dir/final``, and measure the run."""
+    model = run.model
+    if run.method == "lora":
         merge_lora(model)
     for p in model.parameters():
         p.requires_grad_(False)
-    if out_dir is not None and rank == 0:
-        ckpt.save_tuned(model, final_selection, out_dir / "final",
-                        state={"step": total, "losses": losses, "identity": identity, "method": method})
-    timed = step_times[1:] or step_times  # the first step pays one-off allocation costs
+    if run.out_dir is not None and run.rank == 0:
+        ckpt.save_tuned(model, run.final_selection, run.out_dir / "final",
+                        state={"step": run.total, "losses": run.losses, "identity": run.identity, "method": run.method})
+    timed = run.step_times[1:] or run.step_times  # the first step pays one-off allocation costs
     return TrainResult(
-        model=model, method=method, selection=final_selection, n_trainable=n_trainable,
-        n_parameters=n_parameters, steps=total, losses=losses,
+        model=model, method=run.method, selection=run.final_selection, n_trainable=run.n_trainable,
+        n_parameters=run.n_parameters, steps=run.total, losses=run.losses,
         seconds_per_step=sum(timed) / len(timed) if timed else float("nan"),
-        optimizer_state_bytes=state_bytes, peak_rss_bytes=_peak_rss(rss_reset),
+        optimizer_state_bytes=state_bytes, peak_rss_bytes=_peak_rss(run.rss_reset),
         peak_cuda_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
-        out_dir=out_dir, resumed_from=resumed_from,
+        out_dir=run.out_dir, resumed_from=run.resumed_from,
     )

@@ -45,7 +45,6 @@ from merging.methods import (
 )
 from merging.state_dicts import (
     StateDictSource,
-    apply_task_vectors,
     check_compatible,
     iter_task_vectors,
     load_state_dict,
@@ -66,7 +65,7 @@ __all__ = [
     "REGISTRY", "MergeMethod", "METHODS", "CONFIGS", "merge", "LinesConfig", "MergePlan", "load_mergekit_config",
     "AverageConfig", "BreadcrumbsConfig", "BreadcrumbsTiesConfig", "ConsensusConfig", "DareLinearConfig",
     "DareTiesConfig", "DellaConfig", "DellaLinearConfig", "IsoCConfig", "IsoCtsConfig", "KarcherConfig",
-    "ModelStockConfig", "SceConfig", "TaskArithmeticConfig", "TiesConfig", "TsvConfig", "StateDictSource", "apply_task_vectors", "check_compatible",
+    "ModelStockConfig", "SceConfig", "TaskArithmeticConfig", "TiesConfig", "TsvConfig", "StateDictSource", "check_compatible",
     "iter_task_vectors", "load_state_dict", "save_state_dict", "task_vector", "AlphaTable",
     "SubmoduleMergeConfig", "SubmoduleMergeResult", "alpha_heatmap", "merge_submodules",
     "LinearityConfig", "LinearityResult", "alpha_grid", "nonlinearity_figure", "nonlinearity_scores",

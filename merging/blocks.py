@@ -40,6 +40,8 @@ from torch.func import functional_call
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
+from circuits.errors import InputError
+
 KINDS = ("layer", "attn", "mlp", "heads")
 HEAD_PARAM_NAMES = ("W_Q", "b_Q", "W_O", "W_K", "b_K", "W_V", "b_V", "_W_K", "_b_K", "_W_V", "_b_V")
 ATTN_PREFIXES = ("ln1.", "ln1_post.", "attn.")
@@ -72,7 +74,7 @@ def kind_param_names(model: HookedTransformer, layer: int, kind: str) -> list[st
         return [n for n in names if n.startswith(MLP_PREFIXES)]
     if kind == "heads":
         return head_param_names(model, layer)
-    raise ValueError(f"Unknown submodule kind {kind!r}; use one of {KINDS}.")
+    raise InputError(f"Unknown submodule kind {kind!r}; use one of {KINDS}.")
 
 
 def check_block_layout(model: HookedTransformer) -> None:
@@ -88,7 +90,7 @@ def check_block_layout(model: HookedTransformer) -> None:
     if cfg.original_architecture in POST_NORM_ARCHITECTURES:
         problems.append(f"post-norm architecture {cfg.original_architecture}")
     if problems:
-        raise ValueError(
+        raise InputError(
             f"Attention/MLP/head-level evaluation does not support {', '.join(problems)}; "
             "use level='layer' (whole blocks) or level='model' for this model."
         )
@@ -213,7 +215,7 @@ def batches(
     elif isinstance(task, (list, tuple)) and task and all(isinstance(t, Tensor) for t in task):
         masks = attention_mask if attention_mask is not None else [None] * len(task)
         if len(masks) != len(task):
-            raise ValueError(f"{len(masks)} attention masks for {len(task)} token batches.")
+            raise InputError(f"{len(masks)} attention masks for {len(task)} token batches.")
         pairs = list(zip(task, masks))
     else:
         raise TypeError(
@@ -223,9 +225,9 @@ def batches(
     out, left = [], n_samples
     for tokens, mask in pairs:
         if tokens.dim() != 2 or tokens.is_floating_point():
-            raise ValueError(f"Token batches must be Int tensors [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}.")
+            raise InputError(f"Token batches must be Int tensors [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}.")
         if mask is not None and mask.shape != tokens.shape:
-            raise ValueError(f"Attention mask shape {tuple(mask.shape)} != tokens shape {tuple(tokens.shape)}.")
+            raise InputError(f"Attention mask shape {tuple(mask.shape)} != tokens shape {tuple(tokens.shape)}.")
         for start in range(0, min(len(tokens), left), batch_size):
             stop = min(start + batch_size, left, len(tokens))
             out.append((tokens[start:stop].to(device), None if mask is None else mask[start:stop].to(device)))
@@ -233,7 +235,7 @@ def batches(
         if left <= 0:
             break
     if not out:
-        raise ValueError("A task has no samples: give at least one prompt per task.")
+        raise InputError("A task has no samples: give at least one prompt per task.")
     return out
 
 

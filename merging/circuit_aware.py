@@ -21,14 +21,16 @@ from collections.abc import Iterable, Sequence
 
 from transformer_lens import HookedTransformer
 
+from circuits.errors import InputError
 from circuits.nodes import Head
+from circuits.options import check_option
 from merging.state_dicts import SourceLike
-from merging.submodule import LEVELS, SubmoduleMergeConfig, SubmoduleMergeResult, merge_submodules
+from merging.submodule import LayerLevel, SubmoduleMergeConfig, SubmoduleMergeResult, merge_submodules
 
 
 def circuit_levels(
-    key_heads: Iterable[Head], n_layers: int, inside: str = "head", outside: str = "attn_mlp"
-) -> dict[int, str]:
+    key_heads: Iterable[Head], n_layers: int, inside: LayerLevel = "head", outside: LayerLevel = "attn_mlp"
+) -> dict[int, LayerLevel]:
     """The per-layer level plan: ``inside`` for every layer holding a key head, ``outside`` for the rest.
 
     Returns ``{layer: level}`` for all ``n_layers`` layers (a mapping accepted by
@@ -36,12 +38,11 @@ def circuit_levels(
     outside ``range(n_layers)`` or a level that is not a per-layer level.
     """
     for level in (inside, outside):
-        if level not in LEVELS[1:]:
-            raise ValueError(f"Per-layer level must be one of {LEVELS[1:]}, got {level!r}.")
+        check_option("per-layer level", level, LayerLevel)
     layers = set()
     for h in key_heads:
         if not 0 <= h.layer < n_layers:
-            raise ValueError(f"Key head {h} is outside the model's {n_layers} layers.")
+            raise InputError(f"Key head {h} is outside the model's {n_layers} layers.")
         layers.add(h.layer)
     return {layer: inside if layer in layers else outside for layer in range(n_layers)}
 

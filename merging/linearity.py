@@ -35,9 +35,11 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from circuits.errors import InputError
+from circuits.options import check_option
 from merging import blocks
 from merging.state_dicts import SourceLike, as_sources, check_compatible, combine_experts
-from merging.submodule import LevelSpec, block_params, cache_task_inputs, full_params, level_of, plan_layer
+from merging.submodule import InputsFrom, LayerLevel, LevelSpec, block_params, cache_task_inputs, full_params, level_of, plan_layer
 
 KIND_LABELS = {"layer": "layer", "attn": "attention", "mlp": "MLP", "heads": "head", "model": "model"}
 
@@ -46,17 +48,15 @@ KIND_LABELS = {"layer": "layer", "attn": "attention", "mlp": "MLP", "heads": "he
 class LinearityConfig:
     """Which submodules to score, on which inputs, with how much data."""
 
-    level: str = "attn_mlp"
-    inputs_from: str = "base"
+    level: LayerLevel = "attn_mlp"
+    inputs_from: InputsFrom = "base"
     n_samples: int = 30
     batch_size: int = 8
     include_model: bool = True
 
     def __post_init__(self):
-        if self.level not in ("layer", "attn_mlp", "head"):
-            raise ValueError(f"LinearityConfig.level must be 'layer', 'attn_mlp' or 'head', got {self.level!r}.")
-        if self.inputs_from not in ("expert", "base"):
-            raise ValueError(f"LinearityConfig.inputs_from must be 'expert' or 'base', got {self.inputs_from!r}.")
+        check_option("LinearityConfig.level", self.level, LayerLevel)
+        check_option("LinearityConfig.inputs_from", self.inputs_from, InputsFrom)
 
 
 @dataclass
@@ -107,9 +107,9 @@ def nonlinearity_scores(
     n = len(sources)
     for a in alphas:
         if len(a) != n:
-            raise ValueError(f"Interpolation {tuple(a)} has {len(a)} coefficients for {n} experts.")
+            raise InputError(f"Interpolation {tuple(a)} has {len(a)} coefficients for {n} experts.")
     if config.inputs_from == "expert" and len(tasks) != n:
-        raise ValueError(f"inputs_from='expert' needs one task per expert: {len(tasks)} tasks, {n} experts.")
+        raise InputError(f"inputs_from='expert' needs one task per expert: {len(tasks)} tasks, {n} experts.")
     device, dtype = model.cfg.device, next(model.parameters()).dtype
     masks = attention_masks if attention_masks is not None else [None] * len(tasks)
     task_batches = [

@@ -44,15 +44,19 @@ back (:func:`work_dtype`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
 from circuits.errors import InputError
+from circuits.options import check_option
 
 CHUNK = 1 << 22  # elements per slice in elementwise combinations (bounds temporaries on 100M-entry tensors)
-CONSENSUS = ("none", "sum", "count")
-RESCALE_NORMS = ("l1", "inverse_density")
+Consensus = Literal["none", "sum", "count"]
+RescaleNorm = Literal["l1", "inverse_density"]
+CONSENSUS: tuple[str, ...] = get_args(Consensus)
+RESCALE_NORMS: tuple[str, ...] = get_args(RescaleNorm)
 
 
 def work_dtype(t: Tensor) -> torch.dtype:
@@ -242,7 +246,7 @@ def sparsify(
     gamma: float = 0.01,
     epsilon: float = 0.15,
     rescale: bool = False,
-    rescale_norm: str = "l1",
+    rescale_norm: RescaleNorm = "l1",
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """One task vector sparsified by ``method`` (:data:`SPARSIFIERS` or ``"none"``) and optionally rescaled."""
@@ -260,7 +264,8 @@ def sparsify(
         return rescale_l1(x, masked)
     if rescale_norm == "inverse_density":
         return masked / keep_prob
-    raise InputError(f"rescale_norm must be one of {RESCALE_NORMS}, got {rescale_norm!r}.")
+    check_option("rescale_norm", rescale_norm, RescaleNorm)
+    raise AssertionError("unreachable: every RescaleNorm is handled above")
 
 
 def random_drop(
@@ -293,7 +298,7 @@ def consensus_mask(weighted: Tensor, method: str = "sum") -> Tensor:
     elif method == "count":
         elected = (sign.sum(dim=0) >= 0).to(weighted.dtype) * 2 - 1
     else:
-        raise InputError(f"Sign consensus must be one of {CONSENSUS}, got {method!r}.")
+        check_option("sign consensus", method, ("sum", "count"))
     return sign == elected
 
 
@@ -318,7 +323,7 @@ def combine(
     deltas: Sequence[Tensor],
     weights: Sequence[float] | None = None,
     *,
-    consensus: str = "none",
+    consensus: Consensus = "none",
     normalize: bool = False,
     lam: float = 1.0,
 ) -> Tensor:
@@ -328,8 +333,7 @@ def combine(
     consensus the divisor is ``Σ w_i`` (kept at 1 when ``|Σ w_i| < 1e-8``); with
     it, per entry, ``Σ`` of the weights of the agreeing experts (1 where none).
     """
-    if consensus not in CONSENSUS:
-        raise InputError(f"Sign consensus must be one of {CONSENSUS}, got {consensus!r}.")
+    check_option("sign consensus", consensus, Consensus)
     n = len(deltas)
     w_list = [1.0] * n if weights is None else list(weights)
     dt = work_dtype(base)

@@ -38,7 +38,6 @@ Choices (this package is the reference implementation, so they are written down)
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Union
@@ -50,6 +49,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from circuits.atomic_files import atomic_path
 from circuits.errors import InputError, ToolkitError
 from merging.primitives import combine
 from merging.primitives import task_vectors as expert_task_vectors
@@ -260,23 +260,6 @@ def combine_experts(base: Tensor, experts: Sequence[Tensor], coefficients: Seque
     return combine(base, expert_task_vectors(base, experts), [float(c) for c in coefficients])
 
 
-def apply_task_vectors(
-    base: SourceLike, task_vectors: Sequence[Mapping[str, Tensor]], coefficients: Sequence[float]
-) -> dict[str, Tensor]:
-    """``θ0 + Σ_i c_i τ_i`` for every parameter; buffers copied from the base."""
-    if len(task_vectors) != len(coefficients):
-        raise InputError(f"{len(task_vectors)} task vectors but {len(coefficients)} coefficients.")
-    coefficients = [float(c) for c in coefficients]
-    b = StateDictSource(base, "base")
-    out = {}
-    for key in b.keys():
-        t = b.get(key)
-        if not is_buffer(key):
-            t = combine(t, [tv[key] for tv in task_vectors], coefficients)
-        out[key] = t
-    return out
-
-
 def save_state_dict(
     state_dict: Mapping[str, Tensor], path: str | os.PathLike, metadata: Mapping[str, str] | None = None
 ) -> Path:
@@ -284,16 +267,9 @@ def save_state_dict(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=dict(metadata) if metadata else None)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return path
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=dict(metadata) if metadata else None)
+    return Path(path)
 
 
 def load_state_dict(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Tensor]:

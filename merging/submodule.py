@@ -45,6 +45,7 @@ import math
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import plotly.graph_objects as go
 import torch
@@ -53,6 +54,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
+from circuits.options import check_option
 from merging import blocks
 from merging.state_dicts import (
     EMBEDDING_PREFIXES,
@@ -64,16 +66,19 @@ from merging.state_dicts import (
     is_buffer,
 )
 
-LEVELS = ("model", "layer", "attn_mlp", "head")
-LevelSpec = str | Mapping[int, str] | Callable[[int], str]
+Level = Literal["model", "layer", "attn_mlp", "head"]
+LayerLevel = Literal["layer", "attn_mlp", "head"]  # a level that can differ per layer
+InputsFrom = Literal["expert", "base"]
+LEVELS: tuple[str, ...] = get_args(Level)
+LevelSpec = Level | Mapping[int, LayerLevel] | Callable[[int], LayerLevel]
 
 
 @dataclass(frozen=True)
 class SubmoduleMergeConfig:
     """Hyper-parameters of closed-form submodule merging (see the module docstring)."""
 
-    level: str = "attn_mlp"
-    inputs_from: str = "expert"
+    level: Level = "attn_mlp"
+    inputs_from: InputsFrom = "expert"
     n_samples: int = 30
     batch_size: int = 8
     ridge: float = 1e-8
@@ -89,10 +94,8 @@ class SubmoduleMergeConfig:
             )
         if self.embed_lambda is not None and not math.isfinite(self.embed_lambda):
             raise InputError(f"SubmoduleMergeConfig.embed_lambda={self.embed_lambda}: give a finite number or None.")
-        if self.level not in LEVELS:
-            raise InputError(f"level must be one of {LEVELS}, got {self.level!r}.")
-        if self.inputs_from not in ("expert", "base"):
-            raise InputError(f"inputs_from must be 'expert' or 'base', got {self.inputs_from!r}.")
+        check_option("level", self.level, Level)
+        check_option("inputs_from", self.inputs_from, InputsFrom)
 
 
 @dataclass(frozen=True)
@@ -145,9 +148,7 @@ def level_of(levels: LevelSpec, layer: int, default: str = "attn_mlp") -> str:
         level = levels(layer)
     else:
         level = levels.get(layer, default)
-    if level not in LEVELS[1:]:
-        raise InputError(f"Layer {layer}: per-layer level must be one of {LEVELS[1:]}, got {level!r}.")
-    return level
+    return check_option("per-layer level", level, LayerLevel, where=f"Layer {layer}: ")
 
 
 def plan_layer(model: HookedTransformer, layer: int, level: str) -> list[Submodule]:

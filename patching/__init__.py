@@ -9,6 +9,7 @@
   with every edge outside them ablated; :mod:`patching.faithfulness`: MIB faithfulness curves, CPR and CMD;
 * :mod:`patching.edge_attribution`: EAP / EAP-IG scores of every edge (hannamw/EAP-IG's methods);
 * :mod:`patching.attribution`: attribution patching, and its rank agreement with exact patching;
+* :mod:`patching.key_heads`: which heads are "the key heads" (per operation, their union, or summed effects);
 * :mod:`patching.knockout`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
 * :mod:`patching.cama`, :mod:`patching.abp`, :mod:`patching.af1`: context-aware mean ablation,
   attention-based peeking and the All-for-One search (Mamidanna et al. 2025);
@@ -37,6 +38,7 @@ from patching.number_interventions import (
     neuron_knockout_edit, subspace_patch_edit, top_neurons,
 )
 from patching.path_patching import path_patch
+from patching.key_heads import KeyHeads, combine_key_heads, given_key_heads, rank_key_heads
 from patching.results import ActivationScores, KnockoutCurve, NodeScores, key_heads
 
 __all__ = [
@@ -51,3 +53,4 @@ __all__ += ["ABLATIONS", "CircuitEvaluation", "MeanPoolError", "evaluate_circuit
             "edge_patch", "MIB_FRACTIONS", "FaithfulnessCurve", "curve_areas", "faithfulness_curve", "top_n_mask",
             "UnsupportedModelError", "edge_mode", "receiver_hooks", "sender_outputs"]
 __all__ += ["EDGE_ATTRIBUTION_METHODS", "edge_attribution"]
+__all__ += ["KeyHeads", "combine_key_heads", "given_key_heads", "rank_key_heads"]

@@ -15,7 +15,7 @@ Results over several groups are averaged with each prompt weighted equally.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence, Union
+from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +29,8 @@ from circuits.checks import positive_int
 from circuits.errors import InputError
 from circuits.tasks import TaskBatch, iter_batches
 
-PromptInput = Union[Dataset, TaskBatch, Tensor]
-IdInput = Union[int, Sequence[int], Tensor, None]
+PromptInput = Dataset | TaskBatch | Tensor
+IdInput = int | Sequence[int] | Tensor | None
 
 
 @dataclass
@@ -40,13 +40,13 @@ class PromptGroup:
     tokens: Int[Tensor, "batch pos"]
     cf_tokens: Int[Tensor, "batch pos"]
     answer_ids: Int[Tensor, "batch"]
-    alt_ids: Optional[Int[Tensor, "batch"]] = None
+    alt_ids: Int[Tensor, "batch"] | None = None
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
 
 
-def _ids(ids: IdInput, n: int, name: str, device, rows: Optional[Sequence[int]] = None) -> Optional[Tensor]:
+def _ids(ids: IdInput, n: int, name: str, device, rows: Sequence[int] | None = None) -> Tensor | None:
     if ids is None:
         return None
     if isinstance(ids, int):
@@ -62,11 +62,11 @@ def _ids(ids: IdInput, n: int, name: str, device, rows: Optional[Sequence[int]] 
 def prompt_groups(
     model: HookedTransformer,
     reference: PromptInput,
-    counterfactual: Optional[Tensor] = None,
+    counterfactual: Tensor | None = None,
     *,
     answer_ids: IdInput = None,
     alt_ids: IdInput = None,
-    batch_size: Optional[int] = None,
+    batch_size: int | None = None,
 ) -> list[PromptGroup]:
     """Normalise the accepted input forms into equal-length groups on the model's device (see module docstring)."""
     device = model.cfg.device
@@ -175,7 +175,7 @@ def suffix_cache(
     model: HookedTransformer,
     tokens: Int[Tensor, "batch pos"],
     names: Sequence[str],
-    prefix_kv: Optional[Sequence[TransformerLensKeyValueCacheEntry]] = None,
+    prefix_kv: Sequence[TransformerLensKeyValueCacheEntry] | None = None,
 ) -> tuple[dict[str, Tensor], Float[Tensor, "batch d_model"]]:
     """:func:`full_cache` of the positions after a prefix whose keys/values are ``prefix_kv`` (all if None).
 
@@ -257,7 +257,7 @@ def mlp_out_rows(model: HookedTransformer, layer: int, resid_mid: Float[Tensor, 
     return block.apply_mlp(block.ln2(resid_mid[:, None, :]))[:, 0, :]
 
 
-def check_sequential_blocks(model: HookedTransformer) -> Optional[str]:
+def check_sequential_blocks(model: HookedTransformer) -> str | None:
     """Why the END-only fast path cannot reproduce this architecture's blocks, or None when it can."""
     from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 

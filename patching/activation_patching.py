@@ -27,7 +27,7 @@ with ``corrupted_tokens=reference`` and ``clean_cache=counterfactual cache``
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Literal, Sequence, get_args
 
 import torch
 from jaxtyping import Bool
@@ -36,27 +36,32 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
+from circuits.errors import InputError
+from circuits.options import check_option
+
 from patching import _runs
-from patching.metrics import PatchMetric, get_metric, score_end
+from patching.metrics import MetricLike, get_metric, score_end
 from patching.results import ActivationScores
 
-COMPONENTS = ("z", "attn_out", "mlp_out", "resid_pre", "resid_mid", "resid_post")
-POSITIONS = ("all", "end", "each")
+Component = Literal["z", "attn_out", "mlp_out", "resid_pre", "resid_mid", "resid_post"]
+Positions = Literal["all", "end", "each"]
+COMPONENTS: tuple[str, ...] = get_args(Component)
+POSITIONS: tuple[str, ...] = get_args(Positions)
 
 
 @torch.no_grad()
 def activation_patch(
     model: HookedTransformer,
     reference,
-    counterfactual: Optional[Tensor] = None,
+    counterfactual: Tensor | None = None,
     *,
-    component: str = "z",
-    positions: str = "all",
-    layers: Optional[Sequence[int]] = None,
-    metric: Union[str, PatchMetric, callable] = "logit",
+    component: Component = "z",
+    positions: Positions = "all",
+    layers: Sequence[int] | None = None,
+    metric: MetricLike = "logit",
     answer_ids=None,
     alt_ids=None,
-    batch_size: Optional[int] = None,
+    batch_size: int | None = None,
     memory_mb: float = 1024.0,
     reuse_prefix: bool = True,
     progress: bool = True,
@@ -79,23 +84,21 @@ def activation_patch(
     Returns:
         :class:`ActivationScores` with axes ``(layer, head)``, ``(layer, pos, head)``, ``(layer,)`` or ``(layer, pos)``.
     """
-    if component not in COMPONENTS:
-        raise ValueError(f"Unknown component {component!r}: use one of {COMPONENTS}.")
-    if positions not in POSITIONS:
-        raise ValueError(f"Unknown positions {positions!r}: use one of {POSITIONS}.")
+    check_option("component", component, Component)
+    check_option("positions", positions, Positions)
     if component in ("mlp_out", "resid_mid") and model.cfg.attn_only:
-        raise ValueError(f"The model is attention-only: it has no {component}.")
+        raise InputError(f"The model is attention-only: it has no {component}.")
     metric = get_metric(metric)
     L, H = model.cfg.n_layers, model.cfg.n_heads
     layers = list(range(L)) if layers is None else sorted(set(layers))
     bad = [l for l in layers if not 0 <= l < L]
     if bad:
-        raise ValueError(f"Layers {bad} are out of range; the model has layers 0..{L - 1}.")
+        raise InputError(f"Layers {bad} are out of range; the model has layers 0..{L - 1}.")
     groups = _runs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
     n_pos = groups[0].tokens.shape[1]
     if positions == "each" and any(g.tokens.shape[1] != n_pos for g in groups):
-        raise ValueError("positions='each' needs prompts of one token length (restrict the dataset to one template).")
+        raise InputError("positions='each' needs prompts of one token length (restrict the dataset to one template).")
 
     per_head = component == "z"
     site_shape = {"all": (), "end": (), "each": (n_pos,)}[positions] + ((H,) if per_head else ())
@@ -123,7 +126,7 @@ def activation_patch(
     return ActivationScores((total / n_prompts).float(), axes, component, metric.name, base_total / n_prompts, n_prompts)
 
 
-def _site_masks(positions: str, n_pos: int, n_heads: Optional[int], device) -> Bool[Tensor, "site pos ..."]:
+def _site_masks(positions: str, n_pos: int, n_heads: int | None, device) -> Bool[Tensor, "site pos ..."]:
     """One boolean mask per patch site over (pos[, head]), in the result's (pos, head) order."""
     if positions == "each":
         pos_masks = torch.eye(n_pos, dtype=torch.bool, device=device)

@@ -16,7 +16,7 @@ against exact activation patching or path patching on the same prompts with
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Union
+from typing import Sequence
 
 import torch
 from scipy.stats import spearmanr
@@ -24,22 +24,23 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from circuits.errors import InputError
 from circuits.nodes import MLP, Head, Node, all_nodes, validate_nodes
 from patching import _runs
-from patching.metrics import PatchMetric, get_metric, score_end
+from patching.metrics import MetricLike, get_metric, score_end
 from patching.results import ActivationScores, NodeScores
 
 
 def attribution_patch(
     model: HookedTransformer,
     reference,
-    counterfactual: Optional[Tensor] = None,
+    counterfactual: Tensor | None = None,
     *,
-    nodes: Optional[Sequence[Node]] = None,
-    metric: Union[str, PatchMetric, callable] = "logit",
+    nodes: Sequence[Node] | None = None,
+    metric: MetricLike = "logit",
     answer_ids=None,
     alt_ids=None,
-    batch_size: Optional[int] = None,
+    batch_size: int | None = None,
     progress: bool = True,
 ) -> NodeScores:
     """Linear estimate of each node's activation-patching effect (counterfactual value into the reference run).
@@ -86,7 +87,7 @@ def attribution_patch(
     return NodeScores(head_out, mlp_out, metric.name, base_total / n_prompts, n_prompts, "attribution")
 
 
-def _node_values(result: Union[NodeScores, ActivationScores]) -> dict[Node, float]:
+def _node_values(result: NodeScores | ActivationScores) -> dict[Node, float]:
     if isinstance(result, NodeScores):
         return {n: v for n, v in result.ranked("all")}
     if result.axes == ("layer", "head"):
@@ -94,13 +95,13 @@ def _node_values(result: Union[NodeScores, ActivationScores]) -> dict[Node, floa
                 if math.isfinite(v)}
     if result.axes == ("layer",) and result.component == "mlp_out":
         return {MLP(l): float(v) for l, v in enumerate(result.effect.tolist()) if math.isfinite(v)}
-    raise ValueError(f"Cannot compare activation patching with axes {result.axes} of {result.component!r}: use "
+    raise InputError(f"Cannot compare activation patching with axes {result.axes} of {result.component!r}: use "
                      f"component='z' or 'mlp_out' with positions='all' or 'end'.")
 
 
 def rank_agreement(
-    a: Union[NodeScores, ActivationScores, Sequence],
-    b: Union[NodeScores, ActivationScores, Sequence],
+    a: NodeScores | ActivationScores | Sequence,
+    b: NodeScores | ActivationScores | Sequence,
     kind: str = "all",
 ) -> dict:
     """Spearman rank correlation of two node scorings over the nodes both scored.
@@ -122,6 +123,6 @@ def rank_agreement(
     va, vb = values(a), values(b)
     common = sorted(set(va) & set(vb), key=lambda n: (isinstance(n, MLP), n.layer, getattr(n, "head", 0)))
     if len(common) < 3:
-        raise ValueError(f"Only {len(common)} nodes are scored by both results; rank correlation needs at least 3.")
+        raise InputError(f"Only {len(common)} nodes are scored by both results; rank correlation needs at least 3.")
     rho, p = spearmanr([va[n] for n in common], [vb[n] for n in common])
     return {"spearman": float(rho), "p_value": float(p), "n_nodes": len(common)}

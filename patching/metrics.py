@@ -23,7 +23,7 @@ with the signature above is accepted and sees the full vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Literal, get_args
 
 import torch
 from jaxtyping import Float, Int
@@ -33,7 +33,7 @@ from transformer_lens import HookedTransformer
 from circuits.errors import InputError
 from circuits.metrics import unembed_end
 
-MetricFn = Callable[[Tensor, Tensor, Optional[Tensor]], Tensor]
+MetricFn = Callable[[Tensor, Tensor, Tensor | None], Tensor]
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,12 @@ METRICS: dict[str, PatchMetric] = {
 }
 
 
-def get_metric(metric: Union[str, PatchMetric, MetricFn]) -> PatchMetric:
+MetricName = Literal["logit", "logit_diff", "prob", "logprob"]  # the keys of METRICS
+MetricLike = MetricName | PatchMetric | MetricFn  # what every patching function's ``metric=`` accepts
+assert set(get_args(MetricName)) == set(METRICS), "MetricName lists the keys of METRICS"
+
+
+def get_metric(metric: MetricLike) -> PatchMetric:
     """Resolve a registry name, a :class:`PatchMetric`, or a plain callable (full vocabulary) to a metric."""
     if isinstance(metric, PatchMetric):
         return metric
@@ -88,7 +93,7 @@ def score_end(
     model: HookedTransformer,
     resid_end: Float[Tensor, "batch d_model"],
     answer_ids: Int[Tensor, "batch"],
-    alt_ids: Optional[Int[Tensor, "batch"]],
+    alt_ids: Int[Tensor, "batch"] | None,
     metric: PatchMetric,
 ) -> Float[Tensor, "batch"]:
     """Final norm, unembedding (only the needed columns when the metric allows) and the metric, per row."""

@@ -32,7 +32,7 @@ Their activation grids over (a, b) are classified by :mod:`circuits.heuristics`;
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.utilities import get_act_name
 
 from circuits.errors import InputError
+from circuits.options import check_option
 from circuits.metrics import unembed_end
 from circuits.numbers import length_chunks
 from circuits.stats import Estimate, bootstrap
@@ -102,10 +103,12 @@ def frequency_band(n_values: int, *, min_period: float = 0.0, max_period: float 
     return [k for k in range(1, n_values // 2 + 1) if min_period <= n_values / k <= max_period]
 
 
-def fourier_filter(means: Float[Tensor, "v d"], frequencies: Sequence[int], mode: str = "remove") -> Float[Tensor, "v d"]:
+FilterMode = Literal["remove", "keep"]
+
+
+def fourier_filter(means: Float[Tensor, "v d"], frequencies: Sequence[int], mode: FilterMode = "remove") -> Float[Tensor, "v d"]:
     """Remove the chosen frequencies of ``means`` over its rows, or keep only them (and the mean, k = 0)."""
-    if mode not in ("remove", "keep"):
-        raise InputError(f"mode must be 'remove' or 'keep', got {mode!r}.")
+    check_option("mode", mode, FilterMode)
     n = means.shape[0]
     bad = [k for k in frequencies if not 1 <= k <= n // 2]
     if bad:

@@ -5,11 +5,8 @@ import re
 import plotly.graph_objects as go
 import pytest
 
-from circuits.attention import AttentionView, HeadClass
-from circuits.nodes import Head
-from circuits.report import Report, circuitsvis_bundle, run_report
-from circuits.tasks import make_dataset
-from circuits.testing import char_tokenizer
+from circuits.attention import AttentionView
+from circuits.report import Report, circuitsvis_bundle
 
 import numpy as np
 
@@ -64,21 +61,9 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     def crash(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr("circuits.report.os.replace", crash)
+    monkeypatch.setattr("circuits.atomic_files.os.replace", crash)
     with pytest.raises(OSError, match="disk full"):
         report.save(path)
     assert "first" in path.read_text() and list(path.parent.iterdir()) == [path]
 
 
-def test_run_report_skips_absent_sections():
-    ds = make_dataset(char_tokenizer(), n_prompts=4, styles=("equation",))
-    text = run_report("r", dataset=ds, base_accuracy=0.75, settings={"op": "+"}).to_html()
-    assert "<h2>Data</h2>" in text and "75.0%" in text and "<h2>Settings</h2>" in text
-    for absent in ("Path patching", "Knockout", "Attention reads", "MLP probes", "Circuit<"):
-        assert f"<h2>{absent}" not in text
-    classes = [HeadClass(Head(1, 2), "operand", 0.6, 0.1, 0.2, 0.1), HeadClass(Head(0, 0), "other", 0.1, 0.1, 0.7, 0.1)]
-    full = run_report("r", patching_figure=_fig(), knockout_figure=_fig(), head_classes=classes,
-                      attention_views=[_view()], circuit_figure=_fig())
-    html = full.to_html()
-    assert full.n_figures == 3 and full.n_attention_views == 1
-    assert "L1H2" in html and "L0H0" not in html.split("Operand and operator heads")[1].split("</table>")[0]

@@ -11,7 +11,7 @@ import pytest
 from circuits.attention import HeadClassConfig, attention_reads, attention_views, classify_heads, plot_role_distribution
 from circuits.circuit_figure import circuit_figure
 from circuits.probes import plot_top_tokens, probe_mlps, top_number_tokens
-from circuits.report import run_report
+from experiments._report import run_report
 from circuits.tasks import make_dataset
 from circuits.testing import tiny_model
 from tests.browser import browser_or_skip, load_page
@@ -36,7 +36,6 @@ def _tiny_report(tmp_path):
         attention_views=attention_views(model, ds, reads.heads[:2], max_prompts=2, last_tokens=10),
         probes=probes, top_tokens_figure=plot_top_tokens(top_number_tokens(model, "4 + 3 = "), "4 + 3 = ", "7"),
         circuit_figure=circuit_figure(torch.randn(2, 4), torch.randn(2), {c.head: c.label for c in classes}),
-        settings={"op": "+"},
     )
     return report, report.save(tmp_path / "report.html")
 

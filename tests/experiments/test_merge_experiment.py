@@ -41,6 +41,8 @@ def test_merge_experiment_writes_table_and_report(tiny_loader, monkeypatch, tmp_
     assert all(results["models"][m]["merge_seconds"] > 0 and "peak_mb" in results["models"][m] for m in ("ties", "iso_c"))
     assert (out / "report.html").is_file() and (out / "merged_best").is_dir()
     assert (out / "experts" / "mul").is_dir()
+    assert results["key_heads"] == ["L1H0"] and results["key_heads_rule"]["source"] == "--heads"
+    assert results["best_merge"]["name"] in results["models"] and results["settings"]["pairs"] is True
     with pytest.raises(SystemExit) as exit:  # the command line prints the error as one line, exit status 2
         _run(argv, monkeypatch)
     assert exit.value.code == 2 and "--overwrite" in capsys.readouterr().err
@@ -63,3 +65,16 @@ def test_merge_experiment_runs_a_mergekit_yaml(tiny_loader, monkeypatch, tmp_pat
     _run(["--config", str(tmp_path / "m.yml"), "--out", str(out)], monkeypatch)
     results = json.loads((out / "results.json").read_text())
     assert results["method"] == "ties" and results["seconds"] > 0 and (out / "merged").is_dir()
+
+
+def test_merge_experiment_chooses_key_heads_by_path_patching(tiny_loader, monkeypatch, tmp_path):
+    out = tmp_path / "run"
+    _run(["--out", str(out), "--steps", "1", "--batch-size", "4", "--micro-batch-size", "4", "--n-train", "8",
+          "--n-val", "2", "--n-test", "2", "--n-samples", "2", "--cf-batch-size", "2", "--methods", "task_arithmetic",
+          "--levels", "layer", "--k", "1", "--n-patch", "4", "--linearity-samples", "0", "--threads", "1"], monkeypatch)
+    results = json.loads((out / "results.json").read_text())
+    rule = results["key_heads_rule"]
+    assert rule["source"] == "path_patching" and rule["combine"] == "union" and rule["ops"] == ["+", "*"]
+    assert 1 <= len(results["key_heads"]) <= 2  # the top head of + and of *, once each
+    assert set(results["models"]) >= {"task_arithmetic", "closed form (layer)", "circuit-aware (head in key layers)"}
+    assert results["best_merge"]["name"] in {"task_arithmetic", "closed form (layer)", "circuit-aware (head in key layers)"}

@@ -17,3 +17,4 @@ def test_transfer_compares_key_heads_across_operations(tiny_dir, tmp_path):
     row = results["cross_knockout"]["addition"]
     assert set(row) == {"base", "random", "addition", "multiplication"}
     assert (out / "report.html").exists() and (out / "figures" / "cross_knockout.json").exists()
+    assert results["key_heads_rule"]["combine"] == "per-op" and results["key_heads_rule"]["top_k"] == 2

@@ -12,13 +12,20 @@ from merging import (
     METHODS,
     StateDictSource,
     TaskArithmeticConfig,
-    apply_task_vectors,
     load_state_dict,
     merge,
     save_state_dict,
     task_vector,
 )
-from merging.state_dicts import check_compatible, as_sources
+from merging.primitives import combine
+from merging.state_dicts import StateDictSource, as_sources, check_compatible, is_buffer
+
+
+def apply_task_vectors(base, task_vectors, coefficients):
+    """``θ0 + Σ_i c_i τ_i`` for every parameter, buffers copied from the base: the inverse of ``task_vector``."""
+    b = StateDictSource(base, "base")
+    return {k: b.get(k) if is_buffer(k) else combine(b.get(k), [tv[k] for tv in task_vectors], list(coefficients))
+            for k in b.keys()}
 
 
 

@@ -1,0 +1,44 @@
+"""Atomic file writes: the toolkit's one way to write a file.
+
+A file is written to a temporary file in the same folder and then renamed over its destination
+(``os.replace``, atomic on POSIX and Windows within one file system), so a reader, or a run
+interrupted mid-write, sees either the old complete file or the new complete one, never half of
+it. :func:`atomic_path` is the general form (any writer that takes a path: text, JSON,
+safetensors); :func:`write_text_atomic` the common case. Whole directories are published the same
+way by ``circuits.cache.publish_dir``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, *, mode: int = 0o644) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; when the block ends, it replaces ``path`` in one rename.
+
+    Parent folders are created. If the block raises, the temporary file is deleted and ``path`` is
+    untouched. ``mode`` is the file's permission (``mkstemp`` creates 0600; results are meant to be shared).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; return the path."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
