@@ -30,7 +30,8 @@ Speed (all 10,342 edges of gemma-3-270m are feasible on a laptop CPU):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -42,6 +43,7 @@ from transformer_lens import HookedTransformer
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from patching import _runs
+from patching._edge_fast import end_residual_above, fast_path_problem, head_receiver_layer, mlp_receiver_layer, receiver_kind
 from patching.edge_runs import SenderRecorder, edge_mode, plain_blocks, receiver_hooks, run_suffix, sender_outputs, ungroup_kv
 from patching.metrics import PatchMetric, get_metric, score_end
 
@@ -57,6 +59,8 @@ class EdgeEffects:
     per_prompt: Float[Tensor, "edge prompt"]
     metric: str
     reference_metric: float
+    #: wall seconds by stage: "reference runs", "logits", "layer L mlp" / "layer L heads" (fast path), "layer L"
+    seconds: dict = field(default_factory=dict)
 
     @property
     def effects(self) -> Float[Tensor, "edge"]:
@@ -119,6 +123,7 @@ def edge_patch(
     batch_size: Optional[int] = None,
     memory_mb: float = 1024.0,
     reuse_prefix: bool = True,
+    fast: bool = True,
     progress: bool = True,
 ) -> EdgeEffects:
     """Exact effect of each edge (see the module docstring).
@@ -131,6 +136,8 @@ def edge_patch(
         metric: a name in :data:`patching.metrics.METRICS` or a callable ``fn(logits, answer_ids, alt_ids)``.
         memory_mb: activation budget per batched forward.
         reuse_prefix: run only the positions after the shared prefix of reference and counterfactual.
+        fast: patched forwards as plain loops over block pieces (:mod:`patching._edge_fast`) where the
+            architecture allows; False runs them through hooks (slower, same numbers; for comparisons).
     Returns:
         :class:`EdgeEffects`, edges in the order given.
     """
@@ -141,21 +148,34 @@ def edge_patch(
         raise InputError("No edges to patch.")
     groups = _runs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
-    per_group, base_total, n_prompts = [], 0.0, 0
+    per_group, base_total, n_prompts, seconds = [], 0.0, 0, {}
     bar = tqdm(total=len(groups) * len(pairs), desc="edge patching", disable=not progress, leave=False)
     with edge_mode(model):
         hooks = receiver_hooks(model)
         for group in groups:
-            patched, base = _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_prefix, bar)
+            patched, base = _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_prefix, fast, bar,
+                                        seconds)
             per_group.append((patched - base[None]).double().cpu())
             base_total += float(base.double().sum())
             n_prompts += len(group)
     bar.close()
-    return EdgeEffects(layout, pairs, torch.cat(per_group, dim=1), metric.name, base_total / n_prompts)
+    return EdgeEffects(layout, pairs, torch.cat(per_group, dim=1), metric.name, base_total / n_prompts, seconds)
 
 
-def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_prefix, bar) -> tuple[Tensor, Tensor]:
-    """Patched metric [n_edges, batch] and reference metric [batch] on one group of equal-length prompts."""
+def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_prefix, fast, bar,
+                 seconds) -> tuple[Tensor, Tensor]:
+    """Patched metric [n_edges, batch] and reference metric [batch] on one group of equal-length prompts.
+
+    Adds the wall time of each stage to ``seconds``.
+    """
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[stage] = seconds.get(stage, 0.0) + now - clock
+        clock = now
+
     B, n_pos = group.tokens.shape
     start = _runs.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix else 0
     # Only the receiver's own block needs per-head q/k/v inputs (and ungrouped K/V): every other
@@ -170,21 +190,31 @@ def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_pr
 
     # The reference run: every sender's output and every layer's residual input, positions start:.
     recorder = SenderRecorder(model)
-    resid_pre: dict[int, Tensor] = {}
+    ref_resid: dict[str, dict[int, Tensor]] = {"resid_pre": {}, "resid_mid": {}}
 
     def keep(act, *, hook):
-        resid_pre[int(hook.name.split(".")[1])] = act
+        ref_resid[hook.name.split(".")[-1].removeprefix("hook_")][int(hook.name.split(".")[1])] = act
 
     names = _runs.act_names("resid_pre", range(layout.n_layers))
+    fast = fast and fast_path_problem(model) is None
+    if fast:
+        names += _runs.act_names("resid_mid", range(layout.n_layers))
     with plain_blocks(model):
         final = run_suffix(model, group.tokens, start, kv_plain, recorder.hooks() + [(n, keep) for n in names])
         delta = sender_outputs(model, group.cf_tokens, start=start, prefix_kv=kv_plain) - recorder.stacked()  # [f, B, P, d]
     base = score_end(model, final[:, -1], group.answer_ids, group.alt_ids, metric)
+    lap("reference runs")
 
     out = torch.empty(len(pairs), B, dtype=base.dtype, device=base.device)
-    by_layer: dict[Optional[int], list[int]] = {}
+    # chunks never mix receiver layers (the forward starts there) nor, on the fast path, MLP and head receivers
+    by_layer: dict[Optional[tuple[int, bool]], list[int]] = {}
     for i, (f, b) in enumerate(pairs):
-        by_layer.setdefault(None if b == layout.logits_backward else b // (3 * layout.n_heads + 1), []).append(i)
+        if b == layout.logits_backward:
+            key = None
+        else:
+            layer, kind, _ = receiver_kind(layout, b)
+            key = (layer, fast and kind is None)
+        by_layer.setdefault(key, []).append(i)
 
     # Edges into the logits: the change lands on the final residual; only END is scored.
     logit_edges = by_layer.pop(None, [])
@@ -195,25 +225,45 @@ def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_pr
                                      None if group.alt_ids is None else group.alt_ids.repeat(len(logit_edges)),
                                      metric).view(len(logit_edges), B)
         bar.update(len(logit_edges))
+        lap("logits")
 
     cfg = model.cfg
     split_factor = (12 + 6 * cfg.n_heads) / 12  # per-head q/k/v inputs: ~6·n_heads extra residual copies per position
     per_chunk = max(1, _runs.rows_per_chunk(model, memory_mb / split_factor, P, cached_pos=start) // B)
-    for layer, indices in sorted(by_layer.items()):
+    for (layer, mlp_only), indices in sorted(by_layer.items()):
         for sl in _runs.chunks(len(indices), per_chunk):
             chunk = indices[sl]
             k = len(chunk)
-            fwd_hooks = _receiver_patch_hooks([pairs[i] for i in chunk], hooks, delta, k, B)
-            resid = model.run_with_hooks(resid_pre[layer].repeat(k, 1, 1), start_at_layer=layer, stop_at_layer=layer + 1,
-                                         fwd_hooks=fwd_hooks, past_kv_cache=_tiled(kv_split, k))
-            if layer + 1 < cfg.n_layers:
-                with plain_blocks(model):
-                    resid = model(resid, start_at_layer=layer + 1, stop_at_layer=cfg.n_layers, past_kv_cache=_tiled(kv_plain, k))
+            if fast:
+                end = _fast_end_residual(model, layout, layer, mlp_only, [pairs[i] for i in chunk], delta, ref_resid,
+                                         kv_plain, kv_split)
+            else:
+                fwd_hooks = _receiver_patch_hooks([pairs[i] for i in chunk], hooks, delta, k, B)
+                end = model.run_with_hooks(ref_resid["resid_pre"][layer].repeat(k, 1, 1), start_at_layer=layer,
+                                           stop_at_layer=layer + 1, fwd_hooks=fwd_hooks, past_kv_cache=_tiled(kv_split, k))
+                if layer + 1 < cfg.n_layers:
+                    with plain_blocks(model):
+                        end = model(end, start_at_layer=layer + 1, stop_at_layer=cfg.n_layers,
+                                    past_kv_cache=_tiled(kv_plain, k))
+                end = end[:, -1]
             answers = group.answer_ids.repeat(k)
             alts = None if group.alt_ids is None else group.alt_ids.repeat(k)
-            out[chunk] = score_end(model, resid[:, -1], answers, alts, metric).view(k, B)
+            out[chunk] = score_end(model, end, answers, alts, metric).view(k, B)
             bar.update(k)
+        lap(f"layer {layer}" + ("" if not fast else " mlp" if mlp_only else " heads"))
     return out, base
+
+
+def _fast_end_residual(model, layout, layer, mlp_only, chunk_pairs, delta, resid, kv_plain, kv_split) -> Tensor:
+    """Final END residual [edges * batch, d_model] of a chunk of edges into one layer (:mod:`patching._edge_fast`)."""
+    change = delta[torch.tensor([f for f, _ in chunk_pairs], device=delta.device)]
+    last = layer == layout.n_layers - 1
+    if mlp_only:
+        out = mlp_receiver_layer(model, layer, resid["resid_mid"][layer], change, end_only=last)
+    else:
+        receivers = [receiver_kind(layout, b)[1:] for _, b in chunk_pairs]
+        out = head_receiver_layer(model, layer, resid["resid_pre"][layer], receivers, change, kv_split, end_only=last)
+    return end_residual_above(model, layer, out, kv_plain)
 
 
 def _tiled(entries, times: int):

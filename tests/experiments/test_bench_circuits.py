@@ -25,3 +25,27 @@ def test_bench_circuits_writes_times_curve_and_rank_agreement(tiny_dir, tmp_path
     else:  # tiny gemma-style model: non-head senders agree exactly, head senders follow different conventions
         assert results["agreement_eap_ig_inputs"]["max_rel_diff_non_head_senders"] < 1e-4
         assert results["speedup_attribution"] > 0
+    fast_vs_hook = results["edge_patch_fast_vs_hook_path"]
+    assert fast_vs_hook["speedup"] > 0 and fast_vs_hook["max_abs_diff"] <= 1e-4 * max(1.0, fast_vs_hook["max_abs_effect"])
+
+
+def test_bench_circuits_all_edges_saves_the_exact_effects(tiny_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    from circuits.graph_io import load_eap_json
+
+    out = tmp_path / "bench_all"
+    bench_circuits.main(["--model", str(tiny_dir), "--n-prompts", "3", "--n-shots", "1", "--ig-steps", "1",
+                         "--exact-edges", "all", "--compare-per-stratum", "1", "--no-curve", "--no-eap-ig",
+                         "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    n_edges = results["n_edges"]
+    rank = results["spearman_vs_exact"]
+    assert rank["n_edges"] == n_edges and rank["n_top_1pct"] >= 3 and -1 <= rank["eap_top_1pct"] <= 1
+    saved = load_file(str(out / "exact_edges.safetensors"))
+    assert saved["per_prompt"].shape == (n_edges, 3) and saved["edges"].shape == (n_edges, 2)
+    graph = load_eap_json(out / "exact_edges_eap.json")
+    f, b = saved["edges"][:, 0], saved["edges"][:, 1]
+    assert abs(float(graph.scores[f, b].double().sum() - saved["per_prompt"].mean(1).sum())) < 1e-3
+    top = max(results["exact_largest_effects"].values(), key=abs)
+    assert abs(abs(top) - float(graph.scores[f, b].abs().max())) < 1e-6

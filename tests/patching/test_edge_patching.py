@@ -54,6 +54,37 @@ def test_edge_patch_without_prefix_reuse_and_in_small_chunks_agrees(setup):
     torch.testing.assert_close(fast.per_prompt, slow.per_prompt, atol=2e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("style", list(STYLES))
+def test_fast_path_equals_the_hook_path_and_the_plain_patch_with_layers_in_between(style):
+    """Three layers: receivers below, in and above the middle; fast path (block pieces, END-only last layer) vs hooks."""
+    model = tiny_model(n_layers=3, seed=5, **STYLES[style])
+    data = make_dataset(model, n_prompts=4, n_shots=1, template_ids=["add-equation-0"], seed=2)
+    batch = single_batch(data)
+    layout = GraphLayout.of(model)
+    fast = edge_patch(model, None, data, memory_mb=0.02, progress=False)  # several chunks per receiver layer
+    hooked = edge_patch(model, None, data, fast=False, progress=False)
+    assert fast.edges == hooked.edges and len(fast.edges) == layout.n_edges
+    torch.testing.assert_close(fast.per_prompt, hooked.per_prompt, atol=2e-5, rtol=1e-4)
+    for name in ("input->a0.h0<q>", "a0.h1->a1.h2<k>", "m0->a1.h3<v>", "a1.h0->m1", "input->m0", "m1->a2.h1<q>",
+                 "a2.h2->m2"):
+        f, b = layout.edge_index(name)
+        expected = plain.plain_edge_patch(model, f, b, batch.tokens, batch.cf_tokens, batch.answer_ids)
+        got = float(fast.effects[fast.edges.index((f, b))])
+        assert abs(got - expected) < 1e-4 * max(1.0, abs(expected)), name
+
+
+def test_fast_path_is_skipped_where_blocks_are_parallel():
+    from patching._edge_fast import fast_path_problem
+
+    model = tiny_model(style="gpt2", n_layers=2, seed=0)
+    assert fast_path_problem(model) is None
+    model.cfg.parallel_attn_mlp = True
+    try:
+        assert "parallel" in fast_path_problem(model)
+    finally:
+        model.cfg.parallel_attn_mlp = False
+
+
 def test_full_graph_is_the_model_and_empty_graph_the_counterfactual(setup):
     model, data = setup
     batch = single_batch(data)
