@@ -5,7 +5,7 @@ A file is written to a temporary file in the same folder and then renamed over i
 interrupted mid-write, sees either the old complete file or the new complete one, never half of
 it. :func:`atomic_path` is the general form (any writer that takes a path: text, JSON,
 safetensors); :func:`write_text_atomic` the common case. Whole directories are published the same
-way by ``circuits.cache.publish_dir``.
+way by ``circuits.model_cache.publish_dir``.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from circuits.cache import DERIVED_BUFFERS
+from circuits.model_cache import DERIVED_BUFFERS
 from circuits.errors import ToolkitError
 
 Stage = Callable[[str], None]

@@ -6,7 +6,7 @@
   the default, and ``"smollm2-135m"``). Their weights ship as GGUF files in pip
   packages; the first load dequantizes and converts them (~50 s, with progress
   messages) and caches the TransformerLens state dict, config and tokenizer as
-  a model directory (see `circuits.cache`). Later loads read only that
+  a model directory (see `circuits.model_cache`). Later loads read only that
   directory (~10 s) and never touch a Hugging Face model or the hub;
 * a **directory** written by `save_model` (fine-tuned or merged models);
 * any **TransformerLens official model name** (``"gpt2"``,
@@ -49,8 +49,8 @@ from transformer_lens import HookedTransformer
 from transformer_lens.utilities.activation_functions import softcap_enabled
 from transformer_lens.utilities.architectures import POST_NORM_ARCHITECTURES
 
-from circuits import cache, gguf_models
-from circuits.cache import CorruptModelDirError, save_model, verify_model_dir
+from circuits import gguf_models, model_cache
+from circuits.model_cache import CorruptModelDirError, save_model, verify_model_dir
 from circuits.gguf_models import MissingModelPackageError
 from circuits.errors import InputError, ToolkitError
 
@@ -245,7 +245,7 @@ def _load_offline(entry: OfflineModel, root: Path, device: torch.device, dtype: 
     expected = {"source": entry.source_id(), "model": entry.name}
     if directory.exists():
         try:
-            return cache.load_model_dir(directory, device=device, dtype=dtype, expected=expected)
+            return model_cache.load_model_dir(directory, device=device, dtype=dtype, expected=expected)
         except CorruptModelDirError as err:
             warnings.warn(
                 f"The cached {entry.name} at {directory} is not usable and will be rebuilt: {'; '.join(err.problems)}",
@@ -254,12 +254,12 @@ def _load_offline(entry: OfflineModel, root: Path, device: torch.device, dtype: 
             )
     with _build_lock(root / f".{entry.name}.lock"):
         # Another process may have finished the build while we waited for the lock.
-        if not directory.exists() or cache.verify_model_dir(directory) or (
-            {k: (cache.read_manifest(directory) or {}).get(k) for k in expected} != expected
+        if not directory.exists() or model_cache.verify_model_dir(directory) or (
+            {k: (model_cache.read_manifest(directory) or {}).get(k) for k in expected} != expected
         ):
             _build_into(entry, directory, expected)
     # Just built, or just verified under the lock: no need to hash it again.
-    return cache.load_model_dir(directory, device=device, dtype=dtype, verify=False)
+    return model_cache.load_model_dir(directory, device=device, dtype=dtype, verify=False)
 
 
 def _build_into(entry: OfflineModel, directory: Path, manifest_extra: dict[str, str]) -> None:
@@ -269,11 +269,11 @@ def _build_into(entry: OfflineModel, directory: Path, manifest_extra: dict[str, 
         model = entry.build(_stepper(bar, entry.name))
         bar.set_postfix_str("writing")
         logger.info("building %s cache: writing %s", entry.name, directory)
-        with cache.staging_dir(directory) as staged:
-            cache.write_model_files(model, staged)
+        with model_cache.staging_dir(directory) as staged:
+            model_cache.write_model_files(model, staged)
             del model
-            cache.write_manifest(staged, extra=manifest_extra)
-            cache.publish_dir(staged, directory)
+            model_cache.write_manifest(staged, extra=manifest_extra)
+            model_cache.publish_dir(staged, directory)
         bar.update(bar.total - bar.n)
     logger.info("built %s cache in %.0f s", entry.name, time.perf_counter() - started)
 
@@ -419,7 +419,7 @@ def load_model(
         root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         model = _load_offline(entry, root, device, dtype)
     elif Path(text).expanduser().is_dir():
-        model = cache.load_model_dir(Path(text).expanduser(), device=device, dtype=dtype)
+        model = model_cache.load_model_dir(Path(text).expanduser(), device=device, dtype=dtype)
     elif Path(text).expanduser().exists():
         raise _not_available(text, "it is a file, not a directory; pass the model directory written by "
                                    "circuits.save_model (the folder holding manifest.json)")

@@ -41,7 +41,7 @@ from circuits.loading import load_model
 from circuits.probes import ProbeConfig, plot_top_tokens, probe_mlps, top_number_tokens
 from experiments._report import run_report
 from circuits.errors import InputError
-from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, write_text_atomic
+from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, write_text_atomic
 from circuits.scoring import score_rows
 from circuits.stats import proportion
 from circuits.tasks import CORRUPTIONS, TaskConfig, accuracy_mask, filter_correct, make_dataset, transfer_datasets

@@ -40,7 +40,7 @@ import torch
 
 from circuits.loading import load_model
 from circuits.report import Report
-from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
+from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
 from circuits.templates import template_by_id
 from patching.af1 import (
     AF1Config,

@@ -34,7 +34,7 @@ from circuits.graph import GraphLayout
 from circuits.graph_io import save_eap_json
 from circuits.graph_selection import mib_selector
 from circuits.loading import load_model
-from circuits.runs import prepare_run_dir, write_json_atomic
+from circuits.run_dirs import prepare_run_dir, write_json_atomic
 from circuits.tasks import make_dataset, single_batch
 from circuits.templates import get_templates
 from experiments import _cli as cli

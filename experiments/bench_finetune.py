@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from circuits.loading import load_model
-from circuits.runs import complete_run, prepare_run_dir, release_freed_memory
+from circuits.run_dirs import complete_run, prepare_run_dir, release_freed_memory
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, FullSFTConfig, PreciseSFTConfig, arithmetic_train_set, train

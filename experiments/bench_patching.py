@@ -36,7 +36,7 @@ from patching.activation_patching import activation_patch
 from patching.attribution import attribution_patch, rank_agreement
 from patching.knockout import pool_means
 from patching.path_patching import path_patch
-from circuits.runs import complete_run, prepare_run_dir
+from circuits.run_dirs import complete_run, prepare_run_dir
 
 from experiments import _cli as cli
 

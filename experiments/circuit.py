@@ -50,7 +50,7 @@ from circuits.loading import load_model
 from circuits.nodes import Head
 from circuits.pools import pool_dataset
 from circuits.report import Report
-from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, write_text_atomic
+from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, write_text_atomic
 from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset
 from circuits.templates import resolve_operation
 from patching.circuit_evaluation import ABLATIONS

@@ -37,7 +37,7 @@ import torch
 
 from circuits.graph import GraphLayout
 from circuits.nodes import Head
-from circuits.runs import write_json_atomic, write_text_atomic
+from circuits.run_dirs import write_json_atomic, write_text_atomic
 from finetune.trainer import _peak_rss, _reset_peak_rss
 
 GPU_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (NVIDIA's datasheet, without sparsity)
@@ -166,11 +166,11 @@ def _measure(args) -> None:
     from circuits.templates import get_templates
     from patching import (activation_patch, edge_attribution, edge_patch, faithfulness_curve, knockout_correct,
                           path_patch)
-    from patching._runs import shared_prefix_length
+    from patching._forward_cache import shared_prefix_length
     from patching.af1 import AF1Config, AF1Runner, NoEvalPromptsError, grid_faithfulness
 
-    if args.model.startswith("tiny-"):  # a random tiny model (circuits.testing) to try the script quickly
-        from circuits.testing import tiny_model
+    if args.model.startswith("tiny-"):  # a random tiny model (tests.tiny_models) to try the script quickly
+        from tests.tiny_models import tiny_model
 
         model = tiny_model(style=args.model.removeprefix("tiny-"), n_layers=4)
     else:

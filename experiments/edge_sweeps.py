@@ -25,7 +25,7 @@ from scipy.stats import spearmanr
 
 from circuits.graph import GraphLayout
 from circuits.loading import load_model
-from circuits.runs import complete_run, prepare_run_dir
+from circuits.run_dirs import complete_run, prepare_run_dir
 from circuits.tasks import make_dataset
 from circuits.templates import get_templates
 from experiments import _cli as cli

@@ -22,10 +22,10 @@ import torch
 
 from circuits.graph import GraphLayout
 from circuits.loading import load_model
-from circuits.runs import prepare_run_dir, write_json_atomic
+from circuits.run_dirs import prepare_run_dir, write_json_atomic
 from circuits.tasks import accuracy_mask, make_dataset, single_batch
 from circuits.templates import get_templates
-from patching import _runs
+from patching import _forward_cache
 from patching.edge_patching import edge_patch
 from patching.edge_runs import edge_mode, edge_prefix_kv, sender_outputs
 from patching.faithfulness import faithfulness_curve
@@ -52,7 +52,7 @@ def output_change_scores(model, data) -> torch.Tensor:
     batch = single_batch(data, device=model.cfg.device)
     layout = GraphLayout.of(model)
     with edge_mode(model):
-        start = _runs.shared_prefix_length(batch.tokens, batch.cf_tokens)
+        start = _forward_cache.shared_prefix_length(batch.tokens, batch.cf_tokens)
         kv = edge_prefix_kv(model, batch.tokens[:, :start])
         ref = sender_outputs(model, batch.tokens, start=start, prefix_kv=kv)
         cf = sender_outputs(model, batch.cf_tokens, start=start, prefix_kv=kv)
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"Only {len(keep)} correctly answered prompts of one token length; lower --n-prompts.")
     data = data.select(keep)
     batch = single_batch(data)
-    prefix = _runs.shared_prefix_length(batch.tokens, batch.cf_tokens)
+    prefix = _forward_cache.shared_prefix_length(batch.tokens, batch.cf_tokens)
     print(f"{len(data)} prompts of {batch.tokens.shape[1]} tokens (shared prefix {prefix}), e.g. {batch.prompts[0]!r}")
 
     layout = GraphLayout.of(model)

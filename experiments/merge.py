@@ -41,8 +41,8 @@ from circuits.errors import InputError
 from circuits.loading import load_model
 from circuits.nodes import parse_node
 from circuits.report import Report
-from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results
-from circuits.cache import save_model
+from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results
+from circuits.model_cache import save_model
 from circuits.tasks import make_dataset
 from finetune import TrainConfig, train
 from finetune.evaluate import answer_accuracy

@@ -45,7 +45,7 @@ from circuits.numbers import (
     pairs_by_result,
     single_token_numbers,
 )
-from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results
+from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results
 from circuits.stats import paired_difference, proportion
 from experiments._numbers_report import write_report
 from patching.number_interventions import (

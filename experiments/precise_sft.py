@@ -53,7 +53,7 @@ from circuits.errors import InputError
 from circuits.loading import load_model
 from circuits.nodes import MLP, Head, parse_node
 from circuits.report import Report
-from circuits.runs import complete_run, prepare_run_dir, read_marker, release_freed_memory, save_results
+from circuits.run_dirs import complete_run, prepare_run_dir, read_marker, release_freed_memory, save_results
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, load_tuned, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
 from finetune.evaluate import (

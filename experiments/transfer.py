@@ -23,7 +23,7 @@ import torch
 from circuits.loading import load_model
 from circuits.nodes import all_heads
 from circuits.report import Report
-from circuits.runs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
+from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
 from circuits.tasks import TaskConfig, filter_correct, make_dataset
 from circuits.templates import resolve_operation
 from patching.key_heads import KeyHeads, rank_key_heads

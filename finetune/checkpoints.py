@@ -40,7 +40,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from circuits.cache import check_files, file_entries
+from circuits.model_cache import check_files, file_entries
 from circuits.errors import ToolkitError
 from finetune.masks import Selection, TunableSlice
 

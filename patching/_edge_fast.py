@@ -33,7 +33,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from circuits.graph import GraphLayout
-from patching import _runs
+from patching import _forward_cache
 from patching.edge_runs import plain_blocks
 
 
@@ -50,7 +50,7 @@ def fast_path_problem(model: HookedTransformer) -> Optional[str]:
 
 
 def _entry(kv, layer: int, times: int):
-    return None if kv is None else _runs.TiledKVCache(kv, times)[layer]
+    return None if kv is None else _forward_cache.TiledKVCache(kv, times)[layer]
 
 
 def _mlp_on(block, resid_mid: Tensor, mlp_in: Tensor) -> Tensor:

@@ -26,7 +26,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.nodes import MLP, Head, Node, all_nodes, validate_nodes
-from patching import _runs
+from patching import _forward_cache
 from patching.metrics import MetricLike, get_metric, score_end
 from patching.results import ActivationScores, NodeScores
 
@@ -50,14 +50,14 @@ def attribution_patch(
     """
     metric = get_metric(metric)
     nodes = validate_nodes(model, all_nodes(model) if nodes is None else nodes)
-    groups = _runs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
+    groups = _forward_cache.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
     names = sorted({n.hook_name for n in nodes})
     heads = torch.zeros(model.cfg.n_layers, model.cfg.n_heads, dtype=torch.float64)
     mlps = torch.zeros(model.cfg.n_layers, dtype=torch.float64)
     base_total, n_prompts = 0.0, 0
     for group in tqdm(groups, desc="attribution patching", disable=not progress, leave=False):
-        cf, _ = _runs.full_cache(model, group.cf_tokens, names)
+        cf, _ = _forward_cache.full_cache(model, group.cf_tokens, names)
         acts: dict[str, Tensor] = {}
 
         def keep(act, *, hook):

@@ -47,7 +47,7 @@ from transformer_lens import HookedTransformer
 from circuits.errors import InputError
 from circuits.graph import QKV, Graph, GraphLayout
 from circuits.tasks import TaskBatch, iter_batches
-from patching import _runs
+from patching import _forward_cache
 from patching.edge_runs import SenderRecorder, edge_mode, edge_prefix_kv, run_suffix, sender_outputs
 from patching.metrics import PatchMetric, get_metric, score_end
 
@@ -155,7 +155,7 @@ def evaluate_circuits(
     if len(circuits) == 0:
         raise InputError("No circuits to evaluate: pass at least one Graph or mask.")
     masks = torch.stack([circuit_mask(layout, c) for c in circuits])
-    groups = _runs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
+    groups = _forward_cache.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
     with edge_mode(model):
         means = _pool_means(model, ablation, means_from, groups, batch_size)
@@ -226,7 +226,7 @@ def _pool_means(model, ablation, pool, groups, batch_size) -> Optional[dict]:
 def _evaluate_group(model, layout, masks, group, ablation, means, metric, memory_mb, reuse_prefix, bar) -> Tensor:
     """Metric [n_circuits, batch] of every circuit on one group of equal-length prompts."""
     B, n_pos = group.tokens.shape
-    start = _runs.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix and ablation == "counterfactual" else 0
+    start = _forward_cache.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix and ablation == "counterfactual" else 0
     kv = edge_prefix_kv(model, group.tokens[:, :start]) if start else None
     P = n_pos - start
     if ablation == "counterfactual":
@@ -240,7 +240,7 @@ def _evaluate_group(model, layout, masks, group, ablation, means, metric, memory
     weights = (~masks).to(model.cfg.dtype).to(model.cfg.device)  # 1 where the edge is ablated
     per_chunk = _circuits_per_chunk(model, layout, B, P, start, memory_mb)
     out = []
-    for sl in _runs.chunks(len(masks), per_chunk):
+    for sl in _forward_cache.chunks(len(masks), per_chunk):
         w = weights[sl]
         C = w.shape[0]
         hooks = _ablation_hooks(model, layout, w, ablated, C, B)
@@ -257,7 +257,7 @@ def _circuits_per_chunk(model, layout, B, P, start, memory_mb) -> int:
     # the (ablated − current) buffer of every sender, plus the forward's activations with per-head q/k/v inputs
     buffer = layout.n_forward * B * P * cfg.d_model * torch.finfo(cfg.dtype).bits // 8
     split_factor = (12 + 6 * cfg.n_heads) / 12  # split q/k/v inputs add ~6·n_heads residual copies per position
-    rows = _runs.rows_per_chunk(model, memory_mb / split_factor, P, cached_pos=start)
+    rows = _forward_cache.rows_per_chunk(model, memory_mb / split_factor, P, cached_pos=start)
     return max(1, min(rows // B, int(memory_mb * 2**20 // max(buffer, 1))))
 
 

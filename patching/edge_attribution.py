@@ -54,7 +54,7 @@ from transformer_lens import utils as tl_utils
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
-from patching import _runs
+from patching import _forward_cache
 from patching.edge_runs import SenderRecorder, edge_mode, edge_prefix_kv, receiver_hooks, run_suffix
 from patching.metrics import PatchMetric, get_metric, score_end
 from patching.results import NodeScores
@@ -134,7 +134,7 @@ EDGE_ATTRIBUTION_METHODS: dict[str, _Method] = {
 
 def _run_suffix(model: HookedTransformer, resid: Resid, prefix_kv, hooks: list) -> Float[Tensor, "rows suffix d_model"]:
     """Final residual of a run whose first-block input at the suffix positions is ``resid``."""
-    cache = None if prefix_kv is None else _runs.TiledKVCache(prefix_kv, 1)
+    cache = None if prefix_kv is None else _forward_cache.TiledKVCache(prefix_kv, 1)
     return model.run_with_hooks(resid, start_at_layer=0, stop_at_layer=model.cfg.n_layers, fwd_hooks=hooks,
                                 past_kv_cache=cache)
 
@@ -227,17 +227,17 @@ def edge_attribution(
         raise InputError(f"ig_steps must be a positive integer, got {ig_steps!r}.")
     spec = EDGE_ATTRIBUTION_METHODS[method]
     metric = get_metric(metric)
-    groups = _runs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
+    groups = _forward_cache.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
     layout = GraphLayout.of(model)
     total = torch.zeros(layout.n_forward, layout.n_backward, dtype=torch.float64)
     metric_total, n_prompts = 0.0, 0
     plan = []
     for group in groups:
-        prefix = _runs.shared_prefix_length(group.tokens, group.cf_tokens)
+        prefix = _forward_cache.shared_prefix_length(group.tokens, group.cf_tokens)
         n_suffix = group.tokens.shape[1] - prefix
         rows = min(len(group), _row_budget(model, memory_mb, n_suffix, prefix))
-        plan += [(group, prefix, sl) for sl in _runs.chunks(len(group), rows)]
+        plan += [(group, prefix, sl) for sl in _forward_cache.chunks(len(group), rows)]
     n_passes = spec.n_passes(model, ig_steps)
     if model.cfg.parallel_attn_mlp:
         raise InputError("Parallel attention/MLP blocks are not supported by edge attribution yet.")

@@ -42,7 +42,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
-from patching import _runs
+from patching import _forward_cache
 from patching._edge_fast import end_residual_above, fast_path_problem, head_receiver_layer, mlp_receiver_layer, receiver_kind
 from patching.edge_runs import SenderRecorder, edge_mode, plain_blocks, receiver_hooks, run_suffix, sender_outputs, ungroup_kv
 from patching.metrics import PatchMetric, get_metric, score_end
@@ -146,7 +146,7 @@ def edge_patch(
     pairs = resolve_edges(layout, edges)
     if not pairs:
         raise InputError("No edges to patch.")
-    groups = _runs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
+    groups = _forward_cache.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
     per_group, base_total, n_prompts, seconds = [], 0.0, 0, {}
     bar = tqdm(total=len(groups) * len(pairs), desc="edge patching", disable=not progress, leave=False)
@@ -177,12 +177,12 @@ def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_pr
         clock = now
 
     B, n_pos = group.tokens.shape
-    start = _runs.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix else 0
+    start = _forward_cache.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix else 0
     # Only the receiver's own block needs per-head q/k/v inputs (and ungrouped K/V): every other
     # block runs plain, with the prefix's grouped keys/values.
     if start:
         with plain_blocks(model):
-            kv_plain = _runs.prefix_kv_cache(model, group.tokens[:, :start])
+            kv_plain = _forward_cache.prefix_kv_cache(model, group.tokens[:, :start])
         kv_split = ungroup_kv(model, kv_plain)
     else:
         kv_plain = kv_split = None
@@ -195,10 +195,10 @@ def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_pr
     def keep(act, *, hook):
         ref_resid[hook.name.split(".")[-1].removeprefix("hook_")][int(hook.name.split(".")[1])] = act
 
-    names = _runs.act_names("resid_pre", range(layout.n_layers))
+    names = _forward_cache.act_names("resid_pre", range(layout.n_layers))
     fast = fast and fast_path_problem(model) is None
     if fast:
-        names += _runs.act_names("resid_mid", range(layout.n_layers))
+        names += _forward_cache.act_names("resid_mid", range(layout.n_layers))
     with plain_blocks(model):
         final = run_suffix(model, group.tokens, start, kv_plain, recorder.hooks() + [(n, keep) for n in names])
         delta = sender_outputs(model, group.cf_tokens, start=start, prefix_kv=kv_plain) - recorder.stacked()  # [f, B, P, d]
@@ -229,9 +229,9 @@ def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_pr
 
     cfg = model.cfg
     split_factor = (12 + 6 * cfg.n_heads) / 12  # per-head q/k/v inputs: ~6·n_heads extra residual copies per position
-    per_chunk = max(1, _runs.rows_per_chunk(model, memory_mb / split_factor, P, cached_pos=start) // B)
+    per_chunk = max(1, _forward_cache.rows_per_chunk(model, memory_mb / split_factor, P, cached_pos=start) // B)
     for (layer, mlp_only), indices in sorted(by_layer.items()):
-        for sl in _runs.chunks(len(indices), per_chunk):
+        for sl in _forward_cache.chunks(len(indices), per_chunk):
             chunk = indices[sl]
             k = len(chunk)
             if fast:
@@ -267,7 +267,7 @@ def _fast_end_residual(model, layout, layer, mlp_only, chunk_pairs, delta, resid
 
 
 def _tiled(entries, times: int):
-    return None if entries is None else _runs.TiledKVCache(entries, times)
+    return None if entries is None else _forward_cache.TiledKVCache(entries, times)
 
 
 def _receiver_patch_hooks(chunk_pairs, hooks, delta, k: int, B: int):

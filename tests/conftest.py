@@ -31,6 +31,6 @@ def gemma():
 @pytest.fixture
 def tiny():
     """A tiny random gpt2-style HookedTransformer with a character tokenizer."""
-    from circuits.testing import tiny_model
+    from tests.tiny_models import tiny_model
 
     return tiny_model()

@@ -13,7 +13,7 @@ from transformer_lens import patching as tl_patching
 
 from circuits.nodes import Head, MLP
 from circuits.tasks import make_dataset, single_batch
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

@@ -9,7 +9,7 @@ from circuits.attention import (
 )
 from circuits.nodes import Head
 from circuits.tasks import make_dataset
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests of circuits.loading / circuits.cache / circuits.gguf_models.
+"""Tests of circuits.loading / circuits.model_cache / circuits.gguf_models.
 
 Unit tier: tiny random models only (seconds). Integration tier (``-m integration``):
 the real offline models against the transformers models they were converted from.
@@ -15,10 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from circuits import cache, gguf_models, loading
-from circuits.cache import CorruptModelDirError, save_model, verify_model_dir
+from circuits import gguf_models, loading, model_cache as cache
+from circuits.model_cache import CorruptModelDirError, save_model, verify_model_dir
 from circuits.loading import ModelNotAvailableError, OfflineModel, load_model
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 
 PROMPTS = ["7 + 5 = ", "12 - 4 = 8\n3 * 3 = ", "The capital of France is"]
 

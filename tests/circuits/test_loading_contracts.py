@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformer_lens import HookedTransformer
 
-from circuits import cache, loading
-from circuits.cache import CorruptModelDirError, ModelDirExistsError, save_model, verify_model_dir
+from circuits import loading, model_cache as cache
+from circuits.model_cache import CorruptModelDirError, ModelDirExistsError, save_model, verify_model_dir
 from circuits.errors import InputError, ToolkitError
 from circuits.loading import ModelNotAvailableError, RemoteCodeError, load_model
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 
 
 def test_save_model_overwrite_refuses_a_folder_that_is_not_a_saved_model(tmp_path):

@@ -12,7 +12,7 @@ from circuits.numbers import (
     number_prompts,
     number_token_vectors,
 )
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from circuits.probes import (
     plot_top_tokens, probe_mlps, top_number_tokens, unembedding_directions,
 )
 from circuits.tasks import make_dataset
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module", params=["gemma", "gpt2"])

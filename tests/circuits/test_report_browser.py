@@ -13,7 +13,7 @@ from circuits.circuit_figure import circuit_figure
 from circuits.probes import plot_top_tokens, probe_mlps, top_number_tokens
 from experiments._report import run_report
 from circuits.tasks import make_dataset
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from tests.browser import browser_or_skip, load_page
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

@@ -7,7 +7,7 @@ import torch
 
 from circuits.scoring import score_rows, scored_accuracy
 from circuits.tasks import accuracy_mask, make_dataset
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import torch
 from circuits import tasks
 from circuits.metrics import end_logits
 from circuits.templates import TEMPLATES, Template, get_templates, resolve_operation
-from circuits.testing import char_tokenizer, tiny_model
+from tests.tiny_models import char_tokenizer, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from circuits.loading import save_model
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 
 
 @pytest.fixture(scope="session")

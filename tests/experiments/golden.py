@@ -37,7 +37,7 @@ def write_model(path: Path = MODEL_DIR) -> Path:
     import torch
 
     from circuits.loading import save_model
-    from circuits.testing import tiny_model
+    from tests.tiny_models import tiny_model
 
     model = tiny_model(style="gemma", n_layers=2, n_ctx=1024, seed=0)
     digits = [model.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]

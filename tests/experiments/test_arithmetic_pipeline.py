@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from circuits.runs import OutputExistsError
+from circuits.run_dirs import OutputExistsError
 from experiments import _arithmetic
 
 

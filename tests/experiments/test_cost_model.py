@@ -16,10 +16,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from circuits.graph import GraphLayout
 from circuits.nodes import Head
 from circuits.tasks import make_dataset
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from experiments.cost_model import SWEEPS, main, patched_layers, shape_of
 from patching import activation_patch, edge_attribution, edge_patch, faithfulness_curve, knockout_correct, path_patch
-from patching._runs import shared_prefix_length
+from patching._forward_cache import shared_prefix_length
 from patching.edge_runs import edge_mode
 
 

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from circuits.cache import save_model
-from circuits.testing import tiny_model
+from circuits.model_cache import save_model
+from tests.tiny_models import tiny_model
 from experiments import edge_sweeps
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import circuits.loading
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 
 
 @pytest.fixture

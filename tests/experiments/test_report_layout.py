@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 from circuits.attention import AttentionView, HeadClass
 from circuits.nodes import Head
 from circuits.tasks import make_dataset
-from circuits.testing import char_tokenizer
+from tests.tiny_models import char_tokenizer
 from experiments._report import CAPTIONS, run_report
 
 

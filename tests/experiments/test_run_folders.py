@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from circuits.runs import complete_run, prepare_run_dir
+from circuits.run_dirs import complete_run, prepare_run_dir
 
 
 def _run(module, argv, monkeypatch):

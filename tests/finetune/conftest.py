@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from circuits.nodes import Head, MLP
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from finetune.data import ArithmeticMix, arithmetic_train_set
 from finetune.trainer import TrainConfig, train
 

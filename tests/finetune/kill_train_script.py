@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from circuits.nodes import Head
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from finetune import checkpoints
 from finetune.data import ArithmeticMix, arithmetic_train_set
 from finetune.trainer import TrainConfig

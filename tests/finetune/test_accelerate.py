@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent

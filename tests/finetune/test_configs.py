@@ -46,7 +46,7 @@ def test_the_shared_checks_run_for_every_method_config():
 
 
 def test_train_runs_the_method_its_config_names(tiny):
-    from circuits.testing import char_tokenizer
+    from tests.tiny_models import char_tokenizer
     from finetune.data import encode_pairs
     from finetune.trainer import train
 

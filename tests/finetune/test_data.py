@@ -1,7 +1,7 @@
 import pytest
 
 from circuits.templates import template_by_id
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from finetune.data import (
     ArithmeticMix, arithmetic_pairs, SFTDataError, arithmetic_train_set, collate, encode_pairs, epoch_order, split_templates, targets,
 )

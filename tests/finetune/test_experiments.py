@@ -8,8 +8,8 @@ import pytest
 
 import circuits.loading
 from circuits.errors import InputError
-from circuits.runs import OutputExistsError
-from circuits.testing import tiny_model
+from circuits.run_dirs import OutputExistsError
+from tests.tiny_models import tiny_model
 
 
 @pytest.fixture

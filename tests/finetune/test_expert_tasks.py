@@ -2,7 +2,7 @@
 
 import pytest
 
-from circuits.testing import char_tokenizer
+from tests.tiny_models import char_tokenizer
 from finetune.expert_tasks import (
     ENGLISH, EXPERT_TASKS, FRENCH, SPLITS, ExpertTaskConfig, expert_task_data, french_pairs, number_word_split,
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from finetune.checkpoints import list_checkpoints
 from finetune.trainer import train
 

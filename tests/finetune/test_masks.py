@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from circuits.nodes import MLP, Head
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from finetune.masks import apply_selection, full_selection, kv_group, precise_selection
 
 

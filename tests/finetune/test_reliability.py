@@ -8,7 +8,7 @@ import torch
 
 from circuits.errors import InputError
 from circuits.nodes import Head
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from finetune.checkpoints import CheckpointError, list_checkpoints, load_tuned
 from finetune.optim import SliceAdamW
 from finetune.trainer import NonFiniteLossError, TrainConfig, train

@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from circuits.nodes import MLP, Head
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from finetune.checkpoints import CheckpointError, list_checkpoints, load_tuned
 from finetune.data import collate
 from finetune.trainer import TrainConfig, answer_loss, train

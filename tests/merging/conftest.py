@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from merging.state_dicts import is_buffer
 
 

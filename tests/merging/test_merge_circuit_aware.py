@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from circuits.nodes import Head
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from merging import SubmoduleMergeConfig, merge_submodules
 from merging.circuit_aware import circuit_levels, merge_circuit_aware
 from merging.state_dicts import is_buffer

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from circuits.cache import save_model
+from circuits.model_cache import save_model
 from circuits.errors import InputError, ToolkitError
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from merging import (
     ConsensusConfig,
     DellaConfig,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from circuits.errors import InputError
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from merging import (
     METHODS,
     StateDictSource,

@@ -6,9 +6,9 @@ import zlib
 import pytest
 import torch
 
-from circuits.cache import save_model
+from circuits.model_cache import save_model
 from circuits.errors import InputError
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from merging import load_mergekit_config, save_state_dict
 from merging.methods import DellaConfig, TiesConfig
 from merging.state_dicts import is_buffer

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from merging import AlphaTable, SubmoduleMergeConfig, alpha_heatmap, merge_submodules
 from merging.submodule import solve_alpha
 

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from circuits.graph import GraphLayout
 from circuits.tasks import make_dataset
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from patching import distributed
 
 FRACTIONS = (0.05, 0.2, 0.5, 1.0)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformer_lens import utils as tl_utils
 
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from patching.abp import (
     abp_hooks,
     allowed_keys_mask,

@@ -12,7 +12,7 @@ from circuits.nodes import Head
 from circuits.tasks import make_row
 from circuits.templates import Template
 from patching.cama import CamaConfig
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from patching.af1_data import AUTHORS_TEMPLATES, cross_fit_folds, make_template_dataset, split_fit_eval
 from patching.af1 import (
     AF1Config,

@@ -9,7 +9,7 @@ from datasets import Dataset
 from circuits.metrics import end_logits
 from circuits.tasks import make_row
 from circuits.templates import Template
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from patching.cama import (
     CamaConfig,
     fit_cama,

@@ -12,7 +12,7 @@ import torch
 
 from circuits.errors import InputError
 from circuits.graph import GraphLayout
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from patching.edge_attribution import edge_attribution
 from patching.metrics import get_metric
 

@@ -16,7 +16,7 @@ pytest.importorskip("eap.attribute", reason="hannamw/EAP-IG (package 'eap') is n
 
 from circuits.graph import GraphLayout  # noqa: E402
 from circuits.tasks import make_dataset  # noqa: E402
-from circuits.testing import tiny_model  # noqa: E402
+from tests.tiny_models import tiny_model  # noqa: E402
 from experiments._eap_ig_arm import dataloader, eap_ig_scores  # noqa: E402
 from patching.edge_attribution import edge_attribution  # noqa: E402
 

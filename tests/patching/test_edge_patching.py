@@ -8,7 +8,7 @@ import torch
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.tasks import make_dataset, single_batch
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from patching.circuit_evaluation import MeanPoolError, evaluate_circuit, evaluate_circuits
 from patching.edge_patching import edge_patch
 from tests.patching import edge_reference as plain

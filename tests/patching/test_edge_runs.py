@@ -7,7 +7,7 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from circuits.graph import GraphLayout
-from circuits.testing import char_tokenizer, tiny_model
+from tests.tiny_models import char_tokenizer, tiny_model
 from patching.edge_runs import (
     UnsupportedModelError, edge_mode, edge_prefix_kv, receiver_hooks, sender_outputs,
 )

@@ -12,7 +12,7 @@ from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import select_top_n
 from circuits.tasks import make_dataset
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from patching.circuit_evaluation import evaluate_circuit
 from patching.faithfulness import MIB_FRACTIONS, curve_areas, faithfulness_curve
 

@@ -11,7 +11,7 @@ import torch
 from circuits.errors import InputError
 from circuits.probes import ProbeConfig
 from circuits.tasks import TaskConfig, TaskDataError, accuracy, make_dataset
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from patching.af1 import AF1Config
 from patching.af1_data import make_template_dataset
 from patching.attribution import attribution_patch

@@ -9,7 +9,7 @@ from circuits.metrics import end_logits
 from circuits.nodes import MLP, Head, all_heads, all_mlps
 from circuits.pools import pool_dataset
 from circuits.tasks import accuracy, iter_batches, make_dataset
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from patching.knockout import (
     PoolError, check_means, knockout, knockout_correct, knockout_curve, knockout_hooks, knockout_transfer,
     mean_activations, pool_means, resolve_ks,

@@ -9,7 +9,7 @@ from circuits.metrics import unembed_end
 from circuits.nodes import Head, all_heads, all_mlps
 from circuits.tasks import make_dataset
 from circuits.templates import get_templates
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from patching import knockout_fast
 from patching.knockout import knockout_correct, pool_means
 

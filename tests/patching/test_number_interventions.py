@@ -9,7 +9,7 @@ from circuits.errors import InputError
 from circuits.metrics import unembed_end
 from circuits.number_geometry import fit_helix, orthonormal_columns
 from circuits.numbers import arithmetic_activations, arithmetic_prompts
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from patching.number_interventions import (
     evaluate_end,
     fourier_filter,

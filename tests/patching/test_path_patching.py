@@ -9,7 +9,7 @@ from transformer_lens import utils as tl_utils
 from circuits.metrics import end_logits
 from circuits.nodes import MLP, Head, all_nodes
 from circuits.tasks import make_dataset, single_batch
-from circuits.testing import tiny_model
+from tests.tiny_models import tiny_model
 from patching.path_patching import path_patch
 from patching.results import key_heads
 

@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from circuits.runs import (
+from circuits.run_dirs import (
     OutputExistsError,
     StageTimer,
     complete_run,
