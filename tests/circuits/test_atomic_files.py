@@ -1,13 +1,10 @@
-"""circuits.atomic_files: a write either completes or leaves the old file; circuits.options: one check for string options."""
+"""circuits.atomic_files: a write either completes or leaves the old file."""
 
 import os
-from typing import Literal
 
 import pytest
 
 from circuits.atomic_files import atomic_path, write_text_atomic
-from circuits.errors import InputError
-from circuits.options import allowed_values, check_option
 
 
 def test_a_write_replaces_the_file_and_leaves_no_temporary(tmp_path):
@@ -26,11 +23,3 @@ def test_a_failed_write_keeps_the_old_file(tmp_path):
             tmp.write_text("half")
             raise RuntimeError("crash")
     assert path.read_text() == "old" and os.listdir(tmp_path) == ["r.json"]
-
-
-def test_check_option_reads_the_allowed_values_from_a_literal():
-    Mode = Literal["fast", "hooks"]
-    assert allowed_values(Mode) == ("fast", "hooks") and allowed_values(("a", "b")) == ("a", "b")
-    assert check_option("method", "fast", Mode) == "fast"
-    with pytest.raises(InputError, match=r"Unknown method 'slow': use one of 'fast', 'hooks'\."):
-        check_option("method", "slow", Mode)
