@@ -24,7 +24,6 @@ Llama-3-8B on one 80 GB GPU at a stated throughput. Predictions are not measurem
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -39,6 +38,8 @@ from circuits.graph import GraphLayout
 from circuits.nodes import Head
 from circuits.run_dirs import write_json_atomic, write_text_atomic
 from finetune.trainer import _peak_rss, _reset_peak_rss
+
+from experiments import _cli as cli
 
 GPU_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (NVIDIA's datasheet, without sparsity)
 GPU_EFFICIENCY = 0.35  # assumed fraction of peak a plain forward reaches at these batch sizes
@@ -88,6 +89,14 @@ def shape_of(model) -> Shape:
     gated = cfg.gated_mlp if hasattr(cfg, "gated_mlp") else cfg.act_fn in ("silu", "gelu_pytorch_tanh")
     return Shape(L=cfg.n_layers, H=cfg.n_heads, G=cfg.n_key_value_heads or cfg.n_heads, d=cfg.d_model, dh=cfg.d_head,
                  m=cfg.d_mlp, V=cfg.d_vocab_out, k=3 if gated else 2, bytes=torch.finfo(cfg.dtype).bits // 8)
+
+
+def patched_counts(layout: GraphLayout, edges) -> dict:
+    """``edge_patch``'s sizes: Σ blocks run, edges that run any (not into the logits), edges into an MLP."""
+    per_layer = 3 * layout.n_heads + 1
+    patched = [b for _, b in edges if b != layout.logits_backward]
+    return {"edges": len(edges), "patched_layers": patched_layers(layout, edges), "n_patched": len(patched),
+            "n_mlp": sum(1 for b in patched if b % per_layer == per_layer - 1)}
 
 
 def patched_layers(layout: GraphLayout, edges) -> int:
@@ -141,9 +150,10 @@ SWEEPS: dict[str, Sweep] = {
         "EAP-IG-inputs, every edge (steps forward + input-gradient backward passes)"),
     "edge_patch": Sweep(
         lambda s, x: _fwd(s, s.B, s.T - s.S, s.L, s.f) + 2 * _fwd(s, s.B, s.S, s.L, s.f_edge)
-        + s.B * s.S * x["patched_layers"] * s.f_edge,
+        + s.B * s.S * x["patched_layers"] * s.f - s.B * s.S * x["n_mlp"] * (s.f - 2 * s.k * s.d * s.m)
+        - s.B * (s.S - 1) * x["n_patched"] * 2 * s.k * s.d * s.m + s.B * s.S * (x["n_patched"] - x["n_mlp"]) * 2 * s.d * s.dh,
         lambda s, x: s.B * s.S * (s.layout.n_forward + s.L) * s.d * s.bytes,
-        "exact patching of E edges (Σ blocks run per edge = patched_layers)"),
+        "exact patching of E edges (Σ blocks run per edge = patched_layers; the fast path runs plain blocks, MLP receivers skip attention, the last MLP runs at END only)"),
     "faithfulness_curve": Sweep(
         lambda s, x: _fwd(s, s.B, s.T - s.S, s.L, s.f) + (x["circuits"] + 1) * _fwd(s, s.B, s.S, s.L, s.f_edge)
         + 2 * x["circuits"] * s.B * s.S * s.d * s.layout.n_edges,
@@ -191,7 +201,7 @@ def _measure(args) -> None:
     state: dict = {}
     extra: dict = {"forward": {}, "path_patch": {}, "activation_patch": {},
                    "knockout": {"pool": args.knockout_pool, "sets": len(sets)}, "edge_attribution": {"steps": 5},
-                   "edge_patch": {"edges": len(edges), "patched_layers": patched_layers(layout, edges)},
+                   "edge_patch": patched_counts(layout, edges),
                    "faithfulness_curve": {"circuits": 12}}
 
     def af1():
@@ -252,8 +262,7 @@ PREDICT = {
 def _extra_for(shape: Shape, name: str) -> dict:
     layout = shape.layout
     return {"knockout": {"pool": 512, "sets": 32}, "edge_attribution": {"steps": 5},
-            "edge_patch": {"edges": layout.n_edges,
-                           "patched_layers": patched_layers(layout, layout.real_edge_mask.nonzero().tolist())},
+            "edge_patch": patched_counts(layout, layout.real_edge_mask.nonzero().tolist()),
             "faithfulness_curve": {"circuits": 12},
             "af1_grid": {"fit": shape.B, "eval_all": shape.B}}.get(name, {})
 
@@ -327,27 +336,28 @@ def _markdown(fit: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+parser = cli.make_parser("cost_model", __doc__)
+_commands = parser.add_subparsers(dest="command", required=True)
+_measure_parser = _commands.add_parser("measure", help="time every sweep on one model")
+_measure_parser.add_argument("--model", default="gemma-3-270m", help="model name for circuits.loading.load_model")
+_measure_parser.add_argument("--device", default=None, help="torch device (default: the model loader's choice)")
+_measure_parser.add_argument("--n-prompts", type=int, default=8, help="prompts per sweep")
+_measure_parser.add_argument("--edge-stride", type=int, default=25, help="patch every n-th edge")
+_measure_parser.add_argument("--knockout-sets", type=int, default=8, help="random knockout sets")
+_measure_parser.add_argument("--knockout-pool", type=int, default=64, help="pool prompts for the knockout means")
+_measure_parser.add_argument("--only", nargs="*", default=None, help="sweeps to run (default: all)")
+_measure_parser.add_argument("--seed", type=int, default=0, help="data and sampling seed")
+_measure_parser.add_argument("--out", required=True, help="JSON file to write (after every sweep)")
+_fit_parser = _commands.add_parser("fit", help="fit the constants on measure outputs and predict the Llama models")
+_fit_parser.add_argument("files", nargs="*", help="measure outputs (none: predict with α = 1, the FLOP-bound time)")
+_fit_parser.add_argument("--out", required=True, help="JSON file to write")
+_fit_parser.add_argument("--markdown", default=None, help="also write the tables for docs/gpu.md here")
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m experiments.cost_model", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    m = sub.add_parser("measure", help="time every sweep on one model")
-    m.add_argument("--model", default="gemma-3-270m")
-    m.add_argument("--device", default=None)
-    m.add_argument("--n-prompts", type=int, default=8)
-    m.add_argument("--edge-stride", type=int, default=25, help="patch every n-th edge")
-    m.add_argument("--knockout-sets", type=int, default=8)
-    m.add_argument("--knockout-pool", type=int, default=64)
-    m.add_argument("--only", nargs="*", default=None, help="sweeps to run (default: all)")
-    m.add_argument("--seed", type=int, default=0)
-    m.add_argument("--out", required=True)
-    f = sub.add_parser("fit", help="fit the constants on measure outputs and predict the Llama models")
-    f.add_argument("files", nargs="*", help="measure outputs (none: predict with α = 1, the FLOP-bound time)")
-    f.add_argument("--out", required=True)
-    f.add_argument("--markdown", default=None, help="also write the tables for docs/gpu.md here")
     args = parser.parse_args(argv)
     (_measure if args.command == "measure" else _fit)(args)
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_cli(main, "cost_model")

@@ -17,7 +17,7 @@ from circuits.graph import GraphLayout
 from circuits.nodes import Head
 from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
-from experiments.cost_model import SWEEPS, main, patched_layers, shape_of
+from experiments.cost_model import SWEEPS, main, patched_counts, shape_of
 from patching import activation_patch, edge_attribution, edge_patch, faithfulness_curve, knockout_correct, path_patch
 from patching._forward_cache import shared_prefix_length
 from patching.edge_runs import edge_mode
@@ -54,7 +54,7 @@ def test_formulas_count_the_flops_the_sweeps_run(style):
                      {"pool": 16, "sets": 2}),
         "edge_attribution": (lambda: edge_attribution(model, data, ig_steps=5, progress=False), {"steps": 5}),
         "edge_patch": (lambda: edge_patch(model, edges, data, progress=False),
-                       {"patched_layers": patched_layers(layout, edges)}),
+                       patched_counts(layout, edges)),
         "faithfulness_curve": (lambda: faithfulness_curve(model, scores, data, n_bootstrap=10, progress=False),
                                {"circuits": 12}),
     }
