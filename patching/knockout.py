@@ -248,7 +248,7 @@ def knockout_correct(
     method: str = "prefix",
     batch_size: int = 32,
     memory_mb: float = 1024.0,
-    prune_top1: bool = True,
+    prune_top1: bool = False,
     share_starts: bool = True,
     stats: Optional[dict] = None,
     progress: bool = False,
