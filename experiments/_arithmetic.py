@@ -51,6 +51,7 @@ from patching.af1 import AF1Config, AF1Runner, faithfulness_heatmap, grid_faithf
 from patching.af1_data import authors_templates, make_template_dataset
 from patching.knockout import knockout_curve, knockout_transfer
 from patching.path_patching import path_patch
+from patching.key_heads import combine_key_heads
 from patching.results import key_heads
 
 from experiments import _cli as cli
@@ -224,10 +225,11 @@ def run(cfg: PipelineConfig) -> dict:
         by_corrupt = {c: path_patch(model, twins[c], batch_size=cfg.batch_size) for c in ("query", "all")}
         scores = by_corrupt[cfg.corrupt]
         heads, fraction = key_heads(scores, top_k=cfg.top_k)
+        rule = combine_key_heads({cfg.op: scores}, top_k=cfg.top_k).rule | {"corrupt": cfg.corrupt}
     figures["path_patching"] = scores.figure(title=f"Path patching, {name}: effect on the answer logit (%), "
                                                    f"twins corrupt={cfg.corrupt!r}", key_heads=heads)
     results |= {"path_patching": scores.to_dict(), "key_heads": [str(h) for h in heads], "key_head_fraction": fraction,
-                "corrupt": cfg.corrupt, "identification_by_corrupt": _by_corrupt(by_corrupt, cfg.top_k)}
+                "key_heads_rule": rule, "corrupt": cfg.corrupt, "identification_by_corrupt": _by_corrupt(by_corrupt, cfg.top_k)}
 
     # 3. validate: knockout curves, then transfer formats ---------------------------------
     with timer.stage("knockout"):

@@ -169,4 +169,6 @@ def test_every_operation_runs_end_to_end_as_a_module(name, tiny_dir, tmp_path, m
         torch.set_num_threads(threads)
     results = json.loads((out / "results.json").read_text())
     assert results["experiment"] == name and results["n_prompts"] == 40 and len(results["key_heads"]) == 2
+    rule = results["key_heads_rule"]
+    assert rule["combine"] == "per-op" and rule["top_k"] == 2 and rule["corrupt"] == "query" and len(rule["ops"]) == 1
     assert (out / "report.html").is_file() and (out / "figures" / "path_patching.json").is_file()
