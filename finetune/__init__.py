@@ -17,7 +17,7 @@ Modules: :mod:`finetune.masks` (which entries train), :mod:`finetune.optim`
 (AdamW over slices), :mod:`finetune.data` (pairs -> tokens), :mod:`finetune.trainer`
 (the loop), :mod:`finetune.configs` (one config per method), :mod:`finetune.checkpoints` (small checkpoints, exact resume),
 :mod:`finetune.lora` (peft LoRA on TL parameters), :mod:`finetune.evaluate`
-(accuracy and drift), :mod:`finetune.benchmarks` (GSM8K, SVAMP, MMLU, CSQA).
+(accuracy and drift), :mod:`finetune.expert_tasks` (the merge experts' task data).
 """
 
 from finetune.checkpoints import latest_checkpoint, load_tuned, save_tuned

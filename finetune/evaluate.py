@@ -17,8 +17,8 @@ the same `HookedTransformer` architecture:
   with the standard library (``pydoc_data.topics``) and
   :data:`NON_MATH_SENTENCES`, thirty sentences written for this project.
 
-External benchmarks (GSM8K, SVAMP, MMLU, CommonsenseQA) are in
-:mod:`finetune.benchmarks`; they need the hub or local copies.
+The paper's external benchmarks (GSM8K, SVAMP, MMLU, CommonsenseQA) are not evaluated: they
+need the hub, and nothing in the pipeline used the loaders, so they were removed.
 """
 
 from __future__ import annotations
