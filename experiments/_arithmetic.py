@@ -192,8 +192,7 @@ def run(cfg: PipelineConfig) -> dict:
     start = time.perf_counter()
     if cfg.corrupt not in CORRUPTIONS:
         raise InputError(f"--corrupt must be one of {CORRUPTIONS}, got {cfg.corrupt!r}.")
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
+    cli.set_threads(cfg.threads)
     name = resolve_operation(cfg.op).name
     out = prepare_run_dir(cfg.out or default_run_dir(name), overwrite=cfg.overwrite)
     figures_dir = out / "figures"  # created by the first figure written, so an interrupted run leaves none

@@ -193,8 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     start = time.perf_counter()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    cli.set_threads(args.threads)
     out = prepare_run_dir(args.out or default_run_dir("af1"), overwrite=args.overwrite)
     timer = StageTimer(run_dir=out, results={"model": args.model, "op": args.op, "settings": vars(args)})
     config = AF1Config(cama=CamaConfig(min_count=args.min_count), batch_size=args.batch_size,

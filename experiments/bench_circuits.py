@@ -162,8 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run the benchmark with command-line flags ``argv`` (default: ``sys.argv``)."""
     args = parser.parse_args(argv)
     out = prepare_run_dir(args.out, overwrite=args.overwrite)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cli.set_threads(args.threads)
     torch.manual_seed(args.seed)
     model = load_model(args.model, device=args.device)
     model.eval()

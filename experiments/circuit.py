@@ -368,8 +368,7 @@ def summary(stage: dict) -> str:
 def run(cfg: CircuitConfig) -> dict:
     """Run the stages; return the results dict that is also written to results.json."""
     start = time.perf_counter()
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
+    cli.set_threads(cfg.threads)
     name = resolve_operation(cfg.op).name
     out = prepare_run_dir(cfg.out or default_run_dir(f"circuit-{name}"), overwrite=cfg.overwrite)
     results: dict = {"experiment": f"circuit-{name}", "settings": dataclasses.asdict(cfg), "model": cfg.model}

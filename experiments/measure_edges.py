@@ -38,7 +38,7 @@ parser.add_argument("--model", default="gemma-3-270m", help="model name for circ
 parser.add_argument("--n-prompts", type=int, default=32, help="prompts (one token length, answered correctly)")
 parser.add_argument("--n-shots", type=int, default=2, help="few-shot examples before each prompt")
 parser.add_argument("--stride", type=int, default=1, help="patch every stride-th edge (1: all edges)")
-parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+parser.add_argument("--threads", type=cli.nonnegative_int, default=0, help="torch threads (0: torch's default)")
 parser.add_argument("--memory-mb", type=float, default=512.0, help="activation budget per batched forward")
 parser.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap resamples")
 cli.add_device_flags(parser, dtype=False)
@@ -69,8 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run the measurement with command-line flags ``argv`` (default: ``sys.argv``)."""
     args = parser.parse_args(argv)
     out = prepare_run_dir(args.out, overwrite=args.overwrite)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cli.set_threads(args.threads)
     torch.manual_seed(args.seed)
     model = load_model(args.model, device=args.device)
     model.eval()

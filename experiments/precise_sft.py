@@ -186,8 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
     args = parser.parse_args(argv)
     out, results = _open_run(args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cli.set_threads(args.threads)
     started = time.perf_counter()
 
     # ---------------------------------------------------------------- model and data
