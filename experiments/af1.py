@@ -235,6 +235,11 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"held out ({name}): cell ({rule['l_wait']}, {rule['l_transfer']}) chosen on "
               f"{len(held_out['selection_prompts'])} prompts ({rule['selection_faithfulness']:.1%}) scores "
               f"{est['value']:.1%} [{est['low']:.1%}, {est['high']:.1%}] on the other {est['n']}")
+    for name, rule in held_out.get("cross_fit", {}).items():
+        est, cells = rule["pooled_faithfulness"], [(f["l_wait"], f["l_transfer"]) for f in rule["folds"]]
+        print(f"cross-fitted ({name}): cells {cells[0]} (chosen on A) and {cells[1]} (chosen on B), "
+              f"{'the same' if rule['cells_agree'] else 'different'}; pooled held-out {est['value']:.1%} "
+              f"[{est['low']:.1%}, {est['high']:.1%}] over all {est['n']} prompts")
     paper_cells = {}
     for name, (w, t) in {"paper_cell_ours": (PAPER_CELL["l_wait_ours"], PAPER_CELL["l_transfer"]),
                          "depth_scaled": _depth_scaled_cell(n_layers)}.items():
