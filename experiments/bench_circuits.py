@@ -158,6 +158,13 @@ def _save_exact(out, exact, d_model: int) -> None:
     save_eap_json(exact.graph(), out / "exact_edges_eap.json", d_model=d_model)
 
 
+def _save_scores(out, scores: dict) -> None:
+    """Every method's edge scores ``[n_forward, n_backward]`` side by side (safetensors, atomic), for later analysis."""
+    tmp = out / "edge_scores.safetensors.tmp"
+    save_file({name: value.detach().float().cpu().contiguous() for name, value in scores.items()}, str(tmp))
+    os.replace(tmp, out / "edge_scores.safetensors")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark with command-line flags ``argv`` (default: ``sys.argv``)."""
     args = parser.parse_args(argv)
@@ -198,21 +205,27 @@ def main(argv: list[str] | None = None) -> None:
                                          args.eap_ig_batch_size)
         theirs, sec["eap_ig_attribute_eap_ig_inputs"] = _timed(lambda: _eap_ig_arm.eap_ig_scores(
             model, batches, "EAP-IG-inputs", args.ig_steps))
-        theirs_eap, sec["eap_ig_attribute_eap"] = _timed(lambda: _eap_ig_arm.eap_ig_scores(model, batches, "EAP"))
         results["agreement_eap_ig_inputs"] = _relative_differences(layout, ig.scores, theirs)
-        results["agreement_eap"] = _relative_differences(layout, eap.scores, theirs_eap)
         results["speedup_attribution"] = sec["eap_ig_attribute_eap_ig_inputs"] / sec["edge_attribution_eap_ig_inputs"]
+        write_json_atomic(out / "results.json", results)  # each arm's result survives a timeout in the next
+        theirs_eap, sec["eap_ig_attribute_eap"] = _timed(lambda: _eap_ig_arm.eap_ig_scores(model, batches, "EAP"))
+        results["agreement_eap"] = _relative_differences(layout, eap.scores, theirs_eap)
+        _save_scores(out, {"ours_eap_ig_inputs": ig.scores, "ours_eap": eap.scores,
+                           "eap_ig_tool_eap_ig_inputs": theirs, "eap_ig_tool_eap": theirs_eap})
         print(f"EAP-IG attribute: EAP-IG-inputs {sec['eap_ig_attribute_eap_ig_inputs']:.1f} s "
               f"({results['speedup_attribution']:.1f}x slower); max |diff| / max |score|: "
               f"{results['agreement_eap_ig_inputs']['max_rel_diff_all_edges']:.1e} (all), "
               f"{results['agreement_eap_ig_inputs']['max_rel_diff_non_head_senders']:.1e} (non-head senders)")
 
+    if missing:
+        _save_scores(out, {"ours_eap_ig_inputs": ig.scores, "ours_eap": eap.scores})
     write_json_atomic(out / "results.json", results)
     if not args.no_curve:
         select = mib_selector(layout)
         curve, sec["faithfulness_curve"] = _timed(lambda: faithfulness_curve(
             model, ig, batch, select=select, memory_mb=args.memory_mb))
         results["curve"] = curve.to_dict()
+        write_json_atomic(out / "results.json", results)
         print(f"faithfulness_curve ({len(MIB_FRACTIONS)} sizes + full + empty): {sec['faithfulness_curve']:.1f} s; "
               f"CPR {curve.cpr.value:.3f} [{curve.cpr.low:.3f}, {curve.cpr.high:.3f}], "
               f"CMD {curve.cmd.value:.3f} [{curve.cmd.low:.3f}, {curve.cmd.high:.3f}]")
