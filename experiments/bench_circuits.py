@@ -114,10 +114,12 @@ class BenchRun:
         write_json_atomic(self.out / "results.json", self.results)
 
     def timed(self, key: str, fn):
-        """``fn()``, its wall time recorded as ``results["seconds"][key]``."""
-        start = time.perf_counter()
+        """``fn()``, its wall time recorded as ``results["seconds"][key]`` and its CPU time as ``[key + "_cpu"]``
+        (on a shared machine the CPU time is the fairer comparison: the load changes between arms)."""
+        start, cpu = time.perf_counter(), time.process_time()
         value = fn()
         self.seconds[key] = time.perf_counter() - start
+        self.seconds[f"{key}_cpu"] = time.process_time() - cpu
         return value
 
 
@@ -341,18 +343,11 @@ def _exact_sample(run: BenchRun) -> list[tuple[int, int]]:
     return [tuple(p) for p in pairs[pick.sort().values].tolist()]
 
 
-def _timed_exact(run: BenchRun, edges, key: str) -> EdgeEffects:
-    cpu = time.process_time()
-    exact = run.timed(key, lambda: _exact_in_parts(run, edges))
-    run.seconds[f"{key}_cpu"] = time.process_time() - cpu
-    return exact
-
-
 def old_rotary_exact(run: BenchRun, edges) -> EdgeEffects:
     """The same edges with the fast path rotating the prefix's keys at every call (before this toolkit cached them)."""
     _edge_fast.ROTATE_PREFIX_ONCE = False
     try:
-        return _timed_exact(run, edges, "edge_patch_rotary_every_call")
+        return run.timed("edge_patch_rotary_every_call", lambda: _exact_in_parts(run, edges))
     finally:
         _edge_fast.ROTATE_PREFIX_ONCE = True
 
@@ -363,7 +358,7 @@ def exact_patching(run: BenchRun) -> None:
     if not edges:
         return
     old = old_rotary_exact(run, edges) if run.cfg.time_prefix_rotary else None
-    exact = _timed_exact(run, edges, "edge_patch")
+    exact = run.timed("edge_patch", lambda: _exact_in_parts(run, edges))
     sec, layout, n_exact = run.seconds, run.layout, len(edges)
     if old is not None:
         run.results["exact_prefix_rotary_once"] = {
