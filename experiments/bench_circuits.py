@@ -78,6 +78,8 @@ class BenchCircuitsConfig:
                                          "fast and hook paths side by side (0: skip)", type=cli.nonnegative_int)
     no_eap_ig: bool = option(False, "skip the hannamw/EAP-IG arm even if importable")
     no_curve: bool = option(False, "skip the faithfulness curves")
+    no_attribution: bool = option(False, "skip edge attribution (and with it the EAP-IG arm, the curves and the "
+                                         "Spearman against exact effects): time exact patching only")
     memory_mb: float = option(2048.0, "activation budget per batched forward", type=cli.positive_float)
     threads: int = option(1, "torch CPU threads (0: torch's default). 1 by default: on a machine shared with other "
                              "processes, multi-threaded ops wait for descheduled threads (one gemma-3-270m block on "
@@ -370,22 +372,27 @@ def exact_patching(run: BenchRun) -> None:
         _save_exact(run.out, exact, run.model.cfg.d_model)
     f_idx, b_idx = torch.tensor([e[0] for e in edges]), torch.tensor([e[1] for e in edges])
     truth = exact.scores[f_idx, b_idx].float()
-    methods = {name: run.scores[name].scores[f_idx, b_idx] for name in ("eap_ig_inputs", "eap")}
-    if "eap_ig_tool_eap_ig_inputs" in run.scores:
-        methods["eap_ig_tool_eap_ig_inputs"] = run.scores["eap_ig_tool_eap_ig_inputs"][f_idx, b_idx]
-    rank = run.results["spearman_vs_exact"] = _rank_agreement(methods, truth)
     run.results["exact_seconds_per_edge"] = sec["edge_patch"] / n_exact
     run.results["exact_seconds_by_stage"] = exact.seconds
     run.results["exact_largest_effects"] = {layout.edge_name(*edges[i]): float(truth[i])
                                             for i in truth.abs().argsort(descending=True)[:10].tolist()}
     print(f"edge_patch of {n_exact} edges: {sec['edge_patch']:.1f} s wall, {sec['edge_patch_cpu']:.1f} s CPU "
-          f"({sec['edge_patch'] / n_exact * layout.n_edges / 60:.1f} min for all {layout.n_edges}); Spearman vs "
-          f"exact: EAP-IG {rank['eap_ig_inputs']:.3f} (top 1%: {rank['eap_ig_inputs_top_1pct']:.3f}), "
-          f"EAP {rank['eap']:.3f} (top 1%: {rank['eap_top_1pct']:.3f})")
+          f"({sec['edge_patch'] / n_exact * layout.n_edges / 60:.1f} min for all {layout.n_edges})")
+    if "eap" in run.scores:
+        _spearman_vs_exact(run, f_idx, b_idx, truth)
     if old is not None:
         print(f"  with the prefix keys rotated at every call: {sec['edge_patch_rotary_every_call']:.1f} s wall, "
               f"{sec['edge_patch_rotary_every_call_cpu']:.1f} s CPU "
               f"({run.results['exact_prefix_rotary_once']['speedup_cpu']:.2f}x the CPU time)")
+
+
+def _spearman_vs_exact(run: BenchRun, f_idx, b_idx, truth) -> None:
+    methods = {name: run.scores[name].scores[f_idx, b_idx] for name in ("eap_ig_inputs", "eap")}
+    if "eap_ig_tool_eap_ig_inputs" in run.scores:
+        methods["eap_ig_tool_eap_ig_inputs"] = run.scores["eap_ig_tool_eap_ig_inputs"][f_idx, b_idx]
+    rank = run.results["spearman_vs_exact"] = _rank_agreement(methods, truth)
+    print(f"  Spearman vs exact: EAP-IG {rank['eap_ig_inputs']:.3f} (top 1%: {rank['eap_ig_inputs_top_1pct']:.3f}), "
+          f"EAP {rank['eap']:.3f} (top 1%: {rank['eap_top_1pct']:.3f})")
 
 
 def print_table(run: BenchRun) -> None:
@@ -407,10 +414,11 @@ def run_bench(cfg: BenchCircuitsConfig) -> dict:
     """Every stage in order, results.json saved after each; returns the results."""
     run = setup(cfg)
     model_metrics(run)
-    our_attribution(run)
-    eap_ig_attribution(run)
+    if not cfg.no_attribution:
+        our_attribution(run)
+        eap_ig_attribution(run)
     run.save()
-    if not cfg.no_curve:
+    if not (cfg.no_curve or cfg.no_attribution):
         curve = our_curve(run)
         if run.eap_ig_batches is not None:
             eap_ig_curve(run, curve)

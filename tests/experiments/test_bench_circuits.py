@@ -66,3 +66,15 @@ def test_bench_circuits_rejects_a_bad_edge_count(capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench_circuits.main(["--exact-edges", "some"])
     assert exit_info.value.code == 2 and "expected 'all' or an integer >= 0" in capsys.readouterr().err
+
+
+def test_bench_circuits_without_attribution_times_exact_patching_only(tiny_dir, tmp_path):
+    out = tmp_path / "exact_only"
+    results = bench_circuits.main(["--model", str(tiny_dir), "--n-prompts", "3", "--n-shots", "1", "--no-attribution",
+                                   "--exact-edges", "12", "--time-prefix-rotary", "--compare-per-stratum", "0",
+                                   "--out", str(out)])
+    assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(results))
+    assert "edge_attribution_eap" not in results["seconds"] and "spearman_vs_exact" not in results
+    assert "curve" not in results and results["exact_progress"]["n_edges_done"] == 12
+    assert results["exact_prefix_rotary_once"]["max_abs_diff"] == 0.0
+    assert results["seconds"]["edge_patch_cpu"] > 0 and results["seconds"]["edge_patch_rotary_every_call_cpu"] > 0
