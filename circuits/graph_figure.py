@@ -120,9 +120,11 @@ def edge_circuit_figure(
                                  text=mlps, textposition="bottom center", name="MLPs",
                                  marker=dict(size=16, color=MLP_COLOR, symbol="square")))
     for name, symbol in (("input", "circle-open"), ("logits", "diamond")):
+        # labels above the end nodes: a label beside them ran past the plot's edge and was cut off
         fig.add_trace(go.Scatter(x=[pos[name][0]], y=[pos[name][1]], mode="markers+text", text=[name],
-                                 textposition="middle left" if name == "input" else "middle right", name=name,
+                                 textposition="top center", name=name,
                                  marker=dict(size=22, color=LOGITS_COLOR, symbol=symbol)))
+    fig.update_traces(cliponaxis=False, selector=dict(mode="markers+text"))  # labels near the axes' ends stay whole
     n_drawn, n_total = len(pairs), int(edges.sum())
     subtitle = f"{n_drawn} of {n_total} circuit edges drawn; {sum(in_circuit)} nodes; width grows with |score|"
     fig.update_xaxes(title_text="layer", range=[-1.8, layout.n_layers + 1.2], dtick=1, zeroline=False)

@@ -16,6 +16,8 @@
    those edges and over the top 1% of them by |exact effect|. With ``all``, the exact effects are saved
    (``<out>/exact_edges.safetensors``: per-prompt effects and edge indices; ``<out>/exact_edges_eap.json``:
    the mean effects as an EAP-IG graph file).
+   ``--time-prefix-rotary`` first patches the same edges with the fast path's old rotary (TransformerLens
+   rotating the prefix's cached keys at every call): both times side by side, and the largest difference.
 6. Speed-up of ``edge_patch``'s fast path over its hook path (``fast=False``), both timed in this run on
    the same stratified sample: ``--compare-per-stratum`` edges per (receiver layer, receiver kind).
 7. Prints a table and writes everything to ``<out>/results.json`` (atomic write).
@@ -23,8 +25,12 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import torch
 from safetensors.torch import save_file
@@ -39,53 +45,95 @@ from circuits.tasks import make_dataset, single_batch
 from circuits.templates import get_templates
 from experiments import _cli as cli
 from experiments import _eap_ig_arm
+from experiments._cli import option
+from patching import _edge_fast
 from patching.edge_attribution import edge_attribution
 from patching._edge_fast import receiver_kind
 from patching.edge_patching import EdgeEffects, edge_patch
 from patching.faithfulness import MIB_FRACTIONS, faithfulness_curve
 
-parser = cli.make_parser("bench_circuits", __doc__)
-parser.add_argument("--model", default="gemma-3-270m", help="model name for circuits.loading.load_model")
-parser.add_argument("--n-prompts", type=cli.positive_int, metavar="N", default=32,
-                    help="prompts (one template, one token length)")
-parser.add_argument("--n-shots", type=cli.nonnegative_int, metavar="N", default=2, help="few-shot examples before each prompt")
-parser.add_argument("--op", default="+", help="arithmetic operation")
-parser.add_argument("--ig-steps", type=cli.positive_int, metavar="N", default=5, help="EAP-IG integration steps")
-parser.add_argument("--eap-ig-batch-size", type=cli.positive_int, metavar="N", default=8, help="batch size of the EAP-IG arm")
-parser.add_argument("--exact-edges", default="300",
-                    help="edges patched exactly: a count (seeded random sample), 'all', or 0 for none")
-parser.add_argument("--compare-per-stratum", type=cli.nonnegative_int, metavar="N", default=2,
-                    help="edges per (receiver layer, q/k/v/mlp/logits) stratum timed on edge_patch's fast and hook "
-                         "paths side by side (0: skip)")
-parser.add_argument("--no-eap-ig", action="store_true", help="skip the hannamw/EAP-IG arm even if importable")
-parser.add_argument("--no-curve", action="store_true", help="skip the faithfulness curves")
-parser.add_argument("--memory-mb", type=cli.positive_float, metavar="MB", default=2048,
-                    help="activation budget per batched forward")
-parser.add_argument("--threads", type=cli.nonnegative_int, metavar="N", default=1,
-                    help="torch CPU threads (0: torch's default). 1 by default: on a machine shared with other "
-                         "processes, multi-threaded ops wait for descheduled threads (one gemma-3-270m block on "
-                         "32x5 tokens took 0.90 s with 2 threads and 0.066 s with 1 at load average 5)")
-cli.add_device_flags(parser, dtype=False)
-parser.add_argument("--seed", type=int, default=0, help="data and edge-sample seed")
-parser.add_argument("--out", default="runs/bench_circuits", help="output folder")
-parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
+
+def edge_count(text: str) -> str:
+    """``all`` or an integer >= 0 (returned as given)."""
+    if text != "all" and not (text.isdigit() and int(text) >= 0):
+        raise argparse.ArgumentTypeError(f"expected 'all' or an integer >= 0, got {text!r}")
+    return text
 
 
-def _timed(fn):
-    start = time.perf_counter()
-    value = fn()
-    return value, time.perf_counter() - start
+@dataclass(frozen=True)
+class BenchCircuitsConfig:
+    """Every flag of ``python -m experiments.bench_circuits``, with its default."""
+
+    model: str = option("gemma-3-270m", "model name for circuits.loading.load_model")
+    n_prompts: int = option(32, "prompts (one template, one token length)", type=cli.positive_int)
+    n_shots: int = option(2, "few-shot examples before each prompt", type=cli.nonnegative_int)
+    op: str = option("+", "arithmetic operation")
+    ig_steps: int = option(5, "EAP-IG integration steps", type=cli.positive_int)
+    eap_ig_batch_size: int = option(8, "batch size of the EAP-IG arm", type=cli.positive_int)
+    exact_edges: str = option("300", "edges patched exactly: a count (seeded random sample), 'all', or 0 for none",
+                              type=edge_count)
+    time_prefix_rotary: bool = option(False, "also patch the exact edges with the fast path's old rotary (prefix "
+                                             "keys rotated at every call) first, timed side by side")
+    compare_per_stratum: int = option(2, "edges per (receiver layer, q/k/v/mlp/logits) stratum timed on edge_patch's "
+                                         "fast and hook paths side by side (0: skip)", type=cli.nonnegative_int)
+    no_eap_ig: bool = option(False, "skip the hannamw/EAP-IG arm even if importable")
+    no_curve: bool = option(False, "skip the faithfulness curves")
+    no_attribution: bool = option(False, "skip edge attribution (and with it the EAP-IG arm, the curves and the "
+                                         "Spearman against exact effects): time exact patching only")
+    memory_mb: float = option(2048.0, "activation budget per batched forward", type=cli.positive_float)
+    threads: int = option(1, "torch CPU threads (0: torch's default). 1 by default: on a machine shared with other "
+                             "processes, multi-threaded ops wait for descheduled threads (one gemma-3-270m block on "
+                             "32x5 tokens took 0.90 s with 2 threads and 0.066 s with 1 at load average 5)",
+                          type=cli.nonnegative_int)
+    device: str = "auto"
+    seed: int = option(0, "data and edge-sample seed")
+    out: str = option("runs/bench_circuits", "output folder")
+    overwrite: bool = option(False, "replace the results of an earlier run in --out")
 
 
-def _prompts(model, args):
-    template = get_templates(args.op, ("equation",))[0]
+parser = cli.config_parser(BenchCircuitsConfig, "bench_circuits", __doc__)
+
+
+@dataclass
+class BenchRun:
+    """What the stages share: settings, model, prompts, graph layout, results so far, and each method's scores."""
+
+    cfg: BenchCircuitsConfig
+    out: Any
+    model: Any
+    data: Any
+    batch: Any
+    layout: GraphLayout
+    results: dict
+    scores: dict = field(default_factory=dict)  # method -> EdgeScores (ours) or [n_forward, n_backward] (EAP-IG's)
+    eap_ig_batches: Optional[list] = None  # set when the EAP-IG arm runs
+
+    @property
+    def seconds(self) -> dict:
+        return self.results["seconds"]
+
+    def save(self) -> None:
+        write_json_atomic(self.out / "results.json", self.results)
+
+    def timed(self, key: str, fn):
+        """``fn()``, its wall time recorded as ``results["seconds"][key]`` and its CPU time as ``[key + "_cpu"]``
+        (on a shared machine the CPU time is the fairer comparison: the load changes between arms)."""
+        start, cpu = time.perf_counter(), time.process_time()
+        value = fn()
+        self.seconds[key] = time.perf_counter() - start
+        self.seconds[f"{key}_cpu"] = time.process_time() - cpu
+        return value
+
+
+def _prompts(model, cfg: BenchCircuitsConfig):
+    template = get_templates(cfg.op, ("equation",))[0]
     # few-shot answers differ in length: sample extra prompts and keep the most common token length
-    data = make_dataset(model, op=args.op, n_prompts=4 * args.n_prompts, template_ids=(template.id,),
-                        n_shots=args.n_shots, seed=args.seed)
+    data = make_dataset(model, op=cfg.op, n_prompts=4 * cfg.n_prompts, template_ids=(template.id,),
+                        n_shots=cfg.n_shots, seed=cfg.seed)
     lengths = data["end_pos"]
     common = max(set(lengths), key=lengths.count)
-    keep = [i for i, n in enumerate(lengths) if n == common][: args.n_prompts]
-    if len(keep) < args.n_prompts:
+    keep = [i for i, n in enumerate(lengths) if n == common][: cfg.n_prompts]
+    if len(keep) < cfg.n_prompts:
         raise SystemExit(f"Only {len(keep)} prompts of one token length; lower --n-prompts.")
     return data.select(keep)
 
@@ -127,19 +175,21 @@ def _strata(layout: GraphLayout, per_stratum: int, seed: int) -> list[tuple[int,
     return sorted(picked)
 
 
-def _exact_in_parts(model, layout: GraphLayout, edges, batch, memory_mb: float, out, results: dict) -> EdgeEffects:
+def _exact_in_parts(run: BenchRun, edges) -> EdgeEffects:
     """``edge_patch`` of ``edges`` in parts of three receiver layers, last layers first, noting progress in
     ``<out>/results.json`` after each part (a run stopped by a time limit still says how far it got)."""
+    layout = run.layout
     part_of = {}
     for f, b in edges:
         layer = layout.n_layers if b == layout.logits_backward else receiver_kind(layout, b)[0]
         part_of.setdefault((layout.n_layers - layer) // 3, []).append((f, b))
     parts, done, clock = [], 0, time.perf_counter()
     for key in sorted(part_of):
-        parts.append(edge_patch(model, part_of[key], batch, memory_mb=memory_mb))
+        parts.append(edge_patch(run.model, part_of[key], run.batch, memory_mb=run.cfg.memory_mb))
         done += len(part_of[key])
-        results["exact_progress"] = {"n_edges_done": done, "n_edges": len(edges), "seconds": time.perf_counter() - clock}
-        write_json_atomic(out / "results.json", results)
+        run.results["exact_progress"] = {"n_edges_done": done, "n_edges": len(edges),
+                                         "seconds": time.perf_counter() - clock}
+        run.save()
     seconds: dict = {}
     for part in parts:
         for stage, value in part.seconds.items():
@@ -158,129 +208,196 @@ def _save_exact(out, exact, d_model: int) -> None:
     save_eap_json(exact.graph(), out / "exact_edges_eap.json", d_model=d_model)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the benchmark with command-line flags ``argv`` (default: ``sys.argv``)."""
-    args = parser.parse_args(argv)
-    out = prepare_run_dir(args.out, overwrite=args.overwrite)
-    cli.set_threads(args.threads)
-    torch.manual_seed(args.seed)
-    model = load_model(args.model, device=args.device)
+def _save_scores(out, scores: dict) -> None:
+    """Every method's edge scores ``[n_forward, n_backward]`` side by side (safetensors, atomic), for later analysis."""
+    tmp = out / "edge_scores.safetensors.tmp"
+    save_file({name: value.detach().float().cpu().contiguous() for name, value in scores.items()}, str(tmp))
+    os.replace(tmp, out / "edge_scores.safetensors")
+
+
+# ---------------------------------------------------------------------------- stages
+
+
+def setup(cfg: BenchCircuitsConfig) -> BenchRun:
+    """Output folder, threads, model, the prompts as one batch, and the graph layout."""
+    out = prepare_run_dir(cfg.out, overwrite=cfg.overwrite)
+    cli.set_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    model = load_model(cfg.model, device=cfg.device)
     model.eval()
-    data = _prompts(model, args)
+    data = _prompts(model, cfg)
     batch = single_batch(data, device=model.cfg.device)
     layout = GraphLayout.of(model)
-    print(f"{args.model}: {layout.n_edges} edges; {len(data)} prompts of {batch.tokens.shape[1]} tokens, "
+    print(f"{cfg.model}: {layout.n_edges} edges; {len(data)} prompts of {batch.tokens.shape[1]} tokens, "
           f"e.g. {batch.prompts[0]!r}")
-    results = {"model": args.model, "n_prompts": len(data), "n_tokens": batch.tokens.shape[1], "op": args.op,
-               "n_shots": args.n_shots, "ig_steps": args.ig_steps, "n_edges": layout.n_edges, "metric": "logit",
+    results = {"model": cfg.model, "n_prompts": len(data), "n_tokens": batch.tokens.shape[1], "op": cfg.op,
+               "n_shots": cfg.n_shots, "ig_steps": cfg.ig_steps, "n_edges": layout.n_edges, "metric": "logit",
                "device": str(model.cfg.device), "dtype": str(model.cfg.dtype), "threads": torch.get_num_threads(),
-               "seconds": {}}
-    sec = results["seconds"]
-    with torch.no_grad():  # the model itself: what the full graph must give, and the empty graph (counterfactual ablation)
-        rows = torch.arange(len(data), device=batch.tokens.device)
-        results["model_metric"] = {
-            name: float(model(tokens)[rows, -1, batch.answer_ids].double().mean())
-            for name, tokens in (("reference", batch.tokens), ("counterfactual", batch.cf_tokens))}
+               "settings": dataclasses.asdict(cfg), "seconds": {}}
+    return BenchRun(cfg, out, model, data, batch, layout, results)
 
-    ig, sec["edge_attribution_eap_ig_inputs"] = _timed(lambda: edge_attribution(
-        model, batch, method="EAP-IG-inputs", ig_steps=args.ig_steps, memory_mb=args.memory_mb))
-    eap, sec["edge_attribution_eap"] = _timed(lambda: edge_attribution(model, batch, method="EAP",
-                                                                       memory_mb=args.memory_mb))
-    print(f"edge_attribution: EAP-IG-inputs ({args.ig_steps} steps) {sec['edge_attribution_eap_ig_inputs']:.1f} s, "
-          f"EAP {sec['edge_attribution_eap']:.1f} s")
 
-    missing = "skipped by --no-eap-ig" if args.no_eap_ig else _eap_ig_arm.eap_ig_missing()
+@torch.no_grad()
+def model_metrics(run: BenchRun) -> None:
+    """The model itself: what the full graph must give, and the empty graph (counterfactual ablation)."""
+    rows = torch.arange(len(run.data), device=run.batch.tokens.device)
+    run.results["model_metric"] = {
+        name: float(run.model(tokens)[rows, -1, run.batch.answer_ids].double().mean())
+        for name, tokens in (("reference", run.batch.tokens), ("counterfactual", run.batch.cf_tokens))}
+
+
+def our_attribution(run: BenchRun) -> None:
+    """This toolkit's EAP-IG-inputs and EAP over every edge, timed."""
+    cfg = run.cfg
+    run.scores["eap_ig_inputs"] = run.timed("edge_attribution_eap_ig_inputs", lambda: edge_attribution(
+        run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, memory_mb=cfg.memory_mb))
+    run.scores["eap"] = run.timed("edge_attribution_eap", lambda: edge_attribution(
+        run.model, run.batch, method="EAP", memory_mb=cfg.memory_mb))
+    print(f"edge_attribution: EAP-IG-inputs ({cfg.ig_steps} steps) {run.seconds['edge_attribution_eap_ig_inputs']:.1f} s, "
+          f"EAP {run.seconds['edge_attribution_eap']:.1f} s")
+
+
+def eap_ig_attribution(run: BenchRun) -> None:
+    """hannamw/EAP-IG's ``attribute`` on the same prompts (when importable), timed; agreement with ours."""
+    cfg, results = run.cfg, run.results
+    missing = "skipped by --no-eap-ig" if cfg.no_eap_ig else _eap_ig_arm.eap_ig_missing()
     results["eap_ig_arm"] = missing or "ran"
+    ours = {"ours_eap_ig_inputs": run.scores["eap_ig_inputs"].scores, "ours_eap": run.scores["eap"].scores}
     if missing:
         print(f"EAP-IG arm skipped: {missing}")
-    else:
-        batches = _eap_ig_arm.dataloader(data["prompt"], data["counterfactual"], batch.answer_ids.cpu(),
-                                         args.eap_ig_batch_size)
-        theirs, sec["eap_ig_attribute_eap_ig_inputs"] = _timed(lambda: _eap_ig_arm.eap_ig_scores(
-            model, batches, "EAP-IG-inputs", args.ig_steps))
-        theirs_eap, sec["eap_ig_attribute_eap"] = _timed(lambda: _eap_ig_arm.eap_ig_scores(model, batches, "EAP"))
-        results["agreement_eap_ig_inputs"] = _relative_differences(layout, ig.scores, theirs)
-        results["agreement_eap"] = _relative_differences(layout, eap.scores, theirs_eap)
-        results["speedup_attribution"] = sec["eap_ig_attribute_eap_ig_inputs"] / sec["edge_attribution_eap_ig_inputs"]
-        print(f"EAP-IG attribute: EAP-IG-inputs {sec['eap_ig_attribute_eap_ig_inputs']:.1f} s "
-              f"({results['speedup_attribution']:.1f}x slower); max |diff| / max |score|: "
-              f"{results['agreement_eap_ig_inputs']['max_rel_diff_all_edges']:.1e} (all), "
-              f"{results['agreement_eap_ig_inputs']['max_rel_diff_non_head_senders']:.1e} (non-head senders)")
+        _save_scores(run.out, ours)
+        return
+    run.eap_ig_batches = batches = _eap_ig_arm.dataloader(
+        run.data["prompt"], run.data["counterfactual"], run.batch.answer_ids.cpu(), cfg.eap_ig_batch_size)
+    theirs = run.timed("eap_ig_attribute_eap_ig_inputs", lambda: _eap_ig_arm.eap_ig_scores(
+        run.model, batches, "EAP-IG-inputs", cfg.ig_steps))
+    run.scores["eap_ig_tool_eap_ig_inputs"] = theirs
+    results["agreement_eap_ig_inputs"] = _relative_differences(run.layout, ours["ours_eap_ig_inputs"], theirs)
+    results["speedup_attribution"] = run.seconds["eap_ig_attribute_eap_ig_inputs"] / run.seconds["edge_attribution_eap_ig_inputs"]
+    run.save()  # each arm's result survives a timeout in the next
+    theirs_eap = run.timed("eap_ig_attribute_eap", lambda: _eap_ig_arm.eap_ig_scores(run.model, batches, "EAP"))
+    results["agreement_eap"] = _relative_differences(run.layout, ours["ours_eap"], theirs_eap)
+    _save_scores(run.out, {**ours, "eap_ig_tool_eap_ig_inputs": theirs, "eap_ig_tool_eap": theirs_eap})
+    agreement = results["agreement_eap_ig_inputs"]
+    print(f"EAP-IG attribute: EAP-IG-inputs {run.seconds['eap_ig_attribute_eap_ig_inputs']:.1f} s "
+          f"({results['speedup_attribution']:.1f}x slower); max |diff| / max |score|: "
+          f"{agreement['max_rel_diff_all_edges']:.1e} (all), {agreement['max_rel_diff_non_head_senders']:.1e} "
+          f"(non-head senders)")
 
-    write_json_atomic(out / "results.json", results)
-    if not args.no_curve:
-        select = mib_selector(layout)
-        curve, sec["faithfulness_curve"] = _timed(lambda: faithfulness_curve(
-            model, ig, batch, select=select, memory_mb=args.memory_mb))
-        results["curve"] = curve.to_dict()
-        print(f"faithfulness_curve ({len(MIB_FRACTIONS)} sizes + full + empty): {sec['faithfulness_curve']:.1f} s; "
-              f"CPR {curve.cpr.value:.3f} [{curve.cpr.low:.3f}, {curve.cpr.high:.3f}], "
-              f"CMD {curve.cmd.value:.3f} [{curve.cmd.low:.3f}, {curve.cmd.high:.3f}]")
-        if not missing:
-            counts = [int(x * layout.n_edges) for x in MIB_FRACTIONS]
-            evals, sec["eap_ig_evaluate_curve"] = _timed(lambda: _eap_ig_arm.eap_ig_evaluate(
-                model, batches, ig.scores, counts))
-            full, empty = float(evals["full"].mean()), float(evals["empty"].mean())
-            theirs_f = [(float(evals[n].mean()) - empty) / (full - empty) for n in counts]
-            ours_f = [p.value for p in curve.faithfulness]
-            model_cf = results["model_metric"]["counterfactual"]
-            results["curve_eap_ig"] = {"faithfulness": theirs_f, "full_metric": full, "empty_metric": empty,
-                                       "max_abs_diff_faithfulness": max(abs(a - b) for a, b in zip(ours_f, theirs_f)),
-                                       # which convention reproduces the counterfactual run with every edge ablated
-                                       "empty_minus_model_counterfactual": empty - model_cf,
-                                       "ours_empty_minus_model_counterfactual": curve.empty.value - model_cf}
-            results["speedup_curve"] = sec["eap_ig_evaluate_curve"] / sec["faithfulness_curve"]
-            print(f"EAP-IG evaluate_graph on the same circuits: {sec['eap_ig_evaluate_curve']:.1f} s "
-                  f"({results['speedup_curve']:.1f}x slower); max |f diff| "
-                  f"{results['curve_eap_ig']['max_abs_diff_faithfulness']:.2e}")
 
-    write_json_atomic(out / "results.json", results)  # partial results survive a timeout in the stages below
-    if args.compare_per_stratum:
-        sample = _strata(layout, args.compare_per_stratum, args.seed)
-        hooked, sec["edge_patch_sample_hook_path"] = _timed(lambda: edge_patch(
-            model, sample, batch, memory_mb=args.memory_mb, fast=False))
-        fast, sec["edge_patch_sample_fast_path"] = _timed(lambda: edge_patch(model, sample, batch, memory_mb=args.memory_mb))
-        results["edge_patch_fast_vs_hook_path"] = {
-            "n_edges": len(sample), "per_stratum": args.compare_per_stratum,
-            "speedup": sec["edge_patch_sample_hook_path"] / sec["edge_patch_sample_fast_path"],
-            "max_abs_diff": float((fast.per_prompt - hooked.per_prompt).abs().max()),
-            "max_abs_effect": float(hooked.per_prompt.abs().max()),
-            "seconds_by_stage_hook_path": hooked.seconds, "seconds_by_stage_fast_path": fast.seconds}
-        print(f"edge_patch on {len(sample)} stratified edges: hook path {sec['edge_patch_sample_hook_path']:.1f} s, "
-              f"fast path {sec['edge_patch_sample_fast_path']:.1f} s "
-              f"({results['edge_patch_fast_vs_hook_path']['speedup']:.1f}x); max |diff| "
-              f"{results['edge_patch_fast_vs_hook_path']['max_abs_diff']:.1e}")
+def our_curve(run: BenchRun):
+    """``faithfulness_curve`` at MIB's ten sizes (top-n by |EAP-IG score|, pruned as MIB prunes), timed."""
+    ig = run.scores["eap_ig_inputs"]
+    curve = run.timed("faithfulness_curve", lambda: faithfulness_curve(
+        run.model, ig, run.batch, select=mib_selector(run.layout), memory_mb=run.cfg.memory_mb))
+    run.results["curve"] = curve.to_dict()
+    run.save()
+    print(f"faithfulness_curve ({len(MIB_FRACTIONS)} sizes + full + empty): {run.seconds['faithfulness_curve']:.1f} s; "
+          f"CPR {curve.cpr.value:.3f} [{curve.cpr.low:.3f}, {curve.cpr.high:.3f}], "
+          f"CMD {curve.cmd.value:.3f} [{curve.cmd.low:.3f}, {curve.cmd.high:.3f}]")
+    return curve
 
-    write_json_atomic(out / "results.json", results)
-    n_exact = layout.n_edges if args.exact_edges == "all" else min(int(args.exact_edges), layout.n_edges)
-    if n_exact > 0:
-        pairs = layout.real_edge_mask.nonzero()
-        pick = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(args.seed))[:n_exact]
-        edges = [tuple(p) for p in pairs[pick.sort().values].tolist()]
-        cpu = time.process_time()
-        exact, sec["edge_patch"] = _timed(lambda: _exact_in_parts(model, layout, edges, batch, args.memory_mb,
-                                                                  out, results))
-        sec["edge_patch_cpu"] = time.process_time() - cpu
-        edges = exact.edges
-        if n_exact == layout.n_edges:
-            _save_exact(out, exact, model.cfg.d_model)
-        f_idx, b_idx = torch.tensor([e[0] for e in edges]), torch.tensor([e[1] for e in edges])
-        truth = exact.scores[f_idx, b_idx].float()
-        methods = {"eap_ig_inputs": ig.scores[f_idx, b_idx], "eap": eap.scores[f_idx, b_idx]}
-        if not missing:
-            methods["eap_ig_tool_eap_ig_inputs"] = theirs[f_idx, b_idx]
-        rank = _rank_agreement(methods, truth)
-        results["spearman_vs_exact"] = rank
-        results["exact_seconds_per_edge"] = sec["edge_patch"] / n_exact
-        results["exact_seconds_by_stage"] = exact.seconds
-        results["exact_largest_effects"] = {layout.edge_name(*edges[i]): float(truth[i])
+
+def eap_ig_curve(run: BenchRun, curve) -> None:
+    """hannamw/EAP-IG's ``evaluate_graph`` on the same circuits, timed; both curves and their largest difference."""
+    counts = [int(x * run.layout.n_edges) for x in MIB_FRACTIONS]
+    evals = run.timed("eap_ig_evaluate_curve", lambda: _eap_ig_arm.eap_ig_evaluate(
+        run.model, run.eap_ig_batches, run.scores["eap_ig_inputs"].scores, counts))
+    full, empty = float(evals["full"].mean()), float(evals["empty"].mean())
+    theirs_f = [(float(evals[n].mean()) - empty) / (full - empty) for n in counts]
+    ours_f = [p.value for p in curve.faithfulness]
+    model_cf = run.results["model_metric"]["counterfactual"]
+    run.results["curve_eap_ig"] = {"faithfulness": theirs_f, "full_metric": full, "empty_metric": empty,
+                                   "max_abs_diff_faithfulness": max(abs(a - b) for a, b in zip(ours_f, theirs_f)),
+                                   # which convention reproduces the counterfactual run with every edge ablated
+                                   "empty_minus_model_counterfactual": empty - model_cf,
+                                   "ours_empty_minus_model_counterfactual": curve.empty.value - model_cf}
+    run.results["speedup_curve"] = run.seconds["eap_ig_evaluate_curve"] / run.seconds["faithfulness_curve"]
+    print(f"EAP-IG evaluate_graph on the same circuits: {run.seconds['eap_ig_evaluate_curve']:.1f} s "
+          f"({run.results['speedup_curve']:.1f}x slower); max |f diff| "
+          f"{run.results['curve_eap_ig']['max_abs_diff_faithfulness']:.2e}")
+
+
+def fast_vs_hook_path(run: BenchRun) -> None:
+    """``edge_patch``'s hook path and fast path on the same stratified sample, side by side."""
+    cfg = run.cfg
+    sample = _strata(run.layout, cfg.compare_per_stratum, cfg.seed)
+    hooked = run.timed("edge_patch_sample_hook_path", lambda: edge_patch(
+        run.model, sample, run.batch, memory_mb=cfg.memory_mb, fast=False))
+    fast = run.timed("edge_patch_sample_fast_path", lambda: edge_patch(run.model, sample, run.batch,
+                                                                       memory_mb=cfg.memory_mb))
+    compared = run.results["edge_patch_fast_vs_hook_path"] = {
+        "n_edges": len(sample), "per_stratum": cfg.compare_per_stratum,
+        "speedup": run.seconds["edge_patch_sample_hook_path"] / run.seconds["edge_patch_sample_fast_path"],
+        "max_abs_diff": float((fast.per_prompt - hooked.per_prompt).abs().max()),
+        "max_abs_effect": float(hooked.per_prompt.abs().max()),
+        "seconds_by_stage_hook_path": hooked.seconds, "seconds_by_stage_fast_path": fast.seconds}
+    print(f"edge_patch on {len(sample)} stratified edges: hook path {run.seconds['edge_patch_sample_hook_path']:.1f} s, "
+          f"fast path {run.seconds['edge_patch_sample_fast_path']:.1f} s ({compared['speedup']:.1f}x); "
+          f"max |diff| {compared['max_abs_diff']:.1e}")
+
+
+def _exact_sample(run: BenchRun) -> list[tuple[int, int]]:
+    layout = run.layout
+    n_exact = layout.n_edges if run.cfg.exact_edges == "all" else min(int(run.cfg.exact_edges), layout.n_edges)
+    pairs = layout.real_edge_mask.nonzero()
+    pick = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(run.cfg.seed))[:n_exact]
+    return [tuple(p) for p in pairs[pick.sort().values].tolist()]
+
+
+def old_rotary_exact(run: BenchRun, edges) -> EdgeEffects:
+    """The same edges with the fast path rotating the prefix's keys at every call (before this toolkit cached them)."""
+    _edge_fast.ROTATE_PREFIX_ONCE = False
+    try:
+        return run.timed("edge_patch_rotary_every_call", lambda: _exact_in_parts(run, edges))
+    finally:
+        _edge_fast.ROTATE_PREFIX_ONCE = True
+
+
+def exact_patching(run: BenchRun) -> None:
+    """Exact ``edge_patch`` of the sampled (or all) edges, timed; Spearman of every method's scores against it."""
+    edges = _exact_sample(run)
+    if not edges:
+        return
+    old = old_rotary_exact(run, edges) if run.cfg.time_prefix_rotary else None
+    exact = run.timed("edge_patch", lambda: _exact_in_parts(run, edges))
+    sec, layout, n_exact = run.seconds, run.layout, len(edges)
+    if old is not None:
+        run.results["exact_prefix_rotary_once"] = {
+            "n_edges": n_exact, "speedup_wall": sec["edge_patch_rotary_every_call"] / sec["edge_patch"],
+            "speedup_cpu": sec["edge_patch_rotary_every_call_cpu"] / sec["edge_patch_cpu"],
+            "max_abs_diff": float((old.per_prompt - exact.per_prompt).abs().max())}
+    edges = exact.edges
+    if n_exact == layout.n_edges:
+        _save_exact(run.out, exact, run.model.cfg.d_model)
+    f_idx, b_idx = torch.tensor([e[0] for e in edges]), torch.tensor([e[1] for e in edges])
+    truth = exact.scores[f_idx, b_idx].float()
+    run.results["exact_seconds_per_edge"] = sec["edge_patch"] / n_exact
+    run.results["exact_seconds_by_stage"] = exact.seconds
+    run.results["exact_largest_effects"] = {layout.edge_name(*edges[i]): float(truth[i])
                                             for i in truth.abs().argsort(descending=True)[:10].tolist()}
-        print(f"edge_patch of {n_exact} edges: {sec['edge_patch']:.1f} s wall, {sec['edge_patch_cpu']:.1f} s CPU "
-              f"({sec['edge_patch'] / n_exact * layout.n_edges / 60:.1f} min for all {layout.n_edges}); Spearman vs "
-              f"exact: EAP-IG {rank['eap_ig_inputs']:.3f} (top 1%: {rank['eap_ig_inputs_top_1pct']:.3f}), "
-              f"EAP {rank['eap']:.3f} (top 1%: {rank['eap_top_1pct']:.3f})")
+    print(f"edge_patch of {n_exact} edges: {sec['edge_patch']:.1f} s wall, {sec['edge_patch_cpu']:.1f} s CPU "
+          f"({sec['edge_patch'] / n_exact * layout.n_edges / 60:.1f} min for all {layout.n_edges})")
+    if "eap" in run.scores:
+        _spearman_vs_exact(run, f_idx, b_idx, truth)
+    if old is not None:
+        print(f"  with the prefix keys rotated at every call: {sec['edge_patch_rotary_every_call']:.1f} s wall, "
+              f"{sec['edge_patch_rotary_every_call_cpu']:.1f} s CPU "
+              f"({run.results['exact_prefix_rotary_once']['speedup_cpu']:.2f}x the CPU time)")
 
-    write_json_atomic(out / "results.json", results)
+
+def _spearman_vs_exact(run: BenchRun, f_idx, b_idx, truth) -> None:
+    methods = {name: run.scores[name].scores[f_idx, b_idx] for name in ("eap_ig_inputs", "eap")}
+    if "eap_ig_tool_eap_ig_inputs" in run.scores:
+        methods["eap_ig_tool_eap_ig_inputs"] = run.scores["eap_ig_tool_eap_ig_inputs"][f_idx, b_idx]
+    rank = run.results["spearman_vs_exact"] = _rank_agreement(methods, truth)
+    print(f"  Spearman vs exact: EAP-IG {rank['eap_ig_inputs']:.3f} (top 1%: {rank['eap_ig_inputs_top_1pct']:.3f}), "
+          f"EAP {rank['eap']:.3f} (top 1%: {rank['eap_top_1pct']:.3f})")
+
+
+def print_table(run: BenchRun) -> None:
+    """Each stage's time here and in hannamw/EAP-IG, and the ratio."""
+    sec = run.seconds
     print("\nstage                              this toolkit (s)   hannamw/EAP-IG (s)   speed-up")
     for name, ours_key, theirs_key in (("EAP-IG-inputs, every edge", "edge_attribution_eap_ig_inputs",
                                         "eap_ig_attribute_eap_ig_inputs"),
@@ -290,7 +407,34 @@ def main(argv: list[str] | None = None) -> None:
             t_theirs = sec.get(theirs_key)
             ratio = f"{t_theirs / sec[ours_key]:.1f}x" if t_theirs else "-"
             print(f"{name:34s} {sec[ours_key]:16.1f}   {t_theirs or float('nan'):18.1f}   {ratio}")
-    print(f"wrote {out / 'results.json'}")
+    print(f"wrote {run.out / 'results.json'}")
+
+
+def run_bench(cfg: BenchCircuitsConfig) -> dict:
+    """Every stage in order, results.json saved after each; returns the results."""
+    run = setup(cfg)
+    model_metrics(run)
+    if not cfg.no_attribution:
+        our_attribution(run)
+        eap_ig_attribution(run)
+    run.save()
+    if not (cfg.no_curve or cfg.no_attribution):
+        curve = our_curve(run)
+        if run.eap_ig_batches is not None:
+            eap_ig_curve(run, curve)
+    run.save()
+    if cfg.compare_per_stratum:
+        fast_vs_hook_path(run)
+    run.save()
+    exact_patching(run)
+    run.save()
+    print_table(run)
+    return run.results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark with command-line flags ``argv`` (default: ``sys.argv``)."""
+    return run_bench(cli.parse_config(parser, BenchCircuitsConfig, argv))
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ the key heads and head classes that pipeline has already found (:func:`edge_circ
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import time
@@ -60,6 +59,7 @@ from patching.path_patching import path_patch
 from patching.results import key_heads as rank_key_heads
 
 from experiments import _cli as cli
+from experiments._cli import option
 
 logger = logging.getLogger("experiments")
 
@@ -71,83 +71,40 @@ TOP_EDGES_LISTED = 20
 class CircuitConfig:
     """Every flag of ``python -m experiments.circuit``, with its default."""
 
-    model: str = "gemma-3-270m"
+    model: str = option("gemma-3-270m", "offline model name, TransformerLens model name, or a saved model directory")
     device: str = "auto"
     dtype: str | None = None
-    op: str = "+"
-    n_prompts: int = 200
-    circuit_prompts: int = 64
-    n_shots: int = 3
-    seed: int = 0
-    method: str = "EAP-IG-inputs"
-    ig_steps: int = 5
-    ablation: str = "counterfactual"
-    threshold: float = 0.8
-    top_k: int = 8
-    pool_prompts: int = 256
-    n_bootstrap: int = 1000
-    batch_size: int = 32
-    memory_mb: float = 1024.0
-    threads: int = 0
-    out: str | None = None
-    overwrite: bool = False
+    op: str = option("+", "the operation: + - * / (or addition, subtraction, ...)")
+    n_prompts: int = option(200, "prompts sampled before keeping the correctly answered ones", type=cli.positive_int)
+    circuit_prompts: int = option(64, "correct prompts used, split in half: scores and size chosen on one half, "
+                                      "reported on the other", type=cli.positive_int)
+    n_shots: int = option(3, "solved examples before each prompt", type=cli.nonnegative_int)
+    seed: int = option(0, "seed of the data, the split into halves and the bootstrap", type=int)
+    method: str = option("EAP-IG-inputs", "edge attribution method (patching.edge_attribution)",
+                         choices=sorted(EDGE_ATTRIBUTION_METHODS))
+    ig_steps: int = option(5, "integration steps of the EAP-IG methods", type=cli.positive_int)
+    ablation: str = option("counterfactual", "how edges outside the circuit are ablated (patching.evaluate_circuit)",
+                           choices=ABLATIONS)
+    threshold: float = option(0.8, "the faithfulness the smallest circuit must reach", type=cli.fraction)
+    top_k: int = option(8, "node-level key heads from path patching to relate the circuit to (0: skip path patching)",
+                        type=cli.nonnegative_int)
+    pool_prompts: int = option(256, "prompts (none of them evaluated) the mean ablations average over; unused by "
+                                    "counterfactual", type=cli.positive_int)
+    n_bootstrap: int = option(1000, "bootstrap resamples over prompts for every interval", type=cli.positive_int)
+    batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
+    memory_mb: float = option(1024.0, "activation budget of one batched forward or backward (MB)",
+                              type=cli.positive_float)
+    threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
+    out: str | None = option(None, "output folder (default: runs/circuit-<operation>-<timestamp>)")
+    overwrite: bool = option(False, "write into an existing output folder")
 
 
-FLAG_HELP = {
-    "model": "offline model name, TransformerLens model name, or a saved model directory",
-    "op": "the operation: + - * / (or addition, subtraction, ...)",
-    "n_prompts": "prompts sampled before keeping the correctly answered ones",
-    "circuit_prompts": "correct prompts used, split in half: scores and size chosen on one half, reported on the other",
-    "n_shots": "solved examples before each prompt",
-    "seed": "seed of the data, the split into halves and the bootstrap",
-    "method": "edge attribution method (patching.edge_attribution)",
-    "ig_steps": "integration steps of the EAP-IG methods",
-    "ablation": "how edges outside the circuit are ablated (patching.evaluate_circuit)",
-    "threshold": "the faithfulness the smallest circuit must reach",
-    "top_k": "node-level key heads from path patching to relate the circuit to (0: skip path patching)",
-    "pool_prompts": "prompts (none of them evaluated) the mean ablations average over; unused by counterfactual",
-    "n_bootstrap": "bootstrap resamples over prompts for every interval",
-    "batch_size": "prompts per forward pass",
-    "memory_mb": "activation budget of one batched forward or backward (MB)",
-    "threads": "torch CPU threads (0: torch's default)",
-    "out": "output folder (default: runs/circuit-<operation>-<timestamp>)",
-    "overwrite": "write into an existing output folder",
-}
-FLAG_TYPES = {
-    "n_prompts": cli.positive_int, "circuit_prompts": cli.positive_int, "n_shots": cli.nonnegative_int, "seed": int,
-    "ig_steps": cli.positive_int, "threshold": cli.fraction, "top_k": cli.nonnegative_int,
-    "pool_prompts": cli.positive_int, "n_bootstrap": cli.positive_int, "batch_size": cli.positive_int,
-    "memory_mb": cli.positive_float, "threads": cli.nonnegative_int,
-}
-FLAG_CHOICES = {"method": sorted(EDGE_ATTRIBUTION_METHODS), "ablation": ABLATIONS}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``python -m experiments.circuit``: one flag per :class:`CircuitConfig` field."""
-    parser = cli.make_parser("circuit", __doc__)
-    cli.add_device_flags(parser)
-    for f in dataclasses.fields(CircuitConfig):
-        if f.name in ("device", "dtype"):
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if f.type == "bool":
-            parser.add_argument(flag, action="store_true", help=FLAG_HELP[f.name])
-            continue
-        kind = FLAG_TYPES.get(f.name, str)
-        metavar = "N" if kind in (int, cli.positive_int, cli.nonnegative_int) else None
-        parser.add_argument(flag, type=kind, default=f.default, choices=FLAG_CHOICES.get(f.name), metavar=metavar,
-                            help=FLAG_HELP[f.name])
-    return parser
-
-
-parser = build_parser()
+parser = cli.config_parser(CircuitConfig, "circuit", __doc__)
 
 
 def parse_config(argv: list[str] | None = None) -> CircuitConfig:
     """CLI flags for every field of :class:`CircuitConfig` (``--help`` lists the defaults)."""
-    args = vars(parser.parse_args(argv))
-    args.pop("debug")
-    return CircuitConfig(**args)
+    return cli.parse_config(parser, CircuitConfig, argv)
 
 
 # ---------------------------------------------------------------------------- stages

@@ -36,8 +36,8 @@ import torch
 
 from circuits.graph import GraphLayout
 from circuits.nodes import Head
+from circuits.peak_memory import peak_rss, reset_peak_rss
 from circuits.run_dirs import write_json_atomic, write_text_atomic
-from finetune.trainer import _peak_rss, _reset_peak_rss
 
 from experiments import _cli as cli
 
@@ -232,15 +232,15 @@ def _measure(args) -> None:
         if args.only and name not in args.only:
             continue
         torch.manual_seed(0)
-        exact = _reset_peak_rss()
-        before = _peak_rss(exact)
+        exact = reset_peak_rss()
+        before = peak_rss(exact)
         began = time.perf_counter()
         with torch.no_grad() if name == "forward" else torch.enable_grad():
             run()
         seconds = time.perf_counter() - began
         if name == "af1_grid" and not state.get("af1_eval"):
             continue  # no evaluation prompts: nothing was measured
-        measured[name] = {"seconds": seconds, "peak_rss_above_start_mb": (_peak_rss(exact) - before) / 2**20,
+        measured[name] = {"seconds": seconds, "peak_rss_above_start_mb": (peak_rss(exact) - before) / 2**20,
                           "peak_exact": exact, **extra.get(name, {})}
         shapes[name] = asdict(replace(shape, B=state["af1_eval"]) if name == "af1_grid" else shape)
         print(f"{name:20s} {seconds:8.2f} s  peak +{measured[name]['peak_rss_above_start_mb']:.0f} MB", flush=True)

@@ -16,7 +16,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -25,26 +27,32 @@ from circuits.loading import load_model
 from circuits.run_dirs import prepare_run_dir, write_json_atomic
 from circuits.tasks import accuracy_mask, make_dataset, single_batch
 from circuits.templates import get_templates
+from experiments import _cli as cli
+from experiments._cli import option
 from patching import _forward_cache
 from patching.edge_patching import edge_patch
 from patching.edge_runs import edge_mode, edge_prefix_kv, sender_outputs
 from patching.faithfulness import faithfulness_curve
 
 
-from experiments import _cli as cli
+@dataclass(frozen=True)
+class MeasureEdgesConfig:
+    """Every flag of ``python -m experiments.measure_edges``, with its default."""
 
-parser = cli.make_parser("measure_edges", __doc__)
-parser.add_argument("--model", default="gemma-3-270m", help="model name for circuits.loading.load_model")
-parser.add_argument("--n-prompts", type=int, default=32, help="prompts (one token length, answered correctly)")
-parser.add_argument("--n-shots", type=int, default=2, help="few-shot examples before each prompt")
-parser.add_argument("--stride", type=int, default=1, help="patch every stride-th edge (1: all edges)")
-parser.add_argument("--threads", type=cli.nonnegative_int, default=0, help="torch threads (0: torch's default)")
-parser.add_argument("--memory-mb", type=float, default=512.0, help="activation budget per batched forward")
-parser.add_argument("--n-bootstrap", type=int, default=1000, help="bootstrap resamples")
-cli.add_device_flags(parser, dtype=False)
-parser.add_argument("--seed", type=int, default=0, help="data seed")
-parser.add_argument("--out", default="runs/measure_edges", help="output folder")
-parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
+    model: str = option("gemma-3-270m", "model name for circuits.loading.load_model")
+    n_prompts: int = option(32, "prompts (one token length, answered correctly)", type=cli.positive_int)
+    n_shots: int = option(2, "few-shot examples before each prompt", type=cli.nonnegative_int)
+    stride: int = option(1, "patch every stride-th edge (1: all edges)", type=cli.positive_int)
+    threads: int = option(0, "torch threads (0: torch's default)", type=cli.nonnegative_int)
+    memory_mb: float = option(512.0, "activation budget per batched forward", type=cli.positive_float)
+    n_bootstrap: int = option(1000, "bootstrap resamples", type=cli.positive_int)
+    device: str = "auto"
+    seed: int = option(0, "data seed")
+    out: str = option("runs/measure_edges", "output folder")
+    overwrite: bool = option(False, "replace the results of an earlier run in --out")
+
+
+parser = cli.config_parser(MeasureEdgesConfig, "measure_edges", __doc__)
 
 
 def output_change_scores(model, data) -> torch.Tensor:
@@ -65,57 +73,74 @@ def output_change_scores(model, data) -> torch.Tensor:
     return torch.where(layout.real_edge_mask, per_sender[:, None] * per_receiver[None, :], torch.nan)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the measurement with command-line flags ``argv`` (default: ``sys.argv``)."""
-    args = parser.parse_args(argv)
-    out = prepare_run_dir(args.out, overwrite=args.overwrite)
-    cli.set_threads(args.threads)
-    torch.manual_seed(args.seed)
-    model = load_model(args.model, device=args.device)
-    model.eval()
+def correct_prompts(model, cfg: MeasureEdgesConfig):
+    """``cfg.n_prompts`` addition prompts of the most common token length that the model answers correctly."""
     template = get_templates("+", ("equation",))[0]
-    data = make_dataset(model, op="+", n_prompts=4 * args.n_prompts, template_ids=(template.id,), n_shots=args.n_shots,
-                        seed=args.seed)
+    data = make_dataset(model, op="+", n_prompts=4 * cfg.n_prompts, template_ids=(template.id,), n_shots=cfg.n_shots,
+                        seed=cfg.seed)
     correct = accuracy_mask(model, data)
     lengths = data["end_pos"]
     common = max(set(lengths), key=lengths.count)
-    keep = [i for i, (n, ok) in enumerate(zip(lengths, correct)) if n == common and ok][: args.n_prompts]
-    if len(keep) < args.n_prompts:
+    keep = [i for i, (n, ok) in enumerate(zip(lengths, correct)) if n == common and ok][: cfg.n_prompts]
+    if len(keep) < cfg.n_prompts:
         raise SystemExit(f"Only {len(keep)} correctly answered prompts of one token length; lower --n-prompts.")
-    data = data.select(keep)
-    batch = single_batch(data)
-    prefix = _forward_cache.shared_prefix_length(batch.tokens, batch.cf_tokens)
-    print(f"{len(data)} prompts of {batch.tokens.shape[1]} tokens (shared prefix {prefix}), e.g. {batch.prompts[0]!r}")
+    return data.select(keep)
 
+
+def time_edge_patch(model, cfg: MeasureEdgesConfig, data) -> dict:
+    """``edge_patch`` of every ``stride``-th edge, timed (wall and CPU), extrapolated to all edges when strided."""
     layout = GraphLayout.of(model)
     all_edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()]
-    edges = all_edges[:: args.stride]
+    edges = all_edges[:: cfg.stride]
     wall, cpu = time.perf_counter(), time.process_time()
-    effects = edge_patch(model, edges, data, memory_mb=args.memory_mb)
+    effects = edge_patch(model, edges, data, memory_mb=cfg.memory_mb)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     scale = len(all_edges) / len(edges)
     print(f"edge_patch: {len(edges)} edges in {wall:.1f} s wall ({cpu:.1f} s CPU); all {len(all_edges)} edges: "
-          f"{'' if args.stride == 1 else 'extrapolated '}{wall * scale / 60:.1f} min wall")
+          f"{'' if cfg.stride == 1 else 'extrapolated '}{wall * scale / 60:.1f} min wall")
+    top = effects.effects.abs().argsort(descending=True)[:20].tolist()
+    return {"n_edges": len(edges), "stride": cfg.stride, "wall_s": wall, "cpu_s": cpu,
+            "all_edges_wall_s": wall * scale, "extrapolated": cfg.stride != 1,
+            "reference_metric": effects.reference_metric,
+            "top_edges": {layout.edge_name(*edges[i]): float(effects.effects[i]) for i in top}}
 
+
+def baseline_curve(model, cfg: MeasureEdgesConfig, data) -> dict:
+    """The faithfulness curve of the naive output x input change scores, timed."""
     scores = output_change_scores(model, data)
     curve_wall = time.perf_counter()
-    curve = faithfulness_curve(model, scores, data, n_bootstrap=args.n_bootstrap, memory_mb=args.memory_mb)
+    curve = faithfulness_curve(model, scores, data, n_bootstrap=cfg.n_bootstrap, memory_mb=cfg.memory_mb)
     curve_wall = time.perf_counter() - curve_wall
     print(f"faithfulness curve (output x input change scores): CPR {curve.cpr}, CMD {curve.cmd}, {curve_wall:.1f} s")
     for x, n, f in zip(curve.fractions, curve.n_edges, curve.faithfulness):
         print(f"  {100 * x:6.1f}% ({n:5d} edges): f = {f}")
+    return {"scores": "sender output-change norm x receiver input-change norm", "wall_s": curve_wall, **curve.to_dict()}
 
-    top = effects.effects.abs().argsort(descending=True)[:20].tolist()
-    write_json_atomic(out / "results.json", {
-        "model": args.model, "n_prompts": len(data), "n_tokens": int(batch.tokens.shape[1]), "shared_prefix": prefix,
-        "threads": torch.get_num_threads(), "memory_mb": args.memory_mb, "n_edges_total": len(all_edges),
-        "edge_patch": {"n_edges": len(edges), "stride": args.stride, "wall_s": wall, "cpu_s": cpu,
-                       "all_edges_wall_s": wall * scale, "extrapolated": args.stride != 1,
-                       "reference_metric": effects.reference_metric,
-                       "top_edges": {layout.edge_name(*edges[i]): float(effects.effects[i]) for i in top}},
-        "curve": {"scores": "sender output-change norm x receiver input-change norm", "wall_s": curve_wall, **curve.to_dict()},
-    })
+
+def run(cfg: MeasureEdgesConfig) -> dict:
+    """Prompts, exact edge patching, the baseline curve; results.json written atomically."""
+    out = prepare_run_dir(cfg.out, overwrite=cfg.overwrite)
+    cli.set_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    model = load_model(cfg.model, device=cfg.device)
+    model.eval()
+    data = correct_prompts(model, cfg)
+    batch = single_batch(data)
+    prefix = _forward_cache.shared_prefix_length(batch.tokens, batch.cf_tokens)
+    print(f"{len(data)} prompts of {batch.tokens.shape[1]} tokens (shared prefix {prefix}), e.g. {batch.prompts[0]!r}")
+    results = {"model": cfg.model, "n_prompts": len(data), "n_tokens": int(batch.tokens.shape[1]),
+               "shared_prefix": prefix, "threads": torch.get_num_threads(), "memory_mb": cfg.memory_mb,
+               "n_edges_total": GraphLayout.of(model).n_edges, "settings": dataclasses.asdict(cfg)}
+    results["edge_patch"] = time_edge_patch(model, cfg, data)
+    results["curve"] = baseline_curve(model, cfg, data)
+    write_json_atomic(out / "results.json", results)
     print(f"wrote {out / 'results.json'}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the measurement with command-line flags ``argv`` (default: ``sys.argv``)."""
+    return run(cli.parse_config(parser, MeasureEdgesConfig, argv))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ import json
 import logging
 import math
 import os
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +51,7 @@ from transformer_lens import HookedTransformer
 from circuits.errors import InputError, ToolkitError
 from circuits.metrics import unembed_end
 from circuits.nodes import MLP, Head
+from circuits.peak_memory import peak_rss, reset_peak_rss
 from circuits.process_group import rank_and_world_size
 from finetune import checkpoints as ckpt
 from finetune.data import SFTDataError, collate, epoch_order, targets
@@ -131,27 +131,6 @@ def _all_reduce_grads(optimizer: SliceAdamW) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS mark (Linux: ``5`` to /proc/self/clear_refs); False where that is not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_rss(since_reset: bool) -> int:
-    """Peak resident memory in bytes: since :func:`_reset_peak_rss` (VmHWM), else the process's peak so far."""
-    if since_reset:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    # ru_maxrss is KiB on Linux
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _select(model, method, heads, mlps, config) -> tuple[Selection, Selection]:
@@ -296,7 +275,7 @@ def _start_run(model, rows, config, method, heads, mlps, out_dir, resume, total,
         raise
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    run.rss_reset = _reset_peak_rss()  # so peak_rss_bytes is this run's, not an earlier run's in the process
+    run.rss_reset = reset_peak_rss()  # so peak_rss_bytes is this run's, not an earlier run's in the process
     return run
 
 
@@ -387,7 +366,7 @@ def _finish(run: _Run, state_bytes: int) -> TrainResult:
         model=model, method=run.method, selection=run.final_selection, n_trainable=run.n_trainable,
         n_parameters=run.n_parameters, steps=run.total, losses=run.losses,
         seconds_per_step=sum(timed) / len(timed) if timed else float("nan"),
-        optimizer_state_bytes=state_bytes, peak_rss_bytes=_peak_rss(run.rss_reset),
+        optimizer_state_bytes=state_bytes, peak_rss_bytes=peak_rss(run.rss_reset),
         peak_cuda_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
         out_dir=run.out_dir, resumed_from=run.resumed_from,
     )

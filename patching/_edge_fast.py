@@ -18,6 +18,11 @@ against a plain hook implementation):
   and the residual sums run at END only.
 * **Layers in between** run as plain blocks (grouped K/V, no per-head inputs), called
   directly rather than through ``HookedTransformer.forward``.
+* **Rotary on the prefix's keys once per layer**: TransformerLens caches keys *before*
+  rotary and rotates every cached key again at every call (``apply_rotary(k, 0)`` over the
+  whole key sequence), i.e. once per patched row per layer. Rotary is elementwise per
+  position, so rotating only the new positions and prepending the prefix's keys rotated
+  once (untiled, then tiled) gives the same tensor bit for bit (:func:`prefix_rotary_once`).
 
 Only sequential pre-norm blocks qualify (:func:`fast_path_problem`); :func:`patching.edge_patch`
 uses the hook path otherwise.
@@ -25,6 +30,7 @@ uses the hook path otherwise.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Optional, Sequence
 
 import torch
@@ -51,6 +57,38 @@ def fast_path_problem(model: HookedTransformer) -> Optional[str]:
 
 def _entry(kv, layer: int, times: int):
     return None if kv is None else _forward_cache.TiledKVCache(kv, times)[layer]
+
+
+ROTATE_PREFIX_ONCE = True  # False only to time the old behaviour side by side (experiments.bench_circuits)
+
+
+@contextmanager
+def prefix_rotary_once(attn, kv, layer: int, times: int):
+    """While ``attn`` runs with layer ``layer``'s prefix cache of ``kv`` tiled ``times``, rotary of its keys
+    rotates only the new positions and prepends the prefix's keys rotated once (same values, bit for bit).
+
+    TransformerLens' attention calls ``self.apply_rotary(k, 0, mask)`` on the cached prefix keys plus the
+    new ones; this shadows that method on the instance for the duration of the call only.
+    """
+    if kv is None or not ROTATE_PREFIX_ONCE or attn.cfg.positional_embedding_type != "rotary":
+        yield
+        return
+    original = attn.apply_rotary
+    past = kv[layer].past_keys
+    n_prefix = past.shape[1]
+    rotated = original(past, 0, None)
+    rotated = rotated.expand(times, -1, -1, -1) if past.shape[0] == 1 else rotated.repeat(times, 1, 1, 1)
+
+    def apply_rotary(x, past_kv_pos_offset: int = 0, attention_mask=None):
+        if past_kv_pos_offset != 0 or attention_mask is not None or x.shape[1] <= n_prefix:
+            return original(x, past_kv_pos_offset, attention_mask)  # the queries' call (offset = prefix length)
+        return torch.cat([rotated.to(x.device), original(x[:, n_prefix:], n_prefix, None)], dim=1)
+
+    attn.apply_rotary = apply_rotary
+    try:
+        yield
+    finally:
+        del attn.apply_rotary
 
 
 def _mlp_on(block, resid_mid: Tensor, mlp_in: Tensor) -> Tensor:
@@ -107,7 +145,7 @@ def head_receiver_layer(
     split_before = cfg.use_split_qkv_input
     model.set_use_split_qkv_input(False)
     try:
-        with model.hooks(fwd_hooks=hooks):
+        with model.hooks(fwd_hooks=hooks), prefix_rotary_once(attn, kv_split, layer, k):
             out = attn(query_input=normed, key_input=normed, value_input=normed,
                        past_kv_cache_entry=_entry(kv_split, layer, k))
     finally:
@@ -139,11 +177,13 @@ def end_residual_above(
     times = resid.shape[0] // (kv_plain[0].past_keys.shape[0] if kv_plain is not None else 1)
     with plain_blocks(model):
         for above in range(layer + 1, n_layers - 1):
-            resid = model.blocks[above](resid, past_kv_cache_entry=_entry(kv_plain, above, times))
+            with prefix_rotary_once(model.blocks[above].attn, kv_plain, above, times):
+                resid = model.blocks[above](resid, past_kv_cache_entry=_entry(kv_plain, above, times))
         block = model.blocks[n_layers - 1]
         normed = block.ln1(resid)
-        attn = block.attn(query_input=normed, key_input=normed, value_input=normed,
-                          past_kv_cache_entry=_entry(kv_plain, n_layers - 1, times))
+        with prefix_rotary_once(block.attn, kv_plain, n_layers - 1, times):
+            attn = block.attn(query_input=normed, key_input=normed, value_input=normed,
+                              past_kv_cache_entry=_entry(kv_plain, n_layers - 1, times))
         resid_mid = resid[:, -1:] + _attn_added(model, block, attn[:, -1:])
         return _mlp_on(block, resid_mid, resid_mid)[:, 0]
 

@@ -68,3 +68,20 @@ def test_highlighted_heads_get_a_black_ring():
         if trace.mode == "markers+text" and trace.name == "heads":
             rings.update(zip(trace.text, trace.marker.line.color))
     assert rings["a1.h0"] == "black" and all(c == "white" for n, c in rings.items() if n != "a1.h0")
+
+
+@pytest.mark.parametrize("n_layers", [3, 18])
+def test_node_labels_are_not_cut_off_at_the_plot_edges(n_layers):
+    """The "input" and "logits" labels sit above their markers (inside the x range), and no node label is clipped."""
+    layout = GraphLayout(n_layers, 4)
+    g = torch.Generator().manual_seed(0)
+    graph = select_top_n(Graph(layout, torch.where(layout.real_edge_mask, torch.randn(
+        layout.n_forward, layout.n_backward, generator=g), torch.nan)), 30, prune=False)
+    fig = edge_circuit_figure(graph)
+    low, high = fig.layout.xaxis.range
+    for name in ("input", "logits"):
+        trace = next(t for t in fig.data if t.name == name)
+        assert list(trace.text) == [name] and trace.textposition == "top center"
+        assert low < trace.x[0] - 0.5 and trace.x[0] + 0.5 < high  # marker (and the label centred on it) inside
+    labelled = [t for t in fig.data if t.mode == "markers+text"]
+    assert labelled and all(t.cliponaxis is False for t in labelled)

@@ -2,10 +2,14 @@
 
 import json
 
+import pytest
+
 from experiments import _eap_ig_arm, bench_circuits
 
 
 def test_bench_circuits_writes_times_curve_and_rank_agreement(tiny_dir, tmp_path, capsys):
+    from safetensors.torch import load_file
+
     out = tmp_path / "bench"
     bench_circuits.main(["--model", str(tiny_dir), "--n-prompts", "4", "--n-shots", "1", "--ig-steps", "2",
                          "--exact-edges", "40", "--out", str(out)])
@@ -25,6 +29,10 @@ def test_bench_circuits_writes_times_curve_and_rank_agreement(tiny_dir, tmp_path
     else:  # tiny gemma-style model: non-head senders agree exactly, head senders follow different conventions
         assert results["agreement_eap_ig_inputs"]["max_rel_diff_non_head_senders"] < 1e-4
         assert results["speedup_attribution"] > 0
+    scores = load_file(str(out / "edge_scores.safetensors"))
+    assert scores["ours_eap_ig_inputs"].shape == scores["ours_eap"].shape
+    assert ("eap_ig_tool_eap_ig_inputs" in scores) == (not _eap_ig_arm.eap_ig_missing())
+    assert results["settings"]["ig_steps"] == 2 and results["settings"]["exact_edges"] == "40"
     fast_vs_hook = results["edge_patch_fast_vs_hook_path"]
     assert fast_vs_hook["speedup"] > 0 and fast_vs_hook["max_abs_diff"] <= 1e-4 * max(1.0, fast_vs_hook["max_abs_effect"])
 
@@ -37,8 +45,11 @@ def test_bench_circuits_all_edges_saves_the_exact_effects(tiny_dir, tmp_path):
     out = tmp_path / "bench_all"
     bench_circuits.main(["--model", str(tiny_dir), "--n-prompts", "3", "--n-shots", "1", "--ig-steps", "1",
                          "--exact-edges", "all", "--compare-per-stratum", "1", "--no-curve", "--no-eap-ig",
-                         "--out", str(out)])
+                         "--time-prefix-rotary", "--out", str(out)])
     results = json.loads((out / "results.json").read_text())
+    # the fast path's prefix keys rotated once vs at every call (tiny gemma-style model: rotary): the same effects
+    once = results["exact_prefix_rotary_once"]
+    assert once["n_edges"] == results["n_edges"] and once["max_abs_diff"] == 0.0 and once["speedup_cpu"] > 0
     n_edges = results["n_edges"]
     rank = results["spearman_vs_exact"]
     assert rank["n_edges"] == n_edges and rank["n_top_1pct"] >= 3 and -1 <= rank["eap_top_1pct"] <= 1
@@ -49,3 +60,21 @@ def test_bench_circuits_all_edges_saves_the_exact_effects(tiny_dir, tmp_path):
     assert abs(float(graph.scores[f, b].double().sum() - saved["per_prompt"].mean(1).sum())) < 1e-3
     top = max(results["exact_largest_effects"].values(), key=abs)
     assert abs(abs(top) - float(graph.scores[f, b].abs().max())) < 1e-6
+
+
+def test_bench_circuits_rejects_a_bad_edge_count(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench_circuits.main(["--exact-edges", "some"])
+    assert exit_info.value.code == 2 and "expected 'all' or an integer >= 0" in capsys.readouterr().err
+
+
+def test_bench_circuits_without_attribution_times_exact_patching_only(tiny_dir, tmp_path):
+    out = tmp_path / "exact_only"
+    results = bench_circuits.main(["--model", str(tiny_dir), "--n-prompts", "3", "--n-shots", "1", "--no-attribution",
+                                   "--exact-edges", "12", "--time-prefix-rotary", "--compare-per-stratum", "0",
+                                   "--out", str(out)])
+    assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(results))
+    assert "edge_attribution_eap" not in results["seconds"] and "spearman_vs_exact" not in results
+    assert "curve" not in results and results["exact_progress"]["n_edges_done"] == 12
+    assert results["exact_prefix_rotary_once"]["max_abs_diff"] == 0.0
+    assert results["seconds"]["edge_patch_cpu"] > 0 and results["seconds"]["edge_patch_rotary_every_call_cpu"] > 0

@@ -135,14 +135,14 @@ def _current_rss() -> int:
 def test_peak_rss_is_this_runs_own(sft_rows):
     import os
 
-    from finetune.trainer import _peak_rss, _reset_peak_rss
+    from circuits.peak_memory import peak_rss, reset_peak_rss
 
     if not os.access("/proc/self/clear_refs", os.W_OK):
         pytest.skip("the peak-RSS mark cannot be reset on this system")
-    _reset_peak_rss()  # the earlier peak below is the ballast's, not an earlier test's
+    reset_peak_rss()  # the earlier peak below is the ballast's, not an earlier test's
     ballast = bytearray(768 * 2**20)  # an earlier peak in the same process, then freed
     ballast[::4096] = b"x" * len(ballast[::4096])
-    earlier_peak = _peak_rss(since_reset=True)
+    earlier_peak = peak_rss(since_reset=True)
     del ballast
     if _current_rss() > earlier_peak - 512 * 2**20:  # the allocator kept the freed pages: nothing to tell apart
         pytest.skip("the freed ballast was not returned to the system in this process")

@@ -73,6 +73,32 @@ def test_fast_path_equals_the_hook_path_and_the_plain_patch_with_layers_in_betwe
         assert abs(got - expected) < 1e-4 * max(1.0, abs(expected)), name
 
 
+@pytest.mark.parametrize("style", ["llama_gqa", "gemma_mqa"])
+def test_rotating_the_prefix_keys_once_changes_nothing(style, monkeypatch):
+    """Rotary models: the fast path rotates the prefix's cached keys once per layer instead of once per
+    patched row; the effects are the same bit for bit, and no shadowing method survives the run."""
+    from patching import _edge_fast
+
+    model = tiny_model(n_layers=3, seed=7, **STYLES[style])
+    assert model.cfg.positional_embedding_type == "rotary"
+    data = make_dataset(model, n_prompts=4, n_shots=1, template_ids=["add-equation-0"], seed=4)
+    assert single_batch(data).tokens.shape[1] > 4  # a real shared prefix, so the cache path runs
+    calls = []
+    original = _edge_fast.prefix_rotary_once
+
+    def counting(attn, kv, layer, times):
+        calls.append(kv is not None)
+        return original(attn, kv, layer, times)
+
+    monkeypatch.setattr(_edge_fast, "prefix_rotary_once", counting)
+    once = edge_patch(model, None, data, memory_mb=0.02, progress=False)
+    assert any(calls)
+    monkeypatch.setattr(_edge_fast, "ROTATE_PREFIX_ONCE", False)
+    every_row = edge_patch(model, None, data, memory_mb=0.02, progress=False)
+    assert torch.equal(once.per_prompt, every_row.per_prompt)
+    assert all("apply_rotary" not in vars(block.attn) for block in model.blocks)
+
+
 def test_fast_path_is_skipped_where_blocks_are_parallel():
     from patching._edge_fast import fast_path_problem
 
