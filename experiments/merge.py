@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from circuits.errors import InputError
 from circuits.loading import load_model
 from circuits.nodes import parse_node
 from circuits.report import Report
+from circuits.stats import paired_difference, proportion
 from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results
 from circuits.model_cache import save_model
 from circuits.tasks import make_dataset
@@ -81,7 +83,20 @@ class MergeConfig:
     n_val: int = option(12, "validation prompts per task (baseline tuning)", type=cli.positive_int)
     n_test: int = option(24, "test prompts per task", type=cli.positive_int)
     n_shots: int = option(1, "few-shot examples per prompt", type=cli.nonnegative_int)
+    mul_operands: str = option("1,9", "operand range of the mul task, 'lo,hi' (two-digit: '10,99')")
+    max_number: int = option(30, "en_fr translates the numbers 0..max_number", type=cli.positive_int)
+    n_test_numbers: int = option(9, "en_fr test numbers (disjoint from validation and training numbers)",
+                                 type=cli.positive_int)
+    n_val_numbers: int = option(6, "en_fr validation numbers", type=cli.positive_int)
+    target_gain: float = option(0.0, "train each expert until its validation exact accuracy is >= the base's + this "
+                                "(checked every --check-every steps, at most --steps steps; 0: train --steps steps)",
+                                type=cli.fraction)
+    check_every: int = option(8, "optimizer steps between validation checks of --target-gain", type=cli.positive_int)
     n_samples: int = option(16, "samples per task for the closed form (paper: 30)", type=cli.positive_int)
+    cf_seeds: int = option(1, "closed-form repeats, each fitted on --n-samples training prompts drawn with its own seed",
+                           type=cli.positive_int)
+    cf_positions: str = option("all", "positions the closed-form least squares runs over: 'all' (every prompt token), "
+                               "'answer' (the positions that predict an answer token) or 'all,answer'")
     cf_batch_size: int = option(4, "batch of the closed-form fit", type=cli.positive_int)
     levels: str = option(",".join(LEVELS), "closed-form levels to run ('': no closed form, circuit-aware included)")
     ta_lambdas: str = option("0.5,1.0", "task-arithmetic λ grid (val)")
@@ -98,6 +113,7 @@ class MergeConfig:
     threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
     config: str | None = option(None, "run this mergekit merge YAML instead (merge and save only)")
     methods: str = option(",".join(METHODS), "data-free merge methods to run (comma-separated)")
+    no_circuit_aware: bool = option(False, "skip circuit-aware merging (and the path patching that finds its key heads)")
 
 
 parser = cli.config_parser(MergeConfig, "merge", __doc__)
@@ -120,19 +136,39 @@ class MergeRun:
 
     @property
     def cf_tasks(self) -> list[list[str]]:
-        """Per task, the closed form's samples: the first ``n_samples`` training prompts with their answers."""
+        """Per task, the first ``n_samples`` training prompts with their answers (the linearity figure's samples)."""
         return [[r["prompt"] + r["answer"] for r in self.data[(t, "train")].select(range(self.cfg.n_samples))]
                 for t in TASKS]
 
-    def score(self, model, split: str = "test", tasks=TASKS) -> dict:
-        """Accuracy per task on ``split`` and the mean of ``exact`` over tasks."""
-        model.eval()
-        per = {t: answer_accuracy(model, self.data[(t, split)], self.cfg.eval_batch_size) for t in tasks}
-        return {"tasks": per, "avg": sum(s["exact"] for s in per.values()) / len(per)}
+    def cf_inputs(self, names, seed: int, positions: str) -> dict:
+        """The closed form's data for experts ``names``: ``n_samples`` training rows per task drawn with ``seed``
+        (seed 0: the first rows), as token tensors with attention masks and, for ``positions="answer"``, fit masks."""
+        tasks, masks, fits = [], [], []
+        for t in names:
+            rows = self.data[(t, "train")]
+            picked = range(self.cfg.n_samples) if seed == 0 else \
+                sorted(random.Random(seed).sample(range(len(rows)), min(self.cfg.n_samples, len(rows))))
+            tokens, attention, answer_side = padded_rows(rows.select(picked).to_list(), self.base)
+            tasks.append(tokens)
+            masks.append(attention)
+            fits.append(answer_side if positions == "answer" else None)
+        return {"tasks": tasks, "attention_masks": masks, "fit_masks": fits}
 
-    def record(self, name: str, model, seconds: float, **extra) -> dict:
-        """Score ``model`` on test, store it under ``name``, print a line, save results.json."""
+    def score(self, model, split: str = "test", tasks=TASKS) -> dict:
+        """Accuracy per task on ``split`` (with per-prompt hits and a Wilson interval) and pooled over tasks."""
+        model.eval()
+        per = {t: answer_accuracy(model, self.data[(t, split)], self.cfg.eval_batch_size, per_prompt=True)
+               for t in tasks}
+        for s in per.values():
+            s["exact_ci"] = proportion(s["exact_hits"]).to_dict()
+        pooled = proportion([h for s in per.values() for h in s["exact_hits"]])
+        return {"tasks": per, "avg": sum(s["exact"] for s in per.values()) / len(per), "pooled": pooled.to_dict()}
+
+    def record(self, name: str, model, seconds: float, val: bool = False, **extra) -> dict:
+        """Score ``model`` on test (and on val if ``val``), store it under ``name``, print a line, save results.json."""
         entry = {"test": self.score(model), "seconds": round(seconds, 2), **extra}
+        if val:
+            entry["val"] = self.score(model, "val")
         self.results["models"][name] = entry
         accs = " ".join(f"{t}={entry['test']['tasks'][t]['exact']:.3f}" for t in TASKS)
         print(f"{name:28s} {accs} avg={entry['test']['avg']:.3f} ({seconds:.0f} s)", flush=True)
@@ -190,19 +226,51 @@ def start_run(cfg: MergeConfig) -> MergeRun:
     base.eval()
     for p in base.parameters():
         p.requires_grad_(False)
-    data = expert_task_data(base, ExpertTaskConfig(n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test,
-                                                   n_shots=cfg.n_shots, seed=cfg.seed))
+    data = expert_task_data(base, task_config(cfg))
     for t in TASKS:
         row = data[(t, "test")][0]
         print(f"{t}: {row['prompt'][-70:]!r} -> {row['answer']!r}")
     run = MergeRun(cfg, out, base, data, timer, results)
     with timer.stage("eval base"):
-        run.record("base", base, 0.0)
+        run.record("base", base, 0.0, val=True)
     return run
 
 
+class _TargetReached(Exception):
+    """Raised from the training callback to stop an expert once its validation target is met."""
+
+
+def train_expert(run: MergeRun, task: str):
+    """A copy of the base trained on ``task`` for ``--steps`` steps, or until its validation accuracy reaches the
+    base's + ``--target-gain`` (checked every ``--check-every`` steps); returns it with what training recorded."""
+    cfg, model = run.cfg, copy.deepcopy(run.base)
+    target = run.results["models"]["base"]["val"]["tasks"][task]["exact"] + cfg.target_gain
+    losses, checks = [], []
+
+    def on_step(step: int, loss: float) -> None:
+        losses.append(loss)
+        if cfg.target_gain and (step % cfg.check_every == 0 or step == cfg.steps):
+            val = answer_accuracy(model, run.data[(task, "val")], cfg.eval_batch_size)["exact"]
+            model.train()
+            checks.append({"step": step, "val_exact": val})
+            print(f"  {task} step {step}: val {val:.3f} (target {target:.3f})", flush=True)
+            if val >= target:
+                raise _TargetReached
+
+    train_cfg = TrainConfig(lr=cfg.lr, batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,
+                            max_steps=cfg.steps, seed=cfg.seed, progress=False)
+    heads = _given_heads(cfg) or None if cfg.expert_method == "precise" else None
+    try:
+        train(model, run.data[(task, "train")], train_cfg, method=cfg.expert_method, heads=heads, on_step=on_step)
+    except _TargetReached:
+        pass  # trained in place; the steps taken are len(losses)
+    info = {"steps": len(losses), "losses": losses, "val_checks": checks, "target_val": target if cfg.target_gain
+            else None, "target_met": bool(checks) and checks[-1]["val_exact"] >= target}
+    return model, info
+
+
 def train_experts(run: MergeRun) -> None:
-    """One expert per task, trained from the base (or loaded from ``--experts-dir``), saved, scored."""
+    """One expert per task, trained from the base (or loaded from ``--experts-dir``), saved, scored (val and test)."""
     cfg = run.cfg
     experts_dir = cfg.experts_dir or run.out / "experts"
     for t in TASKS:
@@ -211,18 +279,13 @@ def train_experts(run: MergeRun) -> None:
         if cfg.experts_dir:
             model, info = load_model(path, device=cfg.device, dtype=cfg.dtype), {"loaded_from": path}
         else:
-            model = copy.deepcopy(run.base)
-            train_cfg = TrainConfig(lr=cfg.lr, batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,
-                                    max_steps=cfg.steps, seed=cfg.seed, progress=False)
-            heads = _given_heads(cfg) or None if cfg.expert_method == "precise" else None
-            res = train(model, run.data[(t, "train")], train_cfg, method=cfg.expert_method, heads=heads)
+            model, info = train_expert(run, t)
             save_model(model, path, overwrite=cfg.overwrite)
-            info = {"train": res.summary(), "losses": res.losses}
         train_seconds = time.perf_counter() - start
         run.timer.seconds[f"expert {t}"] = round(train_seconds, 2)
         run.experts[t] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         with run.timer.stage("eval experts"):
-            run.record(f"expert {t}", model, train_seconds, **info)
+            run.record(f"expert {t}", model, train_seconds, val=True, **info)
         del model
     run.work = copy.deepcopy(run.base)
 
@@ -274,24 +337,46 @@ def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs:
             run.work.load_state_dict(best[2])
         chosen[method] = best[1]
         run.recipes[f"{method}{suffix}"] = ("method", method, best[1])
-        run.record(f"{method}{suffix}", run.work, time.perf_counter() - start, config=best[1], val_avg=best[0],
+        run.record(f"{method}{suffix}", run.work, time.perf_counter() - start, val=method == "weight_average" and
+                   not suffix, config=best[1], val_avg=best[0],
                    grid=[str(c) for c in grid], merge_seconds=round(best[3], 2), peak_mb=round(best[4], 1))
     return chosen
 
 
-def merge_closed_form(run: MergeRun, names: tuple[str, ...], suffix: str, levels: list, key_heads: KeyHeads | None) -> None:
-    """Closed-form submodule merging of ``names`` at each of ``levels``, and circuit-aware if ``key_heads``."""
-    srcs, tasks = [run.experts[n] for n in names], [run.cf_tasks[TASKS.index(n)] for n in names]
-    plans = [(f"closed form ({lv}){suffix}", lv) for lv in levels]
+def closed_form_plans(run: MergeRun, levels: list, key_heads: KeyHeads | None, suffix: str,
+                      seeds: int, positions: list[str]) -> list[tuple[str, object, str, int]]:
+    """``(name, level spec, positions, seed)`` per closed-form merge: every level x positions x seed, then
+    circuit-aware (all positions, seed 0) if ``key_heads``. Names carry the positions and seed only when varied."""
+    plans = []
+    for lv in levels:
+        for pos in positions:
+            for seed in range(seeds):
+                name = f"closed form ({lv}" + (", answer-side" if pos == "answer" else "") + \
+                    (f", seed {seed}" if seeds > 1 else "") + f"){suffix}"
+                plans.append((name, lv, pos, seed))
     if key_heads is not None and levels:  # --levels "" runs no closed form at all
-        plans.append((f"{CIRCUIT_AWARE}{suffix}", circuit_levels(key_heads.heads, run.base.cfg.n_layers)))
-    for name, spec in plans:
+        plans.append((f"{CIRCUIT_AWARE}{suffix}", circuit_levels(key_heads.heads, run.base.cfg.n_layers), "all", 0))
+    return plans
+
+
+def closed_form_state(run: MergeRun, names, spec, positions: str, seed: int):
+    """The closed-form merge of experts ``names`` at level ``spec``, fitted over ``positions`` of seed ``seed``'s
+    samples: ``merge_submodules``'s result."""
+    return merge_submodules(run.base, [run.experts[n] for n in names], config=_closed_form_config(run.cfg),
+                            levels=spec, expert_names=list(names), progress=False,
+                            **run.cf_inputs(names, seed, positions))
+
+
+def merge_closed_form(run: MergeRun, names: tuple[str, ...], suffix: str, levels: list, key_heads: KeyHeads | None,
+                      seeds: int = 1, positions: tuple[str, ...] = ("all",)) -> None:
+    """Closed-form submodule merging of ``names`` at each of ``levels`` (x positions x seeds), and circuit-aware."""
+    for name, spec, pos, seed in closed_form_plans(run, levels, key_heads, suffix, seeds, list(positions)):
         start = time.perf_counter()
-        res = merge_submodules(run.base, srcs, tasks, _closed_form_config(run.cfg), levels=spec,
-                               expert_names=list(names), progress=False)
+        res = closed_form_state(run, names, spec, pos, seed)
         run.work.load_state_dict(res.state_dict)
-        run.recipes[name] = ("closed form", spec)
-        run.record(name, run.work, time.perf_counter() - start, alphas=res.alphas.to_dict())
+        run.recipes[name] = ("closed form", spec, pos, seed)
+        run.record(name, run.work, time.perf_counter() - start, alphas=res.alphas.to_dict(), positions=pos,
+                   sample_seed=seed)
         run.alpha_tables[name] = res.alphas
 
 
@@ -299,7 +384,8 @@ def merge_everything(run: MergeRun, key_heads: KeyHeads) -> None:
     """All three experts with every method and level; with ``--pairs`` each pair too (the triple's configs, attn_mlp)."""
     with run.timer.stage("merge all three"):
         chosen = merge_baselines(run, TASKS, "")
-        merge_closed_form(run, TASKS, "", [lv for lv in run.cfg.levels.split(",") if lv], key_heads)
+        merge_closed_form(run, TASKS, "", [lv for lv in run.cfg.levels.split(",") if lv], key_heads,
+                          run.cfg.cf_seeds, tuple(run.cfg.cf_positions.split(",")))
     if run.cfg.pairs:
         with run.timer.stage("merge pairs"):
             for i in range(len(TASKS)):
@@ -309,14 +395,62 @@ def merge_everything(run: MergeRun, key_heads: KeyHeads) -> None:
                     merge_closed_form(run, names, suffix, ["attn_mlp"], None)
 
 
+def expert_bar(run: MergeRun) -> dict:
+    """Per task: does its expert beat the base by ``--target-gain`` and the weight average on its validation split?"""
+    models, bar = run.results["models"], {}
+    for t in TASKS:
+        val = {m: models[m]["val"]["tasks"][t]["exact"] for m in ("base", f"expert {t}", "weight_average")
+               if "val" in models.get(m, {})}
+        expert = val[f"expert {t}"]
+        bar[t] = {"val_exact": val, "n_val": models["base"]["val"]["tasks"][t]["n"],
+                  "gain_over_base": expert - val["base"], "beats_base_by_target": expert - val["base"] >= run.cfg.target_gain,
+                  "beats_weight_average": expert > val["weight_average"] if "weight_average" in val else None}
+        print(f"expert bar {t}: " + ", ".join(f"{m} {v:.3f}" for m, v in val.items()))
+    run.results["expert_bar"] = bar
+    run.save()
+    return bar
+
+
+def closed_form_groups(models: dict) -> dict[str, list[str]]:
+    """The attn/MLP-level closed-form merges of all three, grouped by positions (all / answer-side) over seeds."""
+    groups: dict[str, list[str]] = {}
+    for name, entry in models.items():
+        if name.startswith("closed form (attn_mlp") and "[" not in name:
+            groups.setdefault(entry.get("positions", "all"), []).append(name)
+    return groups
+
+
+def compare(run: MergeRun) -> dict:
+    """Paired bootstrap intervals over the pooled test prompts: attn/MLP closed form (each seed, and the per-prompt
+    mean over seeds) minus task arithmetic, weight averaging and TIES; the spread of the closed form over seeds."""
+    models = run.results["models"]
+    hits = lambda name: [h for t in TASKS for h in models[name]["test"]["tasks"][t]["exact_hits"]]  # noqa: E731
+    references = [m for m in ("task_arithmetic", "weight_average", "ties") if m in models]
+    out = {}
+    for positions, names in closed_form_groups(models).items():
+        per_seed = [hits(n) for n in names]
+        mean_hits = [sum(col) / len(col) for col in zip(*per_seed)]
+        accs = [sum(h) / len(h) for h in per_seed]
+        out[positions] = {
+            "models": names, "seed_accuracies": accs, "seed_mean": sum(accs) / len(accs),
+            "seed_spread": max(accs) - min(accs),
+            "minus": {ref: {"seed_mean": paired_difference(mean_hits, hits(ref)).to_dict(),
+                            "per_seed": [paired_difference(h, hits(ref)).to_dict() for h in per_seed]}
+                      for ref in references}}
+        for ref in references:
+            print(f"closed form (attn_mlp, {positions}) - {ref}: {out[positions]['minus'][ref]['seed_mean']}")
+    run.results["comparisons"] = out
+    run.save()
+    return out
+
+
 def save_best(run: MergeRun) -> None:
     """Merge the best merge of all three again, save it, reload it and check its logits are unchanged."""
     best_name = max(_triple_merges(run.results), key=lambda k: run.results["models"][k]["test"]["avg"])
     recipe = run.recipes[best_name]
     with run.timer.stage("save best"):
         if recipe[0] == "closed form":
-            state = merge_submodules(run.base, list(run.experts.values()), run.cf_tasks, _closed_form_config(run.cfg),
-                                     levels=recipe[1], progress=False).state_dict
+            state = closed_form_state(run, TASKS, *recipe[1:]).state_dict
         else:
             state = merge(recipe[1], run.base, list(run.experts.values()), recipe[2], progress=False)
         run.work.load_state_dict(state)
@@ -356,22 +490,37 @@ def summarize(run: MergeRun) -> None:
     for n in names:
         e = models[n]
         row = {"model": n, **{t: round(e["test"]["tasks"][t]["exact"], 3) for t in TASKS if t in e["test"]["tasks"]}}
-        row.update({"average": round(e["test"]["avg"], 3), "seconds": e["seconds"],
+        pooled = e["test"]["pooled"]
+        row.update({"average": round(e["test"]["avg"], 3), "pooled_ci": [round(pooled["low"], 3), round(pooled["high"], 3)],
+                    "n": pooled["n"], "seconds": e["seconds"],
                     "merge_seconds": e.get("merge_seconds", ""), "peak_mb": e.get("peak_mb", ""),
                     "config": str(e.get("config", ""))})
         table.append(row)
-    avg = {name: models[name]["test"]["avg"] for name in ("task_arithmetic", "closed form (attn_mlp)", CIRCUIT_AWARE)
-           if name in merged}
-    ta, am, circ = avg.get("task_arithmetic"), avg.get("closed form (attn_mlp)"), avg.get(CIRCUIT_AWARE)
-    verdict = (f"attn/MLP-level closed form average {am:.3f} vs task arithmetic {ta:.3f}: "
-               f"{'beats' if am > ta else 'does not beat'} TA. " if am is not None and ta is not None else "") + \
-              (f"Circuit-aware {circ:.3f} vs attn/MLP {am:.3f}: {'helps' if circ > am else 'does not help'}."
-               if circ is not None and am is not None else "")
-    run.results |= {"table": table, "verdict": verdict}
+    run.results["verdict"] = verdict_text(run.results)
+    run.results["table"] = table
     print("\n" + "\n".join(f"{r['model']:45s} " + " ".join(f"{r.get(t, ''):>8}" for t in TASKS)
                            + f" {r['average']:>8} {r['seconds']:>8}" for r in table))
-    print(verdict)
+    print(run.results["verdict"])
     run.save()
+
+
+def verdict_text(results: dict) -> str:
+    """Closed form at attn/MLP level vs task arithmetic (paired interval; mean over seeds), per fitted positions;
+    circuit-aware vs attn/MLP."""
+    models, parts = results["models"], []
+    for positions, c in results.get("comparisons", {}).items():
+        diff = c["minus"].get("task_arithmetic", {}).get("seed_mean")
+        if diff is None:
+            continue
+        word = "beats" if diff["low"] > 0 else "is below" if diff["high"] < 0 else "is not distinguishable from"
+        parts.append(f"attn/MLP-level closed form ({positions} positions, {len(c['models'])} seed(s)) "
+                     f"{word} task arithmetic: difference {diff['value']:+.3f} (95% CI {diff['low']:+.3f} to "
+                     f"{diff['high']:+.3f}, n={diff['n']} test prompts).")
+    circ, am = models.get(CIRCUIT_AWARE), models.get("closed form (attn_mlp)")
+    if circ is not None and am is not None:
+        a, b = circ["test"]["avg"], am["test"]["avg"]
+        parts.append(f"Circuit-aware {a:.3f} vs attn/MLP {b:.3f}: {'helps' if a > b else 'does not help'}.")
+    return " ".join(parts)
 
 
 def write_report(run: MergeRun, linearity_figure) -> None:
@@ -381,10 +530,11 @@ def write_report(run: MergeRun, linearity_figure) -> None:
                     "chosen on the validation split. " + run.results["verdict"], heading="Summary")
     report.add_table(run.results["table"], heading="Test accuracy (exact); time per method (s, includes val tuning), "
                      "one merge's time (merge_seconds) and peak resident memory above the start (peak_mb, MB)")
-    rule = run.results["key_heads_rule"]
-    how = "given by --heads" if rule["source"] == "--heads" else \
-        f"path patching on the base, the union of the top {rule['top_k']} of + and of *"
-    report.add_text(f"Key heads ({how}): " + ", ".join(run.results["key_heads"]))
+    rule = run.results.get("key_heads_rule")
+    if rule is not None:
+        how = "given by --heads" if rule["source"] == "--heads" else \
+            f"path patching on the base, the union of the top {rule['top_k']} of + and of *"
+        report.add_text(f"Key heads ({how}): " + ", ".join(run.results["key_heads"]))
     for name in ("closed form (attn_mlp)", CIRCUIT_AWARE):
         if name in run.alpha_tables:
             report.add_figure(alpha_heatmap(run.alpha_tables[name], f"α: {name}"), heading=f"α ({name})")
@@ -415,10 +565,18 @@ def run_mergekit_yaml(cfg: MergeConfig) -> None:
 
 def run_experiment(cfg: MergeConfig) -> dict:
     """Train (or load) the experts, merge them every way, save the best merge, measure linearity, report."""
+    bad = set(cfg.cf_positions.split(",")) - {"all", "answer"}
+    if bad or not cfg.cf_positions:
+        raise InputError(f"--cf-positions {cfg.cf_positions!r}: give 'all', 'answer' or 'all,answer'.")
+    operands = cfg.mul_operands.split(",")
+    if len(operands) != 2 or not all(x.strip().isdigit() for x in operands) or int(operands[0]) > int(operands[1]):
+        raise InputError(f"--mul-operands {cfg.mul_operands!r}: give 'lo,hi' with integers 0 <= lo <= hi, e.g. 10,99.")
     run = start_run(cfg)
     train_experts(run)
-    key_heads = choose_key_heads(run)
+    key_heads = None if cfg.no_circuit_aware else choose_key_heads(run)
     merge_everything(run, key_heads)
+    expert_bar(run)
+    compare(run)
     save_best(run)
     linearity_figure = measure_linearity(run)
     summarize(run)
@@ -433,6 +591,30 @@ def main(argv: list[str] | None = None) -> dict | None:
     cfg = cli.parse_config(parser, MergeConfig, argv)
     cli.set_threads(cfg.threads)
     return run_mergekit_yaml(cfg) if cfg.config else run_experiment(cfg)
+
+
+def task_config(cfg: MergeConfig) -> ExpertTaskConfig:
+    """The expert tasks' data settings from the flags."""
+    lo, hi = (int(x) for x in cfg.mul_operands.split(","))
+    return ExpertTaskConfig(n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test, n_shots=cfg.n_shots,
+                            seed=cfg.seed, mul_operands=(lo, hi), max_number=cfg.max_number,
+                            n_test_numbers=cfg.n_test_numbers, n_val_numbers=cfg.n_val_numbers)
+
+
+def padded_rows(rows: list[dict], model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SFT rows as right-padded ``[batch, pos]`` tokens (prompt and answer), their attention mask, and the mask of
+    the answer side: the positions whose next token is an answer token (what SFT's loss and scoring look at)."""
+    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
+    width = max(len(r["input_ids"]) for r in rows)
+    tokens = torch.full((len(rows), width), pad, dtype=torch.long)
+    attention = torch.zeros(len(rows), width, dtype=torch.long)
+    answer_side = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        tokens[i, :n] = torch.tensor(r["input_ids"])
+        attention[i, :n] = 1
+        answer_side[i, r["n_prompt"] - 1:n - 1] = 1
+    return tokens.to(model.cfg.device), attention.to(model.cfg.device), answer_side.to(model.cfg.device)
 
 
 def _given_heads(cfg: MergeConfig) -> list:
