@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 import random
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -43,7 +45,7 @@ from circuits.loading import load_model
 from circuits.nodes import parse_node
 from circuits.report import Report
 from circuits.stats import paired_difference, proportion
-from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results
+from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_json_atomic
 from circuits.model_cache import save_model
 from circuits.tasks import make_dataset
 from finetune import TrainConfig, train
@@ -71,7 +73,8 @@ class MergeConfig:
     dtype: str | None = None
     out: str | None = option(None, "run folder (default: runs/merge-<timestamp>)")
     overwrite: bool = option(False, "reuse a non-empty --out")
-    experts_dir: str | None = option(None, "folder with saved experts (<task>/ model dirs): skip training")
+    experts_dir: str | None = option(None, "folder of the experts (<task>/ model dirs): those there are loaded, "
+                                     "the missing ones trained and saved there (default: <out>/experts)")
     expert_method: str = option("full", "finetune method", choices=("full", "precise", "lora"))
     steps: int = option(16, "optimizer steps per expert", type=cli.positive_int)
     batch_size: int = option(8, "examples per optimizer step", type=cli.positive_int)
@@ -114,6 +117,9 @@ class MergeConfig:
     config: str | None = option(None, "run this mergekit merge YAML instead (merge and save only)")
     methods: str = option(",".join(METHODS), "data-free merge methods to run (comma-separated)")
     no_circuit_aware: bool = option(False, "skip circuit-aware merging (and the path patching that finds its key heads)")
+    cf_repeat_levels: str = option("attn_mlp", "levels fitted for every --cf-seeds seed and --cf-positions choice; "
+                                   "the other levels are fitted once (all positions, seed 0)")
+    no_save_best: bool = option(False, "skip saving (and reloading) the best merge")
 
 
 parser = cli.config_parser(MergeConfig, "merge", __doc__)
@@ -164,13 +170,14 @@ class MergeRun:
         pooled = proportion([h for s in per.values() for h in s["exact_hits"]])
         return {"tasks": per, "avg": sum(s["exact"] for s in per.values()) / len(per), "pooled": pooled.to_dict()}
 
-    def record(self, name: str, model, seconds: float, val: bool = False, **extra) -> dict:
-        """Score ``model`` on test (and on val if ``val``), store it under ``name``, print a line, save results.json."""
-        entry = {"test": self.score(model), "seconds": round(seconds, 2), **extra}
+    def record(self, name: str, model, seconds: float, val: bool = False, tasks=TASKS, **extra) -> dict:
+        """Score ``model`` on the test split of ``tasks`` (and val if ``val``), store it under ``name``, print a line,
+        save results.json."""
+        entry = {"test": self.score(model, "test", tasks), "seconds": round(seconds, 2), **extra}
         if val:
-            entry["val"] = self.score(model, "val")
+            entry["val"] = self.score(model, "val", tasks)
         self.results["models"][name] = entry
-        accs = " ".join(f"{t}={entry['test']['tasks'][t]['exact']:.3f}" for t in TASKS)
+        accs = " ".join(f"{t}={entry['test']['tasks'][t]['exact']:.3f}" for t in tasks)
         print(f"{name:28s} {accs} avg={entry['test']['avg']:.3f} ({seconds:.0f} s)", flush=True)
         self.save()
         return entry
@@ -276,16 +283,19 @@ def train_experts(run: MergeRun) -> None:
     for t in TASKS:
         path = f"{experts_dir}/{t}"
         start = time.perf_counter()
-        if cfg.experts_dir:
-            model, info = load_model(path, device=cfg.device, dtype=cfg.dtype), {"loaded_from": path}
+        if os.path.isdir(path):  # saved by an earlier (perhaps interrupted) run: resume from it
+            model = load_model(path, device=cfg.device, dtype=cfg.dtype)
+            trained = json.loads(Path(f"{path}.train.json").read_text()) if os.path.isfile(f"{path}.train.json") else {}
+            info = {"loaded_from": path, **trained}
         else:
             model, info = train_expert(run, t)
             save_model(model, path, overwrite=cfg.overwrite)
+            write_json_atomic(f"{path}.train.json", info)
         train_seconds = time.perf_counter() - start
         run.timer.seconds[f"expert {t}"] = round(train_seconds, 2)
         run.experts[t] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         with run.timer.stage("eval experts"):
-            run.record(f"expert {t}", model, train_seconds, val=True, **info)
+            run.record(f"expert {t}", model, train_seconds, val=True, tasks=(t,), **info)
         del model
     run.work = copy.deepcopy(run.base)
 
@@ -348,11 +358,12 @@ def closed_form_plans(run: MergeRun, levels: list, key_heads: KeyHeads | None, s
     """``(name, level spec, positions, seed)`` per closed-form merge: every level x positions x seed, then
     circuit-aware (all positions, seed 0) if ``key_heads``. Names carry the positions and seed only when varied."""
     plans = []
+    repeated = run.cfg.cf_repeat_levels.split(",")
     for lv in levels:
-        for pos in positions:
-            for seed in range(seeds):
+        for pos in (positions if lv in repeated else ["all"]):
+            for seed in range(seeds if lv in repeated else 1):
                 name = f"closed form ({lv}" + (", answer-side" if pos == "answer" else "") + \
-                    (f", seed {seed}" if seeds > 1 else "") + f"){suffix}"
+                    (f", seed {seed}" if seeds > 1 and lv in repeated else "") + f"){suffix}"
                 plans.append((name, lv, pos, seed))
     if key_heads is not None and levels:  # --levels "" runs no closed form at all
         plans.append((f"{CIRCUIT_AWARE}{suffix}", circuit_levels(key_heads.heads, run.base.cfg.n_layers), "all", 0))
@@ -577,7 +588,8 @@ def run_experiment(cfg: MergeConfig) -> dict:
     merge_everything(run, key_heads)
     expert_bar(run)
     compare(run)
-    save_best(run)
+    if not cfg.no_save_best:
+        save_best(run)
     linearity_figure = measure_linearity(run)
     summarize(run)
     write_report(run, linearity_figure)
