@@ -283,23 +283,7 @@ def merge_submodules(
     for layer, plan in enumerate(tqdm(plans, desc="fitting layers", disable=not progress)):
         theta0 = block_params(base, layer, device, dtype)
         thetas = [block_params(s, layer, device, dtype) for s in sources]
-        accs = {s.name: _Accumulator(n) for s in plan}
-        for kind in dict.fromkeys(s.kind for s in plan):
-            swap = blocks.kind_param_names(model, layer, kind)
-            hook = blocks.input_hook(model, layer, kind)
-            for t in range(n):
-                for (tok, m, fit), cache in zip(task_batches[t], inputs[t]):
-                    mask = _fit_positions(tok, m, fit)
-                    with torch.no_grad():
-                        y0 = blocks.evaluate(model, layer, kind, theta0, cache[hook], m)
-                        deltas = [
-                            blocks.evaluate(model, layer, kind, {**theta0, **{k: th[k] for k in swap}}, cache[hook], m)
-                            - y0
-                            for th in thetas
-                        ]
-                    for s in (s for s in plan if s.kind == kind):
-                        ds = deltas if s.head is None else [d[:, :, s.head] for d in deltas]
-                        accs[s.name].add(ds, t, mask)
+        accs = _fit_layer(model, layer, plan, theta0, thetas, task_batches, inputs)
         for s in plan:
             a = solve_alpha(accs[s.name].gram, accs[s.name].rhs, config.ridge)
             rows.append(s.name)
@@ -309,6 +293,29 @@ def merge_submodules(
     table = AlphaTable(rows, torch.stack(alphas), names, grams, rhss)
     lam = config.embed_lambda if config.embed_lambda is not None else 1.0 / n
     return SubmoduleMergeResult(_assemble(base, sources, merged, lam), table)
+
+
+def _fit_layer(model, layer: int, plan: list[Submodule], theta0, thetas, task_batches, inputs) -> dict[str, _Accumulator]:
+    """``G`` and ``b`` of every submodule of block ``layer``: each kind of submodule is run on every task's cached
+    inputs with the base's and each expert's parameters, over the fitted positions."""
+    n = len(thetas)
+    accs = {s.name: _Accumulator(n) for s in plan}
+    for kind in dict.fromkeys(s.kind for s in plan):
+        swap = blocks.kind_param_names(model, layer, kind)
+        hook = blocks.input_hook(model, layer, kind)
+        for t in range(n):
+            for (tok, m, fit), cache in zip(task_batches[t], inputs[t]):
+                mask = _fit_positions(tok, m, fit)
+                with torch.no_grad():
+                    y0 = blocks.evaluate(model, layer, kind, theta0, cache[hook], m)
+                    deltas = [
+                        blocks.evaluate(model, layer, kind, {**theta0, **{k: th[k] for k in swap}}, cache[hook], m) - y0
+                        for th in thetas
+                    ]
+                for s in (s for s in plan if s.kind == kind):
+                    ds = deltas if s.head is None else [d[:, :, s.head] for d in deltas]
+                    accs[s.name].add(ds, t, mask)
+    return accs
 
 
 def _with_fit_masks(model, task_batches, tasks, fit_masks, config) -> list[list[tuple]]:
