@@ -5,9 +5,12 @@
 
 1. Trains three experts from the base model with finetune (full SFT, embeddings
    frozen, by default): (a) addition word problems, (b) multiplication
-   (equation/statement/question templates), (c) English -> French number words
-   (0..30, few-shot, words split into train/val/test). Experts are saved as
-   model directories under ``<out>/experts`` (reuse them with ``--experts-dir``).
+   (equation/statement/question templates; ``--mul-operands``), (c) English -> French
+   number words (``0..--max-number``, spelled by num2words; test, validation and training
+   numbers disjoint). Each expert trains ``--steps`` steps, or with ``--target-gain`` until
+   its validation accuracy beats the base's by that much (checked every ``--check-every``
+   steps). Experts are saved as model directories under ``<out>/experts`` or
+   ``--experts-dir``, where a later run finds and reuses them one by one (resumable).
 2. Merges all three with every data-free method in ``merging.REGISTRY`` (λ / density
    tuned on the validation split, tiny grids; each method's time and peak
    memory of one merge recorded) and with closed-form submodule
@@ -15,9 +18,15 @@
    merging: head-level α in the layers of the key heads that path patching finds
    on the base for + and *, attn/MLP level elsewhere. ``--pairs`` also merges
    each pair (best baseline configs from the triple, closed form at attn_mlp).
+   The closed form can be repeated over ``--cf-seeds`` draws of its ``--n-samples``
+   training prompts and fitted over every token or only the answer side
+   (``--cf-positions all,answer``: the positions that predict an answer token).
 3. Scores every model on the test split of each task (teacher-forced accuracy
-   of the whole answer, ``exact``; first-token accuracy in results.json), times
-   every method, saves the best merged model (reloaded and checked), and writes
+   of the whole answer, ``exact``, with per-prompt hits and Wilson intervals; first-token
+   accuracy in results.json), checks each expert against the base and the weight average
+   on its validation split (``expert_bar``), gives paired bootstrap intervals of the
+   attn/MLP closed form minus task arithmetic, weight averaging and TIES (``comparisons``),
+   times every method, saves the best merged model (reloaded and checked), and writes
    ``results.json`` and ``report.html`` (table, α heatmap, linearity figure).
 
 ``--config merge.yml`` instead runs one mergekit merge YAML
@@ -33,7 +42,6 @@ import dataclasses
 import json
 import os
 import random
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,15 +50,13 @@ import torch
 
 from circuits.errors import InputError
 from circuits.loading import load_model
-from circuits.nodes import parse_node
 from circuits.report import Report
-from circuits.stats import paired_difference, proportion
+from circuits.stats import proportion
 from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_json_atomic
 from circuits.model_cache import save_model
 from circuits.tasks import make_dataset
-from finetune import TrainConfig, train
 from finetune.evaluate import answer_accuracy
-from finetune.expert_tasks import EXPERT_TASKS, ExpertTaskConfig, expert_task_data
+from finetune.expert_tasks import EXPERT_TASKS, expert_task_data
 from merging import (CONFIGS, METHODS, LinearityConfig, SubmoduleMergeConfig, alpha_heatmap, load_mergekit_config, merge,
                      merge_submodules, nonlinearity_figure, nonlinearity_scores)
 from merging.circuit_aware import circuit_levels
@@ -58,6 +64,8 @@ from merging.submodule import LEVELS
 from patching.key_heads import KeyHeads, given_key_heads, rank_key_heads
 
 from experiments import _cli as cli
+from experiments import _merge_stats as stats
+from experiments._merge_experts import given_heads, measured, padded_rows, task_config, train_expert
 from experiments._cli import option
 
 TASKS = EXPERT_TASKS
@@ -120,6 +128,9 @@ class MergeConfig:
     cf_repeat_levels: str = option("attn_mlp", "levels fitted for every --cf-seeds seed and --cf-positions choice; "
                                    "the other levels are fitted once (all positions, seed 0)")
     no_save_best: bool = option(False, "skip saving (and reloading) the best merge")
+    no_base_test: bool = option(False, "score the base on the validation split only (it is the experts' reference)")
+    late_methods: str = option("", "data-free methods (of --methods) run after the closed form, not before "
+                               "(what matters first finishes first when a run may be cut short)")
 
 
 parser = cli.config_parser(MergeConfig, "merge", __doc__)
@@ -173,9 +184,14 @@ class MergeRun:
     def record(self, name: str, model, seconds: float, val: bool = False, tasks=TASKS, **extra) -> dict:
         """Score ``model`` on the test split of ``tasks`` (and val if ``val``), store it under ``name``, print a line,
         save results.json."""
-        entry = {"test": self.score(model, "test", tasks), "seconds": round(seconds, 2), **extra}
+        entry = {"test": self.score(model, "test", tasks) if tasks else None, "seconds": round(seconds, 2), **extra}
         if val:
-            entry["val"] = self.score(model, "val", tasks)
+            entry["val"] = self.score(model, "val", tasks or TASKS)
+        if not tasks:
+            self.results["models"][name] = entry
+            print(f"{name:28s} (validation only) avg={entry['val']['avg']:.3f} ({seconds:.0f} s)", flush=True)
+            self.save()
+            return entry
         self.results["models"][name] = entry
         accs = " ".join(f"{t}={entry['test']['tasks'][t]['exact']:.3f}" for t in tasks)
         print(f"{name:28s} {accs} avg={entry['test']['avg']:.3f} ({seconds:.0f} s)", flush=True)
@@ -187,36 +203,6 @@ class MergeRun:
 
 
 # ---------------------------------------------------------------------------- measuring time and memory
-
-
-def _rss_bytes() -> int:
-    """Resident memory of this process (Linux /proc; 0 where unavailable)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return 0
-
-
-def measured(fn, *args, **kwargs):
-    """``(fn(...), seconds, peak MB of resident memory above the start)``, memory sampled every 5 ms."""
-    start_rss, peak, done = _rss_bytes(), [0], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], _rss_bytes())
-            done.wait(0.005)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    start = time.perf_counter()
-    try:
-        out = fn(*args, **kwargs)
-    finally:
-        seconds = time.perf_counter() - start
-        done.set()
-        thread.join()
-    return out, seconds, max(peak[0], _rss_bytes()) / 2**20 - start_rss / 2**20
 
 
 # ---------------------------------------------------------------------------- stages
@@ -239,41 +225,8 @@ def start_run(cfg: MergeConfig) -> MergeRun:
         print(f"{t}: {row['prompt'][-70:]!r} -> {row['answer']!r}")
     run = MergeRun(cfg, out, base, data, timer, results)
     with timer.stage("eval base"):
-        run.record("base", base, 0.0, val=True)
+        run.record("base", base, 0.0, val=True, tasks=() if cfg.no_base_test else TASKS)
     return run
-
-
-class _TargetReached(Exception):
-    """Raised from the training callback to stop an expert once its validation target is met."""
-
-
-def train_expert(run: MergeRun, task: str):
-    """A copy of the base trained on ``task`` for ``--steps`` steps, or until its validation accuracy reaches the
-    base's + ``--target-gain`` (checked every ``--check-every`` steps); returns it with what training recorded."""
-    cfg, model = run.cfg, copy.deepcopy(run.base)
-    target = run.results["models"]["base"]["val"]["tasks"][task]["exact"] + cfg.target_gain
-    losses, checks = [], []
-
-    def on_step(step: int, loss: float) -> None:
-        losses.append(loss)
-        if cfg.target_gain and (step % cfg.check_every == 0 or step == cfg.steps):
-            val = answer_accuracy(model, run.data[(task, "val")], cfg.eval_batch_size)["exact"]
-            model.train()
-            checks.append({"step": step, "val_exact": val})
-            print(f"  {task} step {step}: val {val:.3f} (target {target:.3f})", flush=True)
-            if val >= target:
-                raise _TargetReached
-
-    train_cfg = TrainConfig(lr=cfg.lr, batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,
-                            max_steps=cfg.steps, seed=cfg.seed, progress=False)
-    heads = _given_heads(cfg) or None if cfg.expert_method == "precise" else None
-    try:
-        train(model, run.data[(task, "train")], train_cfg, method=cfg.expert_method, heads=heads, on_step=on_step)
-    except _TargetReached:
-        pass  # trained in place; the steps taken are len(losses)
-    info = {"steps": len(losses), "losses": losses, "val_checks": checks, "target_val": target if cfg.target_gain
-            else None, "target_met": bool(checks) and checks[-1]["val_exact"] >= target}
-    return model, info
 
 
 def train_experts(run: MergeRun) -> None:
@@ -303,7 +256,7 @@ def train_experts(run: MergeRun) -> None:
 def choose_key_heads(run: MergeRun) -> KeyHeads:
     """``--heads``, or the union over + and * of each operation's top ``--k`` heads by path patching on the base."""
     if run.cfg.heads:
-        chosen = given_key_heads(_given_heads(run.cfg))
+        chosen = given_key_heads(given_heads(run.cfg))
     else:
         with run.timer.stage("path patching"):
             probes = {op: make_dataset(run.base, op=op, n_prompts=run.cfg.n_patch, n_shots=run.cfg.n_shots, seed=100 + i)
@@ -330,11 +283,16 @@ def baseline_grid(cfg: MergeConfig) -> dict[str, list]:
     return grid
 
 
-def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs: dict | None = None) -> dict:
-    """Merge the experts ``names`` with every data-free method (its grid tuned on val, unless ``configs`` fixes it)."""
+def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs: dict | None = None,
+                    skip=(), only=None) -> dict:
+    """Merge the experts ``names`` with every data-free method (its grid tuned on val, unless ``configs`` fixes it),
+    leaving out the methods in ``skip`` (or all but those in ``only``)."""
     srcs = [run.experts[n] for n in names]
     chosen = {}
-    for method, grid in (baseline_grid(run.cfg) if configs is None else {m: [c] for m, c in configs.items()}).items():
+    grids = baseline_grid(run.cfg) if configs is None else {m: [c] for m, c in configs.items()}
+    for method, grid in grids.items():
+        if method in skip or (only is not None and method not in only):
+            continue
         start, best = time.perf_counter(), None
         for config in grid:
             state, secs, peak = measured(merge, method, run.base, srcs, config, progress=False)
@@ -359,9 +317,9 @@ def closed_form_plans(run: MergeRun, levels: list, key_heads: KeyHeads | None, s
     circuit-aware (all positions, seed 0) if ``key_heads``. Names carry the positions and seed only when varied."""
     plans = []
     repeated = run.cfg.cf_repeat_levels.split(",")
-    for lv in levels:
-        for pos in (positions if lv in repeated else ["all"]):
-            for seed in range(seeds if lv in repeated else 1):
+    for seed in range(seeds):  # seed-major: every level and positions choice of seed 0 first
+        for lv in (lv for lv in levels if seed == 0 or lv in repeated):
+            for pos in (positions if lv in repeated else ["all"]):
                 name = f"closed form ({lv}" + (", answer-side" if pos == "answer" else "") + \
                     (f", seed {seed}" if seeds > 1 and lv in repeated else "") + f"){suffix}"
                 plans.append((name, lv, pos, seed))
@@ -393,10 +351,12 @@ def merge_closed_form(run: MergeRun, names: tuple[str, ...], suffix: str, levels
 
 def merge_everything(run: MergeRun, key_heads: KeyHeads) -> None:
     """All three experts with every method and level; with ``--pairs`` each pair too (the triple's configs, attn_mlp)."""
+    late = [m for m in run.cfg.late_methods.split(",") if m]
     with run.timer.stage("merge all three"):
-        chosen = merge_baselines(run, TASKS, "")
+        chosen = merge_baselines(run, TASKS, "", skip=late)
         merge_closed_form(run, TASKS, "", [lv for lv in run.cfg.levels.split(",") if lv], key_heads,
                           run.cfg.cf_seeds, tuple(run.cfg.cf_positions.split(",")))
+        chosen |= merge_baselines(run, TASKS, "", only=late) if late else {}
     if run.cfg.pairs:
         with run.timer.stage("merge pairs"):
             for i in range(len(TASKS)):
@@ -408,56 +368,21 @@ def merge_everything(run: MergeRun, key_heads: KeyHeads) -> None:
 
 def expert_bar(run: MergeRun) -> dict:
     """Per task: does its expert beat the base by ``--target-gain`` and the weight average on its validation split?"""
-    models, bar = run.results["models"], {}
-    for t in TASKS:
-        val = {m: models[m]["val"]["tasks"][t]["exact"] for m in ("base", f"expert {t}", "weight_average")
-               if "val" in models.get(m, {})}
-        expert = val[f"expert {t}"]
-        bar[t] = {"val_exact": val, "n_val": models["base"]["val"]["tasks"][t]["n"],
-                  "gain_over_base": expert - val["base"], "beats_base_by_target": expert - val["base"] >= run.cfg.target_gain,
-                  "beats_weight_average": expert > val["weight_average"] if "weight_average" in val else None}
-        print(f"expert bar {t}: " + ", ".join(f"{m} {v:.3f}" for m, v in val.items()))
-    run.results["expert_bar"] = bar
+    run.results["expert_bar"] = bar = stats.expert_bar(run.results["models"], TASKS, run.cfg.target_gain)
     run.save()
     return bar
 
 
-def closed_form_groups(models: dict) -> dict[str, list[str]]:
-    """The attn/MLP-level closed-form merges of all three, grouped by positions (all / answer-side) over seeds."""
-    groups: dict[str, list[str]] = {}
-    for name, entry in models.items():
-        if name.startswith("closed form (attn_mlp") and "[" not in name:
-            groups.setdefault(entry.get("positions", "all"), []).append(name)
-    return groups
-
-
 def compare(run: MergeRun) -> dict:
-    """Paired bootstrap intervals over the pooled test prompts: attn/MLP closed form (each seed, and the per-prompt
-    mean over seeds) minus task arithmetic, weight averaging and TIES; the spread of the closed form over seeds."""
-    models = run.results["models"]
-    hits = lambda name: [h for t in TASKS for h in models[name]["test"]["tasks"][t]["exact_hits"]]  # noqa: E731
-    references = [m for m in ("task_arithmetic", "weight_average", "ties") if m in models]
-    out = {}
-    for positions, names in closed_form_groups(models).items():
-        per_seed = [hits(n) for n in names]
-        mean_hits = [sum(col) / len(col) for col in zip(*per_seed)]
-        accs = [sum(h) / len(h) for h in per_seed]
-        out[positions] = {
-            "models": names, "seed_accuracies": accs, "seed_mean": sum(accs) / len(accs),
-            "seed_spread": max(accs) - min(accs),
-            "minus": {ref: {"seed_mean": paired_difference(mean_hits, hits(ref)).to_dict(),
-                            "per_seed": [paired_difference(h, hits(ref)).to_dict() for h in per_seed]}
-                      for ref in references}}
-        for ref in references:
-            print(f"closed form (attn_mlp, {positions}) - {ref}: {out[positions]['minus'][ref]['seed_mean']}")
-    run.results["comparisons"] = out
+    """Paired bootstrap intervals of the attn/MLP closed form against task arithmetic, weight averaging and TIES."""
+    run.results["comparisons"] = out = stats.compare(run.results["models"], TASKS)
     run.save()
     return out
 
 
 def save_best(run: MergeRun) -> None:
     """Merge the best merge of all three again, save it, reload it and check its logits are unchanged."""
-    best_name = max(_triple_merges(run.results), key=lambda k: run.results["models"][k]["test"]["avg"])
+    best_name = max(_triple_merges(run.results), key=lambda k: run.results["models"][k]["test"]["avg"])  # noqa
     recipe = run.recipes[best_name]
     with run.timer.stage("save best"):
         if recipe[0] == "closed form":
@@ -500,6 +425,8 @@ def summarize(run: MergeRun) -> None:
     table = []
     for n in names:
         e = models[n]
+        if e["test"] is None:  # scored on validation only (--no-base-test)
+            continue
         row = {"model": n, **{t: round(e["test"]["tasks"][t]["exact"], 3) for t in TASKS if t in e["test"]["tasks"]}}
         pooled = e["test"]["pooled"]
         row.update({"average": round(e["test"]["avg"], 3), "pooled_ci": [round(pooled["low"], 3), round(pooled["high"], 3)],
@@ -507,31 +434,12 @@ def summarize(run: MergeRun) -> None:
                     "merge_seconds": e.get("merge_seconds", ""), "peak_mb": e.get("peak_mb", ""),
                     "config": str(e.get("config", ""))})
         table.append(row)
-    run.results["verdict"] = verdict_text(run.results)
+    run.results["verdict"] = stats.verdict_text(run.results, CIRCUIT_AWARE)
     run.results["table"] = table
     print("\n" + "\n".join(f"{r['model']:45s} " + " ".join(f"{r.get(t, ''):>8}" for t in TASKS)
                            + f" {r['average']:>8} {r['seconds']:>8}" for r in table))
     print(run.results["verdict"])
     run.save()
-
-
-def verdict_text(results: dict) -> str:
-    """Closed form at attn/MLP level vs task arithmetic (paired interval; mean over seeds), per fitted positions;
-    circuit-aware vs attn/MLP."""
-    models, parts = results["models"], []
-    for positions, c in results.get("comparisons", {}).items():
-        diff = c["minus"].get("task_arithmetic", {}).get("seed_mean")
-        if diff is None:
-            continue
-        word = "beats" if diff["low"] > 0 else "is below" if diff["high"] < 0 else "is not distinguishable from"
-        parts.append(f"attn/MLP-level closed form ({positions} positions, {len(c['models'])} seed(s)) "
-                     f"{word} task arithmetic: difference {diff['value']:+.3f} (95% CI {diff['low']:+.3f} to "
-                     f"{diff['high']:+.3f}, n={diff['n']} test prompts).")
-    circ, am = models.get(CIRCUIT_AWARE), models.get("closed form (attn_mlp)")
-    if circ is not None and am is not None:
-        a, b = circ["test"]["avg"], am["test"]["avg"]
-        parts.append(f"Circuit-aware {a:.3f} vs attn/MLP {b:.3f}: {'helps' if a > b else 'does not help'}.")
-    return " ".join(parts)
 
 
 def write_report(run: MergeRun, linearity_figure) -> None:
@@ -603,34 +511,6 @@ def main(argv: list[str] | None = None) -> dict | None:
     cfg = cli.parse_config(parser, MergeConfig, argv)
     cli.set_threads(cfg.threads)
     return run_mergekit_yaml(cfg) if cfg.config else run_experiment(cfg)
-
-
-def task_config(cfg: MergeConfig) -> ExpertTaskConfig:
-    """The expert tasks' data settings from the flags."""
-    lo, hi = (int(x) for x in cfg.mul_operands.split(","))
-    return ExpertTaskConfig(n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test, n_shots=cfg.n_shots,
-                            seed=cfg.seed, mul_operands=(lo, hi), max_number=cfg.max_number,
-                            n_test_numbers=cfg.n_test_numbers, n_val_numbers=cfg.n_val_numbers)
-
-
-def padded_rows(rows: list[dict], model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """SFT rows as right-padded ``[batch, pos]`` tokens (prompt and answer), their attention mask, and the mask of
-    the answer side: the positions whose next token is an answer token (what SFT's loss and scoring look at)."""
-    pad = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-    width = max(len(r["input_ids"]) for r in rows)
-    tokens = torch.full((len(rows), width), pad, dtype=torch.long)
-    attention = torch.zeros(len(rows), width, dtype=torch.long)
-    answer_side = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        n = len(r["input_ids"])
-        tokens[i, :n] = torch.tensor(r["input_ids"])
-        attention[i, :n] = 1
-        answer_side[i, r["n_prompt"] - 1:n - 1] = 1
-    return tokens.to(model.cfg.device), attention.to(model.cfg.device), answer_side.to(model.cfg.device)
-
-
-def _given_heads(cfg: MergeConfig) -> list:
-    return [parse_node(h) for h in (cfg.heads or "").split(",") if h]
 
 
 def _closed_form_config(cfg: MergeConfig) -> SubmoduleMergeConfig:

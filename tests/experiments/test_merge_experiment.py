@@ -85,7 +85,8 @@ PAPER_REGIME = ["--steps", "2", "--batch-size", "4", "--micro-batch-size", "4", 
                 "--n-test", "3", "--n-shots", "0", "--n-samples", "2", "--cf-batch-size", "2", "--levels",
                 "attn_mlp,model", "--methods", "weight_average,task_arithmetic,ties", "--cf-seeds", "2",
                 "--cf-positions", "all,answer", "--no-circuit-aware", "--mul-operands", "2,5", "--max-number", "40",
-                "--n-test-numbers", "3", "--n-val-numbers", "2", "--linearity-samples", "0", "--no-save-best", "--threads", "1"]
+                "--n-test-numbers", "3", "--n-val-numbers", "2", "--linearity-samples", "0", "--no-save-best", "--no-base-test",
+                "--late-methods", "ties", "--threads", "1"]
 
 
 def test_paper_regime_options_seeds_positions_and_paired_intervals(tiny_loader, monkeypatch, tmp_path):
@@ -115,6 +116,10 @@ def test_paper_regime_options_seeds_positions_and_paired_intervals(tiny_loader, 
     assert set(all_tokens["minus"]) == {"task_arithmetic", "weight_average", "ties"}
     assert "answer" in results["comparisons"] and "task arithmetic: difference" in results["verdict"]
     assert (out / "experts" / "mul.train.json").is_file() and not (out / "merged_best").exists()  # --no-save-best
+    assert models["base"]["test"] is None and "base" not in {r["model"] for r in results["table"]}  # --no-base-test
+    order = list(models)  # seed-major closed form; --late-methods after it
+    assert order.index("task_arithmetic") < order.index(names[0]) < order.index(names[2]) < order.index(names[1])
+    assert order.index("closed form (model)") < order.index(names[1]) < order.index("ties")
 
     # resume: the experts are loaded from --experts-dir (with what their training recorded), not retrained
     again = tmp_path / "again"
@@ -124,14 +129,14 @@ def test_paper_regime_options_seeds_positions_and_paired_intervals(tiny_loader, 
 
 
 def test_experts_stop_once_the_validation_target_is_met(tiny_loader, monkeypatch, tmp_path):
-    evaluate = importlib.import_module("finetune.evaluate")  # the package re-exports a function of that name
-    real = evaluate.answer_accuracy
+    experts = importlib.import_module("experiments._merge_experts")
+    real = experts.answer_accuracy
 
     def validated(model, data, batch_size=16, *, per_prompt=False):  # the training check sees a met target
         out = real(model, data, batch_size, per_prompt=per_prompt)
         return out if per_prompt else {**out, "exact": 1.0}
 
-    monkeypatch.setattr(evaluate, "answer_accuracy", validated)
+    monkeypatch.setattr(experts, "answer_accuracy", validated)
     out = tmp_path / "run"
     _run(["--out", str(out), "--target-gain", "0.5", "--check-every", "1", *PAPER_REGIME[2:]] + ["--steps", "5"],
          monkeypatch)
