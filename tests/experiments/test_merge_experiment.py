@@ -155,9 +155,16 @@ def test_padded_rows_mark_the_positions_that_predict_answer_tokens():
     assert answer.tolist() == [[0, 0, 1, 1, 0], [0, 1, 0, 0, 0]]
 
 
-@pytest.mark.parametrize("flag,value,match", [("--cf-positions", "prompt", "--cf-positions"),
-                                              ("--mul-operands", "9,2", "--mul-operands")])
+@pytest.mark.parametrize("flag,value,match", [("--cf-positions", "prompt", "--cf-positions 'prompt': give 'all'"),
+                                              ("--mul-operands", "9,2", "--mul-operands '9,2': give 'lo,hi'")])
 def test_bad_paper_regime_flags_are_clear_errors(tiny_loader, monkeypatch, tmp_path, capsys, flag, value, match):
-    with pytest.raises(SystemExit) as exit:
+    from circuits.errors import InputError
+    from experiments.merge import MergeConfig, run_experiment
+
+    field = flag[2:].replace("-", "_")
+    with pytest.raises(InputError, match=match):  # checked before anything is loaded or written
+        run_experiment(MergeConfig(out=str(tmp_path / "run"), **{field: value}))
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(SystemExit) as exit:  # the command line prints it as one line, exit status 2
         _run(["--out", str(tmp_path / "run"), flag, value, "--threads", "1"], monkeypatch)
-    assert exit.value.code == 2 and match in capsys.readouterr().err
+    assert exit.value.code == 2 and flag in capsys.readouterr().err
