@@ -73,3 +73,49 @@ def verdict_text(results: dict, circuit_aware: str) -> str:
         a, b = circ["test"]["avg"], am["test"]["avg"]
         parts.append(f"Circuit-aware {a:.3f} vs attn/MLP {b:.3f}: {'helps' if a > b else 'does not help'}.")
     return " ".join(parts)
+
+
+def _pct(estimate: dict) -> str:
+    """``57.5 (48.6–66.0)``: a proportion or difference in points with its 95% interval."""
+    return f"{100 * estimate['value']:.1f} ({100 * estimate['low']:.1f} to {100 * estimate['high']:.1f})"
+
+
+def markdown_summary(results: dict, tasks) -> str:
+    """docs/results.md tables of a run's results.json: the experts' validation bar, test accuracy per model with
+    Wilson intervals, the closed form over seeds, the paired differences, and the claim row (Dai et al.)."""
+    models, lines = results["models"], []
+    if "expert_bar" in results:
+        lines += ["| task | base (val) | expert (val) | weight average (val) | gain | +target and > WA | n val |",
+                  "|---|---|---|---|---|---|---|"]
+        for t, b in results["expert_bar"].items():
+            v = b["val_exact"]
+            met = b["beats_base_by_target"] and bool(b["beats_weight_average"])
+            lines.append(f"| {t} | {100 * v['base']:.1f} | {100 * v[f'expert {t}']:.1f} | "
+                         f"{100 * v['weight_average']:.1f} | {100 * b['gain_over_base']:+.1f} | "
+                         f"{'yes' if met else 'no'} | {b['n_val']} |" if "weight_average" in v else
+                         f"| {t} | {100 * v['base']:.1f} | {100 * v[f'expert {t}']:.1f} | – | "
+                         f"{100 * b['gain_over_base']:+.1f} | – | {b['n_val']} |")
+        lines.append("")
+    lines += ["| model | " + " | ".join(tasks) + " | pooled (95% CI) | n |", "|---|" + "---|" * (len(tasks) + 2)]
+    for name, e in models.items():
+        if e.get("test") is None:
+            continue
+        cells = [_pct(e["test"]["tasks"][t]["exact_ci"]) if t in e["test"]["tasks"] else "–" for t in tasks]
+        config = f" ({e['config']})" if isinstance(e.get("config"), dict) else ""
+        lines.append(f"| {name}{config} | " + " | ".join(cells) + f" | {_pct(e['test']['pooled'])} | "
+                     f"{e['test']['pooled']['n']} |")
+    for positions, c in results.get("comparisons", {}).items():
+        lines += ["", f"Closed form (attn/MLP, {positions} positions): per-seed pooled accuracy "
+                  + ", ".join(f"{100 * a:.1f}" for a in c["seed_accuracies"])
+                  + f"; mean {100 * c['seed_mean']:.1f}, spread (max − min) {100 * c['seed_spread']:.1f} points.", "",
+                  "| closed form − | mean over seeds (95% paired CI) | per seed |", "|---|---|---|"]
+        for ref, d in c["minus"].items():
+            lines.append(f"| {ref} | {_pct(d['seed_mean'])} | " + "; ".join(_pct(x) for x in d["per_seed"]) + " |")
+    diff = results.get("comparisons", {}).get("all", {}).get("minus", {}).get("task_arithmetic", {}).get("seed_mean")
+    if diff is not None:
+        verdict = "reproduced" if diff["low"] > 0 else "not reproduced (below)" if diff["high"] < 0 else \
+            "not reproduced (no difference resolved)"
+        lines += ["", "| claim | paper | ours (95% CI) | verdict |", "|---|---|---|---|",
+                  f"| closed-form attn/MLP merge beats task arithmetic | 51.05 vs 48.24 (Llama-2-13B) | "
+                  f"{_pct(diff)} points, n = {diff['n']} | {verdict} on gemma-3-270m |"]
+    return "\n".join(lines)

@@ -123,6 +123,7 @@ class MergeConfig:
     seed: int = option(0, "seed of the data splits and training")
     threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
     config: str | None = option(None, "run this mergekit merge YAML instead (merge and save only)")
+    markdown: str | None = option(None, "print the results tables of this run folder (its results.json) as markdown")
     methods: str = option(",".join(METHODS), "data-free merge methods to run (comma-separated)")
     no_circuit_aware: bool = option(False, "skip circuit-aware merging (and the path patching that finds its key heads)")
     cf_repeat_levels: str = option("attn_mlp", "levels fitted for every --cf-seeds seed and --cf-positions choice; "
@@ -510,6 +511,9 @@ def main(argv: list[str] | None = None) -> dict | None:
     """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
     cfg = cli.parse_config(parser, MergeConfig, argv)
     cli.set_threads(cfg.threads)
+    if cfg.markdown:
+        print(stats.markdown_summary(json.loads((Path(cfg.markdown) / "results.json").read_text()), TASKS))
+        return None
     return run_mergekit_yaml(cfg) if cfg.config else run_experiment(cfg)
 
 

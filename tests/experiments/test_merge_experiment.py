@@ -89,7 +89,7 @@ PAPER_REGIME = ["--steps", "2", "--batch-size", "4", "--micro-batch-size", "4", 
                 "--late-methods", "ties", "--threads", "1"]
 
 
-def test_paper_regime_options_seeds_positions_and_paired_intervals(tiny_loader, monkeypatch, tmp_path):
+def test_paper_regime_options_seeds_positions_and_paired_intervals(tiny_loader, monkeypatch, tmp_path, capsys):
     out = tmp_path / "run"
     # an unreachable validation target: every expert trains all --steps, checked after each step
     _run(["--out", str(out), "--target-gain", "1.0", "--check-every", "1", *PAPER_REGIME], monkeypatch)
@@ -120,6 +120,12 @@ def test_paper_regime_options_seeds_positions_and_paired_intervals(tiny_loader, 
     order = list(models)  # seed-major closed form; --late-methods after it
     assert order.index("task_arithmetic") < order.index(names[0]) < order.index(names[2]) < order.index(names[1])
     assert order.index("closed form (model)") < order.index(names[1]) < order.index("ties")
+
+    capsys.readouterr()
+    _run(["--markdown", str(out)], monkeypatch)
+    table = capsys.readouterr().out
+    assert "| closed-form attn/MLP merge beats task arithmetic | 51.05 vs 48.24" in table
+    assert "| task_arithmetic ({'lam':" in table and "| add_word |" in table and "n = 9 |" in table
 
     # resume: the experts are loaded from --experts-dir (with what their training recorded), not retrained
     again = tmp_path / "again"
