@@ -16,3 +16,10 @@ class ToolkitError(Exception):
 
 class InputError(ToolkitError, ValueError):
     """An argument is out of its allowed range or of the wrong kind."""
+
+
+class TaskDataError(ToolkitError, ValueError):
+    """Bad task specification or data that does not tokenize as the templates assume.
+
+    Raised by :mod:`circuits.tasks` and :mod:`circuits.counterfactuals` (both export it).
+    """

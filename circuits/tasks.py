@@ -6,7 +6,9 @@ the same prompt with the operator word or symbol replaced by an irrelevant word
 of the same token length ("7 + 5 = " -> "7 # 5 = "), as in Zhang et al. (2024)
 §3. Path patching compares a model's run on the reference with its run on the
 twin, so the twin must tokenize to exactly as many tokens: this is checked, and
-the next irrelevant word is tried when it does not.
+the next irrelevant word is tried when it does not. Which operators a twin
+replaces (``corrupt``) and in which order replacements are tried are the rules
+of :mod:`circuits.counterfactuals`.
 
 Each row records the answer (the first answer token is what the metrics score;
 the full answer's token ids allow teacher-forced scoring), and the token
@@ -26,7 +28,6 @@ from __future__ import annotations
 import logging
 import numbers
 import random
-import re
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Iterator, Sequence
@@ -38,15 +39,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from circuits.checks import non_negative_int, positive_int
-from circuits.errors import InputError, ToolkitError
-from circuits.templates import (
-    COUNTERFACTUAL_SYMBOLS,
-    COUNTERFACTUAL_WORDS,
-    Template,
-    get_templates,
-    resolve_operation,
-    template_by_id,
-)
+from circuits.counterfactuals import CORRUPTIONS, Corrupt, check_corrupt, parse_shots, twin_candidates  # noqa: F401
+from circuits.errors import InputError, TaskDataError  # noqa: F401  (TaskDataError: part of this module's API)
+from circuits.templates import Template, get_templates, resolve_operation, template_by_id
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +61,7 @@ class TaskConfig:
     n_shots: int = 3
     allow_negative: bool = False
     seed: int = 0
-    corrupt: str = "query"
+    corrupt: Corrupt = "query"
 
     def __post_init__(self) -> None:
         # Checked here: these would otherwise surface as errors from `random` or a ZeroDivisionError.
@@ -89,10 +84,6 @@ def check_operand_range(operand_range) -> tuple[int, int]:
     if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in (lo, hi)) or lo > hi:
         raise InputError(f"operand_range must be two integers (lo, hi) with lo <= hi, got {operand_range!r}.")
     return int(lo), int(hi)
-
-
-class TaskDataError(ToolkitError, ValueError):
-    """Bad task specification or data that does not tokenize as the templates assume."""
 
 
 # ---------------------------------------------------------------------------- operands
@@ -214,48 +205,9 @@ def _answer_tokens(tokenizer, prompt: str, prompt_ids: list[int], answer: str) -
     return answer_ids
 
 
-CORRUPTIONS = ("query", "all")
-
-
-def _check_corrupt(corrupt: str) -> None:
-    if corrupt not in CORRUPTIONS:
-        raise TaskDataError(f"corrupt must be one of {CORRUPTIONS} ('query': the queried line's operator only; "
-                            f"'all': every operator, few-shot lines included), got {corrupt!r}.")
-
-
-def parse_shots(template: Template, prefix: str) -> list[tuple[str, str, str]]:
-    """The (a, b, answer) strings of a few-shot prefix written by ``template`` (one solved line per shot)."""
-    pieces = re.split(r"(\{A\}|\{B\}|\[[^\]]+\])", template.text)
-    pattern = "".join("(-?[0-9.]+)" if p in ("{A}", "{B}") else re.escape(template.operator_text) if p.startswith("[")
-                      else re.escape(p) for p in pieces) + "(.+)"
-    shots = []
-    for line in prefix.splitlines():
-        match = re.fullmatch(pattern, line)
-        if match is None:
-            raise TaskDataError(f"Few-shot line {line!r} is not a solved {template.id!r} problem; corrupt='all' "
-                                f"needs a prefix written by the same template.")
-        shots.append(match.groups())
-    return shots
-
-
-def _shot_prefix(template: Template, shots, operator_text: str | None = None) -> str:
-    return "".join(template.fill(a, b, operator_text=operator_text) + answer + "\n" for a, b, answer in shots)
-
-
-def _counterfactual(tokenizer, template: Template, a: str, b: str, prefix: str, n_tokens: int, corrupt: str = "query"):
-    """The first irrelevant operator replacement whose prompt has ``n_tokens`` tokens, or None.
-
-    ``corrupt="all"`` puts the replacement in every few-shot line too, so the operation cannot be
-    read from the examples either.
-    """
-    symbol_first = not template.operator_text.isalpha()
-    candidates = COUNTERFACTUAL_SYMBOLS + COUNTERFACTUAL_WORDS if symbol_first else COUNTERFACTUAL_WORDS + COUNTERFACTUAL_SYMBOLS
-    # Multi-token operators ("in each") need multi-word replacements of the same token count.
-    pairs = tuple(f"{w} {v}" for w in COUNTERFACTUAL_WORDS for v in COUNTERFACTUAL_WORDS if w != v)
-    shots = parse_shots(template, prefix) if corrupt == "all" else None
-    for word in candidates + pairs:
-        cf_prefix = prefix if shots is None else _shot_prefix(template, shots, operator_text=word)
-        text = cf_prefix + template.fill(a, b, operator_text=word)
+def _counterfactual(tokenizer, template: Template, a: str, b: str, prefix: str, n_tokens: int, corrupt: Corrupt = "query"):
+    """The first twin (:func:`circuits.counterfactuals.twin_candidates`) with ``n_tokens`` tokens and its ids, or None."""
+    for text in twin_candidates(template, a, b, prefix, corrupt):
         ids, _ = _encode(tokenizer, text)
         if len(ids) == n_tokens:
             return text, ids
@@ -286,13 +238,13 @@ def _select_templates(config: TaskConfig) -> list[Template]:
 
 
 def make_row(tokenizer, template: Template, a: Fraction, b: Fraction, *, prefix: str = "", decimals: int = 0,
-             corrupt: str = "query") -> dict:
+             corrupt: Corrupt = "query") -> dict:
     """One dataset row for ``template`` filled with ``a`` and ``b`` (see the module docstring).
 
     ``corrupt`` chooses the counterfactual twin: ``"query"`` replaces the queried line's operator,
     ``"all"`` every operator in the prompt (the few-shot lines' too).
     """
-    _check_corrupt(corrupt)
+    check_corrupt(corrupt)
     sa, sb = format_number(a, decimals), format_number(b, decimals)
     answer = format_answer(template.op, a, b, decimals)
     prompt = prefix + template.fill(sa, sb)

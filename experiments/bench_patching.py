@@ -1,6 +1,6 @@
 """Benchmark: this package's patching sweeps vs TransformerLens' activation patching, side by side.
 
-    python -m experiments.bench_patching --n-prompts 64 --out runs/bench_patching
+    python -m experiments.bench_patching --n-prompts 64 --out runs/bench_patching [--threads 1]
 
 1. Samples few-shot one-digit addition prompts of one template (one token length).
 2. Times ``transformer_lens.patching.get_act_patch_attn_head_out_all_pos`` over every head
@@ -21,40 +21,200 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import random
 import time
+from dataclasses import dataclass
 
 import pandas as pd
 import torch
+from transformer_lens import HookedTransformer
 from transformer_lens import patching as tl_patching
 
 from circuits.loading import load_model
-from circuits.nodes import all_nodes
-from circuits.tasks import make_dataset, single_batch
+from circuits.nodes import all_heads, all_nodes
+from circuits.run_dirs import complete_run, prepare_run_dir
+from circuits.tasks import TaskBatch, make_dataset, single_batch
 from circuits.templates import get_templates
 from patching.activation_patching import activation_patch
 from patching.attribution import attribution_patch, rank_agreement
-from patching.knockout import pool_means
+from patching.knockout import knockout_correct, pool_means
 from patching.path_patching import path_patch
-from circuits.run_dirs import complete_run, prepare_run_dir
+from patching.results import ActivationScores, NodeScores
 
 from experiments import _cli as cli
+from experiments._cli import option
 
-parser = cli.make_parser("bench_patching", __doc__)
-parser.add_argument("--model", default="gemma-3-270m", help="model name for circuits.loading.load_model")
-parser.add_argument("--n-prompts", type=cli.positive_int, metavar="N", default=64, help="prompts in the batch")
-parser.add_argument("--n-shots", type=cli.nonnegative_int, metavar="N", default=2, help="few-shot examples before each prompt")
-parser.add_argument("--op", default="+", help="arithmetic operation")
-parser.add_argument("--check-senders", type=int, default=18, help="senders checked with plain hook path patching (0: none, -1: all)")
-parser.add_argument("--tl-layers", default="4", help="layers of the TransformerLens baseline sweep: 'all', a count of "
-                    "evenly spaced layers (first and last included), or a comma list; the full-sweep TL time is then "
-                    "extrapolated per head (TL runs a full forward per head, whatever its layer)")
-cli.add_device_flags(parser, dtype=False)
-parser.add_argument("--seed", type=int, default=0, help="data seed")
-parser.add_argument("--out", default="runs/bench_patching", help="output folder")
-parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
-parser.add_argument("--knockout-seeds", type=int, default=3, help="random head sets per k in the knockout arm")
-parser.add_argument("--knockout-only", action="store_true", help="run only the knockout arm (and the path patching it ranks by)")
+
+def layer_spec(text: str) -> str:
+    """``all``, a count of layers >= 1, or a comma list of layer indices (returned as given, for the config)."""
+    items = [t.strip() for t in text.split(",")]
+    if text == "all" or all(t.isdigit() for t in items) and (len(items) > 1 or int(items[0]) >= 1):
+        return text
+    raise argparse.ArgumentTypeError(f"expected 'all', a number of layers >= 1 or a comma list of layers, got {text!r}")
+
+
+@dataclass(frozen=True)
+class BenchPatchingConfig:
+    """Every flag of ``python -m experiments.bench_patching``, with its default."""
+
+    model: str = option("gemma-3-270m", "model name for circuits.loading.load_model")
+    device: str = "auto"
+    n_prompts: int = option(64, "prompts in the batch", type=cli.positive_int)
+    n_shots: int = option(2, "few-shot examples before each prompt", type=cli.nonnegative_int)
+    op: str = option("+", "arithmetic operation")
+    check_senders: int = option(18, "senders checked with plain hook path patching (0: none, -1: all)")
+    tl_layers: str = option("4", "layers of the TransformerLens baseline sweep: 'all', a count of evenly spaced layers "
+                                 "(first and last included), or a comma list; the full-sweep TL time is then "
+                                 "extrapolated per head (TL runs a full forward per head, whatever its layer)",
+                            type=layer_spec)
+    seed: int = option(0, "data seed")
+    out: str = option("runs/bench_patching", "output folder")
+    overwrite: bool = option(False, "replace the results of an earlier run in --out")
+    knockout_seeds: int = option(3, "random head sets per k in the knockout arm", type=cli.nonnegative_int)
+    knockout_only: bool = option(False, "run only the knockout arm (and the path patching it ranks by)")
+    threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
+
+
+parser = cli.config_parser(BenchPatchingConfig, "bench_patching", __doc__)
+
+
+def same_length_prompts(model: HookedTransformer, cfg: BenchPatchingConfig):
+    """``n_prompts`` few-shot prompts of one template and one token length (one batch, no padding); the batch."""
+    template = get_templates(cfg.op, ("equation",))[0]
+    # Few-shot answers differ in length, so sample extra prompts and keep the most common token length.
+    data = make_dataset(model, op=cfg.op, n_prompts=4 * cfg.n_prompts, template_ids=(template.id,), n_shots=cfg.n_shots,
+                        seed=cfg.seed)
+    lengths = data["end_pos"]
+    common = max(set(lengths), key=lengths.count)
+    keep = [i for i, n in enumerate(lengths) if n == common][: cfg.n_prompts]
+    if len(keep) < cfg.n_prompts:
+        raise SystemExit(f"Only {len(keep)} prompts of one token length; lower --n-prompts.")
+    data = data.select(keep)
+    batch = single_batch(data, device=model.cfg.device)
+    print(f"{cfg.n_prompts} prompts of {batch.tokens.shape[1]} tokens, e.g. {batch.prompts[0]!r}")
+    return data, batch
+
+
+def tl_layer_subset(spec: str, n_layers: int) -> list[int]:
+    """The layers of ``--tl-layers``: all, ``count`` evenly spaced ones (first and last included), or a list."""
+    if spec == "all":
+        return list(range(n_layers))
+    if "," in spec:
+        return sorted({int(x) for x in spec.split(",")})
+    count = min(int(spec), n_layers)
+    return sorted({round(i * (n_layers - 1) / max(1, count - 1)) for i in range(count)})
+
+
+def time_transformer_lens(model: HookedTransformer, batch: TaskBatch, tl_layers: list[int], seconds: dict) -> torch.Tensor:
+    """TransformerLens' activation patching of each head of ``tl_layers`` at all positions (the baseline): [layer, head]."""
+    answers = batch.answer_ids
+
+    def tl_metric(logits):
+        return logits[torch.arange(len(answers)), -1, answers].mean()
+
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    start = time.perf_counter()
+    with torch.no_grad():
+        _, cf_cache = model.run_with_cache(batch.cf_tokens)
+        t_cache = time.perf_counter() - start
+        if len(tl_layers) == n_layers:
+            tl_heads = tl_patching.get_act_patch_attn_head_out_all_pos(model, batch.tokens, cf_cache, tl_metric)
+        else:  # the same code path (get_act_patch_attn_head_out_all_pos is this partial) on a subset of heads
+            index = pd.DataFrame([(l, h) for l in tl_layers for h in range(n_heads)], columns=["layer", "head"])
+            flat = tl_patching.generic_activation_patch(model, batch.tokens, cf_cache, tl_metric,
+                                                        patch_setter=tl_patching.layer_head_vector_patch_setter,
+                                                        activation_name="z", index_df=index)
+            tl_heads = torch.full((n_layers, n_heads), float("nan"))
+            tl_heads[tl_layers] = flat.view(len(tl_layers), n_heads).cpu()
+    t_tl = time.perf_counter() - start
+    # TL runs one full forward per head, so its full-sweep time scales with the number of heads.
+    t_full = t_cache + (t_tl - t_cache) * n_layers / len(tl_layers)
+    seconds |= {"transformer_lens_heads_all_pos_measured": t_tl, "transformer_lens_heads_all_pos_full_sweep": t_full}
+    print(f"TransformerLens heads sweep on {len(tl_layers)} layers: {t_tl:.1f} s (full sweep: {t_full:.1f} s"
+          f"{'' if len(tl_layers) == n_layers else ', extrapolated'})")
+    return tl_heads
+
+
+def time_activation_patch(model, batch: TaskBatch, tl_layers: list[int], tl_heads: torch.Tensor,
+                          seconds: dict) -> tuple[ActivationScores, float]:
+    """``patching.activation_patch`` on the same heads as TransformerLens; the max |difference| from TL's."""
+    start = time.perf_counter()
+    act = activation_patch(model, batch, component="z", positions="all", metric="logit", layers=tl_layers)
+    seconds["activation_patch_heads"] = time.perf_counter() - start
+    diff = float((act.patched[tl_layers] - tl_heads[tl_layers].to(act.patched.device)).abs().max())
+    print(f"patching.activation_patch on the same heads: {seconds['activation_patch_heads']:.2f} s, "
+          f"max |diff| vs TransformerLens {diff:.2e}")
+    return act, diff
+
+
+def time_path_patch(model, batch: TaskBatch, seconds: dict) -> NodeScores:
+    """The full path-patching sweep (every head and MLP -> logits) on the fast path."""
+    start = time.perf_counter()
+    path = path_patch(model, batch, metric="logit")
+    seconds["path_patch_full"] = time.perf_counter() - start
+    print(f"patching.path_patch (fast, {len(all_nodes(model))} senders): {seconds['path_patch_full']:.2f} s")
+    return path
+
+
+def check_path_patch(model, batch: TaskBatch, path: NodeScores, n_senders: int, seconds: dict) -> tuple[list, float | None]:
+    """Plain hook path patching on ``n_senders`` evenly spread senders (-1: all); the max |difference| from the fast path."""
+    senders = all_nodes(model)
+    if n_senders >= 0:
+        step = max(1, len(senders) // max(1, n_senders))
+        senders = senders[::step][:n_senders]
+    diff, seconds["path_patch_hooks_checked"] = None, None
+    if senders:
+        start = time.perf_counter()
+        slow = path_patch(model, batch, senders=senders, method="hooks", metric="logit")
+        seconds["path_patch_hooks_checked"] = time.perf_counter() - start
+        diff = max(abs(path.score(n) - slow.score(n)) for n in senders)
+        print(f"plain hook path patching on {len(senders)} senders: {seconds['path_patch_hooks_checked']:.1f} s, "
+              f"max |diff| vs fast {diff:.2e}")
+    return senders, diff
+
+
+def time_attribution_patch(model, batch: TaskBatch, act: ActivationScores, path: NodeScores, tl_layers: list[int],
+                           seconds: dict) -> dict:
+    """``patching.attribution_patch`` (one backward) and its Spearman agreement with exact activation and path patching."""
+    start = time.perf_counter()
+    attr = attribution_patch(model, batch, metric="logit")
+    seconds["attribution_patch"] = time.perf_counter() - start
+    act_all = act if len(tl_layers) == model.cfg.n_layers else activation_patch(model, batch, component="z", metric="logit")
+    agreement = {"vs_activation_patching_heads": rank_agreement(attr, act_all, kind="heads"),
+                 "vs_path_patching_heads": rank_agreement(attr, path, kind="heads"),
+                 "vs_path_patching_all": rank_agreement(attr, path, kind="all"),
+                 "path_vs_activation_patching_heads": rank_agreement(path, act_all, kind="heads")}
+    print(f"patching.attribution_patch: {seconds['attribution_patch']:.2f} s; Spearman vs activation patching (heads) "
+          f"{agreement['vs_activation_patching_heads']['spearman']:.2f}, vs path patching (heads) "
+          f"{agreement['vs_path_patching_heads']['spearman']:.2f}, (heads + MLPs) "
+          f"{agreement['vs_path_patching_all']['spearman']:.2f}")
+    return agreement
+
+
+def compare_sweeps(model, batch: TaskBatch, cfg: BenchPatchingConfig) -> tuple[dict, NodeScores]:
+    """TransformerLens vs activation patching, path patching fast vs hooks, attribution patching: results.json keys."""
+    tl_layers = tl_layer_subset(cfg.tl_layers, model.cfg.n_layers)
+    print(f"TransformerLens baseline over the heads of layers {tl_layers}")
+    seconds: dict = {}
+    tl_heads = time_transformer_lens(model, batch, tl_layers, seconds)
+    act, act_diff = time_activation_patch(model, batch, tl_layers, tl_heads, seconds)
+    path = time_path_patch(model, batch, seconds)
+    senders, path_diff = check_path_patch(model, batch, path, cfg.check_senders, seconds)
+    agreement = time_attribution_patch(model, batch, act, path, tl_layers, seconds)
+    return {
+        "tl_layers": tl_layers,
+        "tl_full_sweep_extrapolated": len(tl_layers) != model.cfg.n_layers,
+        "seconds": seconds,
+        "attribution_rank_agreement": agreement,
+        "speedup_path_patch_vs_tl": seconds["transformer_lens_heads_all_pos_full_sweep"] / seconds["path_patch_full"],
+        "speedup_activation_patch_vs_tl": seconds["transformer_lens_heads_all_pos_measured"] / seconds["activation_patch_heads"],
+        "max_abs_diff_activation_patch_vs_tl": act_diff,
+        "max_abs_diff_path_fast_vs_hooks": path_diff,
+        "path_checked_senders": [str(n) for n in senders],
+        "top_heads_path_patching": [[str(n), v] for n, v in path.ranked("heads", by="neg")[:10]],
+    }, path
 
 
 KNOCKOUT_VARIANTS = {  # name: knockout_correct options, timed side by side on the same prompts and means
@@ -65,14 +225,11 @@ KNOCKOUT_VARIANTS = {  # name: knockout_correct options, timed side by side on t
 }
 
 
-def _knockout_arm(model, data, path, n_seeds: int) -> dict:
+def knockout_arm(model, data, path, n_seeds: int) -> dict:
     """The knockout curve: the fast path, the fast path without its top-1 pruning and shared starts, plain hooks.
 
     Same prompts, same pooled means; every per-prompt hit of each variant is compared with the hooks'.
     """
-    from circuits.nodes import all_heads
-    from patching.knockout import knockout_correct
-
     start = time.perf_counter()
     means = pool_means(model, data, all_heads(model))
     t_means = time.perf_counter() - start
@@ -105,136 +262,35 @@ def _knockout_arm(model, data, path, n_seeds: int) -> dict:
             "accuracy_per_set": accuracy.tolist()}
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
-    args = parser.parse_args(argv)
-    out = prepare_run_dir(args.out, overwrite=args.overwrite)  # before the slow part: fail fast on an old run
-
-    torch.manual_seed(args.seed)
-    model = load_model(args.model, device=args.device)
+def run(cfg: BenchPatchingConfig) -> dict:
+    """Run the benchmark; return the results dict that is also written to results.json."""
+    cli.set_threads(cfg.threads)
+    out = prepare_run_dir(cfg.out, overwrite=cfg.overwrite)  # before the slow part: fail fast on an old run
+    torch.manual_seed(cfg.seed)
+    model = load_model(cfg.model, device=cfg.device)
     model.eval()
-    template = get_templates(args.op, ("equation",))[0]
-    # Few-shot answers differ in length, so sample extra prompts and keep the most common token length.
-    data = make_dataset(model, op=args.op, n_prompts=4 * args.n_prompts, template_ids=(template.id,), n_shots=args.n_shots,
-                        seed=args.seed)
-    lengths = data["end_pos"]
-    common = max(set(lengths), key=lengths.count)
-    keep = [i for i, n in enumerate(lengths) if n == common][: args.n_prompts]
-    if len(keep) < args.n_prompts:
-        raise SystemExit(f"Only {len(keep)} prompts of one token length; lower --n-prompts.")
-    data = data.select(keep)
-    batch = single_batch(data, device=model.cfg.device)
-    answers = batch.answer_ids
-    print(f"{args.n_prompts} prompts of {batch.tokens.shape[1]} tokens, e.g. {batch.prompts[0]!r}")
-
-    def tl_metric(logits):
-        return logits[torch.arange(len(answers)), -1, answers].mean()
-
-    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    if args.tl_layers == "all":
-        tl_layers = list(range(n_layers))
-    elif "," in args.tl_layers:
-        tl_layers = sorted({int(x) for x in args.tl_layers.split(",")})
-    else:
-        count = min(int(args.tl_layers), n_layers)
-        tl_layers = sorted({round(i * (n_layers - 1) / max(1, count - 1)) for i in range(count)})
-    print(f"TransformerLens baseline over the heads of layers {tl_layers}")
-
-    if args.knockout_only:
+    data, batch = same_length_prompts(model, cfg)
+    results = {"model": cfg.model, "settings": dataclasses.asdict(cfg), "n_prompts": cfg.n_prompts,
+               "n_shots": cfg.n_shots, "n_tokens": batch.tokens.shape[1], "device": str(model.cfg.device),
+               "dtype": str(model.cfg.dtype)}
+    if cfg.knockout_only:
         path = path_patch(model, batch, metric="logit")
-        results = {"model": args.model, "n_prompts": args.n_prompts, "n_shots": args.n_shots,
-                   "n_tokens": batch.tokens.shape[1], "device": str(model.cfg.device), "dtype": str(model.cfg.dtype),
-                   "knockout": _knockout_arm(model, data, path, args.knockout_seeds)}
-        complete_run(out, results)
-        print(f"wrote {out / 'results.json'}")
-        return
-
-    # -- TransformerLens activation patching of each head at all positions (the baseline)
-    start = time.perf_counter()
-    with torch.no_grad():
-        _, cf_cache = model.run_with_cache(batch.cf_tokens)
-        t_tl_cache = time.perf_counter() - start
-        if len(tl_layers) == n_layers:
-            tl_heads = tl_patching.get_act_patch_attn_head_out_all_pos(model, batch.tokens, cf_cache, tl_metric)
-        else:  # the same code path (get_act_patch_attn_head_out_all_pos is this partial) on a subset of heads
-            index = pd.DataFrame([(l, h) for l in tl_layers for h in range(n_heads)], columns=["layer", "head"])
-            flat = tl_patching.generic_activation_patch(model, batch.tokens, cf_cache, tl_metric,
-                                                        patch_setter=tl_patching.layer_head_vector_patch_setter,
-                                                        activation_name="z", index_df=index)
-            tl_heads = torch.full((n_layers, n_heads), float("nan"))
-            tl_heads[tl_layers] = flat.view(len(tl_layers), n_heads).cpu()
-    t_tl = time.perf_counter() - start
-    del cf_cache
-    # TL runs one full forward per head, so its full-sweep time scales with the number of heads.
-    t_tl_full = t_tl_cache + (t_tl - t_tl_cache) * n_layers / len(tl_layers)
-    print(f"TransformerLens heads sweep on {len(tl_layers)} layers: {t_tl:.1f} s (full sweep: {t_tl_full:.1f} s"
-          f"{'' if len(tl_layers) == n_layers else ', extrapolated'})")
-
-    # -- this package: activation patching of the same heads
-    start = time.perf_counter()
-    act = activation_patch(model, batch, component="z", positions="all", metric="logit", layers=tl_layers)
-    t_act = time.perf_counter() - start
-    act_diff = float((act.patched[tl_layers] - tl_heads[tl_layers].to(act.patched.device)).abs().max())
-    print(f"patching.activation_patch on the same heads: {t_act:.2f} s, max |diff| vs TransformerLens {act_diff:.2e}")
-
-    # -- this package: full path-patching sweep (every head and MLP -> logits)
-    start = time.perf_counter()
-    path = path_patch(model, batch, metric="logit")
-    t_path = time.perf_counter() - start
-    print(f"patching.path_patch (fast, {len(all_nodes(model))} senders): {t_path:.2f} s")
-
-    # -- check the fast path against plain hook-based path patching
-    senders = all_nodes(model)
-    if args.check_senders >= 0:
-        step = max(1, len(senders) // max(1, args.check_senders))
-        senders = senders[::step][: args.check_senders]
-    path_diff, t_slow = None, None
-    if senders:
-        start = time.perf_counter()
-        slow = path_patch(model, batch, senders=senders, method="hooks", metric="logit")
-        t_slow = time.perf_counter() - start
-        fast = [path.score(n) for n in senders]
-        path_diff = max(abs(a - slow.score(n)) for a, n in zip(fast, senders))
-        print(f"plain hook path patching on {len(senders)} senders: {t_slow:.1f} s, max |diff| vs fast {path_diff:.2e}")
-
-    # -- attribution patching, and how far its ranking can be trusted on these prompts
-    start = time.perf_counter()
-    attr = attribution_patch(model, batch, metric="logit")
-    t_attr = time.perf_counter() - start
-    act_all = act if len(tl_layers) == n_layers else activation_patch(model, batch, component="z", metric="logit")
-    agreement = {"vs_activation_patching_heads": rank_agreement(attr, act_all, kind="heads"),
-                 "vs_path_patching_heads": rank_agreement(attr, path, kind="heads"),
-                 "vs_path_patching_all": rank_agreement(attr, path, kind="all"),
-                 "path_vs_activation_patching_heads": rank_agreement(path, act_all, kind="heads")}
-    print(f"patching.attribution_patch: {t_attr:.2f} s; Spearman vs activation patching (heads) "
-          f"{agreement['vs_activation_patching_heads']['spearman']:.2f}, vs path patching (heads) "
-          f"{agreement['vs_path_patching_heads']['spearman']:.2f}, (heads + MLPs) "
-          f"{agreement['vs_path_patching_all']['spearman']:.2f}")
-
-    results = {
-        "model": args.model,
-        "n_prompts": args.n_prompts,
-        "n_shots": args.n_shots,
-        "n_tokens": batch.tokens.shape[1],
-        "device": str(model.cfg.device),
-        "dtype": str(model.cfg.dtype),
-        "tl_layers": tl_layers,
-        "tl_full_sweep_extrapolated": len(tl_layers) != n_layers,
-        "seconds": {"transformer_lens_heads_all_pos_measured": t_tl, "transformer_lens_heads_all_pos_full_sweep": t_tl_full, "activation_patch_heads": t_act, "path_patch_full": t_path,
-                    "path_patch_hooks_checked": t_slow, "attribution_patch": t_attr},
-        "attribution_rank_agreement": agreement,
-        "speedup_path_patch_vs_tl": t_tl_full / t_path,
-        "speedup_activation_patch_vs_tl": t_tl / t_act,
-        "max_abs_diff_activation_patch_vs_tl": act_diff,
-        "max_abs_diff_path_fast_vs_hooks": path_diff,
-        "path_checked_senders": [str(n) for n in senders],
-        "top_heads_path_patching": [[str(n), v] for n, v in path.ranked("heads", by="neg")[:10]],
-        "knockout": _knockout_arm(model, data, path, args.knockout_seeds),
-    }
+    else:
+        sweeps, path = compare_sweeps(model, batch, cfg)
+        results |= sweeps
+    results["knockout"] = knockout_arm(model, data, path, cfg.knockout_seeds)
     complete_run(out, results)
-    print(f"speed-up path patching (full sweep, {len(all_nodes(model))} nodes) vs TL heads sweep (72 heads): {results['speedup_path_patch_vs_tl']:.1f}x")
-    print(f"speed-up activation patching vs TL on the same heads: {results['speedup_activation_patch_vs_tl']:.1f}x")
+    if not cfg.knockout_only:
+        print(f"speed-up path patching (full sweep, {len(all_nodes(model))} nodes) vs TL heads sweep "
+              f"({model.cfg.n_layers * model.cfg.n_heads} heads): {results['speedup_path_patch_vs_tl']:.1f}x")
+        print(f"speed-up activation patching vs TL on the same heads: {results['speedup_activation_patch_vs_tl']:.1f}x")
     print(f"wrote {out / 'results.json'}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark with command-line flags ``argv`` (default: ``sys.argv``)."""
+    return run(cli.parse_config(parser, BenchPatchingConfig, argv))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The edge sweeps on one or several processes: EAP-IG scores, exact patching of edges, the faithfulness curve.
 
-    python -m experiments.edge_sweeps --n-prompts 32 --stride 10 --out runs/edge_sweeps
+    python -m experiments.edge_sweeps --n-prompts 32 --stride 10 --out runs/edge_sweeps [--threads 1]
     accelerate launch --num_processes 4 -m experiments.edge_sweeps --device cuda --stride 1 --out runs/edge_sweeps
     accelerate launch --multi_gpu --num_processes 2 -m experiments.edge_sweeps --device cpu --out runs/edge_sweeps
 
@@ -18,30 +18,44 @@ exact effect, their Spearman correlation over the patched edges, and the curve w
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from dataclasses import dataclass
 
 import torch
 from scipy.stats import spearmanr
 
-from circuits.graph import GraphLayout
+from circuits.graph import Graph, GraphLayout
 from circuits.loading import load_model
 from circuits.run_dirs import complete_run, prepare_run_dir
 from circuits.tasks import make_dataset
 from circuits.templates import get_templates
 from experiments import _cli as cli
+from experiments._cli import option
 from patching import distributed
+from patching.edge_patching import EdgeEffects
+from patching.faithfulness import FaithfulnessCurve
 
-parser = cli.make_parser("edge_sweeps", __doc__)
-parser.add_argument("--model", default="gemma-3-270m", help="model name or saved folder for circuits.loading.load_model")
-parser.add_argument("--n-prompts", type=cli.positive_int, default=32, help="prompts (one template, one token length)")
-parser.add_argument("--ig-steps", type=cli.positive_int, default=5, help="EAP-IG-inputs integration steps")
-parser.add_argument("--stride", type=cli.positive_int, default=10, help="patch every stride-th edge exactly (1: all)")
-parser.add_argument("--memory-mb", type=cli.positive_float, default=1024.0, help="activation budget per batched forward")
-parser.add_argument("--n-bootstrap", type=cli.positive_int, default=1000, help="bootstrap resamples of the curve")
-cli.add_device_flags(parser)
-parser.add_argument("--seed", type=int, default=0, help="data seed")
-parser.add_argument("--out", default="runs/edge_sweeps", help="output folder (written by the main process)")
-parser.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
+
+@dataclass(frozen=True)
+class EdgeSweepsConfig:
+    """Every flag of ``python -m experiments.edge_sweeps``, with its default."""
+
+    model: str = option("gemma-3-270m", "model name or saved folder for circuits.loading.load_model")
+    device: str = "auto"
+    dtype: str | None = None
+    n_prompts: int = option(32, "prompts (one template, one token length)", type=cli.positive_int)
+    ig_steps: int = option(5, "EAP-IG-inputs integration steps", type=cli.positive_int)
+    stride: int = option(10, "patch every stride-th edge exactly (1: all)", type=cli.positive_int)
+    memory_mb: float = option(1024.0, "activation budget per batched forward", type=cli.positive_float)
+    n_bootstrap: int = option(1000, "bootstrap resamples of the curve", type=cli.positive_int)
+    seed: int = option(0, "data seed")
+    threads: int = option(0, "torch CPU threads per process (0: torch's default)", type=cli.nonnegative_int)
+    out: str = option("runs/edge_sweeps", "output folder (written by the main process)")
+    overwrite: bool = option(False, "replace the results of an earlier run in --out")
+
+
+parser = cli.config_parser(EdgeSweepsConfig, "edge_sweeps", __doc__)
 
 
 def _device(requested: str, shard: distributed.Shard) -> str:
@@ -52,48 +66,78 @@ def _device(requested: str, shard: distributed.Shard) -> str:
     return requested
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the sweeps with command-line flags ``argv`` (default: ``sys.argv``)."""
-    args = parser.parse_args(argv)
-    shard = distributed.current_shard()
-    main_process = shard.rank == 0
-    out = prepare_run_dir(args.out, overwrite=args.overwrite) if main_process else None
-    model = load_model(args.model, device=_device(args.device, shard), dtype=args.dtype)
-    model.eval()
-    template = get_templates("+", ("equation",))[0]
-    data = make_dataset(model, op="+", n_prompts=args.n_prompts, template_ids=(template.id,), n_shots=2, seed=args.seed)
-    layout = GraphLayout.of(model)
-    edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()][:: args.stride]
-    times = {}
+@dataclass
+class Sweeps:
+    """What the three sweeps found: EAP-IG scores, exact effects of the patched edges, the curve; wall times."""
 
+    layout: GraphLayout
+    edges: list[tuple[int, int]]  # the exactly patched edges: every stride-th real edge
+    graph: Graph  # EAP-IG-inputs scores of every edge
+    effects: EdgeEffects
+    curve: FaithfulnessCurve
+    seconds: dict[str, float]
+
+
+def sweep(model, data, cfg: EdgeSweepsConfig) -> Sweeps:
+    """EAP-IG-inputs scores, exact effects of every stride-th edge, the faithfulness curve, each split over the processes."""
+    layout = GraphLayout.of(model)
+    edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()][:: cfg.stride]
+    times = {}
     began = time.perf_counter()
-    graph = distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=args.ig_steps,
-                                         memory_mb=args.memory_mb)
+    graph = distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=cfg.ig_steps,
+                                         memory_mb=cfg.memory_mb)
     times["edge_attribution_s"] = time.perf_counter() - began
     began = time.perf_counter()
-    effects = distributed.edge_patch(model, edges, data, memory_mb=args.memory_mb)
+    effects = distributed.edge_patch(model, edges, data, memory_mb=cfg.memory_mb)
     times["edge_patch_s"] = time.perf_counter() - began
     began = time.perf_counter()
-    curve = distributed.faithfulness_curve(model, graph, data, n_bootstrap=args.n_bootstrap, memory_mb=args.memory_mb)
+    curve = distributed.faithfulness_curve(model, graph, data, n_bootstrap=cfg.n_bootstrap, memory_mb=cfg.memory_mb)
     times["faithfulness_curve_s"] = time.perf_counter() - began
-    if not main_process:
-        return
+    return Sweeps(layout, edges, graph, effects, curve, times)
 
+
+def summarize(cfg: EdgeSweepsConfig, shard: distributed.Shard, model, data, sweeps: Sweeps) -> dict:
+    """results.json: wall times, processes, Spearman of EAP-IG against the exact effects, the top edges, the curve."""
+    effects, curve, times, layout = sweeps.effects, sweeps.curve, sweeps.seconds, sweeps.layout
     f, b = torch.tensor(effects.edges).T
-    attributed = graph.scores[f, b].double()
+    attributed = sweeps.graph.scores[f, b].double()
     rho = float(spearmanr(attributed.numpy(), effects.effects.numpy()).statistic)
     top = effects.effects.abs().argsort(descending=True)[:20].tolist()
     print(f"{shard.world_size} process(es), {len(data)} prompts: attribution {times['edge_attribution_s']:.1f} s, "
-          f"{len(edges)} exact edges {times['edge_patch_s']:.1f} s, curve {times['faithfulness_curve_s']:.1f} s; "
+          f"{len(sweeps.edges)} exact edges {times['edge_patch_s']:.1f} s, curve {times['faithfulness_curve_s']:.1f} s; "
           f"Spearman(EAP-IG, exact) = {rho:.3f}; CPR {curve.cpr}, CMD {curve.cmd}")
-    complete_run(out, {
-        "model": args.model, "n_processes": shard.world_size, "n_prompts": len(data), "threads": torch.get_num_threads(),
-        "device": str(model.cfg.device), **times, "n_edges_patched": len(edges), "stride": args.stride,
-        "spearman_eap_ig_vs_exact": rho, "n_edges_total": layout.n_edges,
+    return {
+        "model": cfg.model, "settings": dataclasses.asdict(cfg), "n_processes": shard.world_size, "n_prompts": len(data),
+        "threads": torch.get_num_threads(), "device": str(model.cfg.device), **times,
+        "n_edges_patched": len(sweeps.edges), "stride": cfg.stride, "spearman_eap_ig_vs_exact": rho,
+        "n_edges_total": layout.n_edges,
         "top_exact_edges": {layout.edge_name(*effects.edges[i]): float(effects.effects[i]) for i in top},
         "curve": curve.to_dict(),
-    })
+    }
+
+
+def run(cfg: EdgeSweepsConfig) -> dict | None:
+    """Run the sweeps on this process's share; the main process writes and returns the results (others: None)."""
+    cli.set_threads(cfg.threads)
+    shard = distributed.current_shard()
+    main_process = shard.rank == 0
+    out = prepare_run_dir(cfg.out, overwrite=cfg.overwrite) if main_process else None
+    model = load_model(cfg.model, device=_device(cfg.device, shard), dtype=cfg.dtype)
+    model.eval()
+    template = get_templates("+", ("equation",))[0]
+    data = make_dataset(model, op="+", n_prompts=cfg.n_prompts, template_ids=(template.id,), n_shots=2, seed=cfg.seed)
+    sweeps = sweep(model, data, cfg)
+    if not main_process:
+        return None
+    results = summarize(cfg, shard, model, data, sweeps)
+    complete_run(out, results)
     print(f"wrote {out / 'results.json'}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    """Run the sweeps with command-line flags ``argv`` (default: ``sys.argv``)."""
+    return run(cli.parse_config(parser, EdgeSweepsConfig, argv))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ from transformer_lens import HookedTransformer
 from circuits.errors import InputError, ToolkitError
 from circuits.metrics import unembed_end
 from circuits.nodes import MLP, Head
+from circuits.process_group import rank_and_world_size
 from finetune import checkpoints as ckpt
 from finetune.data import SFTDataError, collate, epoch_order, targets
 from finetune.lora import attach_lora, lora_targets, merge_lora
@@ -121,23 +122,6 @@ def _dataset_fingerprint(rows: list[dict]) -> str:
     for r in rows:
         digest.update(json.dumps([r["input_ids"], r["n_prompt"]]).encode())
     return digest.hexdigest()[:16]
-
-
-def _world() -> tuple[int, int]:
-    """(rank, world size); sets up the process group through accelerate when launched with several processes.
-
-    Rank and size are read from ``torch.distributed``: accelerate 1.x's
-    ``PartialState`` reports a single process for CPU groups started by torchrun.
-    """
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return 0, 1
-    import torch.distributed as dist
-    from accelerate import PartialState
-
-    PartialState()
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank(), dist.get_world_size()
 
 
 def _all_reduce_grads(optimizer: SliceAdamW) -> None:
@@ -221,7 +205,7 @@ def train(
     method = _method_of(config, method)
     config = method_config(config, method)
     rows, steps_per_epoch, total = _training_rows(train_dataset, config)
-    rank, world = _world()
+    rank, world = rank_and_world_size()
     run = _start_run(model, rows, config, method, heads, mlps, out_dir, resume, total, steps_per_epoch, rank, world)
     try:
         bar = tqdm(range(run.start, total), desc=f"{method} SFT", disable=not config.progress or rank != 0,

@@ -31,7 +31,6 @@ both work.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Union
 
@@ -42,6 +41,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
+from circuits.process_group import rank_and_world_size
 from circuits.tasks import TaskBatch
 from patching import circuit_evaluation, faithfulness
 from patching.circuit_evaluation import CircuitEvaluation
@@ -75,20 +75,11 @@ class Shard:
 
 
 def current_shard() -> Shard:
-    """The running process's shard: from torch.distributed, set up through accelerate when launched."""
-    import torch.distributed as dist
+    """The running process's shard: from torch.distributed, set up through accelerate when launched.
 
-    if dist.is_available() and dist.is_initialized():
-        return Shard(dist.get_rank(), dist.get_world_size())
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return Shard()
-    from accelerate import PartialState
-
-    PartialState()  # initialises the process group of an accelerate / torchrun launch
-    if not dist.is_initialized():
-        # accelerate 1.x treats a CPU launch through torchrun as one process: set the group up here
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return Shard(dist.get_rank(), dist.get_world_size())
+    :func:`circuits.process_group.rank_and_world_size` sets the group up (the same way the trainer does).
+    """
+    return Shard(*rank_and_world_size())
 
 
 def _resolve(shard: Optional[Shard]) -> Shard:

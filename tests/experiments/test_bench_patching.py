@@ -42,3 +42,17 @@ def test_bench_patching_refuses_an_earlier_run(tiny_dir, tmp_path):
     with pytest.raises(OutputExistsError, match="--overwrite"):
         bench_patching.main(["--model", str(tiny_dir), "--out", str(tmp_path)])
     assert (tmp_path / "results.json").read_text() == "{}"
+
+
+def test_bench_patching_flags_come_from_its_config_and_are_checked_when_parsed(capsys):
+    import pytest
+
+    cfg = bench_patching.cli.parse_config(bench_patching.parser, bench_patching.BenchPatchingConfig,
+                                          ["--threads", "1", "--tl-layers", "0,2", "--knockout-only"])
+    assert cfg.threads == 1 and cfg.tl_layers == "0,2" and cfg.knockout_only and cfg.n_prompts == 64
+    assert bench_patching.tl_layer_subset(cfg.tl_layers, 18) == [0, 2]
+    assert bench_patching.tl_layer_subset("4", 18) == [0, 6, 11, 17] and bench_patching.tl_layer_subset("all", 3) == [0, 1, 2]
+    for bad in (["--tl-layers", "0"], ["--tl-layers", "a"], ["--threads", "-1"]):
+        with pytest.raises(SystemExit):
+            bench_patching.cli.parse_config(bench_patching.parser, bench_patching.BenchPatchingConfig, bad)
+    assert "--tl-layers: expected 'all'" in capsys.readouterr().err

@@ -13,9 +13,10 @@ from experiments import edge_sweeps
 def test_one_process_run_writes_its_results(tmp_path):
     save_model(tiny_model(style="gemma", n_layers=2, seed=5), tmp_path / "model")
     edge_sweeps.main(["--model", str(tmp_path / "model"), "--n-prompts", "6", "--stride", "4", "--n-bootstrap", "50",
-                      "--device", "cpu", "--out", str(tmp_path / "run")])
+                      "--device", "cpu", "--threads", "1", "--out", str(tmp_path / "run")])
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["status"] == "complete" and results["n_processes"] == 1 and results["n_prompts"] == 6
     assert results["n_edges_patched"] == -(-results["n_edges_total"] // 4)
+    assert results["threads"] == 1 and results["settings"]["stride"] == 4 and results["settings"]["threads"] == 1
     assert -1 <= results["spearman_eap_ig_vs_exact"] <= 1 and len(results["curve"]["faithfulness"]) == 10
     assert results["curve"]["faithfulness"][-1]["value"] == pytest.approx(1.0, abs=1e-5)

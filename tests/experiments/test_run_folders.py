@@ -41,7 +41,7 @@ FAST = ["--n-prompts", "60", "--top-k", "2", "--knockout-prompts", "6", "--knock
 
 
 def test_a_failing_last_stage_keeps_earlier_results_and_nothing_stale(tiny_dir, tmp_path, monkeypatch):
-    from experiments import _arithmetic
+    from experiments import _arithmetic, _arithmetic_stages
     from patching.af1 import NoEvalPromptsError
 
     out = tmp_path / "run"
@@ -52,7 +52,7 @@ def test_a_failing_last_stage_keeps_earlier_results_and_nothing_stale(tiny_dir, 
     def no_eval_prompts(model, cfg):
         raise NoEvalPromptsError("the model answers none of the AF1 prompts")
 
-    monkeypatch.setattr(_arithmetic, "_af1_grid", no_eval_prompts)
+    monkeypatch.setattr(_arithmetic_stages, "_af1_grid", no_eval_prompts)  # the AF1 stage's grid builder
     with pytest.raises(NoEvalPromptsError):
         _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(out), "--overwrite", *FAST])
     saved = json.loads((out / "results.json").read_text())
