@@ -15,7 +15,9 @@
 3. selection: the largest L_wait reaching ``--min-faithfulness`` with the fewest
    transfer layers; greedy pruning of its transfer heads at ``--prune-keep``; the same
    selection (and the most faithful cell) chosen on half of the eval prompts and reported on
-   the other half with a 95% Wilson interval;
+   the other half with a 95% Wilson interval, then with the halves swapped: both held-out
+   scores pooled give one estimate on every eval prompt, each scored under a cell chosen
+   without it (``held_out_selection.cross_fit``);
 4. the authors' five formats (equation "A+B=", verbal, question, word problem,
    Python): faithfulness of the selected setting (all heads and pruned heads) per
    template, and faithfulness against L_wait at the selected L_transfer;
@@ -31,66 +33,79 @@ Template ids: ``af1-equation``, ``af1-verbal``, ``af1-question``, ``af1-word``,
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from circuits.errors import InputError
 from circuits.loading import load_model
 from circuits.report import Report
 from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
+from circuits.stats import paired_difference, proportion
 from circuits.templates import template_by_id
 from patching.af1 import (
     AF1Config,
     AF1Runner,
+    AF1SearchResult,
     NoEvalPromptsError,
     cell_estimate,
+    check_setting,
     faithfulness_heatmap,
     grid_hits,
     held_out_selection,
     search_af1,
 )
 from patching.af1_data import authors_templates, make_template_dataset
-from circuits.errors import InputError
-from circuits.stats import paired_difference, proportion
-from patching.af1 import check_setting
 from patching.cama import CamaConfig
 
 from experiments import _cli as cli
+from experiments._cli import option
 
-# ---------------------------------------------------------------------------- configuration (CLI flags)
 
-parser = cli.make_parser("af1", __doc__)
-parser.add_argument("--model", default="gemma-3-270m", help="offline model name, TransformerLens model name, or a saved model directory")
-parser.add_argument("--op", default="+", help="operation: +, -, * or / (or its name)")
-parser.add_argument("--templates", nargs="+", default=["af1-equation", "af1-verbal", "af1-question"],
-                    help="templates of the grid search")
-parser.add_argument("--n-prompts", type=cli.positive_int, metavar="N", default=100, help="operand pairs per template (at most all "
-                    "pairs: 100 for + on 0..9; with --means split, at most the pairs with a one-token answer: 55)")
-parser.add_argument("--means", choices=["cross-fit", "split"], default="cross-fit", help="CAMA means cross-fitted over folds of "
-                    "all pairs (default) or fitted on a fixed half of the one-token prompts (the earlier scheme)")
-parser.add_argument("--n-folds", type=cli.positive_int, metavar="N", default=2, help="folds of the cross-fitted CAMA means")
-parser.add_argument("--operand-max", type=cli.nonnegative_int, metavar="N", default=9, help="operands are drawn from 0..operand-max")
-parser.add_argument("--n-shots", type=cli.nonnegative_int, metavar="N", default=0, help="solved examples of the same template before each "
-                    "prompt (the paper is zero-shot; gemma-3-270m answers few one-token sums zero-shot)")
-parser.add_argument("--min-count", type=cli.positive_int, metavar="N", default=2, help="CAMA: prompts needed for a token-conditioned mean")
-parser.add_argument("--min-faithfulness", type=cli.fraction, default=0.9,
-                    help="faithfulness an (L_wait, L_transfer) setting must reach to be selected")
-parser.add_argument("--prune-keep", type=cli.fraction, default=0.95,
-                    help="pruning keeps removing transfer heads while faithfulness stays above this share of the unpruned one")
-parser.add_argument("--no-authors", action="store_true", help="skip the authors' five formats")
-parser.add_argument("--isolate", nargs="+", metavar="W,T", default=None, help="instead of the search: score these "
-                    "pre-specified (L_wait, L_transfer) cells under each variant of ISOLATION_VARIANTS on the same eval "
-                    "prompts (paired), to find what limits faithfulness")
-parser.add_argument("--batch-size", type=cli.positive_int, default=32, metavar="N", help="prompts per forward pass")
-parser.add_argument("--seed", type=int, default=0, help="seed of the prompts and of the fit/eval split")
-cli.add_device_flags(parser)
-parser.add_argument("--threads", type=cli.nonnegative_int, metavar="N", default=1, help="torch CPU threads (0: torch's default). One thread "
-                    "is ~8x faster on shared, oversubscribed CPUs, where OpenMP threads spin-wait on each other")
-parser.add_argument("--out", default=None, help="output folder (default: runs/af1-<timestamp>)")
-parser.add_argument("--overwrite", action="store_true", help="write into an existing output folder")
+@dataclass(frozen=True)
+class AF1ExperimentConfig:
+    """Every flag of ``python -m experiments.af1``, with its default."""
+
+    model: str = option("gemma-3-270m", "offline model name, TransformerLens model name, or a saved model directory")
+    op: str = option("+", "operation: +, -, * or / (or its name)")
+    templates: tuple[str, ...] = option(("af1-equation", "af1-verbal", "af1-question"), "templates of the grid search")
+    n_prompts: int = option(100, "operand pairs per template (at most all pairs: 100 for + on 0..9; with --means "
+                            "split, at most the pairs with a one-token answer: 55)", type=cli.positive_int)
+    means: str = option("cross-fit", "CAMA means cross-fitted over folds of all pairs (default) or fitted on a fixed "
+                        "half of the one-token prompts (the earlier scheme)", choices=("cross-fit", "split"))
+    n_folds: int = option(2, "folds of the cross-fitted CAMA means", type=cli.positive_int)
+    operand_max: int = option(9, "operands are drawn from 0..operand-max", type=cli.nonnegative_int)
+    n_shots: int = option(0, "solved examples of the same template before each prompt (the paper is zero-shot; "
+                          "gemma-3-270m answers few one-token sums zero-shot)", type=cli.nonnegative_int)
+    min_count: int = option(2, "CAMA: prompts needed for a token-conditioned mean", type=cli.positive_int)
+    min_faithfulness: float = option(0.9, "faithfulness an (L_wait, L_transfer) setting must reach to be selected",
+                                     type=cli.fraction)
+    prune_keep: float = option(0.95, "pruning keeps removing transfer heads while faithfulness stays above this share "
+                               "of the unpruned one", type=cli.fraction)
+    no_authors: bool = option(False, "skip the authors' five formats")
+    isolate: tuple[str, ...] | None = option(None, "instead of the search: score these pre-specified (L_wait, "
+                                             "L_transfer) cells, as W,T, under each isolation variant on the same "
+                                             "eval prompts (paired), to find what limits faithfulness", nargs="+")
+    batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
+    seed: int = option(0, "seed of the prompts and of the fit/eval split")
+    device: str = "auto"
+    dtype: str | None = None
+    threads: int = option(1, "torch CPU threads (0: torch's default). One thread is ~8x faster on shared, "
+                          "oversubscribed CPUs, where OpenMP threads spin-wait on each other", type=cli.nonnegative_int)
+    out: str | None = option(None, "output folder (default: runs/af1-<timestamp>)")
+    overwrite: bool = option(False, "write into an existing output folder")
+
+    def af1_config(self) -> AF1Config:
+        """The :class:`patching.af1.AF1Config` these flags describe."""
+        return AF1Config(cama=CamaConfig(min_count=self.min_count), batch_size=self.batch_size,
+                         min_faithfulness=self.min_faithfulness, prune_keep=self.prune_keep, seed=self.seed)
+
+
+parser = cli.config_parser(AF1ExperimentConfig, "af1", __doc__)
 
 
 # The authors' demo (af1-demo, table_4_original.py) on Llama-3-8B (32 layers): CAMA at
@@ -117,14 +132,16 @@ def _one_token(data) -> list[bool]:
     return [len(ids) == 1 for ids in data["answer_token_ids"]]
 
 
-def build_runner(model, templates, args, config: AF1Config) -> tuple[AF1Runner, dict]:
+# ---------------------------------------------------------------------------- stage: data and the AF1 runner
+
+
+def build_runner(model, templates, cfg: AF1ExperimentConfig, config: AF1Config) -> tuple[AF1Runner, dict]:
     """The AF1 runner for ``templates`` (``--means``) and how many prompts each template gave."""
-    operand_range = (0, args.operand_max)
-    cross_fit = args.means == "cross-fit"
-    data = make_template_dataset(model, templates, args.n_prompts, operand_range=operand_range, n_shots=args.n_shots,
-                                 seed=args.seed, single_token_answers=not cross_fit)
+    cross_fit = cfg.means == "cross-fit"
+    data = make_template_dataset(model, templates, cfg.n_prompts, operand_range=(0, cfg.operand_max),
+                                 n_shots=cfg.n_shots, seed=cfg.seed, single_token_answers=not cross_fit)
     if cross_fit:
-        runner = AF1Runner.cross_fitted(model, data, config, eligible=_one_token(data), n_folds=args.n_folds)
+        runner = AF1Runner.cross_fitted(model, data, config, eligible=_one_token(data), n_folds=cfg.n_folds)
     else:
         runner = AF1Runner.from_dataset(model, data, config)
     per_template = {}
@@ -137,11 +154,11 @@ def build_runner(model, templates, args, config: AF1Config) -> tuple[AF1Runner, 
     return runner, per_template
 
 
-def _variant_runners(model, runner: AF1Runner, templates, args, config: AF1Config):
-    """The isolation variants: each changes one thing of the main (cross-fitted) AF1 model."""
-    def rebuilt(**changes) -> AF1Runner:
-        return build_runner(model, templates, argparse.Namespace(**{**vars(args), **changes}), config)[0]
+# ---------------------------------------------------------------------------- stage: isolation (--isolate)
 
+
+def _variant_runners(model, runner: AF1Runner, templates, cfg: AF1ExperimentConfig, config: AF1Config):
+    """The isolation variants: each changes one thing of the main (cross-fitted) AF1 model."""
     return {
         "main": lambda: runner,
         # CAMA skipped: only the ABP restrictions (what the attention masks alone cost)
@@ -149,76 +166,69 @@ def _variant_runners(model, runner: AF1Runner, templates, args, config: AF1Confi
         # non-last tokens may keep reading each other after L_wait (the paper forbids it)
         "others_full_peek": lambda: runner.with_config(others="full"),
         # means from 4/5 instead of 1/2 of the pairs: how much mean noise costs
-        "five_folds": lambda: rebuilt(n_folds=5),
+        "five_folds": lambda: build_runner(model, templates, dataclasses.replace(cfg, n_folds=5), config)[0],
         # every token-conditioned mean replaced by the position mean: the fallback everywhere
-        "all_fallback": lambda: build_runner(model, templates, args, dataclasses.replace(
+        "all_fallback": lambda: build_runner(model, templates, cfg, dataclasses.replace(
             config, cama=CamaConfig(min_count=10 ** 9)))[0],
     }
 
 
-def isolate(model, args, config: AF1Config, templates, timer) -> dict:
-    """Score pre-specified cells under each variant on the same eval prompts, paired against the main model."""
+def _isolation_cells(model, cfg: AF1ExperimentConfig) -> list[tuple[int, int]]:
     try:
-        cells = [tuple(int(x) for x in cell.split(",")) for cell in args.isolate]
+        cells = [tuple(int(x) for x in cell.split(",")) for cell in cfg.isolate]
     except ValueError:
-        raise InputError(f"--isolate takes cells as W,T (e.g. 7,6), got {args.isolate}.") from None
+        raise InputError(f"--isolate takes cells as W,T (e.g. 7,6), got {list(cfg.isolate)}.") from None
     for w, t in cells:
         check_setting(model, w, t)
+    return cells
+
+
+def _score_variant(variant: AF1Runner, runner: AF1Runner, cells, main_hits) -> tuple[dict, dict]:
+    """One variant's hits in the main runner's prompt order, and its cells paired against the main model."""
+    order = {p: i for i, p in enumerate(variant.prompts)}
+    align = torch.tensor([order[p] for p in runner.prompts])  # the main runner's prompt order
+    rows = {w: [h[align] for h in variant.sweep_transfer_hits(w)] for w in sorted({w for w, _ in cells})}
+    main_hits = main_hits or rows
+    result = {"fallback_fraction": variant.cama_counts()["fallback_fraction"], "cells": {}}
+    for w, t in cells:
+        hit = rows[w][t].double()
+        result["cells"][f"{w},{t}"] = {"faithfulness": proportion(hit).to_dict(),
+                                      "minus_main": paired_difference(hit, main_hits[w][t].double()).to_dict()}
+    best = max(((w, t) for w in rows for t in range(len(rows[w]))), key=lambda c: float(rows[c[0]][c[1]].float().mean()))
+    result["best_in_rows"] = {"l_wait": best[0], "l_transfer": best[1],
+                              "faithfulness": proportion(rows[best[0]][best[1]].double()).to_dict()}
+    return result, rows
+
+
+def isolate(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, timer) -> dict:
+    """Score pre-specified cells under each variant on the same eval prompts, paired against the main model."""
+    cells = _isolation_cells(model, cfg)
     with timer.stage("data, CAMA means and cached residuals"):
-        runner, counts = build_runner(model, templates, args, config)
+        runner, counts = build_runner(model, templates, cfg, config)
     out, main_hits = {"cells": [list(c) for c in cells], "search_counts": counts, "variants": {}}, None
-    for name, make in _variant_runners(model, runner, templates, args, config).items():
+    for name, make in _variant_runners(model, runner, templates, cfg, config).items():
         with timer.stage(f"isolation: {name}"):
-            variant = make()
-            order = {p: i for i, p in enumerate(variant.prompts)}
-            align = torch.tensor([order[p] for p in runner.prompts])  # the main runner's prompt order
-            rows = {w: [h[align] for h in variant.sweep_transfer_hits(w)] for w in sorted({w for w, _ in cells})}
+            result, rows = _score_variant(make(), runner, cells, main_hits)
         main_hits = main_hits or rows
-        result = {"fallback_fraction": variant.cama_counts()["fallback_fraction"], "cells": {}}
-        for w, t in cells:
-            hit = rows[w][t].double()
-            result["cells"][f"{w},{t}"] = {"faithfulness": proportion(hit).to_dict(),
-                                          "minus_main": paired_difference(hit, main_hits[w][t].double()).to_dict()}
-        best = max(((w, t) for w in rows for t in range(len(rows[w]))), key=lambda c: float(rows[c[0]][c[1]].float().mean()))
-        result["best_in_rows"] = {"l_wait": best[0], "l_transfer": best[1],
-                                  "faithfulness": proportion(rows[best[0]][best[1]].double()).to_dict()}
         out["variants"][name] = result
+        best = result["best_in_rows"]
         print(f"{name:18s} " + "  ".join(f"({c}) {v['faithfulness']['value']:.0%}" for c, v in result["cells"].items())
-              + f"  best in rows {best}: {result['best_in_rows']['faithfulness']['value']:.0%}")
+              + f"  best in rows ({best['l_wait']}, {best['l_transfer']}): {best['faithfulness']['value']:.0%}")
     out["n_eval"] = runner.n_eval
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    start = time.perf_counter()
-    cli.set_threads(args.threads)
-    out = prepare_run_dir(args.out or default_run_dir("af1"), overwrite=args.overwrite)
-    timer = StageTimer(run_dir=out, results={"model": args.model, "op": args.op, "settings": vars(args)})
-    config = AF1Config(cama=CamaConfig(min_count=args.min_count), batch_size=args.batch_size,
-                       min_faithfulness=args.min_faithfulness, prune_keep=args.prune_keep, seed=args.seed)
-    authors = {t.id: t for t in authors_templates(args.op)}
-    search_templates = [authors[t] if t in authors else template_by_id(t) for t in args.templates]
+# ---------------------------------------------------------------------------- stages of the search
 
-    with timer.stage("load model"):
-        model = load_model(args.model, device=args.device, dtype=args.dtype)
-    n_layers = model.cfg.n_layers
-    if args.isolate:
-        results = {"model": args.model, "op": args.op, "search_templates": args.templates, "settings": vars(args),
-                   "layer_convention": LAYER_CONVENTION, "isolation": isolate(model, args, config, search_templates, timer),
-                   "seconds": timer.seconds, "wall_seconds": round(time.perf_counter() - start, 1)}
-        save_results(out, results)
-        complete_run(out, results)
-        return results
 
-    # ------------------------------------------------------------------------ grid search and pruning
+def grid_search(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, timer):
+    """Data, grid and the selected (pruned) setting on all eval prompts: (runner, counts, hits, search)."""
     with timer.stage("data, CAMA means and cached residuals"):
-        runner, search_counts = build_runner(model, search_templates, args, config)
-    fallback = runner.cama_counts()
+        runner, counts = build_runner(model, templates, cfg, config)
+    fallback = runner.cama_counts()["fallback_fraction"]
     print(f"search data: eval candidates {runner.n_eval_total}, full-model accuracy {runner.base_accuracy:.1%}, "
-          f"{runner.n_eval} correct prompts kept ({search_counts}); CAMA fallback fraction "
-          f"{fallback['fallback_fraction']:.1%}; a constant answer would score {runner.constant_baseline:.1%}")
+          f"{runner.n_eval} correct prompts kept ({counts}); CAMA fallback fraction "
+          f"{fallback:.1%}; a constant answer would score {runner.constant_baseline:.1%}")
     with timer.stage("grid"):
         hits = grid_hits(runner)
     with timer.stage("selection and pruning"):
@@ -227,86 +237,92 @@ def main(argv: list[str] | None = None) -> dict:
           f"faithfulness {search.faithfulness:.1%}{'' if search.meets_threshold else ' (below the threshold: best cell)'}; "
           f"{len(search.kept_heads)}/{search.n_transfer_heads} transfer heads kept "
           f"({search.pruned_faithfulness:.1%}): {[str(h) for h in search.kept_heads]}")
-    # the winner's curse: choose the cell on half of the eval prompts, report it on the other half
-    held_out = held_out_selection(runner, min_faithfulness=config.min_faithfulness, seed=args.seed, hits=hits) \
-        if runner.n_eval >= 2 else {"skipped": f"{runner.n_eval} evaluation prompt(s): nothing to hold out"}
-    for name, rule in held_out.get("rules", {}).items():
+    return runner, counts, hits, search
+
+
+def held_out(runner: AF1Runner, hits, cfg: AF1ExperimentConfig) -> dict:
+    """The winner's curse: the cell chosen on one half of the eval prompts, reported on the other (and swapped)."""
+    if runner.n_eval < 2:
+        return {"skipped": f"{runner.n_eval} evaluation prompt(s): nothing to hold out"}
+    result = held_out_selection(runner, min_faithfulness=cfg.min_faithfulness, seed=cfg.seed, hits=hits)
+    for name, rule in result["rules"].items():
         est = rule["held_out_faithfulness"]
         print(f"held out ({name}): cell ({rule['l_wait']}, {rule['l_transfer']}) chosen on "
-              f"{len(held_out['selection_prompts'])} prompts ({rule['selection_faithfulness']:.1%}) scores "
+              f"{len(result['selection_prompts'])} prompts ({rule['selection_faithfulness']:.1%}) scores "
               f"{est['value']:.1%} [{est['low']:.1%}, {est['high']:.1%}] on the other {est['n']}")
-    paper_cells = {}
+    for name, rule in result["cross_fit"].items():
+        est, cells = rule["pooled_faithfulness"], [(f["l_wait"], f["l_transfer"]) for f in rule["folds"]]
+        print(f"cross-fitted ({name}): cells {cells[0]} (chosen on A) and {cells[1]} (chosen on B), "
+              f"{'the same' if rule['cells_agree'] else 'different'}; pooled held-out {est['value']:.1%} "
+              f"[{est['low']:.1%}, {est['high']:.1%}] over all {est['n']} prompts")
+    return result
+
+
+def paper_cells(hits, n_layers: int) -> dict:
+    """The paper's cell in our convention and its depth-scaled twin, on all eval prompts (no selection)."""
+    cells = {}
     for name, (w, t) in {"paper_cell_ours": (PAPER_CELL["l_wait_ours"], PAPER_CELL["l_transfer"]),
                          "depth_scaled": _depth_scaled_cell(n_layers)}.items():
         if w + t <= n_layers and (w, t) in hits:
-            paper_cells[name] = cell_estimate(hits, w, t)
-            est = paper_cells[name]["faithfulness"]
+            cells[name] = cell_estimate(hits, w, t)
+            est = cells[name]["faithfulness"]
             print(f"{name} ({w}, {t}), no selection: {est['value']:.1%} [{est['low']:.1%}, {est['high']:.1%}] n={est['n']}")
-    heatmap = faithfulness_heatmap(search.grid, f"AF1 faithfulness, {args.model}, {', '.join(args.templates)}",
-                                   best=(search.l_wait, search.l_transfer))
-    write_text_atomic(out / "heatmap.html", heatmap.to_html(include_plotlyjs=True, full_html=True))
+    return cells
 
-    # ------------------------------------------------------------------------ the authors' formats
-    per_template = []
-    if not args.no_authors:
-        with timer.stage("authors' templates"):
-            for template in authors.values():
-                try:
-                    t_runner, counts = build_runner(model, [template], args, config)
-                except NoEvalPromptsError as err:  # e.g. a format the model never answers: report it, go on
-                    per_template.append({"template": template.id, "text": template.text, "n_eval": 0,
-                                         "skipped": str(err)})
-                    print(f"{template.id:14s} skipped: {err}")
-                    continue
-                along_wait = [t_runner.faithfulness(w, search.l_transfer) for w in range(n_layers - search.l_transfer + 1)]
-                hit = t_runner.correct(search.l_wait, search.l_transfer).double()
-                row = {
-                    "template": template.id, "text": template.text, "n_eval": t_runner.n_eval,
-                    **counts[template.id], "base_accuracy": t_runner.base_accuracy,
-                    "constant_baseline": t_runner.constant_baseline,
-                    "faithfulness": along_wait[search.l_wait], "faithfulness_ci": proportion(hit).to_dict(),
-                    "faithfulness_pruned": t_runner.faithfulness(search.l_wait, search.l_transfer, search.kept_heads),
-                    "cama_fallback_fraction": t_runner.cama_counts()["fallback_fraction"],
-                    "faithfulness_by_l_wait": along_wait,
-                }
-                per_template.append(row)
-                print(f"{template.id:14s} full acc {row['base_accuracy']:.0%}  n={row['n_eval']:3d}  "
-                      f"AF1 {row['faithfulness']:.0%}  pruned {row['faithfulness_pruned']:.0%}  "
-                      f"fallback {row['cama_fallback_fraction']:.0%}")
 
-    # ------------------------------------------------------------------------ outputs
+def _format_row(model, template, cfg: AF1ExperimentConfig, config: AF1Config, search: AF1SearchResult) -> dict:
+    """One author format at the selected setting: faithfulness (all and pruned heads), and along L_wait."""
+    try:
+        t_runner, counts = build_runner(model, [template], cfg, config)
+    except NoEvalPromptsError as err:  # e.g. a format the model never answers: report it, go on
+        print(f"{template.id:14s} skipped: {err}")
+        return {"template": template.id, "text": template.text, "n_eval": 0, "skipped": str(err)}
+    n_layers = model.cfg.n_layers
+    along_wait = [t_runner.faithfulness(w, search.l_transfer) for w in range(n_layers - search.l_transfer + 1)]
+    hit = t_runner.correct(search.l_wait, search.l_transfer).double()
+    row = {
+        "template": template.id, "text": template.text, "n_eval": t_runner.n_eval,
+        **counts[template.id], "base_accuracy": t_runner.base_accuracy,
+        "constant_baseline": t_runner.constant_baseline,
+        "faithfulness": along_wait[search.l_wait], "faithfulness_ci": proportion(hit).to_dict(),
+        "faithfulness_pruned": t_runner.faithfulness(search.l_wait, search.l_transfer, search.kept_heads),
+        "cama_fallback_fraction": t_runner.cama_counts()["fallback_fraction"],
+        "faithfulness_by_l_wait": along_wait,
+    }
+    print(f"{template.id:14s} full acc {row['base_accuracy']:.0%}  n={row['n_eval']:3d}  "
+          f"AF1 {row['faithfulness']:.0%}  pruned {row['faithfulness_pruned']:.0%}  "
+          f"fallback {row['cama_fallback_fraction']:.0%}")
+    return row
+
+
+def authors_formats(model, cfg: AF1ExperimentConfig, config: AF1Config, search: AF1SearchResult, timer) -> list[dict]:
+    """The authors' five formats at the selected setting (``--no-authors``: none)."""
+    if cfg.no_authors:
+        return []
+    with timer.stage("authors' templates"):
+        return [_format_row(model, template, cfg, config, search) for template in authors_templates(cfg.op)]
+
+
+# ---------------------------------------------------------------------------- outputs
+
+
+def write_report(out: Path, cfg: AF1ExperimentConfig, results: dict, runner: AF1Runner, search: AF1SearchResult,
+                 heatmap, timer: StageTimer) -> None:
+    """report.html: summary, grid heatmap, pruning trace, the authors' formats, wall times, settings."""
     import plotly.graph_objects as go
 
-    by_wait = go.Figure([go.Scatter(x=list(range(len(r["faithfulness_by_l_wait"]))), y=r["faithfulness_by_l_wait"],
-                                    mode="lines+markers", name=r["template"]) for r in per_template if r["n_eval"]])
-    by_wait.update_layout(title=f"Faithfulness against L_wait at L_transfer={search.l_transfer}, per template",
-                          xaxis_title="L_wait", yaxis_title="faithfulness", yaxis_range=[0, 1.05])
-    wall = time.perf_counter() - start
-    results = {
-        "model": args.model, "op": args.op, "search_templates": args.templates, "settings": vars(args),
-        "config": config, "n_layers": n_layers, "n_heads": model.cfg.n_heads,
-        "means": args.means, "n_folds": args.n_folds if args.means == "cross-fit" else None,
-        "search": search.to_json(), "search_counts": search_counts, "cama_counts": fallback,
-        "cama_fallback_fraction": fallback["fallback_fraction"],
-        "in_sample_faithfulness": proportion(hits[(search.l_wait, search.l_transfer)].double()).to_dict(),
-        "held_out_selection": held_out, "paper_cells": paper_cells, "paper": PAPER_CELL,
-        "layer_convention": LAYER_CONVENTION,
-        "per_template": per_template,
-        "seconds": timer.seconds, "wall_seconds": round(wall, 1),
-    }
-    save_results(out, results)
-
+    per_template, fallback = results["per_template"], results["cama_fallback_fraction"]
     report = Report("All for One: wait, transfer, compute alone",
-                    f"{args.model}, operation {args.op}; CAMA + ABP (Mamidanna et al. 2025)")
+                    f"{cfg.model}, operation {cfg.op}; CAMA + ABP (Mamidanna et al. 2025)")
     report.add_text(
-        f"Grid search on {', '.join(args.templates)}: {runner.n_eval} eval prompts that the full model answers "
+        f"Grid search on {', '.join(cfg.templates)}: {runner.n_eval} eval prompts that the full model answers "
         f"correctly (full-model accuracy {runner.base_accuracy:.1%}); CAMA means "
-        f"{'cross-fitted over folds of all operand pairs' if args.means == 'cross-fit' else 'from a disjoint fit split'}"
-        f" (fallback fraction {fallback['fallback_fraction']:.1%}). {LAYER_CONVENTION} "
+        f"{'cross-fitted over folds of all operand pairs' if cfg.means == 'cross-fit' else 'from a disjoint fit split'}"
+        f" (fallback fraction {fallback:.1%}). {LAYER_CONVENTION} "
         f"Answers are one token (sums up to 9), so the first-token metric scores the whole answer; a model "
         f"that always gave the most common answer would reach {runner.constant_baseline:.1%}. "
         f"Selected L_wait={search.l_wait}, L_transfer={search.l_transfer} with faithfulness "
-        f"{search.faithfulness:.1%} (threshold {args.min_faithfulness:.0%}"
+        f"{search.faithfulness:.1%} (threshold {cfg.min_faithfulness:.0%}"
         f"{'' if search.meets_threshold else ', not reached: most faithful cell shown'}). "
         f"Pruning kept {len(search.kept_heads)} of {search.n_transfer_heads} transfer heads "
         f"({', '.join(map(str, search.kept_heads)) or 'none'}) at faithfulness {search.pruned_faithfulness:.1%}.",
@@ -315,17 +331,75 @@ def main(argv: list[str] | None = None) -> dict:
                       "x marks the selected setting.")
     report.add_table(search.prune_trace, heading="Pruning trace")
     if per_template:
+        by_wait = go.Figure([go.Scatter(x=list(range(len(r["faithfulness_by_l_wait"]))), y=r["faithfulness_by_l_wait"],
+                                        mode="lines+markers", name=r["template"]) for r in per_template if r["n_eval"]])
+        by_wait.update_layout(title=f"Faithfulness against L_wait at L_transfer={search.l_transfer}, per template",
+                              xaxis_title="L_wait", yaxis_title="faithfulness", yaxis_range=[0, 1.05])
         report.add_table([{k: v for k, v in r.items() if k != "faithfulness_by_l_wait"} for r in per_template],
                          heading="The authors' formats at the selected setting")
         report.add_figure(by_wait, caption="Where AF1 holds and where it breaks, per prompt format.")
-    report.add_table({k: v for k, v in timer.seconds.items()} | {"wall": round(wall, 1)}, heading="Wall time (s)")
-    report.add_settings(vars(args))
+    report.add_table(dict(timer.seconds) | {"wall": results["wall_seconds"]}, heading="Wall time (s)")
+    report.add_settings(dataclasses.asdict(cfg))
     report.save(out / "report.html")
+
+
+def run_isolation(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, out: Path, timer, start) -> dict:
+    """``--isolate``: the isolation variants instead of the search; results.json only."""
+    results = {"model": cfg.model, "op": cfg.op, "search_templates": list(cfg.templates),
+               "settings": dataclasses.asdict(cfg), "layer_convention": LAYER_CONVENTION,
+               "isolation": isolate(model, cfg, config, templates, timer),
+               "seconds": timer.seconds, "wall_seconds": round(time.perf_counter() - start, 1)}
     complete_run(out, results)
-    print(f"wrote {out}/results.json, heatmap.html, report.html in {wall:.0f} s")
     return results
 
 
+@torch.no_grad()
+def run(cfg: AF1ExperimentConfig) -> dict:
+    """Run the AF1 experiment; return the results dict that is also written to results.json."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    start = time.perf_counter()
+    cli.set_threads(cfg.threads)
+    out = prepare_run_dir(cfg.out or default_run_dir("af1"), overwrite=cfg.overwrite)
+    timer = StageTimer(run_dir=out, results={"model": cfg.model, "op": cfg.op, "settings": dataclasses.asdict(cfg)})
+    config = cfg.af1_config()
+    authors = {t.id: t for t in authors_templates(cfg.op)}
+    templates = [authors[t] if t in authors else template_by_id(t) for t in cfg.templates]
+    with timer.stage("load model"):
+        model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    if cfg.isolate:
+        return run_isolation(model, cfg, config, templates, out, timer, start)
+
+    runner, search_counts, hits, search = grid_search(model, cfg, config, templates, timer)
+    held = held_out(runner, hits, cfg)
+    paper = paper_cells(hits, model.cfg.n_layers)
+    heatmap = faithfulness_heatmap(search.grid, f"AF1 faithfulness, {cfg.model}, {', '.join(cfg.templates)}",
+                                   best=(search.l_wait, search.l_transfer))
+    write_text_atomic(out / "heatmap.html", heatmap.to_html(include_plotlyjs=True, full_html=True))
+    per_template = authors_formats(model, cfg, config, search, timer)
+
+    counts = runner.cama_counts()
+    results = {
+        "model": cfg.model, "op": cfg.op, "search_templates": list(cfg.templates), "settings": dataclasses.asdict(cfg),
+        "config": config, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
+        "means": cfg.means, "n_folds": cfg.n_folds if cfg.means == "cross-fit" else None,
+        "search": search.to_json(), "search_counts": search_counts, "cama_counts": counts,
+        "cama_fallback_fraction": counts["fallback_fraction"],
+        "in_sample_faithfulness": proportion(hits[(search.l_wait, search.l_transfer)].double()).to_dict(),
+        "held_out_selection": held, "paper_cells": paper, "paper": PAPER_CELL,
+        "layer_convention": LAYER_CONVENTION, "per_template": per_template,
+        "seconds": timer.seconds, "wall_seconds": round(time.perf_counter() - start, 1),
+    }
+    save_results(out, results)
+    write_report(out, cfg, results, runner, search, heatmap, timer)
+    complete_run(out, results)
+    print(f"wrote {out}/results.json, heatmap.html, report.html in {results['wall_seconds']:.0f} s")
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Parse ``argv`` (default: ``sys.argv``) and run."""
+    return run(cli.parse_config(parser, AF1ExperimentConfig, argv))
+
+
 if __name__ == "__main__":
-    torch.set_grad_enabled(False)
     cli.run_cli(main, "af1")

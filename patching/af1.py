@@ -43,7 +43,6 @@ the faithfulness stays ``>= prune_keep`` times that setting's.
 """
 
 from __future__ import annotations
-from __future__ import annotations
 
 import math
 from dataclasses import dataclass
@@ -171,6 +170,48 @@ SELECTION_RULES = {
 }
 
 
+def _choose_cells(hits: dict[tuple[int, int], Tensor], n_layers: int, select_idx: Tensor, report_idx: Tensor,
+                  min_faithfulness: float) -> dict[str, dict]:
+    """Every rule of :data:`SELECTION_RULES` run on ``select_idx``'s grid, its cell scored on ``report_idx``."""
+    selection_grid = grid_from_hits(hits, n_layers, select_idx)
+    rules = {}
+    for name, rule in SELECTION_RULES.items():
+        w, t = rule(selection_grid, min_faithfulness)
+        rules[name] = {"l_wait": w, "l_transfer": t, "selection_faithfulness": selection_grid[w][t],
+                       "held_out_faithfulness": proportion(hits[(w, t)][report_idx].double()).to_dict()}
+    return rules
+
+
+def cross_fit_from_hits(hits: dict[tuple[int, int], Tensor], n_layers: int, half_a: Tensor, half_b: Tensor,
+                        min_faithfulness: float = 0.9) -> dict[str, dict]:
+    """Swap-halves cross-fitting: choose on A and score on B, choose on B and score on A, pool the two.
+
+    Every eval prompt is scored once, under a cell chosen on the other half (never on itself), so the
+    pooled faithfulness uses all prompts without the winner's curse. Per rule of
+    :data:`SELECTION_RULES`: both ``folds`` (chosen cell, its selection-half and held-out faithfulness),
+    ``pooled_faithfulness`` (95% Wilson over the pooled hits of all prompts), ``cells_agree`` (both
+    halves chose the same cell) and ``prompt_cells`` (the cell that scored each eval prompt, by index).
+    """
+    halves = {"a": half_a, "b": half_b}
+    out = {}
+    for name in SELECTION_RULES:
+        out[name] = {"folds": [], "prompt_cells": [None] * (len(half_a) + len(half_b))}
+    pooled: dict[str, list[Tensor]] = {name: [] for name in SELECTION_RULES}
+    for select, report in (("a", "b"), ("b", "a")):
+        chosen = _choose_cells(hits, n_layers, halves[select], halves[report], min_faithfulness)
+        for name, rule in chosen.items():
+            cell = (rule["l_wait"], rule["l_transfer"])
+            out[name]["folds"].append({"select_on": select, "report_on": report, **rule})
+            pooled[name].append(hits[cell][halves[report]])
+            for i in halves[report].tolist():
+                out[name]["prompt_cells"][i] = list(cell)
+    for name, rule in out.items():
+        first, second = rule["folds"]
+        rule["pooled_faithfulness"] = proportion(torch.cat(pooled[name]).double()).to_dict()
+        rule["cells_agree"] = (first["l_wait"], first["l_transfer"]) == (second["l_wait"], second["l_transfer"])
+    return out
+
+
 def held_out_selection(runner: AF1Runner, l_waits: Iterable[int] | None = None, min_faithfulness: float = 0.9,
                        seed: int = 0, progress: bool = True,
                        hits: dict[tuple[int, int], Tensor] | None = None) -> dict:
@@ -180,8 +221,10 @@ def held_out_selection(runner: AF1Runner, l_waits: Iterable[int] | None = None, 
     (winner's curse). The eval prompts are split at random (``seed``) into a selection half and a
     report half; :func:`select_setting` runs on the selection half's grid, and the chosen cell's
     faithfulness is reported on the report half with its Wilson interval (top-level keys).
-    ``rules`` repeats this for every rule of :data:`SELECTION_RULES`. ``hits``: a precomputed
-    :func:`grid_hits` (else it is computed).
+    ``rules`` repeats this for every rule of :data:`SELECTION_RULES`. ``cross_fit`` also swaps the
+    halves and pools both held-out scores into one estimate over all eval prompts
+    (:func:`cross_fit_from_hits`); ``cross_fit_faithfulness`` is its paper-rule (``longest_wait``)
+    value. ``hits``: a precomputed :func:`grid_hits` (else it is computed).
     """
     n = runner.model.cfg.n_layers
     order = torch.randperm(runner.n_eval, generator=torch.Generator().manual_seed(seed))
@@ -189,18 +232,16 @@ def held_out_selection(runner: AF1Runner, l_waits: Iterable[int] | None = None, 
     if len(select_idx) == 0 or len(report_idx) == 0:
         raise NoEvalPromptsError(f"A held-out AF1 selection needs at least 2 evaluation prompts, got {runner.n_eval}.")
     hits = grid_hits(runner, l_waits, progress) if hits is None else hits
-    selection_grid = grid_from_hits(hits, n, select_idx)
-    rules = {}
-    for name, rule in SELECTION_RULES.items():
-        w, t = rule(selection_grid, min_faithfulness)
-        rules[name] = {"l_wait": w, "l_transfer": t, "selection_faithfulness": selection_grid[w][t],
-                       "held_out_faithfulness": proportion(hits[(w, t)][report_idx].double()).to_dict()}
-    w, t, ok = select_setting(selection_grid, min_faithfulness)
+    rules = _choose_cells(hits, n, select_idx, report_idx, min_faithfulness)
+    w, t, ok = select_setting(grid_from_hits(hits, n, select_idx), min_faithfulness)
+    cross_fit = cross_fit_from_hits(hits, n, select_idx, report_idx, min_faithfulness)
     return {"l_wait": w, "l_transfer": t, "meets_threshold_on_selection_half": ok,
-            "selection_faithfulness": selection_grid[w][t],
+            "selection_faithfulness": rules["longest_wait"]["selection_faithfulness"],
             "held_out_faithfulness": rules["longest_wait"]["held_out_faithfulness"], "rules": rules,
             "selection_prompts": select_idx.tolist(), "report_prompts": report_idx.tolist(),
-            "interval": "95% Wilson over the report half"}
+            "interval": "95% Wilson over the report half",
+            "cross_fit": cross_fit, "cross_fit_faithfulness": cross_fit["longest_wait"]["pooled_faithfulness"],
+            "cross_fit_interval": "95% Wilson over the pooled held-out hits of both halves (every eval prompt once)"}
 
 
 def cell_estimate(hits: dict[tuple[int, int], Tensor], l_wait: int, l_transfer: int) -> dict:

@@ -24,6 +24,8 @@ def test_af1_experiment_writes_results(tiny_dir, tmp_path):
     assert all(c["n_one_token"] <= c["n_prompts"] for c in counts.values())
     for rule in held.get("rules", {}).values():
         assert rule["held_out_faithfulness"]["n"] == len(held["report_prompts"])
+    for rule in held.get("cross_fit", {}).values():  # both halves' held-out scores pooled: every eval prompt once
+        assert rule["pooled_faithfulness"]["n"] == search["n_eval"] and None not in rule["prompt_cells"]
     assert (out / "report.html").is_file() and (out / "heatmap.html").is_file()
 
 

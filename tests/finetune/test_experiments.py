@@ -127,3 +127,35 @@ def test_precise_sft_resumes_inside_the_lr_grid(tiny_loader, monkeypatch, tmp_pa
     assert kept == [f"{resumed['lr_search']['full']['chosen_lr']:g}"]
     assert sorted(p.name for p in (tmp_path / "cut" / "runs").iterdir()) == sorted(
         f"{m}_lr{resumed['lr_search'][m]['chosen_lr']:g}" for m in ("full", "precise_nokv"))
+
+
+# results.json "args" as the module-level argparse of the earlier precise_sft wrote it (vars(args), "debug"
+# included, lr grids as lists), for the flags of the test below: folders of that code must stay resumable.
+EARLIER_ARGS = {
+    "debug": False, "model": "gemma-3-270m", "methods": ["full"], "heads": "L1H0,L1H2", "mlps": None, "k": 2,
+    "ablation_k": "", "ablation_mlps": 0, "n_train": 16, "steps": 2, "batch_size": 8, "micro_batch_size": 8,
+    "precise_lrs": [0.01], "full_lrs": [0.001], "lora_lrs": [0.0001, 0.0003, 0.001], "lora_rank": 8, "n_val": 3,
+    "n_heldout": 2, "n_transfer": 1, "n_shots": 0, "n_pydoc": 1, "n_sentences": 2, "drift_tokens": 96,
+    "n_rank_prompts": 24, "seed": 0, "threads": 0, "device": "auto", "out": "X", "overwrite": False, "resume": False,
+}
+
+
+def test_precise_sft_resumes_a_folder_of_the_earlier_argparse_code(tiny_loader, tmp_path):
+    import experiments.precise_sft as exp
+
+    out = tmp_path / "run"
+    common = ["--heads", "L1H0,L1H2", "--k", "2", "--n-train", "16", "--steps", "2", "--batch-size", "8",
+              "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "3", "--n-shots", "0",
+              "--n-pydoc", "1", "--n-sentences", "2", "--full-lrs", "1e-3", "--precise-lrs", "1e-2", "--out", str(out)]
+    exp.main([*common, "--methods", "full"])
+    results = json.loads((out / "results.json").read_text())
+    # the new config records the same settings under the same keys as the earlier code (less "debug")
+    assert results["args"] == {k: v for k, v in {**EARLIER_ARGS, "out": str(out)}.items() if k != "debug"}
+    results["args"] = {**EARLIER_ARGS, "out": str(out)}
+    (out / "results.json").write_text(json.dumps(results))
+    with pytest.raises(InputError, match=r"other settings \(full_lrs\)"):
+        exp.main([*common, "--full-lrs", "1e-3,1e-2", "--methods", "precise_nokv", "--resume"])  # last flag wins
+    exp.main([*common, "--methods", "precise_nokv", "--resume"])
+    resumed = json.loads((out / "results.json").read_text())
+    assert set(resumed["runs"]) == {"full", "precise_nokv"} and resumed["runs"]["full"] == results["runs"]["full"]
+    assert resumed["args"] == results["args"] and len(resumed["wall_seconds_by_command"]) == 2

@@ -24,6 +24,8 @@ from patching.af1 import (
     grid_faithfulness,
     SELECTION_RULES,
     cell_estimate,
+    cross_fit_from_hits,
+    grid_from_hits,
     grid_hits,
     held_out_selection,
     prune_transfer_heads,
@@ -139,6 +141,46 @@ def test_held_out_selection_and_report_use_disjoint_prompts():
         for t, h in enumerate(runner.sweep_transfer_hits(w)):
             grid[w][t] = h[sorted(select)].float().mean().item()
     assert select_setting(grid, 0.5)[:2] == (out["l_wait"], out["l_transfer"])
+
+
+def test_cross_fit_scores_every_prompt_under_a_cell_chosen_on_the_other_half():
+    model = tiny_model(style="gemma", n_layers=2)
+    runner = _runner(model)
+    hits = grid_hits(runner, progress=False)
+    out = held_out_selection(runner, min_faithfulness=0.5, seed=1, hits=hits)
+    halves = {"a": out["selection_prompts"], "b": out["report_prompts"]}
+    for name, rule in out["cross_fit"].items():
+        assert [(f["select_on"], f["report_on"]) for f in rule["folds"]] == [("a", "b"), ("b", "a")]
+        pooled = []
+        for i in range(runner.n_eval):
+            # prompt i is reported under the cell chosen by the fold whose selection half excludes it
+            fold = next(f for f in rule["folds"] if i in halves[f["report_on"]])
+            assert i not in halves[fold["select_on"]]
+            assert rule["prompt_cells"][i] == [fold["l_wait"], fold["l_transfer"]]
+            grid = grid_from_hits(hits, 2, torch.tensor(halves[fold["select_on"]]))
+            assert SELECTION_RULES[name](grid, 0.5) == (fold["l_wait"], fold["l_transfer"])
+            pooled.append(float(hits[(fold["l_wait"], fold["l_transfer"])][i]))
+        est = rule["pooled_faithfulness"]
+        assert est["n"] == runner.n_eval and est["value"] == pytest.approx(sum(pooled) / len(pooled))
+        first, second = ((f["l_wait"], f["l_transfer"]) for f in rule["folds"])
+        assert rule["cells_agree"] == (first == second)
+    # the first fold is the one-split estimate
+    assert out["cross_fit"]["longest_wait"]["folds"][0]["held_out_faithfulness"] == out["held_out_faithfulness"]
+    assert out["cross_fit_faithfulness"] == out["cross_fit"]["longest_wait"]["pooled_faithfulness"]
+
+
+def test_cross_fit_by_hand_when_the_halves_disagree():
+    # 4 prompts, halves A = {0, 1}, B = {2, 3}; cell (0, 1) wins on A, cell (1, 0) wins on B
+    hits = {(0, 0): torch.tensor([0, 0, 0, 0]), (0, 1): torch.tensor([1, 1, 0, 1]),
+            (1, 0): torch.tensor([0, 1, 1, 1])}
+    out = cross_fit_from_hits(hits, 1, torch.tensor([0, 1]), torch.tensor([2, 3]), min_faithfulness=0.9)
+    best = out["most_faithful"]
+    assert [(f["l_wait"], f["l_transfer"]) for f in best["folds"]] == [(0, 1), (1, 0)] and not best["cells_agree"]
+    # B scored under (0, 1): hits 0, 1; A scored under (1, 0): hits 0, 1 -> 2 of 4 (in-sample best would be 3 of 4)
+    assert best["pooled_faithfulness"]["value"] == 0.5 and best["pooled_faithfulness"]["n"] == 4
+    assert best["prompt_cells"] == [[1, 0], [1, 0], [0, 1], [0, 1]]
+    # the paper's rule: the longest wait reaching 90% on A is (0, 1); on B it is (1, 0)
+    assert out["longest_wait"]["prompt_cells"] == best["prompt_cells"]
 
 
 def _self_answered(model, data):
