@@ -5,9 +5,12 @@
 
 1. Trains three experts from the base model with finetune (full SFT, embeddings
    frozen, by default): (a) addition word problems, (b) multiplication
-   (equation/statement/question templates), (c) English -> French number words
-   (0..30, few-shot, words split into train/val/test). Experts are saved as
-   model directories under ``<out>/experts`` (reuse them with ``--experts-dir``).
+   (equation/statement/question templates; ``--mul-operands``), (c) English -> French
+   number words (``0..--max-number``, spelled by num2words; test, validation and training
+   numbers disjoint). Each expert trains ``--steps`` steps, or with ``--target-gain`` until
+   its validation accuracy beats the base's by that much (checked every ``--check-every``
+   steps). Experts are saved as model directories under ``<out>/experts`` or
+   ``--experts-dir``, where a later run finds and reuses them one by one (resumable).
 2. Merges all three with every data-free method in ``merging.REGISTRY`` (λ / density
    tuned on the validation split, tiny grids; each method's time and peak
    memory of one merge recorded) and with closed-form submodule
@@ -15,9 +18,15 @@
    merging: head-level α in the layers of the key heads that path patching finds
    on the base for + and *, attn/MLP level elsewhere. ``--pairs`` also merges
    each pair (best baseline configs from the triple, closed form at attn_mlp).
+   The closed form can be repeated over ``--cf-seeds`` draws of its ``--n-samples``
+   training prompts and fitted over every token or only the answer side
+   (``--cf-positions all,answer``: the positions that predict an answer token).
 3. Scores every model on the test split of each task (teacher-forced accuracy
-   of the whole answer, ``exact``; first-token accuracy in results.json), times
-   every method, saves the best merged model (reloaded and checked), and writes
+   of the whole answer, ``exact``, with per-prompt hits and Wilson intervals; first-token
+   accuracy in results.json), checks each expert against the base and the weight average
+   on its validation split (``expert_bar``), gives paired bootstrap intervals of the
+   attn/MLP closed form minus task arithmetic, weight averaging and TIES (``comparisons``),
+   times every method, saves the best merged model (reloaded and checked), and writes
    ``results.json`` and ``report.html`` (table, α heatmap, linearity figure).
 
 ``--config merge.yml`` instead runs one mergekit merge YAML
@@ -30,23 +39,24 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
-import threading
+import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from circuits.errors import InputError
 from circuits.loading import load_model
-from circuits.nodes import parse_node
 from circuits.report import Report
-from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results
+from circuits.stats import proportion
+from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_json_atomic
 from circuits.model_cache import save_model
 from circuits.tasks import make_dataset
-from finetune import TrainConfig, train
 from finetune.evaluate import answer_accuracy
-from finetune.expert_tasks import EXPERT_TASKS, ExpertTaskConfig, expert_task_data
+from finetune.expert_tasks import EXPERT_TASKS, expert_task_data
 from merging import (CONFIGS, METHODS, LinearityConfig, SubmoduleMergeConfig, alpha_heatmap, load_mergekit_config, merge,
                      merge_submodules, nonlinearity_figure, nonlinearity_scores)
 from merging.circuit_aware import circuit_levels
@@ -54,6 +64,8 @@ from merging.submodule import LEVELS
 from patching.key_heads import KeyHeads, given_key_heads, rank_key_heads
 
 from experiments import _cli as cli
+from experiments import _merge_stats as stats
+from experiments._merge_experts import given_heads, measured, padded_rows, task_config, train_expert
 from experiments._cli import option
 
 TASKS = EXPERT_TASKS
@@ -69,7 +81,8 @@ class MergeConfig:
     dtype: str | None = None
     out: str | None = option(None, "run folder (default: runs/merge-<timestamp>)")
     overwrite: bool = option(False, "reuse a non-empty --out")
-    experts_dir: str | None = option(None, "folder with saved experts (<task>/ model dirs): skip training")
+    experts_dir: str | None = option(None, "folder of the experts (<task>/ model dirs): those there are loaded, "
+                                     "the missing ones trained and saved there (default: <out>/experts)")
     expert_method: str = option("full", "finetune method", choices=("full", "precise", "lora"))
     steps: int = option(16, "optimizer steps per expert", type=cli.positive_int)
     batch_size: int = option(8, "examples per optimizer step", type=cli.positive_int)
@@ -81,7 +94,20 @@ class MergeConfig:
     n_val: int = option(12, "validation prompts per task (baseline tuning)", type=cli.positive_int)
     n_test: int = option(24, "test prompts per task", type=cli.positive_int)
     n_shots: int = option(1, "few-shot examples per prompt", type=cli.nonnegative_int)
+    mul_operands: str = option("1,9", "operand range of the mul task, 'lo,hi' (two-digit: '10,99')")
+    max_number: int = option(30, "en_fr translates the numbers 0..max_number", type=cli.positive_int)
+    n_test_numbers: int = option(9, "en_fr test numbers (disjoint from validation and training numbers)",
+                                 type=cli.positive_int)
+    n_val_numbers: int = option(6, "en_fr validation numbers", type=cli.positive_int)
+    target_gain: float = option(0.0, "train each expert until its validation exact accuracy is >= the base's + this "
+                                "(checked every --check-every steps, at most --steps steps; 0: train --steps steps)",
+                                type=cli.fraction)
+    check_every: int = option(8, "optimizer steps between validation checks of --target-gain", type=cli.positive_int)
     n_samples: int = option(16, "samples per task for the closed form (paper: 30)", type=cli.positive_int)
+    cf_seeds: int = option(1, "closed-form repeats, each fitted on --n-samples training prompts drawn with its own seed",
+                           type=cli.positive_int)
+    cf_positions: str = option("all", "positions the closed-form least squares runs over: 'all' (every prompt token), "
+                               "'answer' (the positions that predict an answer token) or 'all,answer'")
     cf_batch_size: int = option(4, "batch of the closed-form fit", type=cli.positive_int)
     levels: str = option(",".join(LEVELS), "closed-form levels to run ('': no closed form, circuit-aware included)")
     ta_lambdas: str = option("0.5,1.0", "task-arithmetic λ grid (val)")
@@ -97,7 +123,15 @@ class MergeConfig:
     seed: int = option(0, "seed of the data splits and training")
     threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
     config: str | None = option(None, "run this mergekit merge YAML instead (merge and save only)")
+    markdown: str | None = option(None, "print the results tables of this run folder (its results.json) as markdown")
     methods: str = option(",".join(METHODS), "data-free merge methods to run (comma-separated)")
+    no_circuit_aware: bool = option(False, "skip circuit-aware merging (and the path patching that finds its key heads)")
+    cf_repeat_levels: str = option("attn_mlp", "levels fitted for every --cf-seeds seed and --cf-positions choice; "
+                                   "the other levels are fitted once (all positions, seed 0)")
+    no_save_best: bool = option(False, "skip saving (and reloading) the best merge")
+    no_base_test: bool = option(False, "score the base on the validation split only (it is the experts' reference)")
+    late_methods: str = option("", "data-free methods (of --methods) run after the closed form, not before "
+                               "(what matters first finishes first when a run may be cut short)")
 
 
 parser = cli.config_parser(MergeConfig, "merge", __doc__)
@@ -120,21 +154,47 @@ class MergeRun:
 
     @property
     def cf_tasks(self) -> list[list[str]]:
-        """Per task, the closed form's samples: the first ``n_samples`` training prompts with their answers."""
+        """Per task, the first ``n_samples`` training prompts with their answers (the linearity figure's samples)."""
         return [[r["prompt"] + r["answer"] for r in self.data[(t, "train")].select(range(self.cfg.n_samples))]
                 for t in TASKS]
 
-    def score(self, model, split: str = "test", tasks=TASKS) -> dict:
-        """Accuracy per task on ``split`` and the mean of ``exact`` over tasks."""
-        model.eval()
-        per = {t: answer_accuracy(model, self.data[(t, split)], self.cfg.eval_batch_size) for t in tasks}
-        return {"tasks": per, "avg": sum(s["exact"] for s in per.values()) / len(per)}
+    def cf_inputs(self, names, seed: int, positions: str) -> dict:
+        """The closed form's data for experts ``names``: ``n_samples`` training rows per task drawn with ``seed``
+        (seed 0: the first rows), as token tensors with attention masks and, for ``positions="answer"``, fit masks."""
+        tasks, masks, fits = [], [], []
+        for t in names:
+            rows = self.data[(t, "train")]
+            picked = range(self.cfg.n_samples) if seed == 0 else \
+                sorted(random.Random(seed).sample(range(len(rows)), min(self.cfg.n_samples, len(rows))))
+            tokens, attention, answer_side = padded_rows(rows.select(picked).to_list(), self.base)
+            tasks.append(tokens)
+            masks.append(attention)
+            fits.append(answer_side if positions == "answer" else None)
+        return {"tasks": tasks, "attention_masks": masks, "fit_masks": fits}
 
-    def record(self, name: str, model, seconds: float, **extra) -> dict:
-        """Score ``model`` on test, store it under ``name``, print a line, save results.json."""
-        entry = {"test": self.score(model), "seconds": round(seconds, 2), **extra}
+    def score(self, model, split: str = "test", tasks=TASKS) -> dict:
+        """Accuracy per task on ``split`` (with per-prompt hits and a Wilson interval) and pooled over tasks."""
+        model.eval()
+        per = {t: answer_accuracy(model, self.data[(t, split)], self.cfg.eval_batch_size, per_prompt=True)
+               for t in tasks}
+        for s in per.values():
+            s["exact_ci"] = proportion(s["exact_hits"]).to_dict()
+        pooled = proportion([h for s in per.values() for h in s["exact_hits"]])
+        return {"tasks": per, "avg": sum(s["exact"] for s in per.values()) / len(per), "pooled": pooled.to_dict()}
+
+    def record(self, name: str, model, seconds: float, val: bool = False, tasks=TASKS, **extra) -> dict:
+        """Score ``model`` on the test split of ``tasks`` (and val if ``val``), store it under ``name``, print a line,
+        save results.json."""
+        entry = {"test": self.score(model, "test", tasks) if tasks else None, "seconds": round(seconds, 2), **extra}
+        if val:
+            entry["val"] = self.score(model, "val", tasks or TASKS)
+        if not tasks:
+            self.results["models"][name] = entry
+            print(f"{name:28s} (validation only) avg={entry['val']['avg']:.3f} ({seconds:.0f} s)", flush=True)
+            self.save()
+            return entry
         self.results["models"][name] = entry
-        accs = " ".join(f"{t}={entry['test']['tasks'][t]['exact']:.3f}" for t in TASKS)
+        accs = " ".join(f"{t}={entry['test']['tasks'][t]['exact']:.3f}" for t in tasks)
         print(f"{name:28s} {accs} avg={entry['test']['avg']:.3f} ({seconds:.0f} s)", flush=True)
         self.save()
         return entry
@@ -144,36 +204,6 @@ class MergeRun:
 
 
 # ---------------------------------------------------------------------------- measuring time and memory
-
-
-def _rss_bytes() -> int:
-    """Resident memory of this process (Linux /proc; 0 where unavailable)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return 0
-
-
-def measured(fn, *args, **kwargs):
-    """``(fn(...), seconds, peak MB of resident memory above the start)``, memory sampled every 5 ms."""
-    start_rss, peak, done = _rss_bytes(), [0], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], _rss_bytes())
-            done.wait(0.005)
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    start = time.perf_counter()
-    try:
-        out = fn(*args, **kwargs)
-    finally:
-        seconds = time.perf_counter() - start
-        done.set()
-        thread.join()
-    return out, seconds, max(peak[0], _rss_bytes()) / 2**20 - start_rss / 2**20
 
 
 # ---------------------------------------------------------------------------- stages
@@ -190,39 +220,36 @@ def start_run(cfg: MergeConfig) -> MergeRun:
     base.eval()
     for p in base.parameters():
         p.requires_grad_(False)
-    data = expert_task_data(base, ExpertTaskConfig(n_train=cfg.n_train, n_val=cfg.n_val, n_test=cfg.n_test,
-                                                   n_shots=cfg.n_shots, seed=cfg.seed))
+    data = expert_task_data(base, task_config(cfg))
     for t in TASKS:
         row = data[(t, "test")][0]
         print(f"{t}: {row['prompt'][-70:]!r} -> {row['answer']!r}")
     run = MergeRun(cfg, out, base, data, timer, results)
     with timer.stage("eval base"):
-        run.record("base", base, 0.0)
+        run.record("base", base, 0.0, val=True, tasks=() if cfg.no_base_test else TASKS)
     return run
 
 
 def train_experts(run: MergeRun) -> None:
-    """One expert per task, trained from the base (or loaded from ``--experts-dir``), saved, scored."""
+    """One expert per task, trained from the base (or loaded from ``--experts-dir``), saved, scored (val and test)."""
     cfg = run.cfg
     experts_dir = cfg.experts_dir or run.out / "experts"
     for t in TASKS:
         path = f"{experts_dir}/{t}"
         start = time.perf_counter()
-        if cfg.experts_dir:
-            model, info = load_model(path, device=cfg.device, dtype=cfg.dtype), {"loaded_from": path}
+        if os.path.isdir(path):  # saved by an earlier (perhaps interrupted) run: resume from it
+            model = load_model(path, device=cfg.device, dtype=cfg.dtype)
+            trained = json.loads(Path(f"{path}.train.json").read_text()) if os.path.isfile(f"{path}.train.json") else {}
+            info = {"loaded_from": path, **trained}
         else:
-            model = copy.deepcopy(run.base)
-            train_cfg = TrainConfig(lr=cfg.lr, batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size,
-                                    max_steps=cfg.steps, seed=cfg.seed, progress=False)
-            heads = _given_heads(cfg) or None if cfg.expert_method == "precise" else None
-            res = train(model, run.data[(t, "train")], train_cfg, method=cfg.expert_method, heads=heads)
+            model, info = train_expert(run, t)
             save_model(model, path, overwrite=cfg.overwrite)
-            info = {"train": res.summary(), "losses": res.losses}
+            write_json_atomic(f"{path}.train.json", info)
         train_seconds = time.perf_counter() - start
         run.timer.seconds[f"expert {t}"] = round(train_seconds, 2)
         run.experts[t] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         with run.timer.stage("eval experts"):
-            run.record(f"expert {t}", model, train_seconds, **info)
+            run.record(f"expert {t}", model, train_seconds, val=True, tasks=(t,), **info)
         del model
     run.work = copy.deepcopy(run.base)
 
@@ -230,7 +257,7 @@ def train_experts(run: MergeRun) -> None:
 def choose_key_heads(run: MergeRun) -> KeyHeads:
     """``--heads``, or the union over + and * of each operation's top ``--k`` heads by path patching on the base."""
     if run.cfg.heads:
-        chosen = given_key_heads(_given_heads(run.cfg))
+        chosen = given_key_heads(given_heads(run.cfg))
     else:
         with run.timer.stage("path patching"):
             probes = {op: make_dataset(run.base, op=op, n_prompts=run.cfg.n_patch, n_shots=run.cfg.n_shots, seed=100 + i)
@@ -257,11 +284,16 @@ def baseline_grid(cfg: MergeConfig) -> dict[str, list]:
     return grid
 
 
-def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs: dict | None = None) -> dict:
-    """Merge the experts ``names`` with every data-free method (its grid tuned on val, unless ``configs`` fixes it)."""
+def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs: dict | None = None,
+                    skip=(), only=None) -> dict:
+    """Merge the experts ``names`` with every data-free method (its grid tuned on val, unless ``configs`` fixes it),
+    leaving out the methods in ``skip`` (or all but those in ``only``)."""
     srcs = [run.experts[n] for n in names]
     chosen = {}
-    for method, grid in (baseline_grid(run.cfg) if configs is None else {m: [c] for m, c in configs.items()}).items():
+    grids = baseline_grid(run.cfg) if configs is None else {m: [c] for m, c in configs.items()}
+    for method, grid in grids.items():
+        if method in skip or (only is not None and method not in only):
+            continue
         start, best = time.perf_counter(), None
         for config in grid:
             state, secs, peak = measured(merge, method, run.base, srcs, config, progress=False)
@@ -274,32 +306,58 @@ def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs:
             run.work.load_state_dict(best[2])
         chosen[method] = best[1]
         run.recipes[f"{method}{suffix}"] = ("method", method, best[1])
-        run.record(f"{method}{suffix}", run.work, time.perf_counter() - start, config=best[1], val_avg=best[0],
+        run.record(f"{method}{suffix}", run.work, time.perf_counter() - start, val=method == "weight_average" and
+                   not suffix, config=best[1], val_avg=best[0],
                    grid=[str(c) for c in grid], merge_seconds=round(best[3], 2), peak_mb=round(best[4], 1))
     return chosen
 
 
-def merge_closed_form(run: MergeRun, names: tuple[str, ...], suffix: str, levels: list, key_heads: KeyHeads | None) -> None:
-    """Closed-form submodule merging of ``names`` at each of ``levels``, and circuit-aware if ``key_heads``."""
-    srcs, tasks = [run.experts[n] for n in names], [run.cf_tasks[TASKS.index(n)] for n in names]
-    plans = [(f"closed form ({lv}){suffix}", lv) for lv in levels]
+def closed_form_plans(run: MergeRun, levels: list, key_heads: KeyHeads | None, suffix: str,
+                      seeds: int, positions: list[str]) -> list[tuple[str, object, str, int]]:
+    """``(name, level spec, positions, seed)`` per closed-form merge: every level x positions x seed, then
+    circuit-aware (all positions, seed 0) if ``key_heads``. Names carry the positions and seed only when varied."""
+    plans = []
+    repeated = run.cfg.cf_repeat_levels.split(",")
+    for seed in range(seeds):  # seed-major: every level and positions choice of seed 0 first
+        for lv in (lv for lv in levels if seed == 0 or lv in repeated):
+            for pos in (positions if lv in repeated else ["all"]):
+                name = f"closed form ({lv}" + (", answer-side" if pos == "answer" else "") + \
+                    (f", seed {seed}" if seeds > 1 and lv in repeated else "") + f"){suffix}"
+                plans.append((name, lv, pos, seed))
     if key_heads is not None and levels:  # --levels "" runs no closed form at all
-        plans.append((f"{CIRCUIT_AWARE}{suffix}", circuit_levels(key_heads.heads, run.base.cfg.n_layers)))
-    for name, spec in plans:
+        plans.append((f"{CIRCUIT_AWARE}{suffix}", circuit_levels(key_heads.heads, run.base.cfg.n_layers), "all", 0))
+    return plans
+
+
+def closed_form_state(run: MergeRun, names, spec, positions: str, seed: int):
+    """The closed-form merge of experts ``names`` at level ``spec``, fitted over ``positions`` of seed ``seed``'s
+    samples: ``merge_submodules``'s result."""
+    return merge_submodules(run.base, [run.experts[n] for n in names], config=_closed_form_config(run.cfg),
+                            levels=spec, expert_names=list(names), progress=False,
+                            **run.cf_inputs(names, seed, positions))
+
+
+def merge_closed_form(run: MergeRun, names: tuple[str, ...], suffix: str, levels: list, key_heads: KeyHeads | None,
+                      seeds: int = 1, positions: tuple[str, ...] = ("all",)) -> None:
+    """Closed-form submodule merging of ``names`` at each of ``levels`` (x positions x seeds), and circuit-aware."""
+    for name, spec, pos, seed in closed_form_plans(run, levels, key_heads, suffix, seeds, list(positions)):
         start = time.perf_counter()
-        res = merge_submodules(run.base, srcs, tasks, _closed_form_config(run.cfg), levels=spec,
-                               expert_names=list(names), progress=False)
+        res = closed_form_state(run, names, spec, pos, seed)
         run.work.load_state_dict(res.state_dict)
-        run.recipes[name] = ("closed form", spec)
-        run.record(name, run.work, time.perf_counter() - start, alphas=res.alphas.to_dict())
+        run.recipes[name] = ("closed form", spec, pos, seed)
+        run.record(name, run.work, time.perf_counter() - start, alphas=res.alphas.to_dict(), positions=pos,
+                   sample_seed=seed)
         run.alpha_tables[name] = res.alphas
 
 
 def merge_everything(run: MergeRun, key_heads: KeyHeads) -> None:
     """All three experts with every method and level; with ``--pairs`` each pair too (the triple's configs, attn_mlp)."""
+    late = [m for m in run.cfg.late_methods.split(",") if m]
     with run.timer.stage("merge all three"):
-        chosen = merge_baselines(run, TASKS, "")
-        merge_closed_form(run, TASKS, "", [lv for lv in run.cfg.levels.split(",") if lv], key_heads)
+        chosen = merge_baselines(run, TASKS, "", skip=late)
+        merge_closed_form(run, TASKS, "", [lv for lv in run.cfg.levels.split(",") if lv], key_heads,
+                          run.cfg.cf_seeds, tuple(run.cfg.cf_positions.split(",")))
+        chosen |= merge_baselines(run, TASKS, "", only=late) if late else {}
     if run.cfg.pairs:
         with run.timer.stage("merge pairs"):
             for i in range(len(TASKS)):
@@ -309,14 +367,27 @@ def merge_everything(run: MergeRun, key_heads: KeyHeads) -> None:
                     merge_closed_form(run, names, suffix, ["attn_mlp"], None)
 
 
+def expert_bar(run: MergeRun) -> dict:
+    """Per task: does its expert beat the base by ``--target-gain`` and the weight average on its validation split?"""
+    run.results["expert_bar"] = bar = stats.expert_bar(run.results["models"], TASKS, run.cfg.target_gain)
+    run.save()
+    return bar
+
+
+def compare(run: MergeRun) -> dict:
+    """Paired bootstrap intervals of the attn/MLP closed form against task arithmetic, weight averaging and TIES."""
+    run.results["comparisons"] = out = stats.compare(run.results["models"], TASKS)
+    run.save()
+    return out
+
+
 def save_best(run: MergeRun) -> None:
     """Merge the best merge of all three again, save it, reload it and check its logits are unchanged."""
-    best_name = max(_triple_merges(run.results), key=lambda k: run.results["models"][k]["test"]["avg"])
+    best_name = max(_triple_merges(run.results), key=lambda k: run.results["models"][k]["test"]["avg"])  # noqa
     recipe = run.recipes[best_name]
     with run.timer.stage("save best"):
         if recipe[0] == "closed form":
-            state = merge_submodules(run.base, list(run.experts.values()), run.cf_tasks, _closed_form_config(run.cfg),
-                                     levels=recipe[1], progress=False).state_dict
+            state = closed_form_state(run, TASKS, *recipe[1:]).state_dict
         else:
             state = merge(recipe[1], run.base, list(run.experts.values()), recipe[2], progress=False)
         run.work.load_state_dict(state)
@@ -355,22 +426,20 @@ def summarize(run: MergeRun) -> None:
     table = []
     for n in names:
         e = models[n]
+        if e["test"] is None:  # scored on validation only (--no-base-test)
+            continue
         row = {"model": n, **{t: round(e["test"]["tasks"][t]["exact"], 3) for t in TASKS if t in e["test"]["tasks"]}}
-        row.update({"average": round(e["test"]["avg"], 3), "seconds": e["seconds"],
+        pooled = e["test"]["pooled"]
+        row.update({"average": round(e["test"]["avg"], 3), "pooled_ci": [round(pooled["low"], 3), round(pooled["high"], 3)],
+                    "n": pooled["n"], "seconds": e["seconds"],
                     "merge_seconds": e.get("merge_seconds", ""), "peak_mb": e.get("peak_mb", ""),
                     "config": str(e.get("config", ""))})
         table.append(row)
-    avg = {name: models[name]["test"]["avg"] for name in ("task_arithmetic", "closed form (attn_mlp)", CIRCUIT_AWARE)
-           if name in merged}
-    ta, am, circ = avg.get("task_arithmetic"), avg.get("closed form (attn_mlp)"), avg.get(CIRCUIT_AWARE)
-    verdict = (f"attn/MLP-level closed form average {am:.3f} vs task arithmetic {ta:.3f}: "
-               f"{'beats' if am > ta else 'does not beat'} TA. " if am is not None and ta is not None else "") + \
-              (f"Circuit-aware {circ:.3f} vs attn/MLP {am:.3f}: {'helps' if circ > am else 'does not help'}."
-               if circ is not None and am is not None else "")
-    run.results |= {"table": table, "verdict": verdict}
+    run.results["verdict"] = stats.verdict_text(run.results, CIRCUIT_AWARE)
+    run.results["table"] = table
     print("\n" + "\n".join(f"{r['model']:45s} " + " ".join(f"{r.get(t, ''):>8}" for t in TASKS)
                            + f" {r['average']:>8} {r['seconds']:>8}" for r in table))
-    print(verdict)
+    print(run.results["verdict"])
     run.save()
 
 
@@ -381,10 +450,11 @@ def write_report(run: MergeRun, linearity_figure) -> None:
                     "chosen on the validation split. " + run.results["verdict"], heading="Summary")
     report.add_table(run.results["table"], heading="Test accuracy (exact); time per method (s, includes val tuning), "
                      "one merge's time (merge_seconds) and peak resident memory above the start (peak_mb, MB)")
-    rule = run.results["key_heads_rule"]
-    how = "given by --heads" if rule["source"] == "--heads" else \
-        f"path patching on the base, the union of the top {rule['top_k']} of + and of *"
-    report.add_text(f"Key heads ({how}): " + ", ".join(run.results["key_heads"]))
+    rule = run.results.get("key_heads_rule")
+    if rule is not None:
+        how = "given by --heads" if rule["source"] == "--heads" else \
+            f"path patching on the base, the union of the top {rule['top_k']} of + and of *"
+        report.add_text(f"Key heads ({how}): " + ", ".join(run.results["key_heads"]))
     for name in ("closed form (attn_mlp)", CIRCUIT_AWARE):
         if name in run.alpha_tables:
             report.add_figure(alpha_heatmap(run.alpha_tables[name], f"α: {name}"), heading=f"α ({name})")
@@ -415,11 +485,20 @@ def run_mergekit_yaml(cfg: MergeConfig) -> None:
 
 def run_experiment(cfg: MergeConfig) -> dict:
     """Train (or load) the experts, merge them every way, save the best merge, measure linearity, report."""
+    bad = set(cfg.cf_positions.split(",")) - {"all", "answer"}
+    if bad or not cfg.cf_positions:
+        raise InputError(f"--cf-positions {cfg.cf_positions!r}: give 'all', 'answer' or 'all,answer'.")
+    operands = cfg.mul_operands.split(",")
+    if len(operands) != 2 or not all(x.strip().isdigit() for x in operands) or int(operands[0]) > int(operands[1]):
+        raise InputError(f"--mul-operands {cfg.mul_operands!r}: give 'lo,hi' with integers 0 <= lo <= hi, e.g. 10,99.")
     run = start_run(cfg)
     train_experts(run)
-    key_heads = choose_key_heads(run)
+    key_heads = None if cfg.no_circuit_aware else choose_key_heads(run)
     merge_everything(run, key_heads)
-    save_best(run)
+    expert_bar(run)
+    compare(run)
+    if not cfg.no_save_best:
+        save_best(run)
     linearity_figure = measure_linearity(run)
     summarize(run)
     write_report(run, linearity_figure)
@@ -432,11 +511,10 @@ def main(argv: list[str] | None = None) -> dict | None:
     """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
     cfg = cli.parse_config(parser, MergeConfig, argv)
     cli.set_threads(cfg.threads)
+    if cfg.markdown:
+        print(stats.markdown_summary(json.loads((Path(cfg.markdown) / "results.json").read_text()), TASKS))
+        return None
     return run_mergekit_yaml(cfg) if cfg.config else run_experiment(cfg)
-
-
-def _given_heads(cfg: MergeConfig) -> list:
-    return [parse_node(h) for h in (cfg.heads or "").split(",") if h]
 
 
 def _closed_form_config(cfg: MergeConfig) -> SubmoduleMergeConfig:

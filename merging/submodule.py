@@ -15,6 +15,10 @@ The authors' code was never released; the choices of this reference version:
 
 * **Data.** ~30 samples per task (``n_samples``); sums run over every real token
   position (padding masked out) and over ``d_model`` (or ``d_vocab`` at model level).
+  ``fit_masks`` narrows the positions the least squares runs over (e.g. the
+  answer side of a few-shot prompt, so the fit is not dominated by the few-shot
+  prefix, where the experts' outputs matter least); inputs are still cached over
+  the whole prompt, so attention sees every token.
 * **Inputs x.** The submodule's input cached from expert ``t`` running task ``t``
   (``inputs_from="expert"``, default: each expert sees the activations it would
   produce) or from the base (``"base"``). The submodule itself is then run with
@@ -228,7 +232,7 @@ def cache_task_inputs(model, sources, task_batches, hooks, inputs_from: str, dty
     for t, chunks in enumerate(tqdm(task_batches, desc="caching inputs", disable=not progress)):
         params = None if inputs_from == "base" else full_params(sources[t], device, dtype)
         with torch.no_grad():
-            out.append([blocks.collect_inputs(model, tok, m, hooks, params) for tok, m in chunks])
+            out.append([blocks.collect_inputs(model, tok, m, hooks, params) for tok, m, *_ in chunks])
         del params
     return out
 
@@ -241,6 +245,7 @@ def merge_submodules(
     *,
     levels: LevelSpec | None = None,
     attention_masks: Sequence | None = None,
+    fit_masks: Sequence | None = None,
     expert_names: Sequence[str] | None = None,
     progress: bool = True,
 ) -> SubmoduleMergeResult:
@@ -249,6 +254,9 @@ def merge_submodules(
     ``tasks[t]`` is task ``t``'s data (Int tensor ``[batch, pos]``, a list of them,
     or a list of strings); expert ``t`` is the expert for task ``t``.
     ``levels`` overrides ``config.level`` per layer (mapping or callable).
+    ``fit_masks[t]`` (0/1, mirroring ``tasks[t]``: a tensor or a list of tensors, so the
+    tasks must be token tensors) picks the positions the least squares runs over; by
+    default every real (non-padding) position.
     """
     base, sources = as_sources(model, experts)
     if len(tasks) != len(sources):
@@ -262,6 +270,7 @@ def merge_submodules(
         blocks.batches(model, task, m, n_samples=config.n_samples, batch_size=config.batch_size)
         for task, m in zip(tasks, masks)
     ]
+    task_batches = _with_fit_masks(model, task_batches, tasks, fit_masks, config)
     spec = levels if levels is not None else config.level
     if spec == "model":
         return _merge_model_level(model, base, sources, task_batches, config, names, progress)
@@ -274,23 +283,7 @@ def merge_submodules(
     for layer, plan in enumerate(tqdm(plans, desc="fitting layers", disable=not progress)):
         theta0 = block_params(base, layer, device, dtype)
         thetas = [block_params(s, layer, device, dtype) for s in sources]
-        accs = {s.name: _Accumulator(n) for s in plan}
-        for kind in dict.fromkeys(s.kind for s in plan):
-            swap = blocks.kind_param_names(model, layer, kind)
-            hook = blocks.input_hook(model, layer, kind)
-            for t in range(n):
-                for (tok, m), cache in zip(task_batches[t], inputs[t]):
-                    mask = blocks.position_mask(tok, m)
-                    with torch.no_grad():
-                        y0 = blocks.evaluate(model, layer, kind, theta0, cache[hook], m)
-                        deltas = [
-                            blocks.evaluate(model, layer, kind, {**theta0, **{k: th[k] for k in swap}}, cache[hook], m)
-                            - y0
-                            for th in thetas
-                        ]
-                    for s in (s for s in plan if s.kind == kind):
-                        ds = deltas if s.head is None else [d[:, :, s.head] for d in deltas]
-                        accs[s.name].add(ds, t, mask)
+        accs = _fit_layer(model, layer, plan, theta0, thetas, task_batches, inputs)
         for s in plan:
             a = solve_alpha(accs[s.name].gram, accs[s.name].rhs, config.ridge)
             rows.append(s.name)
@@ -300,6 +293,55 @@ def merge_submodules(
     table = AlphaTable(rows, torch.stack(alphas), names, grams, rhss)
     lam = config.embed_lambda if config.embed_lambda is not None else 1.0 / n
     return SubmoduleMergeResult(_assemble(base, sources, merged, lam), table)
+
+
+def _fit_layer(model, layer: int, plan: list[Submodule], theta0, thetas, task_batches, inputs) -> dict[str, _Accumulator]:
+    """``G`` and ``b`` of every submodule of block ``layer``: each kind of submodule is run on every task's cached
+    inputs with the base's and each expert's parameters, over the fitted positions."""
+    n = len(thetas)
+    accs = {s.name: _Accumulator(n) for s in plan}
+    for kind in dict.fromkeys(s.kind for s in plan):
+        swap = blocks.kind_param_names(model, layer, kind)
+        hook = blocks.input_hook(model, layer, kind)
+        for t in range(n):
+            for (tok, m, fit), cache in zip(task_batches[t], inputs[t]):
+                mask = _fit_positions(tok, m, fit)
+                with torch.no_grad():
+                    y0 = blocks.evaluate(model, layer, kind, theta0, cache[hook], m)
+                    deltas = [
+                        blocks.evaluate(model, layer, kind, {**theta0, **{k: th[k] for k in swap}}, cache[hook], m) - y0
+                        for th in thetas
+                    ]
+                for s in (s for s in plan if s.kind == kind):
+                    ds = deltas if s.head is None else [d[:, :, s.head] for d in deltas]
+                    accs[s.name].add(ds, t, mask)
+    return accs
+
+
+def _with_fit_masks(model, task_batches, tasks, fit_masks, config) -> list[list[tuple]]:
+    """Each task's ``(tokens, attention mask)`` chunks with the matching chunk of its fit mask (None: all)."""
+    if fit_masks is None:
+        return [[(tok, m, None) for tok, m in chunks] for chunks in task_batches]
+    if len(fit_masks) != len(tasks):
+        raise InputError(f"{len(fit_masks)} fit masks for {len(tasks)} tasks: give one (or None) per task.")
+    out = []
+    for chunks, task, fit in zip(task_batches, tasks, fit_masks):
+        if fit is None:
+            out.append([(tok, m, None) for tok, m in chunks])
+            continue
+        if isinstance(task, (list, tuple)) and task and isinstance(task[0], str):
+            raise InputError("fit_masks need the tasks as token tensors (strings are tokenised here, so a mask "
+                             "cannot be aligned with them): pass tokens and their masks.")
+        # batches() chunks a mask that mirrors the task the way it chunks the task: reuse it for the fit mask.
+        fits = blocks.batches(model, task, fit, n_samples=config.n_samples, batch_size=config.batch_size)
+        out.append([(tok, m, f) for (tok, m), (_, f) in zip(chunks, fits)])
+    return out
+
+
+def _fit_positions(tokens: Tensor, attention_mask: Tensor | None, fit: Tensor | None) -> Tensor:
+    """``[batch, pos, 1]`` float mask of the positions the least squares runs over."""
+    mask = blocks.position_mask(tokens, attention_mask)
+    return mask if fit is None else mask * fit.to(mask.device, torch.float64).unsqueeze(-1)
 
 
 def _apply(merged, sub: Submodule, alpha: Tensor, theta0, thetas, layer: int) -> None:
@@ -345,12 +387,12 @@ def _merge_model_level(model, base, sources, task_batches, config, names, progre
     device, dtype = model.cfg.device, next(model.parameters()).dtype
     n = len(sources)
     acc = _Accumulator(n)
-    work = [(t, tok, m) for t, chunks in enumerate(task_batches) for tok, m in chunks]
+    work = [(t, tok, m, fit) for t, chunks in enumerate(task_batches) for tok, m, fit in chunks]
     with torch.no_grad():
-        for t, tok, m in tqdm(work, desc="model-level fit", disable=not progress):
+        for t, tok, m, fit in tqdm(work, desc="model-level fit", disable=not progress):
             y0 = blocks.logits(model, tok, m)
             deltas = [blocks.logits(model, tok, m, full_params(src, device, dtype)) - y0 for src in sources]
-            acc.add(deltas, t, blocks.position_mask(tok, m))
+            acc.add(deltas, t, _fit_positions(tok, m, fit))
     alpha = solve_alpha(acc.gram, acc.rhs, config.ridge)
     out = {}
     for key in base.keys():

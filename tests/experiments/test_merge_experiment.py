@@ -1,5 +1,6 @@
 """experiments.merge end to end on a tiny random model (the loader is swapped for a tiny one)."""
 
+import importlib
 import json
 import runpy
 import sys
@@ -78,3 +79,98 @@ def test_merge_experiment_chooses_key_heads_by_path_patching(tiny_loader, monkey
     assert 1 <= len(results["key_heads"]) <= 2  # the top head of + and of *, once each
     assert set(results["models"]) >= {"task_arithmetic", "closed form (layer)", "circuit-aware (head in key layers)"}
     assert results["best_merge"]["name"] in {"task_arithmetic", "closed form (layer)", "circuit-aware (head in key layers)"}
+
+
+PAPER_REGIME = ["--steps", "2", "--batch-size", "4", "--micro-batch-size", "4", "--n-train", "8", "--n-val", "2",
+                "--n-test", "3", "--n-shots", "0", "--n-samples", "2", "--cf-batch-size", "2", "--levels",
+                "attn_mlp,model", "--methods", "weight_average,task_arithmetic,ties", "--cf-seeds", "2",
+                "--cf-positions", "all,answer", "--no-circuit-aware", "--mul-operands", "2,5", "--max-number", "40",
+                "--n-test-numbers", "3", "--n-val-numbers", "2", "--linearity-samples", "0", "--no-save-best", "--no-base-test",
+                "--late-methods", "ties", "--threads", "1"]
+
+
+def test_paper_regime_options_seeds_positions_and_paired_intervals(tiny_loader, monkeypatch, tmp_path, capsys):
+    out = tmp_path / "run"
+    # an unreachable validation target: every expert trains all --steps, checked after each step
+    _run(["--out", str(out), "--target-gain", "1.0", "--check-every", "1", *PAPER_REGIME], monkeypatch)
+    results = json.loads((out / "results.json").read_text())
+    models = results["models"]
+    for t in ("add_word", "mul", "en_fr"):
+        expert = models[f"expert {t}"]
+        assert expert["steps"] == 2 and [c["step"] for c in expert["val_checks"]] == [1, 2]
+        assert expert["target_met"] is False and list(expert["test"]["tasks"]) == [t]  # scored on its own task
+        bar = results["expert_bar"][t]
+        assert set(bar["val_exact"]) == {"base", f"expert {t}", "weight_average"} and bar["n_val"] == 2
+    names = [f"closed form (attn_mlp{pos}, seed {s})" for pos in ("", ", answer-side") for s in (0, 1)]
+    assert set(names) | {"closed form (model)"} <= set(models) and "key_heads" not in results
+    alphas = lambda n: models[n]["alphas"]["L1.attn"]  # noqa: E731
+    assert alphas(names[0]) != alphas(names[1])  # other samples, other fit
+    assert alphas(names[0]) != alphas(names[2])  # answer-side positions only, other fit
+    test = models["task_arithmetic"]["test"]
+    assert test["pooled"]["n"] == 9 and len(test["tasks"]["mul"]["exact_hits"]) == 3
+    assert test["tasks"]["mul"]["exact_ci"]["interval"] == "wilson"
+    all_tokens = results["comparisons"]["all"]
+    assert all_tokens["models"] == names[:2] and len(all_tokens["seed_accuracies"]) == 2
+    diff = all_tokens["minus"]["task_arithmetic"]["seed_mean"]
+    assert diff["n"] == 9 and diff["interval"] == "bootstrap" and diff["low"] <= diff["value"] <= diff["high"]
+    assert set(all_tokens["minus"]) == {"task_arithmetic", "weight_average", "ties"}
+    assert "answer" in results["comparisons"] and "task arithmetic: difference" in results["verdict"]
+    assert (out / "experts" / "mul.train.json").is_file() and not (out / "merged_best").exists()  # --no-save-best
+    assert models["base"]["test"] is None and "base" not in {r["model"] for r in results["table"]}  # --no-base-test
+    order = list(models)  # seed-major closed form; --late-methods after it
+    assert order.index("task_arithmetic") < order.index(names[0]) < order.index(names[2]) < order.index(names[1])
+    assert order.index("closed form (model)") < order.index(names[1]) < order.index("ties")
+
+    capsys.readouterr()
+    _run(["--markdown", str(out)], monkeypatch)
+    table = capsys.readouterr().out
+    assert "| closed-form attn/MLP merge beats task arithmetic | 51.05 vs 48.24" in table
+    assert "| task_arithmetic ({'lam':" in table and "| add_word |" in table and "n = 9 |" in table
+
+    # resume: the experts are loaded from --experts-dir (with what their training recorded), not retrained
+    again = tmp_path / "again"
+    _run(["--out", str(again), "--experts-dir", str(out / "experts"), *PAPER_REGIME], monkeypatch)
+    loaded = json.loads((again / "results.json").read_text())["models"]["expert mul"]
+    assert loaded["loaded_from"].endswith("mul") and loaded["steps"] == 2
+
+
+def test_experts_stop_once_the_validation_target_is_met(tiny_loader, monkeypatch, tmp_path):
+    experts = importlib.import_module("experiments._merge_experts")
+    real = experts.answer_accuracy
+
+    def validated(model, data, batch_size=16, *, per_prompt=False):  # the training check sees a met target
+        out = real(model, data, batch_size, per_prompt=per_prompt)
+        return out if per_prompt else {**out, "exact": 1.0}
+
+    monkeypatch.setattr(experts, "answer_accuracy", validated)
+    out = tmp_path / "run"
+    _run(["--out", str(out), "--target-gain", "0.5", "--check-every", "1", *PAPER_REGIME[2:]] + ["--steps", "5"],
+         monkeypatch)
+    expert = json.loads((out / "results.json").read_text())["models"]["expert add_word"]
+    assert expert["steps"] == 1 and expert["target_met"] is True and len(expert["losses"]) == 1
+
+
+def test_padded_rows_mark_the_positions_that_predict_answer_tokens():
+    from experiments.merge import padded_rows
+
+    model = tiny_model(style="gemma", n_layers=1)
+    rows = [{"input_ids": [2, 5, 6, 7, 8], "n_prompt": 3}, {"input_ids": [2, 9, 10], "n_prompt": 2}]
+    tokens, attention, answer = padded_rows(rows, model)
+    assert tokens.tolist()[1][:3] == [2, 9, 10] and attention.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    # row 0: prompt 2,5,6 -> positions 2 and 3 predict the answer tokens 7 and 8; row 1: position 1 predicts 10
+    assert answer.tolist() == [[0, 0, 1, 1, 0], [0, 1, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("flag,value,match", [("--cf-positions", "prompt", "--cf-positions 'prompt': give 'all'"),
+                                              ("--mul-operands", "9,2", "--mul-operands '9,2': give 'lo,hi'")])
+def test_bad_paper_regime_flags_are_clear_errors(tiny_loader, monkeypatch, tmp_path, capsys, flag, value, match):
+    from circuits.errors import InputError
+    from experiments.merge import MergeConfig, run_experiment
+
+    field = flag[2:].replace("-", "_")
+    with pytest.raises(InputError, match=match):  # checked before anything is loaded or written
+        run_experiment(MergeConfig(out=str(tmp_path / "run"), **{field: value}))
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(SystemExit) as exit:  # the command line prints it as one line, exit status 2
+        _run(["--out", str(tmp_path / "run"), flag, value, "--threads", "1"], monkeypatch)
+    assert exit.value.code == 2 and flag in capsys.readouterr().err

@@ -1,5 +1,7 @@
 """Closed-form submodule merging: exact recovery on linear submodules, every level on tiny models."""
 
+import copy
+
 import pytest
 import torch
 
@@ -173,3 +175,58 @@ def test_alpha_heatmap_shape():
     assert fig.data[0].z.shape == (3, 2)
     assert list(fig.data[0].x) == ["add", "sub"]
     assert table.to_dict()["L0.mlp"] == [float(v) for v in table.values[1]]
+
+
+@pytest.mark.parametrize("level,row", [("attn_mlp", "L1.mlp"), ("layer", "L1")])
+def test_fit_masks_count_only_the_chosen_real_positions(gpt2_model, level, row):
+    # As in the token-share test, alpha_t = (positions fitted on task t) / (all fitted positions).
+    # Task 0 fits positions 0-1 of 4 rows (8); task 1 fits positions 0-3, but 3-4 are padding, so 0-2 (12):
+    # alpha = (8/20, 12/20) = (0.4, 0.6). Chunks of 3 rows check that the fit mask is chunked with the tokens.
+    experts = bias_experts(gpt2_model, "mlp.b_out")
+    tasks = random_tasks(gpt2_model, 2, batch=4, pos=5)
+    attention1 = torch.ones(4, 5, dtype=torch.long)
+    attention1[:, 3:] = 0
+    fit0, fit1 = torch.zeros(4, 5, dtype=torch.long), torch.zeros(4, 5, dtype=torch.long)
+    fit0[:, :2], fit1[:, :4] = 1, 1
+    cfg = SubmoduleMergeConfig(level=level, batch_size=3)
+    result = merge_submodules(gpt2_model, experts, tasks, cfg, attention_masks=[None, attention1],
+                              fit_masks=[fit0, fit1], progress=False)
+    assert torch.allclose(result.alphas[row], torch.tensor([0.4, 0.6], dtype=torch.float64), atol=1e-6)
+    # all-ones fit masks (or None for a task) are the default fit
+    plain = merge_submodules(gpt2_model, experts, tasks, cfg, attention_masks=[None, attention1], progress=False)
+    ones = merge_submodules(gpt2_model, experts, tasks, cfg, attention_masks=[None, attention1],
+                            fit_masks=[torch.ones(4, 5), None], progress=False)
+    assert torch.allclose(ones.alphas.values, plain.alphas.values, atol=1e-9)
+
+
+def test_model_level_fit_mask_matches_least_squares_on_the_masked_logits(perturb, gpt2_model):
+    # Independent reference: torch.linalg.lstsq on the experts' logit changes at the fitted positions only.
+    experts = [perturb(gpt2_model, seed=1, scale=0.05), perturb(gpt2_model, seed=2, scale=0.05)]
+    tasks = random_tasks(gpt2_model, 2, batch=3, pos=6)
+    fits = [torch.zeros(3, 6, dtype=torch.long) for _ in range(2)]
+    fits[0][:, 4:], fits[1][:, 2:5] = 1, 1
+    result = merge_submodules(gpt2_model, experts, tasks, SubmoduleMergeConfig(level="model"), fit_masks=fits,
+                              progress=False)
+    target = copy.deepcopy(gpt2_model)
+    with torch.no_grad():
+        y0 = [gpt2_model(t).double() for t in tasks]
+        deltas = []
+        for e in experts:
+            target.load_state_dict(e)
+            deltas.append([target(t).double() - y for t, y in zip(tasks, y0)])
+    design = torch.cat([torch.stack([deltas[i][t][fits[t].bool()].reshape(-1) for i in range(2)], 1) for t in range(2)])
+    goal = torch.cat([deltas[t][t][fits[t].bool()].reshape(-1) for t in range(2)])
+    reference = torch.linalg.lstsq(design, goal.unsqueeze(1)).solution.squeeze(1)
+    assert torch.allclose(result.alphas["model"], reference, atol=1e-6)
+    unmasked = merge_submodules(gpt2_model, experts, tasks, SubmoduleMergeConfig(level="model"), progress=False)
+    assert not torch.allclose(unmasked.alphas["model"], reference, atol=1e-4)  # the mask matters
+
+
+def test_bad_fit_masks_are_rejected(perturb, gpt2_model):
+    experts = [perturb(gpt2_model, seed=1), perturb(gpt2_model, seed=2)]
+    tasks = random_tasks(gpt2_model, 2)
+    with pytest.raises(ValueError, match="1 fit masks for 2 tasks"):
+        merge_submodules(gpt2_model, experts, tasks, fit_masks=[None], progress=False)
+    with pytest.raises(ValueError, match="fit_masks need the tasks as token tensors"):
+        merge_submodules(gpt2_model, experts, [["1+1=2"], ["2+2=4"]], fit_masks=[torch.ones(1, 5), None],
+                         progress=False)
