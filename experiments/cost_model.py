@@ -170,8 +170,21 @@ SWEEPS: dict[str, Sweep] = {
 # ---------------------------------------------------------------------------- measurement
 
 
-def _measure(args) -> None:
+def _measure_model(args):
+    """The model to time: the named one, or a random tiny one (``tiny-gpt2`` etc.) to try the script quickly."""
     from circuits.loading import load_model
+
+    if args.model.startswith("tiny-"):
+        from tests.tiny_models import tiny_model
+
+        model = tiny_model(style=args.model.removeprefix("tiny-"), n_layers=4)
+    else:
+        model = load_model(args.model, device=args.device)
+    return model.eval()
+
+
+def _sweeps(model, args) -> tuple[dict, dict, dict, Shape]:
+    """Every sweep as a callable, the per-sweep extra facts for the fit, the shared state and the prompts' shape."""
     from circuits.tasks import make_dataset
     from circuits.templates import get_templates
     from patching import (activation_patch, edge_attribution, edge_patch, faithfulness_curve, knockout_correct,
@@ -179,13 +192,6 @@ def _measure(args) -> None:
     from patching._forward_cache import shared_prefix_length
     from patching.af1 import AF1Config, AF1Runner, NoEvalPromptsError, grid_faithfulness
 
-    if args.model.startswith("tiny-"):  # a random tiny model (tests.tiny_models) to try the script quickly
-        from tests.tiny_models import tiny_model
-
-        model = tiny_model(style=args.model.removeprefix("tiny-"), n_layers=4)
-    else:
-        model = load_model(args.model, device=args.device)
-    model.eval()
     template = get_templates("+", ("equation",))[0]
     data = make_dataset(model, op="+", n_prompts=args.n_prompts, template_ids=(template.id,), n_shots=2, seed=args.seed)
     tokens, cf = torch.tensor(data["tokens"]), torch.tensor(data["cf_tokens"])
@@ -198,7 +204,7 @@ def _measure(args) -> None:
     sets = [rng.sample(heads, 4) for _ in range(args.knockout_sets)]
     af1_data = make_dataset(model, op="+", n_prompts=2 * args.n_prompts, template_ids=(template.id,), n_shots=2,
                             seed=args.seed + 1)
-    state: dict = {}
+    state: dict = {"tokens": tokens}
     extra: dict = {"forward": {}, "path_patch": {}, "activation_patch": {},
                    "knockout": {"pool": args.knockout_pool, "sets": len(sets)}, "edge_attribution": {"steps": 5},
                    "edge_patch": patched_counts(layout, edges),
@@ -225,8 +231,15 @@ def _measure(args) -> None:
         "af1_grid": af1,
         "activation_patch": lambda: activation_patch(model, data, component="z", progress=False),
     }
+    return runs, extra, state, shape
+
+
+def _measure(args) -> None:
+    """Time every sweep once on the model and write the measurements (after each sweep, atomically)."""
+    model = _measure_model(args)
+    runs, extra, state, shape = _sweeps(model, args)
     with torch.no_grad():
-        model(tokens[:2], stop_at_layer=shape.L)  # warm-up
+        model(state["tokens"][:2], stop_at_layer=shape.L)  # warm-up
     measured, shapes = {}, {}
     for name, run in runs.items():
         if args.only and name not in args.only:
