@@ -57,7 +57,7 @@ from circuits.model_cache import save_model
 from circuits.tasks import make_dataset
 from finetune.evaluate import answer_accuracy
 from finetune.expert_tasks import EXPERT_TASKS, expert_task_data
-from merging import (CONFIGS, METHODS, LinearityConfig, SubmoduleMergeConfig, alpha_heatmap, load_mergekit_config, merge,
+from merging import (CONFIGS, METHODS, LinearityConfig, SubmoduleMergeConfig, alpha_heatmap, merge,
                      merge_submodules, nonlinearity_figure, nonlinearity_scores)
 from merging.circuit_aware import circuit_levels
 from merging.submodule import LEVELS
@@ -65,6 +65,7 @@ from patching.key_heads import KeyHeads, given_key_heads, rank_key_heads
 
 from experiments import _cli as cli
 from experiments import _merge_stats as stats
+from experiments._merge_yaml import run_mergekit_yaml
 from experiments._merge_experts import given_heads, measured, padded_rows, task_config, train_expert
 from experiments._cli import option
 
@@ -463,24 +464,6 @@ def write_report(run: MergeRun, linearity_figure) -> None:
     report.add_settings(dataclasses.asdict(run.cfg))
     report.add_table(run.timer.seconds, heading="Stage times (s)")
     report.save(run.out / "report.html")
-
-
-def run_mergekit_yaml(cfg: MergeConfig) -> None:
-    """Run the mergekit YAML ``cfg.config``: merge, load into ``cfg.model``'s architecture, save, write results.json."""
-    out = prepare_run_dir(cfg.out or default_run_dir("merge-config"), cfg.overwrite)
-    plan = load_mergekit_config(cfg.config)
-    merged, seconds, peak_mb = measured(plan.run)
-    model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
-    missing, unexpected = model.load_state_dict(merged, strict=False)
-    if unexpected or any(not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos")) for k in missing):
-        raise InputError(f"The merged weights do not fit {cfg.model}: missing {missing[:5]}, unexpected {unexpected[:5]}; "
-                         "give --model the architecture of the YAML's models.")
-    path = save_model(model, out / "merged", overwrite=cfg.overwrite)
-    complete_run(out, {
-        "config": str(cfg.config), "method": plan.method, "method_config": repr(plan.config),
-        "weights": plan.weights, "models": plan.expert_names, "seconds": round(seconds, 2),
-        "peak_mb": round(peak_mb, 1), "merged": str(path)})
-    print(f"{plan.method}: merged {len(plan.experts)} models in {seconds:.1f} s (peak +{peak_mb:.0f} MB) -> {path}")
 
 
 def run_experiment(cfg: MergeConfig) -> dict:
