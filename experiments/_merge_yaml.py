@@ -7,7 +7,7 @@ architecture and saved (safetensors) with a results.json of its cost.
 from __future__ import annotations
 
 from circuits.errors import InputError
-from circuits.loading import load_model
+from circuits import loading
 from circuits.model_cache import save_model
 from circuits.run_dirs import complete_run, default_run_dir, prepare_run_dir
 from merging import load_mergekit_config
@@ -20,7 +20,7 @@ def run_mergekit_yaml(cfg) -> None:
     out = prepare_run_dir(cfg.out or default_run_dir("merge-config"), cfg.overwrite)
     plan = load_mergekit_config(cfg.config)
     merged, seconds, peak_mb = measured(plan.run)
-    model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    model = loading.load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)  # looked up at call time: tests swap it
     missing, unexpected = model.load_state_dict(merged, strict=False)
     if unexpected or any(not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos")) for k in missing):
         raise InputError(f"The merged weights do not fit {cfg.model}: missing {missing[:5]}, unexpected {unexpected[:5]}; "
