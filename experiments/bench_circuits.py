@@ -41,9 +41,9 @@ from circuits.graph_io import save_eap_json
 from circuits.graph_selection import mib_selector
 from circuits.loading import load_model
 from circuits.run_dirs import prepare_run_dir, write_json_atomic
-from circuits.tasks import make_dataset, single_batch
-from circuits.templates import get_templates
+from circuits.tasks import single_batch
 from experiments import _cli as cli
+from experiments._prompts import one_length_prompts
 from experiments import _eap_ig_arm
 from experiments._cli import option
 from patching import _edge_fast
@@ -123,19 +123,6 @@ class BenchRun:
         self.seconds[key] = time.perf_counter() - start
         self.seconds[f"{key}_cpu"] = time.process_time() - cpu
         return value
-
-
-def _prompts(model, cfg: BenchCircuitsConfig):
-    template = get_templates(cfg.op, ("equation",))[0]
-    # few-shot answers differ in length: sample extra prompts and keep the most common token length
-    data = make_dataset(model, op=cfg.op, n_prompts=4 * cfg.n_prompts, template_ids=(template.id,),
-                        n_shots=cfg.n_shots, seed=cfg.seed)
-    lengths = data["end_pos"]
-    common = max(set(lengths), key=lengths.count)
-    keep = [i for i, n in enumerate(lengths) if n == common][: cfg.n_prompts]
-    if len(keep) < cfg.n_prompts:
-        raise SystemExit(f"Only {len(keep)} prompts of one token length; lower --n-prompts.")
-    return data.select(keep)
 
 
 def _relative_differences(layout: GraphLayout, ours, theirs) -> dict:
@@ -225,7 +212,7 @@ def setup(cfg: BenchCircuitsConfig) -> BenchRun:
     torch.manual_seed(cfg.seed)
     model = load_model(cfg.model, device=cfg.device)
     model.eval()
-    data = _prompts(model, cfg)
+    data = one_length_prompts(model, op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
     batch = single_batch(data, device=model.cfg.device)
     layout = GraphLayout.of(model)
     print(f"{cfg.model}: {layout.n_edges} edges; {len(data)} prompts of {batch.tokens.shape[1]} tokens, "

@@ -35,8 +35,7 @@ from transformer_lens import patching as tl_patching
 from circuits.loading import load_model
 from circuits.nodes import all_heads, all_nodes
 from circuits.run_dirs import complete_run, prepare_run_dir
-from circuits.tasks import TaskBatch, make_dataset, single_batch
-from circuits.templates import get_templates
+from circuits.tasks import TaskBatch, single_batch
 from patching.activation_patching import activation_patch
 from patching.attribution import attribution_patch, rank_agreement
 from patching.knockout import knockout_correct, pool_means
@@ -44,6 +43,7 @@ from patching.path_patching import path_patch
 from patching.results import ActivationScores, NodeScores
 
 from experiments import _cli as cli
+from experiments._prompts import one_length_prompts
 from experiments._cli import option
 
 
@@ -82,16 +82,7 @@ parser = cli.config_parser(BenchPatchingConfig, "bench_patching", __doc__)
 
 def same_length_prompts(model: HookedTransformer, cfg: BenchPatchingConfig):
     """``n_prompts`` few-shot prompts of one template and one token length (one batch, no padding); the batch."""
-    template = get_templates(cfg.op, ("equation",))[0]
-    # Few-shot answers differ in length, so sample extra prompts and keep the most common token length.
-    data = make_dataset(model, op=cfg.op, n_prompts=4 * cfg.n_prompts, template_ids=(template.id,), n_shots=cfg.n_shots,
-                        seed=cfg.seed)
-    lengths = data["end_pos"]
-    common = max(set(lengths), key=lengths.count)
-    keep = [i for i, n in enumerate(lengths) if n == common][: cfg.n_prompts]
-    if len(keep) < cfg.n_prompts:
-        raise SystemExit(f"Only {len(keep)} prompts of one token length; lower --n-prompts.")
-    data = data.select(keep)
+    data = one_length_prompts(model, op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
     batch = single_batch(data, device=model.cfg.device)
     print(f"{cfg.n_prompts} prompts of {batch.tokens.shape[1]} tokens, e.g. {batch.prompts[0]!r}")
     return data, batch

@@ -25,9 +25,9 @@ import torch
 from circuits.graph import GraphLayout
 from circuits.loading import load_model
 from circuits.run_dirs import prepare_run_dir, write_json_atomic
-from circuits.tasks import accuracy_mask, make_dataset, single_batch
-from circuits.templates import get_templates
+from circuits.tasks import single_batch
 from experiments import _cli as cli
+from experiments._prompts import one_length_prompts
 from experiments._cli import option
 from patching import _forward_cache
 from patching.edge_patching import edge_patch
@@ -75,16 +75,8 @@ def output_change_scores(model, data) -> torch.Tensor:
 
 def correct_prompts(model, cfg: MeasureEdgesConfig):
     """``cfg.n_prompts`` addition prompts of the most common token length that the model answers correctly."""
-    template = get_templates("+", ("equation",))[0]
-    data = make_dataset(model, op="+", n_prompts=4 * cfg.n_prompts, template_ids=(template.id,), n_shots=cfg.n_shots,
-                        seed=cfg.seed)
-    correct = accuracy_mask(model, data)
-    lengths = data["end_pos"]
-    common = max(set(lengths), key=lengths.count)
-    keep = [i for i, (n, ok) in enumerate(zip(lengths, correct)) if n == common and ok][: cfg.n_prompts]
-    if len(keep) < cfg.n_prompts:
-        raise SystemExit(f"Only {len(keep)} correctly answered prompts of one token length; lower --n-prompts.")
-    return data.select(keep)
+    return one_length_prompts(model, op="+", n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed,
+                              correct_only=True)
 
 
 def time_edge_patch(model, cfg: MeasureEdgesConfig, data) -> dict:
