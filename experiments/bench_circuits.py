@@ -37,7 +37,6 @@ from safetensors.torch import save_file
 from scipy.stats import spearmanr
 
 from circuits.graph import GraphLayout
-from circuits.graph_io import save_eap_json
 from circuits.graph_selection import mib_selector
 from circuits.loading import load_model
 from circuits.run_dirs import prepare_run_dir, write_json_atomic
@@ -184,15 +183,6 @@ def _exact_in_parts(run: BenchRun, edges) -> EdgeEffects:
     reference = sum(p.reference_metric * p.n_prompts for p in parts) / sum(p.n_prompts for p in parts)
     return EdgeEffects(layout, [e for p in parts for e in p.edges], torch.cat([p.per_prompt for p in parts]),
                        parts[0].metric, reference, seconds)
-
-
-def _save_exact(out, exact, d_model: int) -> None:
-    """Per-prompt exact effects (safetensors) and the mean effects as an EAP-IG graph file, both written atomically."""
-    tmp = out / "exact_edges.safetensors.tmp"
-    save_file({"per_prompt": exact.per_prompt.contiguous(), "edges": torch.tensor(exact.edges)}, str(tmp),
-              metadata={"metric": exact.metric, "reference_metric": repr(exact.reference_metric)})
-    os.replace(tmp, out / "exact_edges.safetensors")
-    save_eap_json(exact.graph(), out / "exact_edges_eap.json", d_model=d_model)
 
 
 def _save_scores(out, scores: dict) -> None:
@@ -356,7 +346,7 @@ def exact_patching(run: BenchRun) -> None:
             "max_abs_diff": float((old.per_prompt - exact.per_prompt).abs().max())}
     edges = exact.edges
     if n_exact == layout.n_edges:
-        _save_exact(run.out, exact, run.model.cfg.d_model)
+        exact.save(run.out, run.model.cfg.d_model)
     f_idx, b_idx = torch.tensor([e[0] for e in edges]), torch.tensor([e[1] for e in edges])
     truth = exact.scores[f_idx, b_idx].float()
     run.results["exact_seconds_per_edge"] = sec["edge_patch"] / n_exact

@@ -11,9 +11,12 @@ loads the model on its own device (``accelerate``'s ``PartialState().device`` un
 The last line is the CPU form: accelerate 1.x starts one process for ``--cpu --num_processes 2``,
 while ``--multi_gpu`` on a machine without CUDA starts two that talk through gloo.
 
-Prompts: ``--n-prompts`` two-shot one-digit additions of one template (one token length).
-Writes ``<out>/results.json``: wall times, the number of processes, the top edges by EAP-IG and by
-exact effect, their Spearman correlation over the patched edges, and the curve with CPR/CMD.
+Prompts: ``--n-prompts`` two-shot one-digit additions of one template and one token length, the
+same as ``experiments.bench_circuits`` samples with the same seed.
+Writes ``<out>/results.json``: wall times and the main process's CPU times, the number of
+processes, the top edges by EAP-IG and by exact effect, their Spearman correlation over the patched
+edges, and the curve with CPR/CMD; and the exact effects (``exact_edges.safetensors``, per prompt;
+``exact_edges_eap.json``, EAP-IG's graph format).
 """
 
 from __future__ import annotations
@@ -28,10 +31,9 @@ from scipy.stats import spearmanr
 from circuits.graph import Graph, GraphLayout
 from circuits.loading import load_model
 from circuits.run_dirs import complete_run, prepare_run_dir
-from circuits.tasks import make_dataset
-from circuits.templates import get_templates
 from experiments import _cli as cli
 from experiments._cli import option
+from experiments._prompts import one_length_prompts
 from patching import distributed
 from patching.edge_patching import EdgeEffects
 from patching.faithfulness import FaithfulnessCurve
@@ -78,21 +80,26 @@ class Sweeps:
     seconds: dict[str, float]
 
 
+def _lap(wall_start: float, cpu_start: float) -> tuple[float, float]:
+    """Wall and CPU seconds since the starts (CPU time of the main process: its share of a launch)."""
+    return time.perf_counter() - wall_start, time.process_time() - cpu_start
+
+
 def sweep(model, data, cfg: EdgeSweepsConfig) -> Sweeps:
     """EAP-IG-inputs scores, exact effects of every stride-th edge, the faithfulness curve, each split over the processes."""
     layout = GraphLayout.of(model)
     edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()][:: cfg.stride]
     times = {}
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     graph = distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=cfg.ig_steps,
                                          memory_mb=cfg.memory_mb)
-    times["edge_attribution_s"] = time.perf_counter() - began
-    began = time.perf_counter()
+    times["edge_attribution_s"], times["edge_attribution_cpu_s"] = _lap(began, cpu)
+    began, cpu = time.perf_counter(), time.process_time()
     effects = distributed.edge_patch(model, edges, data, memory_mb=cfg.memory_mb)
-    times["edge_patch_s"] = time.perf_counter() - began
-    began = time.perf_counter()
+    times["edge_patch_s"], times["edge_patch_cpu_s"] = _lap(began, cpu)
+    began, cpu = time.perf_counter(), time.process_time()
     curve = distributed.faithfulness_curve(model, graph, data, n_bootstrap=cfg.n_bootstrap, memory_mb=cfg.memory_mb)
-    times["faithfulness_curve_s"] = time.perf_counter() - began
+    times["faithfulness_curve_s"], times["faithfulness_curve_cpu_s"] = _lap(began, cpu)
     return Sweeps(layout, edges, graph, effects, curve, times)
 
 
@@ -124,12 +131,13 @@ def run(cfg: EdgeSweepsConfig) -> dict | None:
     out = prepare_run_dir(cfg.out, overwrite=cfg.overwrite) if main_process else None
     model = load_model(cfg.model, device=_device(cfg.device, shard), dtype=cfg.dtype)
     model.eval()
-    template = get_templates("+", ("equation",))[0]
-    data = make_dataset(model, op="+", n_prompts=cfg.n_prompts, template_ids=(template.id,), n_shots=2, seed=cfg.seed)
+    # bench_circuits' prompts: one template and one token length, so the shared prefix is long
+    data = one_length_prompts(model, op="+", n_prompts=cfg.n_prompts, n_shots=2, seed=cfg.seed)
     sweeps = sweep(model, data, cfg)
     if not main_process:
         return None
     results = summarize(cfg, shard, model, data, sweeps)
+    sweeps.effects.save(out, model.cfg.d_model)
     complete_run(out, results)
     print(f"wrote {out / 'results.json'}")
     return results

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
 import torch
@@ -81,6 +82,20 @@ class EdgeEffects:
     def graph(self) -> Graph:
         """A :class:`circuits.graph.Graph` whose scores are these effects (all edges in the graph)."""
         return Graph(self.layout, scores=self.scores, meta={"method": "exact edge patching", "metric": self.metric})
+
+    def save(self, folder, d_model: Optional[int] = None) -> None:
+        """Write ``<folder>/exact_edges.safetensors`` (per-prompt effects, edge indices) and
+        ``<folder>/exact_edges_eap.json`` (the mean effects as an EAP-IG graph file), each atomically."""
+        from safetensors.torch import save_file
+
+        from circuits.atomic_files import atomic_path
+        from circuits.graph_io import save_eap_json
+
+        folder = Path(folder)
+        with atomic_path(folder / "exact_edges.safetensors") as tmp:
+            save_file({"per_prompt": self.per_prompt.contiguous(), "edges": torch.tensor(self.edges)}, str(tmp),
+                      metadata={"metric": self.metric, "reference_metric": repr(self.reference_metric)})
+        save_eap_json(self.graph(), folder / "exact_edges_eap.json", d_model=d_model)
 
     def to_dict(self) -> dict:
         names = [self.layout.edge_name(f, b) for f, b in self.edges]
