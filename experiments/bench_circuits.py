@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -36,6 +35,7 @@ import torch
 from safetensors.torch import save_file
 from scipy.stats import spearmanr
 
+from circuits.atomic_files import atomic_path
 from circuits.graph import GraphLayout
 from circuits.graph_selection import mib_selector
 from circuits.loading import load_model
@@ -43,6 +43,7 @@ from circuits.run_dirs import prepare_run_dir, write_json_atomic
 from circuits.tasks import single_batch
 from experiments import _cli as cli
 from experiments._prompts import one_length_prompts
+from experiments._timing import wall_and_cpu
 from experiments import _eap_ig_arm
 from experiments._cli import option
 from patching import _edge_fast
@@ -117,10 +118,7 @@ class BenchRun:
     def timed(self, key: str, fn):
         """``fn()``, its wall time recorded as ``results["seconds"][key]`` and its CPU time as ``[key + "_cpu"]``
         (on a shared machine the CPU time is the fairer comparison: the load changes between arms)."""
-        start, cpu = time.perf_counter(), time.process_time()
-        value = fn()
-        self.seconds[key] = time.perf_counter() - start
-        self.seconds[f"{key}_cpu"] = time.process_time() - cpu
+        value, self.seconds[key], self.seconds[f"{key}_cpu"] = wall_and_cpu(fn)
         return value
 
 
@@ -187,9 +185,8 @@ def _exact_in_parts(run: BenchRun, edges) -> EdgeEffects:
 
 def _save_scores(out, scores: dict) -> None:
     """Every method's edge scores ``[n_forward, n_backward]`` side by side (safetensors, atomic), for later analysis."""
-    tmp = out / "edge_scores.safetensors.tmp"
-    save_file({name: value.detach().float().cpu().contiguous() for name, value in scores.items()}, str(tmp))
-    os.replace(tmp, out / "edge_scores.safetensors")
+    with atomic_path(out / "edge_scores.safetensors") as tmp:
+        save_file({name: value.detach().float().cpu().contiguous() for name, value in scores.items()}, str(tmp))
 
 
 # ---------------------------------------------------------------------------- stages

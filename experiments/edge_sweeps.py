@@ -22,7 +22,6 @@ edges, and the curve with CPR/CMD; and the exact effects (``exact_edges.safetens
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +33,7 @@ from circuits.run_dirs import complete_run, prepare_run_dir
 from experiments import _cli as cli
 from experiments._cli import option
 from experiments._prompts import one_length_prompts
+from experiments._timing import wall_and_cpu
 from patching import distributed
 from patching.edge_patching import EdgeEffects
 from patching.faithfulness import FaithfulnessCurve
@@ -80,26 +80,19 @@ class Sweeps:
     seconds: dict[str, float]
 
 
-def _lap(wall_start: float, cpu_start: float) -> tuple[float, float]:
-    """Wall and CPU seconds since the starts (CPU time of the main process: its share of a launch)."""
-    return time.perf_counter() - wall_start, time.process_time() - cpu_start
-
-
 def sweep(model, data, cfg: EdgeSweepsConfig) -> Sweeps:
     """EAP-IG-inputs scores, exact effects of every stride-th edge, the faithfulness curve, each split over the processes."""
     layout = GraphLayout.of(model)
     edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()][:: cfg.stride]
     times = {}
-    began, cpu = time.perf_counter(), time.process_time()
-    graph = distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=cfg.ig_steps,
-                                         memory_mb=cfg.memory_mb)
-    times["edge_attribution_s"], times["edge_attribution_cpu_s"] = _lap(began, cpu)
-    began, cpu = time.perf_counter(), time.process_time()
-    effects = distributed.edge_patch(model, edges, data, memory_mb=cfg.memory_mb)
-    times["edge_patch_s"], times["edge_patch_cpu_s"] = _lap(began, cpu)
-    began, cpu = time.perf_counter(), time.process_time()
-    curve = distributed.faithfulness_curve(model, graph, data, n_bootstrap=cfg.n_bootstrap, memory_mb=cfg.memory_mb)
-    times["faithfulness_curve_s"], times["faithfulness_curve_cpu_s"] = _lap(began, cpu)
+    graph, times["edge_attribution_s"], times["edge_attribution_cpu_s"] = wall_and_cpu(
+        lambda: distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=cfg.ig_steps,
+                                             memory_mb=cfg.memory_mb))
+    effects, times["edge_patch_s"], times["edge_patch_cpu_s"] = wall_and_cpu(
+        lambda: distributed.edge_patch(model, edges, data, memory_mb=cfg.memory_mb))
+    curve, times["faithfulness_curve_s"], times["faithfulness_curve_cpu_s"] = wall_and_cpu(
+        lambda: distributed.faithfulness_curve(model, graph, data, n_bootstrap=cfg.n_bootstrap,
+                                               memory_mb=cfg.memory_mb))
     return Sweeps(layout, edges, graph, effects, curve, times)
 
 

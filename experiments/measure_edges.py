@@ -28,6 +28,7 @@ from circuits.run_dirs import prepare_run_dir, write_json_atomic
 from circuits.tasks import single_batch
 from experiments import _cli as cli
 from experiments._prompts import one_length_prompts
+from experiments._timing import wall_and_cpu
 from experiments._cli import option
 from patching import _forward_cache
 from patching.edge_patching import edge_patch
@@ -84,9 +85,7 @@ def time_edge_patch(model, cfg: MeasureEdgesConfig, data) -> dict:
     layout = GraphLayout.of(model)
     all_edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()]
     edges = all_edges[:: cfg.stride]
-    wall, cpu = time.perf_counter(), time.process_time()
-    effects = edge_patch(model, edges, data, memory_mb=cfg.memory_mb)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    effects, wall, cpu = wall_and_cpu(lambda: edge_patch(model, edges, data, memory_mb=cfg.memory_mb))
     scale = len(all_edges) / len(edges)
     print(f"edge_patch: {len(edges)} edges in {wall:.1f} s wall ({cpu:.1f} s CPU); all {len(all_edges)} edges: "
           f"{'' if cfg.stride == 1 else 'extrapolated '}{wall * scale / 60:.1f} min wall")
