@@ -50,14 +50,13 @@ import torch
 
 from circuits.errors import InputError
 from circuits.loading import load_model
-from circuits.report import Report
 from circuits.stats import proportion
 from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_json_atomic
 from circuits.model_cache import save_model
 from circuits.tasks import make_dataset
 from finetune.evaluate import answer_accuracy
 from finetune.expert_tasks import EXPERT_TASKS, expert_task_data
-from merging import (CONFIGS, METHODS, LinearityConfig, SubmoduleMergeConfig, alpha_heatmap, merge,
+from merging import (CONFIGS, METHODS, LinearityConfig, SubmoduleMergeConfig, merge,
                      merge_submodules, nonlinearity_figure, nonlinearity_scores)
 from merging.circuit_aware import circuit_levels
 from merging.submodule import LEVELS
@@ -65,12 +64,12 @@ from patching.key_heads import KeyHeads, given_key_heads, rank_key_heads
 
 from experiments import _cli as cli
 from experiments import _merge_stats as stats
+from experiments._merge_report import CIRCUIT_AWARE, write_report
 from experiments._merge_yaml import run_mergekit_yaml
 from experiments._merge_experts import given_heads, measured, padded_rows, task_config, train_expert
 from experiments._cli import option
 
 TASKS = EXPERT_TASKS
-CIRCUIT_AWARE = "circuit-aware (head in key layers)"
 
 
 @dataclass(frozen=True)
@@ -442,28 +441,6 @@ def summarize(run: MergeRun) -> None:
                            + f" {r['average']:>8} {r['seconds']:>8}" for r in table))
     print(run.results["verdict"])
     run.save()
-
-
-def write_report(run: MergeRun, linearity_figure) -> None:
-    """report.html: summary, table, key heads, α heatmaps, the linearity figure, settings and stage times."""
-    report = Report("Merging three experts", f"{run.cfg.model}: add_word, mul, en_fr")
-    report.add_text("Test accuracy = teacher-forced exact answer (every answer token argmax). Baseline λ/density "
-                    "chosen on the validation split. " + run.results["verdict"], heading="Summary")
-    report.add_table(run.results["table"], heading="Test accuracy (exact); time per method (s, includes val tuning), "
-                     "one merge's time (merge_seconds) and peak resident memory above the start (peak_mb, MB)")
-    rule = run.results.get("key_heads_rule")
-    if rule is not None:
-        how = "given by --heads" if rule["source"] == "--heads" else \
-            f"path patching on the base, the union of the top {rule['top_k']} of + and of *"
-        report.add_text(f"Key heads ({how}): " + ", ".join(run.results["key_heads"]))
-    for name in ("closed form (attn_mlp)", CIRCUIT_AWARE):
-        if name in run.alpha_tables:
-            report.add_figure(alpha_heatmap(run.alpha_tables[name], f"α: {name}"), heading=f"α ({name})")
-    if linearity_figure is not None:
-        report.add_figure(linearity_figure, heading="Non-linearity of attention/MLP vs the whole model")
-    report.add_settings(dataclasses.asdict(run.cfg))
-    report.add_table(run.timer.seconds, heading="Stage times (s)")
-    report.save(run.out / "report.html")
 
 
 def run_experiment(cfg: MergeConfig) -> dict:
