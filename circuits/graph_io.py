@@ -33,7 +33,7 @@ import torch
 from circuits.errors import InputError, ToolkitError
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import nodes_in_graph, select_fraction
-from circuits.run_dirs import write_text_atomic
+from circuits.atomic_files import write_text_atomic
 
 __all__ = ["GraphFileError", "eap_edge_order", "graph_to_eap_dict", "graph_from_eap_dict", "save_eap_json",
            "load_eap_json", "write_mib_submission", "MIB_SUBMISSION_PERCENTS"]

@@ -93,7 +93,7 @@ def _ranked_scores(graph: Graph, absolute: bool) -> Tensor:
     scores = graph.scores.detach().float().cpu()
     if torch.isnan(scores[graph.layout.real_edge_mask]).any():
         raise InputError("The graph has edges without a score (NaN): score every edge (e.g. with "
-                         "patching.edge_attribution) before selecting a circuit.")
+                         "patching.edges.attribute) before selecting a circuit.")
     scores = scores.abs() if absolute else scores.clone()
     return torch.where(graph.layout.real_edge_mask, scores, torch.tensor(-torch.inf))
 

@@ -1,6 +1,6 @@
 """The process group of a multi-process launch (``accelerate launch``, ``torchrun``), set up in one place.
 
-Sharded edge sweeps (:mod:`patching.distributed`) and data-parallel training
+Sharded edge sweeps (:mod:`patching.edges.distributed`) and data-parallel training
 (:mod:`finetune.trainer`) both ask the same question, "which process am I, of how many?",
 and both must set the process group up the same way when a launcher started several
 processes. :func:`rank_and_world_size` answers it:

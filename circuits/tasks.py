@@ -38,7 +38,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from circuits.checks import non_negative_int, positive_int
+from circuits.arguments import check_nonnegative_int, check_positive_int
 from circuits.counterfactuals import CORRUPTIONS, Corrupt, check_corrupt, parse_shots, twin_candidates  # noqa: F401
 from circuits.errors import InputError, TaskDataError  # noqa: F401  (TaskDataError: part of this module's API)
 from circuits.templates import Template, get_templates, resolve_operation, template_by_id
@@ -65,9 +65,9 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         # Checked here: these would otherwise surface as errors from `random` or a ZeroDivisionError.
-        positive_int(self.n_prompts, "n_prompts")
-        non_negative_int(self.decimals, "decimals")
-        non_negative_int(self.n_shots, "n_shots")
+        check_positive_int(self.n_prompts, "n_prompts")
+        check_nonnegative_int(self.decimals, "decimals")
+        check_nonnegative_int(self.n_shots, "n_shots")
         if self.template_ids is None and not self.styles:
             raise InputError("styles is empty: name at least one style (e.g. 'equation') or pass template_ids.")
         if self.template_ids is not None and not self.template_ids:
@@ -371,7 +371,7 @@ def iter_batches(dataset: Dataset, batch_size: int = 32, device: str | torch.dev
     """Batches of rows with equal token length (rows of one length stay in dataset order)."""
     if len(dataset) == 0:
         raise TaskDataError("The dataset is empty: nothing to batch.")
-    positive_int(batch_size, "batch_size")
+    check_positive_int(batch_size, "batch_size")
     by_length: dict[int, list[int]] = {}
     for i, n in enumerate(dataset["end_pos"]):
         by_length.setdefault(n + 1, []).append(i)
@@ -417,7 +417,7 @@ def single_batch(dataset: Dataset, device: str | torch.device | None = None) -> 
 @torch.no_grad()
 def accuracy_mask(model, dataset: Dataset, batch_size: int = 32, fwd_hooks=()) -> list[bool]:
     """Per row: does ``model`` put the first answer token at top-1 (optionally under ``fwd_hooks``)?"""
-    from circuits.metrics import top1_correct
+    from circuits.end_logits import top1_correct
 
     correct = [False] * len(dataset)
     for batch in iter_batches(dataset, batch_size, device=model.cfg.device):

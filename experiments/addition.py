@@ -1,6 +1,6 @@
-"""The addition circuit: `python -m experiments.addition --help` lists every flag (see experiments/_arithmetic.py)."""
+"""The addition circuit: `python -m experiments.addition --help` lists every flag (see experiments/arithmetic/__init__.py)."""
 
-from experiments._arithmetic import build_parser, cli_main
+from experiments.arithmetic import build_parser, cli_main
 
 parser = build_parser("+")
 

@@ -10,7 +10,7 @@
    the other folds, two-digit sums included, so no prompt meets its own mean and no mean falls back
    for lack of prompts (the fallback fraction is reported). ``--means split``: the earlier scheme,
    one-token answers only, a fit half and an eval half;
-2. grid: AF1 faithfulness for every (L_wait, L_transfer) (``patching.af1``), and at the
+2. grid: AF1 faithfulness for every (L_wait, L_transfer) (``patching.all_for_one.search``), and at the
    paper's cell (in our layer convention) and its depth-scaled twin, with no selection;
 3. selection: the largest L_wait reaching ``--min-faithfulness`` with the fewest
    transfer layers; greedy pruning of its transfer heads at ``--prune-keep``; the same
@@ -28,26 +28,24 @@ under one change at a time (no CAMA, non-last tokens with full peek, 5 folds, ev
 fallback), paired against the AF1 model, to find what limits faithfulness (results.json only).
 
 Template ids: ``af1-equation``, ``af1-verbal``, ``af1-question``, ``af1-word``,
-``af1-python`` (``patching.af1_data.authors_templates``) or any id of ``circuits.templates``.
+``af1-python`` (``patching.all_for_one.template_prompts.authors_templates``) or any id of ``circuits.templates``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from circuits.errors import InputError
-from circuits.loading import load_model
-from circuits.report import Report
-from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
+from circuits.show.html_report import Report
+from experiments.runtime.run_folder import StageTimer, write_text_atomic
 from circuits.stats import paired_difference, proportion
 from circuits.templates import template_by_id
-from patching.af1 import (
+from patching.all_for_one.search import (
     AF1Config,
     AF1Runner,
     AF1SearchResult,
@@ -59,18 +57,17 @@ from patching.af1 import (
     held_out_selection,
     search_af1,
 )
-from patching.af1_data import authors_templates, make_template_dataset
-from patching.cama import CamaConfig
+from patching.all_for_one.template_prompts import authors_templates, make_template_dataset
+from patching.all_for_one.cama import CamaConfig
 
-from experiments import _cli as cli
-from experiments._cli import option
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
+from experiments.runtime.cli import option
 
 
 @dataclass(frozen=True)
-class AF1ExperimentConfig:
-    """Every flag of ``python -m experiments.af1``, with its default."""
+class AF1ExperimentConfig(RunSettings):
+    """Every flag of ``python -m experiments.af1`` beyond :class:`RunSettings`, with its default."""
 
-    model: str = option("gemma-3-270m", "offline model name, TransformerLens model name, or a saved model directory")
     op: str = option("+", "operation: +, -, * or / (or its name)")
     templates: tuple[str, ...] = option(("af1-equation", "af1-verbal", "af1-question"), "templates of the grid search")
     n_prompts: int = option(100, "operand pairs per template (at most all pairs: 100 for + on 0..9; with --means "
@@ -91,16 +88,9 @@ class AF1ExperimentConfig:
                                              "L_transfer) cells, as W,T, under each isolation variant on the same "
                                              "eval prompts (paired), to find what limits faithfulness", nargs="+")
     batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
-    seed: int = option(0, "seed of the prompts and of the fit/eval split")
-    device: str = "auto"
-    dtype: str | None = None
-    threads: int = option(1, "torch CPU threads (0: torch's default). One thread is ~8x faster on shared, "
-                          "oversubscribed CPUs, where OpenMP threads spin-wait on each other", type=cli.nonnegative_int)
-    out: str | None = option(None, "output folder (default: runs/af1-<timestamp>)")
-    overwrite: bool = option(False, "write into an existing output folder")
 
     def af1_config(self) -> AF1Config:
-        """The :class:`patching.af1.AF1Config` these flags describe."""
+        """The :class:`patching.all_for_one.search.AF1Config` these flags describe."""
         return AF1Config(cama=CamaConfig(min_count=self.min_count), batch_size=self.batch_size,
                          min_faithfulness=self.min_faithfulness, prune_keep=self.prune_keep, seed=self.seed)
 
@@ -343,62 +333,52 @@ def write_report(out: Path, cfg: AF1ExperimentConfig, results: dict, runner: AF1
     report.save(out / "report.html")
 
 
-def run_isolation(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, out: Path, timer, start) -> dict:
-    """``--isolate``: the isolation variants instead of the search; results.json only."""
-    results = {"model": cfg.model, "op": cfg.op, "search_templates": list(cfg.templates),
-               "settings": dataclasses.asdict(cfg), "layer_convention": LAYER_CONVENTION,
-               "isolation": isolate(model, cfg, config, templates, timer),
-               "seconds": timer.seconds, "wall_seconds": round(time.perf_counter() - start, 1)}
-    complete_run(out, results)
-    return results
+def run(cfg: AF1ExperimentConfig, *, loader: ModelLoader | None = None) -> dict:
+    """Run the AF1 experiment; return the results dict that is also written to results.json."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    return run_experiment("af1", cfg, _stages, loader=loader,
+                          results={"model": cfg.model, "op": cfg.op, "settings": dataclasses.asdict(cfg)})
 
 
 @torch.no_grad()
-def run(cfg: AF1ExperimentConfig) -> dict:
-    """Run the AF1 experiment; return the results dict that is also written to results.json."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    start = time.perf_counter()
-    cli.set_threads(cfg.threads)
-    out = prepare_run_dir(cfg.out or default_run_dir("af1"), overwrite=cfg.overwrite)
-    timer = StageTimer(run_dir=out, results={"model": cfg.model, "op": cfg.op, "settings": dataclasses.asdict(cfg)})
+def _stages(run: Run) -> None:
+    cfg, results = run.settings, run.results
     config = cfg.af1_config()
     authors = {t.id: t for t in authors_templates(cfg.op)}
     templates = [authors[t] if t in authors else template_by_id(t) for t in cfg.templates]
-    with timer.stage("load model"):
-        model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
-    if cfg.isolate:
-        return run_isolation(model, cfg, config, templates, out, timer, start)
+    model = run.load_model()
+    if cfg.isolate:  # the isolation variants instead of the search; results.json only
+        results |= {"search_templates": list(cfg.templates), "layer_convention": LAYER_CONVENTION,
+                    "isolation": isolate(model, cfg, config, templates, run.timer)}
+        return
 
-    runner, search_counts, hits, search = grid_search(model, cfg, config, templates, timer)
+    runner, search_counts, hits, search = grid_search(model, cfg, config, templates, run.timer)
     held = held_out(runner, hits, cfg)
     paper = paper_cells(hits, model.cfg.n_layers)
     heatmap = faithfulness_heatmap(search.grid, f"AF1 faithfulness, {cfg.model}, {', '.join(cfg.templates)}",
                                    best=(search.l_wait, search.l_transfer))
-    write_text_atomic(out / "heatmap.html", heatmap.to_html(include_plotlyjs=True, full_html=True))
-    per_template = authors_formats(model, cfg, config, search, timer)
+    write_text_atomic(run.out / "heatmap.html", heatmap.to_html(include_plotlyjs=True, full_html=True))
+    per_template = authors_formats(model, cfg, config, search, run.timer)
 
     counts = runner.cama_counts()
-    results = {
-        "model": cfg.model, "op": cfg.op, "search_templates": list(cfg.templates), "settings": dataclasses.asdict(cfg),
+    results |= {
+        "search_templates": list(cfg.templates),
         "config": config, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
         "means": cfg.means, "n_folds": cfg.n_folds if cfg.means == "cross-fit" else None,
         "search": search.to_json(), "search_counts": search_counts, "cama_counts": counts,
         "cama_fallback_fraction": counts["fallback_fraction"],
         "in_sample_faithfulness": proportion(hits[(search.l_wait, search.l_transfer)].double()).to_dict(),
         "held_out_selection": held, "paper_cells": paper, "paper": PAPER_CELL,
-        "layer_convention": LAYER_CONVENTION, "per_template": per_template,
-        "seconds": timer.seconds, "wall_seconds": round(time.perf_counter() - start, 1),
+        "layer_convention": LAYER_CONVENTION, "per_template": per_template, "wall_seconds": run.wall_seconds,
     }
-    save_results(out, results)
-    write_report(out, cfg, results, runner, search, heatmap, timer)
-    complete_run(out, results)
-    print(f"wrote {out}/results.json, heatmap.html, report.html in {results['wall_seconds']:.0f} s")
-    return results
+    run.save()
+    write_report(run.out, cfg, results, runner, search, heatmap, run.timer)
+    print(f"wrote {run.out}/results.json, heatmap.html, report.html in {results['wall_seconds']:.0f} s")
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:
     """Parse ``argv`` (default: ``sys.argv``) and run."""
-    return run(cli.parse_config(parser, AF1ExperimentConfig, argv))
+    return run(cli.parse_config(parser, AF1ExperimentConfig, argv), loader=loader)
 
 
 if __name__ == "__main__":

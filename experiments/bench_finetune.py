@@ -29,14 +29,14 @@ from dataclasses import dataclass
 import torch
 
 from circuits.loading import load_model
-from circuits.run_dirs import complete_run, prepare_run_dir, release_freed_memory
+from experiments.runtime.run_folder import complete_run, prepare_run_dir, release_freed_memory
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, FullSFTConfig, PreciseSFTConfig, arithmetic_train_set, train
-from patching.key_heads import KeyHeads, given_key_heads, rank_key_heads
+from patching.head_ranking import KeyHeads, given_key_heads, rank_key_heads
 
-from experiments import _cli as cli
-from experiments._cli import option
+from experiments.runtime import cli
+from experiments.runtime.cli import option
 
 
 @dataclass(frozen=True)

@@ -34,17 +34,17 @@ from transformer_lens import patching as tl_patching
 
 from circuits.loading import load_model
 from circuits.nodes import all_heads, all_nodes
-from circuits.run_dirs import complete_run, prepare_run_dir
+from experiments.runtime.run_folder import complete_run, prepare_run_dir
 from circuits.tasks import TaskBatch, single_batch
 from patching.activation_patching import activation_patch
-from patching.attribution import attribution_patch, rank_agreement
+from patching.attribution_patching import attribution_patch, rank_agreement
 from patching.knockout import knockout_correct, pool_means
 from patching.path_patching import path_patch
 from patching.results import ActivationScores, NodeScores
 
-from experiments import _cli as cli
-from experiments._prompts import one_length_prompts
-from experiments._cli import option
+from experiments.runtime import cli
+from experiments.runtime.bench_prompts import one_length_prompts
+from experiments.runtime.cli import option
 
 
 def layer_spec(text: str) -> str:

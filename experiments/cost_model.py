@@ -37,9 +37,9 @@ import torch
 from circuits.graph import GraphLayout
 from circuits.nodes import Head
 from circuits.peak_memory import peak_rss, reset_peak_rss
-from circuits.run_dirs import write_json_atomic, write_text_atomic
+from experiments.runtime.run_folder import write_json_atomic, write_text_atomic
 
-from experiments import _cli as cli
+from experiments.runtime import cli
 
 GPU_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (NVIDIA's datasheet, without sparsity)
 GPU_EFFICIENCY = 0.35  # assumed fraction of peak a plain forward reaches at these batch sizes
@@ -178,7 +178,7 @@ def _measure_model(args):
     from circuits.loading import load_model
 
     if args.model.startswith("tiny-"):
-        from tests.tiny_models import tiny_model
+        from circuits.random_models import tiny_model
 
         model = tiny_model(style=args.model.removeprefix("tiny-"), n_layers=4)
     else:
@@ -192,8 +192,8 @@ def _sweeps(model, args) -> tuple[dict, dict, dict, Shape]:
     from circuits.templates import get_templates
     from patching import (activation_patch, edge_attribution, edge_patch, faithfulness_curve, knockout_correct,
                           path_patch)
-    from patching._forward_cache import shared_prefix_length
-    from patching.af1 import AF1Config, AF1Runner, NoEvalPromptsError, grid_faithfulness
+    from patching.forward import shared_prefix_length
+    from patching.all_for_one.search import AF1Config, AF1Runner, NoEvalPromptsError, grid_faithfulness
 
     template = get_templates("+", ("equation",))[0]
     data = make_dataset(model, op="+", n_prompts=args.n_prompts, template_ids=(template.id,), n_shots=2, seed=args.seed)

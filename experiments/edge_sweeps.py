@@ -4,7 +4,7 @@
     accelerate launch --num_processes 4 -m experiments.edge_sweeps --device cuda --stride 1 --out runs/edge_sweeps
     accelerate launch --multi_gpu --num_processes 2 -m experiments.edge_sweeps --device cpu --out runs/edge_sweeps
 
-The same command runs on one process or on all processes of a launch (:mod:`patching.distributed`
+The same command runs on one process or on all processes of a launch (:mod:`patching.edges.distributed`
 splits the prompts of the attribution, the edges of the exact patching and the circuits of the
 curve; every process gets the combined results, and the main process writes them). Each process
 loads the model on its own device (``accelerate``'s ``PartialState().device`` under a CUDA launch).
@@ -29,14 +29,14 @@ from scipy.stats import spearmanr
 
 from circuits.graph import Graph, GraphLayout
 from circuits.loading import load_model
-from circuits.run_dirs import complete_run, prepare_run_dir
-from experiments import _cli as cli
-from experiments._cli import option
-from experiments._prompts import one_length_prompts
-from experiments._timing import wall_and_cpu
-from patching import distributed
-from patching.edge_patching import EdgeEffects
-from patching.faithfulness import FaithfulnessCurve
+from experiments.runtime.run_folder import complete_run, prepare_run_dir
+from experiments.runtime import cli
+from experiments.runtime.cli import option
+from experiments.runtime.bench_prompts import one_length_prompts
+from experiments.runtime.timing import wall_and_cpu
+from patching.edges import distributed
+from patching.edges.patch import EdgeEffects
+from patching.edges.curves import FaithfulnessCurve
 
 
 @dataclass(frozen=True)

@@ -24,16 +24,16 @@ import torch
 
 from circuits.graph import GraphLayout
 from circuits.loading import load_model
-from circuits.run_dirs import prepare_run_dir, write_json_atomic
+from experiments.runtime.run_folder import prepare_run_dir, write_json_atomic
 from circuits.tasks import single_batch
-from experiments import _cli as cli
-from experiments._prompts import one_length_prompts
-from experiments._timing import wall_and_cpu
-from experiments._cli import option
-from patching import _forward_cache
-from patching.edge_patching import edge_patch
-from patching.edge_runs import edge_mode, edge_prefix_kv, sender_outputs
-from patching.faithfulness import faithfulness_curve
+from experiments.runtime import cli
+from experiments.runtime.bench_prompts import one_length_prompts
+from experiments.runtime.timing import wall_and_cpu
+from experiments.runtime.cli import option
+from patching import forward
+from patching.edges.patch import edge_patch
+from patching.edges.engine import edge_mode, edge_prefix_kv, sender_outputs
+from patching.edges.curves import faithfulness_curve
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ def output_change_scores(model, data) -> torch.Tensor:
     batch = single_batch(data, device=model.cfg.device)
     layout = GraphLayout.of(model)
     with edge_mode(model):
-        start = _forward_cache.shared_prefix_length(batch.tokens, batch.cf_tokens)
+        start = forward.shared_prefix_length(batch.tokens, batch.cf_tokens)
         kv = edge_prefix_kv(model, batch.tokens[:, :start])
         ref = sender_outputs(model, batch.tokens, start=start, prefix_kv=kv)
         cf = sender_outputs(model, batch.cf_tokens, start=start, prefix_kv=kv)
@@ -117,7 +117,7 @@ def run(cfg: MeasureEdgesConfig) -> dict:
     model.eval()
     data = correct_prompts(model, cfg)
     batch = single_batch(data)
-    prefix = _forward_cache.shared_prefix_length(batch.tokens, batch.cf_tokens)
+    prefix = forward.shared_prefix_length(batch.tokens, batch.cf_tokens)
     print(f"{len(data)} prompts of {batch.tokens.shape[1]} tokens (shared prefix {prefix}), e.g. {batch.prompts[0]!r}")
     results = {"model": cfg.model, "n_prompts": len(data), "n_tokens": int(batch.tokens.shape[1]),
                "shared_prefix": prefix, "threads": torch.get_num_threads(), "memory_mb": cfg.memory_mb,

@@ -1,6 +1,6 @@
-"""The subtraction circuit: `python -m experiments.subtraction --help` lists every flag (see experiments/_arithmetic.py)."""
+"""The subtraction circuit: `python -m experiments.subtraction --help` lists every flag (see experiments/arithmetic/__init__.py)."""
 
-from experiments._arithmetic import build_parser, cli_main
+from experiments.arithmetic import build_parser, cli_main
 
 parser = build_parser("-")
 

@@ -22,15 +22,15 @@ import torch
 
 from circuits.loading import load_model
 from circuits.nodes import all_heads
-from circuits.report import Report
-from circuits.run_dirs import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
+from circuits.show.html_report import Report
+from experiments.runtime.run_folder import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
 from circuits.tasks import TaskConfig, filter_correct, make_dataset
 from circuits.templates import resolve_operation
-from patching.key_heads import KeyHeads, rank_key_heads
+from patching.head_ranking import KeyHeads, rank_key_heads
 from patching.knockout import knockout
 
-from experiments import _cli as cli
-from experiments._cli import option
+from experiments.runtime import cli
+from experiments.runtime.cli import option
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, get_args
 
 from circuits.errors import InputError
-from circuits.options import check_option
+from circuits.arguments import check_option
 from finetune.lora import LoraSettings
 from finetune.optim import check_betas
 

@@ -33,9 +33,9 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from circuits.checks import positive_int
+from circuits.arguments import check_positive_int
 from circuits.errors import InputError
-from circuits.metrics import unembed_end
+from circuits.end_logits import unembed_end
 from circuits.stats import Estimate, bootstrap, proportion
 from circuits.templates import resolve_operation, template_by_id
 from finetune.data import SFTDataError, arithmetic_pairs, arithmetic_rows, collate, from_task_dataset, rows_from_pairs, split_templates, targets
@@ -116,7 +116,7 @@ def drift(
     ``"per_text"``: each text's summed KL, summed losses and token count, the
     unit :func:`drift_estimates` resamples for its intervals.
     """
-    positive_int(batch_size, "batch_size")
+    check_positive_int(batch_size, "batch_size")
     if not texts:
         raise InputError("drift needs at least one text.")
     tok = model.tokenizer
@@ -225,7 +225,7 @@ def validation_suite(tokenizer, config: MathSuiteConfig, n_per_op: int, *, exclu
     any dataset of ``exclude`` (pass the test sets and the training set). A
     test problem therefore never appears in validation, not even with other shots.
     """
-    positive_int(n_per_op, "n_per_op")
+    check_positive_int(n_per_op, "n_per_op")
     taken_queries = {q for ds in exclude if "query" in ds.column_names for q in ds["query"]}
     taken_prompts = {p for ds in exclude if "prompt" in ds.column_names for p in ds["prompt"]}
     suites: dict[str, Dataset] = {}
@@ -271,7 +271,7 @@ def answer_accuracy(model: HookedTransformer, task_ds: Dataset, batch_size: int 
     ``per_prompt=True`` adds ``first_token_hits`` and ``exact_hits`` (0/1 per prompt, in order),
     for intervals and paired comparisons between models on the same prompts.
     """
-    positive_int(batch_size, "batch_size")
+    check_positive_int(batch_size, "batch_size")
     rows = task_ds.to_list() if "input_ids" in task_ds.column_names else from_task_dataset(task_ds).to_list()
     pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     first_hits: list[int] = []

@@ -49,7 +49,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError, ToolkitError
-from circuits.metrics import unembed_end
+from circuits.end_logits import unembed_end
 from circuits.nodes import MLP, Head
 from circuits.peak_memory import peak_rss, reset_peak_rss
 from circuits.process_group import rank_and_world_size

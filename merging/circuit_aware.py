@@ -23,7 +23,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.nodes import Head
-from circuits.options import check_option
+from circuits.arguments import check_option
 from merging.state_dicts import SourceLike
 from merging.submodule import LayerLevel, SubmoduleMergeConfig, SubmoduleMergeResult, merge_submodules
 

@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
-from circuits.options import check_option
+from circuits.arguments import check_option
 from merging import blocks
 from merging.state_dicts import SourceLike, as_sources, check_compatible, combine_experts
 from merging.submodule import InputsFrom, LayerLevel, LevelSpec, block_params, cache_task_inputs, full_params, level_of, plan_layer

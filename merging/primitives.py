@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 
 from circuits.errors import InputError
-from circuits.options import check_option
+from circuits.arguments import check_option
 
 CHUNK = 1 << 22  # elements per slice in elementwise combinations (bounds temporaries on 100M-entry tensors)
 Consensus = Literal["none", "sum", "count"]

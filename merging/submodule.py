@@ -58,7 +58,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
-from circuits.options import check_option
+from circuits.arguments import check_option
 from merging import blocks
 from merging.state_dicts import (
     EMBEDDING_PREFIXES,

@@ -4,30 +4,30 @@
   answer logit (or to receiver heads' q/k/v), with an END-only fast path;
 * :mod:`patching.activation_patching`: activation patching of head outputs, MLP outputs
   and the residual stream (equal to ``transformer_lens.patching``'s sweeps, faster);
-* :mod:`patching.edge_runs`: senders' outputs and receivers' inputs of the edge graph (the norm convention);
-* :mod:`patching.edge_patching`, :mod:`patching.circuit_evaluation`: exact patching of each edge, and circuits run
-  with every edge outside them ablated; :mod:`patching.faithfulness`: MIB faithfulness curves, CPR and CMD;
-* :mod:`patching.edge_attribution`: EAP / EAP-IG scores of every edge (hannamw/EAP-IG's methods);
-* :mod:`patching.attribution`: attribution patching, and its rank agreement with exact patching;
-* :mod:`patching.key_heads`: which heads are "the key heads" (per operation, their union, or summed effects);
+* :mod:`patching.edges.engine`: senders' outputs and receivers' inputs of the edge graph (the norm convention);
+* :mod:`patching.edges.patch`, :mod:`patching.edges.evaluate`: exact patching of each edge, and circuits run
+  with every edge outside them ablated; :mod:`patching.edges.curves`: MIB faithfulness curves, CPR and CMD;
+* :mod:`patching.edges.attribute`: EAP / EAP-IG scores of every edge (hannamw/EAP-IG's methods);
+* :mod:`patching.attribution_patching`: attribution patching, and its rank agreement with exact patching;
+* :mod:`patching.head_ranking`: which heads are "the key heads" (per operation, their union, or summed effects);
 * :mod:`patching.knockout`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
-* :mod:`patching.cama`, :mod:`patching.abp`, :mod:`patching.af1`: context-aware mean ablation,
+* :mod:`patching.all_for_one.cama`, :mod:`patching.all_for_one.abp`, :mod:`patching.all_for_one.search`: context-aware mean ablation,
   attention-based peeking and the All-for-One search (Mamidanna et al. 2025);
 * :mod:`patching.number_interventions`: frequency filters, helix-subspace patching and
   heuristic-neuron knockout on number representations.
 """
 
 from patching.activation_patching import activation_patch
-from patching.circuit_evaluation import ABLATIONS, CircuitEvaluation, MeanPoolError, evaluate_circuit, evaluate_circuits
-from patching.edge_patching import EdgeEffects, edge_patch
-from patching.faithfulness import MIB_FRACTIONS, FaithfulnessCurve, curve_areas, faithfulness_curve
-from patching.edge_attribution import EDGE_ATTRIBUTION_METHODS, edge_attribution
-from patching.edge_runs import UnsupportedModelError, edge_mode, receiver_hooks, sender_outputs
-from patching.af1 import AF1Config, AF1Runner, AF1SearchResult, af1_accuracy, search_af1
-from patching.af1_data import authors_templates, make_template_dataset
-from patching.abp import abp_hooks, allowed_keys_mask, peek_mask
-from patching.attribution import attribution_patch, rank_agreement
-from patching.cama import CamaConfig, CamaMeans, fit_cama
+from patching.edges.evaluate import ABLATIONS, CircuitEvaluation, MeanPoolError, evaluate_circuit, evaluate_circuits
+from patching.edges.patch import EdgeEffects, edge_patch
+from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, curve_areas, faithfulness_curve
+from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS, edge_attribution
+from patching.edges.engine import UnsupportedModelError, edge_mode, receiver_hooks, sender_outputs
+from patching.all_for_one.search import AF1Config, AF1Runner, AF1SearchResult, af1_accuracy, search_af1
+from patching.all_for_one.template_prompts import authors_templates, make_template_dataset
+from patching.all_for_one.abp import abp_hooks, allowed_keys_mask, peek_mask
+from patching.attribution_patching import attribution_patch, rank_agreement
+from patching.all_for_one.cama import CamaConfig, CamaMeans, fit_cama
 from patching.knockout import (
     LayoutMeans, PoolError, knockout, knockout_correct, knockout_curve, knockout_hooks, knockout_transfer, mean_activations,
     pool_means,
@@ -38,8 +38,8 @@ from patching.number_interventions import (
     neuron_knockout_edit, subspace_patch_edit, top_neurons,
 )
 from patching.path_patching import path_patch
-from patching.key_heads import KeyHeads, combine_key_heads, given_key_heads, rank_key_heads
-from patching.results import ActivationScores, KnockoutCurve, NodeScores, key_heads
+from patching.head_ranking import KeyHeads, combine_key_heads, given_key_heads, key_heads, rank_key_heads
+from patching.results import ActivationScores, KnockoutCurve, NodeScores
 
 __all__ = [
     "activation_patch", "AF1Config", "AF1Runner", "AF1SearchResult", "af1_accuracy", "authors_templates", "make_template_dataset",

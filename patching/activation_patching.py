@@ -37,9 +37,9 @@ from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
 from circuits.errors import InputError
-from circuits.options import check_option
+from circuits.arguments import check_option
 
-from patching import _forward_cache
+from patching import forward, inputs
 from patching.metrics import MetricLike, get_metric, score_end
 from patching.results import ActivationScores
 
@@ -94,7 +94,7 @@ def activation_patch(
     bad = [l for l in layers if not 0 <= l < L]
     if bad:
         raise InputError(f"Layers {bad} are out of range; the model has layers 0..{L - 1}.")
-    groups = _forward_cache.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
+    groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
     n_pos = groups[0].tokens.shape[1]
     if positions == "each" and any(g.tokens.shape[1] != n_pos for g in groups):
@@ -109,10 +109,10 @@ def activation_patch(
     bar = tqdm(total=len(groups) * n_sites, desc=f"activation patching {component}", disable=not progress, leave=False)
     for group in groups:
         # Both runs share the prefix, so its keys/values are computed once and only later positions are cached.
-        prefix = _forward_cache.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix else 0
-        prefix_kv = _forward_cache.prefix_kv_cache(model, group.tokens[:, :prefix]) if prefix else None
-        ref, ref_final = _forward_cache.suffix_cache(model, group.tokens, _forward_cache.act_names("resid_pre", layers), prefix_kv)
-        cf, _ = _forward_cache.suffix_cache(model, group.cf_tokens, _forward_cache.act_names(component, layers), prefix_kv)
+        prefix = forward.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix else 0
+        prefix_kv = forward.prefix_kv_cache(model, group.tokens[:, :prefix]) if prefix else None
+        ref, ref_final = forward.suffix_cache(model, group.tokens, forward.act_names("resid_pre", layers), prefix_kv)
+        cf, _ = forward.suffix_cache(model, group.cf_tokens, forward.act_names(component, layers), prefix_kv)
         base = score_end(model, ref_final, group.answer_ids, group.alt_ids, metric)
         for layer in layers:
             masks = _site_masks(positions, group.tokens.shape[1], H if per_head else None, group.tokens.device)
@@ -157,8 +157,8 @@ def _patch_layer(model, group, layer, component, masks, ref, cf, metric, memory_
     active = masks.flatten(1).any(1).nonzero()[:, 0]
     out = base.to(torch.float32)[None].repeat(masks.shape[0], 1)
     bar.update(masks.shape[0] - len(active))
-    per_chunk = max(1, _forward_cache.rows_per_chunk(model, memory_mb, n_pos - prefix, cached_pos=prefix) // B)
-    for sl in _forward_cache.chunks(len(active), per_chunk):
+    per_chunk = max(1, forward.rows_per_chunk(model, memory_mb, n_pos - prefix, cached_pos=prefix) // B)
+    for sl in forward.chunks(len(active), per_chunk):
         sites = active[sl]
         m = masks[sites]
         k = m.shape[0]
@@ -169,7 +169,7 @@ def _patch_layer(model, group, layer, component, masks, ref, cf, metric, memory_
             act = act.view(k, B, *act.shape[1:])
             return torch.where(shaped, cf_act[None], act).flatten(0, 1)
 
-        kv = None if prefix_kv is None else _forward_cache.TiledKVCache(prefix_kv, k)
+        kv = None if prefix_kv is None else forward.TiledKVCache(prefix_kv, k)
         resid = model.run_with_hooks(start.repeat(k, 1, 1), start_at_layer=layer, stop_at_layer=model.cfg.n_layers,
                                      fwd_hooks=[(name, swap)], past_kv_cache=kv)
         answers = group.answer_ids.repeat(k)

@@ -44,14 +44,14 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from circuits.checks import positive_int
+from circuits.arguments import check_positive_int
 from circuits.errors import InputError, ToolkitError
-from circuits.metrics import top1_correct, unembed_end
+from circuits.end_logits import top1_correct, unembed_end
 from circuits.nodes import Head, Node, all_heads, validate_nodes
 from circuits.stats import bootstrap_two_way, paired_difference, proportion
 from circuits.pools import pool_dataset
 from circuits.tasks import TaskBatch, iter_batches
-from patching import _forward_cache
+from patching import forward
 from patching import knockout_fast as _fast
 from patching.results import KnockoutCurve, NodeScores
 
@@ -143,9 +143,9 @@ def mean_activations(
         sums = {n: 0.0 for n in names}
         head, prefix_kv = {}, None
         if prefix:
-            head, _ = _forward_cache.full_cache(model, tokens[:1, :prefix], names)
-            prefix_kv = _forward_cache.prefix_kv_cache(model, tokens[:1, :prefix])
-        for sl in _forward_cache.chunks(len(rows), batch_size):
+            head, _ = forward.full_cache(model, tokens[:1, :prefix], names)
+            prefix_kv = forward.prefix_kv_cache(model, tokens[:1, :prefix])
+        for sl in forward.chunks(len(rows), batch_size):
             chunk = tokens[sl]
             acts, _ = _suffix_run(model, model(chunk, stop_at_layer=0)[:, prefix:], prefix_kv, names)
             for n in names:
@@ -264,7 +264,7 @@ def knockout_correct(
     """
     if method not in METHODS:
         raise InputError(f"Unknown knockout method {method!r}: use one of {METHODS}.")
-    positive_int(batch_size, "batch_size")
+    check_positive_int(batch_size, "batch_size")
     if len(dataset) == 0:
         raise InputError("knockout got an empty dataset: pass at least one prompt.")
     sets = [validate_nodes(model, nodes) for nodes in sets]
@@ -289,7 +289,7 @@ def knockout_correct(
     for layout, rows in layouts.items():
         # sets are stacked along the batch within memory_mb, and more rows per chunk widen the shared
         # starts (one run per distinct start serves more rows): up to 4 x batch_size rows at once
-        for sl in _forward_cache.chunks(len(rows), 4 * batch_size):
+        for sl in forward.chunks(len(rows), 4 * batch_size):
             chunk_rows = rows[sl]
             correct[:, chunk_rows] = _layout_correct(model, dataset.select(chunk_rows), layout, selections, len(sets),
                                                      means, memory_mb, fast)
@@ -323,20 +323,20 @@ def _layout_correct(model, data: Dataset, layout, selections, n_sets, means, mem
         shared = means.shared[layout].to(device)
         agree = (tokens[:, : shared.shape[0]] == shared[None, : n_pos]).all(0)
         prefix = min(prefix, int((~agree).nonzero()[0]) if (~agree).any() else shared.shape[0])
-    prefix_kv = _forward_cache.prefix_kv_cache(model, tokens[:1, :prefix]) if prefix else None
+    prefix_kv = forward.prefix_kv_cache(model, tokens[:1, :prefix]) if prefix else None
     x = model(tokens, stop_at_layer=0)[:, prefix:]
     starts = _first_layers(selections, n_sets, L)
-    clean, clean_final = _suffix_run(model, x, prefix_kv, _forward_cache.act_names("resid_pre", sorted(set(starts) - {L})))
+    clean, clean_final = _suffix_run(model, x, prefix_kv, forward.act_names("resid_pre", sorted(set(starts) - {L})))
     anchor = _fast.Top1Anchor(model, clean_final, answers, prune=fast["prune"])
     split = _fast.choose_split(tokens[:, prefix:]) if fast["split"] else None
     out = torch.zeros(n_sets, B, dtype=torch.bool)
     out[[s for s in range(n_sets) if starts[s] == L]] = anchor.clean_hits.cpu()
     mean = {name: means[layout][name][prefix:].to(device) for name in selections}
-    per_chunk = max(1, _forward_cache.rows_per_chunk(model, memory_mb, n_pos - prefix, cached_pos=prefix) // B)
+    per_chunk = max(1, forward.rows_per_chunk(model, memory_mb, n_pos - prefix, cached_pos=prefix) // B)
     for layer in sorted(set(starts) - {L}):
         group = torch.tensor([s for s in range(n_sets) if starts[s] == layer])
-        resid = clean[_forward_cache.act_names("resid_pre", [layer])[0]]
-        for sl in _forward_cache.chunks(len(group), per_chunk):
+        resid = clean[forward.act_names("resid_pre", [layer])[0]]
+        for sl in forward.chunks(len(group), per_chunk):
             ids = group[sl]
             hooks_at = lambda positions, ids=ids: _fast.ablation_hooks(selections, ids, mean, positions, device)
             end = _fast.ablated_end(model, resid, layer, prefix_kv, hooks_at, len(ids), split)
@@ -353,7 +353,7 @@ def _suffix_run(model, x, prefix_kv, names) -> tuple[dict[str, Tensor], Tensor]:
     def keep(act, *, hook):
         store[hook.name] = act.clone()
 
-    kv = None if prefix_kv is None else _forward_cache.TiledKVCache(prefix_kv, x.shape[0])
+    kv = None if prefix_kv is None else forward.TiledKVCache(prefix_kv, x.shape[0])
     resid = model.run_with_hooks(x, start_at_layer=0, stop_at_layer=model.cfg.n_layers, fwd_hooks=[(n, keep) for n in names],
                                  past_kv_cache=kv)
     return store, resid[:, -1]

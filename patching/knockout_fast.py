@@ -33,8 +33,8 @@ from torch import Tensor
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities.activation_functions import softcap_enabled
 
-from circuits.metrics import unembed_end
-from patching import _forward_cache
+from circuits.end_logits import unembed_end
+from patching import forward
 
 MAX_CANDIDATES = 512  # candidate tokens per row scored exactly before falling back to the full vocabulary
 ANCHOR_TOP = 4096
@@ -94,7 +94,7 @@ class Top1Anchor:
         provable = (values[:, -1] < threshold) & (n_cand <= MAX_CANDIDATES)  # the rest of the vocabulary is below
         out = torch.zeros_like(answers, dtype=torch.bool)
         decided = torch.zeros_like(out)
-        for sl in _forward_cache.chunks(len(answers), GATHER_ROWS):
+        for sl in forward.chunks(len(answers), GATHER_ROWS):
             # exact logits of each row's top clean tokens: its candidates, or (when the bound proves
             # nothing) the tokens most likely to beat the answer, which decide a miss just as well
             m = int(n_cand[sl].clamp(1, MAX_CANDIDATES).max())
@@ -209,7 +209,7 @@ def ablated_end(
     """
     L, (B, S) = model.cfg.n_layers, resid.shape[:2]
     if split is None:
-        kv = None if prefix_kv is None else _forward_cache.TiledKVCache(prefix_kv, k * B)
+        kv = None if prefix_kv is None else forward.TiledKVCache(prefix_kv, k * B)
         out = model.run_with_hooks(resid.repeat(k, 1, 1), start_at_layer=layer, stop_at_layer=L,
                                    fwd_hooks=hooks_at(slice(0, S)), past_kv_cache=kv)
         return out[:, -1]

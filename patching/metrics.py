@@ -31,7 +31,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
-from circuits.metrics import unembed_end
+from circuits.end_logits import unembed_end
 
 MetricFn = Callable[[Tensor, Tensor, Tensor | None], Tensor]
 

@@ -25,7 +25,7 @@ pairs with a bootstrap interval.
 **Heuristic neurons** (Nikankin et al. 2025). The MLP neurons (``mlp.hook_post``) at END
 are ranked by attribution to the answer: per prompt, ``(act − mean act) · ∂LD/∂act``
 (the first-order effect of mean-ablating the neuron), averaged in absolute value.
-Their activation grids over (a, b) are classified by :mod:`circuits.heuristics`;
+Their activation grids over (a, b) are classified by :mod:`circuits.analyze.heuristic_neurons`;
 :func:`neuron_knockout_hooks` mean-ablates a set of neurons at END.
 """
 
@@ -42,9 +42,9 @@ from transformer_lens import HookedTransformer
 from transformer_lens.utilities import get_act_name
 
 from circuits.errors import InputError
-from circuits.options import check_option
-from circuits.metrics import unembed_end
-from circuits.numbers import length_chunks
+from circuits.arguments import check_option
+from circuits.end_logits import unembed_end
+from circuits.analyze.number_tokens import length_chunks
 from circuits.stats import Estimate, bootstrap
 
 HookList = list[tuple[str, Callable]]

@@ -38,9 +38,9 @@ from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
 from circuits.nodes import MLP, Head, Node, all_nodes, validate_nodes
-from patching import _forward_cache
+from patching import forward, inputs
 from patching.metrics import PatchMetric, get_metric, score_end
-from patching.results import NodeScores, key_heads  # noqa: F401  (key_heads is re-exported for convenience)
+from patching.results import NodeScores
 
 Receivers = Union[str, Sequence[Head]]
 
@@ -97,9 +97,9 @@ def path_patch(
             raise ValueError("Receivers must be a non-empty list of Head nodes (their q/k/v inputs are patched).")
         if not set(receiver_input) <= set("qkv") or not receiver_input:
             raise ValueError(f"receiver_input must be made of 'q', 'k', 'v', got {receiver_input!r}.")
-    groups = _forward_cache.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
+    groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
-    if method == "fast" and (not to_logits or _forward_cache.check_sequential_blocks(model) is not None):
+    if method == "fast" and (not to_logits or forward.check_sequential_blocks(model) is not None):
         method = "hooks"  # the END-only shortcut holds only for logits receivers and sequential blocks
 
     total = torch.zeros(len(senders), dtype=torch.float64)
@@ -141,21 +141,21 @@ def _fast_group(model, group, senders, metric, freeze_mlps, memory_mb) -> tuple[
     L = model.cfg.n_layers
     has_mlp = not model.cfg.attn_only
     layers = range(L)
-    ref_names = _forward_cache.act_names("resid_pre", layers) + _forward_cache.act_names("z", layers) + _forward_cache.act_names("attn_out", layers)
+    ref_names = forward.act_names("resid_pre", layers) + forward.act_names("z", layers) + forward.act_names("attn_out", layers)
     if has_mlp:
-        ref_names += _forward_cache.act_names("resid_mid", layers)
-        ref_names += _forward_cache.act_names("mlp_out", layers) if freeze_mlps else []
+        ref_names += forward.act_names("resid_mid", layers)
+        ref_names += forward.act_names("mlp_out", layers) if freeze_mlps else []
     cf_names = sorted({s.hook_name for s in senders})
-    ref, ref_final = _forward_cache.end_cache(model, group.tokens, ref_names)
-    cf, _ = _forward_cache.end_cache(model, group.cf_tokens, cf_names)
+    ref, ref_final = forward.end_cache(model, group.tokens, ref_names)
+    cf, _ = forward.end_cache(model, group.cf_tokens, cf_names)
     base = score_end(model, ref_final, group.answer_ids, group.alt_ids, metric)
     get = lambda store, kind, layer: store[tl_utils.get_act_name(kind, layer)]
 
     B = len(group)
     order = sorted(range(len(senders)), key=lambda i: senders[i].layer)  # rows enter the stream layer by layer
-    per_chunk = max(1, _forward_cache.rows_per_chunk(model, memory_mb) // B)
+    per_chunk = max(1, forward.rows_per_chunk(model, memory_mb) // B)
     patched = torch.empty(len(senders), B, device=ref_final.device, dtype=base.dtype)
-    for sl in _forward_cache.chunks(len(order), per_chunk):
+    for sl in forward.chunks(len(order), per_chunk):
         idx = order[sl]
         stream: Optional[Tensor] = None  # [n_entered * B, d_model], residual at the start of the current layer
         entered: list[int] = []
@@ -169,7 +169,7 @@ def _fast_group(model, group, senders, metric, freeze_mlps, memory_mb) -> tuple[
                 z = get(ref, "z", layer).repeat(len(new_heads), 1, 1, 1).view(len(new_heads), B, *get(ref, "z", layer).shape[1:])
                 for k, i in enumerate(new_heads):
                     z[k, :, senders[i].head] = get(cf, "z", layer)[:, senders[i].head]
-                attn = _forward_cache.attn_out_from_z(model, layer, z.flatten(0, 1))
+                attn = forward.attn_out_from_z(model, layer, z.flatten(0, 1))
                 mids.append(get(ref, "resid_pre", layer).repeat(len(new_heads), 1) + attn)
             entered_now = entered + new_heads
             if mids:
@@ -179,7 +179,7 @@ def _fast_group(model, group, senders, metric, freeze_mlps, memory_mb) -> tuple[
                 elif freeze_mlps:
                     stream = mid + get(ref, "mlp_out", layer).repeat(len(entered_now), 1)
                 else:
-                    stream = mid + _forward_cache.mlp_out_rows(model, layer, mid)
+                    stream = mid + forward.mlp_out_rows(model, layer, mid)
             if new_mlps:
                 mlp_rows = torch.cat([get(ref, "resid_mid", layer) + get(cf, "mlp_out", layer)] * len(new_mlps))
                 stream = mlp_rows if stream is None else torch.cat([stream, mlp_rows])
@@ -198,9 +198,9 @@ def _fast_group(model, group, senders, metric, freeze_mlps, memory_mb) -> tuple[
 def _hooks_group(model, group, senders, metric, freeze_mlps, receiver_spec, bar) -> tuple[Tensor, Tensor]:
     """One forward per sender with explicit freezing hooks (and a second one per sender for head receivers)."""
     L = model.cfg.n_layers
-    names = _forward_cache.act_names("z", range(L)) + ([] if model.cfg.attn_only else _forward_cache.act_names("mlp_out", range(L)))
-    ref, ref_final = _forward_cache.full_cache(model, group.tokens, names)
-    cf, _ = _forward_cache.full_cache(model, group.cf_tokens, names)
+    names = forward.act_names("z", range(L)) + ([] if model.cfg.attn_only else forward.act_names("mlp_out", range(L)))
+    ref, ref_final = forward.full_cache(model, group.tokens, names)
+    cf, _ = forward.full_cache(model, group.cf_tokens, names)
     base = score_end(model, ref_final, group.answer_ids, group.alt_ids, metric)
     out = torch.empty(len(senders), len(group), device=base.device, dtype=base.dtype)
     for k, sender in enumerate(senders):

@@ -1,9 +1,9 @@
-"""Result containers of the patching methods, their figures and their JSON form.
+"""Result containers of the patching methods and their JSON form (their figures: :mod:`circuits.show.patching_figures`).
 
 * :class:`NodeScores`: one score per attention head (``heads [layer, head]``) and
   per MLP (``mlps [layer]``), as path patching and attribution patching give;
   ``figure()`` draws Zhang et al. (2024) Figure 2 (heads x layers heatmap with
-  an MLP column); :func:`key_heads` picks the heads that matter.
+  an MLP column); :func:`patching.head_ranking.key_heads` picks the heads that matter.
 * :class:`ActivationScores`: activation patching over any grid of
   (layer, pos, head) in TransformerLens' layout.
 * :class:`KnockoutCurve`: accuracy against the number of knocked-out heads,
@@ -15,7 +15,7 @@ paper's "% change of the ground-truth logit"). That is meaningful for metrics
 whose reference value is far from zero (``logit``, ``prob``); for a metric that
 can average near zero (``logit_diff``) read the absolute effects: with a
 reference of (almost) exactly zero the percentages are NaN and a percent
-threshold in :func:`key_heads` is refused.
+threshold in :func:`patching.head_ranking.key_heads` is refused.
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ def _finite(x: float) -> Optional[float]:
 MIN_BASELINE = 1e-6  # |reference metric| below this has no meaningful percentages
 
 
-def _has_percent(baseline: float) -> bool:
+def has_percent(baseline: float) -> bool:
     """Whether effects in % of the reference metric mean anything (not when it averages ~0)."""
     return math.isfinite(baseline) and abs(baseline) >= MIN_BASELINE
 
 
 def _percent(effects: Tensor, baseline: float) -> Tensor:
-    if not _has_percent(baseline):
+    if not has_percent(baseline):
         return torch.full_like(effects, float("nan"))
     return 100.0 * effects / abs(baseline)
 
@@ -139,49 +139,16 @@ class NodeScores:
         } | (self.intervals() if self.prompt_effects else {})
 
     def figure(self, percent: bool = True, title: Optional[str] = None, key_heads: Optional[list] = None):
-        """Zhang et al. Figure 2: heads x layers heatmap with an MLP column (plotly).
+        """Zhang et al. Figure 2: heads x layers heatmap with an MLP column (:func:`circuits.show.patching_figures.node_scores_figure`)."""
+        from circuits.show.patching_figures import node_scores_figure
 
-        Heads and MLPs have their own symmetric colour scales (red: the metric drops when the
-        node's path is patched, blue: it rises), so a large MLP effect does not wash out the
-        heads; each scale is symmetric around 0 and reaches the largest |effect| of its kind.
-        ``key_heads`` are outlined and labelled. ``percent=True`` falls back to absolute
-        effects when the reference metric is ~0.
-        """
-        from plotly.subplots import make_subplots
-        import plotly.graph_objects as go
-
-        percent = percent and _has_percent(self.baseline)
-        heads = (self.heads_percent if percent else self.heads).float().cpu()
-        mlps = (self.mlps_percent if percent else self.mlps).float().cpu()
-        bound = lambda t: float(torch.nan_to_num(t.abs(), nan=0.0).max()) or 1.0  # noqa: E731
-        n_layers, n_heads = heads.shape
-        unit = "%" if percent else self.metric
-        # Each colour bar sits in the gap right of its own panel (heads panel ends at x = 0.84 * 0.8).
-        fig = make_subplots(rows=1, cols=2, column_widths=[0.8, 0.2], horizontal_spacing=0.16,
-                            subplot_titles=("heads", "MLPs (own scale)"))
-        fig.add_trace(go.Heatmap(z=heads.numpy(), x=[str(h) for h in range(n_heads)], y=list(range(n_layers)),
-                                 colorscale="RdBu", zmid=0, zmin=-bound(heads), zmax=bound(heads),
-                                 colorbar=dict(title=f"heads ({unit})", x=0.68, xanchor="left", thickness=12, len=0.9),
-                                 hovertemplate="L%{y}H%{x}: %{z:.3g}<extra></extra>"), 1, 1)
-        fig.add_trace(go.Heatmap(z=mlps.numpy()[:, None], x=["MLP"], y=list(range(n_layers)),
-                                 colorscale="RdBu", zmid=0, zmin=-bound(mlps), zmax=bound(mlps),
-                                 colorbar=dict(title=f"MLPs ({unit})", x=1.01, xanchor="left", thickness=12, len=0.9),
-                                 hovertemplate="MLP%{y}: %{z:.3g}<extra></extra>"), 1, 2)
-        if key_heads:
-            fig.add_trace(go.Scatter(
-                x=[str(h.head) for h in key_heads], y=[h.layer for h in key_heads], mode="markers+text",
-                text=[f"#{i + 1}" for i in range(len(key_heads))], textfont=dict(size=10, color="black"),
-                marker=dict(symbol="square-open", size=22, color="black", line=dict(width=2)),
-                name=f"key heads (top {len(key_heads)}, rank shown)",
-                hovertemplate="key head #%{text}: L%{y}H%{x}<extra></extra>"), 1, 1)
-            fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.12, x=0))
-        fig.update_yaxes(title_text="layer", autorange="reversed", dtick=1, row=1, col=1)
-        fig.update_yaxes(autorange="reversed", showticklabels=False, row=1, col=2)
-        fig.update_xaxes(title_text="head", row=1, col=1)
-        fig.update_layout(title=title or f"{self.method}: change of {self.metric} at END ({unit}), {self.n_prompts} prompts",
-                          height=max(360, 24 * n_layers + 160))
-        return fig
-
+        unit_percent = percent and has_percent(self.baseline)
+        return node_scores_figure(self.heads_percent if unit_percent else self.heads,
+                                  self.mlps_percent if unit_percent else self.mlps,
+                                  unit="%" if unit_percent else self.metric,
+                                  title=title or f"{self.method}: change of {self.metric} at END "
+                                                 f"({'%' if unit_percent else self.metric}), {self.n_prompts} prompts",
+                                  key_heads=key_heads)
 
 def _enumerate2(t: Tensor):
     for l, row in enumerate(t.tolist()):
@@ -189,36 +156,6 @@ def _enumerate2(t: Tensor):
             yield (l, h), v
 
 
-def key_heads(
-    result: NodeScores, threshold: Optional[float] = None, top_k: Optional[int] = None, by: str = "neg"
-) -> tuple[list[Head], float]:
-    """The key heads and the fraction of all heads they are.
-
-    ``threshold`` keeps heads whose effect is at least that many % of the reference
-    metric in the ranking direction (``by="neg"``: a drop of >= threshold %;
-    ``"abs"``: |effect| >= threshold %); ``top_k`` keeps at most the first k.
-    With neither, heads whose |effect| is >= 5% are kept.
-    """
-    if threshold is None and top_k is None:
-        threshold, by = 5.0, "abs"
-    if top_k is not None and top_k < 0:
-        raise InputError(f"top_k must be >= 0, got {top_k}.")
-    # NaN marks a head that was not scored; no head scored, an Inf or a NaN reference means a broken metric.
-    if torch.isinf(result.heads).any() or torch.isnan(result.heads).all() or not math.isfinite(result.baseline):
-        raise InputError(f"The {result.metric} scores are not usable (reference {result.baseline}, "
-                         f"{int(torch.isnan(result.heads).sum())} NaN and {int(torch.isinf(result.heads).sum())} Inf "
-                         "head effects); no key heads can be chosen. Check the metric and the model.")
-    ranked = result.ranked("heads", by=by)
-    if threshold is not None:
-        if not _has_percent(result.baseline):
-            raise InputError(f"The reference {result.metric} averages {result.baseline:.3g}, so a threshold in % of it "
-                             f"means nothing: pass top_k instead, or score with metric='logit'.")
-        signed = {"neg": lambda v: -v, "pos": lambda v: v, "abs": abs}[by]
-        ranked = [(n, v) for n, v in ranked if signed(result.percent(n)) >= threshold]
-    if top_k is not None:
-        ranked = ranked[:top_k]
-    heads = [n for n, _ in ranked]
-    return heads, len(heads) / result.heads.numel()
 
 
 @dataclass
@@ -243,18 +180,11 @@ class ActivationScores:
                 "n_prompts": self.n_prompts, "patched": self.patched.tolist(), "effect": self.effect.tolist()}
 
     def figure(self, title: Optional[str] = None):
-        """Heatmap of the effect (the head axis is flattened with position when both are present)."""
-        import plotly.express as px
+        """Heatmap of the effect (:func:`circuits.show.patching_figures.activation_scores_figure`)."""
+        from circuits.show.patching_figures import activation_scores_figure
 
-        effect = self.effect.float().cpu()
-        if effect.ndim == 3:  # layer pos head -> rows "L.H", columns pos
-            effect = effect.permute(0, 2, 1).reshape(-1, effect.shape[1])
-        if effect.ndim == 1:
-            effect = effect[:, None]
-        vmax = float(effect.abs().max()) or 1.0
-        return px.imshow(effect.numpy(), color_continuous_scale="RdBu", zmin=-vmax, zmax=vmax, aspect="auto",
-                         title=title or f"activation patching of {self.component} ({', '.join(self.axes)}): change of {self.metric}")
-
+        return activation_scores_figure(self.effect, title=title or f"activation patching of {self.component} "
+                                                                   f"({', '.join(self.axes)}): change of {self.metric}")
 
 @dataclass
 class KnockoutCurve:
@@ -293,45 +223,13 @@ class KnockoutCurve:
         return {k: clean(v) if isinstance(v, (list, float)) else v for k, v in self.__dict__.items()}
 
     def figure(self, title: Optional[str] = None):
-        """Zhang et al. Figure 3: accuracy vs number of knocked-out heads, effect-rank vs random-rank, 95% intervals."""
-        import plotly.graph_objects as go
+        """Zhang et al. Figure 3: accuracy vs knocked-out heads (:func:`circuits.show.patching_figures.knockout_figure`)."""
+        from circuits.show.patching_figures import knockout_figure
 
-        def bars(values, cis):
-            if len(cis) != len(values):  # a curve without intervals
-                return None
-            return dict(type="data", symmetric=False, array=[(h - v) if h is not None else 0 for v, (l, h) in zip(values, cis)],
-                        arrayminus=[(v - l) if l is not None else 0 for v, (l, h) in zip(values, cis)])
-
-        fig = go.Figure()
-        ks = [0, *self.ks]
-        base_ci = [self.base_ci] if self.base_ci else []
-        effect_ci, random_ci = base_ci + list(self.effect_ci), base_ci + list(self.random_ci)
-        fig.add_trace(go.Scatter(x=ks, y=[self.base_accuracy, *self.effect_rank], mode="lines+markers",
-                                 name="effect-rank (95% Wilson over prompts)",
-                                 error_y=bars([self.base_accuracy, *self.effect_rank], effect_ci)))
-        fig.add_trace(go.Scatter(x=ks, y=[self.base_accuracy, *self.random_rank], mode="lines+markers",
-                                 name=f"random-rank, {self.n_seeds} seeds (95% bootstrap over prompts and seeds)",
-                                 error_y=bars([self.base_accuracy, *self.random_rank], random_ci)
-                                 or dict(type="data", array=[0.0, *self.random_std])))
-        n = f", {self.n_prompts} prompts, means over {self.n_pool} pool prompts" if self.n_prompts else ""
-        fig.update_layout(title=title or f"Mean-ablation knockout of the top-k heads{n}", xaxis_title="k (heads knocked out)",
-                          yaxis_title="accuracy", yaxis_range=[0, 1.05])
-        return fig
+        return knockout_figure(self, title=title)
 
     def transfer_figure(self, title: Optional[str] = None):
-        """Zhang et al. Figure 4: accuracy per data format before and after knocking out the key heads (95% Wilson)."""
-        import plotly.graph_objects as go
+        """Zhang et al. Figure 4: accuracy per format before/after the knockout (:func:`circuits.show.patching_figures.transfer_figure`)."""
+        from circuits.show.patching_figures import transfer_figure
 
-        names = [n for n in self.transfer if "base" in self.transfer[n]]
-
-        def trace(label, key):
-            values = [self.transfer[n][key] for n in names]
-            est = [self.transfer[n].get(f"{key}_estimate") for n in names]
-            error = None if None in est else dict(type="data", symmetric=False,
-                                                  array=[e["high"] - v for e, v in zip(est, values)],
-                                                  arrayminus=[v - e["low"] for e, v in zip(est, values)])
-            return go.Bar(name=label, x=names, y=values, error_y=error)
-
-        fig = go.Figure([trace("full model", "base"), trace("key heads knocked out", "knockout")])
-        fig.update_layout(barmode="group", title=title or "Transfer of the key heads", yaxis_title="accuracy", yaxis_range=[0, 1.05])
-        return fig
+        return transfer_figure(self.transfer, title=title)

@@ -48,7 +48,7 @@ def test_activation_patching_with_prefix_reuse(style, kv):
 
 @pytest.mark.parametrize("style,kv", STYLES, ids=[s for s, _ in STYLES])
 def test_path_attribution_knockout(style, kv):
-    from patching.attribution import attribution_patch
+    from patching.attribution_patching import attribution_patch
     from patching.knockout import knockout
     from patching.path_patching import path_patch
 
@@ -120,8 +120,8 @@ def test_merges_on_cuda_match_cpu():
 
 
 def test_attention_reads_and_probes():
-    from circuits.attention import attention_reads
-    from circuits.probes import probe_mlps
+    from circuits.analyze.attention import attention_reads
+    from circuits.analyze.probes import probe_mlps
 
     cpu, gpu = _pair("gemma", None)
     data = make_dataset(cpu, n_prompts=4, n_shots=1, seed=2)
@@ -141,8 +141,8 @@ def test_af1_runner_matches_cpu(style, kv):
 
     from circuits.tasks import make_row
     from circuits.templates import Template
-    from patching.af1 import AF1Config, AF1Runner
-    from patching.af1_data import split_fit_eval
+    from patching.all_for_one.search import AF1Config, AF1Runner
+    from patching.all_for_one.template_prompts import split_fit_eval
 
     cpu, gpu = _pair(style, kv, n_layers=3)
     template = Template("t-eq", "+", "equation", "{A}[+]{B}=")

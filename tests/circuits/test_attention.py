@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from circuits.attention import (
+from circuits.analyze.attention import (
     ROLES, AttentionReads, HeadClassConfig, attention_reads, attention_views, classes_table,
     classify_heads, plot_role_distribution, plot_role_heatmap,
 )

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from circuits.attention import CLASS_COLORS
-from circuits.circuit_figure import circuit_figure, top_nodes
+from circuits.analyze.attention import CLASS_COLORS
+from circuits.show.node_circuit import circuit_figure, top_nodes
 from circuits.nodes import MLP, Head
 
 

@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import pytest
 
 from circuits.errors import InputError
-from circuits.export import PAPER_WIDTH_PX, export_figures, paper_layout, parse_formats
+from circuits.show.static_export import PAPER_WIDTH_PX, export_figures, paper_layout, parse_formats
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 

@@ -7,7 +7,7 @@ import torch
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
-from circuits.graph_figure import edge_circuit_figure, faithfulness_figure
+from circuits.show.edge_figures import edge_circuit_figure, faithfulness_figure
 from circuits.graph_selection import select_top_n
 from circuits.nodes import Head
 

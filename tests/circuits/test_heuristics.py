@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from circuits.errors import InputError
-from circuits.heuristics import HEURISTIC_TYPES, census, classify_grids
+from circuits.analyze.heuristic_neurons import HEURISTIC_TYPES, census, classify_grids
 
 
 def _planted() -> tuple[torch.Tensor, list[str]]:

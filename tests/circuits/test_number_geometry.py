@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from circuits.errors import InputError
-from circuits.number_geometry import (
+from circuits.analyze.number_geometry import (
     cohen_kappa,
     fit_helix,
     fourier_spectrum,

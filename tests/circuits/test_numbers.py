@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from circuits.errors import InputError
-from circuits.numbers import (
+from circuits.analyze.number_tokens import (
     arithmetic_activations,
     arithmetic_prompts,
     group_mean,
@@ -68,7 +68,7 @@ def test_bad_component_and_layer_are_refused(model):
 
 
 def test_pairs_by_result_cover_every_sum():
-    from circuits.numbers import pairs_by_result
+    from circuits.analyze.number_tokens import pairs_by_result
     pairs = pairs_by_result(99, per_result=2, seed=1)
     sums = [a + b for a, b in pairs]
     assert sorted(set(sums)) == list(range(199)) and sums.count(0) == 1 and sums.count(100) == 2

@@ -2,8 +2,8 @@
 
 import pytest
 
-from circuits.number_geometry import fit_helix, fourier_spectrum, mod_probe
-from circuits.numbers import number_activations, number_token_vectors
+from circuits.analyze.number_geometry import fit_helix, fourier_spectrum, mod_probe
+from circuits.analyze.number_tokens import number_activations, number_token_vectors
 
 
 @pytest.mark.integration

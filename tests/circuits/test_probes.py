@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from circuits.metrics import end_logits
-from circuits.probes import (
+from circuits.end_logits import end_logits
+from circuits.analyze.probes import (
     STREAMS, TARGETS, ProbeConfig, ProbeResults, number_token_ids, plot_logit_lens, plot_probe_cosines,
     plot_top_tokens, probe_mlps, top_number_tokens, unembedding_directions,
 )

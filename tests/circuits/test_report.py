@@ -5,8 +5,8 @@ import re
 import plotly.graph_objects as go
 import pytest
 
-from circuits.attention import AttentionView
-from circuits.report import Report, circuitsvis_bundle
+from circuits.analyze.attention import AttentionView
+from circuits.show.html_report import Report, circuitsvis_bundle
 
 import numpy as np
 

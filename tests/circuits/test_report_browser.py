@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from circuits.attention import HeadClassConfig, attention_reads, attention_views, classify_heads, plot_role_distribution
-from circuits.circuit_figure import circuit_figure
-from circuits.probes import plot_top_tokens, probe_mlps, top_number_tokens
-from experiments._report import run_report
+from circuits.analyze.attention import HeadClassConfig, attention_reads, attention_views, classify_heads, plot_role_distribution
+from circuits.show.node_circuit import circuit_figure
+from circuits.analyze.probes import plot_top_tokens, probe_mlps, top_number_tokens
+from experiments.arithmetic.report import run_report
 from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
 from tests.browser import browser_or_skip, load_page
@@ -72,7 +72,7 @@ def test_a_broken_page_is_detected(tmp_path):
 @pytest.mark.integration
 def test_gemma_report_renders_offline_in_chromium(gemma, tmp_path):
     browser_or_skip()
-    from circuits.attention import plot_role_heatmap
+    from circuits.analyze.attention import plot_role_heatmap
     from circuits.tasks import filter_correct
 
     ds = make_dataset(gemma, n_prompts=8, styles=("equation",), seed=0)

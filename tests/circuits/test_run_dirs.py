@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from circuits.run_dirs import (
+from experiments.runtime.run_folder import (
     OutputExistsError,
     StageTimer,
     complete_run,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from circuits.scoring import score_rows, scored_accuracy
+from circuits.analyze.answer_scoring import score_rows, scored_accuracy
 from circuits.tasks import accuracy_mask, make_dataset
 from tests.tiny_models import tiny_model
 

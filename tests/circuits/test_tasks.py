@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from circuits import tasks
-from circuits.metrics import end_logits
+from circuits.end_logits import end_logits
 from circuits.templates import TEMPLATES, Template, get_templates, resolve_operation
 from tests.tiny_models import char_tokenizer, tiny_model
 

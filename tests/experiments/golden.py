@@ -48,7 +48,7 @@ def write_model(path: Path = MODEL_DIR) -> Path:
 
 def run_pipeline(out: Path) -> dict:
     """``python -m experiments.addition`` on the golden model with :data:`FLAGS`; the saved results.json."""
-    from experiments import _arithmetic
+    from experiments import arithmetic as _arithmetic
 
     _arithmetic.main("+", ["--model", str(MODEL_DIR), "--out", str(out), *FLAGS])
     return json.loads((out / "results.json").read_text())

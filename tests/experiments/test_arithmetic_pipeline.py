@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from circuits.run_dirs import OutputExistsError
-from experiments import _arithmetic
+from experiments.runtime.run_folder import OutputExistsError
+from experiments import arithmetic as _arithmetic
 
 
 FAST = ["--n-prompts", "60", "--top-k", "2", "--knockout-prompts", "6", "--knockout-ks", "1,2",

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from experiments import _eap_ig_arm, bench_circuits
+from experiments import bench_circuits
+from experiments.bench_circuits import eap_ig_arm as _eap_ig_arm
 
 
 def test_bench_circuits_writes_times_curve_and_rank_agreement(tiny_dir, tmp_path, capsys):

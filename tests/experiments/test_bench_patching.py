@@ -36,7 +36,7 @@ def test_bench_patching_knockout_only(tiny_dir, tmp_path):
 def test_bench_patching_refuses_an_earlier_run(tiny_dir, tmp_path):
     import pytest
 
-    from circuits.run_dirs import OutputExistsError
+    from experiments.runtime.run_folder import OutputExistsError
 
     (tmp_path / "results.json").write_text("{}")
     with pytest.raises(OutputExistsError, match="--overwrite"):

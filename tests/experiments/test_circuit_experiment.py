@@ -14,8 +14,8 @@ from circuits.graph_selection import select_fraction
 from circuits.loading import load_model
 from circuits.nodes import Head
 from experiments import circuit as circuit_experiment
-from patching.circuit_evaluation import evaluate_circuits
-from patching.faithfulness import MIB_FRACTIONS, curve_areas
+from patching.edges.evaluate import evaluate_circuits
+from patching.edges.curves import MIB_FRACTIONS, curve_areas
 
 FAST = ["--n-prompts", "60", "--circuit-prompts", "8", "--top-k", "2", "--n-bootstrap", "200", "--batch-size", "16"]
 

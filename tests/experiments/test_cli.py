@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments import _cli as cli
+from experiments.runtime import cli
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPERIMENTS = sorted(p.stem for p in (ROOT / "experiments").glob("*.py") if not p.stem.startswith("_"))
+# an experiment is a module experiments/<name>.py or a package experiments/<name>/ with a __main__.py
+EXPERIMENTS = sorted({p.stem for p in (ROOT / "experiments").glob("*.py") if not p.stem.startswith("_")}
+                     | {p.parent.name for p in (ROOT / "experiments").glob("*/__main__.py")})
 OPERATIONS = ["addition", "subtraction", "multiplication", "division"]
 
 
@@ -102,7 +104,7 @@ BAD_FLAGS = [
 @pytest.mark.parametrize("argv, message", BAD_FLAGS, ids=[a[0] for a, _ in BAD_FLAGS])
 def test_bad_flags_fail_before_the_model_loads(argv, message, tmp_path, monkeypatch, capsys):
     import circuits.loading
-    from experiments import _arithmetic
+    from experiments import arithmetic as _arithmetic
 
     monkeypatch.setattr(circuits.loading, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     monkeypatch.setattr(_arithmetic, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
@@ -117,7 +119,7 @@ def test_bad_flags_fail_before_the_model_loads(argv, message, tmp_path, monkeypa
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
 @pytest.mark.parametrize("flag", ["cuda", "cuda:1"])
 def test_cuda_without_cuda_is_a_clear_message(flag, capsys):
-    from experiments import _arithmetic
+    from experiments import arithmetic as _arithmetic
 
     with pytest.raises(SystemExit) as exit:
         _arithmetic.parse_config("+", ["--device", flag])

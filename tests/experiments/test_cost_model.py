@@ -19,8 +19,8 @@ from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
 from experiments.cost_model import SWEEPS, main, patched_counts, shape_of
 from patching import activation_patch, edge_attribution, edge_patch, faithfulness_curve, knockout_correct, path_patch
-from patching._forward_cache import shared_prefix_length
-from patching.edge_runs import edge_mode
+from patching.forward import shared_prefix_length
+from patching.edges.engine import edge_mode
 
 
 def _counted(run) -> int:

@@ -135,7 +135,7 @@ def test_paper_regime_options_seeds_positions_and_paired_intervals(tiny_loader, 
 
 
 def test_experts_stop_once_the_validation_target_is_met(tiny_loader, monkeypatch, tmp_path):
-    experts = importlib.import_module("experiments._merge_experts")
+    experts = importlib.import_module("experiments.merge.experts")
     real = experts.answer_accuracy
 
     def validated(model, data, batch_size=16, *, per_prompt=False):  # the training check sees a met target

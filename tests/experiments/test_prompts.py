@@ -1,9 +1,9 @@
-"""experiments._prompts: the benchmarks' one-length prompt batches."""
+"""experiments.runtime.bench_prompts: the benchmarks' one-length prompt batches."""
 
 import pytest
 
 from circuits.errors import InputError
-from experiments._prompts import one_length_prompts
+from experiments.runtime.bench_prompts import one_length_prompts
 from tests.tiny_models import tiny_model
 
 

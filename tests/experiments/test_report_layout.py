@@ -1,13 +1,13 @@
-"""experiments._report: the sections of an arithmetic run's report, each skipped when its inputs are absent."""
+"""experiments.arithmetic.report: the sections of an arithmetic run's report, each skipped when its inputs are absent."""
 
 import numpy as np
 import plotly.graph_objects as go
 
-from circuits.attention import AttentionView, HeadClass
+from circuits.analyze.attention import AttentionView, HeadClass
 from circuits.nodes import Head
 from circuits.tasks import make_dataset
 from tests.tiny_models import char_tokenizer
-from experiments._report import CAPTIONS, run_report
+from experiments.arithmetic.report import CAPTIONS, run_report
 
 
 def _fig(n=3):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from circuits.run_dirs import complete_run, prepare_run_dir
+from experiments.runtime.run_folder import complete_run, prepare_run_dir
 
 
 def _run(module, argv, monkeypatch):
@@ -41,8 +41,9 @@ FAST = ["--n-prompts", "60", "--top-k", "2", "--knockout-prompts", "6", "--knock
 
 
 def test_a_failing_last_stage_keeps_earlier_results_and_nothing_stale(tiny_dir, tmp_path, monkeypatch):
-    from experiments import _arithmetic, _arithmetic_stages
-    from patching.af1 import NoEvalPromptsError
+    from experiments import arithmetic as _arithmetic
+    from experiments.arithmetic import stages as _arithmetic_stages
+    from patching.all_for_one.search import NoEvalPromptsError
 
     out = tmp_path / "run"
     _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(out), *FAST])

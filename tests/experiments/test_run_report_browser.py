@@ -8,7 +8,7 @@ test-artifacts/ (gitignored).
 
 from pathlib import Path
 
-from experiments import _arithmetic
+from experiments import arithmetic as _arithmetic
 from tests.browser import browser_or_skip, load_page
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

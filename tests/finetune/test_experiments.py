@@ -8,7 +8,7 @@ import pytest
 
 import circuits.loading
 from circuits.errors import InputError
-from circuits.run_dirs import OutputExistsError
+from experiments.runtime.run_folder import OutputExistsError
 from tests.tiny_models import tiny_model
 
 

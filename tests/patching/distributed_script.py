@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from circuits.graph import GraphLayout
 from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
-from patching import distributed
+from patching.edges import distributed
 
 FRACTIONS = (0.05, 0.2, 0.5, 1.0)
 

@@ -5,7 +5,7 @@ import torch
 from transformer_lens import utils as tl_utils
 
 from tests.tiny_models import tiny_model
-from patching.abp import (
+from patching.all_for_one.abp import (
     abp_hooks,
     allowed_keys_mask,
     layer_peek_masks,

@@ -58,7 +58,7 @@ def few_shot(request):
 
 @pytest.mark.parametrize("component,positions,tl_fn", CASES, ids=[f"{c}-{p}" for c, p, _ in CASES])
 def test_shared_prefix_reuse_equals_transformer_lens(few_shot, component, positions, tl_fn):
-    from patching._forward_cache import shared_prefix_length
+    from patching.forward import shared_prefix_length
 
     model, batch = few_shot
     prefix = shared_prefix_length(batch.tokens, batch.cf_tokens)
@@ -75,7 +75,7 @@ def test_shared_prefix_reuse_equals_transformer_lens(few_shot, component, positi
 
 
 def test_shared_prefix_length():
-    from patching._forward_cache import shared_prefix_length
+    from patching.forward import shared_prefix_length
 
     ref = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 4, 5]])
     cf = torch.tensor([[1, 2, 3, 9, 5], [1, 2, 9, 4, 5]])
@@ -141,7 +141,7 @@ def test_gemma_equals_transformer_lens_and_path_fast_equals_hooks(gemma):
 
 
 def test_tiled_prefix_cache_and_its_memory_budget():
-    from patching._forward_cache import TiledKVCache, prefix_kv_cache, rows_per_chunk
+    from patching.forward import TiledKVCache, prefix_kv_cache, rows_per_chunk
 
     model = tiny_model(style="llama", n_key_value_heads=2, n_layers=2)
     tokens = torch.randint(3, model.cfg.d_vocab, (2, 5))

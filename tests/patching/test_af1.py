@@ -7,14 +7,14 @@ import pytest
 import torch
 from datasets import Dataset
 
-from circuits.metrics import end_logits, unembed_end
+from circuits.end_logits import end_logits, unembed_end
 from circuits.nodes import Head
 from circuits.tasks import make_row
 from circuits.templates import Template
-from patching.cama import CamaConfig
+from patching.all_for_one.cama import CamaConfig
 from tests.tiny_models import tiny_model
-from patching.af1_data import AUTHORS_TEMPLATES, cross_fit_folds, make_template_dataset, split_fit_eval
-from patching.af1 import (
+from patching.all_for_one.template_prompts import AUTHORS_TEMPLATES, cross_fit_folds, make_template_dataset, split_fit_eval
+from patching.all_for_one.search import (
     AF1Config,
     AF1Runner,
     af1_accuracy,

@@ -6,11 +6,11 @@ import pytest
 import torch
 from datasets import Dataset
 
-from circuits.metrics import end_logits
+from circuits.end_logits import end_logits
 from circuits.tasks import make_row
 from circuits.templates import Template
 from tests.tiny_models import tiny_model
-from patching.cama import (
+from patching.all_for_one.cama import (
     CamaConfig,
     fit_cama,
     fit_cama_means,

@@ -1,4 +1,4 @@
-"""Edge sweeps split over processes (patching.distributed): two CPU processes under accelerate launch give the
+"""Edge sweeps split over processes (patching.edges.distributed): two CPU processes under accelerate launch give the
 one-process results; prompt shards cover the prompts exactly once; a shard without a process group is refused.
 
 The two-process run takes about 20-40 s. accelerate 1.x starts a *single* process for ``--cpu --num_processes 2``;
@@ -18,10 +18,10 @@ from safetensors.torch import load_file
 from circuits.errors import InputError
 from circuits.graph import GraphLayout
 from circuits.tasks import iter_batches
-from patching import distributed
-from patching.edge_attribution import edge_attribution
-from patching.edge_patching import edge_patch
-from patching.faithfulness import faithfulness_curve
+from patching.edges import distributed
+from patching.edges.attribute import edge_attribution
+from patching.edges.patch import edge_patch
+from patching.edges.curves import faithfulness_curve
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent

@@ -13,7 +13,7 @@ import torch
 from circuits.errors import InputError
 from circuits.graph import GraphLayout
 from tests.tiny_models import tiny_model
-from patching.edge_attribution import edge_attribution
+from patching.edges.attribute import edge_attribution
 from patching.metrics import get_metric
 
 STYLES = [("gpt2", None), ("llama", 2), ("gemma", 1)]

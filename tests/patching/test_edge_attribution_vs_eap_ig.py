@@ -12,13 +12,13 @@ import pytest
 import torch
 
 pytest.importorskip("eap.attribute", reason="hannamw/EAP-IG (package 'eap') is not installed; install it in a "
-                    "scratch dir (see experiments/_eap_ig_arm.py) and add it to PYTHONPATH to compare against it")
+                    "scratch dir (see experiments/bench_circuits/eap_ig_arm.py) and add it to PYTHONPATH to compare against it")
 
 from circuits.graph import GraphLayout  # noqa: E402
 from circuits.tasks import make_dataset  # noqa: E402
 from tests.tiny_models import tiny_model  # noqa: E402
-from experiments._eap_ig_arm import dataloader, eap_ig_scores  # noqa: E402
-from patching.edge_attribution import edge_attribution  # noqa: E402
+from experiments.bench_circuits.eap_ig_arm import dataloader, eap_ig_scores  # noqa: E402
+from patching.edges.attribute import edge_attribution  # noqa: E402
 
 
 def head_sender_rows(layout: GraphLayout) -> torch.Tensor:

@@ -9,8 +9,8 @@ from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.tasks import make_dataset, single_batch
 from tests.tiny_models import tiny_model
-from patching.circuit_evaluation import MeanPoolError, evaluate_circuit, evaluate_circuits
-from patching.edge_patching import edge_patch
+from patching.edges.evaluate import MeanPoolError, evaluate_circuit, evaluate_circuits
+from patching.edges.patch import edge_patch
 from tests.patching import edge_reference as plain
 
 STYLES = {"gpt2": dict(style="gpt2"), "llama_gqa": dict(style="llama", n_key_value_heads=2), "gemma_mqa": dict(style="gemma")}
@@ -77,7 +77,7 @@ def test_fast_path_equals_the_hook_path_and_the_plain_patch_with_layers_in_betwe
 def test_rotating_the_prefix_keys_once_changes_nothing(style, monkeypatch):
     """Rotary models: the fast path rotates the prefix's cached keys once per layer instead of once per
     patched row; the effects are the same bit for bit, and no shadowing method survives the run."""
-    from patching import _edge_fast
+    from patching.edges import patch_fast as _edge_fast
 
     model = tiny_model(n_layers=3, seed=7, **STYLES[style])
     assert model.cfg.positional_embedding_type == "rotary"
@@ -100,7 +100,7 @@ def test_rotating_the_prefix_keys_once_changes_nothing(style, monkeypatch):
 
 
 def test_fast_path_is_skipped_where_blocks_are_parallel():
-    from patching._edge_fast import fast_path_problem
+    from patching.edges.patch_fast import fast_path_problem
 
     model = tiny_model(style="gpt2", n_layers=2, seed=0)
     assert fast_path_problem(model) is None

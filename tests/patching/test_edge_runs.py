@@ -8,7 +8,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from circuits.graph import GraphLayout
 from tests.tiny_models import char_tokenizer, tiny_model
-from patching.edge_runs import (
+from patching.edges.engine import (
     UnsupportedModelError, edge_mode, edge_prefix_kv, receiver_hooks, sender_outputs,
 )
 

@@ -13,8 +13,8 @@ from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import select_top_n
 from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
-from patching.circuit_evaluation import evaluate_circuit
-from patching.faithfulness import MIB_FRACTIONS, curve_areas, faithfulness_curve
+from patching.edges.evaluate import evaluate_circuit
+from patching.edges.curves import MIB_FRACTIONS, curve_areas, faithfulness_curve
 
 
 def test_areas_of_hand_made_curves():

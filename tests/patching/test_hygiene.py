@@ -9,7 +9,7 @@ from circuits.nodes import Head
 from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
 from patching.activation_patching import activation_patch
-from patching.attribution import attribution_patch
+from patching.attribution_patching import attribution_patch
 from patching.knockout import knockout
 from patching.path_patching import path_patch
 

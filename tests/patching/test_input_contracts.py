@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from circuits.errors import InputError
-from circuits.probes import ProbeConfig
+from circuits.analyze.probes import ProbeConfig
 from circuits.tasks import TaskConfig, TaskDataError, accuracy, make_dataset
 from tests.tiny_models import tiny_model
-from patching.af1 import AF1Config
-from patching.af1_data import make_template_dataset
-from patching.attribution import attribution_patch
+from patching.all_for_one.search import AF1Config
+from patching.all_for_one.template_prompts import make_template_dataset
+from patching.attribution_patching import attribution_patch
 from patching.knockout import knockout
 from patching.path_patching import path_patch
-from patching.results import key_heads
+from patching.head_ranking import key_heads
 from circuits.templates import template_by_id
 
 

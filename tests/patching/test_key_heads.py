@@ -1,13 +1,14 @@
-"""patching.key_heads: the three ways of combining per-operation rankings, and the recorded rule."""
+"""patching.head_ranking: the three ways of combining per-operation rankings, and the recorded rule."""
 
 import pytest
 import torch
 
 from circuits.errors import InputError
 from circuits.nodes import Head
-from patching.key_heads import combine_key_heads, given_key_heads, rank_key_heads
+from patching.head_ranking import combine_key_heads, given_key_heads, rank_key_heads
 from patching.path_patching import path_patch
-from patching.results import NodeScores, key_heads
+from patching.head_ranking import key_heads
+from patching.results import NodeScores
 
 
 def _scores(effects, baseline):

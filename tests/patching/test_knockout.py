@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from circuits.metrics import end_logits
+from circuits.end_logits import end_logits
 from circuits.nodes import MLP, Head, all_heads, all_mlps
 from circuits.pools import pool_dataset
 from circuits.tasks import accuracy, iter_batches, make_dataset

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from circuits.metrics import unembed_end
+from circuits.end_logits import unembed_end
 from circuits.nodes import Head, all_heads, all_mlps
 from circuits.tasks import make_dataset
 from circuits.templates import get_templates

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from circuits.errors import InputError
-from circuits.metrics import unembed_end
-from circuits.number_geometry import fit_helix, orthonormal_columns
-from circuits.numbers import arithmetic_activations, arithmetic_prompts
+from circuits.end_logits import unembed_end
+from circuits.analyze.number_geometry import fit_helix, orthonormal_columns
+from circuits.analyze.number_tokens import arithmetic_activations, arithmetic_prompts
 from tests.tiny_models import tiny_model
 from patching.number_interventions import (
     evaluate_end,

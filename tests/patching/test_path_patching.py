@@ -6,12 +6,12 @@ import pytest
 import torch
 from transformer_lens import utils as tl_utils
 
-from circuits.metrics import end_logits
+from circuits.end_logits import end_logits
 from circuits.nodes import MLP, Head, all_nodes
 from circuits.tasks import make_dataset, single_batch
 from tests.tiny_models import tiny_model
 from patching.path_patching import path_patch
-from patching.results import key_heads
+from patching.head_ranking import key_heads
 
 STYLES = [("gpt2", None), ("llama", 2), ("gemma", None)]
 

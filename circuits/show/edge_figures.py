@@ -1,0 +1,185 @@
+"""Figures of edge circuits (plotly, offline): the circuit as a layered graph, and its faithfulness curve.
+
+* :func:`edge_circuit_figure` draws the edges of a :class:`~circuits.graph.Graph` that are in the
+  circuit (``in_graph``): nodes by layer on the x axis (heads at their head index, MLPs on a row
+  below, ``input`` at the left, ``logits`` at the right), each edge a line whose width grows with
+  ``|score|`` (blue: positive score, red: negative). Heads are coloured by their attention-read
+  class when ``head_roles`` is given (:func:`circuits.analyze.attention.classify_heads`), as in
+  :func:`circuits.show.node_circuit.circuit_figure`; ``highlight`` rings chosen heads (e.g. key heads). Edges into a head's q, k and v inputs all end at
+  the head; the hover text names the input.
+* :func:`faithfulness_figure` draws one or more faithfulness curves (f against the fraction of
+  edges kept, log x) with their 95% interval bands, the f = 1 line of the full model and an
+  optional threshold line (e.g. 0.8).
+
+Both take plain data (a Graph; a curve's ``to_dict()`` or an object with ``fractions`` and
+``faithfulness`` estimates), so ``circuits`` needs nothing from ``patching``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence, Union
+
+import numpy as np
+import plotly.graph_objects as go
+
+from circuits.analyze.attention import CLASS_COLORS
+from circuits.show.node_circuit import LOGITS_COLOR, MLP_COLOR
+from circuits.errors import InputError
+from circuits.graph import Graph, GraphLayout
+from circuits.graph_selection import nodes_in_graph
+from circuits.nodes import Head
+
+__all__ = ["edge_circuit_figure", "faithfulness_figure"]
+
+POSITIVE_COLOR, NEGATIVE_COLOR = "#1f77b4", "#d62728"
+_WIDTH_BINS = 5
+
+
+def _receiver_owner_name(layout: GraphLayout, backward: int) -> tuple[str, str]:
+    """(node name, input label) of a receiver: ``('a3.h1', 'q')``, ``('m2', '')`` or ``('logits', '')``."""
+    name = layout.backward_names[backward]
+    if "<" in name:
+        node, qkv = name[:-1].split("<")
+        return node, qkv
+    return name, ""
+
+
+def _positions(layout: GraphLayout) -> dict[str, tuple[float, float]]:
+    mlp_y = -1.5
+    pos = {"input": (-1.0, (layout.n_heads - 1) / 2), "logits": (layout.n_layers, (layout.n_heads - 1) / 2)}
+    for layer in range(layout.n_layers):
+        for head in range(layout.n_heads):
+            pos[f"a{layer}.h{head}"] = (layer, head)
+        pos[f"m{layer}"] = (layer + 0.4, mlp_y)
+    return pos
+
+
+def edge_circuit_figure(
+    graph: Graph,
+    head_roles: Optional[Mapping[Head, str]] = None,
+    *,
+    max_edges: int = 300,
+    title: str = "Edge circuit",
+    highlight: Sequence[Head] = (),
+) -> go.Figure:
+    """The circuit's edges as a layered graph; at most ``max_edges`` edges (the largest |score|) are drawn.
+
+    ``highlight``: heads drawn with a thick black ring (e.g. the key heads of path patching).
+    """
+    layout = graph.layout
+    edges = (graph.in_graph & layout.real_edge_mask).cpu()
+    if not edges.any():
+        raise InputError("The graph has no edge in the circuit: select one first (circuits.select_top_n, ...).")
+    scores = _dense_scores(graph.scores)
+    pairs = edges.nonzero().tolist()
+    pairs.sort(key=lambda p: -abs(scores[p[0], p[1]]))
+    pairs = pairs[:max_edges]
+    magnitudes = [abs(float(scores[f, b])) for f, b in pairs]
+    low, span = min(magnitudes), (max(magnitudes) - min(magnitudes)) or 1.0  # widths span the drawn edges' range
+    pos = _positions(layout)
+
+    fig = go.Figure()
+    buckets: dict[tuple[bool, int], list] = {}
+    for f, b in pairs:
+        s = float(scores[f, b])
+        level = min(_WIDTH_BINS - 1, int(_WIDTH_BINS * (abs(s) - low) / span))
+        buckets.setdefault((s >= 0, level), []).append((f, b))
+    for (positive, level), group in sorted(buckets.items()):
+        xs, ys = [], []
+        for f, b in group:
+            target, _ = _receiver_owner_name(layout, b)
+            (x0, y0), (x1, y1) = pos[layout.forward_names[f]], pos[target]
+            xs += [x0, x1, None]
+            ys += [y0, y1, None]
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False, opacity=0.6,
+                                 line=dict(width=0.8 + 1.8 * level, color=POSITIVE_COLOR if positive else NEGATIVE_COLOR)))
+    # invisible midpoints carry each edge's hover text
+    mids = [((pos[layout.forward_names[f]][0] + pos[_receiver_owner_name(layout, b)[0]][0]) / 2,
+             (pos[layout.forward_names[f]][1] + pos[_receiver_owner_name(layout, b)[0]][1]) / 2,
+             f"{layout.edge_name(f, b)}: {scores[f, b]:.4g}") for f, b in pairs]
+    fig.add_trace(go.Scatter(x=[m[0] for m in mids], y=[m[1] for m in mids], mode="markers", text=[m[2] for m in mids],
+                             marker=dict(size=6, opacity=0), hovertemplate="%{text}<extra></extra>", showlegend=False))
+
+    in_circuit = nodes_in_graph(graph).tolist()
+    shown = {layout.forward_names[f] for f, b in pairs} | {_receiver_owner_name(layout, b)[0] for f, b in pairs}
+    roles = {f"a{h.layer}.h{h.head}": label for h, label in (head_roles or {}).items()}
+    heads = [n for n in layout.forward_names if n.startswith("a") and n in shown]
+    ringed = {f"a{h.layer}.h{h.head}" for h in highlight}
+    for label in ("operand", "operator", "other"):
+        group = [n for n in heads if roles.get(n, "other") == label]
+        if group:
+            fig.add_trace(go.Scatter(
+                x=[pos[n][0] for n in group], y=[pos[n][1] for n in group], mode="markers+text", text=group,
+                textposition="top center", name=f"{label} heads" if head_roles else "heads",
+                marker=dict(size=16, color=CLASS_COLORS[label],
+                            line=dict(width=[3.5 if n in ringed else 1 for n in group],
+                                      color=["black" if n in ringed else "white" for n in group]))))
+    mlps = [n for n in layout.forward_names if n.startswith("m") and n in shown]
+    if mlps:
+        fig.add_trace(go.Scatter(x=[pos[n][0] for n in mlps], y=[pos[n][1] for n in mlps], mode="markers+text",
+                                 text=mlps, textposition="bottom center", name="MLPs",
+                                 marker=dict(size=16, color=MLP_COLOR, symbol="square")))
+    for name, symbol in (("input", "circle-open"), ("logits", "diamond")):
+        # labels above the end nodes: a label beside them ran past the plot's edge and was cut off
+        fig.add_trace(go.Scatter(x=[pos[name][0]], y=[pos[name][1]], mode="markers+text", text=[name],
+                                 textposition="top center", name=name,
+                                 marker=dict(size=22, color=LOGITS_COLOR, symbol=symbol)))
+    fig.update_traces(cliponaxis=False, selector=dict(mode="markers+text"))  # labels near the axes' ends stay whole
+    n_drawn, n_total = len(pairs), int(edges.sum())
+    subtitle = f"{n_drawn} of {n_total} circuit edges drawn; {sum(in_circuit)} nodes; width grows with |score|"
+    fig.update_xaxes(title_text="layer", range=[-1.8, layout.n_layers + 1.2], dtick=1, zeroline=False)
+    fig.update_yaxes(tickvals=[-1.5, *range(layout.n_heads)], ticktext=["MLP", *[f"H{h}" for h in range(layout.n_heads)]],
+                     range=[-2.5, layout.n_heads], zeroline=False)
+    fig.update_layout(title=f"{title}<br><sup>{subtitle}</sup>", height=max(360, 60 * layout.n_heads + 240),
+                      plot_bgcolor="white")
+    return fig
+
+
+def _dense_scores(scores) -> np.ndarray:
+    """Scores as a float64 array (NaN, i.e. no edge, as 0)."""
+    return np.nan_to_num(scores.detach().double().cpu().numpy())
+
+
+def _curve_points(curve) -> tuple[list[float], list[float], list[float], list[float]]:
+    data = curve.to_dict() if hasattr(curve, "to_dict") else curve
+    try:
+        xs = [100 * float(x) for x in data["fractions"]]
+        points = data["faithfulness"]
+        values = [float(p["value"]) for p in points]
+        lows = [float(p.get("low", p["value"])) for p in points]
+        highs = [float(p.get("high", p["value"])) for p in points]
+    except (KeyError, TypeError) as err:
+        raise InputError(f"A curve must have 'fractions' and 'faithfulness' estimates (value, low, high): {err}.") from None
+    return xs, values, lows, highs
+
+
+def faithfulness_figure(
+    curves: Union[object, Sequence[tuple[str, object]]],
+    *,
+    threshold: Optional[float] = 0.8,
+    title: str = "Faithfulness of the top-scored edges",
+) -> go.Figure:
+    """Faithfulness f against % of edges kept (log x), each curve with its interval band.
+
+    ``curves``: one curve (``FaithfulnessCurve`` or its ``to_dict()``), or ``[(label, curve), ...]``.
+    """
+    labelled = curves if isinstance(curves, (list, tuple)) else [("circuit", curves)]
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+    fig = go.Figure()
+    for i, (label, curve) in enumerate(labelled):
+        xs, values, lows, highs = _curve_points(curve)
+        color = palette[i % len(palette)]
+        fig.add_trace(go.Scatter(x=xs + xs[::-1], y=highs + lows[::-1], fill="toself", fillcolor=color, opacity=0.2,
+                                 line=dict(width=0), hoverinfo="skip", name=f"{label} 95% interval"))
+        fig.add_trace(go.Scatter(x=xs, y=values, mode="lines+markers", name=label, line=dict(color=color),
+                                 customdata=np.stack([lows, highs], axis=1),
+                                 hovertemplate="%{x:.2g}% of edges: f = %{y:.3f} [%{customdata[0]:.3f}, "
+                                               "%{customdata[1]:.3f}]<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color="#555555", dash="dash"), annotation_text="full model")
+    if threshold is not None:
+        fig.add_hline(y=threshold, line=dict(color="#999999", dash="dot"), annotation_text=f"f = {threshold:g}")
+    fig.update_xaxes(type="log", title_text="% of edges kept")
+    fig.update_yaxes(title_text="faithfulness f")
+    fig.update_layout(title=title, plot_bgcolor="white", height=420)
+    return fig
+

@@ -1,0 +1,411 @@
+"""Benchmark: edge attribution, faithfulness curves and exact edge patching, side by side with hannamw/EAP-IG.
+
+    python -m experiments.bench_circuits --out runs/bench_circuits
+    python -m experiments.bench_circuits --exact-edges all --out runs/bench_circuits_full   # every edge exactly
+
+1. Samples few-shot addition prompts of one template and one token length (default 32).
+2. Times ``patching.edges.attribute`` (EAP-IG-inputs, ``--ig-steps`` steps, and EAP) over every edge.
+3. When hannamw/EAP-IG is importable (see ``experiments/bench_circuits/eap_ig_arm.py``), times its ``attribute`` on the
+   same prompts in this process and reports the largest score difference relative to the largest score
+   (over all edges, and over the edges whose sender is not a head: on models with norms after attention
+   the two tools' head outputs differ by design, see docs/methods.md). Otherwise the arm is skipped.
+4. Times ``patching.faithfulness_curve`` at MIB's ten sizes (top-n by |EAP-IG score|, pruned as MIB
+   prunes) and, with EAP-IG, its ``evaluate_graph`` on the same circuits; reports both curves.
+5. Exact edge patching (``patching.edge_patch``) of ``--exact-edges`` edges (a seeded random sample, or
+   ``all``): time, and Spearman rank correlation of EAP and EAP-IG scores with the exact effects, over
+   those edges and over the top 1% of them by |exact effect|. With ``all``, the exact effects are saved
+   (``<out>/exact_edges.safetensors``: per-prompt effects and edge indices; ``<out>/exact_edges_eap.json``:
+   the mean effects as an EAP-IG graph file).
+   ``--time-prefix-rotary`` first patches the same edges with the fast path's old rotary (TransformerLens
+   rotating the prefix's cached keys at every call): both times side by side, and the largest difference.
+6. Speed-up of ``edge_patch``'s fast path over its hook path (``fast=False``), both timed in this run on
+   the same stratified sample: ``--compare-per-stratum`` edges per (receiver layer, receiver kind).
+7. Prints a table and writes everything to ``<out>/results.json`` (atomic write).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from safetensors.torch import save_file
+from scipy.stats import spearmanr
+
+from circuits.atomic_files import atomic_path
+from circuits.graph import GraphLayout
+from circuits.graph_selection import mib_selector
+from circuits.loading import load_model
+from experiments.runtime.run_folder import prepare_run_dir, write_json_atomic
+from circuits.tasks import single_batch
+from experiments.runtime import cli
+from experiments.runtime.bench_prompts import one_length_prompts
+from experiments.runtime.timing import wall_and_cpu
+from experiments.bench_circuits import eap_ig_arm as _eap_ig_arm
+from experiments.runtime.cli import option
+from patching.edges import patch_fast as _edge_fast
+from patching.edges.attribute import edge_attribution
+from patching.edges.patch_fast import receiver_kind
+from patching.edges.patch import EdgeEffects, edge_patch
+from patching.edges.curves import MIB_FRACTIONS, faithfulness_curve
+
+
+def edge_count(text: str) -> str:
+    """``all`` or an integer >= 0 (returned as given)."""
+    if text != "all" and not (text.isdigit() and int(text) >= 0):
+        raise argparse.ArgumentTypeError(f"expected 'all' or an integer >= 0, got {text!r}")
+    return text
+
+
+@dataclass(frozen=True)
+class BenchCircuitsConfig:
+    """Every flag of ``python -m experiments.bench_circuits``, with its default."""
+
+    model: str = option("gemma-3-270m", "model name for circuits.loading.load_model")
+    n_prompts: int = option(32, "prompts (one template, one token length)", type=cli.positive_int)
+    n_shots: int = option(2, "few-shot examples before each prompt", type=cli.nonnegative_int)
+    op: str = option("+", "arithmetic operation")
+    ig_steps: int = option(5, "EAP-IG integration steps", type=cli.positive_int)
+    eap_ig_batch_size: int = option(8, "batch size of the EAP-IG arm", type=cli.positive_int)
+    exact_edges: str = option("300", "edges patched exactly: a count (seeded random sample), 'all', or 0 for none",
+                              type=edge_count)
+    time_prefix_rotary: bool = option(False, "also patch the exact edges with the fast path's old rotary (prefix "
+                                             "keys rotated at every call) first, timed side by side")
+    compare_per_stratum: int = option(2, "edges per (receiver layer, q/k/v/mlp/logits) stratum timed on edge_patch's "
+                                         "fast and hook paths side by side (0: skip)", type=cli.nonnegative_int)
+    no_eap_ig: bool = option(False, "skip the hannamw/EAP-IG arm even if importable")
+    no_curve: bool = option(False, "skip the faithfulness curves")
+    no_attribution: bool = option(False, "skip edge attribution (and with it the EAP-IG arm, the curves and the "
+                                         "Spearman against exact effects): time exact patching only")
+    memory_mb: float = option(2048.0, "activation budget per batched forward", type=cli.positive_float)
+    threads: int = option(1, "torch CPU threads (0: torch's default). 1 by default: on a machine shared with other "
+                             "processes, multi-threaded ops wait for descheduled threads (one gemma-3-270m block on "
+                             "32x5 tokens took 0.90 s with 2 threads and 0.066 s with 1 at load average 5)",
+                          type=cli.nonnegative_int)
+    device: str = "auto"
+    seed: int = option(0, "data and edge-sample seed")
+    out: str = option("runs/bench_circuits", "output folder")
+    overwrite: bool = option(False, "replace the results of an earlier run in --out")
+
+
+parser = cli.config_parser(BenchCircuitsConfig, "bench_circuits", __doc__)
+
+
+@dataclass
+class BenchRun:
+    """What the stages share: settings, model, prompts, graph layout, results so far, and each method's scores."""
+
+    cfg: BenchCircuitsConfig
+    out: Any
+    model: Any
+    data: Any
+    batch: Any
+    layout: GraphLayout
+    results: dict
+    scores: dict = field(default_factory=dict)  # method -> EdgeScores (ours) or [n_forward, n_backward] (EAP-IG's)
+    eap_ig_batches: Optional[list] = None  # set when the EAP-IG arm runs
+
+    @property
+    def seconds(self) -> dict:
+        return self.results["seconds"]
+
+    def save(self) -> None:
+        write_json_atomic(self.out / "results.json", self.results)
+
+    def timed(self, key: str, fn):
+        """``fn()``, its wall time recorded as ``results["seconds"][key]`` and its CPU time as ``[key + "_cpu"]``
+        (on a shared machine the CPU time is the fairer comparison: the load changes between arms)."""
+        value, self.seconds[key], self.seconds[f"{key}_cpu"] = wall_and_cpu(fn)
+        return value
+
+
+def _relative_differences(layout: GraphLayout, ours, theirs) -> dict:
+    real = layout.real_edge_mask
+    head_rows = torch.zeros(layout.n_forward, dtype=torch.bool)
+    head_rows[[layout.head_forward(l, h) for l in range(layout.n_layers) for h in range(layout.n_heads)]] = True
+    scale = float(theirs[real].abs().max())
+    diff = (ours - theirs).abs()
+    return {"max_rel_diff_all_edges": float(diff[real].max()) / scale,
+            "max_rel_diff_non_head_senders": float(diff[real & ~head_rows[:, None]].max()) / scale,
+            "max_rel_diff_head_senders": float(diff[real & head_rows[:, None]].max()) / scale,
+            "largest_abs_score": scale}
+
+
+def _spearman(a, b) -> float:
+    return float(spearmanr(a.numpy(), b.numpy())[0])
+
+
+def _rank_agreement(scores: dict, truth) -> dict:
+    """Spearman of each method's scores with the exact effects, over all given edges and the top 1% by |exact|."""
+    top = truth.abs().argsort(descending=True)[: max(3, len(truth) // 100)]
+    out = {"n_edges": len(truth), "n_top_1pct": len(top)}
+    for name, values in scores.items():
+        out[name] = _spearman(values, truth)
+        out[f"{name}_top_1pct"] = _spearman(values[top], truth[top])
+    return out
+
+
+def _strata(layout: GraphLayout, per_stratum: int, seed: int) -> list[tuple[int, int]]:
+    """A seeded sample of ``per_stratum`` edges per (receiver layer, receiver kind) stratum, in index order."""
+    strata: dict = {}
+    for f, b in layout.real_edge_mask.nonzero().tolist():
+        key = "logits" if b == layout.logits_backward else receiver_kind(layout, b)[:2]
+        strata.setdefault(key, []).append((f, b))
+    g = torch.Generator().manual_seed(seed)
+    picked = [edges[i] for edges in strata.values() for i in torch.randperm(len(edges), generator=g)[:per_stratum].tolist()]
+    return sorted(picked)
+
+
+def _exact_in_parts(run: BenchRun, edges) -> EdgeEffects:
+    """``edge_patch`` of ``edges`` in parts of three receiver layers, last layers first, noting progress in
+    ``<out>/results.json`` after each part (a run stopped by a time limit still says how far it got)."""
+    layout = run.layout
+    part_of = {}
+    for f, b in edges:
+        layer = layout.n_layers if b == layout.logits_backward else receiver_kind(layout, b)[0]
+        part_of.setdefault((layout.n_layers - layer) // 3, []).append((f, b))
+    parts, done, clock = [], 0, time.perf_counter()
+    for key in sorted(part_of):
+        parts.append(edge_patch(run.model, part_of[key], run.batch, memory_mb=run.cfg.memory_mb))
+        done += len(part_of[key])
+        run.results["exact_progress"] = {"n_edges_done": done, "n_edges": len(edges),
+                                         "seconds": time.perf_counter() - clock}
+        run.save()
+    seconds: dict = {}
+    for part in parts:
+        for stage, value in part.seconds.items():
+            seconds[stage] = seconds.get(stage, 0.0) + value
+    reference = sum(p.reference_metric * p.n_prompts for p in parts) / sum(p.n_prompts for p in parts)
+    return EdgeEffects(layout, [e for p in parts for e in p.edges], torch.cat([p.per_prompt for p in parts]),
+                       parts[0].metric, reference, seconds)
+
+
+def _save_scores(out, scores: dict) -> None:
+    """Every method's edge scores ``[n_forward, n_backward]`` side by side (safetensors, atomic), for later analysis."""
+    with atomic_path(out / "edge_scores.safetensors") as tmp:
+        save_file({name: value.detach().float().cpu().contiguous() for name, value in scores.items()}, str(tmp))
+
+
+# ---------------------------------------------------------------------------- stages
+
+
+def setup(cfg: BenchCircuitsConfig) -> BenchRun:
+    """Output folder, threads, model, the prompts as one batch, and the graph layout."""
+    out = prepare_run_dir(cfg.out, overwrite=cfg.overwrite)
+    cli.set_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    model = load_model(cfg.model, device=cfg.device)
+    model.eval()
+    data = one_length_prompts(model, op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
+    batch = single_batch(data, device=model.cfg.device)
+    layout = GraphLayout.of(model)
+    print(f"{cfg.model}: {layout.n_edges} edges; {len(data)} prompts of {batch.tokens.shape[1]} tokens, "
+          f"e.g. {batch.prompts[0]!r}")
+    results = {"model": cfg.model, "n_prompts": len(data), "n_tokens": batch.tokens.shape[1], "op": cfg.op,
+               "n_shots": cfg.n_shots, "ig_steps": cfg.ig_steps, "n_edges": layout.n_edges, "metric": "logit",
+               "device": str(model.cfg.device), "dtype": str(model.cfg.dtype), "threads": torch.get_num_threads(),
+               "settings": dataclasses.asdict(cfg), "seconds": {}}
+    return BenchRun(cfg, out, model, data, batch, layout, results)
+
+
+@torch.no_grad()
+def model_metrics(run: BenchRun) -> None:
+    """The model itself: what the full graph must give, and the empty graph (counterfactual ablation)."""
+    rows = torch.arange(len(run.data), device=run.batch.tokens.device)
+    run.results["model_metric"] = {
+        name: float(run.model(tokens)[rows, -1, run.batch.answer_ids].double().mean())
+        for name, tokens in (("reference", run.batch.tokens), ("counterfactual", run.batch.cf_tokens))}
+
+
+def our_attribution(run: BenchRun) -> None:
+    """This toolkit's EAP-IG-inputs and EAP over every edge, timed."""
+    cfg = run.cfg
+    run.scores["eap_ig_inputs"] = run.timed("edge_attribution_eap_ig_inputs", lambda: edge_attribution(
+        run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, memory_mb=cfg.memory_mb))
+    run.scores["eap"] = run.timed("edge_attribution_eap", lambda: edge_attribution(
+        run.model, run.batch, method="EAP", memory_mb=cfg.memory_mb))
+    print(f"edge_attribution: EAP-IG-inputs ({cfg.ig_steps} steps) {run.seconds['edge_attribution_eap_ig_inputs']:.1f} s, "
+          f"EAP {run.seconds['edge_attribution_eap']:.1f} s")
+
+
+def eap_ig_attribution(run: BenchRun) -> None:
+    """hannamw/EAP-IG's ``attribute`` on the same prompts (when importable), timed; agreement with ours."""
+    cfg, results = run.cfg, run.results
+    missing = "skipped by --no-eap-ig" if cfg.no_eap_ig else _eap_ig_arm.eap_ig_missing()
+    results["eap_ig_arm"] = missing or "ran"
+    ours = {"ours_eap_ig_inputs": run.scores["eap_ig_inputs"].scores, "ours_eap": run.scores["eap"].scores}
+    if missing:
+        print(f"EAP-IG arm skipped: {missing}")
+        _save_scores(run.out, ours)
+        return
+    run.eap_ig_batches = batches = _eap_ig_arm.dataloader(
+        run.data["prompt"], run.data["counterfactual"], run.batch.answer_ids.cpu(), cfg.eap_ig_batch_size)
+    theirs = run.timed("eap_ig_attribute_eap_ig_inputs", lambda: _eap_ig_arm.eap_ig_scores(
+        run.model, batches, "EAP-IG-inputs", cfg.ig_steps))
+    run.scores["eap_ig_tool_eap_ig_inputs"] = theirs
+    results["agreement_eap_ig_inputs"] = _relative_differences(run.layout, ours["ours_eap_ig_inputs"], theirs)
+    results["speedup_attribution"] = run.seconds["eap_ig_attribute_eap_ig_inputs"] / run.seconds["edge_attribution_eap_ig_inputs"]
+    run.save()  # each arm's result survives a timeout in the next
+    theirs_eap = run.timed("eap_ig_attribute_eap", lambda: _eap_ig_arm.eap_ig_scores(run.model, batches, "EAP"))
+    results["agreement_eap"] = _relative_differences(run.layout, ours["ours_eap"], theirs_eap)
+    _save_scores(run.out, {**ours, "eap_ig_tool_eap_ig_inputs": theirs, "eap_ig_tool_eap": theirs_eap})
+    agreement = results["agreement_eap_ig_inputs"]
+    print(f"EAP-IG attribute: EAP-IG-inputs {run.seconds['eap_ig_attribute_eap_ig_inputs']:.1f} s "
+          f"({results['speedup_attribution']:.1f}x slower); max |diff| / max |score|: "
+          f"{agreement['max_rel_diff_all_edges']:.1e} (all), {agreement['max_rel_diff_non_head_senders']:.1e} "
+          f"(non-head senders)")
+
+
+def our_curve(run: BenchRun):
+    """``faithfulness_curve`` at MIB's ten sizes (top-n by |EAP-IG score|, pruned as MIB prunes), timed."""
+    ig = run.scores["eap_ig_inputs"]
+    curve = run.timed("faithfulness_curve", lambda: faithfulness_curve(
+        run.model, ig, run.batch, select=mib_selector(run.layout), memory_mb=run.cfg.memory_mb))
+    run.results["curve"] = curve.to_dict()
+    run.save()
+    print(f"faithfulness_curve ({len(MIB_FRACTIONS)} sizes + full + empty): {run.seconds['faithfulness_curve']:.1f} s; "
+          f"CPR {curve.cpr.value:.3f} [{curve.cpr.low:.3f}, {curve.cpr.high:.3f}], "
+          f"CMD {curve.cmd.value:.3f} [{curve.cmd.low:.3f}, {curve.cmd.high:.3f}]")
+    return curve
+
+
+def eap_ig_curve(run: BenchRun, curve) -> None:
+    """hannamw/EAP-IG's ``evaluate_graph`` on the same circuits, timed; both curves and their largest difference."""
+    counts = [int(x * run.layout.n_edges) for x in MIB_FRACTIONS]
+    evals = run.timed("eap_ig_evaluate_curve", lambda: _eap_ig_arm.eap_ig_evaluate(
+        run.model, run.eap_ig_batches, run.scores["eap_ig_inputs"].scores, counts))
+    full, empty = float(evals["full"].mean()), float(evals["empty"].mean())
+    theirs_f = [(float(evals[n].mean()) - empty) / (full - empty) for n in counts]
+    ours_f = [p.value for p in curve.faithfulness]
+    model_cf = run.results["model_metric"]["counterfactual"]
+    run.results["curve_eap_ig"] = {"faithfulness": theirs_f, "full_metric": full, "empty_metric": empty,
+                                   "max_abs_diff_faithfulness": max(abs(a - b) for a, b in zip(ours_f, theirs_f)),
+                                   # which convention reproduces the counterfactual run with every edge ablated
+                                   "empty_minus_model_counterfactual": empty - model_cf,
+                                   "ours_empty_minus_model_counterfactual": curve.empty.value - model_cf}
+    run.results["speedup_curve"] = run.seconds["eap_ig_evaluate_curve"] / run.seconds["faithfulness_curve"]
+    print(f"EAP-IG evaluate_graph on the same circuits: {run.seconds['eap_ig_evaluate_curve']:.1f} s "
+          f"({run.results['speedup_curve']:.1f}x slower); max |f diff| "
+          f"{run.results['curve_eap_ig']['max_abs_diff_faithfulness']:.2e}")
+
+
+def fast_vs_hook_path(run: BenchRun) -> None:
+    """``edge_patch``'s hook path and fast path on the same stratified sample, side by side."""
+    cfg = run.cfg
+    sample = _strata(run.layout, cfg.compare_per_stratum, cfg.seed)
+    hooked = run.timed("edge_patch_sample_hook_path", lambda: edge_patch(
+        run.model, sample, run.batch, memory_mb=cfg.memory_mb, fast=False))
+    fast = run.timed("edge_patch_sample_fast_path", lambda: edge_patch(run.model, sample, run.batch,
+                                                                       memory_mb=cfg.memory_mb))
+    compared = run.results["edge_patch_fast_vs_hook_path"] = {
+        "n_edges": len(sample), "per_stratum": cfg.compare_per_stratum,
+        "speedup": run.seconds["edge_patch_sample_hook_path"] / run.seconds["edge_patch_sample_fast_path"],
+        "max_abs_diff": float((fast.per_prompt - hooked.per_prompt).abs().max()),
+        "max_abs_effect": float(hooked.per_prompt.abs().max()),
+        "seconds_by_stage_hook_path": hooked.seconds, "seconds_by_stage_fast_path": fast.seconds}
+    print(f"edge_patch on {len(sample)} stratified edges: hook path {run.seconds['edge_patch_sample_hook_path']:.1f} s, "
+          f"fast path {run.seconds['edge_patch_sample_fast_path']:.1f} s ({compared['speedup']:.1f}x); "
+          f"max |diff| {compared['max_abs_diff']:.1e}")
+
+
+def _exact_sample(run: BenchRun) -> list[tuple[int, int]]:
+    layout = run.layout
+    n_exact = layout.n_edges if run.cfg.exact_edges == "all" else min(int(run.cfg.exact_edges), layout.n_edges)
+    pairs = layout.real_edge_mask.nonzero()
+    pick = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(run.cfg.seed))[:n_exact]
+    return [tuple(p) for p in pairs[pick.sort().values].tolist()]
+
+
+def old_rotary_exact(run: BenchRun, edges) -> EdgeEffects:
+    """The same edges with the fast path rotating the prefix's keys at every call (before this toolkit cached them)."""
+    _edge_fast.ROTATE_PREFIX_ONCE = False
+    try:
+        return run.timed("edge_patch_rotary_every_call", lambda: _exact_in_parts(run, edges))
+    finally:
+        _edge_fast.ROTATE_PREFIX_ONCE = True
+
+
+def exact_patching(run: BenchRun) -> None:
+    """Exact ``edge_patch`` of the sampled (or all) edges, timed; Spearman of every method's scores against it."""
+    edges = _exact_sample(run)
+    if not edges:
+        return
+    old = old_rotary_exact(run, edges) if run.cfg.time_prefix_rotary else None
+    exact = run.timed("edge_patch", lambda: _exact_in_parts(run, edges))
+    sec, layout, n_exact = run.seconds, run.layout, len(edges)
+    if old is not None:
+        run.results["exact_prefix_rotary_once"] = {
+            "n_edges": n_exact, "speedup_wall": sec["edge_patch_rotary_every_call"] / sec["edge_patch"],
+            "speedup_cpu": sec["edge_patch_rotary_every_call_cpu"] / sec["edge_patch_cpu"],
+            "max_abs_diff": float((old.per_prompt - exact.per_prompt).abs().max())}
+    edges = exact.edges
+    if n_exact == layout.n_edges:
+        exact.save(run.out, run.model.cfg.d_model)
+    f_idx, b_idx = torch.tensor([e[0] for e in edges]), torch.tensor([e[1] for e in edges])
+    truth = exact.scores[f_idx, b_idx].float()
+    run.results["exact_seconds_per_edge"] = sec["edge_patch"] / n_exact
+    run.results["exact_seconds_by_stage"] = exact.seconds
+    run.results["exact_largest_effects"] = {layout.edge_name(*edges[i]): float(truth[i])
+                                            for i in truth.abs().argsort(descending=True)[:10].tolist()}
+    print(f"edge_patch of {n_exact} edges: {sec['edge_patch']:.1f} s wall, {sec['edge_patch_cpu']:.1f} s CPU "
+          f"({sec['edge_patch'] / n_exact * layout.n_edges / 60:.1f} min for all {layout.n_edges})")
+    if "eap" in run.scores:
+        _spearman_vs_exact(run, f_idx, b_idx, truth)
+    if old is not None:
+        print(f"  with the prefix keys rotated at every call: {sec['edge_patch_rotary_every_call']:.1f} s wall, "
+              f"{sec['edge_patch_rotary_every_call_cpu']:.1f} s CPU "
+              f"({run.results['exact_prefix_rotary_once']['speedup_cpu']:.2f}x the CPU time)")
+
+
+def _spearman_vs_exact(run: BenchRun, f_idx, b_idx, truth) -> None:
+    methods = {name: run.scores[name].scores[f_idx, b_idx] for name in ("eap_ig_inputs", "eap")}
+    if "eap_ig_tool_eap_ig_inputs" in run.scores:
+        methods["eap_ig_tool_eap_ig_inputs"] = run.scores["eap_ig_tool_eap_ig_inputs"][f_idx, b_idx]
+    rank = run.results["spearman_vs_exact"] = _rank_agreement(methods, truth)
+    print(f"  Spearman vs exact: EAP-IG {rank['eap_ig_inputs']:.3f} (top 1%: {rank['eap_ig_inputs_top_1pct']:.3f}), "
+          f"EAP {rank['eap']:.3f} (top 1%: {rank['eap_top_1pct']:.3f})")
+
+
+def print_table(run: BenchRun) -> None:
+    """Each stage's time here and in hannamw/EAP-IG, and the ratio."""
+    sec = run.seconds
+    print("\nstage                              this toolkit (s)   hannamw/EAP-IG (s)   speed-up")
+    for name, ours_key, theirs_key in (("EAP-IG-inputs, every edge", "edge_attribution_eap_ig_inputs",
+                                        "eap_ig_attribute_eap_ig_inputs"),
+                                       ("EAP, every edge", "edge_attribution_eap", "eap_ig_attribute_eap"),
+                                       ("faithfulness curve (10 sizes)", "faithfulness_curve", "eap_ig_evaluate_curve")):
+        if ours_key in sec:
+            t_theirs = sec.get(theirs_key)
+            ratio = f"{t_theirs / sec[ours_key]:.1f}x" if t_theirs else "-"
+            print(f"{name:34s} {sec[ours_key]:16.1f}   {t_theirs or float('nan'):18.1f}   {ratio}")
+    print(f"wrote {run.out / 'results.json'}")
+
+
+def run_bench(cfg: BenchCircuitsConfig) -> dict:
+    """Every stage in order, results.json saved after each; returns the results."""
+    run = setup(cfg)
+    model_metrics(run)
+    if not cfg.no_attribution:
+        our_attribution(run)
+        eap_ig_attribution(run)
+    run.save()
+    if not (cfg.no_curve or cfg.no_attribution):
+        curve = our_curve(run)
+        if run.eap_ig_batches is not None:
+            eap_ig_curve(run, curve)
+    run.save()
+    if cfg.compare_per_stratum:
+        fast_vs_hook_path(run)
+    run.save()
+    exact_patching(run)
+    run.save()
+    print_table(run)
+    return run.results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark with command-line flags ``argv`` (default: ``sys.argv``)."""
+    return run_bench(cli.parse_config(parser, BenchCircuitsConfig, argv))

@@ -1,0 +1,486 @@
+"""Merging three experts: weight-space baselines vs closed-form submodule merging (Dai et al., ICLR 2025).
+
+    python -m experiments.merge --threads 1
+    python -m experiments.merge --config merge.yml --out runs/my-merge   # run a mergekit YAML, save the model
+
+1. Trains three experts from the base model with finetune (full SFT, embeddings
+   frozen, by default): (a) addition word problems, (b) multiplication
+   (equation/statement/question templates; ``--mul-operands``), (c) English -> French
+   number words (``0..--max-number``, spelled by num2words; test, validation and training
+   numbers disjoint). Each expert trains ``--steps`` steps, or with ``--target-gain`` until
+   its validation accuracy beats the base's by that much (checked every ``--check-every``
+   steps). Experts are saved as model directories under ``<out>/experts`` or
+   ``--experts-dir``, where a later run finds and reuses them one by one (resumable).
+2. Merges all three with every data-free method in ``merging.REGISTRY`` (λ / density
+   tuned on the validation split, tiny grids; each method's time and peak
+   memory of one merge recorded) and with closed-form submodule
+   merging at every level (model, layer, attn_mlp, head), plus circuit-aware
+   merging: head-level α in the layers of the key heads that path patching finds
+   on the base for + and *, attn/MLP level elsewhere. ``--pairs`` also merges
+   each pair (best baseline configs from the triple, closed form at attn_mlp).
+   The closed form can be repeated over ``--cf-seeds`` draws of its ``--n-samples``
+   training prompts and fitted over every token or only the answer side
+   (``--cf-positions all,answer``: the positions that predict an answer token).
+3. Scores every model on the test split of each task (teacher-forced accuracy
+   of the whole answer, ``exact``, with per-prompt hits and Wilson intervals; first-token
+   accuracy in results.json), checks each expert against the base and the weight average
+   on its validation split (``expert_bar``), gives paired bootstrap intervals of the
+   attn/MLP closed form minus task arithmetic, weight averaging and TIES (``comparisons``),
+   times every method, saves the best merged model (reloaded and checked), and writes
+   ``results.json`` and ``report.html`` (table, α heatmap, linearity figure).
+
+``--config merge.yml`` instead runs one mergekit merge YAML
+(:func:`merging.load_mergekit_config`) and saves the merged model (loaded into
+``--model``'s architecture) as ``<out>/merged`` with ``results.json`` (method,
+config, seconds, peak memory); nothing is trained or scored.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from circuits.errors import InputError
+from circuits.loading import load_model
+from circuits.stats import proportion
+from experiments.runtime.run_folder import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_json_atomic
+from circuits.model_cache import save_model
+from circuits.tasks import make_dataset
+from finetune.evaluate import answer_accuracy
+from finetune.expert_tasks import EXPERT_TASKS, expert_task_data
+from merging import (CONFIGS, METHODS, LinearityConfig, SubmoduleMergeConfig, merge,
+                     merge_submodules, nonlinearity_figure, nonlinearity_scores)
+from merging.circuit_aware import circuit_levels
+from merging.submodule import LEVELS
+from patching.head_ranking import KeyHeads, given_key_heads, rank_key_heads
+
+from experiments.runtime import cli
+from experiments.merge import stats
+from experiments.merge.report import CIRCUIT_AWARE, write_report
+from experiments.merge.yaml_recipe import run_mergekit_yaml
+from experiments.merge.experts import given_heads, measured, padded_rows, task_config, train_expert
+from experiments.runtime.cli import option
+
+TASKS = EXPERT_TASKS
+
+
+@dataclass(frozen=True)
+class MergeConfig:
+    """Every flag of ``python -m experiments.merge``, with its default."""
+
+    model: str = option("gemma-3-270m", "base model (offline name or model directory)")
+    device: str = "auto"
+    dtype: str | None = None
+    out: str | None = option(None, "run folder (default: runs/merge-<timestamp>)")
+    overwrite: bool = option(False, "reuse a non-empty --out")
+    experts_dir: str | None = option(None, "folder of the experts (<task>/ model dirs): those there are loaded, "
+                                     "the missing ones trained and saved there (default: <out>/experts)")
+    expert_method: str = option("full", "finetune method", choices=("full", "precise", "lora"))
+    steps: int = option(16, "optimizer steps per expert", type=cli.positive_int)
+    batch_size: int = option(8, "examples per optimizer step", type=cli.positive_int)
+    micro_batch_size: int = option(8, "examples per forward/backward pass (gradients accumulate up to --batch-size)",
+                                   type=cli.positive_int)
+    lr: float = option(1e-5, "expert learning rate (full SFT with Adam: higher values blow up the loss at batch 8)",
+                       type=cli.positive_float)
+    n_train: int = option(128, "training examples per task", type=cli.positive_int)
+    n_val: int = option(12, "validation prompts per task (baseline tuning)", type=cli.positive_int)
+    n_test: int = option(24, "test prompts per task", type=cli.positive_int)
+    n_shots: int = option(1, "few-shot examples per prompt", type=cli.nonnegative_int)
+    mul_operands: str = option("1,9", "operand range of the mul task, 'lo,hi' (two-digit: '10,99')")
+    max_number: int = option(30, "en_fr translates the numbers 0..max_number", type=cli.positive_int)
+    n_test_numbers: int = option(9, "en_fr test numbers (disjoint from validation and training numbers)",
+                                 type=cli.positive_int)
+    n_val_numbers: int = option(6, "en_fr validation numbers", type=cli.positive_int)
+    target_gain: float = option(0.0, "train each expert until its validation exact accuracy is >= the base's + this "
+                                "(checked every --check-every steps, at most --steps steps; 0: train --steps steps)",
+                                type=cli.fraction)
+    check_every: int = option(8, "optimizer steps between validation checks of --target-gain", type=cli.positive_int)
+    n_samples: int = option(16, "samples per task for the closed form (paper: 30)", type=cli.positive_int)
+    cf_seeds: int = option(1, "closed-form repeats, each fitted on --n-samples training prompts drawn with its own seed",
+                           type=cli.positive_int)
+    cf_positions: str = option("all", "positions the closed-form least squares runs over: 'all' (every prompt token), "
+                               "'answer' (the positions that predict an answer token) or 'all,answer'")
+    cf_batch_size: int = option(4, "batch of the closed-form fit", type=cli.positive_int)
+    levels: str = option(",".join(LEVELS), "closed-form levels to run ('': no closed form, circuit-aware included)")
+    ta_lambdas: str = option("0.5,1.0", "task-arithmetic λ grid (val)")
+    ties_densities: str = option("0.2,0.5", "TIES density grid (val)")
+    heads: str | None = option(None, "key heads, e.g. L5H0,L9H1 (default: path patching)")
+    k: int = option(4, "key heads per operation from path patching (their union over + and * is used)",
+                    type=cli.positive_int)
+    n_patch: int = option(12, "prompts per operation for path patching", type=cli.positive_int)
+    linearity_samples: int = option(6, "samples per task for the linearity figure (0: skip)", type=cli.nonnegative_int)
+    linearity_alphas: str = option("0.5,1.0", "uniform α values of the linearity figure")
+    pairs: bool = option(False, "also merge every pair of experts")
+    eval_batch_size: int = option(12, "prompts per forward pass when scoring", type=cli.positive_int)
+    seed: int = option(0, "seed of the data splits and training")
+    threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
+    config: str | None = option(None, "run this mergekit merge YAML instead (merge and save only)")
+    markdown: str | None = option(None, "print the results tables of this run folder (its results.json) as markdown")
+    methods: str = option(",".join(METHODS), "data-free merge methods to run (comma-separated)")
+    no_circuit_aware: bool = option(False, "skip circuit-aware merging (and the path patching that finds its key heads)")
+    cf_repeat_levels: str = option("attn_mlp", "levels fitted for every --cf-seeds seed and --cf-positions choice; "
+                                   "the other levels are fitted once (all positions, seed 0)")
+    no_save_best: bool = option(False, "skip saving (and reloading) the best merge")
+    no_base_test: bool = option(False, "score the base on the validation split only (it is the experts' reference)")
+    late_methods: str = option("", "data-free methods (of --methods) run after the closed form, not before "
+                               "(what matters first finishes first when a run may be cut short)")
+
+
+parser = cli.config_parser(MergeConfig, "merge", __doc__)
+
+
+@dataclass
+class MergeRun:
+    """What the stages share: the settings, the base model, the task data, and what has been measured so far."""
+
+    cfg: MergeConfig
+    out: object
+    base: object
+    data: dict
+    timer: StageTimer
+    results: dict
+    experts: dict = field(default_factory=dict)  # task -> state dict
+    recipes: dict = field(default_factory=dict)  # merged model name -> how to make it again (for the best one)
+    alpha_tables: dict = field(default_factory=dict)
+    work: object = None  # the model merged state dicts are loaded into for scoring
+
+    @property
+    def cf_tasks(self) -> list[list[str]]:
+        """Per task, the first ``n_samples`` training prompts with their answers (the linearity figure's samples)."""
+        return [[r["prompt"] + r["answer"] for r in self.data[(t, "train")].select(range(self.cfg.n_samples))]
+                for t in TASKS]
+
+    def cf_inputs(self, names, seed: int, positions: str) -> dict:
+        """The closed form's data for experts ``names``: ``n_samples`` training rows per task drawn with ``seed``
+        (seed 0: the first rows), as token tensors with attention masks and, for ``positions="answer"``, fit masks."""
+        tasks, masks, fits = [], [], []
+        for t in names:
+            rows = self.data[(t, "train")]
+            picked = range(self.cfg.n_samples) if seed == 0 else \
+                sorted(random.Random(seed).sample(range(len(rows)), min(self.cfg.n_samples, len(rows))))
+            tokens, attention, answer_side = padded_rows(rows.select(picked).to_list(), self.base)
+            tasks.append(tokens)
+            masks.append(attention)
+            fits.append(answer_side if positions == "answer" else None)
+        return {"tasks": tasks, "attention_masks": masks, "fit_masks": fits}
+
+    def score(self, model, split: str = "test", tasks=TASKS) -> dict:
+        """Accuracy per task on ``split`` (with per-prompt hits and a Wilson interval) and pooled over tasks."""
+        model.eval()
+        per = {t: answer_accuracy(model, self.data[(t, split)], self.cfg.eval_batch_size, per_prompt=True)
+               for t in tasks}
+        for s in per.values():
+            s["exact_ci"] = proportion(s["exact_hits"]).to_dict()
+        pooled = proportion([h for s in per.values() for h in s["exact_hits"]])
+        return {"tasks": per, "avg": sum(s["exact"] for s in per.values()) / len(per), "pooled": pooled.to_dict()}
+
+    def record(self, name: str, model, seconds: float, val: bool = False, tasks=TASKS, **extra) -> dict:
+        """Score ``model`` on the test split of ``tasks`` (and val if ``val``), store it under ``name``, print a line,
+        save results.json."""
+        entry = {"test": self.score(model, "test", tasks) if tasks else None, "seconds": round(seconds, 2), **extra}
+        if val:
+            entry["val"] = self.score(model, "val", tasks or TASKS)
+        if not tasks:
+            self.results["models"][name] = entry
+            print(f"{name:28s} (validation only) avg={entry['val']['avg']:.3f} ({seconds:.0f} s)", flush=True)
+            self.save()
+            return entry
+        self.results["models"][name] = entry
+        accs = " ".join(f"{t}={entry['test']['tasks'][t]['exact']:.3f}" for t in tasks)
+        print(f"{name:28s} {accs} avg={entry['test']['avg']:.3f} ({seconds:.0f} s)", flush=True)
+        self.save()
+        return entry
+
+    def save(self) -> None:
+        save_results(self.out, self.results)
+
+
+# ---------------------------------------------------------------------------- measuring time and memory
+
+
+# ---------------------------------------------------------------------------- stages
+
+
+def start_run(cfg: MergeConfig) -> MergeRun:
+    """The run folder, the frozen base model, the task data (one example per task printed), the base's scores."""
+    out = prepare_run_dir(cfg.out or default_run_dir("merge"), cfg.overwrite)
+    timer = StageTimer()
+    results: dict = {"settings": dataclasses.asdict(cfg), "models": {}, "seconds": timer.seconds}
+    timer.run_dir, timer.results = out, results  # results.json (status running) after every stage
+    with timer.stage("load"):
+        base = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    base.eval()
+    for p in base.parameters():
+        p.requires_grad_(False)
+    data = expert_task_data(base, task_config(cfg))
+    for t in TASKS:
+        row = data[(t, "test")][0]
+        print(f"{t}: {row['prompt'][-70:]!r} -> {row['answer']!r}")
+    run = MergeRun(cfg, out, base, data, timer, results)
+    with timer.stage("eval base"):
+        run.record("base", base, 0.0, val=True, tasks=() if cfg.no_base_test else TASKS)
+    return run
+
+
+def train_experts(run: MergeRun) -> None:
+    """One expert per task, trained from the base (or loaded from ``--experts-dir``), saved, scored (val and test)."""
+    cfg = run.cfg
+    experts_dir = cfg.experts_dir or run.out / "experts"
+    for t in TASKS:
+        path = f"{experts_dir}/{t}"
+        start = time.perf_counter()
+        if os.path.isdir(path):  # saved by an earlier (perhaps interrupted) run: resume from it
+            model = load_model(path, device=cfg.device, dtype=cfg.dtype)
+            trained = json.loads(Path(f"{path}.train.json").read_text()) if os.path.isfile(f"{path}.train.json") else {}
+            info = {"loaded_from": path, **trained}
+        else:
+            model, info = train_expert(run, t)
+            save_model(model, path, overwrite=cfg.overwrite)
+            write_json_atomic(f"{path}.train.json", info)
+        train_seconds = time.perf_counter() - start
+        run.timer.seconds[f"expert {t}"] = round(train_seconds, 2)
+        run.experts[t] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        with run.timer.stage("eval experts"):
+            run.record(f"expert {t}", model, train_seconds, val=True, tasks=(t,), **info)
+        del model
+    run.work = copy.deepcopy(run.base)
+
+
+def choose_key_heads(run: MergeRun) -> KeyHeads:
+    """``--heads``, or the union over + and * of each operation's top ``--k`` heads by path patching on the base."""
+    if run.cfg.heads:
+        chosen = given_key_heads(given_heads(run.cfg))
+    else:
+        with run.timer.stage("path patching"):
+            probes = {op: make_dataset(run.base, op=op, n_prompts=run.cfg.n_patch, n_shots=run.cfg.n_shots, seed=100 + i)
+                      for i, op in enumerate(("+", "*"))}
+            chosen = rank_key_heads(run.base, probes, top_k=run.cfg.k, combine="union")
+    run.results |= {"key_heads": [str(h) for h in chosen.heads], "key_heads_rule": chosen.rule}
+    print("key heads:", ", ".join(run.results["key_heads"]))
+    return chosen
+
+
+def baseline_grid(cfg: MergeConfig) -> dict[str, list]:
+    """Configs per data-free method: tiny λ / density grids; the papers' sparsity where mergekit's default is none."""
+    grid = {m: [CONFIGS[m]()] for m in cfg.methods.split(",") if m}
+    papers = {"dare_linear": dict(density=0.1, rescale_norm="inverse_density"), "dare_ties": dict(density=0.1),
+              "breadcrumbs": dict(density=0.9), "breadcrumbs_ties": dict(density=0.9),
+              "della": dict(density=0.5, epsilon=0.1), "della_linear": dict(density=0.5, epsilon=0.1)}
+    for m, kw in papers.items():
+        if m in grid:
+            grid[m] = [CONFIGS[m](**kw)]
+    if "task_arithmetic" in grid:
+        grid["task_arithmetic"] = [CONFIGS["task_arithmetic"](lam=float(x)) for x in cfg.ta_lambdas.split(",")]
+    if "ties" in grid:
+        grid["ties"] = [CONFIGS["ties"](density=float(x)) for x in cfg.ties_densities.split(",")]
+    return grid
+
+
+def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs: dict | None = None,
+                    skip=(), only=None) -> dict:
+    """Merge the experts ``names`` with every data-free method (its grid tuned on val, unless ``configs`` fixes it),
+    leaving out the methods in ``skip`` (or all but those in ``only``)."""
+    srcs = [run.experts[n] for n in names]
+    chosen = {}
+    grids = baseline_grid(run.cfg) if configs is None else {m: [c] for m, c in configs.items()}
+    for method, grid in grids.items():
+        if method in skip or (only is not None and method not in only):
+            continue
+        start, best = time.perf_counter(), None
+        for config in grid:
+            state, secs, peak = measured(merge, method, run.base, srcs, config, progress=False)
+            run.work.load_state_dict(state)
+            del state
+            val = run.score(run.work, "val", names)["avg"] if len(grid) > 1 else None
+            if best is None or val > best[0]:
+                best = (val, config, copy.deepcopy(run.work.state_dict()) if len(grid) > 1 else None, secs, peak)
+        if best[2] is not None:
+            run.work.load_state_dict(best[2])
+        chosen[method] = best[1]
+        run.recipes[f"{method}{suffix}"] = ("method", method, best[1])
+        run.record(f"{method}{suffix}", run.work, time.perf_counter() - start, val=method == "weight_average" and
+                   not suffix, config=best[1], val_avg=best[0],
+                   grid=[str(c) for c in grid], merge_seconds=round(best[3], 2), peak_mb=round(best[4], 1))
+    return chosen
+
+
+def closed_form_plans(run: MergeRun, levels: list, key_heads: KeyHeads | None, suffix: str,
+                      seeds: int, positions: list[str]) -> list[tuple[str, object, str, int]]:
+    """``(name, level spec, positions, seed)`` per closed-form merge: every level x positions x seed, then
+    circuit-aware (all positions, seed 0) if ``key_heads``. Names carry the positions and seed only when varied."""
+    plans = []
+    repeated = run.cfg.cf_repeat_levels.split(",")
+    for seed in range(seeds):  # seed-major: every level and positions choice of seed 0 first
+        for lv in (lv for lv in levels if seed == 0 or lv in repeated):
+            for pos in (positions if lv in repeated else ["all"]):
+                name = f"closed form ({lv}" + (", answer-side" if pos == "answer" else "") + \
+                    (f", seed {seed}" if seeds > 1 and lv in repeated else "") + f"){suffix}"
+                plans.append((name, lv, pos, seed))
+    if key_heads is not None and levels:  # --levels "" runs no closed form at all
+        plans.append((f"{CIRCUIT_AWARE}{suffix}", circuit_levels(key_heads.heads, run.base.cfg.n_layers), "all", 0))
+    return plans
+
+
+def closed_form_state(run: MergeRun, names, spec, positions: str, seed: int):
+    """The closed-form merge of experts ``names`` at level ``spec``, fitted over ``positions`` of seed ``seed``'s
+    samples: ``merge_submodules``'s result."""
+    return merge_submodules(run.base, [run.experts[n] for n in names], config=_closed_form_config(run.cfg),
+                            levels=spec, expert_names=list(names), progress=False,
+                            **run.cf_inputs(names, seed, positions))
+
+
+def merge_closed_form(run: MergeRun, names: tuple[str, ...], suffix: str, levels: list, key_heads: KeyHeads | None,
+                      seeds: int = 1, positions: tuple[str, ...] = ("all",)) -> None:
+    """Closed-form submodule merging of ``names`` at each of ``levels`` (x positions x seeds), and circuit-aware."""
+    for name, spec, pos, seed in closed_form_plans(run, levels, key_heads, suffix, seeds, list(positions)):
+        start = time.perf_counter()
+        res = closed_form_state(run, names, spec, pos, seed)
+        run.work.load_state_dict(res.state_dict)
+        run.recipes[name] = ("closed form", spec, pos, seed)
+        run.record(name, run.work, time.perf_counter() - start, alphas=res.alphas.to_dict(), positions=pos,
+                   sample_seed=seed)
+        run.alpha_tables[name] = res.alphas
+
+
+def merge_everything(run: MergeRun, key_heads: KeyHeads) -> None:
+    """All three experts with every method and level; with ``--pairs`` each pair too (the triple's configs, attn_mlp)."""
+    late = [m for m in run.cfg.late_methods.split(",") if m]
+    with run.timer.stage("merge all three"):
+        chosen = merge_baselines(run, TASKS, "", skip=late)
+        merge_closed_form(run, TASKS, "", [lv for lv in run.cfg.levels.split(",") if lv], key_heads,
+                          run.cfg.cf_seeds, tuple(run.cfg.cf_positions.split(",")))
+        chosen |= merge_baselines(run, TASKS, "", only=late) if late else {}
+    if run.cfg.pairs:
+        with run.timer.stage("merge pairs"):
+            for i in range(len(TASKS)):
+                for j in range(i + 1, len(TASKS)):
+                    names, suffix = (TASKS[i], TASKS[j]), f" [{TASKS[i]}+{TASKS[j]}]"
+                    merge_baselines(run, names, suffix, chosen)
+                    merge_closed_form(run, names, suffix, ["attn_mlp"], None)
+
+
+def expert_bar(run: MergeRun) -> dict:
+    """Per task: does its expert beat the base by ``--target-gain`` and the weight average on its validation split?"""
+    run.results["expert_bar"] = bar = stats.expert_bar(run.results["models"], TASKS, run.cfg.target_gain)
+    run.save()
+    return bar
+
+
+def compare(run: MergeRun) -> dict:
+    """Paired bootstrap intervals of the attn/MLP closed form against task arithmetic, weight averaging and TIES."""
+    run.results["comparisons"] = out = stats.compare(run.results["models"], TASKS)
+    run.save()
+    return out
+
+
+def save_best(run: MergeRun) -> None:
+    """Merge the best merge of all three again, save it, reload it and check its logits are unchanged."""
+    best_name = max(_triple_merges(run.results), key=lambda k: run.results["models"][k]["test"]["avg"])  # noqa
+    recipe = run.recipes[best_name]
+    with run.timer.stage("save best"):
+        if recipe[0] == "closed form":
+            state = closed_form_state(run, TASKS, *recipe[1:]).state_dict
+        else:
+            state = merge(recipe[1], run.base, list(run.experts.values()), recipe[2], progress=False)
+        run.work.load_state_dict(state)
+        best_dir = save_model(run.work, run.out / "merged_best", overwrite=run.cfg.overwrite)
+        reloaded = load_model(best_dir, device=run.cfg.device, dtype=run.cfg.dtype)
+        probe = run.base.to_tokens(run.data[("en_fr", "test")][0]["prompt"])
+        with torch.no_grad():
+            same = torch.equal(run.work(probe), reloaded(probe))
+    run.results["best_merge"] = {"name": best_name, "path": str(best_dir), "reload_logits_equal": same}
+    print(f"best merge {best_name!r} saved to {best_dir}; reloaded logits equal: {same}")
+
+
+def measure_linearity(run: MergeRun):
+    """How far attention, MLPs and the whole model are from linear in the experts' weights; its figure (or None)."""
+    if not run.cfg.linearity_samples:
+        return None
+    with run.timer.stage("linearity"):
+        alphas = [(float(v),) * len(TASKS) for v in run.cfg.linearity_alphas.split(",")]
+        lin = nonlinearity_scores(run.base, list(run.experts.values()), run.cf_tasks, alphas,
+                                  LinearityConfig(level="attn_mlp", n_samples=run.cfg.linearity_samples,
+                                                  batch_size=run.cfg.cf_batch_size), progress=False)
+    run.results["linearity"] = lin.records
+    for kind in ("attn", "mlp", "model"):
+        s = lin.scores(kind)
+        print(f"non-linearity {kind}: mean {sum(s) / max(len(s), 1):.3f}")
+    run.save()
+    return nonlinearity_figure(lin)
+
+
+def summarize(run: MergeRun) -> None:
+    """The table of every model's test accuracy and cost, and the verdict: closed form vs TA, circuit-aware vs not."""
+    models, merged = run.results["models"], _triple_merges(run.results)
+    names = [f"expert {t}" for t in TASKS] + ["base"] + [m for m in METHODS if m in models]
+    names += [k for k in merged if k not in names]
+    names += [k for k in models if k not in names]
+    table = []
+    for n in names:
+        e = models[n]
+        if e["test"] is None:  # scored on validation only (--no-base-test)
+            continue
+        row = {"model": n, **{t: round(e["test"]["tasks"][t]["exact"], 3) for t in TASKS if t in e["test"]["tasks"]}}
+        pooled = e["test"]["pooled"]
+        row.update({"average": round(e["test"]["avg"], 3), "pooled_ci": [round(pooled["low"], 3), round(pooled["high"], 3)],
+                    "n": pooled["n"], "seconds": e["seconds"],
+                    "merge_seconds": e.get("merge_seconds", ""), "peak_mb": e.get("peak_mb", ""),
+                    "config": str(e.get("config", ""))})
+        table.append(row)
+    run.results["verdict"] = stats.verdict_text(run.results, CIRCUIT_AWARE)
+    run.results["table"] = table
+    print("\n" + "\n".join(f"{r['model']:45s} " + " ".join(f"{r.get(t, ''):>8}" for t in TASKS)
+                           + f" {r['average']:>8} {r['seconds']:>8}" for r in table))
+    print(run.results["verdict"])
+    run.save()
+
+
+def run_experiment(cfg: MergeConfig) -> dict:
+    """Train (or load) the experts, merge them every way, save the best merge, measure linearity, report."""
+    bad = set(cfg.cf_positions.split(",")) - {"all", "answer"}
+    if bad or not cfg.cf_positions:
+        raise InputError(f"--cf-positions {cfg.cf_positions!r}: give 'all', 'answer' or 'all,answer'.")
+    operands = cfg.mul_operands.split(",")
+    if len(operands) != 2 or not all(x.strip().isdigit() for x in operands) or int(operands[0]) > int(operands[1]):
+        raise InputError(f"--mul-operands {cfg.mul_operands!r}: give 'lo,hi' with integers 0 <= lo <= hi, e.g. 10,99.")
+    run = start_run(cfg)
+    train_experts(run)
+    key_heads = None if cfg.no_circuit_aware else choose_key_heads(run)
+    merge_everything(run, key_heads)
+    expert_bar(run)
+    compare(run)
+    if not cfg.no_save_best:
+        save_best(run)
+    linearity_figure = measure_linearity(run)
+    summarize(run)
+    write_report(run, linearity_figure)
+    complete_run(run.out, run.results)
+    print(f"report: {run.out / 'report.html'}; total {run.timer.total / 60:.1f} min")
+    return run.results
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
+    cfg = cli.parse_config(parser, MergeConfig, argv)
+    cli.set_threads(cfg.threads)
+    if cfg.markdown:
+        print(stats.markdown_summary(json.loads((Path(cfg.markdown) / "results.json").read_text()), TASKS))
+        return None
+    return run_mergekit_yaml(cfg) if cfg.config else run_experiment(cfg)
+
+
+def _closed_form_config(cfg: MergeConfig) -> SubmoduleMergeConfig:
+    return SubmoduleMergeConfig(n_samples=cfg.n_samples, batch_size=cfg.cf_batch_size)
+
+
+def _triple_merges(results: dict) -> dict:
+    """The merges of all three experts (not the base, the experts, nor a pair's merge)."""
+    return {k: v for k, v in results["models"].items() if not k.startswith(("base", "expert")) and "[" not in k}

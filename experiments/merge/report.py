@@ -1,0 +1,34 @@
+"""report.html of ``python -m experiments.merge``: the summary, the results table, key heads, α heatmaps and the
+linearity figure."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from circuits.show.html_report import Report
+from merging import alpha_heatmap
+
+CIRCUIT_AWARE = "circuit-aware (head in key layers)"
+
+
+def write_report(run, linearity_figure) -> None:
+    """report.html of ``run`` (an ``experiments.merge.MergeRun``): summary, table, key heads, α heatmaps, the linearity
+    figure, settings and stage times."""
+    report = Report("Merging three experts", f"{run.cfg.model}: add_word, mul, en_fr")
+    report.add_text("Test accuracy = teacher-forced exact answer (every answer token argmax). Baseline λ/density "
+                    "chosen on the validation split. " + run.results["verdict"], heading="Summary")
+    report.add_table(run.results["table"], heading="Test accuracy (exact); time per method (s, includes val tuning), "
+                     "one merge's time (merge_seconds) and peak resident memory above the start (peak_mb, MB)")
+    rule = run.results.get("key_heads_rule")
+    if rule is not None:
+        how = "given by --heads" if rule["source"] == "--heads" else \
+            f"path patching on the base, the union of the top {rule['top_k']} of + and of *"
+        report.add_text(f"Key heads ({how}): " + ", ".join(run.results["key_heads"]))
+    for name in ("closed form (attn_mlp)", CIRCUIT_AWARE):
+        if name in run.alpha_tables:
+            report.add_figure(alpha_heatmap(run.alpha_tables[name], f"α: {name}"), heading=f"α ({name})")
+    if linearity_figure is not None:
+        report.add_figure(linearity_figure, heading="Non-linearity of attention/MLP vs the whole model")
+    report.add_settings(dataclasses.asdict(run.cfg))
+    report.add_table(run.timer.seconds, heading="Stage times (s)")
+    report.save(run.out / "report.html")

@@ -1,0 +1,449 @@
+"""Precise SFT of key heads vs full SFT vs LoRA on gemma-3-270m (Zhang et al. 2024, §5.3, Tables 1-2).
+
+    python -m experiments.precise_sft --out runs/precise_sft
+
+1. Loads the model and builds the training mix (all four operations, training
+   templates only, word problems included), the test suite (held-out
+   templates; transfer to two-digit operands, decimals, word problems;
+   non-math text for drift) and a validation split: prompts on the held-out
+   templates whose asked problem is in neither the test suite nor the
+   training set (finetune.evaluate.validation_suite).
+2. Key heads: ``--heads L9H1,...``; else path patching over prompts of every
+   operation (effects summed over operations, heads ranked by the drop they
+   cause). The top MLPs come from the same scores.
+3. For every method of ``--methods`` (``precise``: the top ``--k`` heads with
+   the K/V slices they read; ``precise_nokv``: the same heads, only their
+   W_Q/W_O slices, which matters under multi-query attention where one K/V head
+   serves every query head of the layer; ``full``: full SFT, embeddings frozen;
+   ``lora``: rank ``--lora-rank`` on every attention and MLP weight) trains
+   from the same base weights once per learning rate of its grid, scores each
+   on the validation split, keeps the lr with the best validation exact
+   accuracy (ties: the smaller lr) and reports test scores for that lr only.
+4. Optional Table-2 ablation (``--ablation-k``, ``--ablation-mlps``) at the lr
+   chosen for ``precise``.
+5. Writes ``<out>/results.json``: per method the lr search (validation
+   accuracy with Wilson interval per lr), test accuracy (Wilson 95% interval,
+   n), gain over base (paired bootstrap over prompts), drift (per-token KL and
+   LM-loss increase, bootstrap over texts), trained parameters, and the claim
+   "precise SFT >= full SFT's gain with less drift" for both precise arms
+   (paired differences); ``<out>/report.html``.
+
+``--resume`` continues a folder written with the same settings, skipping the
+methods and learning-rate trials it already holds, so the work can be split
+over several commands (each trial is recorded as it ends; the best trial's
+tuned weights stay under ``<out>/runs/``).
+Default scale: 256 training examples, 16 optimizer steps of 16 (one epoch),
+three learning rates per method. The paper trains 2 epochs of batch 128 on 4
+math datasets; scale with ``--n-train``, ``--steps``, ``--batch-size``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import gc
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from circuits.errors import InputError
+from circuits.loading import load_model
+from circuits.nodes import MLP, Head, parse_node
+from experiments.runtime.run_folder import complete_run, prepare_run_dir, read_marker, release_freed_memory, save_results
+from circuits.tasks import make_dataset
+from finetune import ArithmeticMix, load_tuned, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
+from finetune.evaluate import (
+    NON_MATH_SENTENCES, accuracy_estimate, answer_accuracy, evaluate, math_suite, pydoc_passages, validation_suite,
+)
+from patching.path_patching import path_patch
+
+from experiments.runtime import cli
+from experiments.precise_sft.summary import claim, print_table, score_summary, write_report
+from experiments.runtime.cli import option
+
+# method -> (train() method, TrainConfig overrides, lr-grid flag)
+METHOD_SPECS = {
+    "precise": ("precise", {"tune_kv": True}, "precise_lrs"),
+    "precise_nokv": ("precise", {"tune_kv": False}, "precise_lrs"),
+    "full": ("full", {}, "full_lrs"),
+    "lora": ("lora", {}, "lora_lrs"),
+}
+# flags that may differ between the commands of one --resume'd folder
+RESUMABLE = {"methods", "resume", "overwrite", "threads", "out", "debug", "ablation_k", "ablation_mlps"}
+OPS = ("+", "-", "*", "/")
+
+
+def lr_list(text: str) -> list[float]:
+    """Comma-separated learning rates > 0, e.g. ``1e-5,3e-5``."""
+    lrs = sorted({cli.positive_float(t.strip()) for t in text.split(",") if t.strip()})
+    if not lrs:
+        raise argparse.ArgumentTypeError(f"expected comma-separated learning rates such as 1e-5,3e-5, got {text!r}")
+    return lrs
+
+
+def method_list(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [n for n in names if n not in METHOD_SPECS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(METHOD_SPECS)}")
+    return names
+
+
+@dataclass(frozen=True)
+class PreciseSFTConfig:
+    """Every flag of ``python -m experiments.precise_sft``, with its default.
+
+    ``methods`` and the lr grids are typed as comma-separated text on the command line and held as
+    tuples here (a string given in Python is parsed the same way).
+    """
+
+    model: str = option("gemma-3-270m", "offline model name, TransformerLens model name, or a saved model directory")
+    methods: tuple[str, ...] = option(",".join(METHOD_SPECS), "comma-separated methods to run (default: all four)",
+                                      type=method_list)
+    heads: str | None = option(None, "key heads, e.g. L9H1,L11H0 (default: path patching)")
+    mlps: str | None = option(None, "top MLPs for the ablation, e.g. MLP15,MLP16 (default: path patching)")
+    k: int = option(8, "key heads in the precise runs", type=cli.positive_int)
+    ablation_k: str = option("", "head counts of the Table-2 ablation, e.g. 4,8,16,32 (default: none, no ablation)")
+    ablation_mlps: int = option(0, "top MLPs added in the ablation's second arm (0: skip)", type=cli.nonnegative_int)
+    n_train: int = option(256, "training examples (all four operations)", type=cli.positive_int)
+    steps: int = option(16, "optimizer steps per run", type=cli.positive_int)
+    batch_size: int = option(16, "examples per optimizer step", type=cli.positive_int)
+    micro_batch_size: int = option(8, "examples per forward/backward pass", type=cli.positive_int)
+    precise_lrs: tuple[float, ...] = option("3e-5,1e-4,3e-4", "lr grid of both precise arms", type=lr_list)
+    full_lrs: tuple[float, ...] = option("3e-6,1e-5,3e-5", "lr grid of full SFT", type=lr_list)
+    lora_lrs: tuple[float, ...] = option("1e-4,3e-4,1e-3", "lr grid of LoRA", type=lr_list)
+    lora_rank: int = option(8, "LoRA rank on every attention and MLP weight", type=cli.positive_int)
+    n_val: int = option(24, "validation prompts per operation (choose the lr)", type=cli.positive_int)
+    n_heldout: int = option(48, "held-out-template test prompts per operation", type=cli.positive_int)
+    n_transfer: int = option(16, "test prompts per operation and transfer format", type=cli.positive_int)
+    n_shots: int = option(2, "few-shot examples before each training/eval prompt", type=cli.nonnegative_int)
+    n_pydoc: int = option(8, "pydoc passages in the drift text", type=cli.nonnegative_int)
+    n_sentences: int = option(30, "project sentences in the drift text (at most 30)", type=cli.positive_int)
+    drift_tokens: int = option(96, "tokens per drift passage (KL and LM loss on non-math text)", type=cli.positive_int)
+    n_rank_prompts: int = option(24, "prompts per operation for ranking heads", type=cli.positive_int)
+    seed: int = option(0, "seed of the data and training")
+    threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
+    device: str = "auto"
+    out: str = option("runs/precise_sft", "output folder")
+    overwrite: bool = option(False, "start the output folder afresh")
+    resume: bool = option(False, "add the --methods to an unfinished or finished folder of the same settings")
+
+    def __post_init__(self):
+        for name, parse in (("methods", method_list), ("precise_lrs", lr_list), ("full_lrs", lr_list),
+                            ("lora_lrs", lr_list)):
+            value = getattr(self, name)
+            try:
+                parsed = parse(value) if isinstance(value, str) else value
+            except argparse.ArgumentTypeError as err:
+                raise InputError(f"PreciseSFTConfig.{name}: {err}") from None
+            object.__setattr__(self, name, tuple(parsed))
+
+    def lr_grid(self, method_key: str) -> list[float]:
+        """The learning rates tried for ``method_key``."""
+        return list(getattr(self, METHOD_SPECS[method_key][2]))
+
+    def ablation_ks(self) -> list[int]:
+        return [int(k) for k in self.ablation_k.split(",") if k.strip()]
+
+
+parser = cli.config_parser(PreciseSFTConfig, "precise_sft", __doc__)
+
+
+@dataclass
+class SFTRun:
+    """What every stage shares: the flags, the run folder and its results, the frozen base model and the data."""
+
+    cfg: PreciseSFTConfig
+    out: Path
+    results: dict
+    base: torch.nn.Module | None = None
+    train_set: object = None
+    suite: dict = field(default_factory=dict)
+    val_suite: dict = field(default_factory=dict)
+    texts: list[str] = field(default_factory=list)
+    ranked_heads: list[Head] = field(default_factory=list)
+    ranked_mlps: list[MLP] = field(default_factory=list)
+
+    @property
+    def train_config(self) -> TrainConfig:
+        c = self.cfg
+        return TrainConfig(batch_size=c.batch_size, micro_batch_size=c.micro_batch_size, max_steps=c.steps,
+                           seed=c.seed, lora=LoraSettings(r=c.lora_rank), progress=False)
+
+    def save(self) -> None:
+        save_results(self.out, self.results)
+
+
+# ---------------------------------------------------------------------------- stage: run folder, model, data
+
+
+def open_run(cfg: PreciseSFTConfig) -> SFTRun:
+    """The run folder and the results so far (empty unless ``--resume`` finds a folder of the same settings)."""
+    out = Path(cfg.out)
+    if cfg.resume and read_marker(out) is not None and (out / "results.json").is_file():
+        results = json.loads((out / "results.json").read_text())
+        before = results.get("args", {})
+        differ = sorted(k for k, v in dataclasses.asdict(cfg).items()
+                        if k not in RESUMABLE and json.loads(json.dumps(v)) != before.get(k))
+        if differ:
+            raise InputError(f"--resume: {out} was run with other settings ({', '.join(differ)}); "
+                             "use the same flags or another --out.")
+        return SFTRun(cfg, out, results)
+    return SFTRun(cfg, prepare_run_dir(out, overwrite=cfg.overwrite), {})
+
+
+def load_base(run: SFTRun) -> None:
+    """The base model, frozen and in eval mode: every method trains a copy of it."""
+    run.base = load_model(run.cfg.model, device=run.cfg.device)
+    run.base.eval()
+    for p in run.base.parameters():
+        p.requires_grad_(False)
+
+
+def build_data(run: SFTRun) -> None:
+    """Training mix, test suite, validation split (disjoint from both) and the drift texts."""
+    cfg, base = run.cfg, run.base
+    run.train_set = arithmetic_train_set(base, ArithmeticMix(ops=OPS, n_examples=cfg.n_train, n_shots=cfg.n_shots,
+                                                             seed=cfg.seed))
+    suite_config = MathSuiteConfig(ops=OPS, n_heldout=cfg.n_heldout, n_transfer=cfg.n_transfer,
+                                   n_shots=cfg.n_shots, seed=12345 + cfg.seed)
+    run.suite = math_suite(base, suite_config)
+    run.val_suite = validation_suite(base, suite_config, cfg.n_val, exclude=[*run.suite.values(), run.train_set],
+                                     seed=777 + cfg.seed)
+    run.texts = (pydoc_passages(cfg.n_pydoc) if cfg.n_pydoc else []) + list(NON_MATH_SENTENCES[: cfg.n_sentences])
+    example = run.train_set[0]
+    print(f"{len(run.train_set)} training examples, e.g. {example['prompt'][-60:]!r} -> {example['answer']!r}")
+
+
+def evaluate_test(run: SFTRun, model) -> dict:
+    """Test accuracy per family (per prompt) and drift on the non-math texts."""
+    return evaluate(model, run.base, run.suite, run.texts, drift_tokens=run.cfg.drift_tokens, progress=False,
+                    per_prompt=True)
+
+
+def evaluate_val(run: SFTRun, model) -> dict:
+    """Validation exact accuracy (Wilson), the score that chooses the lr."""
+    model.eval()
+    scores = {name: answer_accuracy(model, ds, per_prompt=True) for name, ds in run.val_suite.items()}
+    return accuracy_estimate(scores, "heldout").to_dict()
+
+
+# ---------------------------------------------------------------------------- stage: key heads and MLPs
+
+
+def _rank_nodes(base, cfg: PreciseSFTConfig) -> tuple[str, list[Head], list[MLP]]:
+    """Key heads and MLPs: from the flags, else by path patching summed (as % of baseline) over the operations."""
+    ranked_heads = [parse_node(h) for h in cfg.heads.split(",")] if cfg.heads else []
+    ranked_mlps = [parse_node(m) for m in cfg.mlps.split(",")] if cfg.mlps else []
+    if ranked_heads and (ranked_mlps or not cfg.ablation_mlps):
+        return "--heads", ranked_heads, ranked_mlps
+    total = None
+    for i, op in enumerate(OPS):
+        probe = make_dataset(base, op=op, n_prompts=cfg.n_rank_prompts, styles=("equation", "statement", "question"),
+                             seed=1000 + i)
+        scores = path_patch(base, probe, progress=False)
+        as_percent = {n: scores.percent(n) for n, _ in scores.ranked("all")}
+        total = as_percent if total is None else {n: total[n] + as_percent[n] for n in total}
+    order = [n for n, _ in sorted(total.items(), key=lambda item: item[1])]  # largest drop first
+    return ("--heads" if cfg.heads else "path_patching",
+            ranked_heads or [n for n in order if isinstance(n, Head)],
+            ranked_mlps or [n for n in order if isinstance(n, MLP)])
+
+
+def choose_nodes(run: SFTRun) -> None:
+    """Ranked heads and MLPs (kept from an earlier command of a resumed folder), recorded in the results."""
+    cfg, results = run.cfg, run.results
+    if "ranked_heads" in results:
+        head_source = results["head_source"]
+        run.ranked_heads = [parse_node(h) for h in results["ranked_heads"]]
+        run.ranked_mlps = [parse_node(m) for m in results["ranked_mlps"]]
+    else:
+        head_source, run.ranked_heads, run.ranked_mlps = _rank_nodes(run.base, cfg)
+    if max([cfg.k, *cfg.ablation_ks()]) > len(run.ranked_heads):
+        raise InputError(f"Only {len(run.ranked_heads)} ranked heads; lower --k / --ablation-k or pass more --heads.")
+    heads, top_mlps = run.ranked_heads[: cfg.k], run.ranked_mlps[: cfg.ablation_mlps]
+    print(f"key heads ({head_source}): {', '.join(map(str, heads))}; top MLPs: {', '.join(map(str, top_mlps)) or '-'}")
+    results.setdefault("args", json.loads(json.dumps(dataclasses.asdict(cfg))))
+    results.update({"head_source": head_source, "ranked_heads": [str(h) for h in run.ranked_heads[:32]],
+                    "ranked_mlps": [str(m) for m in run.ranked_mlps[:8]], "key_heads": [str(h) for h in heads],
+                    "n_train": len(run.train_set), "n_val_prompts": sum(len(d) for d in run.val_suite.values()),
+                    "validation": "held-out templates; asked problems disjoint from the test suite and the training set"})
+    results.setdefault("runs", {})
+    results.setdefault("lr_search", {})
+
+
+def score_base(run: SFTRun) -> None:
+    """Test and validation scores of the untrained model (once per folder)."""
+    if "base" in run.results:
+        return
+    print("evaluating the base model")
+    run.results["base"] = evaluate_test(run, run.base) | {"validation_exact": evaluate_val(run, run.base)}
+    run.results["base"]["summary"] = score_summary(run.results["base"], None)
+    run.save()
+
+
+# ---------------------------------------------------------------------------- stage: lr search and test per method
+
+
+def train_copy(run: SFTRun, method_key: str, lr: float, heads=None, mlps=None, out_dir: Path | None = None):
+    """Train a copy of the base model with ``method_key`` at ``lr``: (tuned model, train result)."""
+    method, overrides, _ = METHOD_SPECS[method_key]
+    release_freed_memory()  # so each run's peak RSS is its own
+    model = copy.deepcopy(run.base)
+    run_config = dataclasses.replace(run.train_config, lr=lr, **overrides)
+    result = train(model, run.train_set, run_config, method=method, heads=heads, mlps=mlps, out_dir=out_dir)
+    return model, result
+
+
+def _trial(run: SFTRun, method_key: str, lr: float, trial_dir: Path):
+    """One (method, lr) trial from the base weights: (tuned model, its entry in ``lr_search``)."""
+    shutil.rmtree(trial_dir, ignore_errors=True)  # a trial cut short restarts from the base weights
+    is_precise = METHOD_SPECS[method_key][0] == "precise"
+    tick = time.perf_counter()
+    model, result = train_copy(run, method_key, lr, run.ranked_heads[: run.cfg.k] if is_precise else None,
+                               out_dir=trial_dir)
+    val = evaluate_val(run, model)
+    entry = {"lr": lr, "validation_exact": val, "final_loss": result.losses[-1], "kept": False,
+             "train": result.summary(), "losses": result.losses, "seconds": time.perf_counter() - tick}
+    print(f"{method_key} lr {lr:g}: validation exact {val['value']:.3f} [{val['low']:.3f}, {val['high']:.3f}] "
+          f"(n={val['n']}), final loss {result.losses[-1]:.4f}, {entry['seconds']:.0f} s")
+    return model, entry
+
+
+def search_lr(run: SFTRun, method_key: str):
+    """Try every lr of the method's grid (skipping trials already recorded); the best on validation.
+
+    Each trial is recorded as it ends and only the best one's tuned weights stay on disk
+    (runs/<method>_lr<lr>/final), so a command stopped by its time limit resumes at the next trial.
+    Returns (validation estimate, lr, tuned model, trial entry) of the best trial.
+    """
+    grid = run.cfg.lr_grid(method_key)
+    search = run.results["lr_search"].setdefault(method_key, {
+        "grid": grid, "chosen_lr": None, "by_lr": {}, "rule": "best validation exact accuracy; ties: smaller lr"})
+    best = None  # (validation estimate, lr, tuned model, trial entry)
+    for lr in grid:
+        key, trial_dir = f"{lr:g}", run.out / "runs" / f"{method_key}_lr{lr:g}"
+        entry = search["by_lr"].get(key)
+        if entry is not None:  # done by an earlier command
+            if entry["kept"]:
+                model = copy.deepcopy(run.base)
+                load_tuned(model, trial_dir / "final")
+                best = (entry["validation_exact"], lr, model, entry)
+            continue
+        model, entry = _trial(run, method_key, lr, trial_dir)
+        discard = trial_dir
+        if best is None or entry["validation_exact"]["value"] > best[0]["value"]:  # strict: ties keep the smaller lr
+            discard = None if best is None else run.out / "runs" / f"{method_key}_lr{best[1]:g}"
+            if best is not None:
+                best[3]["kept"] = False
+            entry["kept"] = True
+            best = (entry["validation_exact"], lr, model, entry)
+        search["by_lr"][key] = entry
+        run.save()  # before deleting: a stop in between leaves a kept trial's weights on disk
+        if discard is not None:
+            shutil.rmtree(discard, ignore_errors=True)
+        del model
+        gc.collect()
+    search["chosen_lr"] = best[1]
+    return best
+
+
+def run_method(run: SFTRun, method_key: str) -> None:
+    """The lr search on validation, then the test scores at the chosen lr only."""
+    val, lr, model, entry = search_lr(run, method_key)
+    scores = evaluate_test(run, model)
+    is_precise = METHOD_SPECS[method_key][0] == "precise"
+    run.results["runs"][method_key] = {"method": METHOD_SPECS[method_key][0], "lr": lr,
+                                       "k": run.cfg.k if is_precise else None,
+                                       "tune_kv": METHOD_SPECS[method_key][1].get("tune_kv"), "validation_exact": val,
+                                       "train": entry["train"], "losses": entry["losses"], **scores,
+                                       "summary": score_summary(scores, run.results["base"])}
+    s = run.results["runs"][method_key]["summary"]
+    print(f"{method_key}: lr {lr:g}, test held-out exact {s['heldout_exact']['value']:.3f} "
+          f"(gain {s['heldout_gain']['value']:+.3f} [{s['heldout_gain']['low']:+.3f}, {s['heldout_gain']['high']:+.3f}]), "
+          f"KL {scores['drift']['kl']:.4f}, {entry['train']['n_trainable']:,} trained")
+    run.save()
+    del model
+    gc.collect()
+
+
+def run_methods(run: SFTRun) -> None:
+    """Every method of ``--methods`` not yet in the folder."""
+    for method_key in run.cfg.methods:
+        if method_key in run.results["runs"]:
+            print(f"--- {method_key}: already in {run.out}, skipped")
+            continue
+        run_method(run, method_key)
+
+
+# ---------------------------------------------------------------------------- stage: Table-2 ablation
+
+
+def run_ablation(run: SFTRun) -> None:
+    """Precise SFT of the top k heads (and, if asked, the top MLPs) at the lr chosen for ``precise``."""
+    ablation_k, top_mlps = run.cfg.ablation_ks(), run.ranked_mlps[: run.cfg.ablation_mlps]
+    if not (ablation_k or top_mlps):
+        return
+    if "precise" not in run.results["lr_search"]:
+        raise InputError("The ablation uses the lr chosen for 'precise': include it in --methods (or a resumed run).")
+    lr = run.results["lr_search"]["precise"]["chosen_lr"]
+    for k in ablation_k:
+        for mlps in ([], top_mlps) if top_mlps else ([],):
+            name = f"ablation_k{k}" + (f"_mlp{len(mlps)}" if mlps else "")
+            if name in run.results["runs"]:
+                continue
+            model, result = train_copy(run, "precise", lr, run.ranked_heads[:k], mlps or None,
+                                       out_dir=run.out / "runs" / name)
+            scores = evaluate_test(run, model)
+            run.results["runs"][name] = {"method": "precise", "lr": lr, "k": k, "mlps": [str(m) for m in mlps],
+                                         "tune_kv": True, "train": result.summary(), "losses": result.losses,
+                                         **scores, "summary": score_summary(scores, run.results["base"])}
+            run.save()
+            del model, result
+            gc.collect()
+
+
+# ---------------------------------------------------------------------------- stage: the claim, table, report
+
+
+def finish(run: SFTRun, started: float) -> None:
+    """The claims (once full SFT is in), wall time over commands, the table and report; complete if all methods ran."""
+    results = run.results
+    if "full" in results["runs"]:
+        results["claims"] = {arm: claim(results["runs"][arm], results["runs"]["full"])
+                             for arm in ("precise", "precise_nokv") if arm in results["runs"]}
+    results.setdefault("wall_seconds_by_command", []).append(time.perf_counter() - started)
+    results["wall_seconds"] = sum(results["wall_seconds_by_command"])
+    print_table(results)
+    write_report(run.out, results, run.cfg.model, dataclasses.asdict(run.cfg))
+    missing = [m for m in METHOD_SPECS if m not in results["runs"]]
+    if missing:
+        run.save()
+        print(f"methods still to run (--resume --methods {','.join(missing)}): {', '.join(missing)}")
+    else:
+        complete_run(run.out, results)
+
+
+def run(cfg: PreciseSFTConfig) -> dict:
+    """Run (or resume) the experiment; return the results dict that is also written to results.json."""
+    sft = open_run(cfg)
+    cli.set_threads(cfg.threads)
+    started = time.perf_counter()
+    load_base(sft)
+    build_data(sft)
+    choose_nodes(sft)
+    score_base(sft)
+    run_methods(sft)
+    run_ablation(sft)
+    finish(sft, started)
+    return sft.results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Parse ``argv`` (default: ``sys.argv``) and run."""
+    return run(cli.parse_config(parser, PreciseSFTConfig, argv))

@@ -1,0 +1,93 @@
+"""Summaries of ``python -m experiments.precise_sft``: test scores with intervals, the claim, the table and the report.
+
+Every number carries its 95% interval: test accuracy (Wilson), the gain over the base model
+(paired bootstrap over prompts), drift on non-math text (bootstrap over texts), and the claim
+"precise SFT >= full SFT's gain with less drift" as paired differences (precise - full).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from circuits.show.html_report import Report
+from finetune.evaluate import accuracy_estimate, drift_estimates, paired_comparison
+
+
+def score_summary(scores: dict, base_scores: dict | None) -> dict:
+    """Test accuracy (Wilson), gain over base (paired bootstrap), drift (bootstrap over texts), as JSON."""
+    out = {f"{family}_exact": accuracy_estimate(scores["math"], family).to_dict() for family in ("heldout", "transfer")}
+    out["drift_estimates"] = {k: e.to_dict() for k, e in drift_estimates(scores["drift"]["per_text"]).items()}
+    if base_scores is not None:
+        for family in ("heldout", "transfer"):
+            out[f"{family}_gain"] = paired_comparison(scores, base_scores, family=family)["accuracy"].to_dict()
+    return out
+
+
+def claim(precise: dict, full: dict) -> dict:
+    """'precise SFT >= full SFT's gain with less drift' as paired differences (precise - full) and a verdict."""
+    diff = paired_comparison(precise, full)
+    acc, kl = diff["accuracy"], diff["kl"]
+    gain = "higher" if acc.low > 0 else "lower" if acc.high < 0 else "not distinguishable"
+    drift = "less" if kl.high < 0 else "more" if kl.low > 0 else "not distinguishable"
+    verdict = "reproduced" if gain != "lower" and drift == "less" else "not reproduced"
+    return {"gain_difference": acc.to_dict(), "kl_difference": kl.to_dict(),
+            "lm_loss_increase_difference": diff["lm_loss_increase"].to_dict(),
+            "gain_vs_full": gain, "drift_vs_full": drift, "verdict": verdict}
+
+
+def _fmt(e: dict, pct: bool = True, signed: bool = False) -> str:
+    f = (lambda x: f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}") if pct else (lambda x: f"{x:.4f}")
+    return f"{f(e['value'])} [{f(e['low'])}, {f(e['high'])}]"
+
+
+def print_table(results: dict) -> None:
+    """One line per run: test accuracy (Wilson), gain over base (paired bootstrap), KL (bootstrap), trained entries."""
+    print(f"\n{'run':16s} {'lr':>7s} {'held-out exact %':>22s} {'gain (points)':>22s} {'transfer %':>20s} "
+          f"{'KL on text':>26s} {'trained':>11s}")
+    rows = [("base", results["base"])] + list(results["runs"].items())
+    for name, r in rows:
+        s = r["summary"]
+        gain = _fmt(s["heldout_gain"], signed=True) if "heldout_gain" in s else "-"
+        trained = f"{r['train']['n_trainable']:,}" if "train" in r else "-"
+        lr = f"{r['lr']:.0e}" if "lr" in r else "-"
+        print(f"{name:16s} {lr:>7s} {_fmt(s['heldout_exact']):>22s} {gain:>22s} {_fmt(s['transfer_exact']):>20s} "
+              f"{_fmt(s['drift_estimates']['kl'], pct=False):>26s} {trained:>11s}")
+    for arm, c in results.get("claims", {}).items():
+        print(f"claim ({arm} vs full): gain difference {_fmt(c['gain_difference'], signed=True)} points, "
+              f"KL difference {_fmt(c['kl_difference'], pct=False)}: {c['verdict']}")
+    print(f"\nwall time {results['wall_seconds'] / 60:.1f} min over {len(results['wall_seconds_by_command'])} command(s)")
+
+
+def write_report(out: Path, results: dict, model_name: str, settings: dict) -> None:
+    """report.html: gain against drift per run and the validation accuracy per learning rate."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("test accuracy gain vs drift (95% CI)",
+                                                        "validation accuracy per learning rate"))
+    for name, r in results["runs"].items():
+        s = r["summary"]
+        gain, kl = s["heldout_gain"], s["drift_estimates"]["kl"]
+        fig.add_trace(go.Scatter(
+            x=[kl["value"]], y=[100 * gain["value"]], mode="markers+text", text=[name], textposition="top center",
+            name=name, showlegend=False,
+            error_y=dict(type="data", symmetric=False, array=[100 * (gain["high"] - gain["value"])],
+                         arrayminus=[100 * (gain["value"] - gain["low"])]),
+            error_x=dict(type="data", symmetric=False, array=[kl["high"] - kl["value"]],
+                         arrayminus=[kl["value"] - kl["low"]])), row=1, col=1)
+    for method, search in results["lr_search"].items():
+        lrs = [v["lr"] for v in search["by_lr"].values()]
+        vals = [v["validation_exact"] for v in search["by_lr"].values()]
+        fig.add_trace(go.Scatter(x=lrs, y=[100 * v["value"] for v in vals], mode="lines+markers", name=method,
+                                 error_y=dict(type="data", symmetric=False,
+                                              array=[100 * (v["high"] - v["value"]) for v in vals],
+                                              arrayminus=[100 * (v["value"] - v["low"]) for v in vals])), row=1, col=2)
+    fig.update_xaxes(title_text="KL(base || tuned) per token, non-math text", row=1, col=1)
+    fig.update_yaxes(title_text="held-out exact accuracy gain (points)", row=1, col=1)
+    fig.update_xaxes(title_text="learning rate", type="log", row=1, col=2)
+    fig.update_yaxes(title_text="validation exact accuracy (%)", row=1, col=2)
+    fig.update_layout(title=f"Precise vs full SFT vs LoRA on {model_name}", height=450, width=1000)
+    report = Report(f"Precise SFT vs full SFT vs LoRA: {model_name}")
+    report.add_figure(fig)
+    report.add_settings(settings)
+    report.save(out / "report.html")

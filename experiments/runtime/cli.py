@@ -1,0 +1,272 @@
+"""The command line every experiment shares: one parser style, flags checked before a model loads, errors as one line.
+
+A researcher meets the toolkit through ``python -m experiments.<name>``; three rules make that meeting short:
+
+* **Flags are checked when they are parsed**, not when a late stage first uses them: the argparse
+  ``type=`` functions here (:func:`positive_int`, :func:`nonnegative_int`, :func:`int_list`,
+  :func:`device`, ...) reject ``--top-k 0``, ``--knockout-ks a,b`` or ``--device cuda`` on a CPU-only
+  torch before any data is built or any model loaded.
+* **Bad input is one line, not a traceback.** :func:`run_cli` runs an experiment's ``main``; an argparse
+  error or a :class:`circuits.errors.ToolkitError` (raised on purpose for bad input or a damaged file)
+  prints ``<prog>: error: <what was wrong>`` and, where the message has one, ``hint: <what to do>`` on
+  stderr and exits with status 2. ``--debug`` shows the full traceback instead. Any other exception is a
+  bug and keeps its traceback.
+* **Flags come from a config**: an experiment declares a frozen dataclass whose fields are its settings
+  (:func:`option` adds the help text and the parse-time check); :func:`parse_config` builds the parser
+  from it, so the defaults live in one place and ``results.json`` records ``dataclasses.asdict(config)``.
+  ``device``/``dtype`` fields become the shared :func:`add_device_flags` (``auto`` = CUDA when present).
+* **``--help`` reads like a man page**: ``python -m experiments.<name>`` as the program name, the module
+  docstring with its line breaks (reStructuredText double backticks dropped), every flag described, and
+  its default shown once (not when the help text already states it, nor when it is ``None``/off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+from circuits.errors import ToolkitError
+
+DEBUG_FLAG = "--debug"
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's line breaks; appends "(default: X)" once, where it says something."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        quiet = action.default is None or action.default is False or action.default == argparse.SUPPRESS \
+            or not action.option_strings
+        if quiet or "(default" in text or "default:" in text:
+            return text
+        if isinstance(action.default, tuple):  # several values: as they are typed
+            return f"{text} (default: {' '.join(map(str, action.default))})"
+        return f"{text} (default: %(default)s)"
+
+
+class ExperimentParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line plus a hint (not the whole usage), exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"{self.prog}: error: {message}\nhint: `{self.prog} --help` lists every flag.", file=sys.stderr)
+        sys.exit(2)
+
+
+def plain_docstring(doc: str | None) -> str:
+    """A module docstring for the terminal: reStructuredText ``double backticks`` dropped, line breaks kept."""
+    return re.sub(r"``(.+?)``", r"\1", doc or "").strip("\n")
+
+
+def make_parser(name: str, doc: str | None) -> ExperimentParser:
+    """The parser of ``python -m experiments.<name>``, described by ``doc`` (the module docstring), with ``--debug``."""
+    parser = ExperimentParser(prog=f"python -m experiments.{name}", description=plain_docstring(doc),
+                              formatter_class=_HelpFormatter)
+    parser.add_argument(DEBUG_FLAG, action="store_true", help="show the full traceback of an error")
+    return parser
+
+
+# ---------------------------------------------------------------------------- flag types (checked at parse time)
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    value = _integer(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0."""
+    value = _integer(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite float > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A float in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text!r}")
+    return value
+
+
+def int_list(text: str) -> str:
+    """A comma-separated list of integers >= 1 such as ``1,2,4,8`` (returned as given, for the config)."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items or not all(t.isdigit() and int(t) >= 1 for t in items):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1 such as 1,2,4,8, got {text!r}")
+    return text
+
+
+def figure_formats(text: str) -> str:
+    """``svg,pdf,png`` (any subset): the static figure formats, checked with kaleido's presence (returned as given)."""
+    from circuits.show.static_export import parse_formats, require_kaleido
+
+    try:
+        if parse_formats(text):
+            require_kaleido()
+    except ToolkitError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def device(text: str) -> str:
+    """``auto``, ``cpu``, ``cuda``, ``cuda:N`` or ``mps``, checked against what this torch build can use."""
+    if text == "auto":
+        return text
+    import torch  # here, not at import: a parser is built (and --help answered) before torch loads
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"unknown device {text!r}; use auto, cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "is a CPU-only build" if torch.version.cuda is None else "sees no CUDA GPU"
+            raise argparse.ArgumentTypeError(f"{text!r} is not available: torch {torch.__version__} {why}; "
+                                             f"use --device cpu (or auto)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise argparse.ArgumentTypeError(f"{text!r} is not available: {torch.cuda.device_count()} CUDA "
+                                             f"device(s) visible")
+    elif dev.type == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise argparse.ArgumentTypeError(f"{text!r} is not available on this machine; use --device cpu (or auto)")
+    elif dev.type != "cpu":
+        raise argparse.ArgumentTypeError(f"unsupported device {text!r}; use auto, cpu, cuda, cuda:N or mps")
+    return text
+
+
+def add_device_flags(parser: argparse.ArgumentParser, *, dtype: bool = True) -> None:
+    """``--device`` (default auto) and, if asked, ``--dtype``: the same meaning in every experiment."""
+    parser.add_argument("--device", type=device, default="auto",
+                        help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps")
+    if dtype:
+        parser.add_argument("--dtype", choices=DTYPES, default=None,
+                            help="weights' dtype (default: float32 on CPU, bfloat16 on CUDA)")
+
+
+# ---------------------------------------------------------------------------- running and reporting errors
+
+
+def error_lines(prog: str, err: BaseException) -> str:
+    """``<prog>: error: <first line>`` and, from the rest of the message, ``hint: ...`` (whitespace collapsed)."""
+    first, _, rest = str(err).strip().partition("\n")
+    text = f"{prog}: error: {first}"
+    hint = " ".join(rest.split())
+    return text + (f"\nhint: {hint}" if hint else "")
+
+
+def run_cli(main: Callable[[list[str] | None], object], name: str, argv: Sequence[str] | None = None) -> None:
+    """Run ``main(argv)`` as ``python -m experiments.<name>``: a :class:`ToolkitError` becomes one line, exit 2;
+    Ctrl-C one line, exit 130."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        main(argv)
+    except ToolkitError as err:
+        if DEBUG_FLAG in argv:
+            raise
+        print(error_lines(f"python -m experiments.{name}", err), file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        if DEBUG_FLAG in argv:
+            raise
+        print(f"python -m experiments.{name}: interrupted (results.json records the stage it stopped in)", file=sys.stderr)
+        sys.exit(130)
+
+
+@contextmanager
+def progress(message: str) -> Iterator[None]:
+    """``message ...`` on stderr, then ``done in N s``: for a stage that shows no bar of its own."""
+    print(f"{message} ...", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    yield
+    print(f"  done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- flags from a config dataclass
+
+Config = TypeVar("Config")
+_METAVARS = {int: "N", float: "X", positive_int: "N", nonnegative_int: "N", positive_float: "X", fraction: "X",
+             int_list: "K,K,...", figure_formats: "FORMATS"}
+
+
+def option(default: Any, help: str, *, type: Callable[[str], Any] | None = None, choices: Sequence | None = None,
+           nargs: str | None = None) -> Any:
+    """A config field that is also a command-line flag: its default, help text and parse-time check (``type``).
+
+    A tuple default (or ``nargs="+"``) becomes a flag taking several values; a ``False`` default a switch.
+    """
+    meta = {"help": help, "type": type, "choices": tuple(choices) if choices is not None else None, "nargs": nargs}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config: type) -> None:
+    """One ``--flag`` per field of the dataclass ``config`` that was declared with :func:`option`."""
+    for f in dataclasses.fields(config):
+        if "help" not in f.metadata:
+            continue
+        meta, flag = f.metadata, "--" + f.name.replace("_", "-")
+        if f.default is False:
+            parser.add_argument(flag, action="store_true", help=meta["help"])
+            continue
+        several = isinstance(f.default, tuple) or meta["nargs"] is not None
+        sample = f.default[0] if isinstance(f.default, tuple) and f.default else f.default
+        kind = meta["type"] or (type(sample) if isinstance(sample, (int, float)) and not isinstance(sample, bool) else str)
+        metavar = None if meta["choices"] else _METAVARS.get(kind)
+        parser.add_argument(flag, type=kind, default=f.default, choices=meta["choices"], metavar=metavar,
+                            nargs=(meta["nargs"] or "+") if several else None, help=meta["help"])
+
+
+def config_parser(config: type, name: str, doc: str | None) -> ExperimentParser:
+    """The parser of ``python -m experiments.<name>``: one flag per field of the dataclass ``config``."""
+    parser = make_parser(name, doc)
+    add_config_flags(parser, config)
+    return parser
+
+
+def parse_config(parser: argparse.ArgumentParser, config: type[Config], argv: Sequence[str] | None = None,
+                 **fixed: Any) -> Config:
+    """Parse ``argv`` (default: ``sys.argv``) with ``parser`` into ``config``; several-valued flags become tuples.
+
+    ``fixed`` fields are set by the caller, not by a flag.
+    """
+    args = vars(parser.parse_args(argv))
+    args.pop("debug", None)
+    return config(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}, **fixed)
+
+
+def set_threads(threads: int) -> None:
+    """``--threads N``: torch CPU threads (0 keeps torch's default)."""
+    if threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)

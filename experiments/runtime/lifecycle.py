@@ -1,0 +1,135 @@
+"""One lifecycle for every experiment: run folder, threads, seed, model, timed stages, results.json, status.
+
+An experiment is a config (a :class:`experiments.runtime.settings.RunSettings` subclass) and a
+function of a :class:`Run` that does the work in named stages::
+
+    def run(cfg: CircuitConfig, *, loader: ModelLoader | None = None) -> dict:
+        return run_experiment("circuit", cfg, _stages, loader=loader)
+
+    def _stages(run: Run) -> None:
+        model = run.load_model()
+        with run.stage("data"):
+            run.results["n_kept"] = ...
+
+:func:`run_experiment` does the rest, the same way for every experiment:
+
+1. the run folder (:func:`experiments.runtime.run_folder.prepare_run_dir`): ``--out`` or
+   ``runs/<name>-<timestamp>``, marked as the toolkit's, ``results.json`` with status ``running``;
+   a folder the toolkit did not write is refused, an earlier run is replaced only with ``--overwrite``
+   and only once this run completes;
+2. torch's CPU threads (``--threads``) and every random generator seeded from ``--seed``;
+3. the stages: each ``with run.stage(name)`` is timed into ``results["seconds"]`` and saves
+   ``results.json`` when it ends, so a failure late in a run keeps what the earlier stages found;
+4. the status: ``complete`` after the last write, ``failed: <stage>: <why>`` when anything raises
+   (``failed: <stage>: interrupted`` on Ctrl-C), and the exception goes on to the command line.
+
+The model comes from an injected loader (``loader=``, default :func:`circuits.loading.load_model`):
+tests pass a function that returns a tiny model instead of monkeypatching the loading module.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from experiments.runtime import cli
+from experiments.runtime.run_folder import (
+    StageTimer, complete_run, default_run_dir, fail_run, prepare_run_dir, read_status, save_results,
+)
+from experiments.runtime.settings import RunSettings
+
+#: ``loader(name_or_folder, *, device, dtype) -> HookedTransformer``; :func:`circuits.loading.load_model` by default.
+ModelLoader = Callable[..., Any]
+
+
+def default_loader(name: str, *, device: str = "auto", dtype: Optional[str] = None):
+    """:func:`circuits.loading.load_model` (imported here, so a parser is built before TransformerLens loads)."""
+    from circuits.loading import load_model
+
+    return load_model(name, device=device, dtype=dtype)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators (methods that draw take explicit generators too)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Run:
+    """One experiment run in progress: its settings, folder, results (``results.json``) and stage timer."""
+
+    name: str
+    settings: RunSettings
+    out: Path
+    loader: ModelLoader
+    results: dict = field(default_factory=dict)
+    timer: StageTimer = field(default_factory=StageTimer)
+    started: float = field(default_factory=time.perf_counter)
+    log: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr, flush=True))
+
+    @contextmanager
+    def stage(self, name: str, message: Optional[str] = None) -> Iterator[None]:
+        """Time ``name`` into ``results["seconds"]``; save results.json after it; on an error, mark the run failed.
+
+        ``message`` (what the stage does, for the terminal) is printed before it starts and its time after.
+        """
+        if message:
+            self.log(f"{message} ...")
+        start = time.perf_counter()
+        with self.timer.stage(name):
+            yield
+        if message:
+            self.log(f"  done in {time.perf_counter() - start:.0f} s")
+
+    def load_model(self, name: Optional[str] = None, *, stage: str = "load model"):
+        """The model ``name`` (default ``settings.model``) through the injected loader, on the run's device and dtype."""
+        name = name or self.settings.model
+        with self.stage(stage, f"loading {name}"):
+            return self.loader(name, device=self.settings.device, dtype=self.settings.dtype)
+
+    def save(self) -> None:
+        """Write results.json now (status ``running``)."""
+        save_results(self.out, self.results)
+
+    @property
+    def wall_seconds(self) -> float:
+        return round(time.perf_counter() - self.started, 1)
+
+
+def run_experiment(name: str, settings: RunSettings, stages: Callable[[Run], Any], *,
+                   loader: Optional[ModelLoader] = None, results: Optional[dict] = None,
+                   default_out: Optional[str] = None) -> dict:
+    """Run ``stages(run)`` under the lifecycle of the module docstring; return the final results.
+
+    ``results``: the keys results.json starts with (default: ``settings``, every field of the config);
+    ``default_out``: the folder name used when ``--out`` is not given (default ``runs/<name>-<timestamp>``).
+    """
+    out = prepare_run_dir(settings.out or default_run_dir(default_out or name), overwrite=settings.overwrite)
+    run = Run(name, settings, out, loader or default_loader,
+              results=dict(results) if results is not None else {"settings": asdict(settings)})
+    run.timer.run_dir, run.timer.results = out, run.results
+    run.results["seconds"] = run.timer.seconds
+    try:
+        cli.set_threads(settings.threads)
+        seed_everything(settings.seed)
+        stages(run)
+    except BaseException as err:
+        # a stage that raised has already written ``failed: <stage>: ...``; anything else fails here
+        why = "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
+        if (read_status(out) or "").startswith("running"):
+            fail_run(out, run.results, f"{name}: {why}")
+        raise
+    run.results["seconds"] = run.timer.seconds
+    run.results["wall_seconds"] = run.wall_seconds
+    complete_run(out, run.results)
+    return run.results

@@ -1,0 +1,38 @@
+"""The settings every experiment shares, declared once: :class:`RunSettings`.
+
+An experiment's config is a frozen dataclass that extends :class:`RunSettings` with its own
+fields; each field is also a command-line flag (:func:`experiments.runtime.cli.option`), so the
+defaults and help texts live here, once, for every experiment:
+
+    @dataclass(frozen=True)
+    class CircuitConfig(RunSettings):
+        op: str = option("+", "the operation: + - * / (or addition, subtraction, ...)")
+
+This module imports neither torch nor TransformerLens, so a parser can be built (and ``--help``
+answered) before anything heavy loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from experiments.runtime.cli import DTYPES, device, nonnegative_int, option
+
+DEFAULT_MODEL = "gemma-3-270m"  # circuits.loading.DEFAULT_MODEL, without importing it
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Model, device, dtype, threads, seed, output folder and overwrite: the flags of every experiment."""
+
+    model: str = option(DEFAULT_MODEL, "offline model name (gemma-3-270m, smollm2-135m), a TransformerLens model "
+                                       "name, or a folder written by circuits.save_model")
+    device: str = option("auto", "auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps", type=device)
+    dtype: str | None = option(None, "weights' dtype (default: float32 on CPU, bfloat16 on CUDA)", choices=DTYPES)
+    threads: int = option(0, "torch CPU threads (0: torch's default, every core; give 1 to each of two jobs "
+                             "sharing a 2-core machine)", type=nonnegative_int)
+    seed: int = option(0, "seed of everything random in the run: prompts, splits, random baselines, training",
+                       type=int)
+    out: str | None = option(None, "output folder (default: runs/<experiment>-<timestamp>)")
+    overwrite: bool = option(False, "replace an earlier run of this toolkit in --out once this one completes (a "
+                                    "folder the toolkit did not write is never replaced)")

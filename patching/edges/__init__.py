@@ -1,0 +1,24 @@
+"""Edge circuits: every edge of the graph scored, patched exactly, evaluated as circuits, summarised as curves.
+
+An edge ``s -> r`` carries sender ``s``'s output into receiver ``r``'s input (:mod:`circuits.graph`).
+One forward engine (:mod:`patching.edges.engine`) fixes what a sender's output and a receiver's input
+are, so that outputs add up to inputs on every supported model; everything else runs on it:
+
+* :mod:`patching.edges.attribute`: EAP / EAP-IG scores of every edge from a few backward passes;
+* :mod:`patching.edges.patch` (and its fast path :mod:`patching.edges.patch_fast`): the exact effect
+  of each single edge;
+* :mod:`patching.edges.evaluate`: circuits run with every edge outside them ablated;
+* :mod:`patching.edges.curves`: MIB faithfulness curves, CPR and CMD, with bootstrap intervals;
+* :mod:`patching.edges.distributed`: the same sweeps split over processes.
+"""
+
+from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS, edge_attribution
+from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, curve_areas, faithfulness_curve
+from patching.edges.engine import UnsupportedModelError, edge_mode, receiver_hooks, sender_outputs
+from patching.edges.evaluate import ABLATIONS, CircuitEvaluation, MeanPoolError, evaluate_circuit, evaluate_circuits
+from patching.edges.patch import EdgeEffects, edge_patch
+
+__all__ = ["ABLATIONS", "CircuitEvaluation", "EDGE_ATTRIBUTION_METHODS", "EdgeEffects", "FaithfulnessCurve",
+           "MIB_FRACTIONS", "MeanPoolError", "UnsupportedModelError", "curve_areas", "edge_attribution", "edge_mode",
+           "edge_patch", "evaluate_circuit", "evaluate_circuits", "faithfulness_curve", "receiver_hooks",
+           "sender_outputs"]

@@ -1,0 +1,292 @@
+"""Edge attribution patching: EAP and EAP-IG scores for every edge of the graph, from a few backward passes.
+
+An edge s -> r carries sender s's output into receiver r's input (a head's q, k or v
+input, an MLP's input, or the final residual; see :mod:`circuits.graph`). Patching
+that one edge, i.e. giving r the counterfactual output of s in place of its reference
+output, changes the metric m by, to first order,
+
+    score(s -> r) = (o_s(X_cf) - o_s(X_ref)) · ∂m/∂in_r,
+
+summed over positions and averaged over prompts (Syed et al. 2023). One backward pass
+gives ∂m/∂in_r for every receiver at once, so every edge is scored together. The methods
+(as hannamw/EAP-IG defines them, ``eap.attribute.attribute``) differ only in where the
+gradient is taken:
+
+* ``"EAP"``: on the reference run.
+* ``"EAP-IG-inputs"`` (Hanna et al. 2024): averaged over ``ig_steps`` runs whose input
+  embeddings are interpolated from the counterfactual toward the reference,
+  ``emb_cf + (k / steps)(emb_ref - emb_cf)`` for k = 0 .. steps - 1 (EAP-IG's left Riemann
+  sum: k = 0 is the counterfactual run itself, so one step is *not* EAP but the gradient
+  at the counterfactual input).
+* ``"EAP-IG-activations"``: for each layer component in turn (the input, each layer's
+  attention output, each MLP output), that component's output is interpolated,
+  ``a·out_ref + (1 - a)·out_cf`` with a = k / steps, k = 1 .. steps, inside the reference
+  run; the gradient is averaged over all these (1 + 2·n_layers)·steps runs.
+* ``"clean-corrupted"``: the mean of the gradients on the reference and on the
+  counterfactual run.
+
+The output difference uses the toolkit's norm convention: a sender's output is what it
+adds to the residual in the run that produced it. On models with norms after attention
+(gemma), a head's output is its ``hook_result`` slice times ``ln1_post.w`` over that run's
+``ln1_post`` scale; EAP-IG takes the raw ``hook_result`` there, so the head-sender scores
+differ on gemma (they agree on gpt2- and llama-style models, and for every other sender).
+
+Speed: reference and counterfactual prompts share a prefix (few-shot lines, the first
+operand's leading tokens); every output difference is zero there, so it is run once,
+without gradient, and cached as keys/values; only the later positions are run and
+differentiated. The metric reads the END position only, and unembeds only the columns
+it needs (:func:`patching.metrics.score_end`). Rows are chunked to ``memory_mb``.
+``level="node"`` sums each sender's edges over its receivers (a node's score: the
+first-order effect of patching its output everywhere downstream).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Optional, Union
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+from transformer_lens import utils as tl_utils
+
+from circuits.errors import InputError
+from circuits.graph import Graph, GraphLayout
+from patching import forward, inputs
+from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, receiver_hooks, run_suffix
+from patching.metrics import PatchMetric, get_metric, score_end
+from patching.results import NodeScores
+
+__all__ = ["edge_attribution", "EDGE_ATTRIBUTION_METHODS"]
+
+Resid = Float[Tensor, "rows suffix d_model"]
+
+
+@dataclass
+class _Chunk:
+    """One chunk of prompt rows: suffix embeddings, the shared prefix's keys/values, the scored tokens."""
+
+    emb_ref: Resid
+    emb_cf: Resid
+    prefix_kv: Optional[list]
+    answer_ids: Tensor
+    alt_ids: Optional[Tensor]
+    raw_ref: dict[str, Tensor]  # component outputs as hooked (EAP-IG-activations interpolates these)
+    raw_cf: dict[str, Tensor]
+
+
+# A gradient pass: the suffix input residual of a run, and forward hooks that change the run.
+_Pass = tuple[Resid, list]
+_PassMaker = Callable[[HookedTransformer, _Chunk, int], Iterator[_Pass]]
+
+
+def _eap(model, chunk, steps):
+    yield chunk.emb_ref, []
+
+
+def _eap_ig_inputs(model, chunk, steps):
+    for k in range(steps):
+        yield chunk.emb_cf + (k / steps) * (chunk.emb_ref - chunk.emb_cf), []
+
+
+def _clean_corrupted(model, chunk, steps):
+    yield chunk.emb_ref, []
+    yield chunk.emb_cf, []
+
+
+def _eap_ig_activations(model, chunk, steps):
+    # EAP-IG interpolates each layer's hook_result (all heads at once); result = z · W_O is linear in
+    # z, so interpolating hook_z is the same run without materialising the per-head results.
+    for name in [None] + _component_hook_names(model):
+        for k in range(1, steps + 1):
+            alpha = k / steps
+            if name is None:
+                yield chunk.emb_cf + alpha * (chunk.emb_ref - chunk.emb_cf), []
+                continue
+            mixed = alpha * chunk.raw_ref[name] + (1 - alpha) * chunk.raw_cf[name]
+
+            def interpolate(act, *, hook, mixed=mixed):
+                return mixed
+
+            yield chunk.emb_ref, [(name, interpolate)]
+
+
+@dataclass(frozen=True)
+class _Method:
+    passes: _PassMaker
+    n_passes: Callable[[HookedTransformer, int], int]
+    needs_raw_outputs: bool = False
+
+
+EDGE_ATTRIBUTION_METHODS: dict[str, _Method] = {
+    "EAP": _Method(_eap, lambda model, steps: 1),
+    "EAP-IG-inputs": _Method(_eap_ig_inputs, lambda model, steps: steps),
+    "EAP-IG-activations": _Method(_eap_ig_activations, lambda model, steps: (1 + 2 * model.cfg.n_layers) * steps,
+                                  needs_raw_outputs=True),
+    "clean-corrupted": _Method(_clean_corrupted, lambda model, steps: 2),
+}
+
+
+# ---------------------------------------------------------------------------- runs
+
+
+def _run_suffix(model: HookedTransformer, resid: Resid, prefix_kv, hooks: list) -> Float[Tensor, "rows suffix d_model"]:
+    """Final residual of a run whose first-block input at the suffix positions is ``resid``."""
+    cache = None if prefix_kv is None else forward.TiledKVCache(prefix_kv, 1)
+    return model.run_with_hooks(resid, start_at_layer=0, stop_at_layer=model.cfg.n_layers, fwd_hooks=hooks,
+                                past_kv_cache=cache)
+
+
+def _component_hook_names(model: HookedTransformer) -> list[str]:
+    return [name for layer in range(model.cfg.n_layers)
+            for name in (tl_utils.get_act_name("z", layer), tl_utils.get_act_name("mlp_out", layer))]
+
+
+@torch.no_grad()
+def _sender_outputs(model: HookedTransformer, tokens, prefix: int, prefix_kv,
+                    keep_raw: bool) -> tuple[Float[Tensor, "n_forward rows suffix d_model"], dict[str, Tensor]]:
+    """Every sender's output at the suffix (:class:`patching.edges.engine.SenderRecorder`), and optionally the
+    layer components' raw values (``hook_z``, ``hook_mlp_out``) that EAP-IG-activations interpolates."""
+    raw: dict[str, Tensor] = {}
+
+    def keep(act, *, hook):
+        raw[hook.name] = act.detach().clone()
+
+    recorder = SenderRecorder(model)
+    extra = [(name, keep) for name in _component_hook_names(model)] if keep_raw else []
+    run_suffix(model, tokens, prefix, prefix_kv, recorder.hooks() + extra)
+    return recorder.stacked(), raw
+
+
+def _receiver_gradients(model: HookedTransformer, chunk: _Chunk, resid: Resid, hooks: list,
+                        metric: PatchMetric) -> tuple[Tensor, Tensor]:
+    """∂(Σ_rows m)/∂in_r for every receiver ``[rows, suffix, n_backward, d_model]``, and the per-row metric."""
+    captured: dict[str, Tensor] = {}
+
+    def keep(act, *, hook):
+        captured[hook.name] = act
+        return act
+
+    # receiver_hooks lists backward indices in order, grouped by hook with heads ascending
+    names = list(dict.fromkeys(name for name, _ in receiver_hooks(model)))
+    with torch.enable_grad():
+        resid = resid.detach().requires_grad_(True)
+        final = _run_suffix(model, resid, chunk.prefix_kv, hooks + [(n, keep) for n in names])
+        values = score_end(model, final[:, -1], chunk.answer_ids, chunk.alt_ids, metric)
+        grads = torch.autograd.grad(values.sum(), [captured[n] for n in names], allow_unused=True)
+    # receivers upstream of a component that a pass replaces (EAP-IG-activations) do not reach the metric
+    grads = [torch.zeros_like(captured[n]) if g is None else g for n, g in zip(names, grads)]
+    return torch.cat([g if g.ndim == 4 else g[:, :, None, :] for g in grads], dim=2), values.detach()
+
+
+# ---------------------------------------------------------------------------- public entry point
+
+
+def _row_budget(model: HookedTransformer, memory_mb: float, n_suffix: int, n_prefix: int) -> int:
+    cfg = model.cfg
+    layout = GraphLayout.of(model)
+    # forward activations kept for the backward (split q/k/v inputs add 3·n_heads residual copies per layer)
+    per_pos = cfg.n_layers * (16 * cfg.d_model + 3 * cfg.n_heads * cfg.d_model + 3 * (cfg.d_mlp or 0)
+                              + cfg.n_heads * (4 * cfg.d_head + 3 * cfg.d_model + 2 * (n_suffix + n_prefix)))
+    per_pos += 3 * (layout.n_forward + layout.n_backward) * cfg.d_model  # output differences, gradients, their sum
+    per_row = n_suffix * per_pos * torch.finfo(cfg.dtype).bits // 8
+    per_row += 2 * n_prefix * cfg.n_layers * (cfg.n_key_value_heads or cfg.n_heads) * cfg.d_head * 4
+    return max(1, int(memory_mb * 2**20 // per_row))
+
+
+def edge_attribution(
+    model: HookedTransformer,
+    reference,
+    counterfactual: Optional[Tensor] = None,
+    *,
+    method: str = "EAP-IG-inputs",
+    ig_steps: int = 5,
+    metric: Union[str, PatchMetric, Callable] = "logit",
+    level: str = "edge",
+    answer_ids=None,
+    alt_ids=None,
+    batch_size: Optional[int] = None,
+    memory_mb: float = 2048,
+    progress: bool = True,
+) -> Union[Graph, NodeScores]:
+    """Score every edge (or node) by EAP / EAP-IG; see the module docstring for the methods.
+
+    ``reference`` / ``counterfactual`` / ``answer_ids`` / ``alt_ids``: as in :func:`patching.path_patch`
+    (a task Dataset, a TaskBatch, or token tensors). ``metric``: a registry name or callable on the END
+    logits (see :mod:`patching.metrics`). Returns a :class:`circuits.graph.Graph` whose ``scores`` are
+    the mean over prompts of each edge's estimated effect on the metric (``level="edge"``), or
+    :class:`patching.NodeScores` of heads and MLPs (``level="node"``).
+    """
+    if method not in EDGE_ATTRIBUTION_METHODS:
+        raise InputError(f"Unknown method {method!r}: use one of {sorted(EDGE_ATTRIBUTION_METHODS)}.")
+    if level not in ("edge", "node"):
+        raise InputError(f"level must be 'edge' or 'node', got {level!r}.")
+    if not isinstance(ig_steps, int) or ig_steps < 1:
+        raise InputError(f"ig_steps must be a positive integer, got {ig_steps!r}.")
+    spec = EDGE_ATTRIBUTION_METHODS[method]
+    metric = get_metric(metric)
+    groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
+                                 batch_size=batch_size)
+    layout = GraphLayout.of(model)
+    total = torch.zeros(layout.n_forward, layout.n_backward, dtype=torch.float64)
+    metric_total, n_prompts = 0.0, 0
+    plan = []
+    for group in groups:
+        prefix = forward.shared_prefix_length(group.tokens, group.cf_tokens)
+        n_suffix = group.tokens.shape[1] - prefix
+        rows = min(len(group), _row_budget(model, memory_mb, n_suffix, prefix))
+        plan += [(group, prefix, sl) for sl in forward.chunks(len(group), rows)]
+    n_passes = spec.n_passes(model, ig_steps)
+    if model.cfg.parallel_attn_mlp:
+        raise InputError("Parallel attention/MLP blocks are not supported by edge attribution yet.")
+    with edge_mode(model):
+        bar = tqdm(total=len(plan) * n_passes, desc=f"edge attribution ({method})", disable=not progress, leave=False)
+        for group, prefix, sl in plan:
+            chunk, outputs_ref, outputs_cf = _prepare_chunk(model, group, prefix, sl, spec.needs_raw_outputs)
+            grad_sum = None
+            for resid, hooks in spec.passes(model, chunk, ig_steps):
+                grads, values = _receiver_gradients(model, chunk, resid, hooks, metric)
+                grad_sum = grads if grad_sum is None else grad_sum + grads
+                bar.update(1)
+            diff = (outputs_cf - outputs_ref).to(grad_sum.dtype)
+            total += torch.einsum("fbpd,bpkd->fk", diff, grad_sum).double().cpu() / n_passes
+            metric_total += float(_reference_metric(model, chunk, metric).sum())
+            n_prompts += sl.stop - sl.start
+        bar.close()
+    scores = torch.where(layout.real_edge_mask, total / n_prompts, torch.nan).float()
+    meta = {"method": method, "ig_steps": ig_steps if method.startswith("EAP-IG") else None,
+            "metric": metric.name, "n_prompts": n_prompts, "reference_metric": metric_total / n_prompts,
+            "d_model": model.cfg.d_model, "norm_convention": "residual contribution (post-norm, run's own scale)"}
+    if level == "node":
+        return _node_scores(layout, scores, meta)
+    return Graph(layout, scores, meta=meta)
+
+
+@torch.no_grad()
+def _prepare_chunk(model, group, prefix: int, sl: slice, needs_raw: bool):
+    tokens, cf_tokens = group.tokens[sl], group.cf_tokens[sl]
+    prefix_kv = edge_prefix_kv(model, tokens[:, :prefix]) if prefix > 0 else None
+    outputs_ref, raw_ref = _sender_outputs(model, tokens, prefix, prefix_kv, needs_raw)
+    outputs_cf, raw_cf = _sender_outputs(model, cf_tokens, prefix, prefix_kv, needs_raw)
+    emb_ref, emb_cf = outputs_ref[0], outputs_cf[0]  # sender 0, the input, is the first block's input
+    alt = None if group.alt_ids is None else group.alt_ids[sl]
+    chunk = _Chunk(emb_ref, emb_cf, prefix_kv, group.answer_ids[sl], alt, raw_ref, raw_cf)
+    return chunk, outputs_ref, outputs_cf
+
+
+@torch.no_grad()
+def _reference_metric(model, chunk: _Chunk, metric: PatchMetric) -> Tensor:
+    final = _run_suffix(model, chunk.emb_ref, chunk.prefix_kv, [])
+    return score_end(model, final[:, -1], chunk.answer_ids, chunk.alt_ids, metric)
+
+
+def _node_scores(layout: GraphLayout, scores: Tensor, meta: dict) -> NodeScores:
+    per_sender = torch.nan_to_num(scores).sum(dim=1)
+    heads = torch.stack([per_sender[[layout.head_forward(l, h) for h in range(layout.n_heads)]]
+                         for l in range(layout.n_layers)])
+    mlps = per_sender[[layout.mlp_forward(l) for l in range(layout.n_layers)]]
+    info = dict(meta, input_score=float(per_sender[0]))
+    return NodeScores(heads, mlps, meta["metric"], meta["reference_metric"], meta["n_prompts"],
+                      method=f"edge_attribution:{meta['method']}", info=info)

@@ -1,0 +1,182 @@
+"""Faithfulness curves: how much of the model's behaviour the top-scored edges keep, at each circuit size.
+
+Given edge scores (from attribution, or exact :func:`patching.edge_patch` effects), the
+circuit at fraction ``x`` keeps the ``int(x · n_edges)`` edges of largest ``|score|``
+(ties by index order) and ablates all others (:func:`patching.evaluate_circuit`). Its
+faithfulness, as in the Mechanistic Interpretability Benchmark (MIB, Mueller et al.
+2025, ``evaluate_area_under_curve`` in hannamw/MIB-circuit-track), is
+
+    f(C) = (m(C) − m(∅)) / (m(full) − m(∅)),
+
+with ``m`` the mean metric over prompts, ``∅`` the empty circuit (every edge ablated)
+and ``full`` the model itself. Over MIB's ten fractions 0.1%, 0.2%, 0.5%, 1%, 2%, 5%,
+10%, 20%, 50%, 100%, two areas summarise the curve (trapezoids, linear in the fraction,
+from the first fraction to the last):
+
+* **CPR** (circuit performance ratio) = area under ``f``: higher is better;
+* **CMD** (circuit-model difference) = area under ``|1 − f|``: lower is better.
+
+Intervals: the prompts are resampled with replacement (the same resamples for every
+point), and each resample recomputes every point's ratio of means, CPR and CMD; the
+95% interval is the percentile interval of those (:func:`circuits.stats.bootstrap`).
+
+This module selects by plain top-n (:func:`circuits.graph_selection.select_top_n` without
+pruning; every real edge needs a score). A ``select`` callable ``(scores, n) -> mask`` can
+replace it (greedy growth, pruning of edges off every input-to-logits path:
+:func:`circuits.graph_selection.mib_selector`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Union
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from circuits.errors import InputError
+from circuits.graph import Graph, GraphLayout
+from circuits.graph_selection import select_top_n
+from circuits.stats import Estimate, bootstrap
+from patching.edges.evaluate import evaluate_circuits
+
+MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+Selector = Callable[[Float[Tensor, "n_forward n_backward"], int], Bool[Tensor, "n_forward n_backward"]]
+
+
+def curve_areas(fractions: Sequence[float], faithfulness: Sequence[float]) -> tuple[float, float]:
+    """(CPR, CMD): trapezoid areas of ``f`` and of ``|1 − f|`` over ``fractions`` (linear x), as MIB computes them."""
+    x, f = np.asarray(fractions, dtype=np.float64), np.asarray(faithfulness, dtype=np.float64)
+    if x.shape != f.shape or x.ndim != 1 or len(x) < 2:
+        raise InputError(f"Need one faithfulness per fraction and at least two points, got {len(x)} fractions, {len(f)} values.")
+    width = np.diff(x)
+    cpr = float(np.sum(width * (f[:-1] + f[1:]) / 2))
+    gap = np.abs(1 - f)
+    cmd = float(np.sum(width * (gap[:-1] + gap[1:]) / 2))
+    return cpr, cmd
+
+
+@dataclass
+class FaithfulnessCurve:
+    """A faithfulness curve with its areas; every number carries a bootstrap interval over prompts."""
+
+    fractions: list[float]
+    n_edges: list[int]
+    faithfulness: list[Estimate]
+    cpr: Estimate
+    cmd: Estimate
+    full: Estimate
+    empty: Estimate
+    circuit_metric: Float[Tensor, "point prompt"] = field(repr=False)
+    metric: str = "logit"
+    ablation: str = "counterfactual"
+    n_total_edges: int = 0
+
+    @property
+    def n_prompts(self) -> int:
+        return int(self.circuit_metric.shape[1])
+
+    def smallest_fraction(self, threshold: float = 0.8) -> Optional[float]:
+        """The first fraction whose faithfulness reaches ``threshold`` (None if none does)."""
+        return next((x for x, f in zip(self.fractions, self.faithfulness) if f.value >= threshold), None)
+
+    def to_dict(self) -> dict:
+        return {
+            "fractions": self.fractions, "n_edges": self.n_edges, "n_total_edges": self.n_total_edges,
+            "faithfulness": [f.to_dict() for f in self.faithfulness], "cpr": self.cpr.to_dict(), "cmd": self.cmd.to_dict(),
+            "full_metric": self.full.to_dict(), "empty_metric": self.empty.to_dict(), "metric": self.metric,
+            "ablation": self.ablation, "n_prompts": self.n_prompts,
+        }
+
+
+def _scores_of(layout: GraphLayout, scores) -> Tensor:
+    if isinstance(scores, Graph):
+        scores = scores.scores
+    elif hasattr(scores, "scores") and not isinstance(scores, Tensor):  # EdgeEffects and the like
+        scores = scores.scores
+    if not isinstance(scores, Tensor) or tuple(scores.shape) != (layout.n_forward, layout.n_backward):
+        raise InputError(f"Scores must be a Graph, EdgeEffects or a tensor {(layout.n_forward, layout.n_backward)} "
+                         f"(n_forward, n_backward) for this model.")
+    return scores
+
+
+@torch.no_grad()
+def faithfulness_curve(
+    model: HookedTransformer,
+    scores: Union[Graph, Tensor, object],
+    reference,
+    counterfactual: Optional[Tensor] = None,
+    *,
+    fractions: Sequence[float] = MIB_FRACTIONS,
+    ablation: str = "counterfactual",
+    means_from=None,
+    metric="logit",
+    absolute: bool = True,
+    select: Optional[Selector] = None,
+    n_bootstrap: int = 1000,
+    confidence: float = 0.95,
+    seed: int = 0,
+    answer_ids=None,
+    alt_ids=None,
+    batch_size: Optional[int] = None,
+    memory_mb: float = 1024.0,
+    progress: bool = True,
+    evaluate: Optional[Callable] = None,
+) -> FaithfulnessCurve:
+    """Faithfulness of the top-scored edges at each fraction, CPR and CMD, with bootstrap intervals.
+
+    Args:
+        model: a HookedTransformer the edge graph can represent.
+        scores: a :class:`circuits.graph.Graph` (its ``scores``), :class:`patching.EdgeEffects`, or a
+            ``[n_forward, n_backward]`` tensor.
+        reference, counterfactual, answer_ids, alt_ids, batch_size: prompts, as in :func:`patching.path_patch`.
+        fractions: increasing edge fractions in (0, 1] (default MIB's ten).
+        ablation, means_from: how edges outside the circuit are ablated (:func:`patching.evaluate_circuit`).
+        absolute: rank edges by ``|score|`` (MIB's default) rather than by signed score.
+        select: ``(scores, n) -> bool mask`` replacing the top-n choice (e.g. greedy selection with pruning).
+        n_bootstrap, confidence, seed: the bootstrap over prompts.
+        evaluate: runs the circuits (default :func:`patching.evaluate_circuits`, or one with its signature);
+            :mod:`patching.edges.distributed` passes one that splits them over processes.
+    """
+    layout = GraphLayout.of(model)
+    scores = _scores_of(layout, scores)
+    fractions = [float(x) for x in fractions]
+    if not fractions or any(not 0 < x <= 1 for x in fractions) or any(b <= a for a, b in zip(fractions, fractions[1:])):
+        raise InputError(f"fractions must increase strictly within (0, 1], got {fractions}.")
+    counts = [int(x * layout.n_edges) for x in fractions]
+    choose = select or (lambda s, n: select_top_n(Graph(layout, s), n, absolute=absolute, prune=False).in_graph)
+    masks = [choose(scores, n) for n in counts]
+    full = layout.real_edge_mask.clone()
+    empty = torch.zeros_like(full)
+    evaluate = evaluate or evaluate_circuits
+    evaluations = evaluate(model, masks + [full, empty], reference, counterfactual, ablation=ablation,
+                           means_from=means_from, metric=metric, answer_ids=answer_ids, alt_ids=alt_ids,
+                           batch_size=batch_size, memory_mb=memory_mb, progress=progress)
+    table = torch.stack([e.per_prompt for e in evaluations], dim=1).numpy()  # [prompt, point + full + empty]
+    n_points = len(masks)
+
+    def ratios(rows: np.ndarray) -> np.ndarray:
+        means = rows.mean(axis=0)
+        denominator = means[n_points] - means[n_points + 1]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (means[:n_points] - means[n_points + 1]) / denominator
+
+    def estimate(statistic) -> Estimate:
+        return bootstrap(table, statistic, confidence=confidence, n_resamples=n_bootstrap, seed=seed)
+
+    points = [estimate(lambda rows, i=i: float(ratios(rows)[i])) for i in range(n_points)]
+    if n_points >= 2:
+        cpr = estimate(lambda rows: curve_areas(fractions, ratios(rows))[0])
+        cmd = estimate(lambda rows: curve_areas(fractions, ratios(rows))[1])
+    else:
+        cpr = cmd = Estimate(float("nan"), float("nan"), float("nan"), table.shape[0], "none")
+    return FaithfulnessCurve(
+        fractions=fractions, n_edges=[int(m.sum()) for m in masks], faithfulness=points, cpr=cpr, cmd=cmd,
+        full=estimate(lambda rows: float(rows[:, n_points].mean())),
+        empty=estimate(lambda rows: float(rows[:, n_points + 1].mean())),
+        circuit_metric=torch.from_numpy(table[:, :n_points].T.copy()), metric=evaluations[0].metric, ablation=ablation,
+        n_total_edges=layout.n_edges,
+    )

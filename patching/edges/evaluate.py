@@ -1,0 +1,303 @@
+"""Circuit evaluation: run the model with every edge outside a circuit ablated.
+
+A circuit ``C`` is a set of edges of the model's graph (:mod:`circuits.graph`). Running
+``C`` on the reference prompts means: every receiver ``r`` reads
+
+    in_r(C) = Σ_{s: (s, r) ∈ C} o_s(current run) + Σ_{s: (s, r) ∉ C} ã_s + constant biases,
+
+where ``o_s`` is sender ``s``'s output under :mod:`patching.edges.engine`' convention and
+``ã_s`` its *ablated* output. As hannamw/EAP-IG's ``evaluate_graph`` does, this is done
+by a hook at each receiver that adds ``Σ_{s ∉ C} (ã_s − o_s(current))`` to the input the
+model computed; senders' current outputs are recorded as the forward produces them, so
+an in-circuit edge carries what its sender outputs *in this run* (changed, if the
+sender's own inputs were ablated upstream).
+
+Ablations (``ablation=``):
+
+* ``"counterfactual"``: ``ã_s`` = the sender's output on the prompt's counterfactual twin.
+  The empty circuit is then exactly the counterfactual run, the full graph the reference run.
+* ``"mean"``: the sender's output averaged over the prompts and positions of a separate
+  pool (``means_from``); ``"positional-mean"``: averaged over the pool's prompts per
+  position (the pool needs prompts of the evaluated lengths).
+* ``"zero"``: ``ã_s = 0``.
+
+Mean ablations must not take their means from the evaluated prompts themselves (the
+circuit would be scored partly on its own answers): a pool sharing a prompt with the
+evaluated set is refused.
+
+Speed: several circuits run in one forward (stacked along the batch, chunked to a
+memory budget); logits are computed at END only, for the vocabulary columns the metric
+reads; with counterfactual ablation the positions before the first one where reference
+and counterfactual differ hold identical senders in both runs, so ablating them changes
+nothing: only the later positions are run, reading the prefix's keys/values from a cache.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+from datasets import Dataset
+from jaxtyping import Bool, Float
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from circuits.errors import InputError
+from circuits.graph import QKV, Graph, GraphLayout
+from circuits.tasks import TaskBatch, iter_batches
+from patching import forward, inputs
+from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, run_suffix, sender_outputs
+from patching.metrics import PatchMetric, get_metric, score_end
+
+ABLATIONS = ("counterfactual", "mean", "positional-mean", "zero")
+CircuitInput = Union[Graph, Bool[Tensor, "n_forward n_backward"]]
+
+
+class MeanPoolError(InputError):
+    """The prompts for a mean ablation are missing, overlap the evaluated prompts, or lack their lengths."""
+
+
+@dataclass
+class CircuitEvaluation:
+    """The metric of one circuit run, per evaluated prompt (in the order the prompts were grouped)."""
+
+    per_prompt: Float[Tensor, "prompt"]
+    metric: str
+    ablation: str
+    n_edges: int
+    n_total_edges: int
+    info: dict = field(default_factory=dict)
+
+    @property
+    def mean(self) -> float:
+        return float(self.per_prompt.double().mean())
+
+    @property
+    def n_prompts(self) -> int:
+        return int(self.per_prompt.numel())
+
+    def to_dict(self) -> dict:
+        return {"metric": self.metric, "ablation": self.ablation, "mean": self.mean, "n_prompts": self.n_prompts,
+                "n_edges": self.n_edges, "n_total_edges": self.n_total_edges,
+                "per_prompt": self.per_prompt.tolist(), **self.info}
+
+
+def circuit_mask(layout: GraphLayout, circuit: CircuitInput) -> Bool[Tensor, "n_forward n_backward"]:
+    """The circuit's edges as a boolean ``[n_forward, n_backward]`` mask (only real edges kept)."""
+    if isinstance(circuit, Graph):
+        if circuit.layout != layout:
+            raise InputError(f"The graph is for {circuit.layout}, the model's is {layout}: build it with Graph.from_model(model).")
+        mask = circuit.in_graph
+    elif isinstance(circuit, Tensor):
+        mask = circuit
+    else:
+        raise InputError(f"A circuit is a circuits.graph.Graph or a bool tensor [n_forward, n_backward], got {type(circuit).__name__}.")
+    shape = (layout.n_forward, layout.n_backward)
+    if tuple(mask.shape) != shape:
+        raise InputError(f"The circuit mask has shape {tuple(mask.shape)}; this model's graph needs {shape} (n_forward, n_backward).")
+    return mask.detach().cpu().bool() & layout.real_edge_mask
+
+
+@torch.no_grad()
+def evaluate_circuit(
+    model: HookedTransformer,
+    circuit: CircuitInput,
+    reference,
+    counterfactual: Optional[Tensor] = None,
+    **kwargs,
+) -> CircuitEvaluation:
+    """The metric with every edge outside ``circuit`` ablated (see the module docstring).
+
+    Args and keywords are those of :func:`evaluate_circuits`, for one circuit.
+    """
+    return evaluate_circuits(model, [circuit], reference, counterfactual, **kwargs)[0]
+
+
+@torch.no_grad()
+def evaluate_circuits(
+    model: HookedTransformer,
+    circuits: Sequence[CircuitInput],
+    reference,
+    counterfactual: Optional[Tensor] = None,
+    *,
+    ablation: str = "counterfactual",
+    means_from=None,
+    metric: Union[str, PatchMetric, Callable] = "logit",
+    answer_ids=None,
+    alt_ids=None,
+    batch_size: Optional[int] = None,
+    memory_mb: float = 1024.0,
+    reuse_prefix: bool = True,
+    progress: bool = False,
+) -> list[CircuitEvaluation]:
+    """Evaluate several circuits on the same prompts, several per batched forward.
+
+    Args:
+        model: a HookedTransformer the edge graph can represent (:func:`patching.edges.engine.check_edge_model`).
+        circuits: each a :class:`circuits.graph.Graph` (its ``in_graph``) or a bool mask ``[n_forward, n_backward]``.
+        reference, counterfactual, answer_ids, alt_ids, batch_size: prompts, as in :func:`patching.path_patch`.
+        ablation: one of :data:`ABLATIONS`.
+        means_from: the pool for ``"mean"`` / ``"positional-mean"``: a ``Dataset`` from
+            :func:`circuits.tasks.make_dataset`, a ``TaskBatch`` or token ids ``[n, pos]``; none of its
+            prompts may be an evaluated one.
+        metric: a name in :data:`patching.metrics.METRICS` or a callable ``fn(logits, answer_ids, alt_ids)``.
+        memory_mb: activation budget per batched forward.
+        reuse_prefix: (counterfactual ablation) run only the positions after the shared prefix.
+    Returns:
+        One :class:`CircuitEvaluation` per circuit, in order.
+    """
+    if ablation not in ABLATIONS:
+        raise InputError(f"Unknown ablation {ablation!r}: use one of {ABLATIONS}.")
+    metric = get_metric(metric)
+    layout = GraphLayout.of(model)
+    if len(circuits) == 0:
+        raise InputError("No circuits to evaluate: pass at least one Graph or mask.")
+    masks = torch.stack([circuit_mask(layout, c) for c in circuits])
+    groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
+                                 batch_size=batch_size)
+    with edge_mode(model):
+        means = _pool_means(model, ablation, means_from, groups, batch_size)
+        per_group = []
+        bar = tqdm(total=len(groups) * len(circuits), desc=f"evaluating circuits ({ablation})", disable=not progress, leave=False)
+        for group in groups:
+            per_group.append(_evaluate_group(model, layout, masks, group, ablation, means, metric, memory_mb, reuse_prefix, bar))
+        bar.close()
+    values = torch.cat(per_group, dim=1).double().cpu()  # [n_circuits, n_prompts]
+    n_total = layout.n_edges
+    return [CircuitEvaluation(values[i], metric.name, ablation, int(masks[i].sum()), n_total) for i in range(len(circuits))]
+
+
+# ---------------------------------------------------------------------------- ablated outputs
+
+
+def _pool_groups(model, pool, batch_size) -> list[Tensor]:
+    if isinstance(pool, Dataset):
+        return [b.tokens.to(model.cfg.device) for b in iter_batches(pool, batch_size or len(pool))]
+    if isinstance(pool, TaskBatch):
+        return [pool.tokens.to(model.cfg.device)]
+    if isinstance(pool, Tensor) and pool.ndim == 2:
+        return [pool.to(model.cfg.device)]
+    raise MeanPoolError(f"means_from must be a Dataset, a TaskBatch or token ids [n, pos], got {type(pool).__name__}.")
+
+
+def _pool_means(model, ablation, pool, groups, batch_size) -> Optional[dict]:
+    """Mean sender outputs over the pool: ``{None: [n_forward, d_model]}`` or ``{length: [n_forward, pos, d_model]}``."""
+    if not ablation.endswith("mean"):
+        if pool is not None:
+            raise InputError(f"means_from is only used by mean ablations; with ablation={ablation!r} pass means_from=None.")
+        return None
+    if pool is None:
+        raise MeanPoolError(
+            f"ablation={ablation!r} needs means_from: a pool of prompts that are not the evaluated ones "
+            f"(e.g. make_dataset(model, n_prompts=..., seed=<another seed>))."
+        )
+    pool_tokens = _pool_groups(model, pool, batch_size)
+    evaluated = {tuple(row.tolist()) for g in groups for row in g.tokens}
+    shared = sum(tuple(row.tolist()) in evaluated for tokens in pool_tokens for row in tokens)
+    if shared:
+        raise MeanPoolError(
+            f"means_from shares {shared} prompt(s) with the evaluated prompts: the ablation would leak the evaluated "
+            f"prompts' own activations. Draw the pool with another seed or split the dataset."
+        )
+    sums: dict = {}
+    counts: dict = {}
+    for tokens in pool_tokens:
+        outputs = sender_outputs(model, tokens).double()  # [n_forward, batch, pos, d_model]
+        key = None if ablation == "mean" else tokens.shape[1]
+        total = outputs.sum((1, 2)) if key is None else outputs.sum(1)
+        sums[key] = sums.get(key, 0) + total
+        counts[key] = counts.get(key, 0) + (outputs.shape[1] * outputs.shape[2] if key is None else outputs.shape[1])
+    means = {k: (sums[k] / counts[k]).to(model.cfg.dtype) for k in sums}
+    if ablation == "positional-mean":
+        missing = sorted({g.tokens.shape[1] for g in groups} - set(means))
+        if missing:
+            raise MeanPoolError(
+                f"positional-mean needs pool prompts of every evaluated length; the pool has lengths {sorted(means)}, "
+                f"missing {missing}. Use ablation='mean' or a pool built with the same templates."
+            )
+    return means
+
+
+# ---------------------------------------------------------------------------- one group
+
+
+def _evaluate_group(model, layout, masks, group, ablation, means, metric, memory_mb, reuse_prefix, bar) -> Tensor:
+    """Metric [n_circuits, batch] of every circuit on one group of equal-length prompts."""
+    B, n_pos = group.tokens.shape
+    start = forward.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix and ablation == "counterfactual" else 0
+    kv = edge_prefix_kv(model, group.tokens[:, :start]) if start else None
+    P = n_pos - start
+    if ablation == "counterfactual":
+        ablated = sender_outputs(model, group.cf_tokens, start=start, prefix_kv=kv)[:, None]  # [f, 1, B, P, d]
+    elif ablation == "mean":
+        ablated = means[None][:, None, None, None, :]  # [f, 1, 1, 1, d]
+    elif ablation == "positional-mean":
+        ablated = means[n_pos][:, None, None]  # [f, 1, 1, P, d]
+    else:
+        ablated = None
+    weights = (~masks).to(model.cfg.dtype).to(model.cfg.device)  # 1 where the edge is ablated
+    per_chunk = _circuits_per_chunk(model, layout, B, P, start, memory_mb)
+    out = []
+    for sl in forward.chunks(len(masks), per_chunk):
+        w = weights[sl]
+        C = w.shape[0]
+        hooks = _ablation_hooks(model, layout, w, ablated, C, B)
+        resid = run_suffix(model, group.tokens, start, kv, hooks, times=C)
+        answers = group.answer_ids.repeat(C)
+        alts = None if group.alt_ids is None else group.alt_ids.repeat(C)
+        out.append(score_end(model, resid[:, -1], answers, alts, metric).view(C, B))
+        bar.update(C)
+    return torch.cat(out)
+
+
+def _circuits_per_chunk(model, layout, B, P, start, memory_mb) -> int:
+    cfg = model.cfg
+    # the (ablated − current) buffer of every sender, plus the forward's activations with per-head q/k/v inputs
+    buffer = layout.n_forward * B * P * cfg.d_model * torch.finfo(cfg.dtype).bits // 8
+    split_factor = (12 + 6 * cfg.n_heads) / 12  # split q/k/v inputs add ~6·n_heads residual copies per position
+    rows = forward.rows_per_chunk(model, memory_mb / split_factor, P, cached_pos=start)
+    return max(1, min(rows // B, int(memory_mb * 2**20 // max(buffer, 1))))
+
+
+def _ablation_hooks(model, layout: GraphLayout, weights, ablated, C: int, B: int):
+    """Hooks that record every sender's current output and add Σ_{ablated s} (ã_s − o_s) at each receiver.
+
+    ``weights[c, f, b]`` is 1 where edge (f, b) is outside circuit ``c``; rows of the forward are
+    ``c * B + b``. ``ablated`` broadcasts to ``[n_forward, C, B, P, d_model]`` (None: zeros).
+    """
+    state: dict = {}
+
+    def on_output(f: int, value: Tensor) -> None:
+        cur = value.view(C, B, *value.shape[1:])
+        if "diff" not in state:
+            state["diff"] = torch.empty(layout.n_forward, *cur.shape, dtype=cur.dtype, device=cur.device)
+        state["diff"][f] = -cur if ablated is None else ablated[f] - cur
+
+    def receive(indices: list[int], per_head: bool):
+        limit = layout.forward_limit(indices[0])
+        w = weights[:, :limit, indices]  # [C, limit, heads or 1]
+        if not bool(w.any()):
+            return None
+
+        def hook(act, *, hook):
+            delta = torch.einsum("cfh,fcbpd->cbphd", w, state["diff"][:limit])
+            shaped = act.view(C, B, *act.shape[1:]) if per_head else act.view(C, B, *act.shape[1:-1], 1, act.shape[-1])
+            return (shaped + delta).view(act.shape)
+
+        return hook
+
+    hooks = SenderRecorder(model, on_output=on_output).hooks()
+    for layer in range(layout.n_layers):
+        for x in QKV:
+            fn = receive([layout.head_backward(layer, h, x) for h in range(layout.n_heads)], True)
+            if fn is not None:
+                hooks.append((f"blocks.{layer}.hook_{x}_input", fn))
+        fn = receive([layout.mlp_backward(layer)], False)
+        if fn is not None:
+            hooks.append((f"blocks.{layer}.hook_mlp_in", fn))
+    fn = receive([layout.logits_backward], False)
+    if fn is not None:
+        hooks.append((f"blocks.{layout.n_layers - 1}.hook_resid_post", fn))
+    return hooks

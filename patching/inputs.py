@@ -1,0 +1,111 @@
+"""The prompt forms every patching method accepts, turned into groups of equal token length.
+
+Every public method accepts its prompts in one of three forms and turns them
+into :class:`PromptGroup` s (prompts of equal token length, on the model's
+device) with :func:`prompt_groups`:
+
+* a ``datasets.Dataset`` from :func:`circuits.tasks.make_dataset` (its
+  ``cf_tokens`` column gives the counterfactual; rows are grouped by length);
+* a :class:`circuits.tasks.TaskBatch`;
+* reference and counterfactual token tensors ``[batch, pos]`` plus ``answer_ids``.
+
+Results over several groups are averaged with each prompt weighted equally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from datasets import Dataset
+from jaxtyping import Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+
+from circuits.arguments import check_positive_int
+from circuits.errors import InputError
+from circuits.tasks import TaskBatch, iter_batches
+
+PromptInput = Dataset | TaskBatch | Tensor
+IdInput = int | Sequence[int] | Tensor | None
+
+
+@dataclass
+class PromptGroup:
+    """Reference and counterfactual prompts of one token length, with the tokens the metric scores."""
+
+    tokens: Int[Tensor, "batch pos"]
+    cf_tokens: Int[Tensor, "batch pos"]
+    answer_ids: Int[Tensor, "batch"]
+    alt_ids: Int[Tensor, "batch"] | None = None
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+def _ids(ids: IdInput, n: int, name: str, device, rows: Sequence[int] | None = None) -> Tensor | None:
+    if ids is None:
+        return None
+    if isinstance(ids, int):
+        return torch.full((n,), ids, dtype=torch.long, device=device)
+    ids = torch.as_tensor(ids, dtype=torch.long)
+    if rows is not None:  # per-row ids of a whole dataset, selected for this batch
+        ids = ids[torch.as_tensor(rows)]
+    if ids.shape != (n,):
+        raise InputError(f"{name} has shape {tuple(ids.shape)} but there are {n} prompts: pass one id per prompt or one int.")
+    return ids.to(device)
+
+
+def prompt_groups(
+    model: HookedTransformer,
+    reference: PromptInput,
+    counterfactual: Tensor | None = None,
+    *,
+    answer_ids: IdInput = None,
+    alt_ids: IdInput = None,
+    batch_size: int | None = None,
+) -> list[PromptGroup]:
+    """Normalise the accepted input forms into equal-length groups on the model's device (see module docstring)."""
+    device = model.cfg.device
+    check_positive_int(batch_size, "batch_size", allow_none=True)  # None: one group per prompt length
+    groups: list[PromptGroup] = []
+    if isinstance(reference, Dataset):
+        if counterfactual is not None:
+            raise InputError("With a Dataset the counterfactual comes from its cf_tokens column; pass counterfactual=None.")
+        if answer_ids is not None:
+            raise InputError("With a Dataset the answers come from its answer_token_ids column; pass answer_ids=None.")
+        for batch in iter_batches(reference, batch_size or len(reference)):
+            groups.append(PromptGroup(batch.tokens.to(device), batch.cf_tokens.to(device), batch.answer_ids.to(device),
+                                      _ids(alt_ids, len(batch), "alt_ids", device, batch.indices)))
+    elif isinstance(reference, TaskBatch):
+        if counterfactual is not None or answer_ids is not None:
+            raise InputError("A TaskBatch carries its counterfactual and answers; pass counterfactual=None, answer_ids=None.")
+        n = len(reference)
+        groups.append(PromptGroup(reference.tokens.to(device), reference.cf_tokens.to(device),
+                                  reference.answer_ids.to(device), _ids(alt_ids, n, "alt_ids", device)))
+    elif isinstance(reference, Tensor):
+        if not isinstance(counterfactual, Tensor):
+            raise InputError("With reference tokens, pass counterfactual tokens of the same shape as a tensor.")
+        if reference.ndim != 2 or reference.shape != counterfactual.shape:
+            raise InputError(
+                f"reference {tuple(reference.shape)} and counterfactual {tuple(counterfactual.shape)} must both be "
+                f"[batch, pos] with the same shape: patching swaps activations position by position."
+            )
+        if answer_ids is None:
+            raise InputError("With token tensors, pass answer_ids (one int, or one id per prompt).")
+        n = reference.shape[0]
+        step = batch_size or n
+        answers, alts = _ids(answer_ids, n, "answer_ids", device), _ids(alt_ids, n, "alt_ids", device)
+        for start in range(0, n, step):
+            sl = slice(start, start + step)
+            groups.append(PromptGroup(reference[sl].to(device), counterfactual[sl].to(device), answers[sl],
+                                      None if alts is None else alts[sl]))
+    else:
+        raise TypeError(f"reference must be a Dataset, a TaskBatch or a token tensor, got {type(reference).__name__}.")
+    vocab = model.cfg.d_vocab_out
+    for g in groups:
+        for name, ids in (("answer_ids", g.answer_ids), ("alt_ids", g.alt_ids)):
+            if ids is not None and (ids.min() < 0 or ids.max() >= vocab):
+                raise InputError(f"{name} contains ids outside the vocabulary 0..{vocab - 1}.")
+    return groups
