@@ -22,10 +22,11 @@ import plotly.graph_objects as go
 from circuits.analyze.attention import classes_table
 from circuits.analyze.probes import plot_logit_lens, plot_probe_cosines
 from circuits.show.html_report import Report
-from experiments.circuit import add_report_section
+from experiments.arithmetic.config import MIN_READABLE
+from experiments.circuit.stage import add_report_section
 
 if TYPE_CHECKING:
-    from experiments.arithmetic import PipelineConfig
+    from experiments.arithmetic.config import PipelineConfig
     from experiments.arithmetic.stages import HeadRoles, PipelineRun, Prompts
 
 
@@ -167,9 +168,6 @@ def _probes_section(report: Report, probes, top_tokens_figure: go.Figure | None,
 
 
 # ---------------------------------------------------------------------------- the pipeline's report
-
-MIN_READABLE = 20  # fewer prompts than this and a stage's numbers are noise: the report says so instead
-
 
 def write_run_report(run: PipelineRun, prompts: Prompts, roles: HeadRoles, probes) -> None:
     """report.html of an arithmetic pipeline run: the standard sections, then transfer, AF1, edge circuit, SFT, times."""

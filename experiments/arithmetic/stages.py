@@ -43,13 +43,15 @@ from patching.head_ranking import key_heads
 from patching.results import KnockoutCurve, NodeScores
 
 from experiments.runtime import cli
-from experiments.arithmetic.report import MIN_READABLE
-from experiments.circuit import MIN_PROMPTS as MIN_CIRCUIT_PROMPTS
-from experiments.circuit import CircuitConfig, edge_circuit_stage
-from experiments.circuit import summary as circuit_summary
+from experiments.arithmetic.config import MIN_READABLE
+from experiments.circuit.stage import edge_circuit_stage
+from experiments.circuit.stage import summary as circuit_summary
+from experiments.runtime.settings import project
+from patching.edges.faithful_circuit import MIN_PROMPTS as MIN_CIRCUIT_PROMPTS
+from patching.edges.faithful_circuit import CircuitSearch
 
 if TYPE_CHECKING:
-    from experiments.arithmetic import PipelineConfig
+    from experiments.arithmetic.config import PipelineConfig
 
 AF1_TEMPLATES = ("af1-equation", "af1-verbal", "af1-question")  # experiments.af1's default search templates
 CASE_PROBLEMS = {"+": "4 + 3 = ", "-": "7 - 3 = ", "*": "4 * 2 = ", "/": "8 / 2 = "}
@@ -285,9 +287,8 @@ def find_edge_circuit(run: PipelineRun, prompts: Prompts, chosen: KeyHeadChoice,
             "skipped": f"only {n} correctly answered prompts for the edge circuit (needs >= {MIN_CIRCUIT_PROMPTS}, "
                        f"two per half); raise --n-prompts or --circuit-prompts."}
         return
-    stage_cfg = CircuitConfig(model=cfg.model, op=cfg.op, n_prompts=cfg.n_prompts, circuit_prompts=cfg.circuit_prompts,
-                              n_shots=cfg.n_shots, seed=cfg.seed, top_k=cfg.top_k, batch_size=cfg.batch_size)
-    stage, figures = edge_circuit_stage(run.model, prompts.kept, chosen.heads, roles.role, stage_cfg, run.out, run.timer)
+    stage, figures = edge_circuit_stage(run.model, prompts.kept, chosen.heads, roles.role, project(cfg, CircuitSearch),
+                                        out=run.out, op=cfg.op, model_name=cfg.model, stage=run.timer.stage)
     print(circuit_summary(stage))
     run.results["edge_circuit"] = stage
     run.figures |= figures

@@ -229,6 +229,21 @@ def option(default: Any, help: str, *, type: Callable[[str], Any] | None = None,
     return dataclasses.field(default=default, metadata=meta)
 
 
+def check_choices(config) -> None:
+    """Raise :class:`circuits.errors.InputError` when a field declared with ``choices`` holds another value.
+
+    The command line checks choices as it parses; this check also covers configs built in code.
+    """
+    from circuits.errors import InputError
+
+    for f in dataclasses.fields(config):
+        choices = f.metadata.get("choices")
+        value = getattr(config, f.name)
+        values = value if isinstance(value, tuple) else (value,)
+        if choices and value is not None and any(v not in choices for v in values):
+            raise InputError(f"{type(config).__name__}.{f.name} = {value!r}: choose from {', '.join(map(str, choices))}.")
+
+
 def add_config_flags(parser: argparse.ArgumentParser, config: type) -> None:
     """One ``--flag`` per field of the dataclass ``config`` that was declared with :func:`option`."""
     for f in dataclasses.fields(config):

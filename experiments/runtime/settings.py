@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments.runtime.cli import DTYPES, device, nonnegative_int, option
+from experiments.runtime.cli import DTYPES, check_choices, device, nonnegative_int, option
 
 DEFAULT_MODEL = "gemma-3-270m"  # circuits.loading.DEFAULT_MODEL, without importing it
 
@@ -36,3 +36,19 @@ class RunSettings:
     out: str | None = option(None, "output folder (default: runs/<experiment>-<timestamp>)")
     overwrite: bool = option(False, "replace an earlier run of this toolkit in --out once this one completes (a "
                                     "folder the toolkit did not write is never replaced)")
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+
+
+def project(source, target: type, **overrides):
+    """A ``target`` dataclass built from the fields of ``source`` that it shares by name (plus ``overrides``).
+
+    An experiment's flags and a library's settings record use the same names (``seed``, ``batch_size``,
+    ``threshold``, ...), so handing settings on is one call instead of a field-by-field copy.
+    """
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(target) if f.init}
+    shared = {name: getattr(source, name) for name in names if hasattr(source, name)}
+    return target(**{**shared, **overrides})

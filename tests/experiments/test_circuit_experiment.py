@@ -7,15 +7,14 @@ import json
 import pytest
 import torch
 
-from circuits.errors import InputError
-from circuits.graph import Graph, GraphLayout
+from circuits.graph import Graph
 from circuits.graph_io import load_eap_json
 from circuits.graph_selection import select_fraction
 from circuits.loading import load_model
-from circuits.nodes import Head
 from experiments import circuit as circuit_experiment
 from patching.edges.evaluate import evaluate_circuits
 from patching.edges.curves import MIB_FRACTIONS, curve_areas
+from patching.edges.faithful_circuit import split_halves
 
 FAST = ["--n-prompts", "60", "--circuit-prompts", "8", "--top-k", "2", "--n-bootstrap", "200", "--batch-size", "16"]
 
@@ -63,7 +62,7 @@ def test_circuit_file_is_the_chosen_circuit_and_reproduces_its_held_out_faithful
     model = load_model(str(tiny_dir), device="cpu")
     cfg = circuit_experiment.parse_config(["--model", str(tiny_dir), *FAST])
     kept, _ = circuit_experiment.correct_prompts(model, cfg)
-    _, heldout = circuit_experiment.split_prompts(kept, cfg)
+    _, heldout = split_halves(kept, cfg.circuit_prompts, cfg.seed)
     full = circuit.layout.real_edge_mask
     c, f, e = (r.mean for r in evaluate_circuits(model, [circuit, full, torch.zeros_like(full)], heldout))
     assert (c - e) / (f - e) == pytest.approx(stage["smallest"]["f_heldout"]["value"], rel=1e-4, abs=1e-5)
@@ -93,30 +92,6 @@ def test_figures_and_report(run):
     assert {p.stem for p in (out / "figures").iterdir()} == {"edge_curve", "edge_circuit"}
     html = (out / "report.html").read_text()
     assert "Edge circuit (EAP-IG)" in html and "Key heads (path patching) in the edge circuit" in html
-
-
-def test_key_head_relation_of_a_hand_made_circuit():
-    layout = GraphLayout(n_layers=2, n_heads=2)
-    in_graph = torch.zeros(layout.n_forward, layout.n_backward, dtype=torch.bool)
-    # input -> a0.h1<v> -> a1.h0<q> -> logits, plus input -> m1 -> logits
-    in_graph[0, layout.head_backward(0, 1, "v")] = True
-    in_graph[layout.head_forward(0, 1), layout.head_backward(1, 0, "q")] = True
-    in_graph[layout.head_forward(1, 0), layout.logits_backward] = True
-    in_graph[0, layout.mlp_backward(1)] = True
-    in_graph[layout.mlp_forward(1), layout.logits_backward] = True
-    graph = Graph(layout, torch.ones(layout.n_forward, layout.n_backward), in_graph)
-    relation = circuit_experiment.key_head_relation(graph, [Head(0, 1), Head(1, 1)])
-    assert relation["rows"][0] == {"head": "L0H1", "node": "a0.h1", "in_circuit": True, "edges_out": 1, "edges_in": 1}
-    assert relation["rows"][1]["in_circuit"] is False and relation["missing"] == ["L1H1"]
-    assert relation["circuit_heads_not_key"] == ["a1.h0"] and relation["n_circuit_heads"] == 2
-
-
-def test_too_few_prompts_is_a_clear_error():
-    from datasets import Dataset
-
-    with pytest.raises(InputError, match="at least 4"):
-        circuit_experiment.split_prompts(Dataset.from_list([{"x": i} for i in range(3)]),
-                                         circuit_experiment.CircuitConfig())
 
 
 def test_help_lists_every_flag(capsys):

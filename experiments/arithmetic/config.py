@@ -1,0 +1,44 @@
+"""The settings of the arithmetic pipeline: one flag per field of :class:`PipelineConfig`.
+
+Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from circuits.counterfactuals import CORRUPTIONS
+from experiments.runtime import cli
+from experiments.runtime.cli import option
+from experiments.runtime.settings import RunSettings
+
+MIN_READABLE = 20  # fewer prompts than this and a stage's numbers are noise: the report says so instead
+
+
+@dataclass(frozen=True)
+class PipelineConfig(RunSettings):
+    """Every flag of the experiment beyond :class:`RunSettings`, with its default (``op`` is fixed by the command)."""
+
+    op: str = "+"
+    n_prompts: int = option(200, "prompts sampled before keeping the correctly answered ones", type=cli.positive_int)
+    n_shots: int = option(3, "solved examples before each prompt", type=cli.nonnegative_int)
+    top_k: int = option(8, "number of key heads (by path-patching effect)", type=cli.positive_int)
+    knockout_prompts: int = option(64, "prompts for the knockout curves", type=cli.positive_int)
+    knockout_ks: str = option("1,2,4,8", "comma-separated numbers of heads to knock out", type=cli.int_list)
+    knockout_seeds: int = option(10, "random-rank repeats per k", type=cli.positive_int)
+    knockout_pool: int = option(512, "prompts (none of them evaluated) the ablation means are averaged over, per format",
+                                type=cli.positive_int)
+    corrupt: str = option("query", "counterfactual twins of the key-head ranking: 'query' (the queried operator) or "
+                                   "'all' (every operator, shots too); both are reported", choices=CORRUPTIONS)
+    transfer_prompts: int = option(32, "prompts per transfer format", type=cli.positive_int)
+    af1_stride: int = option(3, "L_wait step of the coarse AF1 grid on zero-shot one-token prompts (0: skip AF1)",
+                             type=cli.nonnegative_int)
+    af1_prompts: int = option(55, "prompts for the AF1 grid (55 = every one-digit sum below 10)", type=cli.positive_int)
+    circuit_prompts: int = option(40, "correct prompts for the EAP-IG edge circuit, half to score and choose, half to "
+                                      "report (0: skip)", type=cli.nonnegative_int)
+    finetune: bool = option(False, "also tune the key heads with precise SFT and report accuracy before/after")
+    finetune_steps: int = option(30, "optimizer steps of that precise SFT run", type=cli.positive_int)
+    batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
+    figures: str = option("", "also write each figure as static files next to its JSON, sized for a two-column paper: a "
+                              "comma-separated subset of svg,pdf,png; needs kaleido and Chrome/Chromium (default: none)",
+                          type=cli.figure_formats)

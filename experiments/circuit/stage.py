@@ -1,0 +1,110 @@
+"""The edge-circuit stage that ``experiments.circuit`` and the arithmetic pipeline share: the search, its files,
+figures, report section and summary line.
+
+:func:`edge_circuit_stage` runs :func:`patching.edges.faithful_circuit.find_faithful_circuit` on the correctly
+answered prompts, relates the circuit to the node-level key heads, writes the circuit as hannamw/EAP-IG
+Graph JSON and a MIB circuit-track submission (``<out>/edge_circuit/``), and draws the curve and circuit
+figures; :func:`add_report_section` and :func:`summary` present what it found.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from datasets import Dataset
+
+from circuits.graph import Graph
+from circuits.graph_io import save_eap_json, write_mib_submission
+from circuits.graph_selection import nodes_in_graph
+from circuits.nodes import Head
+from circuits.show.edge_figures import edge_circuit_figure, faithfulness_figure
+from circuits.show.html_report import Report
+from circuits.templates import resolve_operation
+from patching.edges.faithful_circuit import CircuitSearch, find_faithful_circuit, key_head_relation, key_heads_by_size
+
+
+def edge_circuit_stage(model, kept: Dataset, heads: list[Head], roles: dict[Head, str], search: CircuitSearch, *,
+                       out: Path, op: str, model_name: str, stage=None) -> tuple[dict, dict]:
+    """The search on ``kept`` (correctly answered prompts): ``(results["edge_circuit"], figures)``.
+
+    ``heads`` are the node-level key heads to relate the circuit to, ``roles`` each head's
+    attention-read class (for the figure's colours), ``stage`` the run's stage timer (``Run.stage``).
+    Files go to ``out/edge_circuit``.
+    """
+    found = find_faithful_circuit(model, kept, search, stage=stage)
+    results = found.to_dict() | {"files": write_circuit_files(out, found.scores, found.circuit, op, model_name)}
+    figures = {"edge_curve": faithfulness_figure(
+        [("held-out prompts", found.curve_heldout), ("selection prompts", found.curve_selection)],
+        threshold=search.threshold, title=f"Faithfulness of the top {search.method} edges ({search.ablation} ablation)")}
+    if found.circuit is not None:
+        smallest = found.smallest
+        results["key_heads"] = key_head_relation(found.circuit, heads)
+        results["key_heads"]["by_size"] = key_heads_by_size(found.scores, heads)
+        results["n_circuit_nodes"] = int(nodes_in_graph(found.circuit).sum())
+        figures["edge_circuit"] = edge_circuit_figure(found.circuit, roles, highlight=heads, title=(
+            f"Smallest circuit with f >= {search.threshold:g}: {smallest['n_edges']} edges "
+            f"({100 * smallest['fraction']:g}% of {found.scores.layout.n_edges})"))
+    return results, figures
+
+
+def mib_model_name(model: str) -> str:
+    """The model's name as a MIB submission folder can carry it (no '_', no path)."""
+    return Path(model).name.replace("_", "-")
+
+
+def write_circuit_files(out: Path, scores: Graph, circuit: Graph | None, op: str, model: str) -> dict[str, str]:
+    """The circuit as EAP-IG Graph JSON (every edge's score, the circuit's edges in_graph) and a MIB submission."""
+    folder = out / "edge_circuit"
+    files = {"scores": save_eap_json(scores, folder / "scores.json")}
+    if circuit is not None:
+        files["circuit"] = save_eap_json(circuit, folder / "circuit.json")
+    files["mib_submission"] = write_mib_submission(scores, folder / "mib", f"arithmetic-{resolve_operation(op).name}",
+                                                   mib_model_name(model))
+    return {k: str(Path(v).relative_to(out)) for k, v in files.items()}
+
+
+def add_report_section(report: Report, stage: dict, figures: dict) -> Report:
+    """The edge-circuit section of a report: curve, circuit, curve table, key heads."""
+    held, sel = stage["curve_heldout"], stage["curve_selection"]
+    report.add_heading("Edge circuit (EAP-IG)")
+    report.add_figure(figures["edge_curve"], caption=(
+        f"Faithfulness f = (m(C) - m(empty)) / (m(full) - m(empty)) of the top-|score| {stage['method']} edges "
+        f"(pruned to input-to-logits paths) at MIB's ten sizes, {stage['ablation']} ablation, metric = answer logit; "
+        f"scores from the {stage['n_selection']} selection prompts; bands: 95% bootstrap over prompts "
+        f"({held['n_prompts']} held-out, {sel['n_prompts']} selection). Held-out CPR {_fmt(stage['cpr'])}, "
+        f"CMD {_fmt(stage['cmd'])}."))
+    rows = [{"% of edges": 100 * x, "edges": n, "f held-out": _fmt(fh), "f selection": _fmt(fs)}
+            for x, n, fh, fs in zip(held["fractions"], held["n_edges"], held["faithfulness"], sel["faithfulness"])]
+    report.add_table(rows, caption=f"m(full) = {_fmt(held['full_metric'])}, m(empty) = {_fmt(held['empty_metric'])} "
+                                   f"on the held-out prompts.")
+    smallest = stage["smallest"]
+    if smallest is None:
+        report.add_notice(f"No size reaches f >= {stage['threshold']:g} on the selection prompts.")
+        return report
+    report.add_figure(figures["edge_circuit"], caption=(
+        f"The smallest circuit with f >= {smallest['threshold']:g} on the selection prompts "
+        f"({smallest['n_edges']} edges, {100 * smallest['fraction']:g}%); on the held-out prompts f = "
+        f"{_fmt(smallest['f_heldout'])}. Heads coloured by their attention-read class, key heads of path patching ringed in black; edge width grows with |score|."))
+    relation = stage["key_heads"]
+    if relation["key_heads"]:
+        report.add_table(relation["rows"], heading="Key heads (path patching) in the edge circuit", caption=(
+            f"{relation['n_key_heads_in_circuit']} of {len(relation['key_heads'])} key heads are in the circuit; "
+            f"missing: {', '.join(relation['missing']) or 'none'}; circuit heads that are not key heads: "
+            f"{', '.join(relation['circuit_heads_not_key']) or 'none'}."))
+        report.add_table([{"% of edges": 100 * r["fraction"], "edges": r["n_edges"], "heads": r["n_heads"],
+                           "key heads among them": ", ".join(r["key_heads"]) or "none"} for r in relation["by_size"]],
+                         caption="The key heads among the nodes of the pruned top-n circuit at each curve size.")
+    return report
+
+
+def _fmt(estimate: dict) -> str:
+    return f"{estimate['value']:.3f} [{estimate['low']:.3f}, {estimate['high']:.3f}]"
+
+
+def summary(stage: dict) -> str:
+    """One line: CPR, CMD and the smallest faithful circuit."""
+    smallest = stage["smallest"]
+    size = (f"smallest circuit with f >= {stage['threshold']:g}: {smallest['n_edges']} of {stage['n_total_edges']} "
+            f"edges ({100 * smallest['fraction']:g}%), held-out f = {_fmt(smallest['f_heldout'])}"
+            if smallest else f"no size reaches f >= {stage['threshold']:g}")
+    return f"edge circuit: held-out CPR {_fmt(stage['cpr'])}, CMD {_fmt(stage['cmd'])}; {size}"

@@ -1,0 +1,185 @@
+"""The smallest faithful edge circuit of a task, chosen on one half of the prompts and reported on the other.
+
+:func:`find_faithful_circuit` is the whole procedure, with its settings in one record
+(:class:`CircuitSearch`):
+
+1. the prompts (correctly answered ones) are shuffled with the seed and split into a
+   *selection* half and a *held-out* half;
+2. every edge is scored on the selection half (:func:`patching.edges.attribute.edge_attribution`,
+   EAP-IG-inputs by default), or the caller passes scores of its own (``scores=``);
+3. the MIB faithfulness curve of the pruned top-n circuits (:func:`circuits.graph_selection.mib_selector`)
+   is measured on each half, with bootstrap intervals (:func:`patching.edges.curves.faithfulness_curve`);
+4. the smallest size whose f reaches ``threshold`` is chosen on the selection half and its f is read
+   on the held-out half, so the reported number is not inflated by the choice.
+
+:func:`key_head_relation` and :func:`key_heads_by_size` relate the circuit to node-level key heads
+(which of them it holds, at each size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+from datasets import Dataset
+from transformer_lens import HookedTransformer
+
+from circuits.errors import InputError
+from circuits.graph import Graph
+from circuits.graph_selection import mib_selector, nodes_in_graph, select_fraction
+from circuits.nodes import Head
+from circuits.pools import pool_dataset
+from patching.edges.attribute import edge_attribution
+from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, faithfulness_curve
+
+MIN_PROMPTS = 4  # two per half: the fewest a bootstrap interval can be drawn from
+TOP_EDGES_LISTED = 20
+
+
+@dataclass(frozen=True)
+class CircuitSearch:
+    """How :func:`find_faithful_circuit` scores, evaluates and chooses (every field has the CLI's default)."""
+
+    circuit_prompts: int = 64  # prompts used, split in half
+    method: str = "EAP-IG-inputs"
+    ig_steps: int = 5
+    ablation: str = "counterfactual"
+    threshold: float = 0.8
+    pool_prompts: int = 256  # prompts the mean ablations average over (none of them evaluated)
+    n_bootstrap: int = 1000
+    seed: int = 0
+    batch_size: int = 32
+    memory_mb: float = 1024.0
+
+
+@dataclass
+class FaithfulCircuit:
+    """What :func:`find_faithful_circuit` found: the scores, both curves, and the smallest faithful circuit."""
+
+    search: CircuitSearch
+    scores: Graph
+    selection: Dataset
+    heldout: Dataset
+    curve_selection: FaithfulnessCurve
+    curve_heldout: FaithfulnessCurve
+    smallest: Optional[dict]  # fraction, n_edges, f on each half, threshold (None: no size reaches it)
+    circuit: Optional[Graph]  # the pruned top-n circuit of that size
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """results.json's ``edge_circuit`` keys (docs/results_json.md)."""
+        s = self.search
+        return {
+            "method": s.method, "ig_steps": s.ig_steps, "ablation": s.ablation, "metric": "logit",
+            "threshold": s.threshold, "n_selection": len(self.selection), "n_heldout": len(self.heldout),
+            "n_total_edges": self.scores.layout.n_edges, "scores": score_summary(self.scores),
+            "curve_heldout": self.curve_heldout.to_dict(), "curve_selection": self.curve_selection.to_dict(),
+            "cpr": self.curve_heldout.cpr.to_dict(), "cmd": self.curve_heldout.cmd.to_dict(), "smallest": self.smallest,
+        }
+
+
+def split_halves(prompts: Dataset, n: int, seed: int) -> tuple[Dataset, Dataset]:
+    """(selection, held-out): ``n`` of the prompts, shuffled with ``seed``, in two halves."""
+    n = min(n, len(prompts))
+    if n < MIN_PROMPTS:
+        raise InputError(f"The edge circuit needs at least {MIN_PROMPTS} correctly answered prompts (two per half), "
+                         f"got {n}: raise --n-prompts / --circuit-prompts or use a stronger model.")
+    shuffled = prompts.shuffle(seed=seed).select(range(n))
+    half = n // 2
+    return shuffled.select(range(half)), shuffled.select(range(half, n))
+
+
+def curve_of(model: HookedTransformer, scores: Graph, prompts: Dataset, search: CircuitSearch,
+             pool: Optional[Dataset]) -> FaithfulnessCurve:
+    """The MIB faithfulness curve of the pruned top-n circuits of ``scores`` on ``prompts``."""
+    return faithfulness_curve(model, scores, prompts, ablation=search.ablation, means_from=pool,
+                              select=mib_selector(scores.layout), n_bootstrap=search.n_bootstrap, seed=search.seed,
+                              batch_size=search.batch_size, memory_mb=search.memory_mb)
+
+
+def smallest_faithful(selection: FaithfulnessCurve, heldout: FaithfulnessCurve, threshold: float) -> Optional[dict]:
+    """The smallest size whose f reaches ``threshold`` on the selection half, with its f on the held-out half."""
+    fraction = selection.smallest_fraction(threshold)
+    if fraction is None:
+        return None
+    i = selection.fractions.index(fraction)
+    return {"fraction": fraction, "n_edges": selection.n_edges[i], "f_selection": selection.faithfulness[i].to_dict(),
+            "f_heldout": heldout.faithfulness[i].to_dict(), "threshold": threshold}
+
+
+def find_faithful_circuit(model: HookedTransformer, prompts: Dataset, search: CircuitSearch = CircuitSearch(), *,
+                          scores: Optional[Graph] = None, stage=None) -> FaithfulCircuit:
+    """Steps 1-4 of the module docstring on ``prompts`` (correctly answered ones).
+
+    ``scores``: edge scores to use instead of attributing on the selection half (they must not have
+    seen the held-out half). ``stage(name)``: a context manager that times each step (e.g.
+    ``Run.stage`` of :mod:`experiments.runtime.lifecycle`); none by default.
+    """
+    from contextlib import nullcontext
+
+    stage = stage or (lambda name: nullcontext())
+    selection, heldout = split_halves(prompts, search.circuit_prompts, search.seed)
+    pool = None
+    if search.ablation.endswith("mean"):  # means from prompts that are none of the evaluated ones
+        pool = pool_dataset(model, prompts, search.pool_prompts, seed=search.seed + 1)
+    if scores is None:
+        with stage("edge attribution"):
+            scores = edge_attribution(model, selection, method=search.method, ig_steps=search.ig_steps,
+                                      batch_size=search.batch_size, memory_mb=search.memory_mb)
+    with stage("faithfulness curves"):
+        curve_selection = curve_of(model, scores, selection, search, pool)
+        curve_heldout = curve_of(model, scores, heldout, search, pool)
+    smallest = smallest_faithful(curve_selection, curve_heldout, search.threshold)
+    circuit = select_fraction(scores, smallest["fraction"]) if smallest else None
+    return FaithfulCircuit(search, scores, selection, heldout, curve_selection, curve_heldout, smallest, circuit)
+
+
+def score_summary(scores: Graph) -> dict:
+    """Largest |score|, sum, signs, the reference metric and the top edges of a scored graph."""
+    layout = scores.layout
+    real = scores.scores[layout.real_edge_mask]
+    order = torch.argsort(scores.scores.nan_to_num().abs().flatten(), descending=True, stable=True)[:TOP_EDGES_LISTED]
+    top = [divmod(int(i), layout.n_backward) for i in order]
+    return {"max_abs": float(real.abs().max()), "sum": float(real.sum()), "n_positive": int((real > 0).sum()),
+            "n_negative": int((real < 0).sum()), "reference_metric": scores.meta.get("reference_metric"),
+            "top_edges": [{"edge": layout.edge_name(f, b), "score": float(scores.scores[f, b])} for f, b in top]}
+
+
+def _node_name(head: Head) -> str:
+    return f"a{head.layer}.h{head.head}"
+
+
+def key_head_relation(circuit: Graph, heads: Sequence[Head]) -> dict:
+    """Which key heads the edge circuit holds (with their in-circuit edges in and out) and which it misses."""
+    layout = circuit.layout
+    edges = circuit.in_graph & layout.real_edge_mask
+    nodes = nodes_in_graph(circuit).tolist()
+    rows, missing = [], []
+    for head in heads:
+        f = layout.head_forward(head.layer, head.head)
+        into = [layout.head_backward(head.layer, head.head, x) for x in "qkv"]
+        row = {"head": str(head), "node": _node_name(head), "in_circuit": bool(nodes[f]),
+               "edges_out": int(edges[f].sum()), "edges_in": int(edges[:, into].sum())}
+        rows.append(row)
+        if not row["in_circuit"]:
+            missing.append(str(head))
+    names = {_node_name(h) for h in heads}
+    others = [name for name, kept in zip(layout.forward_names, nodes)
+              if kept and name.startswith("a") and name not in names]
+    return {"key_heads": [str(h) for h in heads], "rows": rows, "missing": missing,
+            "n_key_heads_in_circuit": len(heads) - len(missing), "circuit_heads_not_key": others,
+            "n_circuit_heads": sum(1 for name, kept in zip(layout.forward_names, nodes) if kept and name.startswith("a"))}
+
+
+def key_heads_by_size(scores: Graph, heads: Sequence[Head], fractions: Sequence[float] = MIB_FRACTIONS) -> list[dict]:
+    """At each curve size: the heads of the pruned top-n circuit, and which key heads are among them."""
+    names = {_node_name(h): str(h) for h in heads}
+    rows = []
+    for fraction in fractions:
+        circuit = select_fraction(scores, fraction)
+        nodes = [n for n, kept in zip(scores.layout.forward_names, nodes_in_graph(circuit).tolist()) if kept]
+        circuit_heads = [n for n in nodes if n.startswith("a")]
+        rows.append({"fraction": fraction, "n_edges": int(circuit.in_graph.sum()), "n_heads": len(circuit_heads),
+                     "key_heads": [names[n] for n in circuit_heads if n in names]})
+    return rows
