@@ -5,9 +5,11 @@
 * :mod:`merging.primitives` and :mod:`merging.methods`: one generalized
   task-arithmetic pipeline (task arithmetic, TIES, DARE, Breadcrumbs, DELLA) plus
   weight average, Karcher mean, Model Stock, SCE, Consensus TA, TSV-M, Iso-C and
-  Iso-CTS, all records of one registry :data:`REGISTRY`; :func:`merge` streams
-  them over a state dict; :mod:`merging.lines` adds LiNeS layer scaling to any.
-* :mod:`merging.mergekit_config`: run a mergekit YAML with these methods.
+  Iso-CTS, all records of one registry :data:`REGISTRY`; :func:`merge`
+  (:mod:`merging.apply`) applies one to whole models, streaming tensor by tensor;
+  :mod:`merging.lines` adds LiNeS layer scaling to any.
+* :mod:`merging.mergekit_config`: run a mergekit YAML with these methods (each
+  record declares its mergekit parameters and input rules, ``mergekit_spec``).
 * :mod:`merging.submodule`: Dai et al. (ICLR 2025) closed-form α per submodule.
 * :mod:`merging.linearity`: non-linearity scores of submodules vs the whole model.
 * :mod:`merging.circuit_aware`: head-level weights where the key heads are, coarser elsewhere.
@@ -22,7 +24,7 @@ from merging.linearity import (
     nonlinearity_scores,
 )
 from merging.lines import LinesConfig
-from merging.merge import merge
+from merging.apply import merge
 from merging.mergekit_config import MergePlan, load_mergekit_config
 from merging.methods import CONFIGS, METHODS, REGISTRY, MergeMethod
 from merging.methods import (

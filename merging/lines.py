@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from merging.methods.checks import check_config
+from merging.methods.config_checks import check_config
 from merging.primitives import work_dtype
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")

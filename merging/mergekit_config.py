@@ -19,15 +19,21 @@ downloaded). Methods: every mergekit name in :data:`merging.methods.MERGEKIT_NAM
 (``linear`` is our ``weight_average``) and this package's own names
 (``consensus_ta``, ``tsv_m``, ``iso_c``, ``iso_cts``).
 
-Parameters keep mergekit's meaning and defaults: ``weight`` per model
-(required, as mergekit, for ``linear`` and the task-arithmetic family),
-``density`` / ``gamma`` / ``epsilon`` per model or global (a model's value wins),
-``lambda`` (our ``lam``), ``normalize``, ``rescale`` and the method's own options
-(``select_topk``, ``filter_wise``, ``max_iter``, ``tol``...). ``int8_mask`` is
-accepted and has no effect (it only changes mergekit's mask dtype). ``dtype``
-casts the inputs, ``out_dtype`` (default ``dtype``) the result. Unknown
-methods, unknown parameters, gradients (lists), filtered parameters, ``slices``
-and ``modules`` are :class:`circuits.errors.InputError` s.
+What each method takes is declared next to it, on its registry record
+(``REGISTRY[name].mergekit_spec``, a :class:`merging.methods.MergekitSpec`), as
+mergekit keeps it on each method: its parameters (YAML key, config field, type,
+per model or global) and its input rules (needs ``base_model``; takes, or
+requires, a per-model ``weight``; what an unlisted base means). This loader is
+generic over those declarations. Parameters keep mergekit's meaning and
+defaults: ``weight`` per model, ``density`` / ``gamma`` / ``epsilon`` per model
+or global (a model's value wins), ``lambda`` (our ``lam``), ``normalize``,
+``rescale`` and the method's own options (``select_topk``, ``filter_wise``,
+``max_iter``, ``tol``...). ``int8_mask`` is accepted and has no effect (it only
+changes mergekit's mask dtype). ``dtype`` casts the inputs, ``out_dtype``
+(default ``dtype``) the result. Unknown methods, unknown parameters, values of
+the wrong type (``normalize: 'no'``), gradients (lists), filtered parameters,
+``slices`` and ``modules``, duplicated keys and absurdly deep nesting are
+:class:`circuits.errors.InputError` s.
 """
 
 from __future__ import annotations
@@ -43,18 +49,81 @@ import yaml
 from torch import Tensor
 
 from circuits.errors import InputError
-from merging.merge import merge
+from merging.apply import merge
 from merging.methods import MERGEKIT_NAMES, REGISTRY
-from merging.methods.generalized import TaskArithmeticConfig
+from merging.methods.mergekit_spec import MergekitSpec, read_value
 from merging.state_dicts import SourceLike, StateDictSource
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
 TOP_LEVEL = {"models", "base_model", "merge_method", "parameters", "dtype", "out_dtype", "tokenizer_source"}
-PER_MODEL = ("density", "gamma", "epsilon")  # mergekit's per-model (NON_BASE) parameters besides weight
-RENAMED = {"lambda": "lam"}
-IGNORED = {"int8_mask"}
-ALL_INPUTS = {"weight_average", "karcher"}  # mergekit merges every input, the base included when listed
+MAX_DEPTH = 32  # YAML nesting refused beyond this (a mergekit config is a handful of levels deep)
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key, first: int, again: int):
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.first, self.again = key, first, again
+
+
+class _TooDeep(yaml.YAMLError):
+    def __init__(self, line: int):
+        super().__init__(f"nesting deeper than {MAX_DEPTH}")
+        self.line = line
+
+
+class StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key repeated in one mapping and nesting deeper than ``MAX_DEPTH``.
+
+    PyYAML keeps the last of repeated keys without a word, and composes nested
+    nodes recursively (a deep enough file is a ``RecursionError``).
+    """
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _TooDeep(self.peek_event().start_mark.line + 1)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}  # key -> line of its first occurrence
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: its keys may be overridden
+                    continue
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    hash(key)
+                except TypeError:  # an unhashable key: SafeLoader refuses it itself
+                    continue
+                if key in seen:
+                    raise _DuplicateKey(key, seen[key], line)
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: Path):
+    """The YAML document at ``path`` (:class:`StrictLoader`), or an :class:`InputError` naming the file."""
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=StrictLoader)  # noqa: S506 (a SafeLoader)
+    except _DuplicateKey as err:
+        raise InputError(f"{path}: duplicate key {err.key!r} (lines {err.first} and {err.again}); YAML would keep "
+                         "only the last value without a word: remove one.") from None
+    except _TooDeep as err:
+        raise InputError(f"{path}: the YAML nests deeper than {MAX_DEPTH} levels (line {err.line}); a mergekit "
+                         "config is a few levels deep (models, their parameters, a value).") from None
+    except RecursionError:
+        raise InputError(f"{path}: the YAML nests deeper than Python's recursion limit; a mergekit "
+                         "config is a few levels deep (models, their parameters, a value).") from None
+    except (OSError, yaml.YAMLError) as err:
+        raise InputError(f"Cannot read mergekit config {path}: {err}") from err
 
 
 class _Cast(Mapping):
@@ -99,14 +168,6 @@ class MergePlan:
         return merged
 
 
-def _scalar(value, where: str):
-    if isinstance(value, (list, dict)):
-        raise InputError(
-            f"{where}: gradients (lists) and filtered parameters are not supported here; give one number."
-        )
-    return value
-
-
 def _resolve(name, models: Mapping[str, SourceLike] | None, folder: Path, label: str) -> StateDictSource:
     if not isinstance(name, str):
         raise InputError(f"{label}: model references must be strings (a path or a name in models=), got {name!r}.")
@@ -121,13 +182,59 @@ def _resolve(name, models: Mapping[str, SourceLike] | None, folder: Path, label:
     )
 
 
+def _global_settings(spec: MergekitSpec, params, path: Path, given: str) -> dict:
+    """Config field -> value from the YAML's global ``parameters:`` (checked against the declarations)."""
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise InputError(f"{path}: 'parameters' must be a mapping of parameter names to values.")
+    settings = {}
+    for key, value in params.items():
+        if key == "weight":
+            raise InputError(f"{path}: weight is a per-model parameter: put it under each model's parameters.")
+        param = spec.parameter(key)
+        if param is None:
+            raise InputError(f"{path}: unknown parameter {key!r} for {given}; accepted: {spec.accepted()}.")
+        value = param.read(value, f"{path}: parameters.{key}")
+        if not param.ignored:
+            settings[param.field] = value
+    return settings
+
+
+def _per_model_values(spec: MergekitSpec, inputs: list[dict], path: Path, given: str):
+    """``(weights, {per-expert parameter: [value or None per input]})`` from each model's ``parameters``."""
+    per_expert = spec.per_expert()
+    weights, per_model = [], {p: [] for p in per_expert}
+    for e in inputs:
+        params = e.get("parameters") or {}
+        label = f"{path}: model {e['model']!r}"
+        if not isinstance(params, dict):
+            raise InputError(f"{label}: parameters must be a mapping of parameter names to values.")
+        params = dict(params)
+        if "weight" in params:
+            if not spec.takes_weights:
+                raise InputError(f"{label}: {given} takes no per-model weight (unknown parameter 'weight').")
+            weights.append(read_value(params.pop("weight"), float, "weight", label + " weight"))
+        elif spec.needs_weights:
+            raise InputError(f"{label}: missing parameter 'weight' (mergekit requires it for {given}).")
+        for p in per_expert:
+            per_model[p].append(p.read(params.pop(p.name), f"{label} {p.name}") if p.name in params else None)
+        for k in spec.ignored() & set(params):
+            spec.parameter(k).read(params.pop(k), f"{label} {k}")
+        if params:
+            accepted = (["weight"] if spec.takes_weights else []) + [p.name for p in per_expert]
+            raise InputError(f"{label}: unknown per-model parameters {sorted(params, key=str)}; "
+                             f"accepted: {accepted}.")
+    return weights, per_model
+
+
 def load_mergekit_config(path: str | os.PathLike, *, models: Mapping[str, SourceLike] | None = None) -> MergePlan:
-    """Parse the mergekit YAML at ``path`` into a :class:`MergePlan` (call ``.run()`` to merge)."""
+    """Parse the mergekit YAML at ``path`` into a :class:`MergePlan` (call ``.run()`` to merge).
+
+    Generic over the methods' declarations (``REGISTRY[name].mergekit_spec``): no method is named here.
+    """
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as err:
-        raise InputError(f"Cannot read mergekit config {path}: {err}") from err
+    raw = read_yaml(path)
     if not isinstance(raw, dict):
         raise InputError(f"{path}: a mergekit config is a YAML mapping with models, merge_method, ...")
     unknown = set(raw) - TOP_LEVEL
@@ -138,11 +245,13 @@ def load_mergekit_config(path: str | os.PathLike, *, models: Mapping[str, Source
         raise InputError(f"{path}: tokenizer_source {raw['tokenizer_source']!r}: experts must share the base's "
                          "vocabulary here; use tokenizer_source: base or leave it out.")
     given = raw.get("merge_method")
-    method = MERGEKIT_NAMES.get(given, given)
-    if method not in REGISTRY or REGISTRY[method].needs_data:
+    method = MERGEKIT_NAMES.get(given, given) if isinstance(given, str) else None
+    if method not in REGISTRY or REGISTRY[method].mergekit_spec is None:
+        ours = sorted(n for n, r in REGISTRY.items() if r.mergekit_spec is not None and r.mergekit is None)
         raise InputError(f"{path}: merge_method {given!r} is not implemented here; use one of "
-                         f"{sorted(MERGEKIT_NAMES)} (mergekit names) or {sorted(set(REGISTRY) - set(MERGEKIT_NAMES.values()) - {'closed_form'})}.")
+                         f"{sorted(MERGEKIT_NAMES)} (mergekit names) or {ours}.")
     record = REGISTRY[method]
+    spec = record.mergekit_spec
     entries = raw.get("models") or []
     if not entries or not all(isinstance(e, dict) and "model" in e for e in entries):
         raise InputError(f"{path}: 'models' must be a list of {{model: ..., parameters: {{...}}}} entries.")
@@ -150,56 +259,33 @@ def load_mergekit_config(path: str | os.PathLike, *, models: Mapping[str, Source
     base_name = raw.get("base_model")
     entries_wo_base = [e for e in entries if e["model"] != base_name]
     base_listed = len(entries_wo_base) < len(entries)
-    config_fields = {f.name for f in dataclasses.fields(record.config)}
-    is_gta = issubclass(record.config, TaskArithmeticConfig)
-    takes_weight = is_gta or method in ("weight_average", "consensus_ta", "tsv_m", "iso_c", "iso_cts")
+    defaults = {f.name: f.default for f in dataclasses.fields(record.config)}
 
-    if method in ALL_INPUTS:
-        if method == "weight_average" and base_name is not None and not base_listed:
-            raise InputError(f"{path}: linear with base_model: list the base among models (with its weight), "
-                             "as mergekit merges it as one more input.")
-        inputs = entries
-        structural = base_name if base_name is not None else entries[0]["model"]
-    else:
+    base_as_input = False  # a base_model not among models, made one more input (unlisted_base_field)
+    if spec.needs_base:
         if base_name is None:
             raise InputError(f"{path}: {given} needs base_model (the task vectors are taken against it).")
         inputs, structural = entries_wo_base, base_name
+    else:  # every listed model is an input, the base too when listed
+        if base_name is not None and not base_listed:
+            if spec.unlisted_base_field is None:
+                weight = " (with its weight)" if spec.needs_weights else ""
+                raise InputError(f"{path}: {given} with base_model: list the base among models{weight}, "
+                                 "as mergekit merges it as one more input.")
+            base_as_input = True
+        inputs = entries
+        structural = base_name if base_name is not None else entries[0]["model"]
     if not inputs:
         raise InputError(f"{path}: no models to merge besides the base.")
 
-    settings: dict = {}
-    for key, value in (raw.get("parameters") or {}).items():
-        name = RENAMED.get(key, key)
-        if key in IGNORED:
-            continue
-        if key == "weight":
-            raise InputError(f"{path}: weight is a per-model parameter: put it under each model's parameters.")
-        if name not in config_fields:
-            raise InputError(f"{path}: unknown parameter {key!r} for {given}; accepted: "
-                             f"{sorted(_mergekit_names(config_fields))}.")
-        settings[name] = _scalar(value, f"{path}: parameters.{key}")
-    weights, per_model = [], {k: [] for k in PER_MODEL if k in config_fields}
-    for e in inputs:
-        params = dict(e.get("parameters") or {})
-        label = f"{path}: model {e['model']!r}"
-        if "weight" in params:
-            if not takes_weight:
-                raise InputError(f"{label}: {given} takes no per-model weight (unknown parameter 'weight').")
-            weights.append(float(_scalar(params.pop("weight"), label + " weight")))
-        elif is_gta or method == "weight_average":
-            raise InputError(f"{label}: missing parameter 'weight' (mergekit requires it for {given}).")
-        for k in per_model:
-            per_model[k].append(float(_scalar(params.pop(k), label + " " + k)) if k in params else None)
-        unknown_model = set(params) - IGNORED
-        if unknown_model:
-            raise InputError(f"{label}: unknown per-model parameters {sorted(unknown_model)}; accepted: "
-                             f"{['weight', *per_model]}.")
-    for k, values in per_model.items():
+    settings = _global_settings(spec, raw.get("parameters"), path, given)
+    weights, per_model = _per_model_values(spec, inputs, path, given)
+    for p, values in per_model.items():
         if any(v is not None for v in values):
-            default = settings.get(k, getattr(record.config(), k))
-            settings[k] = tuple(default if v is None else v for v in values)
-    if method == "karcher" and base_name is not None and not base_listed:
-        settings["include_base"] = True
+            default = settings.get(p.field, defaults[p.field])
+            settings[p.field] = tuple(default if v is None else v for v in values)
+    if base_as_input:
+        settings[spec.unlisted_base_field] = True
     config = record.config(**settings)
     names = [e["model"] for e in inputs]
     base_src = _resolve(structural, models, folder, "base")
@@ -207,11 +293,6 @@ def load_mergekit_config(path: str | os.PathLike, *, models: Mapping[str, Source
     dtype = _dtype(raw.get("dtype"), path, "dtype")
     out_dtype = _dtype(raw.get("out_dtype"), path, "out_dtype")
     return MergePlan(method, config, base_src, experts, names, weights or None, dtype, out_dtype)
-
-
-def _mergekit_names(fields: set[str]) -> set[str]:
-    back = {v: k for k, v in RENAMED.items()}
-    return {back.get(f, f) for f in fields} | {"weight"} | IGNORED
 
 
 def _dtype(name, path: Path, what: str) -> torch.dtype | None:

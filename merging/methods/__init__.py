@@ -6,9 +6,13 @@ Every weight-space method is a pure function on one tensor,
 ``key`` is the state-dict name, used by the spectral methods to see matrices),
 so :func:`merging.merge` can stream a model tensor by tensor. A
 :class:`MergeMethod` record holds the name, the function, the config class, the
-paper, mergekit's name for it (None if mergekit 0.1.5 lacks it) and whether it
-needs data. Data-driven closed-form merging is a record too, but runs models and
-is called through :func:`merging.merge_submodules`.
+paper, mergekit's name for it (None if mergekit 0.1.5 lacks it), whether it
+needs data, and how a mergekit YAML drives it (``mergekit_spec``, a
+:class:`~merging.methods.mergekit_spec.MergekitSpec` declared next to the method:
+its parameters, per model or global, and its rules on the base and the weights;
+:func:`merging.load_mergekit_config` reads only these). Data-driven closed-form
+merging is a record too, but runs models, has no YAML and is called through
+:func:`merging.merge_submodules`.
 
 ``METHODS`` (name -> function) and ``CONFIGS`` (name -> config class) are views of
 the data-free records, kept for code that imports them.
@@ -16,12 +20,24 @@ the data-free records, kept for code that imports them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from merging.methods.average import AverageConfig, KarcherConfig, ModelStockConfig, average, karcher, model_stock
-from merging.methods.consensus import ConsensusConfig, consensus
+from merging.methods.average import (
+    AVERAGE_MERGEKIT,
+    KARCHER_MERGEKIT,
+    MODEL_STOCK_MERGEKIT,
+    AverageConfig,
+    KarcherConfig,
+    ModelStockConfig,
+    average,
+    karcher,
+    model_stock,
+)
+from merging.methods.consensus import CONSENSUS_MERGEKIT, ConsensusConfig, consensus
 from merging.methods.generalized import (
+    GTA_MERGEKIT,
     BreadcrumbsConfig,
     BreadcrumbsTiesConfig,
     DareLinearConfig,
@@ -33,14 +49,24 @@ from merging.methods.generalized import (
     generalized_task_arithmetic,
     ties_thresholds,
 )
-from merging.methods.sce import SceConfig, sce
-from merging.methods.spectral import IsoCConfig, IsoCtsConfig, TsvConfig, iso_c, iso_cts, tsv_m
+from merging.methods.mergekit_spec import MergekitParameter, MergekitSpec
+from merging.methods.sce import SCE_MERGEKIT, SceConfig, sce
+from merging.methods.spectral import (
+    ISO_CTS_MERGEKIT,
+    TSV_MERGEKIT,
+    IsoCConfig,
+    IsoCtsConfig,
+    TsvConfig,
+    iso_c,
+    iso_cts,
+    tsv_m,
+)
 from merging.submodule import SubmoduleMergeConfig, merge_submodules
 
 
 @dataclass(frozen=True)
 class MergeMethod:
-    """One merge method: what to call, with which config, where it comes from."""
+    """One merge method: what to call, with which config, where it comes from, how a mergekit YAML drives it."""
 
     name: str
     function: Callable
@@ -48,30 +74,50 @@ class MergeMethod:
     paper: str
     mergekit: str | None
     needs_data: bool = False
+    mergekit_spec: MergekitSpec | None = None
+
+    def __post_init__(self):
+        if self.mergekit_spec is not None:
+            unknown = self.mergekit_spec.fields() - {f.name for f in dataclasses.fields(self.config)}
+            if unknown:
+                raise TypeError(f"{self.name}: mergekit_spec sets {sorted(unknown)}, not fields of "
+                                f"{self.config.__name__}.")
 
 
 _GTA = generalized_task_arithmetic
 _RECORDS = (
-    MergeMethod("weight_average", average, AverageConfig, "Wortsman et al. 2022, Model soups (arXiv 2203.05482)", "linear"),
-    MergeMethod("task_arithmetic", _GTA, TaskArithmeticConfig, "Ilharco et al. 2023 (arXiv 2212.04089)", "task_arithmetic"),
-    MergeMethod("ties", _GTA, TiesConfig, "Yadav et al. 2023, TIES-Merging (arXiv 2306.01708)", "ties"),
-    MergeMethod("dare_linear", _GTA, DareLinearConfig, "Yu et al. 2024, DARE (arXiv 2311.03099)", "dare_linear"),
-    MergeMethod("dare_ties", _GTA, DareTiesConfig, "Yu et al. 2024, DARE (arXiv 2311.03099)", "dare_ties"),
-    MergeMethod("breadcrumbs", _GTA, BreadcrumbsConfig, "Davari & Belilovsky 2024 (arXiv 2312.06795)", "breadcrumbs"),
+    MergeMethod("weight_average", average, AverageConfig, "Wortsman et al. 2022, Model soups (arXiv 2203.05482)",
+                "linear", mergekit_spec=AVERAGE_MERGEKIT),
+    MergeMethod("task_arithmetic", _GTA, TaskArithmeticConfig, "Ilharco et al. 2023 (arXiv 2212.04089)",
+                "task_arithmetic", mergekit_spec=GTA_MERGEKIT),
+    MergeMethod("ties", _GTA, TiesConfig, "Yadav et al. 2023, TIES-Merging (arXiv 2306.01708)", "ties",
+                mergekit_spec=GTA_MERGEKIT),
+    MergeMethod("dare_linear", _GTA, DareLinearConfig, "Yu et al. 2024, DARE (arXiv 2311.03099)", "dare_linear",
+                mergekit_spec=GTA_MERGEKIT),
+    MergeMethod("dare_ties", _GTA, DareTiesConfig, "Yu et al. 2024, DARE (arXiv 2311.03099)", "dare_ties",
+                mergekit_spec=GTA_MERGEKIT),
+    MergeMethod("breadcrumbs", _GTA, BreadcrumbsConfig, "Davari & Belilovsky 2024 (arXiv 2312.06795)", "breadcrumbs",
+                mergekit_spec=GTA_MERGEKIT),
     MergeMethod("breadcrumbs_ties", _GTA, BreadcrumbsTiesConfig, "Davari & Belilovsky 2024 (arXiv 2312.06795)",
-                "breadcrumbs_ties"),
-    MergeMethod("della", _GTA, DellaConfig, "Deep et al. 2024, DELLA-Merging (arXiv 2406.11617)", "della"),
+                "breadcrumbs_ties", mergekit_spec=GTA_MERGEKIT),
+    MergeMethod("della", _GTA, DellaConfig, "Deep et al. 2024, DELLA-Merging (arXiv 2406.11617)", "della",
+                mergekit_spec=GTA_MERGEKIT),
     MergeMethod("della_linear", _GTA, DellaLinearConfig, "Deep et al. 2024, DELLA-Merging (arXiv 2406.11617)",
-                "della_linear"),
-    MergeMethod("sce", sce, SceConfig, "Wan et al. 2024, FuseChat (arXiv 2408.07990)", "sce"),
+                "della_linear", mergekit_spec=GTA_MERGEKIT),
+    MergeMethod("sce", sce, SceConfig, "Wan et al. 2024, FuseChat (arXiv 2408.07990)", "sce",
+                mergekit_spec=SCE_MERGEKIT),
     MergeMethod("model_stock", model_stock, ModelStockConfig, "Jang et al. 2024, Model Stock (arXiv 2403.19522)",
-                "model_stock"),
-    MergeMethod("karcher", karcher, KarcherConfig, "Karcher mean (mergekit; arXiv 2603.04972)", "karcher"),
+                "model_stock", mergekit_spec=MODEL_STOCK_MERGEKIT),
+    MergeMethod("karcher", karcher, KarcherConfig, "Karcher mean (mergekit; arXiv 2603.04972)", "karcher",
+                mergekit_spec=KARCHER_MERGEKIT),
     MergeMethod("consensus_ta", consensus, ConsensusConfig, "Wang et al. 2024, Localizing Task Information (TALL)",
-                None),
-    MergeMethod("tsv_m", tsv_m, TsvConfig, "Gargiulo et al. 2025, Task Singular Vectors (CVPR)", None),
-    MergeMethod("iso_c", iso_c, IsoCConfig, "Marczak et al. 2025, No Task Left Behind (ICML)", None),
-    MergeMethod("iso_cts", iso_cts, IsoCtsConfig, "Marczak et al. 2025, No Task Left Behind (ICML)", None),
+                None, mergekit_spec=CONSENSUS_MERGEKIT),
+    MergeMethod("tsv_m", tsv_m, TsvConfig, "Gargiulo et al. 2025, Task Singular Vectors (CVPR)", None,
+                mergekit_spec=TSV_MERGEKIT),
+    MergeMethod("iso_c", iso_c, IsoCConfig, "Marczak et al. 2025, No Task Left Behind (ICML)", None,
+                mergekit_spec=TSV_MERGEKIT),
+    MergeMethod("iso_cts", iso_cts, IsoCtsConfig, "Marczak et al. 2025, No Task Left Behind (ICML)", None,
+                mergekit_spec=ISO_CTS_MERGEKIT),
     MergeMethod("closed_form", merge_submodules, SubmoduleMergeConfig,
                 "Dai et al. 2025, submodule linearity (ICLR)", None, needs_data=True),
 )
@@ -82,8 +128,8 @@ CONFIGS = {name: r.config for name, r in REGISTRY.items() if not r.needs_data}
 MERGEKIT_NAMES = {r.mergekit: r.name for r in _RECORDS if r.mergekit is not None}
 
 __all__ = [
-    "REGISTRY", "MergeMethod", "METHODS", "CONFIGS", "MERGEKIT_NAMES", "AverageConfig", "BreadcrumbsConfig",
-    "BreadcrumbsTiesConfig", "ConsensusConfig", "DareLinearConfig", "DareTiesConfig", "DellaConfig",
+    "REGISTRY", "MergeMethod", "MergekitParameter", "MergekitSpec", "METHODS", "CONFIGS", "MERGEKIT_NAMES",
+    "AverageConfig", "BreadcrumbsConfig", "BreadcrumbsTiesConfig", "ConsensusConfig", "DareLinearConfig", "DareTiesConfig", "DellaConfig",
     "DellaLinearConfig", "IsoCConfig", "IsoCtsConfig", "KarcherConfig", "ModelStockConfig", "SceConfig",
     "TaskArithmeticConfig", "TiesConfig", "TsvConfig", "average", "consensus", "generalized_task_arithmetic",
     "iso_c", "iso_cts", "karcher", "model_stock", "sce", "ties_thresholds", "tsv_m",

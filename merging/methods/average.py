@@ -26,7 +26,8 @@ import torch
 from torch import Tensor
 
 from circuits.errors import InputError
-from merging.methods.checks import check_config, check_no_weights, check_weights
+from merging.methods.config_checks import check_config, check_no_weights, check_weights
+from merging.methods.mergekit_spec import INT8_MASK, MergekitParameter, MergekitSpec
 from merging.primitives import work_dtype
 
 
@@ -35,6 +36,15 @@ class AverageConfig:
     """``normalize``: divide by ``Σ w_i`` (mergekit's ``linear`` default True)."""
 
     normalize: bool = True
+
+
+# mergekit's linear: every listed model is an input (a named base must be listed, with its weight).
+AVERAGE_MERGEKIT = MergekitSpec(
+    parameters=(MergekitParameter("normalize", kind=bool), INT8_MASK),
+    needs_base=False,
+    takes_weights=True,
+    needs_weights=True,
+)
 
 
 def average(
@@ -68,6 +78,19 @@ class KarcherConfig:
         check_config(self)
         if self.max_iter < 1 or self.tol <= 0:
             raise InputError(f"KarcherConfig needs max_iter >= 1 and tol > 0, got {self.max_iter}, {self.tol}.")
+
+
+# mergekit's karcher: every listed model is an input; a base_model not among them is one more input.
+KARCHER_MERGEKIT = MergekitSpec(
+    parameters=(
+        MergekitParameter("max_iter", kind=int),
+        MergekitParameter("tol"),
+        MergekitParameter("include_base", kind=bool),  # ours
+        INT8_MASK,
+    ),
+    needs_base=False,
+    unlisted_base_field="include_base",
+)
 
 
 def karcher_mean(tensors: Sequence[Tensor], alphas: Sequence[float], max_iter: int = 10, tol: float = 1e-5) -> Tensor:
@@ -125,6 +148,9 @@ class ModelStockConfig:
     """``filter_wise``: one interpolation ratio per row (dim 0) instead of per tensor."""
 
     filter_wise: bool = False
+
+
+MODEL_STOCK_MERGEKIT = MergekitSpec(parameters=(MergekitParameter("filter_wise", kind=bool), INT8_MASK))
 
 
 def model_stock(

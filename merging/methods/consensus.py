@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from circuits.errors import InputError
-from merging.methods.checks import check_config, check_weights
+from merging.methods.config_checks import check_config, check_weights
+from merging.methods.mergekit_spec import INT8_MASK, MergekitParameter, MergekitSpec
 from merging.primitives import elementwise_chunks, per_expert, stack_weights, tall_masks, task_vectors, work_dtype
 
 
@@ -35,6 +36,18 @@ class ConsensusConfig:
         check_config(self)
         if self.k < 1:
             raise InputError(f"ConsensusConfig.k={self.k}: at least 1 mask must select an entry.")
+
+
+# Not in mergekit: its YAML under our name consensus_ta; weights optional (default 1), the base is θ0.
+CONSENSUS_MERGEKIT = MergekitSpec(
+    parameters=(
+        MergekitParameter("tall_lambda"),
+        MergekitParameter("k", kind=int),
+        MergekitParameter("lambda", "lam"),
+        INT8_MASK,
+    ),
+    takes_weights=True,
+)
 
 
 def consensus(

@@ -41,7 +41,8 @@ import torch
 from torch import Tensor
 
 from circuits.errors import InputError
-from merging.methods.checks import check_choice, check_config, check_weights
+from merging.methods.config_checks import check_choice, check_config, check_weights
+from merging.methods.mergekit_spec import INT8_MASK, MergekitParameter, MergekitSpec
 from merging.primitives import (
     CONSENSUS,
     RESCALE_NORMS,
@@ -137,6 +138,30 @@ class DellaLinearConfig(DellaConfig):
 
     normalize: bool = False
     consensus: str = "none"
+
+
+# The mergekit YAML of every method of the pipeline: mergekit's generalized task arithmetic
+# parameters (per model: density, and gamma (Breadcrumbs) and epsilon (DELLA), taken by every
+# config of the family here), a `weight` per model (required, as mergekit), the base as θ0.
+GTA_MERGEKIT = MergekitSpec(
+    parameters=(
+        MergekitParameter("lambda", "lam"),
+        MergekitParameter("normalize", kind=bool),
+        MergekitParameter("rescale", kind=bool),
+        MergekitParameter("density", per_expert=True),
+        MergekitParameter("gamma", per_expert=True),
+        MergekitParameter("epsilon", per_expert=True),
+        INT8_MASK,
+        # ours, not mergekit's
+        MergekitParameter("rescale_norm", kind=str),
+        MergekitParameter("sparsify", kind=str),
+        MergekitParameter("consensus", kind=str),
+        MergekitParameter("scope", kind=str),
+        MergekitParameter("seed", kind=int),
+    ),
+    takes_weights=True,
+    needs_weights=True,
+)
 
 
 def generalized_task_arithmetic(

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from merging.methods.checks import check_config, check_no_weights
+from merging.methods.config_checks import check_config, check_no_weights
+from merging.methods.mergekit_spec import INT8_MASK, MergekitParameter, MergekitSpec
 from merging.primitives import consensus_mask, task_vectors
 
 
@@ -31,6 +32,9 @@ class SceConfig:
 
     def __post_init__(self):
         check_config(self)
+
+
+SCE_MERGEKIT = MergekitSpec(parameters=(MergekitParameter("select_topk"), INT8_MASK))  # no weights, as mergekit
 
 
 def variance_mask(tvs: Tensor, fraction: float) -> Tensor:

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from merging.methods.checks import check_config, check_weights
+from merging.methods.config_checks import check_config, check_weights
+from merging.methods.mergekit_spec import INT8_MASK, MergekitParameter, MergekitSpec
 from merging.primitives import task_vectors
 
 HEAD_INPUT_WEIGHTS = ("W_Q", "W_K", "W_V", "_W_K", "_W_V")
@@ -123,6 +124,14 @@ class IsoCtsConfig(TsvConfig):
     """``alpha``; ``common_space_fraction``: share of the rank given to the common subspace."""
 
     common_space_fraction: float = 0.8
+
+
+# Not in mergekit: their YAML under our names tsv_m, iso_c, iso_cts; weights optional (default 1).
+TSV_MERGEKIT = MergekitSpec(parameters=(MergekitParameter("alpha"), INT8_MASK), takes_weights=True)
+ISO_CTS_MERGEKIT = MergekitSpec(
+    parameters=(MergekitParameter("alpha"), MergekitParameter("common_space_fraction"), INT8_MASK),
+    takes_weights=True,
+)
 
 
 def _spectral(base, experts, weights, key, alpha: float, delta_fn) -> Tensor:

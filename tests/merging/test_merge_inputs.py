@@ -63,6 +63,14 @@ def test_consensus_k_larger_than_the_number_of_experts(gpt2_model, two):
         merge("consensus_ta", gpt2_model, two, ConsensusConfig(k=3), progress=False)
 
 
+def test_consensus_negative_tall_lambda_is_refused():
+    with pytest.raises(InputError, match=r"ConsensusConfig\.tall_lambda=-1 is negative; TALL's λ_t weighs"):
+        ConsensusConfig(tall_lambda=-1)
+    with pytest.raises(InputError, match=r"ConsensusConfig\.tall_lambda=-0\.2 is negative"):
+        ConsensusConfig(tall_lambda=(0.4, -0.2))
+    assert ConsensusConfig(tall_lambda=0.0).tall_lambda == 0.0  # λ_t = 0: every mask selects every entry
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"ridge": math.nan}, "ridge=nan"),
     ({"ridge": -1e-3}, "ridge=-0.001"),

@@ -1,5 +1,6 @@
 """A mergekit YAML runs on tiny TransformerLens models and equals mergekit's own functions tensor by tensor."""
 
+import dataclasses
 import textwrap
 import zlib
 
@@ -193,3 +194,98 @@ def test_models_mapping_overrides_paths(files, gpt2_model):
                                                 "expert-b": sds["mul"]}).run(progress=False)
     key = "blocks.0.mlp.W_in"
     torch.testing.assert_close(merged[key], (sds["add"][key] + sds["mul"][key]) / 2)
+
+
+def test_declarations_match_mergekit():
+    """Each record's mergekit_spec says what mergekit 0.1.5's method says: parameters, scope, type, default, inputs."""
+    from mergekit.merge_methods.base import BasePolicy, ParameterScope
+
+    from merging.methods import REGISTRY
+
+    for record in (r for r in REGISTRY.values() if r.mergekit is not None):
+        spec, mk = record.mergekit_spec, mk_registry.get(record.mergekit).spec
+        defaults = {f.name: f.default for f in dataclasses.fields(record.config)}
+        assert spec.needs_base == (mk.contract.base == BasePolicy.REQUIRED), record.name
+        for p in mk.parameters:
+            if p.name == "weight":
+                assert spec.takes_weights and spec.needs_weights == p.required, record.name
+                continue
+            ours = spec.parameter(p.name)
+            assert ours is not None, f"{record.name}: mergekit's {p.name!r} is not declared"
+            assert ours.per_expert == (p.scope != ParameterScope.SHARED), (record.name, p.name)
+            assert ours.kind is p.value_type, (record.name, p.name)
+            if not ours.ignored:
+                assert defaults[ours.field] == p.default, (record.name, p.name)
+        if not any(p.name == "weight" for p in mk.parameters):
+            assert not spec.takes_weights, record.name
+
+
+def test_every_config_field_is_declared():
+    """A YAML can set every field of a method's config (mergekit's names, else ours), with the field's type."""
+    from merging.methods import REGISTRY
+
+    for record in REGISTRY.values():
+        if record.needs_data:
+            assert record.mergekit_spec is None
+            continue
+        spec = record.mergekit_spec
+        fields = {f.name: f.default for f in dataclasses.fields(record.config)}
+        assert spec.fields() == set(fields), record.name
+        for p in spec.parameters:
+            if not p.ignored:
+                default = fields[p.field]
+                assert isinstance(default, p.kind) or (p.kind is float and isinstance(default, int)), (
+                    record.name, p.name)
+
+
+def test_values_of_the_wrong_type_are_refused(files):
+    folder, _, _ = files
+    head = ("models: [{model: add, parameters: {weight: 1}}]\nbase_model: base.safetensors\n"
+            "merge_method: ties\n")
+    with pytest.raises(InputError, match=r"bad_bool\.yml: parameters\.normalize is 'no' \(a str\): normalize "
+                                         r"takes true or false \(unquoted in YAML\)"):
+        load_mergekit_config(write(folder, head + "parameters: {normalize: 'no'}\n", "bad_bool.yml"))
+    with pytest.raises(InputError, match=r"model 'add' density is 'half' \(a str\): density takes a number"):
+        load_mergekit_config(write(folder, "models: [{model: add, parameters: {weight: 1, density: half}}]\n"
+                                           "base_model: base.safetensors\nmerge_method: ties\n", "bad_num.yml"))
+    with pytest.raises(InputError, match=r"parameters\.max_iter is 2\.5 \(a float\): max_iter takes a whole number"):
+        load_mergekit_config(write(folder, "models: [{model: add}]\nmerge_method: karcher\n"
+                                           "parameters: {max_iter: 2.5}\n", "bad_int.yml"))
+    with pytest.raises(InputError, match=r"parameters\.int8_mask is 'yes' \(a str\)"):
+        load_mergekit_config(write(folder, head + "parameters: {int8_mask: 'yes'}\n", "bad_mask.yml"))
+    # YAML 1.1 reads 1e-3 (no dot) as a string; a numeric string is read as the number, as mergekit does
+    plan = load_mergekit_config(write(folder, head + "parameters: {lambda: 1e-3, normalize: no}\n", "ok.yml"))
+    assert plan.config == TiesConfig(lam=0.001, normalize=False)
+
+
+def test_duplicate_yaml_keys_are_refused(files):
+    folder, _, _ = files
+    text = """\
+        models:
+          - model: add
+            parameters: {weight: 1, density: 0.5}
+        base_model: base.safetensors
+        merge_method: ties
+        parameters:
+          density: 0.2
+          density: 0.7
+    """
+    with pytest.raises(InputError, match=r"dup\.yml: duplicate key 'density' \(lines 7 and 8\); YAML would keep "
+                                         "only the last value"):
+        load_mergekit_config(write(folder, text, "dup.yml"))
+    with pytest.raises(InputError, match=r"dup_top\.yml: duplicate key 'merge_method' \(lines 3 and 4\)"):
+        load_mergekit_config(write(folder, "models: [{model: add, parameters: {weight: 1}}]\nbase_model: "
+                                           "base.safetensors\nmerge_method: ties\nmerge_method: dare_ties\n",
+                                   "dup_top.yml"))
+    # a YAML merge key (<<) may be overridden: that is no duplicate
+    text = "models:\n  - model: add\n    parameters:\n      <<: {weight: 1.0, density: 0.5}\n      density: 0.3\n" \
+           "base_model: base.safetensors\nmerge_method: ties\n"
+    plan = load_mergekit_config(write(folder, text, "merge_key.yml"))
+    assert plan.config.density == (0.3,) and plan.weights == [1.0]
+
+
+def test_deeply_nested_yaml_is_a_clear_error(files):
+    folder, _, _ = files
+    deep = "models: " + "[" * 100_000 + "]" * 100_000 + "\nmerge_method: ties\n"
+    with pytest.raises(InputError, match=r"deep\.yml: the YAML nests deeper than 32 levels \(line 1\)"):
+        load_mergekit_config(write(folder, deep, "deep.yml"))

@@ -1,4 +1,4 @@
-"""Argument checks shared by the merge configs: finite numbers, densities in (0, 1], per-expert lengths.
+"""Argument checks shared by the merge configs: finite numbers, densities in (0, 1], λ_t >= 0, per-expert weights.
 
 Every config dataclass calls :func:`check_config` from ``__post_init__``, so a
 bad value fails when the config is built, with a message naming the field.
@@ -40,6 +40,9 @@ def check_config(config) -> None:
                 raise InputError(f"{name}.{field.name}={v} is outside [0, 1].")
             if field.name == "epsilon" and v < 0:
                 raise InputError(f"{name}.epsilon={v} is negative; DELLA's ε is a probability spread >= 0.")
+            if field.name == "tall_lambda" and v < 0:
+                raise InputError(f"{name}.tall_lambda={v} is negative; TALL's λ_t weighs |τ_MTL − τ_t| in the "
+                                 "mask |τ_t| >= λ_t |τ_MTL − τ_t| and must be >= 0 (the paper's range is 0.2 to 0.6).")
 
 
 def check_choice(config, field: str, choices: Sequence[str]) -> None:
