@@ -16,7 +16,8 @@
 Two full-SFT arms: ``full`` is this package's default (embeddings frozen, see
 finetune.masks.full_selection) and ``full_all`` trains every parameter, the
 paper's full SFT. Ratios are given against both (``--no-full-all`` skips the
-second, which needs ~4 GB more memory).
+second, which needs ~4 GB more memory). Without ``--out`` the folder is
+``runs/bench_finetune``.
 """
 
 from __future__ import annotations
@@ -28,37 +29,34 @@ from dataclasses import dataclass
 
 import torch
 
-from circuits.loading import load_model
-from experiments.runtime.run_folder import complete_run, prepare_run_dir, release_freed_memory
+from experiments.runtime.run_folder import release_freed_memory
 from circuits.nodes import parse_node
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, FullSFTConfig, PreciseSFTConfig, arithmetic_train_set, train
 from patching.head_ranking import KeyHeads, given_key_heads, rank_key_heads
 
-from experiments.runtime import cli
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
+
+DEFAULT_OUT = "runs/bench_finetune"  # one folder, not runs/<name>-<timestamp>
 
 
 @dataclass(frozen=True)
-class BenchFinetuneConfig:
-    """Every flag of ``python -m experiments.bench_finetune``, with its default."""
+class BenchFinetuneConfig(RunSettings):
+    """Every flag of ``python -m experiments.bench_finetune``, with its default (model, device, dtype, threads,
+    seed, out and overwrite: :class:`experiments.runtime.RunSettings`; ``out`` None means ``runs/bench_finetune``)."""
 
-    model: str = option("gemma-3-270m", "offline model name, TransformerLens model name, or a saved model directory")
     heads: str | None = option(None, "comma-separated key heads, e.g. L9H1,L11H0 (default: ranked)")
     k: int = option(8, "number of key heads when ranked", type=cli.positive_int)
     steps: int = option(4, "optimizer steps per run (the first is not timed)", type=cli.positive_int)
     rounds: int = option(2, "alternating precise/full runs per method", type=cli.positive_int)
     batch_size: int = option(16, "examples per optimizer step", type=cli.positive_int)
     micro_batch_size: int = option(8, "examples per forward/backward pass", type=cli.positive_int)
-    threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
-    device: str = "auto"
-    out: str = option("runs/bench_finetune", "output folder")
-    overwrite: bool = option(False, "replace the results of an earlier run in --out")
     no_full_all: bool = option(False, "skip the all-parameter full SFT arm")
     nokv: bool = option(False, "add a precise arm that leaves the K/V slices frozen (tune_kv=False)")
 
 
-parser = cli.config_parser(BenchFinetuneConfig, "bench_finetune", __doc__)
+parser = cli.config_parser(BenchFinetuneConfig, "bench_finetune", __doc__, help_texts={"out": f"output folder (default: {DEFAULT_OUT})"})
 
 
 def choose_heads(model, cfg: BenchFinetuneConfig) -> KeyHeads:
@@ -118,18 +116,25 @@ def summarize(runs: dict[str, list[dict]]) -> tuple[dict, dict]:
     return summary, ratios
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Run the benchmark with command-line flags ``argv`` (default: ``sys.argv``)."""
-    cfg = cli.parse_config(parser, BenchFinetuneConfig, argv)
-    out = prepare_run_dir(cfg.out, overwrite=cfg.overwrite)
-    cli.set_threads(cfg.threads)
-    model = load_model(cfg.model, device=cfg.device)
-    data = arithmetic_train_set(model, ArithmeticMix(n_examples=cfg.batch_size * cfg.steps, seed=1))
-    chosen = choose_heads(model, cfg)
+def run(cfg: BenchFinetuneConfig, *, loader: ModelLoader | None = None) -> dict:
+    """Run the benchmark; return the results dict that is also written to results.json."""
+    if cfg.out is None:
+        cfg = dataclasses.replace(cfg, out=DEFAULT_OUT)
+    return run_experiment("bench_finetune", cfg, _stages, loader=loader,
+                          results={"model": cfg.model, "settings": dataclasses.asdict(cfg)})
+
+
+def _stages(run: Run) -> None:
+    cfg = run.settings
+    model = run.load_model()
+    with run.stage("data and key heads"):
+        data = arithmetic_train_set(model, ArithmeticMix(n_examples=cfg.batch_size * cfg.steps, seed=1))
+        chosen = choose_heads(model, cfg)
     print(f"key heads ({chosen.rule['source']}): {', '.join(map(str, chosen.heads))}")
-    summary, ratios = summarize(run_arms(model, data, chosen.heads, cfg))
-    results = {
-        "model": cfg.model, "settings": dataclasses.asdict(cfg), "heads": [str(h) for h in chosen.heads],
+    with run.stage("arms"):
+        summary, ratios = summarize(run_arms(model, data, chosen.heads, cfg))
+    run.results |= {
+        "heads": [str(h) for h in chosen.heads],
         "head_source": chosen.rule["source"], "key_heads_rule": chosen.rule,
         "steps_per_run": cfg.steps, "rounds": cfg.rounds, "batch_size": cfg.batch_size,
         "micro_batch_size": cfg.micro_batch_size, "threads": torch.get_num_threads(),
@@ -137,9 +142,12 @@ def main(argv: list[str] | None = None) -> dict:
         "goals": {arm: {"speedup>=2": r["speedup_over_precise"] >= 2, "memory_ratio<=0.05": r["precise_optimizer_memory_ratio"] <= 0.05}
                   for arm, r in ratios.items()},
     }
-    complete_run(out, results)
-    print(f"wrote {out / 'results.json'}")
-    return results
+    print(f"wrote {run.out / 'results.json'}")
+
+
+def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:
+    """Run the benchmark with command-line flags ``argv`` (default: ``sys.argv``)."""
+    return run(cli.parse_config(parser, BenchFinetuneConfig, argv), loader=loader)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@
    fast path, with the fast path minus its top-1 pruning and shared suffix starts, and with the
    plain hook implementation (one full forward per knockout set) on the same prompts and means,
    and checks that every per-prompt hit is equal (``--knockout-only`` runs just this arm).
-7. Prints the speed-up ratios and writes everything to ``<out>/results.json`` (atomic write).
+7. Prints the speed-up ratios and writes everything to ``<out>/results.json`` (atomic writes, after every
+   stage; its ``status`` says ``running``, ``complete`` or ``failed: <stage>: <why>``).
 """
 
 from __future__ import annotations
@@ -32,9 +33,7 @@ import torch
 from transformer_lens import HookedTransformer
 from transformer_lens import patching as tl_patching
 
-from circuits.loading import load_model
 from circuits.nodes import all_heads, all_nodes
-from experiments.runtime.run_folder import complete_run, prepare_run_dir
 from circuits.tasks import TaskBatch, single_batch
 from patching.activation_patching import activation_patch
 from patching.attribution_patching import attribution_patch, rank_agreement
@@ -42,7 +41,7 @@ from patching.knockout import knockout_correct, pool_means
 from patching.path_patching import path_patch
 from patching.results import ActivationScores, NodeScores
 
-from experiments.runtime import cli
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.cli import option
 
@@ -56,11 +55,9 @@ def layer_spec(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class BenchPatchingConfig:
-    """Every flag of ``python -m experiments.bench_patching``, with its default."""
+class BenchPatchingConfig(RunSettings):
+    """Every flag of ``python -m experiments.bench_patching`` beyond :class:`RunSettings`, with its default."""
 
-    model: str = option("gemma-3-270m", "model name for circuits.loading.load_model")
-    device: str = "auto"
     n_prompts: int = option(64, "prompts in the batch", type=cli.positive_int)
     n_shots: int = option(2, "few-shot examples before each prompt", type=cli.nonnegative_int)
     op: str = option("+", "arithmetic operation")
@@ -69,12 +66,8 @@ class BenchPatchingConfig:
                                  "(first and last included), or a comma list; the full-sweep TL time is then "
                                  "extrapolated per head (TL runs a full forward per head, whatever its layer)",
                             type=layer_spec)
-    seed: int = option(0, "data seed")
-    out: str = option("runs/bench_patching", "output folder")
-    overwrite: bool = option(False, "replace the results of an earlier run in --out")
     knockout_seeds: int = option(3, "random head sets per k in the knockout arm", type=cli.nonnegative_int)
     knockout_only: bool = option(False, "run only the knockout arm (and the path patching it ranks by)")
-    threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
 
 
 parser = cli.config_parser(BenchPatchingConfig, "bench_patching", __doc__)
@@ -253,35 +246,42 @@ def knockout_arm(model, data, path, n_seeds: int) -> dict:
             "accuracy_per_set": accuracy.tolist()}
 
 
-def run(cfg: BenchPatchingConfig) -> dict:
+def run(cfg: BenchPatchingConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the benchmark; return the results dict that is also written to results.json."""
-    cli.set_threads(cfg.threads)
-    out = prepare_run_dir(cfg.out, overwrite=cfg.overwrite)  # before the slow part: fail fast on an old run
-    torch.manual_seed(cfg.seed)
-    model = load_model(cfg.model, device=cfg.device)
+    # the run folder is prepared before the slow part: an earlier run in --out fails fast
+    return run_experiment("bench_patching", cfg, _stages, loader=loader)
+
+
+def _stages(run: Run) -> None:
+    cfg, results = run.settings, run.results
+    model = run.load_model()
     model.eval()
-    data, batch = same_length_prompts(model, cfg)
-    results = {"model": cfg.model, "settings": dataclasses.asdict(cfg), "n_prompts": cfg.n_prompts,
-               "n_shots": cfg.n_shots, "n_tokens": batch.tokens.shape[1], "device": str(model.cfg.device),
-               "dtype": str(model.cfg.dtype)}
+    with run.stage("prompts"):
+        data, batch = same_length_prompts(model, cfg)
+    results |= {"model": cfg.model, "settings": dataclasses.asdict(cfg), "n_prompts": cfg.n_prompts,
+                "n_shots": cfg.n_shots, "n_tokens": batch.tokens.shape[1], "device": str(model.cfg.device),
+                "dtype": str(model.cfg.dtype)}
     if cfg.knockout_only:
-        path = path_patch(model, batch, metric="logit")
+        with run.stage("path patching"):
+            path = path_patch(model, batch, metric="logit")
     else:
-        sweeps, path = compare_sweeps(model, batch, cfg)
-        results |= sweeps
-    results["knockout"] = knockout_arm(model, data, path, cfg.knockout_seeds)
-    complete_run(out, results)
+        with run.stage("sweeps"):
+            sweeps, path = compare_sweeps(model, batch, cfg)
+            # the sweeps' own times join the stage times in results["seconds"]
+            results["seconds"].update(sweeps.pop("seconds"))
+            results |= sweeps
+    with run.stage("knockout"):
+        results["knockout"] = knockout_arm(model, data, path, cfg.knockout_seeds)
     if not cfg.knockout_only:
         print(f"speed-up path patching (full sweep, {len(all_nodes(model))} nodes) vs TL heads sweep "
               f"({model.cfg.n_layers * model.cfg.n_heads} heads): {results['speedup_path_patch_vs_tl']:.1f}x")
         print(f"speed-up activation patching vs TL on the same heads: {results['speedup_activation_patch_vs_tl']:.1f}x")
-    print(f"wrote {out / 'results.json'}")
-    return results
+    print(f"wrote {run.out / 'results.json'}")
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:
     """Run the benchmark with command-line flags ``argv`` (default: ``sys.argv``)."""
-    return run(cli.parse_config(parser, BenchPatchingConfig, argv))
+    return run(cli.parse_config(parser, BenchPatchingConfig, argv), loader=loader)
 
 
 if __name__ == "__main__":

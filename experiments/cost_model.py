@@ -1,8 +1,8 @@
 """Cost model of the sweeps: FLOPs and memory as functions of the model's shape and the prompts, calibrated here.
 
-    python -m experiments.cost_model measure --model gemma-3-270m --out runs/cost/gemma.json
-    python -m experiments.cost_model measure --model smollm2-135m --out runs/cost/smollm2.json
-    python -m experiments.cost_model fit runs/cost/gemma.json runs/cost/smollm2.json --out runs/cost/fit.json
+    python -m experiments.cost_model measure --model gemma-3-270m --out runs/cost/gemma
+    python -m experiments.cost_model measure --model smollm2-135m --out runs/cost/smollm2
+    python -m experiments.cost_model fit runs/cost/gemma runs/cost/smollm2 --out runs/cost/fit
 
 Shape: L layers, H query heads, G key/value heads, d width, d_h head width, m MLP width (k = 3
 matrices for gated MLPs, 2 otherwise), V vocabulary; T prompt tokens, of which S are after the
@@ -20,6 +20,14 @@ FLOP/s ``R``. ``fit`` fits one constant per sweep, ``α = measured time / (W / R
 implementation's overhead over a plain forward of the same FLOPs; geometric mean over the two
 models), prints predicted against measured time for both models, and predicts Llama-2-7B and
 Llama-3-8B on one 80 GB GPU at a stated throughput. Predictions are not measurements.
+
+``--out`` is a run folder, as for every experiment (default ``runs/cost_model-<measure|fit>-<timestamp>``):
+``measure`` writes ``<out>/results.json`` after every sweep (status ``running``, then ``complete`` or
+``failed: <sweep>: <why>``), so a run cut short still holds the sweeps it finished; ``fit`` reads such
+folders (or their results.json, or a measurement file of an earlier version) and writes its fit and
+predictions to ``<out>/results.json``. ``--model tiny-gpt2`` (``tiny-llama``, ``tiny-gemma``, ...) times
+a random tiny model, to try the script in seconds. ``python -m experiments.cost_model measure --help``
+and ``... fit --help`` list each command's flags.
 """
 
 from __future__ import annotations
@@ -34,12 +42,14 @@ from typing import Callable
 
 import torch
 
+from circuits.errors import InputError
 from circuits.graph import GraphLayout
 from circuits.nodes import Head
 from circuits.peak_memory import peak_rss, reset_peak_rss
-from experiments.runtime.run_folder import write_json_atomic, write_text_atomic
+from experiments.runtime.run_folder import RESULTS_FILE, write_text_atomic
 
-from experiments.runtime import cli
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
+from experiments.runtime.cli import option
 
 GPU_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (NVIDIA's datasheet, without sparsity)
 GPU_EFFICIENCY = 0.35  # assumed fraction of peak a plain forward reaches at these batch sizes
@@ -173,20 +183,29 @@ SWEEPS: dict[str, Sweep] = {
 # ---------------------------------------------------------------------------- measurement
 
 
-def _measure_model(args):
+@dataclass(frozen=True)
+class MeasureConfig(RunSettings):
+    """The flags of ``python -m experiments.cost_model measure`` beyond :class:`RunSettings`, with their defaults."""
+
+    n_prompts: int = option(8, "prompts per sweep", type=cli.positive_int)
+    edge_stride: int = option(25, "patch every n-th edge", type=cli.positive_int)
+    knockout_sets: int = option(8, "random knockout sets", type=cli.positive_int)
+    knockout_pool: int = option(64, "pool prompts for the knockout means", type=cli.positive_int)
+    only: tuple[str, ...] | None = option(None, "sweeps to run (default: all)", choices=tuple(SWEEPS), nargs="*")
+
+
+def _measure_model(run: Run):
     """The model to time: the named one, or a random tiny one (``tiny-gpt2`` etc.) to try the script quickly."""
-    from circuits.loading import load_model
+    name = run.settings.model
+    if not name.startswith("tiny-"):
+        return run.load_model().eval()
+    from circuits.random_models import tiny_model
 
-    if args.model.startswith("tiny-"):
-        from circuits.random_models import tiny_model
-
-        model = tiny_model(style=args.model.removeprefix("tiny-"), n_layers=4)
-    else:
-        model = load_model(args.model, device=args.device)
-    return model.eval()
+    with run.stage("load model", f"building a random {name}"):
+        return tiny_model(style=name.removeprefix("tiny-"), n_layers=4).eval()
 
 
-def _sweeps(model, args) -> tuple[dict, dict, dict, Shape]:
+def _sweeps(model, cfg: MeasureConfig) -> tuple[dict, dict, dict, Shape]:
     """Every sweep as a callable, the per-sweep extra facts for the fit, the shared state and the prompts' shape."""
     from circuits.tasks import make_dataset
     from circuits.templates import get_templates
@@ -196,26 +215,26 @@ def _sweeps(model, args) -> tuple[dict, dict, dict, Shape]:
     from patching.all_for_one.search import AF1Config, AF1Runner, NoEvalPromptsError, grid_faithfulness
 
     template = get_templates("+", ("equation",))[0]
-    data = make_dataset(model, op="+", n_prompts=args.n_prompts, template_ids=(template.id,), n_shots=2, seed=args.seed)
+    data = make_dataset(model, op="+", n_prompts=cfg.n_prompts, template_ids=(template.id,), n_shots=2, seed=cfg.seed)
     tokens, cf = torch.tensor(data["tokens"]), torch.tensor(data["cf_tokens"])
     T = tokens.shape[1]
     shape = replace(shape_of(model), T=T, S=T - shared_prefix_length(tokens, cf), B=len(data))
     layout = GraphLayout.of(model)
-    edges = layout.real_edge_mask.nonzero().tolist()[:: args.edge_stride]
-    rng = random.Random(args.seed)
+    edges = layout.real_edge_mask.nonzero().tolist()[:: cfg.edge_stride]
+    rng = random.Random(cfg.seed)
     heads = [Head(l, h) for l in range(shape.L) for h in range(shape.H)]
-    sets = [rng.sample(heads, 4) for _ in range(args.knockout_sets)]
-    af1_data = make_dataset(model, op="+", n_prompts=2 * args.n_prompts, template_ids=(template.id,), n_shots=2,
-                            seed=args.seed + 1)
+    sets = [rng.sample(heads, 4) for _ in range(cfg.knockout_sets)]
+    af1_data = make_dataset(model, op="+", n_prompts=2 * cfg.n_prompts, template_ids=(template.id,), n_shots=2,
+                            seed=cfg.seed + 1)
     state: dict = {"tokens": tokens}
     extra: dict = {"forward": {}, "path_patch": {}, "activation_patch": {},
-                   "knockout": {"pool": args.knockout_pool, "sets": len(sets)}, "edge_attribution": {"steps": 5},
+                   "knockout": {"pool": cfg.knockout_pool, "sets": len(sets)}, "edge_attribution": {"steps": 5},
                    "edge_patch": patched_counts(layout, edges),
                    "faithfulness_curve": {"circuits": 12}}
 
     def af1():
         try:
-            runner = AF1Runner.from_dataset(model, af1_data, AF1Config(batch_size=args.n_prompts))
+            runner = AF1Runner.from_dataset(model, af1_data, AF1Config(batch_size=cfg.n_prompts))
         except NoEvalPromptsError:  # a random model answers nothing right
             state["af1_eval"] = 0
             return
@@ -230,40 +249,43 @@ def _sweeps(model, args) -> tuple[dict, dict, dict, Shape]:
         "edge_attribution": lambda: state.update(graph=edge_attribution(model, data, ig_steps=5, progress=False)),
         "faithfulness_curve": lambda: faithfulness_curve(model, state["graph"], data, n_bootstrap=200, progress=False),
         "edge_patch": lambda: edge_patch(model, edges, data, progress=False),
-        "knockout": lambda: knockout_correct(model, data, sets, n_pool=args.knockout_pool),
+        "knockout": lambda: knockout_correct(model, data, sets, n_pool=cfg.knockout_pool),
         "af1_grid": af1,
         "activation_patch": lambda: activation_patch(model, data, component="z", progress=False),
     }
     return runs, extra, state, shape
 
 
-def _measure(args) -> None:
-    """Time every sweep once on the model and write the measurements (after each sweep, atomically)."""
-    model = _measure_model(args)
-    runs, extra, state, shape = _sweeps(model, args)
-    with torch.no_grad():
-        model(state["tokens"][:2], stop_at_layer=shape.L)  # warm-up
+def _measure(run: Run) -> None:
+    """Time every sweep once on the model; results.json is saved after each sweep (atomically)."""
+    cfg, results = run.settings, run.results
+    model = _measure_model(run)
+    with run.stage("prompts"):
+        runs, extra, state, shape = _sweeps(model, cfg)
+        with torch.no_grad():
+            model(state["tokens"][:2], stop_at_layer=shape.L)  # warm-up
     measured, shapes = {}, {}
-    for name, run in runs.items():
-        if args.only and name not in args.only:
+    results |= {"model": cfg.model, "threads": torch.get_num_threads(), "shape": asdict(shape),
+                "sweep_shapes": shapes, "measured": measured,
+                "command": f"python -m experiments.cost_model measure --model {cfg.model} --n-prompts {cfg.n_prompts}"}
+    for name, sweep in runs.items():
+        if cfg.only and name not in cfg.only:
             continue
-        torch.manual_seed(0)
-        exact = reset_peak_rss()
-        before = peak_rss(exact)
-        began = time.perf_counter()
-        with torch.no_grad() if name == "forward" else torch.enable_grad():
-            run()
-        seconds = time.perf_counter() - began
-        if name == "af1_grid" and not state.get("af1_eval"):
-            continue  # no evaluation prompts: nothing was measured
-        measured[name] = {"seconds": seconds, "peak_rss_above_start_mb": (peak_rss(exact) - before) / 2**20,
-                          "peak_exact": exact, **extra.get(name, {})}
-        shapes[name] = asdict(replace(shape, B=state["af1_eval"]) if name == "af1_grid" else shape)
+        with run.stage(name):
+            torch.manual_seed(cfg.seed)
+            exact = reset_peak_rss()
+            before = peak_rss(exact)
+            began = time.perf_counter()
+            with torch.no_grad() if name == "forward" else torch.enable_grad():
+                sweep()
+            seconds = time.perf_counter() - began
+            if name == "af1_grid" and not state.get("af1_eval"):
+                continue  # no evaluation prompts: nothing was measured
+            measured[name] = {"seconds": seconds, "peak_rss_above_start_mb": (peak_rss(exact) - before) / 2**20,
+                              "peak_exact": exact, **extra.get(name, {})}
+            shapes[name] = asdict(replace(shape, B=state["af1_eval"]) if name == "af1_grid" else shape)
         print(f"{name:20s} {seconds:8.2f} s  peak +{measured[name]['peak_rss_above_start_mb']:.0f} MB", flush=True)
-        write_json_atomic(args.out, {"model": args.model, "threads": torch.get_num_threads(), "shape": asdict(shape),
-                                     "sweep_shapes": shapes, "measured": measured,
-                                     "command": f"python -m experiments.cost_model measure --model {args.model} "
-                                                f"--n-prompts {args.n_prompts}"})
+    print(f"wrote {run.out / RESULTS_FILE}")
 
 
 # ---------------------------------------------------------------------------- fit and predictions
@@ -284,28 +306,85 @@ def _extra_for(shape: Shape, name: str) -> dict:
             "af1_grid": {"fit": shape.B, "eval_all": shape.B}}.get(name, {})
 
 
-def _fit(args) -> None:
-    runs = [json.loads(Path(p).read_text()) for p in args.files]
-    for r in runs:  # each run's own effective FLOP/s: the machine's load varies between runs
-        r["rate"] = SWEEPS["forward"].flops(Shape(**r["shape"]), {}) / r["measured"]["forward"]["seconds"]
+@dataclass(frozen=True)
+class FitConfig(RunSettings):
+    """The flags of ``python -m experiments.cost_model fit`` beyond :class:`RunSettings` (``files``: its arguments)."""
+
+    files: tuple[str, ...] = ()  # the positional arguments: measure run folders (or their results.json)
+    markdown: str | None = option(None, "also write the tables for docs/gpu.md here")
+
+
+MEASUREMENT_HINT = "Pass the run folders (or their results.json) that `python -m experiments.cost_model measure` writes."
+
+
+def load_measurement(path: str | Path) -> dict:
+    """The measurements in a ``measure`` run folder (or its results.json, or an earlier version's JSON file).
+
+    Raises :class:`circuits.errors.InputError`, naming the file, when it is missing, not JSON, or not a
+    measurement the fit can use (the plain forward, which gives the machine's FLOP/s, must be in it).
+    """
+    path = Path(path)
+    file = path / RESULTS_FILE if path.is_dir() else path
+
+    def bad(why: str) -> InputError:
+        return InputError(f"{file}: {' '.join(why.split())}\n{MEASUREMENT_HINT}")
+
+    try:
+        r = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise bad("no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise bad(f"cannot be read ({err})") from None
+    except ValueError as err:
+        raise bad(f"is not JSON ({err})") from None
+    if not isinstance(r, dict) or not isinstance(r.get("model"), str) \
+            or not all(isinstance(r.get(k), dict) for k in ("shape", "sweep_shapes", "measured")):
+        raise bad("is not a cost_model measurement (it needs model, shape, sweep_shapes and measured)")
+    if "forward" not in r["measured"]:
+        raise bad("has no measurement of the plain forward, which gives the machine's FLOP/s for every other sweep "
+                  "(measure it: leave --only out, or name forward in it)")
+    name = "shape"
+    try:
+        Shape(**r["shape"])
+        for name, m in r["measured"].items():
+            if name in SWEEPS:
+                s = Shape(**r["sweep_shapes"][name])
+                float(m["seconds"]), float(m["peak_rss_above_start_mb"])
+                SWEEPS[name].flops(s, m), SWEEPS[name].memory(s, m)
+        name = "forward"
+        rate = SWEEPS["forward"].flops(Shape(**r["shape"]), {}) / r["measured"]["forward"]["seconds"]
+    except KeyError as err:
+        raise bad(f"its {name} measurement has no {err} entry") from None
+    except (TypeError, ValueError, AttributeError, ZeroDivisionError) as err:
+        raise bad(f"its {name} measurement is malformed ({type(err).__name__}: {err})") from None
+    if not rate > 0:
+        raise bad("its forward measurement gives no FLOP/s (zero FLOPs or a time <= 0)")
+    return r
+
+
+def fit_and_predict(runs: list[dict]) -> dict:
+    """One α per sweep from the measurements ``runs`` (:func:`load_measurement`), the table of predicted against
+    measured time and memory, and the predictions for :data:`PREDICT` on one GPU: results.json of ``fit``."""
+    # each run's own effective FLOP/s: the machine's load varies between runs
+    rates = [SWEEPS["forward"].flops(Shape(**r["shape"]), {}) / r["measured"]["forward"]["seconds"] for r in runs]
     alphas, table = {}, []
     for name, sweep in SWEEPS.items():
         ratios = []
-        for r in runs:
+        for r, rate in zip(runs, rates):
             if name not in r["measured"]:
                 continue
             s = Shape(**r["sweep_shapes"][name])
-            ratios.append(r["measured"][name]["seconds"] / (sweep.flops(s, r["measured"][name]) / r["rate"]))
+            ratios.append(r["measured"][name]["seconds"] / (sweep.flops(s, r["measured"][name]) / rate))
         if ratios:
             alphas[name] = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    for r in runs:
+    for r, rate in zip(runs, rates):
         for name, sweep in SWEEPS.items():
             if name not in r["measured"] or name not in alphas:
                 continue
             m = r["measured"][name]
             s = Shape(**r["sweep_shapes"][name])
             table.append({"model": r["model"], "sweep": name, "measured_s": m["seconds"],
-                          "B": s.B, "predicted_s": alphas[name] * sweep.flops(s, m) / r["rate"],
+                          "B": s.B, "predicted_s": alphas[name] * sweep.flops(s, m) / rate,
                           "measured_peak_mb": m["peak_rss_above_start_mb"],
                           "predicted_mem_mb": sweep.memory(s, m) / 2**20, "gflops": sweep.flops(s, m) / 1e9})
     gpu_rate = GPU_PEAK_FLOPS * GPU_EFFICIENCY
@@ -317,19 +396,29 @@ def _fit(args) -> None:
                                 "predicted_s": alphas.get(name, 1.0) * sweep.flops(s, x) / gpu_rate,
                                 "activation_gb_unchunked": sweep.memory(s, x) / 1e9,
                                 "weights_gb": s.params * s.bytes / 1e9, **x})
-    out = {"alphas": alphas, "cpu_flops_per_s": {f"{r['model']} B={r['shape']['B']}": r["rate"] for r in runs}, "table": table, "gpu_assumed_flops_per_s": gpu_rate,
-           "predictions": predictions, "prediction_shapes": {k: asdict(v) for k, v in PREDICT.items()}}
-    write_json_atomic(args.out, out)
+    return {"alphas": alphas, "cpu_flops_per_s": {f"{r['model']} B={r['shape']['B']}": rate for r, rate in zip(runs, rates)},
+            "table": table, "gpu_assumed_flops_per_s": gpu_rate,
+            "predictions": predictions, "prediction_shapes": {k: asdict(v) for k, v in PREDICT.items()}}
+
+
+def _fit(run: Run, runs: list[dict]) -> None:
+    """Fit, predict, print the tables; ``--markdown``: also the tables of docs/gpu.md."""
+    cfg, results = run.settings, run.results
+    with run.stage("fit and predictions"):
+        fit = fit_and_predict(runs)
+        results |= fit
     print(f"{'model':14s} {'B':>3s} {'sweep':20s} {'meas s':>8s} {'pred s':>8s} {'meas MB':>8s} {'pred MB':>8s}")
-    for row in table:
+    for row in fit["table"]:
         print(f"{row['model']:14s} {row['B']:3d} {row['sweep']:20s} {row['measured_s']:8.2f} {row['predicted_s']:8.2f} "
               f"{row['measured_peak_mb']:8.0f} {row['predicted_mem_mb']:8.0f}")
-    print("alphas:", {k: round(v, 2) for k, v in alphas.items()})
-    if args.markdown:
-        write_text_atomic(args.markdown, _markdown(out))
-    for p in predictions:
+    print("alphas:", {k: round(v, 2) for k, v in fit["alphas"].items()})
+    if cfg.markdown:
+        with run.stage("markdown"):
+            write_text_atomic(cfg.markdown, _markdown(fit))
+    for p in fit["predictions"]:
         print(f"{p['model']:12s} {p['sweep']:20s} {p['tflops']:10.1f} TFLOP {p['predicted_s']:9.1f} s "
               f"act {p['activation_gb_unchunked']:7.2f} GB")
+    print(f"wrote {run.out / RESULTS_FILE}")
 
 
 def _markdown(fit: dict) -> str:
@@ -353,27 +442,42 @@ def _markdown(fit: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# ---------------------------------------------------------------------------- command line
+
+#: command -> (its config, what it does)
+COMMANDS = {"measure": (MeasureConfig, "time every sweep on one model"),
+            "fit": (FitConfig, "fit the constants on measure outputs and predict the Llama models")}
+
 parser = cli.make_parser("cost_model", __doc__)
-_commands = parser.add_subparsers(dest="command", required=True)
-_measure_parser = _commands.add_parser("measure", help="time every sweep on one model")
-_measure_parser.add_argument("--model", default="gemma-3-270m", help="model name for circuits.loading.load_model")
-_measure_parser.add_argument("--device", default=None, help="torch device (default: the model loader's choice)")
-_measure_parser.add_argument("--n-prompts", type=int, default=8, help="prompts per sweep")
-_measure_parser.add_argument("--edge-stride", type=int, default=25, help="patch every n-th edge")
-_measure_parser.add_argument("--knockout-sets", type=int, default=8, help="random knockout sets")
-_measure_parser.add_argument("--knockout-pool", type=int, default=64, help="pool prompts for the knockout means")
-_measure_parser.add_argument("--only", nargs="*", default=None, help="sweeps to run (default: all)")
-_measure_parser.add_argument("--seed", type=int, default=0, help="data and sampling seed")
-_measure_parser.add_argument("--out", required=True, help="JSON file to write (after every sweep)")
-_fit_parser = _commands.add_parser("fit", help="fit the constants on measure outputs and predict the Llama models")
-_fit_parser.add_argument("files", nargs="*", help="measure outputs (none: predict with α = 1, the FLOP-bound time)")
-_fit_parser.add_argument("--out", required=True, help="JSON file to write")
-_fit_parser.add_argument("--markdown", default=None, help="also write the tables for docs/gpu.md here")
+_commands = parser.add_subparsers(dest="command", required=True, metavar="{measure,fit}")
+for _name, (_config, _what) in COMMANDS.items():
+    _sub = _commands.add_parser(_name, help=_what, description=_what, formatter_class=parser.formatter_class)
+    _sub.add_argument(cli.DEBUG_FLAG, action="store_true", help="show the full traceback of an error")
+    if _config is FitConfig:
+        _sub.add_argument("files", nargs="*", metavar="MEASUREMENT",
+                          help="measure run folders or their results.json (none: predict with α = 1, the FLOP-bound "
+                               "time)")
+    cli.add_config_flags(_sub, _config)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parser.parse_args(argv)
-    (_measure if args.command == "measure" else _fit)(args)
+def parse_config(argv: list[str] | None = None) -> MeasureConfig | FitConfig:
+    """The config of the command in ``argv`` (default: ``sys.argv``): a :class:`MeasureConfig` or a :class:`FitConfig`."""
+    return cli.parse_config(parser, lambda command, **fields: COMMANDS[command][0](**fields), argv)
+
+
+def run(cfg: MeasureConfig | FitConfig, *, loader: ModelLoader | None = None) -> dict:
+    """``measure`` or ``fit`` (by the config's type) in its run folder; returns the results that results.json holds."""
+    if isinstance(cfg, FitConfig):
+        runs = [load_measurement(p) for p in cfg.files]  # a bad input file: one line, before any folder is made
+        stages, command = (lambda run: _fit(run, runs)), "fit"
+    else:
+        stages, command = _measure, "measure"
+    return run_experiment("cost_model", cfg, stages, loader=loader, default_out=f"cost_model-{command}")
+
+
+def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:
+    """Run ``measure`` or ``fit`` with command-line arguments ``argv`` (default: ``sys.argv``)."""
+    return run(parse_config(argv), loader=loader)
 
 
 if __name__ == "__main__":

@@ -6,14 +6,16 @@
 
 The same command runs on one process or on all processes of a launch (:mod:`patching.edges.distributed`
 splits the prompts of the attribution, the edges of the exact patching and the circuits of the
-curve; every process gets the combined results, and the main process writes them). Each process
-loads the model on its own device (``accelerate``'s ``PartialState().device`` under a CUDA launch).
+curve; every process gets the combined results, and only the main process prepares, writes and
+completes the run folder ``--out``). Each process loads the model on its own device (``accelerate``'s
+``PartialState().device`` under a CUDA launch).
 The last line is the CPU form: accelerate 1.x starts one process for ``--cpu --num_processes 2``,
 while ``--multi_gpu`` on a machine without CUDA starts two that talk through gloo.
 
 Prompts: ``--n-prompts`` two-shot one-digit additions of one template and one token length, the
 same as ``experiments.bench_circuits`` samples with the same seed.
-Writes ``<out>/results.json``: wall times and the main process's CPU times, the number of
+Writes ``<out>/results.json`` (after every stage; its ``status`` says ``running``, ``complete`` or
+``failed: <stage>: <why>``): wall times and the main process's CPU times, the number of
 processes, the top edges by EAP-IG and by exact effect, their Spearman correlation over the patched
 edges, and the curve with CPR/CMD; and the exact effects (``exact_edges.safetensors``, per prompt;
 ``exact_edges_eap.json``, EAP-IG's graph format).
@@ -22,15 +24,15 @@ edges, and the curve with CPR/CMD; and the exact effects (``exact_edges.safetens
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Callable, ContextManager
 
 import torch
 from scipy.stats import spearmanr
 
 from circuits.graph import Graph, GraphLayout
-from circuits.loading import load_model
-from experiments.runtime.run_folder import complete_run, prepare_run_dir
-from experiments.runtime import cli
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
 from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.timing import wall_and_cpu
@@ -40,21 +42,17 @@ from patching.edges.curves import FaithfulnessCurve
 
 
 @dataclass(frozen=True)
-class EdgeSweepsConfig:
-    """Every flag of ``python -m experiments.edge_sweeps``, with its default."""
+class EdgeSweepsConfig(RunSettings):
+    """Every flag of ``python -m experiments.edge_sweeps`` beyond :class:`RunSettings`, with its default.
 
-    model: str = option("gemma-3-270m", "model name or saved folder for circuits.loading.load_model")
-    device: str = "auto"
-    dtype: str | None = None
+    ``--threads`` is per process; ``--out`` is written by the main process only.
+    """
+
     n_prompts: int = option(32, "prompts (one template, one token length)", type=cli.positive_int)
     ig_steps: int = option(5, "EAP-IG-inputs integration steps", type=cli.positive_int)
     stride: int = option(10, "patch every stride-th edge exactly (1: all)", type=cli.positive_int)
     memory_mb: float = option(1024.0, "activation budget per batched forward", type=cli.positive_float)
     n_bootstrap: int = option(1000, "bootstrap resamples of the curve", type=cli.positive_int)
-    seed: int = option(0, "data seed")
-    threads: int = option(0, "torch CPU threads per process (0: torch's default)", type=cli.nonnegative_int)
-    out: str = option("runs/edge_sweeps", "output folder (written by the main process)")
-    overwrite: bool = option(False, "replace the results of an earlier run in --out")
 
 
 parser = cli.config_parser(EdgeSweepsConfig, "edge_sweeps", __doc__)
@@ -80,19 +78,26 @@ class Sweeps:
     seconds: dict[str, float]
 
 
-def sweep(model, data, cfg: EdgeSweepsConfig) -> Sweeps:
-    """EAP-IG-inputs scores, exact effects of every stride-th edge, the faithfulness curve, each split over the processes."""
+def sweep(model, data, cfg: EdgeSweepsConfig,
+          stage: Callable[[str], ContextManager] = lambda name: nullcontext()) -> Sweeps:
+    """EAP-IG-inputs scores, exact effects of every stride-th edge, the faithfulness curve, each split over the processes.
+
+    ``stage(name)`` wraps each sweep (:meth:`experiments.runtime.Run.stage` in a run).
+    """
     layout = GraphLayout.of(model)
     edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()][:: cfg.stride]
     times = {}
-    graph, times["edge_attribution_s"], times["edge_attribution_cpu_s"] = wall_and_cpu(
-        lambda: distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=cfg.ig_steps,
-                                             memory_mb=cfg.memory_mb))
-    effects, times["edge_patch_s"], times["edge_patch_cpu_s"] = wall_and_cpu(
-        lambda: distributed.edge_patch(model, edges, data, memory_mb=cfg.memory_mb))
-    curve, times["faithfulness_curve_s"], times["faithfulness_curve_cpu_s"] = wall_and_cpu(
-        lambda: distributed.faithfulness_curve(model, graph, data, n_bootstrap=cfg.n_bootstrap,
-                                               memory_mb=cfg.memory_mb))
+    with stage("edge attribution"):
+        graph, times["edge_attribution_s"], times["edge_attribution_cpu_s"] = wall_and_cpu(
+            lambda: distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=cfg.ig_steps,
+                                                 memory_mb=cfg.memory_mb))
+    with stage("exact edge patching"):
+        effects, times["edge_patch_s"], times["edge_patch_cpu_s"] = wall_and_cpu(
+            lambda: distributed.edge_patch(model, edges, data, memory_mb=cfg.memory_mb))
+    with stage("faithfulness curve"):
+        curve, times["faithfulness_curve_s"], times["faithfulness_curve_cpu_s"] = wall_and_cpu(
+            lambda: distributed.faithfulness_curve(model, graph, data, n_bootstrap=cfg.n_bootstrap,
+                                                   memory_mb=cfg.memory_mb))
     return Sweeps(layout, edges, graph, effects, curve, times)
 
 
@@ -116,29 +121,34 @@ def summarize(cfg: EdgeSweepsConfig, shard: distributed.Shard, model, data, swee
     }
 
 
-def run(cfg: EdgeSweepsConfig) -> dict | None:
+def run(cfg: EdgeSweepsConfig, *, loader: ModelLoader | None = None) -> dict | None:
     """Run the sweeps on this process's share; the main process writes and returns the results (others: None)."""
-    cli.set_threads(cfg.threads)
-    shard = distributed.current_shard()
-    main_process = shard.rank == 0
-    out = prepare_run_dir(cfg.out, overwrite=cfg.overwrite) if main_process else None
-    model = load_model(cfg.model, device=_device(cfg.device, shard), dtype=cfg.dtype)
+    shard = distributed.current_shard()  # sets up the launch's process group
+    results = run_experiment("edge_sweeps", cfg, lambda run: _stages(run, shard), loader=loader,
+                             main_process=shard.rank == 0)
+    return results if shard.rank == 0 else None
+
+
+def _stages(run: Run, shard: distributed.Shard) -> None:
+    cfg = run.settings
+    with run.stage("load model", f"loading {cfg.model}"):
+        model = run.loader(cfg.model, device=_device(cfg.device, shard), dtype=cfg.dtype)
     model.eval()
-    # bench_circuits' prompts: one template and one token length, so the shared prefix is long
-    data = one_length_prompts(model, op="+", n_prompts=cfg.n_prompts, n_shots=2, seed=cfg.seed)
-    sweeps = sweep(model, data, cfg)
-    if not main_process:
-        return None
-    results = summarize(cfg, shard, model, data, sweeps)
-    sweeps.effects.save(out, model.cfg.d_model)
-    complete_run(out, results)
-    print(f"wrote {out / 'results.json'}")
-    return results
+    with run.stage("prompts"):
+        # bench_circuits' prompts: one template and one token length, so the shared prefix is long
+        data = one_length_prompts(model, op="+", n_prompts=cfg.n_prompts, n_shots=2, seed=cfg.seed)
+    sweeps = sweep(model, data, cfg, run.stage)
+    if not run.main_process:
+        return
+    run.results |= summarize(cfg, shard, model, data, sweeps)
+    with run.stage("save exact effects"):
+        sweeps.effects.save(run.out, model.cfg.d_model)
+    print(f"wrote {run.out / 'results.json'}")
 
 
-def main(argv: list[str] | None = None) -> dict | None:
+def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict | None:
     """Run the sweeps with command-line flags ``argv`` (default: ``sys.argv``)."""
-    return run(cli.parse_config(parser, EdgeSweepsConfig, argv))
+    return run(cli.parse_config(parser, EdgeSweepsConfig, argv), loader=loader)
 
 
 if __name__ == "__main__":

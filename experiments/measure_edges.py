@@ -11,7 +11,8 @@
    change and its receiver's input change, each ``mean_prompts Σ_pos ‖·(X_c) − ·(X_r)‖`` (an
    attribution method should beat it), and computes the ten-point MIB faithfulness curve,
    CPR and CMD with 95% bootstrap intervals (counterfactual ablation).
-4. Writes everything to ``<out>/results.json`` (atomic write) and prints a summary.
+4. Writes everything to ``<out>/results.json`` (atomic writes, after every stage) and prints a summary;
+   its ``status`` says ``running``, ``complete`` or ``failed: <stage>: <why>`` (Ctrl-C included).
 """
 
 from __future__ import annotations
@@ -23,10 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from circuits.graph import GraphLayout
-from circuits.loading import load_model
-from experiments.runtime.run_folder import prepare_run_dir, write_json_atomic
 from circuits.tasks import single_batch
-from experiments.runtime import cli
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.timing import wall_and_cpu
 from experiments.runtime.cli import option
@@ -37,20 +36,14 @@ from patching.edges.curves import faithfulness_curve
 
 
 @dataclass(frozen=True)
-class MeasureEdgesConfig:
-    """Every flag of ``python -m experiments.measure_edges``, with its default."""
+class MeasureEdgesConfig(RunSettings):
+    """Every flag of ``python -m experiments.measure_edges`` beyond :class:`RunSettings`, with its default."""
 
-    model: str = option("gemma-3-270m", "model name for circuits.loading.load_model")
     n_prompts: int = option(32, "prompts (one token length, answered correctly)", type=cli.positive_int)
     n_shots: int = option(2, "few-shot examples before each prompt", type=cli.nonnegative_int)
     stride: int = option(1, "patch every stride-th edge (1: all edges)", type=cli.positive_int)
-    threads: int = option(0, "torch threads (0: torch's default)", type=cli.nonnegative_int)
     memory_mb: float = option(512.0, "activation budget per batched forward", type=cli.positive_float)
     n_bootstrap: int = option(1000, "bootstrap resamples", type=cli.positive_int)
-    device: str = "auto"
-    seed: int = option(0, "data seed")
-    out: str = option("runs/measure_edges", "output folder")
-    overwrite: bool = option(False, "replace the results of an earlier run in --out")
 
 
 parser = cli.config_parser(MeasureEdgesConfig, "measure_edges", __doc__)
@@ -108,30 +101,33 @@ def baseline_curve(model, cfg: MeasureEdgesConfig, data) -> dict:
     return {"scores": "sender output-change norm x receiver input-change norm", "wall_s": curve_wall, **curve.to_dict()}
 
 
-def run(cfg: MeasureEdgesConfig) -> dict:
-    """Prompts, exact edge patching, the baseline curve; results.json written atomically."""
-    out = prepare_run_dir(cfg.out, overwrite=cfg.overwrite)
-    cli.set_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    model = load_model(cfg.model, device=cfg.device)
+def run(cfg: MeasureEdgesConfig, *, loader: ModelLoader | None = None) -> dict:
+    """Prompts, exact edge patching, the baseline curve; returns the results that results.json holds."""
+    return run_experiment("measure_edges", cfg, _stages, loader=loader)
+
+
+def _stages(run: Run) -> None:
+    cfg, results = run.settings, run.results
+    model = run.load_model()
     model.eval()
-    data = correct_prompts(model, cfg)
-    batch = single_batch(data)
-    prefix = forward.shared_prefix_length(batch.tokens, batch.cf_tokens)
+    with run.stage("prompts"):
+        data = correct_prompts(model, cfg)
+        batch = single_batch(data)
+        prefix = forward.shared_prefix_length(batch.tokens, batch.cf_tokens)
     print(f"{len(data)} prompts of {batch.tokens.shape[1]} tokens (shared prefix {prefix}), e.g. {batch.prompts[0]!r}")
-    results = {"model": cfg.model, "n_prompts": len(data), "n_tokens": int(batch.tokens.shape[1]),
-               "shared_prefix": prefix, "threads": torch.get_num_threads(), "memory_mb": cfg.memory_mb,
-               "n_edges_total": GraphLayout.of(model).n_edges, "settings": dataclasses.asdict(cfg)}
-    results["edge_patch"] = time_edge_patch(model, cfg, data)
-    results["curve"] = baseline_curve(model, cfg, data)
-    write_json_atomic(out / "results.json", results)
-    print(f"wrote {out / 'results.json'}")
-    return results
+    results |= {"model": cfg.model, "n_prompts": len(data), "n_tokens": int(batch.tokens.shape[1]),
+                "shared_prefix": prefix, "threads": torch.get_num_threads(), "memory_mb": cfg.memory_mb,
+                "n_edges_total": GraphLayout.of(model).n_edges, "settings": dataclasses.asdict(cfg)}
+    with run.stage("exact edge patching"):
+        results["edge_patch"] = time_edge_patch(model, cfg, data)
+    with run.stage("baseline curve"):
+        results["curve"] = baseline_curve(model, cfg, data)
+    print(f"wrote {run.out / 'results.json'}")
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:
     """Run the measurement with command-line flags ``argv`` (default: ``sys.argv``)."""
-    return run(cli.parse_config(parser, MeasureEdgesConfig, argv))
+    return run(cli.parse_config(parser, MeasureEdgesConfig, argv), loader=loader)
 
 
 if __name__ == "__main__":

@@ -14,42 +14,34 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import time
 from dataclasses import dataclass
 
 import plotly.graph_objects as go
 import torch
 
-from circuits.loading import load_model
 from circuits.nodes import all_heads
 from circuits.show.html_report import Report
-from experiments.runtime.run_folder import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_text_atomic
+from experiments.runtime.run_folder import StageTimer, write_text_atomic
 from circuits.tasks import TaskConfig, filter_correct, make_dataset
 from circuits.templates import resolve_operation
 from patching.head_ranking import KeyHeads, rank_key_heads
 from patching.knockout import knockout
 
-from experiments.runtime import cli
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
 
 
 @dataclass(frozen=True)
-class TransferConfig:
-    """Every flag of ``python -m experiments.transfer``, with its default."""
+class TransferConfig(RunSettings):
+    """Every flag of ``python -m experiments.transfer``, with its default (model, device, dtype, threads, seed,
+    out and overwrite: :class:`experiments.runtime.RunSettings`; the seed draws the data and the random heads)."""
 
-    model: str = option("gemma-3-270m", "model name or saved model directory")
-    device: str = "auto"
-    dtype: str | None = None
     ops: tuple[str, ...] = option(("+", "-", "*", "/"), "operations to compare")
     n_prompts: int = option(96, "prompts per operation before filtering", type=cli.positive_int)
     knockout_prompts: int = option(48, "prompts per operation for the cross knockout", type=cli.positive_int)
     top_k: int = option(8, "key heads per operation", type=cli.positive_int)
     random_seeds: int = option(2, "random head sets per operation (baseline)", type=cli.positive_int)
-    seed: int = option(0, "data and random-head seed")
     batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
-    threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
-    out: str | None = option(None, "output folder (default: runs/transfer-<timestamp>)")
-    overwrite: bool = option(False, "write into an existing output folder")
 
 
 parser = cli.config_parser(TransferConfig, "transfer", __doc__)
@@ -121,43 +113,41 @@ def write_report(out, cfg: TransferConfig, results: dict, matrix: go.Figure, tim
     report.save(out / "report.html")
 
 
-@torch.no_grad()
-def run(cfg: TransferConfig) -> dict:
+def run(cfg: TransferConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the comparison; return the results dict that is also written to results.json."""
-    start = time.perf_counter()
-    cli.set_threads(cfg.threads)
-    out = prepare_run_dir(cfg.out or default_run_dir("transfer"), overwrite=cfg.overwrite)
-    timer = StageTimer(run_dir=out, results={"settings": dataclasses.asdict(cfg)})
+    return run_experiment("transfer", cfg, _stages, loader=loader, results={"settings": dataclasses.asdict(cfg)})
+
+
+@torch.no_grad()
+def _stages(run: Run) -> None:
+    cfg, out, timer = run.settings, run.out, run.timer
     ops = [resolve_operation(op).symbol for op in cfg.ops]
-    with timer.stage("load model"):
-        model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    model = run.load_model()
     chosen, samples, base = identify(model, cfg, ops, timer)
     with timer.stage("cross knockout"):
         cross = cross_knockout(model, cfg, chosen.by_op, samples)
     matrix = cross_figure(cross, ops, cfg.top_k)
     write_text_atomic(out / "figures" / "cross_knockout.json", matrix.to_json())
-    results = {
+    run.results |= {
         "model": cfg.model, "settings": dataclasses.asdict(cfg), "base_accuracy": {_name(o): base[o] for o in ops},
         "key_heads": {_name(o): [str(h) for h in chosen.by_op[o]] for o in ops}, "key_heads_rule": chosen.rule,
         "overlap": overlaps(chosen.by_op),
         "cross_knockout": {_name(y): {"base": row["base"], "random": row["random"], **{_name(x): row[x] for x in ops}}
                            for y, row in cross.items()},
-        "seconds": timer.seconds, "wall_seconds": round(time.perf_counter() - start, 1),
+        "seconds": timer.seconds, "wall_seconds": run.wall_seconds,
     }
-    save_results(out, results)
-    write_report(out, cfg, results, matrix, timer)
-    complete_run(out, results)
+    run.save()
+    write_report(out, cfg, run.results, matrix, timer)
     print(f"report: {out / 'report.html'}")
-    return results
 
 
 def _name(op: str) -> str:
     return resolve_operation(op).name
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:
     """Parse ``argv`` (default: ``sys.argv``) and run."""
-    return run(cli.parse_config(parser, TransferConfig, argv))
+    return run(cli.parse_config(parser, TransferConfig, argv), loader=loader)
 
 
 if __name__ == "__main__":

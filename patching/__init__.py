@@ -1,20 +1,29 @@
 """Interventions through hook points: identify the arithmetic circuit, validate it, find its AF1 subgraph.
 
-* :mod:`patching.path_patching`: exact path patching from every head and MLP to the
-  answer logit (or to receiver heads' q/k/v), with an END-only fast path;
-* :mod:`patching.activation_patching`: activation patching of head outputs, MLP outputs
-  and the residual stream (equal to ``transformer_lens.patching``'s sweeps, faster);
-* :mod:`patching.edges.engine`: senders' outputs and receivers' inputs of the edge graph (the norm convention);
-* :mod:`patching.edges.patch`, :mod:`patching.edges.evaluate`: exact patching of each edge, and circuits run
-  with every edge outside them ablated; :mod:`patching.edges.curves`: MIB faithfulness curves, CPR and CMD;
-* :mod:`patching.edges.attribute`: EAP / EAP-IG scores of every edge (hannamw/EAP-IG's methods);
+Node level (heads and MLPs):
+
+* :mod:`patching.path_patching`: exact path patching from every head and MLP to the answer logit
+  (or to receiver heads' q/k/v), with an END-only fast path;
+* :mod:`patching.activation_patching`: activation patching of head outputs, MLP outputs and the
+  residual stream (equal to ``transformer_lens.patching``'s sweeps, faster);
 * :mod:`patching.attribution_patching`: attribution patching, and its rank agreement with exact patching;
-* :mod:`patching.head_ranking`: which heads are "the key heads" (per operation, their union, or summed effects);
+* :mod:`patching.head_ranking`: which heads are "the key heads" (top-k of one ranking, or combined
+  over operations);
 * :mod:`patching.knockout`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
-* :mod:`patching.all_for_one.cama`, :mod:`patching.all_for_one.abp`, :mod:`patching.all_for_one.search`: context-aware mean ablation,
-  attention-based peeking and the All-for-One search (Mamidanna et al. 2025);
 * :mod:`patching.number_interventions`: frequency filters, helix-subspace patching and
   heuristic-neuron knockout on number representations.
+
+Edge level: :mod:`patching.edges` (one forward engine; EAP / EAP-IG attribution, exact edge
+patching, circuit evaluation, MIB faithfulness curves, the smallest faithful circuit, the same
+sweeps over several processes).
+
+All for One: :mod:`patching.all_for_one` (CAMA, ABP, the AF1 search; Mamidanna et al. 2025).
+
+Shared by all of them: :mod:`patching.inputs` (the prompt forms every method accepts),
+:mod:`patching.forward` (cached runs, shared-prefix reuse, END-only block pieces),
+:mod:`patching.metrics` (what a run is scored by), :mod:`patching.options` (:class:`SweepOptions`:
+metric, batching, memory budget, prefix reuse, progress as one record) and
+:mod:`patching.results` (the result containers).
 """
 
 from patching.activation_patching import activation_patch
@@ -33,6 +42,7 @@ from patching.knockout import (
     pool_means,
 )
 from patching.metrics import METRICS, PatchMetric, get_metric
+from patching.options import SweepOptions
 from patching.number_interventions import (
     evaluate_end, fourier_filter, fraction_moved, frequency_band, frequency_filter_edit, neuron_attribution,
     neuron_knockout_edit, subspace_patch_edit, top_neurons,
@@ -53,4 +63,4 @@ __all__ += ["ABLATIONS", "CircuitEvaluation", "MeanPoolError", "evaluate_circuit
             "edge_patch", "MIB_FRACTIONS", "FaithfulnessCurve", "curve_areas", "faithfulness_curve",
             "UnsupportedModelError", "edge_mode", "receiver_hooks", "sender_outputs"]
 __all__ += ["EDGE_ATTRIBUTION_METHODS", "edge_attribution"]
-__all__ += ["KeyHeads", "combine_key_heads", "given_key_heads", "rank_key_heads"]
+__all__ += ["KeyHeads", "combine_key_heads", "given_key_heads", "rank_key_heads", "SweepOptions"]

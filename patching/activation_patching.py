@@ -41,6 +41,7 @@ from circuits.arguments import check_option
 
 from patching import forward, inputs
 from patching.metrics import MetricLike, get_metric, score_end
+from patching.options import SweepOptions, sweep_options
 from patching.results import ActivationScores
 
 Component = Literal["z", "attn_out", "mlp_out", "resid_pre", "resid_mid", "resid_post"]
@@ -58,29 +59,26 @@ def activation_patch(
     component: Component = "z",
     positions: Positions = "all",
     layers: Sequence[int] | None = None,
-    metric: MetricLike = "logit",
     answer_ids=None,
     alt_ids=None,
-    batch_size: int | None = None,
-    memory_mb: float = 1024.0,
-    reuse_prefix: bool = True,
-    progress: bool = True,
+    options: SweepOptions | None = None,
+    **overrides,
 ) -> ActivationScores:
     """Activation-patch ``component`` at every layer (and head, for ``"z"``); mean patched metric per site.
 
     Args:
         model: any HookedTransformer.
-        reference, counterfactual, answer_ids, alt_ids, batch_size: prompts, as in :func:`patching.path_patch`.
+        reference, counterfactual, answer_ids, alt_ids: prompts, as in :func:`patching.path_patch`.
         component: one of ``COMPONENTS``: ``"z"`` patches each head's output separately; the others
             patch the whole activation of a layer.
         positions: ``"all"`` (every position at once), ``"end"`` (END only) or ``"each"`` (one position at a time;
             adds a ``pos`` axis and needs prompts of a single token length).
         layers: restrict to these layers (default: all); the result keeps all layers, NaN elsewhere.
-        metric: a name in :data:`patching.metrics.METRICS` or a callable ``fn(logits, answer_ids, alt_ids)``.
-        memory_mb: activation budget per batched forward.
-        reuse_prefix: recompute only the positions from the first one where reference and
-            counterfactual differ, with the shared prefix's keys/values cached (same result, faster);
-            ``False`` recomputes every position.
+        options, overrides: :class:`patching.SweepOptions`, or its fields as keywords: ``metric``,
+            ``batch_size``, ``memory_mb`` (activation budget per batched forward), ``reuse_prefix``
+            (recompute only the positions from the first one where reference and counterfactual differ,
+            with the shared prefix's keys/values cached: same result, faster; ``False`` recomputes every
+            position), ``progress``.
     Returns:
         :class:`ActivationScores` with axes ``(layer, head)``, ``(layer, pos, head)``, ``(layer,)`` or ``(layer, pos)``.
     """
@@ -88,7 +86,9 @@ def activation_patch(
     check_option("positions", positions, Positions)
     if component in ("mlp_out", "resid_mid") and model.cfg.attn_only:
         raise InputError(f"The model is attention-only: it has no {component}.")
-    metric = get_metric(metric)
+    opts = sweep_options(options, overrides, "activation_patch")
+    metric, batch_size, memory_mb = get_metric(opts.metric), opts.batch_size, opts.budget()
+    reuse_prefix, progress = opts.reuse_prefix, opts.shows_progress()
     L, H = model.cfg.n_layers, model.cfg.n_heads
     layers = list(range(L)) if layers is None else sorted(set(layers))
     bad = [l for l in layers if not 0 <= l < L]

@@ -28,6 +28,7 @@ from circuits.errors import InputError
 from circuits.nodes import MLP, Head, Node, all_nodes, validate_nodes
 from patching import forward, inputs
 from patching.metrics import MetricLike, get_metric, score_end
+from patching.options import SweepOptions, sweep_options
 from patching.results import ActivationScores, NodeScores
 
 
@@ -37,18 +38,19 @@ def attribution_patch(
     counterfactual: Tensor | None = None,
     *,
     nodes: Sequence[Node] | None = None,
-    metric: MetricLike = "logit",
     answer_ids=None,
     alt_ids=None,
-    batch_size: int | None = None,
-    progress: bool = True,
+    options: SweepOptions | None = None,
+    **overrides,
 ) -> NodeScores:
     """Linear estimate of each node's activation-patching effect (counterfactual value into the reference run).
 
-    Arguments as in :func:`patching.path_patch`; ``nodes`` defaults to every head and MLP.
+    Arguments as in :func:`patching.path_patch` (``options``: :class:`patching.SweepOptions` or its fields as
+    keywords; only ``metric``, ``batch_size`` and ``progress`` apply); ``nodes`` defaults to every head and MLP.
     Returns :class:`NodeScores` with ``method="attribution"`` (estimated effect, mean over prompts).
     """
-    metric = get_metric(metric)
+    opts = sweep_options(options, overrides, "attribution_patch")
+    metric, batch_size, progress = get_metric(opts.metric), opts.batch_size, opts.shows_progress()
     nodes = validate_nodes(model, all_nodes(model) if nodes is None else nodes)
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)

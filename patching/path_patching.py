@@ -40,6 +40,7 @@ from transformer_lens import utils as tl_utils
 from circuits.nodes import MLP, Head, Node, all_nodes, validate_nodes
 from patching import forward, inputs
 from patching.metrics import PatchMetric, get_metric, score_end
+from patching.options import SweepOptions, sweep_options
 from patching.results import NodeScores
 
 Receivers = Union[str, Sequence[Head]]
@@ -54,14 +55,12 @@ def path_patch(
     senders: Optional[Sequence[Node]] = None,
     receivers: Receivers = "logits",
     receiver_input: str = "qkv",
-    metric: Union[str, PatchMetric, callable] = "logit",
     answer_ids=None,
     alt_ids=None,
     freeze_mlps: bool = False,
-    batch_size: Optional[int] = None,
     method: str = "fast",
-    memory_mb: float = 1024.0,
-    progress: bool = True,
+    options: Optional[SweepOptions] = None,
+    **overrides,
 ) -> NodeScores:
     """Path-patching effect of each sender on the receiver, averaged over prompts.
 
@@ -73,16 +72,18 @@ def path_patch(
         senders: the nodes to score (default: every head and every MLP).
         receivers: ``"logits"`` (the answer at END) or a list of receiver ``Head`` s.
         receiver_input: for receiver heads, which inputs take the sender's effect: any of "q", "k", "v".
-        metric: a name in :data:`patching.metrics.METRICS` or a callable ``fn(logits, answer_ids, alt_ids)``.
         answer_ids, alt_ids: the scored token (and the alternative for ``"logit_diff"``); one int or one per prompt.
         freeze_mlps: freeze MLP outputs to their reference values too (only direct paths remain).
-        batch_size: prompts per forward (default: all prompts of one token length together).
         method: ``"fast"`` (END-only recomputation, receiver = logits) or ``"hooks"`` (plain, one forward per sender).
-        memory_mb: activation budget per batched forward of the fast path.
+        options, overrides: :class:`patching.SweepOptions`, or its fields as keywords: ``metric`` (a name in
+            :data:`patching.metrics.METRICS` or a callable ``fn(logits, answer_ids, alt_ids)``), ``batch_size``
+            (prompts per forward; default: all prompts of one token length together), ``memory_mb`` (activation
+            budget per batched forward of the fast path), ``progress``.
     Returns:
         :class:`NodeScores` with effects (patched minus reference metric); unscored nodes are NaN.
     """
-    metric = get_metric(metric)
+    opts = sweep_options(options, overrides, "path_patch")
+    metric, batch_size, memory_mb, progress = get_metric(opts.metric), opts.batch_size, opts.budget(), opts.shows_progress()
     senders = validate_nodes(model, all_nodes(model) if senders is None else senders)
     if not senders:
         raise ValueError("No senders to score.")

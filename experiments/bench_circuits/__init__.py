@@ -1,7 +1,10 @@
 """Benchmark: edge attribution, faithfulness curves and exact edge patching, side by side with hannamw/EAP-IG.
 
-    python -m experiments.bench_circuits --out runs/bench_circuits
+    python -m experiments.bench_circuits --threads 1 --out runs/bench_circuits
     python -m experiments.bench_circuits --exact-edges all --out runs/bench_circuits_full   # every edge exactly
+
+On a machine shared with other processes, pass ``--threads 1``: multi-threaded ops wait for descheduled
+threads (one gemma-3-270m block on 32x5 tokens took 0.90 s with 2 threads and 0.066 s with 1 at load average 5).
 
 1. Samples few-shot addition prompts of one template and one token length (default 32).
 2. Times ``patching.edges.attribute`` (EAP-IG-inputs, ``--ig-steps`` steps, and EAP) over every edge.
@@ -20,7 +23,8 @@
    rotating the prefix's cached keys at every call): both times side by side, and the largest difference.
 6. Speed-up of ``edge_patch``'s fast path over its hook path (``fast=False``), both timed in this run on
    the same stratified sample: ``--compare-per-stratum`` edges per (receiver layer, receiver kind).
-7. Prints a table and writes everything to ``<out>/results.json`` (atomic write).
+7. Prints a table and writes everything to ``<out>/results.json`` (atomic writes, after every stage; its
+   ``status`` says ``running``, ``complete`` or ``failed: <stage>: <why>``, Ctrl-C included).
 """
 
 from __future__ import annotations
@@ -38,10 +42,8 @@ from scipy.stats import spearmanr
 from circuits.atomic_files import atomic_path
 from circuits.graph import GraphLayout
 from circuits.graph_selection import mib_selector
-from circuits.loading import load_model
-from experiments.runtime.run_folder import prepare_run_dir, write_json_atomic
 from circuits.tasks import single_batch
-from experiments.runtime import cli
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.timing import wall_and_cpu
 from experiments.bench_circuits import eap_ig_arm as _eap_ig_arm
@@ -61,10 +63,9 @@ def edge_count(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class BenchCircuitsConfig:
-    """Every flag of ``python -m experiments.bench_circuits``, with its default."""
+class BenchCircuitsConfig(RunSettings):
+    """Every flag of ``python -m experiments.bench_circuits`` beyond :class:`RunSettings`, with its default."""
 
-    model: str = option("gemma-3-270m", "model name for circuits.loading.load_model")
     n_prompts: int = option(32, "prompts (one template, one token length)", type=cli.positive_int)
     n_shots: int = option(2, "few-shot examples before each prompt", type=cli.nonnegative_int)
     op: str = option("+", "arithmetic operation")
@@ -81,14 +82,6 @@ class BenchCircuitsConfig:
     no_attribution: bool = option(False, "skip edge attribution (and with it the EAP-IG arm, the curves and the "
                                          "Spearman against exact effects): time exact patching only")
     memory_mb: float = option(2048.0, "activation budget per batched forward", type=cli.positive_float)
-    threads: int = option(1, "torch CPU threads (0: torch's default). 1 by default: on a machine shared with other "
-                             "processes, multi-threaded ops wait for descheduled threads (one gemma-3-270m block on "
-                             "32x5 tokens took 0.90 s with 2 threads and 0.066 s with 1 at load average 5)",
-                          type=cli.nonnegative_int)
-    device: str = "auto"
-    seed: int = option(0, "data and edge-sample seed")
-    out: str = option("runs/bench_circuits", "output folder")
-    overwrite: bool = option(False, "replace the results of an earlier run in --out")
 
 
 parser = cli.config_parser(BenchCircuitsConfig, "bench_circuits", __doc__)
@@ -96,24 +89,36 @@ parser = cli.config_parser(BenchCircuitsConfig, "bench_circuits", __doc__)
 
 @dataclass
 class BenchRun:
-    """What the stages share: settings, model, prompts, graph layout, results so far, and each method's scores."""
+    """What the stages share: the run (settings, folder, results so far), model, prompts, graph layout, and each
+    method's scores."""
 
-    cfg: BenchCircuitsConfig
-    out: Any
+    run: Run
     model: Any
     data: Any
     batch: Any
     layout: GraphLayout
-    results: dict
     scores: dict = field(default_factory=dict)  # method -> EdgeScores (ours) or [n_forward, n_backward] (EAP-IG's)
     eap_ig_batches: Optional[list] = None  # set when the EAP-IG arm runs
 
     @property
+    def cfg(self) -> BenchCircuitsConfig:
+        return self.run.settings
+
+    @property
+    def out(self):
+        return self.run.out
+
+    @property
+    def results(self) -> dict:
+        return self.run.results
+
+    @property
     def seconds(self) -> dict:
+        """Each timed call's wall and CPU time, beside the stage times (``results["seconds"]``)."""
         return self.results["seconds"]
 
     def save(self) -> None:
-        write_json_atomic(self.out / "results.json", self.results)
+        self.run.save()
 
     def timed(self, key: str, fn):
         """``fn()``, its wall time recorded as ``results["seconds"][key]`` and its CPU time as ``[key + "_cpu"]``
@@ -192,23 +197,22 @@ def _save_scores(out, scores: dict) -> None:
 # ---------------------------------------------------------------------------- stages
 
 
-def setup(cfg: BenchCircuitsConfig) -> BenchRun:
-    """Output folder, threads, model, the prompts as one batch, and the graph layout."""
-    out = prepare_run_dir(cfg.out, overwrite=cfg.overwrite)
-    cli.set_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    model = load_model(cfg.model, device=cfg.device)
+def setup(run: Run) -> BenchRun:
+    """Model, the prompts as one batch, and the graph layout (the run folder, threads and seed are set)."""
+    cfg = run.settings
+    model = run.load_model()
     model.eval()
-    data = one_length_prompts(model, op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
-    batch = single_batch(data, device=model.cfg.device)
-    layout = GraphLayout.of(model)
+    with run.stage("prompts"):
+        data = one_length_prompts(model, op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
+        batch = single_batch(data, device=model.cfg.device)
+        layout = GraphLayout.of(model)
     print(f"{cfg.model}: {layout.n_edges} edges; {len(data)} prompts of {batch.tokens.shape[1]} tokens, "
           f"e.g. {batch.prompts[0]!r}")
-    results = {"model": cfg.model, "n_prompts": len(data), "n_tokens": batch.tokens.shape[1], "op": cfg.op,
-               "n_shots": cfg.n_shots, "ig_steps": cfg.ig_steps, "n_edges": layout.n_edges, "metric": "logit",
-               "device": str(model.cfg.device), "dtype": str(model.cfg.dtype), "threads": torch.get_num_threads(),
-               "settings": dataclasses.asdict(cfg), "seconds": {}}
-    return BenchRun(cfg, out, model, data, batch, layout, results)
+    run.results |= {"model": cfg.model, "n_prompts": len(data), "n_tokens": batch.tokens.shape[1], "op": cfg.op,
+                    "n_shots": cfg.n_shots, "ig_steps": cfg.ig_steps, "n_edges": layout.n_edges, "metric": "logit",
+                    "device": str(model.cfg.device), "dtype": str(model.cfg.dtype),
+                    "threads": torch.get_num_threads(), "settings": dataclasses.asdict(cfg)}
+    return BenchRun(run, model, data, batch, layout)
 
 
 @torch.no_grad()
@@ -384,28 +388,38 @@ def print_table(run: BenchRun) -> None:
     print(f"wrote {run.out / 'results.json'}")
 
 
-def run_bench(cfg: BenchCircuitsConfig) -> dict:
-    """Every stage in order, results.json saved after each; returns the results."""
-    run = setup(cfg)
-    model_metrics(run)
+def run(cfg: BenchCircuitsConfig, *, loader: ModelLoader | None = None) -> dict:
+    """Every stage in order, results.json saved after each; returns the results that results.json holds."""
+    return run_experiment("bench_circuits", cfg, _stages, loader=loader)
+
+
+run_bench = run  # the earlier name
+
+
+def _stages(lifecycle: Run) -> None:
+    cfg = lifecycle.settings
+    run = setup(lifecycle)
+    stage = lifecycle.stage
+    with stage("model metrics"):
+        model_metrics(run)
     if not cfg.no_attribution:
-        our_attribution(run)
-        eap_ig_attribution(run)
-    run.save()
+        with stage("attribution"):
+            our_attribution(run)
+        with stage("EAP-IG arm"):
+            eap_ig_attribution(run)
     if not (cfg.no_curve or cfg.no_attribution):
-        curve = our_curve(run)
-        if run.eap_ig_batches is not None:
-            eap_ig_curve(run, curve)
-    run.save()
+        with stage("curves"):
+            curve = our_curve(run)
+            if run.eap_ig_batches is not None:
+                eap_ig_curve(run, curve)
     if cfg.compare_per_stratum:
-        fast_vs_hook_path(run)
-    run.save()
-    exact_patching(run)
-    run.save()
+        with stage("fast vs hook path"):
+            fast_vs_hook_path(run)
+    with stage("exact patching"):
+        exact_patching(run)
     print_table(run)
-    return run.results
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:
     """Run the benchmark with command-line flags ``argv`` (default: ``sys.argv``)."""
-    return run_bench(cli.parse_config(parser, BenchCircuitsConfig, argv))
+    return run(cli.parse_config(parser, BenchCircuitsConfig, argv), loader=loader)

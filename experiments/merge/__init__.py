@@ -49,9 +49,8 @@ from pathlib import Path
 import torch
 
 from circuits.errors import InputError
-from circuits.loading import load_model
 from circuits.stats import proportion
-from experiments.runtime.run_folder import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results, write_json_atomic
+from experiments.runtime.run_folder import StageTimer, save_results, write_json_atomic
 from circuits.model_cache import save_model
 from circuits.tasks import make_dataset
 from finetune.evaluate import answer_accuracy
@@ -62,7 +61,7 @@ from merging.circuit_aware import circuit_levels
 from merging.submodule import LEVELS
 from patching.head_ranking import KeyHeads, given_key_heads, rank_key_heads
 
-from experiments.runtime import cli
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.merge import stats
 from experiments.merge.report import CIRCUIT_AWARE, write_report
 from experiments.merge.yaml_recipe import run_mergekit_yaml
@@ -73,14 +72,11 @@ TASKS = EXPERT_TASKS
 
 
 @dataclass(frozen=True)
-class MergeConfig:
-    """Every flag of ``python -m experiments.merge``, with its default."""
+class MergeConfig(RunSettings):
+    """Every flag of ``python -m experiments.merge``, with its default (model (the base), device, dtype,
+    threads, seed, out and overwrite: :class:`experiments.runtime.RunSettings`; the seed draws the data splits
+    and the training)."""
 
-    model: str = option("gemma-3-270m", "base model (offline name or model directory)")
-    device: str = "auto"
-    dtype: str | None = None
-    out: str | None = option(None, "run folder (default: runs/merge-<timestamp>)")
-    overwrite: bool = option(False, "reuse a non-empty --out")
     experts_dir: str | None = option(None, "folder of the experts (<task>/ model dirs): those there are loaded, "
                                      "the missing ones trained and saved there (default: <out>/experts)")
     expert_method: str = option("full", "finetune method", choices=("full", "precise", "lora"))
@@ -120,8 +116,6 @@ class MergeConfig:
     linearity_alphas: str = option("0.5,1.0", "uniform α values of the linearity figure")
     pairs: bool = option(False, "also merge every pair of experts")
     eval_batch_size: int = option(12, "prompts per forward pass when scoring", type=cli.positive_int)
-    seed: int = option(0, "seed of the data splits and training")
-    threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
     config: str | None = option(None, "run this mergekit merge YAML instead (merge and save only)")
     markdown: str | None = option(None, "print the results tables of this run folder (its results.json) as markdown")
     methods: str = option(",".join(METHODS), "data-free merge methods to run (comma-separated)")
@@ -151,6 +145,11 @@ class MergeRun:
     recipes: dict = field(default_factory=dict)  # merged model name -> how to make it again (for the best one)
     alpha_tables: dict = field(default_factory=dict)
     work: object = None  # the model merged state dicts are loaded into for scoring
+    loader: ModelLoader | None = None  # loads the experts of --experts-dir and the saved best merge
+
+    def load(self, path):
+        """The model saved in ``path``, through the run's loader, on the run's device and dtype."""
+        return self.loader(str(path), device=self.cfg.device, dtype=self.cfg.dtype)
 
     @property
     def cf_tasks(self) -> list[list[str]]:
@@ -209,14 +208,10 @@ class MergeRun:
 # ---------------------------------------------------------------------------- stages
 
 
-def start_run(cfg: MergeConfig) -> MergeRun:
-    """The run folder, the frozen base model, the task data (one example per task printed), the base's scores."""
-    out = prepare_run_dir(cfg.out or default_run_dir("merge"), cfg.overwrite)
-    timer = StageTimer()
-    results: dict = {"settings": dataclasses.asdict(cfg), "models": {}, "seconds": timer.seconds}
-    timer.run_dir, timer.results = out, results  # results.json (status running) after every stage
-    with timer.stage("load"):
-        base = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+def start_run(lifecycle: Run) -> MergeRun:
+    """The frozen base model, the task data (one example per task printed), the base's scores."""
+    cfg, out, timer = lifecycle.settings, lifecycle.out, lifecycle.timer  # results.json after every stage
+    base = lifecycle.load_model(stage="load")
     base.eval()
     for p in base.parameters():
         p.requires_grad_(False)
@@ -224,7 +219,7 @@ def start_run(cfg: MergeConfig) -> MergeRun:
     for t in TASKS:
         row = data[(t, "test")][0]
         print(f"{t}: {row['prompt'][-70:]!r} -> {row['answer']!r}")
-    run = MergeRun(cfg, out, base, data, timer, results)
+    run = MergeRun(cfg, out, base, data, timer, lifecycle.results, loader=lifecycle.loader)
     with timer.stage("eval base"):
         run.record("base", base, 0.0, val=True, tasks=() if cfg.no_base_test else TASKS)
     return run
@@ -238,7 +233,7 @@ def train_experts(run: MergeRun) -> None:
         path = f"{experts_dir}/{t}"
         start = time.perf_counter()
         if os.path.isdir(path):  # saved by an earlier (perhaps interrupted) run: resume from it
-            model = load_model(path, device=cfg.device, dtype=cfg.dtype)
+            model = run.load(path)
             trained = json.loads(Path(f"{path}.train.json").read_text()) if os.path.isfile(f"{path}.train.json") else {}
             info = {"loaded_from": path, **trained}
         else:
@@ -392,7 +387,7 @@ def save_best(run: MergeRun) -> None:
             state = merge(recipe[1], run.base, list(run.experts.values()), recipe[2], progress=False)
         run.work.load_state_dict(state)
         best_dir = save_model(run.work, run.out / "merged_best", overwrite=run.cfg.overwrite)
-        reloaded = load_model(best_dir, device=run.cfg.device, dtype=run.cfg.dtype)
+        reloaded = run.load(best_dir)
         probe = run.base.to_tokens(run.data[("en_fr", "test")][0]["prompt"])
         with torch.no_grad():
             same = torch.equal(run.work(probe), reloaded(probe))
@@ -443,7 +438,7 @@ def summarize(run: MergeRun) -> None:
     run.save()
 
 
-def run_experiment(cfg: MergeConfig) -> dict:
+def run(cfg: MergeConfig, *, loader: ModelLoader | None = None) -> dict:
     """Train (or load) the experts, merge them every way, save the best merge, measure linearity, report."""
     bad = set(cfg.cf_positions.split(",")) - {"all", "answer"}
     if bad or not cfg.cf_positions:
@@ -451,7 +446,12 @@ def run_experiment(cfg: MergeConfig) -> dict:
     operands = cfg.mul_operands.split(",")
     if len(operands) != 2 or not all(x.strip().isdigit() for x in operands) or int(operands[0]) > int(operands[1]):
         raise InputError(f"--mul-operands {cfg.mul_operands!r}: give 'lo,hi' with integers 0 <= lo <= hi, e.g. 10,99.")
-    run = start_run(cfg)
+    return run_experiment("merge", cfg, _stages, loader=loader, results={"settings": dataclasses.asdict(cfg), "models": {}})
+
+
+def _stages(lifecycle: Run) -> None:
+    cfg = lifecycle.settings
+    run = start_run(lifecycle)
     train_experts(run)
     key_heads = None if cfg.no_circuit_aware else choose_key_heads(run)
     merge_everything(run, key_heads)
@@ -462,19 +462,19 @@ def run_experiment(cfg: MergeConfig) -> dict:
     linearity_figure = measure_linearity(run)
     summarize(run)
     write_report(run, linearity_figure)
-    complete_run(run.out, run.results)
     print(f"report: {run.out / 'report.html'}; total {run.timer.total / 60:.1f} min")
-    return run.results
 
 
-def main(argv: list[str] | None = None) -> dict | None:
-    """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``)."""
+def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict | None:
+    """Run the experiment with command-line flags ``argv`` (default: ``sys.argv``).
+
+    ``--markdown RUN`` only prints the tables of an earlier run (no run folder); ``--config`` runs a mergekit YAML.
+    """
     cfg = cli.parse_config(parser, MergeConfig, argv)
-    cli.set_threads(cfg.threads)
     if cfg.markdown:
         print(stats.markdown_summary(json.loads((Path(cfg.markdown) / "results.json").read_text()), TASKS))
         return None
-    return run_mergekit_yaml(cfg) if cfg.config else run_experiment(cfg)
+    return run_mergekit_yaml(cfg, loader=loader) if cfg.config else run(cfg, loader=loader)
 
 
 def _closed_form_config(cfg: MergeConfig) -> SubmoduleMergeConfig:

@@ -1,33 +1,41 @@
 """``python -m experiments.merge --config recipe.yml``: run a mergekit YAML recipe and save the merged model.
 
 Apart from the experiment itself: one merge as mergekit describes it, loaded into a TransformerLens
-architecture and saved (safetensors) with a results.json of its cost.
+architecture and saved (safetensors) with a results.json of its cost (``seconds``: the merge's time;
+``wall_seconds``: the whole command). A recipe that cannot be read or merged leaves the run folder
+``failed: merge: <why>``.
 """
 
 from __future__ import annotations
 
 from circuits.errors import InputError
-from circuits import loading
 from circuits.model_cache import save_model
-from experiments.runtime.run_folder import complete_run, default_run_dir, prepare_run_dir
+from experiments.runtime import ModelLoader, Run, run_experiment
 from merging import load_mergekit_config
 
 from experiments.merge.experts import measured
 
 
-def run_mergekit_yaml(cfg) -> None:
-    """Run the mergekit YAML ``cfg.config`` (``cfg``: an ``experiments.merge.MergeConfig``): merge, load into ``cfg.model``'s architecture, save, write results.json."""
-    out = prepare_run_dir(cfg.out or default_run_dir("merge-config"), cfg.overwrite)
+def run_mergekit_yaml(cfg, *, loader: ModelLoader | None = None) -> dict:
+    """Run the mergekit YAML ``cfg.config`` (``cfg``: an ``experiments.merge.MergeConfig``): merge, load into
+    ``cfg.model``'s architecture (through ``loader``), save, write results.json; return its results."""
+    # stage_seconds=False: "seconds" is the merge's time here, as it was before the shared lifecycle
+    return run_experiment("merge", cfg, _merge_and_save, loader=loader, results={}, default_out="merge-config",
+                          stage_seconds=False)
+
+
+def _merge_and_save(run: Run) -> None:
+    cfg, out = run.settings, run.out
     plan = load_mergekit_config(cfg.config)
     merged, seconds, peak_mb = measured(plan.run)
-    model = loading.load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)  # looked up at call time: tests swap it
+    model = run.loader(cfg.model, device=cfg.device, dtype=cfg.dtype)
     missing, unexpected = model.load_state_dict(merged, strict=False)
     if unexpected or any(not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos")) for k in missing):
         raise InputError(f"The merged weights do not fit {cfg.model}: missing {missing[:5]}, unexpected {unexpected[:5]}; "
                          "give --model the architecture of the YAML's models.")
     path = save_model(model, out / "merged", overwrite=cfg.overwrite)
-    complete_run(out, {
+    run.results |= {
         "config": str(cfg.config), "method": plan.method, "method_config": repr(plan.config),
         "weights": plan.weights, "models": plan.expert_names, "seconds": round(seconds, 2),
-        "peak_mb": round(peak_mb, 1), "merged": str(path)})
+        "peak_mb": round(peak_mb, 1), "merged": str(path)}
     print(f"{plan.method}: merged {len(plan.experts)} models in {seconds:.1f} s (peak +{peak_mb:.0f} MB) -> {path}")

@@ -26,14 +26,12 @@ import dataclasses
 import json
 import logging
 import random
-import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from circuits.analyze.heuristic_neurons import census, classify_grids
-from circuits.loading import load_model
 from circuits.analyze.number_geometry import HELIX_PERIODS, fit_helix, fourier_spectrum, mod_probe, orthonormal_columns, pca_subspace
 from circuits.analyze.number_tokens import (
     COMPONENTS,
@@ -45,7 +43,7 @@ from circuits.analyze.number_tokens import (
     pairs_by_result,
     single_token_numbers,
 )
-from experiments.runtime.run_folder import StageTimer, complete_run, default_run_dir, prepare_run_dir, save_results
+from experiments.runtime.run_folder import StageTimer
 from circuits.stats import paired_difference, proportion
 from experiments.numbers.report import write_report
 from patching.number_interventions import (
@@ -59,17 +57,17 @@ from patching.number_interventions import (
     top_neurons,
 )
 
-from experiments.runtime import cli
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
 
 MODULI = (2, 5, 10)
 
 
 @dataclass(frozen=True)
-class NumbersConfig:
-    """Every flag of ``python -m experiments.numbers``, with its default."""
+class NumbersConfig(RunSettings):
+    """Every flag of ``python -m experiments.numbers``, with its default (model, device, dtype, threads, seed,
+    out and overwrite: :class:`experiments.runtime.RunSettings`; the seed draws the data and the shuffled null)."""
 
-    model: str = option("gemma-3-270m", "offline model name, TransformerLens model name, or a saved model directory")
     n_numbers: int = option(400, "numbers 0..n-1 (a multiple of 100 puts T=2,5,10,100 on exact frequencies)",
                             type=cli.positive_int)
     template: str = option("{n}", "context of a number alone; {n} is the number")
@@ -89,13 +87,6 @@ class NumbersConfig:
     heuristic_threshold: float = option(0.7, "share a neuron's pattern must explain to get a heuristic label",
                                         type=cli.fraction)
     batch_size: int = option(64, "prompts per forward pass", type=cli.positive_int)
-    seed: int = option(0, "seed of the data and of the shuffled null")
-    device: str = "auto"
-    dtype: str | None = None
-    threads: int = option(1, "torch CPU threads (0: torch's default); one thread is faster on shared, oversubscribed "
-                          "CPUs", type=cli.nonnegative_int)
-    out: str | None = option(None, "output folder (default: runs/numbers-<timestamp>)")
-    overwrite: bool = option(False, "write into an existing output folder")
 
 
 parser = cli.config_parser(NumbersConfig, "numbers", __doc__)
@@ -297,18 +288,17 @@ def heuristic_neurons(model, cfg: NumbersConfig, timer: StageTimer) -> tuple[dic
     return section, grids, labels
 
 
-def run(cfg: NumbersConfig) -> dict:
+def run(cfg: NumbersConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run every stage; return the results dict that is also written to results.json."""
-    start = time.perf_counter()
-    cli.set_threads(cfg.threads)
-    out = prepare_run_dir(cfg.out or default_run_dir("numbers"), overwrite=cfg.overwrite)
-    settings = dataclasses.asdict(cfg)
-    timer = StageTimer(run_dir=out, results={"model": cfg.model, "settings": settings})  # results.json per stage
-    with timer.stage("load model"):
-        model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    return run_experiment("numbers", cfg, _stages, loader=loader,
+                          results={"model": cfg.model, "settings": dataclasses.asdict(cfg)})
+
+
+def _stages(run: Run) -> None:
+    cfg, out, timer, results = run.settings, run.out, run.timer, run.results
+    model = run.load_model()
     keys = [(layer, c) for layer in range(model.cfg.n_layers) for c in cfg.components]
-    results: dict = {"model": cfg.model, "settings": settings, "n_layers": model.cfg.n_layers, "moduli": list(MODULI),
-                     "helix_periods": list(HELIX_PERIODS)}
+    results |= {"n_layers": model.cfg.n_layers, "moduli": list(MODULI), "helix_periods": list(HELIX_PERIODS)}
     results |= numbers_alone(model, cfg, keys, timer)
     data, sums_section = sums_at_end(model, cfg, keys, timer)
     results |= sums_section
@@ -316,16 +306,14 @@ def run(cfg: NumbersConfig) -> dict:
     results["subspace_patching"] = subspace_patching(model, cfg, data, timer)
     del data
     results["heuristic_neurons"], grids, labels = heuristic_neurons(model, cfg, timer)
-    results |= {"seconds": timer.seconds, "wall_seconds": round(time.perf_counter() - start, 1)}
-    save_results(out, results)
+    results |= {"seconds": timer.seconds, "wall_seconds": run.wall_seconds}
+    run.save()
     # The report reads what results.json holds (JSON keys are strings), not the in-memory dict.
     write_report(json.loads((out / "results.json").read_text()), out, grids=grids[:12], grid_labels=labels[:12])
-    complete_run(out, results)
     print(f"wrote {out}/results.json, figures.html, report.html in {results['wall_seconds']:.0f} s")
-    return results
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:
     """Parse ``argv`` (default: ``sys.argv``) and run."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    return run(cli.parse_config(parser, NumbersConfig, argv))
+    return run(cli.parse_config(parser, NumbersConfig, argv), loader=loader)

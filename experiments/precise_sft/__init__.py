@@ -31,7 +31,8 @@
 ``--resume`` continues a folder written with the same settings, skipping the
 methods and learning-rate trials it already holds, so the work can be split
 over several commands (each trial is recorded as it ends; the best trial's
-tuned weights stay under ``<out>/runs/``).
+tuned weights stay under ``<out>/runs/``). Without ``--out`` the folder is
+``runs/precise_sft``, so ``--resume`` alone continues the last run there.
 Default scale: 256 training examples, 16 optimizer steps of 16 (one epoch),
 three learning rates per method. The paper trains 2 epochs of batch 128 on 4
 math datasets; scale with ``--n-train``, ``--steps``, ``--batch-size``.
@@ -52,9 +53,8 @@ from pathlib import Path
 import torch
 
 from circuits.errors import InputError
-from circuits.loading import load_model
 from circuits.nodes import MLP, Head, parse_node
-from experiments.runtime.run_folder import complete_run, prepare_run_dir, read_marker, release_freed_memory, save_results
+from experiments.runtime.run_folder import read_marker, release_freed_memory, save_results
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, load_tuned, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
 from finetune.evaluate import (
@@ -62,7 +62,7 @@ from finetune.evaluate import (
 )
 from patching.path_patching import path_patch
 
-from experiments.runtime import cli
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.precise_sft.summary import claim, print_table, score_summary, write_report
 from experiments.runtime.cli import option
 
@@ -76,6 +76,7 @@ METHOD_SPECS = {
 # flags that may differ between the commands of one --resume'd folder
 RESUMABLE = {"methods", "resume", "overwrite", "threads", "out", "debug", "ablation_k", "ablation_mlps"}
 OPS = ("+", "-", "*", "/")
+DEFAULT_OUT = "runs/precise_sft"  # one folder, not runs/<name>-<timestamp>: --resume without --out continues it
 
 
 def lr_list(text: str) -> list[float]:
@@ -95,14 +96,15 @@ def method_list(text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class PreciseSFTConfig:
-    """Every flag of ``python -m experiments.precise_sft``, with its default.
+class SFTComparisonConfig(RunSettings):
+    """Every flag of ``python -m experiments.precise_sft``, with its default (model, device, dtype, threads,
+    seed, out and overwrite: :class:`experiments.runtime.RunSettings`; ``out`` None means ``runs/precise_sft``).
 
     ``methods`` and the lr grids are typed as comma-separated text on the command line and held as
-    tuples here (a string given in Python is parsed the same way).
+    tuples here (a string given in Python is parsed the same way). Not to be confused with
+    :class:`finetune.PreciseSFTConfig`, the training settings of one precise SFT run.
     """
 
-    model: str = option("gemma-3-270m", "offline model name, TransformerLens model name, or a saved model directory")
     methods: tuple[str, ...] = option(",".join(METHOD_SPECS), "comma-separated methods to run (default: all four)",
                                       type=method_list)
     heads: str | None = option(None, "key heads, e.g. L9H1,L11H0 (default: path patching)")
@@ -126,11 +128,6 @@ class PreciseSFTConfig:
     n_sentences: int = option(30, "project sentences in the drift text (at most 30)", type=cli.positive_int)
     drift_tokens: int = option(96, "tokens per drift passage (KL and LM loss on non-math text)", type=cli.positive_int)
     n_rank_prompts: int = option(24, "prompts per operation for ranking heads", type=cli.positive_int)
-    seed: int = option(0, "seed of the data and training")
-    threads: int = option(0, "torch CPU threads (0: torch's default)", type=cli.nonnegative_int)
-    device: str = "auto"
-    out: str = option("runs/precise_sft", "output folder")
-    overwrite: bool = option(False, "start the output folder afresh")
     resume: bool = option(False, "add the --methods to an unfinished or finished folder of the same settings")
 
     def __post_init__(self):
@@ -140,8 +137,9 @@ class PreciseSFTConfig:
             try:
                 parsed = parse(value) if isinstance(value, str) else value
             except argparse.ArgumentTypeError as err:
-                raise InputError(f"PreciseSFTConfig.{name}: {err}") from None
+                raise InputError(f"SFTComparisonConfig.{name}: {err}") from None
             object.__setattr__(self, name, tuple(parsed))
+        super().__post_init__()
 
     def lr_grid(self, method_key: str) -> list[float]:
         """The learning rates tried for ``method_key``."""
@@ -151,14 +149,14 @@ class PreciseSFTConfig:
         return [int(k) for k in self.ablation_k.split(",") if k.strip()]
 
 
-parser = cli.config_parser(PreciseSFTConfig, "precise_sft", __doc__)
+parser = cli.config_parser(SFTComparisonConfig, "precise_sft", __doc__, help_texts={"out": f"output folder (default: {DEFAULT_OUT})"})
 
 
 @dataclass
 class SFTRun:
     """What every stage shares: the flags, the run folder and its results, the frozen base model and the data."""
 
-    cfg: PreciseSFTConfig
+    cfg: SFTComparisonConfig
     out: Path
     results: dict
     base: torch.nn.Module | None = None
@@ -168,6 +166,7 @@ class SFTRun:
     texts: list[str] = field(default_factory=list)
     ranked_heads: list[Head] = field(default_factory=list)
     ranked_mlps: list[MLP] = field(default_factory=list)
+    lifecycle: Run | None = None  # the run of experiments.runtime: its timed stages
 
     @property
     def train_config(self) -> TrainConfig:
@@ -182,24 +181,36 @@ class SFTRun:
 # ---------------------------------------------------------------------------- stage: run folder, model, data
 
 
-def open_run(cfg: PreciseSFTConfig) -> SFTRun:
-    """The run folder and the results so far (empty unless ``--resume`` finds a folder of the same settings)."""
+def recorded_args(cfg: SFTComparisonConfig) -> dict:
+    """The settings as results.json records them (``args``): every field, ``dtype`` only when given, so the
+    record keeps the keys of the earlier code (which had no ``--dtype``)."""
+    args = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    if args["dtype"] is None:
+        del args["dtype"]
+    return args
+
+
+def resumed_results(cfg: SFTComparisonConfig) -> dict | None:
+    """The results so far of ``--out`` when ``--resume`` finds a folder of the same settings (None: a new run).
+
+    Read and checked before the lifecycle starts, so a folder of other settings is left as it is.
+    """
     out = Path(cfg.out)
-    if cfg.resume and read_marker(out) is not None and (out / "results.json").is_file():
-        results = json.loads((out / "results.json").read_text())
-        before = results.get("args", {})
-        differ = sorted(k for k, v in dataclasses.asdict(cfg).items()
-                        if k not in RESUMABLE and json.loads(json.dumps(v)) != before.get(k))
-        if differ:
-            raise InputError(f"--resume: {out} was run with other settings ({', '.join(differ)}); "
-                             "use the same flags or another --out.")
-        return SFTRun(cfg, out, results)
-    return SFTRun(cfg, prepare_run_dir(out, overwrite=cfg.overwrite), {})
+    if not (cfg.resume and read_marker(out) is not None and (out / "results.json").is_file()):
+        return None
+    results = json.loads((out / "results.json").read_text())
+    before = results.get("args", {})
+    differ = sorted(k for k, v in json.loads(json.dumps(dataclasses.asdict(cfg))).items()
+                    if k not in RESUMABLE and v != before.get(k))  # a dtype not recorded was None
+    if differ:
+        raise InputError(f"--resume: {out} was run with other settings ({', '.join(differ)}); "
+                         "use the same flags or another --out.")
+    return results
 
 
-def load_base(run: SFTRun) -> None:
+def load_base(run: SFTRun, lifecycle: Run) -> None:
     """The base model, frozen and in eval mode: every method trains a copy of it."""
-    run.base = load_model(run.cfg.model, device=run.cfg.device)
+    run.base = lifecycle.load_model()
     run.base.eval()
     for p in run.base.parameters():
         p.requires_grad_(False)
@@ -236,7 +247,7 @@ def evaluate_val(run: SFTRun, model) -> dict:
 # ---------------------------------------------------------------------------- stage: key heads and MLPs
 
 
-def _rank_nodes(base, cfg: PreciseSFTConfig) -> tuple[str, list[Head], list[MLP]]:
+def _rank_nodes(base, cfg: SFTComparisonConfig) -> tuple[str, list[Head], list[MLP]]:
     """Key heads and MLPs: from the flags, else by path patching summed (as % of baseline) over the operations."""
     ranked_heads = [parse_node(h) for h in cfg.heads.split(",")] if cfg.heads else []
     ranked_mlps = [parse_node(m) for m in cfg.mlps.split(",")] if cfg.mlps else []
@@ -268,7 +279,7 @@ def choose_nodes(run: SFTRun) -> None:
         raise InputError(f"Only {len(run.ranked_heads)} ranked heads; lower --k / --ablation-k or pass more --heads.")
     heads, top_mlps = run.ranked_heads[: cfg.k], run.ranked_mlps[: cfg.ablation_mlps]
     print(f"key heads ({head_source}): {', '.join(map(str, heads))}; top MLPs: {', '.join(map(str, top_mlps)) or '-'}")
-    results.setdefault("args", json.loads(json.dumps(dataclasses.asdict(cfg))))
+    results.setdefault("args", recorded_args(cfg))
     results.update({"head_source": head_source, "ranked_heads": [str(h) for h in run.ranked_heads[:32]],
                     "ranked_mlps": [str(m) for m in run.ranked_mlps[:8]], "key_heads": [str(h) for h in heads],
                     "n_train": len(run.train_set), "n_val_prompts": sum(len(d) for d in run.val_suite.values()),
@@ -373,12 +384,13 @@ def run_method(run: SFTRun, method_key: str) -> None:
 
 
 def run_methods(run: SFTRun) -> None:
-    """Every method of ``--methods`` not yet in the folder."""
+    """Every method of ``--methods`` not yet in the folder, each a timed stage."""
     for method_key in run.cfg.methods:
         if method_key in run.results["runs"]:
             print(f"--- {method_key}: already in {run.out}, skipped")
             continue
-        run_method(run, method_key)
+        with run.lifecycle.stage(f"method {method_key}"):
+            run_method(run, method_key)
 
 
 # ---------------------------------------------------------------------------- stage: Table-2 ablation
@@ -411,39 +423,49 @@ def run_ablation(run: SFTRun) -> None:
 # ---------------------------------------------------------------------------- stage: the claim, table, report
 
 
-def finish(run: SFTRun, started: float) -> None:
-    """The claims (once full SFT is in), wall time over commands, the table and report; complete if all methods ran."""
-    results = run.results
+def finish(run: SFTRun) -> None:
+    """The claims (once full SFT is in), wall time over commands, the table and report; the run stays ``running``
+    (for ``--resume``) unless every method ran."""
+    results, lifecycle = run.results, run.lifecycle
     if "full" in results["runs"]:
         results["claims"] = {arm: claim(results["runs"][arm], results["runs"]["full"])
                              for arm in ("precise", "precise_nokv") if arm in results["runs"]}
-    results.setdefault("wall_seconds_by_command", []).append(time.perf_counter() - started)
+    write_report(run.out, results, run.cfg.model, dataclasses.asdict(run.cfg))
+    # last, so that it matches the wall_seconds the lifecycle records as the run ends (which adds up over commands)
+    results.setdefault("wall_seconds_by_command", []).append(time.perf_counter() - lifecycle.started)
     results["wall_seconds"] = sum(results["wall_seconds_by_command"])
     print_table(results)
-    write_report(run.out, results, run.cfg.model, dataclasses.asdict(run.cfg))
     missing = [m for m in METHOD_SPECS if m not in results["runs"]]
     if missing:
-        run.save()
+        lifecycle.complete = False  # results saved with status running: --resume adds the rest
         print(f"methods still to run (--resume --methods {','.join(missing)}): {', '.join(missing)}")
-    else:
-        complete_run(run.out, results)
 
 
-def run(cfg: PreciseSFTConfig) -> dict:
+def run(cfg: SFTComparisonConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run (or resume) the experiment; return the results dict that is also written to results.json."""
-    sft = open_run(cfg)
-    cli.set_threads(cfg.threads)
-    started = time.perf_counter()
-    load_base(sft)
-    build_data(sft)
-    choose_nodes(sft)
-    score_base(sft)
+    if cfg.out is None:
+        cfg = dataclasses.replace(cfg, out=DEFAULT_OUT)
+    earlier = resumed_results(cfg)  # checked before the folder is touched
+    return run_experiment("precise_sft", cfg, _stages, loader=loader, results=earlier or {},
+                          resume=earlier is not None)
+
+
+def _stages(lifecycle: Run) -> None:
+    sft = SFTRun(lifecycle.settings, lifecycle.out, lifecycle.results, lifecycle=lifecycle)
+    load_base(sft, lifecycle)
+    with lifecycle.stage("data"):
+        build_data(sft)
+    with lifecycle.stage("key heads"):
+        choose_nodes(sft)
+    with lifecycle.stage("base scores"):
+        score_base(sft)
     run_methods(sft)
-    run_ablation(sft)
-    finish(sft, started)
-    return sft.results
+    with lifecycle.stage("ablation"):
+        run_ablation(sft)
+    with lifecycle.stage("report"):
+        finish(sft)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:
     """Parse ``argv`` (default: ``sys.argv``) and run."""
-    return run(cli.parse_config(parser, PreciseSFTConfig, argv))
+    return run(cli.parse_config(parser, SFTComparisonConfig, argv), loader=loader)

@@ -244,12 +244,17 @@ def check_choices(config) -> None:
             raise InputError(f"{type(config).__name__}.{f.name} = {value!r}: choose from {', '.join(map(str, choices))}.")
 
 
-def add_config_flags(parser: argparse.ArgumentParser, config: type) -> None:
-    """One ``--flag`` per field of the dataclass ``config`` that was declared with :func:`option`."""
+def add_config_flags(parser: argparse.ArgumentParser, config: type, help_texts: dict[str, str] | None = None) -> None:
+    """One ``--flag`` per field of the dataclass ``config`` that was declared with :func:`option`.
+
+    ``help_texts`` replaces the help of inherited fields whose meaning this experiment narrows
+    (e.g. ``out`` of a resumable experiment, whose default folder has no timestamp).
+    """
+    help_texts = help_texts or {}
     for f in dataclasses.fields(config):
         if "help" not in f.metadata:
             continue
-        meta, flag = f.metadata, "--" + f.name.replace("_", "-")
+        meta, flag = {**f.metadata, "help": help_texts.get(f.name, f.metadata["help"])}, "--" + f.name.replace("_", "-")
         if f.default is False:
             parser.add_argument(flag, action="store_true", help=meta["help"])
             continue
@@ -261,10 +266,10 @@ def add_config_flags(parser: argparse.ArgumentParser, config: type) -> None:
                             nargs=(meta["nargs"] or "+") if several else None, help=meta["help"])
 
 
-def config_parser(config: type, name: str, doc: str | None) -> ExperimentParser:
+def config_parser(config: type, name: str, doc: str | None, help_texts: dict[str, str] | None = None) -> ExperimentParser:
     """The parser of ``python -m experiments.<name>``: one flag per field of the dataclass ``config``."""
     parser = make_parser(name, doc)
-    add_config_flags(parser, config)
+    add_config_flags(parser, config, help_texts)
     return parser
 
 

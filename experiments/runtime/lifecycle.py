@@ -25,6 +25,25 @@ function of a :class:`Run` that does the work in named stages::
 
 The model comes from an injected loader (``loader=``, default :func:`circuits.loading.load_model`):
 tests pass a function that returns a tiny model instead of monkeypatching the loading module.
+
+A run of several processes (``accelerate launch``, ``torchrun``) calls :func:`run_experiment` on every
+process with ``main_process=`` true on one of them only: that one prepares, saves and completes (or
+fails) the run folder; the others run the same stages with threads and seeds set, but write nothing
+(their :attr:`Run.main_process` is false, their ``save()`` and stage ends write no file).
+
+A run may span several commands (``experiments.precise_sft --resume``):
+
+* ``resume=True`` continues ``--out`` as it stands when the toolkit wrote it: it is neither refused nor
+  moved aside; ``results=`` are what it holds (the experiment reads them and checks the settings
+  match *before* calling, so a mismatch leaves the folder untouched); its status goes back to
+  ``running``, and ``seconds`` and ``wall_seconds`` go on adding up over the commands
+  (:attr:`Run.earlier_wall_seconds`). A folder the toolkit did not write is prepared as usual.
+* stages that did only part of the work set ``run.complete = False``: the run then ends with its
+  results saved and status ``running`` (for a later ``--resume``), not ``complete``.
+
+``stage_seconds=False`` leaves ``results["seconds"]`` to the stages (``merge --config`` records the
+merge's time there): stage times are then not recorded, results.json is written by ``run.save()`` and
+at the end only, and a failure is recorded as ``failed: <name>: <why>``.
 """
 
 from __future__ import annotations
@@ -39,7 +58,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from experiments.runtime import cli
 from experiments.runtime.run_folder import (
-    StageTimer, complete_run, default_run_dir, fail_run, prepare_run_dir, read_status, save_results,
+    StageTimer, complete_run, default_run_dir, fail_run, prepare_run_dir, read_marker, read_status, save_results,
 )
 from experiments.runtime.settings import RunSettings
 
@@ -76,6 +95,12 @@ class Run:
     timer: StageTimer = field(default_factory=StageTimer)
     started: float = field(default_factory=time.perf_counter)
     log: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr, flush=True))
+    #: False on the other processes of a launch: the folder ``out`` is the main process's, never written here
+    main_process: bool = True
+    #: set False by stages that did only part of the work: the run ends ``running`` (resumable), not ``complete``
+    complete: bool = True
+    #: the wall time of the earlier commands of a resumed run (``resume=True``), counted in :attr:`wall_seconds`
+    earlier_wall_seconds: float = 0.0
 
     @contextmanager
     def stage(self, name: str, message: Optional[str] = None) -> Iterator[None]:
@@ -98,27 +123,49 @@ class Run:
             return self.loader(name, device=self.settings.device, dtype=self.settings.dtype)
 
     def save(self) -> None:
-        """Write results.json now (status ``running``)."""
-        save_results(self.out, self.results)
+        """Write results.json now (status ``running``); on a process that is not the main one, nothing."""
+        if self.main_process:
+            save_results(self.out, self.results)
 
     @property
     def wall_seconds(self) -> float:
-        return round(time.perf_counter() - self.started, 1)
+        """Seconds since this command started, plus :attr:`earlier_wall_seconds`."""
+        return round(self.earlier_wall_seconds + time.perf_counter() - self.started, 1)
 
 
 def run_experiment(name: str, settings: RunSettings, stages: Callable[[Run], Any], *,
                    loader: Optional[ModelLoader] = None, results: Optional[dict] = None,
-                   default_out: Optional[str] = None) -> dict:
-    """Run ``stages(run)`` under the lifecycle of the module docstring; return the final results.
+                   default_out: Optional[str] = None, main_process: bool = True, resume: bool = False,
+                   stage_seconds: bool = True) -> dict:
+    """Run ``stages(run)`` under the lifecycle of the module docstring; return the final results (as results.json
+    holds them, ``status`` first).
 
     ``results``: the keys results.json starts with (default: ``settings``, every field of the config);
-    ``default_out``: the folder name used when ``--out`` is not given (default ``runs/<name>-<timestamp>``).
+    ``default_out``: the folder name used when ``--out`` is not given (default ``runs/<name>-<timestamp>``);
+    ``main_process``: false on every process of a launch but one; such a process neither prepares nor
+    writes the folder (``run.out`` is where the main process writes: with the default ``--out``, this
+    process's own timestamp, which may differ by a second), records no status and saves nothing;
+    ``resume``: continue ``--out`` if the toolkit wrote it, ``results`` being what it holds;
+    ``stage_seconds``: false leaves ``results["seconds"]`` to the stages (both: see the module docstring).
     """
-    out = prepare_run_dir(settings.out or default_run_dir(default_out or name), overwrite=settings.overwrite)
+    folder = settings.out or default_run_dir(default_out or name)
+    continuing = resume and main_process and read_marker(folder) is not None
+    if continuing or not main_process:
+        out = Path(folder)
+    else:
+        out = prepare_run_dir(folder, overwrite=settings.overwrite)
     run = Run(name, settings, out, loader or default_loader,
-              results=dict(results) if results is not None else {"settings": asdict(settings)})
-    run.timer.run_dir, run.timer.results = out, run.results
-    run.results["seconds"] = run.timer.seconds
+              results=dict(results) if results is not None else {"settings": asdict(settings)},
+              main_process=main_process)
+    if continuing:
+        run.earlier_wall_seconds = float(run.results.get("wall_seconds") or 0.0)
+        if isinstance(run.results.get("seconds"), dict):
+            run.timer.seconds.update(run.results["seconds"])
+        save_results(out, run.results)  # status back to running
+    if main_process and stage_seconds:
+        run.timer.run_dir, run.timer.results = out, run.results
+    if stage_seconds:
+        run.results["seconds"] = run.timer.seconds
     try:
         cli.set_threads(settings.threads)
         seed_everything(settings.seed)
@@ -126,10 +173,12 @@ def run_experiment(name: str, settings: RunSettings, stages: Callable[[Run], Any
     except BaseException as err:
         # a stage that raised has already written ``failed: <stage>: ...``; anything else fails here
         why = "interrupted" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
-        if (read_status(out) or "").startswith("running"):
+        if main_process and (read_status(out) or "").startswith("running"):
             fail_run(out, run.results, f"{name}: {why}")
         raise
-    run.results["seconds"] = run.timer.seconds
+    if stage_seconds:
+        run.results["seconds"] = run.timer.seconds
     run.results["wall_seconds"] = run.wall_seconds
-    complete_run(out, run.results)
-    return run.results
+    if main_process:
+        (complete_run if run.complete else save_results)(out, run.results)
+    return {"status": "complete" if run.complete else "running", **run.results}

@@ -9,6 +9,8 @@ are, so that outputs add up to inputs on every supported model; everything else 
   of each single edge;
 * :mod:`patching.edges.evaluate`: circuits run with every edge outside them ablated;
 * :mod:`patching.edges.curves`: MIB faithfulness curves, CPR and CMD, with bootstrap intervals;
+* :mod:`patching.edges.faithful_circuit`: the smallest faithful circuit, chosen on one half of the prompts
+  and reported on the other;
 * :mod:`patching.edges.distributed`: the same sweeps split over processes.
 """
 
@@ -16,9 +18,10 @@ from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS, edge_attribution
 from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, curve_areas, faithfulness_curve
 from patching.edges.engine import UnsupportedModelError, edge_mode, receiver_hooks, sender_outputs
 from patching.edges.evaluate import ABLATIONS, CircuitEvaluation, MeanPoolError, evaluate_circuit, evaluate_circuits
+from patching.edges.faithful_circuit import CircuitSearch, FaithfulCircuit, find_faithful_circuit
 from patching.edges.patch import EdgeEffects, edge_patch
 
-__all__ = ["ABLATIONS", "CircuitEvaluation", "EDGE_ATTRIBUTION_METHODS", "EdgeEffects", "FaithfulnessCurve",
+__all__ = ["ABLATIONS", "CircuitEvaluation", "CircuitSearch", "FaithfulCircuit", "find_faithful_circuit", "EDGE_ATTRIBUTION_METHODS", "EdgeEffects", "FaithfulnessCurve",
            "MIB_FRACTIONS", "MeanPoolError", "UnsupportedModelError", "curve_areas", "edge_attribution", "edge_mode",
            "edge_patch", "evaluate_circuit", "evaluate_circuits", "faithfulness_curve", "receiver_hooks",
            "sender_outputs"]

@@ -57,6 +57,7 @@ from circuits.graph import Graph, GraphLayout
 from patching import forward, inputs
 from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, receiver_hooks, run_suffix
 from patching.metrics import PatchMetric, get_metric, score_end
+from patching.options import SweepOptions, sweep_options
 from patching.results import NodeScores
 
 __all__ = ["edge_attribution", "EDGE_ATTRIBUTION_METHODS"]
@@ -203,22 +204,24 @@ def edge_attribution(
     *,
     method: str = "EAP-IG-inputs",
     ig_steps: int = 5,
-    metric: Union[str, PatchMetric, Callable] = "logit",
     level: str = "edge",
     answer_ids=None,
     alt_ids=None,
-    batch_size: Optional[int] = None,
-    memory_mb: float = 2048,
-    progress: bool = True,
+    options: Optional[SweepOptions] = None,
+    **overrides,
 ) -> Union[Graph, NodeScores]:
     """Score every edge (or node) by EAP / EAP-IG; see the module docstring for the methods.
 
     ``reference`` / ``counterfactual`` / ``answer_ids`` / ``alt_ids``: as in :func:`patching.path_patch`
-    (a task Dataset, a TaskBatch, or token tensors). ``metric``: a registry name or callable on the END
-    logits (see :mod:`patching.metrics`). Returns a :class:`circuits.graph.Graph` whose ``scores`` are
-    the mean over prompts of each edge's estimated effect on the metric (``level="edge"``), or
-    :class:`patching.NodeScores` of heads and MLPs (``level="node"``).
+    (a task Dataset, a TaskBatch, or token tensors). ``options`` (:class:`patching.SweepOptions`, or its
+    fields as keywords): the metric on the END logits (:mod:`patching.metrics`), batching, the memory
+    budget (default 2048 MB: the backward keeps every layer's activations) and the progress bar.
+    Returns a :class:`circuits.graph.Graph` whose ``scores`` are the mean over prompts of each edge's
+    estimated effect on the metric (``level="edge"``), or :class:`patching.NodeScores` of heads and MLPs
+    (``level="node"``).
     """
+    opts = sweep_options(options, overrides, "edge_attribution")
+    metric, batch_size, memory_mb, progress = opts.metric, opts.batch_size, opts.budget(2048.0), opts.shows_progress()
     if method not in EDGE_ATTRIBUTION_METHODS:
         raise InputError(f"Unknown method {method!r}: use one of {sorted(EDGE_ATTRIBUTION_METHODS)}.")
     if level not in ("edge", "node"):

@@ -28,6 +28,7 @@ replace it (greedy growth, pruning of edges off every input-to-logits path:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
@@ -42,6 +43,7 @@ from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import select_top_n
 from circuits.stats import Estimate, bootstrap
 from patching.edges.evaluate import evaluate_circuits
+from patching.options import SweepOptions, sweep_options
 
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 Selector = Callable[[Float[Tensor, "n_forward n_backward"], int], Bool[Tensor, "n_forward n_backward"]]
@@ -113,7 +115,6 @@ def faithfulness_curve(
     fractions: Sequence[float] = MIB_FRACTIONS,
     ablation: str = "counterfactual",
     means_from=None,
-    metric="logit",
     absolute: bool = True,
     select: Optional[Selector] = None,
     n_bootstrap: int = 1000,
@@ -121,10 +122,9 @@ def faithfulness_curve(
     seed: int = 0,
     answer_ids=None,
     alt_ids=None,
-    batch_size: Optional[int] = None,
-    memory_mb: float = 1024.0,
-    progress: bool = True,
     evaluate: Optional[Callable] = None,
+    options: Optional[SweepOptions] = None,
+    **overrides,
 ) -> FaithfulnessCurve:
     """Faithfulness of the top-scored edges at each fraction, CPR and CMD, with bootstrap intervals.
 
@@ -132,7 +132,7 @@ def faithfulness_curve(
         model: a HookedTransformer the edge graph can represent.
         scores: a :class:`circuits.graph.Graph` (its ``scores``), :class:`patching.EdgeEffects`, or a
             ``[n_forward, n_backward]`` tensor.
-        reference, counterfactual, answer_ids, alt_ids, batch_size: prompts, as in :func:`patching.path_patch`.
+        reference, counterfactual, answer_ids, alt_ids: prompts, as in :func:`patching.path_patch`.
         fractions: increasing edge fractions in (0, 1] (default MIB's ten).
         ablation, means_from: how edges outside the circuit are ablated (:func:`patching.evaluate_circuit`).
         absolute: rank edges by ``|score|`` (MIB's default) rather than by signed score.
@@ -140,7 +140,11 @@ def faithfulness_curve(
         n_bootstrap, confidence, seed: the bootstrap over prompts.
         evaluate: runs the circuits (default :func:`patching.evaluate_circuits`, or one with its signature);
             :mod:`patching.edges.distributed` passes one that splits them over processes.
+        options, overrides: :class:`patching.SweepOptions` (metric, batch_size, memory_mb, reuse_prefix,
+            progress: a bar by default), or its fields as keywords.
     """
+    opts = sweep_options(options, overrides, "faithfulness_curve")
+    opts = dataclasses.replace(opts, progress=opts.shows_progress())
     layout = GraphLayout.of(model)
     scores = _scores_of(layout, scores)
     fractions = [float(x) for x in fractions]
@@ -153,8 +157,7 @@ def faithfulness_curve(
     empty = torch.zeros_like(full)
     evaluate = evaluate or evaluate_circuits
     evaluations = evaluate(model, masks + [full, empty], reference, counterfactual, ablation=ablation,
-                           means_from=means_from, metric=metric, answer_ids=answer_ids, alt_ids=alt_ids,
-                           batch_size=batch_size, memory_mb=memory_mb, progress=progress)
+                           means_from=means_from, answer_ids=answer_ids, alt_ids=alt_ids, options=opts)
     table = torch.stack([e.per_prompt for e in evaluations], dim=1).numpy()  # [prompt, point + full + empty]
     n_points = len(masks)
 

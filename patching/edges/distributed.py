@@ -48,6 +48,7 @@ from patching.edges.evaluate import CircuitEvaluation
 # the package namespace holds the functions under the module names: import from the modules themselves
 from patching.edges.attribute import _node_scores, edge_attribution as _edge_attribution
 from patching.edges.patch import EdgeEffects, EdgesInput, edge_patch as _edge_patch, resolve_edges
+from patching.options import split_sweep_keywords
 from patching.results import NodeScores
 
 __all__ = ["Shard", "current_shard", "edge_attribution", "edge_patch", "evaluate_circuits", "faithfulness_curve",
@@ -177,17 +178,26 @@ def shard_prompts(shard: Shard, reference, counterfactual=None, answer_ids=None,
 # ---------------------------------------------------------------------------- the sweeps
 
 
+def _on_rank(kwargs: dict, shard: Shard, where: str) -> dict:
+    """A wrapped sweep's keywords with its :class:`patching.SweepOptions` as one record; a bar on rank 0 only
+    unless the caller chose."""
+    options, rest = split_sweep_keywords(kwargs, where)
+    if options.progress is None:
+        options = replace(options, progress=shard.rank == 0)
+    return {**rest, "options": options}
+
+
 def edge_attribution(model: HookedTransformer, reference, counterfactual: Optional[Tensor] = None, *,
                      level: str = "edge", answer_ids=None, alt_ids=None, shard: Optional[Shard] = None,
                      **kwargs) -> Union[Graph, NodeScores]:
     """:func:`patching.edges.attribute` with the prompts split over the processes (module docstring).
 
-    Keywords are those of :func:`patching.edges.attribute`; ``progress`` defaults to rank 0 only.
+    Keywords are those of :func:`patching.edge_attribution`; the progress bar shows on rank 0 only.
     """
     if level not in ("edge", "node"):
         raise InputError(f"level must be 'edge' or 'node', got {level!r}.")
     shard = _resolve(shard)
-    kwargs.setdefault("progress", shard.rank == 0)
+    kwargs = _on_rank(kwargs, shard, "edge_attribution")
     if shard.world_size == 1 or _n_prompts(reference) < shard.world_size:  # too few prompts to split: all run all
         return _edge_attribution(model, reference, counterfactual, level=level, answer_ids=answer_ids,
                                              alt_ids=alt_ids, **kwargs)
@@ -213,10 +223,10 @@ def edge_patch(model: HookedTransformer, edges: EdgesInput, reference, counterfa
                *, shard: Optional[Shard] = None, **kwargs) -> EdgeEffects:
     """:func:`patching.edge_patch` with the edges split over the processes (module docstring); edges in the order given.
 
-    Keywords are those of :func:`patching.edge_patch`; ``progress`` defaults to rank 0 only.
+    Keywords are those of :func:`patching.edge_patch`; the progress bar shows on rank 0 only.
     """
     shard = _resolve(shard)
-    kwargs.setdefault("progress", shard.rank == 0)
+    kwargs = _on_rank(kwargs, shard, "edge_patch")
     pairs = resolve_edges(GraphLayout.of(model), edges)
     if shard.world_size == 1 or len(pairs) < shard.world_size:
         return _edge_patch(model, pairs, reference, counterfactual, **kwargs)
@@ -250,7 +260,7 @@ def faithfulness_curve(model: HookedTransformer, scores, reference, counterfactu
     The per-prompt table is gathered before the bootstrap, so every rank returns the single-process curve.
     """
     shard = _resolve(shard)
-    kwargs.setdefault("progress", shard.rank == 0)
+    kwargs = _on_rank(kwargs, shard, "faithfulness_curve")
 
     def evaluate_sharded(*args, **kw):
         return evaluate_circuits(*args, shard=shard, **kw)

@@ -293,6 +293,16 @@ def edge_prefix_kv(model: HookedTransformer, tokens: Int[Tensor, "batch prefix"]
     return ungroup_kv(model, entries) if ungrouped else entries
 
 
+def prefix_caches(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], start: int) -> tuple[Optional[list], Optional[list]]:
+    """The keys/values of ``tokens[:, :start]`` per K/V head (for plain blocks) and per query head (for a block
+    with per-head inputs under :func:`edge_mode`); ``(None, None)`` when ``start`` is 0."""
+    if not start:
+        return None, None
+    with plain_blocks(model):
+        plain = forward.prefix_kv_cache(model, tokens[:, :start])
+    return plain, ungroup_kv(model, plain)
+
+
 def run_suffix(
     model: HookedTransformer,
     tokens: Int[Tensor, "batch pos"],

@@ -50,6 +50,7 @@ from circuits.tasks import TaskBatch, iter_batches
 from patching import forward, inputs
 from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, run_suffix, sender_outputs
 from patching.metrics import PatchMetric, get_metric, score_end
+from patching.options import SweepOptions, sweep_options
 
 ABLATIONS = ("counterfactual", "mean", "positional-mean", "zero")
 CircuitInput = Union[Graph, Bool[Tensor, "n_forward n_backward"]]
@@ -124,30 +125,28 @@ def evaluate_circuits(
     *,
     ablation: str = "counterfactual",
     means_from=None,
-    metric: Union[str, PatchMetric, Callable] = "logit",
     answer_ids=None,
     alt_ids=None,
-    batch_size: Optional[int] = None,
-    memory_mb: float = 1024.0,
-    reuse_prefix: bool = True,
-    progress: bool = False,
+    options: Optional[SweepOptions] = None,
+    **overrides,
 ) -> list[CircuitEvaluation]:
     """Evaluate several circuits on the same prompts, several per batched forward.
 
     Args:
         model: a HookedTransformer the edge graph can represent (:func:`patching.edges.engine.check_edge_model`).
         circuits: each a :class:`circuits.graph.Graph` (its ``in_graph``) or a bool mask ``[n_forward, n_backward]``.
-        reference, counterfactual, answer_ids, alt_ids, batch_size: prompts, as in :func:`patching.path_patch`.
+        reference, counterfactual, answer_ids, alt_ids: prompts, as in :func:`patching.path_patch`.
         ablation: one of :data:`ABLATIONS`.
         means_from: the pool for ``"mean"`` / ``"positional-mean"``: a ``Dataset`` from
             :func:`circuits.tasks.make_dataset`, a ``TaskBatch`` or token ids ``[n, pos]``; none of its
             prompts may be an evaluated one.
-        metric: a name in :data:`patching.metrics.METRICS` or a callable ``fn(logits, answer_ids, alt_ids)``.
-        memory_mb: activation budget per batched forward.
-        reuse_prefix: (counterfactual ablation) run only the positions after the shared prefix.
+        options, overrides: :class:`patching.SweepOptions` or its fields as keywords (``reuse_prefix``
+            applies to counterfactual ablation; no progress bar unless asked).
     Returns:
         One :class:`CircuitEvaluation` per circuit, in order.
     """
+    opts = sweep_options(options, overrides, "evaluate_circuits")
+    metric, batch_size = opts.metric, opts.batch_size
     if ablation not in ABLATIONS:
         raise InputError(f"Unknown ablation {ablation!r}: use one of {ABLATIONS}.")
     metric = get_metric(metric)
@@ -160,9 +159,11 @@ def evaluate_circuits(
     with edge_mode(model):
         means = _pool_means(model, ablation, means_from, groups, batch_size)
         per_group = []
-        bar = tqdm(total=len(groups) * len(circuits), desc=f"evaluating circuits ({ablation})", disable=not progress, leave=False)
+        bar = tqdm(total=len(groups) * len(circuits), desc=f"evaluating circuits ({ablation})",
+                   disable=not opts.shows_progress(default=False), leave=False)
         for group in groups:
-            per_group.append(_evaluate_group(model, layout, masks, group, ablation, means, metric, memory_mb, reuse_prefix, bar))
+            per_group.append(_evaluate_group(model, layout, masks, group, ablation, means, metric, opts.budget(),
+                                             opts.reuse_prefix, bar))
         bar.close()
     values = torch.cat(per_group, dim=1).double().cpu()  # [n_circuits, n_prompts]
     n_total = layout.n_edges

@@ -44,8 +44,11 @@ from transformer_lens import HookedTransformer
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from patching import forward, inputs
+from patching.options import SweepOptions, sweep_options
 from patching.edges.patch_fast import end_residual_above, fast_path_problem, head_receiver_layer, mlp_receiver_layer, receiver_kind
-from patching.edges.engine import SenderRecorder, edge_mode, plain_blocks, receiver_hooks, run_suffix, sender_outputs, ungroup_kv
+from patching.edges.engine import (
+    SenderRecorder, edge_mode, plain_blocks, prefix_caches, receiver_hooks, run_suffix, sender_outputs,
+)
 from patching.metrics import PatchMetric, get_metric, score_end
 
 EdgesInput = Union[None, Sequence[str], Sequence[tuple[int, int]], Bool[Tensor, "n_forward n_backward"], Graph]
@@ -132,14 +135,11 @@ def edge_patch(
     reference,
     counterfactual: Optional[Tensor] = None,
     *,
-    metric: Union[str, PatchMetric, Callable] = "logit",
     answer_ids=None,
     alt_ids=None,
-    batch_size: Optional[int] = None,
-    memory_mb: float = 1024.0,
-    reuse_prefix: bool = True,
     fast: bool = True,
-    progress: bool = True,
+    options: Optional[SweepOptions] = None,
+    **overrides,
 ) -> EdgeEffects:
     """Exact effect of each edge (see the module docstring).
 
@@ -147,138 +147,168 @@ def edge_patch(
         model: a HookedTransformer the edge graph can represent (:func:`patching.edges.engine.check_edge_model`).
         edges: None (every edge), EAP-IG edge names (``"a3.h1->a7.h0<q>"``), ``(forward, backward)``
             index pairs, a bool mask ``[n_forward, n_backward]`` or a Graph (its ``in_graph`` edges).
-        reference, counterfactual, answer_ids, alt_ids, batch_size: prompts, as in :func:`patching.path_patch`.
-        metric: a name in :data:`patching.metrics.METRICS` or a callable ``fn(logits, answer_ids, alt_ids)``.
-        memory_mb: activation budget per batched forward.
-        reuse_prefix: run only the positions after the shared prefix of reference and counterfactual.
+        reference, counterfactual, answer_ids, alt_ids: prompts, as in :func:`patching.path_patch`.
         fast: patched forwards as plain loops over block pieces (:mod:`patching.edges.patch_fast`) where the
             architecture allows; False runs them through hooks (slower, same numbers; for comparisons).
+        options, overrides: :class:`patching.SweepOptions` (metric, batch_size, memory_mb, reuse_prefix,
+            progress), or its fields as keywords.
     Returns:
         :class:`EdgeEffects`, edges in the order given.
     """
-    metric = get_metric(metric)
+    opts = sweep_options(options, overrides, "edge_patch")
+    metric = get_metric(opts.metric)
     layout = GraphLayout.of(model)
     pairs = resolve_edges(layout, edges)
     if not pairs:
         raise InputError("No edges to patch.")
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
-                                 batch_size=batch_size)
+                                  batch_size=opts.batch_size)
     per_group, base_total, n_prompts, seconds = [], 0.0, 0, {}
-    bar = tqdm(total=len(groups) * len(pairs), desc="edge patching", disable=not progress, leave=False)
+    bar = tqdm(total=len(groups) * len(pairs), desc="edge patching", disable=not opts.shows_progress(), leave=False)
     with edge_mode(model):
-        hooks = receiver_hooks(model)
+        fast = fast and fast_path_problem(model) is None
         for group in groups:
-            patched, base = _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_prefix, fast, bar,
-                                        seconds)
-            per_group.append((patched - base[None]).double().cpu())
-            base_total += float(base.double().sum())
+            clock = _Clock(seconds)
+            runs = _ReferenceRuns.record(model, layout, group, metric, reuse_prefix=opts.reuse_prefix, fast=fast)
+            clock.lap("reference runs")
+            patched = runs.patch(pairs, opts.budget(), bar, clock)
+            per_group.append((patched - runs.base[None]).double().cpu())
+            base_total += float(runs.base.double().sum())
             n_prompts += len(group)
     bar.close()
     return EdgeEffects(layout, pairs, torch.cat(per_group, dim=1), metric.name, base_total / n_prompts, seconds)
 
 
-def _patch_group(model, layout, hooks, pairs, group, metric, memory_mb, reuse_prefix, fast, bar,
-                 seconds) -> tuple[Tensor, Tensor]:
-    """Patched metric [n_edges, batch] and reference metric [batch] on one group of equal-length prompts.
+class _Clock:
+    """Adds the wall time since the last lap to ``seconds[stage]``."""
 
-    Adds the wall time of each stage to ``seconds``.
-    """
-    clock = time.perf_counter()
+    def __init__(self, seconds: dict):
+        self.seconds, self.last = seconds, time.perf_counter()
 
-    def lap(stage: str) -> None:
-        nonlocal clock
+    def lap(self, stage: str) -> None:
         now = time.perf_counter()
-        seconds[stage] = seconds.get(stage, 0.0) + now - clock
-        clock = now
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + now - self.last
+        self.last = now
 
-    B, n_pos = group.tokens.shape
-    start = forward.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix else 0
-    # Only the receiver's own block needs per-head q/k/v inputs (and ungrouped K/V): every other
-    # block runs plain, with the prefix's grouped keys/values.
-    if start:
+
+@dataclass
+class _ReferenceRuns:
+    """One group's reference run (residuals, final residual, metric), its senders' changes, the prefix caches.
+
+    ``delta[f]`` is sender f's output on the counterfactual minus its output on the reference, at the
+    positions after the shared prefix (``start:``); ``resid_pre[L]`` / ``resid_mid[L]`` the reference
+    residual entering layer L / its MLP (the latter on the fast path only); ``kv_plain`` the prefix's
+    keys/values per K/V head and ``kv_split`` per query head (None without a shared prefix).
+    """
+
+    model: HookedTransformer
+    layout: GraphLayout
+    group: inputs.PromptGroup
+    metric: PatchMetric
+    fast: bool
+    start: int
+    kv_plain: Optional[list]
+    kv_split: Optional[list]
+    delta: Tensor
+    final: Tensor
+    base: Tensor
+    resid_pre: dict[int, Tensor]
+    resid_mid: dict[int, Tensor]
+    receivers: Optional[list]  # receiver_hooks(model), for the hook path
+
+    @classmethod
+    def record(cls, model, layout, group, metric, *, reuse_prefix: bool, fast: bool) -> "_ReferenceRuns":
+        start = forward.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix else 0
+        # Only the receiver's own block needs per-head q/k/v inputs (and ungrouped K/V): every other
+        # block runs plain, with the prefix's grouped keys/values.
+        kv_plain, kv_split = prefix_caches(model, group.tokens, start)
+        recorder = SenderRecorder(model)
+        resid: dict[str, dict[int, Tensor]] = {"resid_pre": {}, "resid_mid": {}}
+
+        def keep(act, *, hook):
+            resid[hook.name.split(".")[-1].removeprefix("hook_")][int(hook.name.split(".")[1])] = act
+
+        kinds = ("resid_pre", "resid_mid") if fast else ("resid_pre",)
+        names = [name for kind in kinds for name in forward.act_names(kind, range(layout.n_layers))]
         with plain_blocks(model):
-            kv_plain = forward.prefix_kv_cache(model, group.tokens[:, :start])
-        kv_split = ungroup_kv(model, kv_plain)
-    else:
-        kv_plain = kv_split = None
-    P = n_pos - start
+            final = run_suffix(model, group.tokens, start, kv_plain, recorder.hooks() + [(n, keep) for n in names])
+            delta = sender_outputs(model, group.cf_tokens, start=start, prefix_kv=kv_plain) - recorder.stacked()
+        base = score_end(model, final[:, -1], group.answer_ids, group.alt_ids, metric)
+        return cls(model, layout, group, metric, fast, start, kv_plain, kv_split, delta, final, base,
+                   resid["resid_pre"], resid["resid_mid"], None if fast else receiver_hooks(model))
 
-    # The reference run: every sender's output and every layer's residual input, positions start:.
-    recorder = SenderRecorder(model)
-    ref_resid: dict[str, dict[int, Tensor]] = {"resid_pre": {}, "resid_mid": {}}
+    def score(self, end: Tensor, k: int) -> Tensor:
+        """The metric of ``k`` stacked copies of the group (rows ``j * batch + b``), as ``[k, batch]``."""
+        g = self.group
+        alts = None if g.alt_ids is None else g.alt_ids.repeat(k)
+        return score_end(self.model, end, g.answer_ids.repeat(k), alts, self.metric).view(k, len(g))
 
-    def keep(act, *, hook):
-        ref_resid[hook.name.split(".")[-1].removeprefix("hook_")][int(hook.name.split(".")[1])] = act
+    def patch(self, pairs, memory_mb: float, bar, clock: _Clock) -> Tensor:
+        """Patched metric ``[n_edges, batch]`` of every edge: logits edges first, then layer by layer in chunks."""
+        out = torch.empty(len(pairs), len(self.group), dtype=self.base.dtype, device=self.base.device)
+        plan = _plan(self.layout, pairs, self.fast)
+        logit_edges = plan.pop(None, [])
+        if logit_edges:  # the change lands on the final residual; only END is scored
+            senders = torch.tensor([pairs[i][0] for i in logit_edges], device=self.delta.device)
+            resid = (self.final[:, -1][None] + self.delta[senders, :, -1]).flatten(0, 1)
+            out[logit_edges] = self.score(resid, len(logit_edges))
+            bar.update(len(logit_edges))
+            clock.lap("logits")
+        per_chunk = self._edges_per_chunk(memory_mb)
+        for (layer, mlp_only), indices in sorted(plan.items()):
+            for sl in forward.chunks(len(indices), per_chunk):
+                chunk = indices[sl]
+                out[chunk] = self.score(self._end_residual(layer, mlp_only, [pairs[i] for i in chunk]), len(chunk))
+                bar.update(len(chunk))
+            clock.lap(f"layer {layer}" + ("" if not self.fast else " mlp" if mlp_only else " heads"))
+        return out
 
-    names = forward.act_names("resid_pre", range(layout.n_layers))
-    fast = fast and fast_path_problem(model) is None
-    if fast:
-        names += forward.act_names("resid_mid", range(layout.n_layers))
-    with plain_blocks(model):
-        final = run_suffix(model, group.tokens, start, kv_plain, recorder.hooks() + [(n, keep) for n in names])
-        delta = sender_outputs(model, group.cf_tokens, start=start, prefix_kv=kv_plain) - recorder.stacked()  # [f, B, P, d]
-    base = score_end(model, final[:, -1], group.answer_ids, group.alt_ids, metric)
-    lap("reference runs")
+    def _edges_per_chunk(self, memory_mb: float) -> int:
+        cfg = self.model.cfg
+        B, n_pos = self.group.tokens.shape
+        split_factor = (12 + 6 * cfg.n_heads) / 12  # per-head q/k/v inputs: ~6·n_heads extra residual copies per position
+        rows = forward.rows_per_chunk(self.model, memory_mb / split_factor, n_pos - self.start, cached_pos=self.start)
+        return max(1, rows // B)
 
-    out = torch.empty(len(pairs), B, dtype=base.dtype, device=base.device)
-    # chunks never mix receiver layers (the forward starts there) nor, on the fast path, MLP and head receivers
-    by_layer: dict[Optional[tuple[int, bool]], list[int]] = {}
+    def _end_residual(self, layer: int, mlp_only: bool, chunk_pairs) -> Tensor:
+        """Final END residual ``[edges * batch, d_model]`` of a chunk of edges into receivers of one layer."""
+        model, layout = self.model, self.layout
+        change = self.delta[torch.tensor([f for f, _ in chunk_pairs], device=self.delta.device)]
+        if self.fast:
+            last = layer == layout.n_layers - 1
+            if mlp_only:
+                out = mlp_receiver_layer(model, layer, self.resid_mid[layer], change, end_only=last)
+            else:
+                receivers = [receiver_kind(layout, b)[1:] for _, b in chunk_pairs]
+                out = head_receiver_layer(model, layer, self.resid_pre[layer], receivers, change, self.kv_split,
+                                          end_only=last)
+            return end_residual_above(model, layer, out, self.kv_plain)
+        k, B = len(chunk_pairs), len(self.group)
+        fwd_hooks = _receiver_patch_hooks(chunk_pairs, self.receivers, self.delta, k, B)
+        end = model.run_with_hooks(self.resid_pre[layer].repeat(k, 1, 1), start_at_layer=layer,
+                                   stop_at_layer=layer + 1, fwd_hooks=fwd_hooks, past_kv_cache=_tiled(self.kv_split, k))
+        if layer + 1 < model.cfg.n_layers:
+            with plain_blocks(model):
+                end = model(end, start_at_layer=layer + 1, stop_at_layer=model.cfg.n_layers,
+                            past_kv_cache=_tiled(self.kv_plain, k))
+        return end[:, -1]
+
+
+def _plan(layout: GraphLayout, pairs, fast: bool) -> dict[Optional[tuple[int, bool]], list[int]]:
+    """Edge indices by chunk key: None for logits receivers, else (receiver layer, MLP receiver on the fast path).
+
+    Chunks never mix receiver layers (the patched forward starts there) nor, on the fast path, MLP and
+    head receivers (they run different block pieces).
+    """
+    plan: dict[Optional[tuple[int, bool]], list[int]] = {}
     for i, (f, b) in enumerate(pairs):
         if b == layout.logits_backward:
             key = None
         else:
             layer, kind, _ = receiver_kind(layout, b)
             key = (layer, fast and kind is None)
-        by_layer.setdefault(key, []).append(i)
-
-    # Edges into the logits: the change lands on the final residual; only END is scored.
-    logit_edges = by_layer.pop(None, [])
-    if logit_edges:
-        f_idx = torch.tensor([pairs[i][0] for i in logit_edges], device=delta.device)
-        resid = (final[:, -1][None] + delta[f_idx, :, -1]).flatten(0, 1)
-        out[logit_edges] = score_end(model, resid, group.answer_ids.repeat(len(logit_edges)),
-                                     None if group.alt_ids is None else group.alt_ids.repeat(len(logit_edges)),
-                                     metric).view(len(logit_edges), B)
-        bar.update(len(logit_edges))
-        lap("logits")
-
-    cfg = model.cfg
-    split_factor = (12 + 6 * cfg.n_heads) / 12  # per-head q/k/v inputs: ~6·n_heads extra residual copies per position
-    per_chunk = max(1, forward.rows_per_chunk(model, memory_mb / split_factor, P, cached_pos=start) // B)
-    for (layer, mlp_only), indices in sorted(by_layer.items()):
-        for sl in forward.chunks(len(indices), per_chunk):
-            chunk = indices[sl]
-            k = len(chunk)
-            if fast:
-                end = _fast_end_residual(model, layout, layer, mlp_only, [pairs[i] for i in chunk], delta, ref_resid,
-                                         kv_plain, kv_split)
-            else:
-                fwd_hooks = _receiver_patch_hooks([pairs[i] for i in chunk], hooks, delta, k, B)
-                end = model.run_with_hooks(ref_resid["resid_pre"][layer].repeat(k, 1, 1), start_at_layer=layer,
-                                           stop_at_layer=layer + 1, fwd_hooks=fwd_hooks, past_kv_cache=_tiled(kv_split, k))
-                if layer + 1 < cfg.n_layers:
-                    with plain_blocks(model):
-                        end = model(end, start_at_layer=layer + 1, stop_at_layer=cfg.n_layers,
-                                    past_kv_cache=_tiled(kv_plain, k))
-                end = end[:, -1]
-            answers = group.answer_ids.repeat(k)
-            alts = None if group.alt_ids is None else group.alt_ids.repeat(k)
-            out[chunk] = score_end(model, end, answers, alts, metric).view(k, B)
-            bar.update(k)
-        lap(f"layer {layer}" + ("" if not fast else " mlp" if mlp_only else " heads"))
-    return out, base
-
-
-def _fast_end_residual(model, layout, layer, mlp_only, chunk_pairs, delta, resid, kv_plain, kv_split) -> Tensor:
-    """Final END residual [edges * batch, d_model] of a chunk of edges into one layer (:mod:`patching.edges.patch_fast`)."""
-    change = delta[torch.tensor([f for f, _ in chunk_pairs], device=delta.device)]
-    last = layer == layout.n_layers - 1
-    if mlp_only:
-        out = mlp_receiver_layer(model, layer, resid["resid_mid"][layer], change, end_only=last)
-    else:
-        receivers = [receiver_kind(layout, b)[1:] for _, b in chunk_pairs]
-        out = head_receiver_layer(model, layer, resid["resid_pre"][layer], receivers, change, kv_split, end_only=last)
-    return end_residual_above(model, layer, out, kv_plain)
+        plan.setdefault(key, []).append(i)
+    return plan
 
 
 def _tiled(entries, times: int):

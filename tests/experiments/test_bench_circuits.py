@@ -79,3 +79,24 @@ def test_bench_circuits_without_attribution_times_exact_patching_only(tiny_dir, 
     assert "curve" not in results and results["exact_progress"]["n_edges_done"] == 12
     assert results["exact_prefix_rotary_once"]["max_abs_diff"] == 0.0
     assert results["seconds"]["edge_patch_cpu"] > 0 and results["seconds"]["edge_patch_rotary_every_call_cpu"] > 0
+
+
+def test_bench_circuits_records_a_failing_stage_and_keeps_the_earlier_ones(tiny_dir, tmp_path):
+    from circuits.loading import load_model
+
+    def broken_model(name, **kwargs):  # the injected loader: a model whose forward pass raises
+        model = load_model(name, **kwargs)
+
+        def forward(*args, **kwargs):
+            raise KeyError("broken")
+
+        model.forward = forward
+        return model
+
+    out = tmp_path / "failing"
+    with pytest.raises(KeyError):
+        bench_circuits.main(["--model", str(tiny_dir), "--n-prompts", "3", "--n-shots", "1", "--no-attribution",
+                             "--exact-edges", "0", "--compare-per-stratum", "0", "--out", str(out)], loader=broken_model)
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["status"] == "failed: model metrics: KeyError: 'broken'" and "load model" in saved["seconds"]
+    assert saved["n_prompts"] == 3  # the earlier stages' results are kept

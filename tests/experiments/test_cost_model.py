@@ -17,7 +17,9 @@ from circuits.graph import GraphLayout
 from circuits.nodes import Head
 from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
-from experiments.cost_model import SWEEPS, main, patched_counts, shape_of
+from circuits.errors import InputError
+from experiments.cost_model import SWEEPS, MeasureConfig, main, patched_counts, shape_of
+from experiments.runtime import cli
 from patching import activation_patch, edge_attribution, edge_patch, faithfulness_curve, knockout_correct, path_patch
 from patching.forward import shared_prefix_length
 from patching.edges.engine import edge_mode
@@ -66,11 +68,53 @@ def test_formulas_count_the_flops_the_sweeps_run(style):
 def test_measure_and_fit_write_their_json(tmp_path):
     for style in ("gpt2", "llama"):
         main(["measure", "--model", f"tiny-{style}", "--n-prompts", "4", "--edge-stride", "7", "--only", "forward",
-              "edge_patch", "--out", str(tmp_path / f"{style}.json")])
-    main(["fit", str(tmp_path / "gpt2.json"), str(tmp_path / "llama.json"), "--out", str(tmp_path / "fit.json")])
-    fit = json.loads((tmp_path / "fit.json").read_text())
+              "edge_patch", "--out", str(tmp_path / style)])
+    main(["fit", str(tmp_path / "gpt2"), str(tmp_path / "llama" / "results.json"), "--out", str(tmp_path / "fit")])
+    fit = json.loads((tmp_path / "fit" / "results.json").read_text())
     assert fit["alphas"]["forward"] == pytest.approx(1.0)  # R is defined by the plain forward
     rows = {(r["model"], r["sweep"]): r for r in fit["table"]}
     assert rows[("tiny-gpt2", "forward")]["predicted_s"] == pytest.approx(rows[("tiny-gpt2", "forward")]["measured_s"])
     llama = {p["sweep"]: p for p in fit["predictions"] if p["model"] == "Llama-2-7B"}
     assert llama["edge_patch"]["edges"] == 1_592_881 and llama["forward"]["weights_gb"] == pytest.approx(13.5, abs=0.3)
+    measured = json.loads((tmp_path / "gpt2" / "results.json").read_text())
+    assert measured["status"] == "complete" and fit["status"] == "complete"
+    assert set(measured["measured"]) == {"forward", "edge_patch"} and measured["model"] == "tiny-gpt2"
+
+
+def _cli(argv, capsys) -> str:
+    """``python -m experiments.cost_model`` with ``argv``: it must fail with exit status 2; its stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run_cli(main, "cost_model", argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_fit_refuses_an_out_that_is_a_file_and_leaves_it_untouched(tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a week of notes")
+    err = _cli(["fit", "--out", str(notes)], capsys)
+    assert "exists and is not a folder" in err and "Traceback" not in err
+    assert notes.read_text() == "a week of notes" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_measure_only_with_an_unknown_sweep_fails_before_any_work(tmp_path, capsys):
+    err = _cli(["measure", "--model", "tiny-gpt2", "--only", "forwrd", "--out", str(tmp_path / "run")], capsys)
+    assert "--only: invalid choice: 'forwrd'" in err and "edge_patch" in err
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(InputError, match="forwrd"):  # a config built in code is checked too
+        MeasureConfig(only=("forward", "forwrd"))
+
+
+@pytest.mark.parametrize("content, message", [(None, "no such file"), ("{not json", "is not JSON"),
+                                              ('{"model": "m"}', "is not a cost_model measurement"),
+                                              ('{"model": "m", "shape": {}, "sweep_shapes": {}, "measured": {}}',
+                                               "no measurement of the plain forward")])
+def test_fit_names_a_bad_input_file_in_one_line(tmp_path, capsys, content, message):
+    bad = tmp_path / "gemma.json"
+    if content is not None:
+        bad.write_text(content)
+    err = _cli(["fit", str(bad), "--out", str(tmp_path / "fit")], capsys)
+    first, hint = err.splitlines()
+    assert first.startswith(f"python -m experiments.cost_model: error: {bad}: ") and message in first
+    assert hint.startswith("hint: ") and "Traceback" not in err
+    assert not (tmp_path / "fit").exists()  # refused before the run folder is made

@@ -20,3 +20,15 @@ def test_measure_edges_times_strided_patching_and_writes_the_baseline_curve(tiny
     curve = results["curve"]
     assert len(curve["faithfulness"]) == 10 and abs(curve["faithfulness"][-1]["value"] - 1) < 1e-4
     assert results["settings"]["stride"] == 7
+
+
+def test_measure_edges_records_a_ctrl_c_as_failed_in_its_stage(tmp_path):
+    import pytest
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "edges"
+    with pytest.raises(KeyboardInterrupt):
+        measure_edges.main(["--model", "gemma-3-270m", "--out", str(out)], loader=interrupted)
+    assert json.loads((out / "results.json").read_text())["status"] == "failed: load model: interrupted"

@@ -1,28 +1,28 @@
-"""The finetune experiments end to end on a tiny random model (the loader is swapped for a tiny one)."""
+"""The finetune experiments end to end on a tiny random model (the injected loader returns a tiny one)."""
 
+import importlib
 import json
-import runpy
-import sys
 
 import pytest
 
-import circuits.loading
 from circuits.errors import InputError
+from experiments.runtime import cli
 from experiments.runtime.run_folder import OutputExistsError
 from tests.tiny_models import tiny_model
 
 
 @pytest.fixture
-def tiny_loader(monkeypatch):
-    monkeypatch.setattr(circuits.loading, "load_model", lambda *a, **k: tiny_model(style="gemma", n_layers=2))
+def tiny_loader():
+    return lambda name, **kw: tiny_model(style="gemma", n_layers=2)
 
 
-def _run(module, argv, monkeypatch):
-    monkeypatch.setattr(sys, "argv", [module, *argv])
-    runpy.run_module(module, run_name="__main__")
+def _run(module, argv, loader):
+    """``python -m <module> <argv>`` with the model loader ``loader``: the command line's errors, exit status 2."""
+    main = importlib.import_module(module).main
+    cli.run_cli(lambda a: main(a, loader=loader), module.rsplit(".", 1)[1], argv)
 
 
-def test_precise_sft_experiment_writes_results(tiny_loader, monkeypatch, tmp_path, capsys):
+def test_precise_sft_experiment_writes_results(tiny_loader, tmp_path, capsys):
     out = tmp_path / "run"
     common = ["--out", str(out), "--k", "2", "--n-train", "16", "--steps", "2", "--batch-size", "8",
               "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "2", "--n-shots", "0",
@@ -30,10 +30,10 @@ def test_precise_sft_experiment_writes_results(tiny_loader, monkeypatch, tmp_pat
               "--full-lrs", "1e-3", "--lora-lrs", "2e-4,1e-3"]
     # two commands into one folder: the precise arms (with the Table-2 ablation), then the rest with --resume
     _run("experiments.precise_sft", [*common, "--methods", "precise,precise_nokv", "--ablation-k", "1,2",
-                                     "--ablation-mlps", "1"], monkeypatch)
+                                     "--ablation-mlps", "1"], tiny_loader)
     partial = json.loads((out / "results.json").read_text())
     assert partial["status"] == "running" and "claims" not in partial
-    _run("experiments.precise_sft", [*common, "--methods", "full,lora", "--resume"], monkeypatch)
+    _run("experiments.precise_sft", [*common, "--methods", "full,lora", "--resume"], tiny_loader)
     results = json.loads((out / "results.json").read_text())
     assert results["status"] == "complete" and len(results["wall_seconds_by_command"]) == 2
     assert set(results["runs"]) == {"precise", "precise_nokv", "full", "lora", "ablation_k1", "ablation_k1_mlp1",
@@ -63,15 +63,15 @@ def test_precise_sft_experiment_writes_results(tiny_loader, monkeypatch, tmp_pat
         precise_main([*common, "--methods", "full", "--resume", "--steps", "3"])
     # the command line turns the OutputExistsError into one line on stderr and exit status 2
     with pytest.raises(SystemExit) as exit_info:
-        _run("experiments.precise_sft", [*common, "--methods", "full"], monkeypatch)
+        _run("experiments.precise_sft", [*common, "--methods", "full"], tiny_loader)
     assert exit_info.value.code == 2
     assert isinstance(exit_info.value.__context__, OutputExistsError)
     assert "already holds a run" in capsys.readouterr().err
 
 
-def test_bench_finetune_writes_ratios(tiny_loader, monkeypatch, tmp_path):
+def test_bench_finetune_writes_ratios(tiny_loader, tmp_path):
     _run("experiments.bench_finetune", ["--out", str(tmp_path), "--heads", "L1H0", "--steps", "2", "--rounds", "1",
-                                        "--batch-size", "4", "--micro-batch-size", "4"], monkeypatch)
+                                        "--batch-size", "4", "--micro-batch-size", "4"], tiny_loader)
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["ratios"]) == {"full", "full_all"}
     for arm in ("full", "full_all"):
@@ -81,10 +81,10 @@ def test_bench_finetune_writes_ratios(tiny_loader, monkeypatch, tmp_path):
     assert "precise_nokv" not in results["methods"]
 
 
-def test_bench_finetune_nokv_arm(tiny_loader, monkeypatch, tmp_path):
+def test_bench_finetune_nokv_arm(tiny_loader, tmp_path):
     _run("experiments.bench_finetune", ["--out", str(tmp_path), "--heads", "L1H0", "--steps", "2", "--rounds", "1",
                                         "--batch-size", "4", "--micro-batch-size", "4", "--no-full-all", "--nokv"],
-         monkeypatch)
+         tiny_loader)
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["ratios"]) == {"full"}
     methods = results["methods"]
@@ -100,7 +100,7 @@ def test_precise_sft_resumes_inside_the_lr_grid(tiny_loader, monkeypatch, tmp_pa
               "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "3", "--n-shots", "0",
               "--n-pydoc", "1", "--n-sentences", "2", "--methods", "full,precise_nokv",
               "--full-lrs", "1e-3,3e-2,1e-1", "--precise-lrs", "1e-2"]
-    exp.main([*common, "--out", str(tmp_path / "whole")])
+    exp.main([*common, "--out", str(tmp_path / "whole")], loader=tiny_loader)
     whole = json.loads((tmp_path / "whole" / "results.json").read_text())
 
     real_train, calls = exp.train, []
@@ -113,11 +113,11 @@ def test_precise_sft_resumes_inside_the_lr_grid(tiny_loader, monkeypatch, tmp_pa
 
     monkeypatch.setattr(exp, "train", stop_at_the_third_trial)
     with pytest.raises(KeyboardInterrupt):
-        exp.main([*common, "--out", str(tmp_path / "cut")])
+        exp.main([*common, "--out", str(tmp_path / "cut")], loader=tiny_loader)
     cut = json.loads((tmp_path / "cut" / "results.json").read_text())
     assert set(cut["lr_search"]["full"]["by_lr"]) == {"0.001", "0.03"} and not cut["runs"]
     monkeypatch.setattr(exp, "train", real_train)
-    exp.main([*common, "--out", str(tmp_path / "cut"), "--resume"])
+    exp.main([*common, "--out", str(tmp_path / "cut"), "--resume"], loader=tiny_loader)
     resumed = json.loads((tmp_path / "cut" / "results.json").read_text())
     for method in ("full", "precise_nokv"):
         assert resumed["lr_search"][method]["chosen_lr"] == whole["lr_search"][method]["chosen_lr"]
@@ -147,15 +147,16 @@ def test_precise_sft_resumes_a_folder_of_the_earlier_argparse_code(tiny_loader, 
     common = ["--heads", "L1H0,L1H2", "--k", "2", "--n-train", "16", "--steps", "2", "--batch-size", "8",
               "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "3", "--n-shots", "0",
               "--n-pydoc", "1", "--n-sentences", "2", "--full-lrs", "1e-3", "--precise-lrs", "1e-2", "--out", str(out)]
-    exp.main([*common, "--methods", "full"])
+    exp.main([*common, "--methods", "full"], loader=tiny_loader)
     results = json.loads((out / "results.json").read_text())
     # the new config records the same settings under the same keys as the earlier code (less "debug")
     assert results["args"] == {k: v for k, v in {**EARLIER_ARGS, "out": str(out)}.items() if k != "debug"}
     results["args"] = {**EARLIER_ARGS, "out": str(out)}
     (out / "results.json").write_text(json.dumps(results))
     with pytest.raises(InputError, match=r"other settings \(full_lrs\)"):
-        exp.main([*common, "--full-lrs", "1e-3,1e-2", "--methods", "precise_nokv", "--resume"])  # last flag wins
-    exp.main([*common, "--methods", "precise_nokv", "--resume"])
+        exp.main([*common, "--full-lrs", "1e-3,1e-2", "--methods", "precise_nokv", "--resume"],  # last flag wins
+                 loader=tiny_loader)
+    exp.main([*common, "--methods", "precise_nokv", "--resume"], loader=tiny_loader)
     resumed = json.loads((out / "results.json").read_text())
     assert set(resumed["runs"]) == {"full", "precise_nokv"} and resumed["runs"]["full"] == results["runs"]["full"]
     assert resumed["args"] == results["args"] and len(resumed["wall_seconds_by_command"]) == 2
