@@ -57,10 +57,14 @@ from circuits.graph import Graph, GraphLayout
 from patching import forward, inputs
 from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, receiver_hooks, run_suffix
 from patching.metrics import PatchMetric, get_metric, score_end
+from patching.edges.mixing import record_outputs, rms_norm
 from patching.options import SweepOptions, sweep_options
 from patching.results import NodeScores
 
-__all__ = ["edge_attribution", "EDGE_ATTRIBUTION_METHODS"]
+__all__ = ["edge_attribution", "EDGE_ATTRIBUTION_METHODS", "HEAD_CHANGES"]
+
+#: what a head sender's output change is, on models with norms after attention (``edge_attribution(norm=)``)
+HEAD_CHANGES = ("frozen", "recompute", "pre-norm")
 
 Resid = Float[Tensor, "rows suffix d_model"]
 
@@ -205,6 +209,7 @@ def edge_attribution(
     method: str = "EAP-IG-inputs",
     ig_steps: int = 5,
     level: str = "edge",
+    norm: str = "frozen",
     answer_ids=None,
     alt_ids=None,
     options: Optional[SweepOptions] = None,
@@ -216,6 +221,11 @@ def edge_attribution(
     (a task Dataset, a TaskBatch, or token tensors). ``options`` (:class:`patching.SweepOptions`, or its
     fields as keywords): the metric on the END logits (:mod:`patching.metrics`), batching, the memory
     budget (default 2048 MB: the backward keeps every layer's activations) and the progress bar.
+    ``norm`` (models with norms after attention): a head sender's change is its output at each run's
+    own scale (``"frozen"``, the toolkit's convention), its layer re-normalised with the head's pre-norm
+    result swapped (``"recompute"``, the change :func:`patching.evaluate_circuit` makes under that
+    convention), or its raw pre-norm ``hook_result`` difference (``"pre-norm"``, hannamw/EAP-IG's
+    ``attribute``); elsewhere all three are the same.
     Returns a :class:`circuits.graph.Graph` whose ``scores`` are the mean over prompts of each edge's
     estimated effect on the metric (``level="edge"``), or :class:`patching.NodeScores` of heads and MLPs
     (``level="node"``).
@@ -226,6 +236,8 @@ def edge_attribution(
         raise InputError(f"Unknown method {method!r}: use one of {sorted(EDGE_ATTRIBUTION_METHODS)}.")
     if level not in ("edge", "node"):
         raise InputError(f"level must be 'edge' or 'node', got {level!r}.")
+    if norm not in HEAD_CHANGES:
+        raise InputError(f"Unknown norm {norm!r} for edge attribution: use one of {HEAD_CHANGES}.")
     if not isinstance(ig_steps, int) or ig_steps < 1:
         raise InputError(f"ig_steps must be a positive integer, got {ig_steps!r}.")
     spec = EDGE_ATTRIBUTION_METHODS[method]
@@ -247,13 +259,13 @@ def edge_attribution(
     with edge_mode(model):
         bar = tqdm(total=len(plan) * n_passes, desc=f"edge attribution ({method})", disable=not progress, leave=False)
         for group, prefix, sl in plan:
-            chunk, outputs_ref, outputs_cf = _prepare_chunk(model, group, prefix, sl, spec.needs_raw_outputs)
+            chunk, diff = _prepare_chunk(model, group, prefix, sl, spec.needs_raw_outputs, norm)
             grad_sum = None
             for resid, hooks in spec.passes(model, chunk, ig_steps):
                 grads, values = _receiver_gradients(model, chunk, resid, hooks, metric)
                 grad_sum = grads if grad_sum is None else grad_sum + grads
                 bar.update(1)
-            diff = (outputs_cf - outputs_ref).to(grad_sum.dtype)
+            diff = diff.to(grad_sum.dtype)
             total += torch.einsum("fbpd,bpkd->fk", diff, grad_sum).double().cpu() / n_passes
             metric_total += float(_reference_metric(model, chunk, metric).sum())
             n_prompts += sl.stop - sl.start
@@ -261,14 +273,18 @@ def edge_attribution(
     scores = torch.where(layout.real_edge_mask, total / n_prompts, torch.nan).float()
     meta = {"method": method, "ig_steps": ig_steps if method.startswith("EAP-IG") else None,
             "metric": metric.name, "n_prompts": n_prompts, "reference_metric": metric_total / n_prompts,
-            "d_model": model.cfg.d_model, "norm_convention": "residual contribution (post-norm, run's own scale)"}
+            "d_model": model.cfg.d_model, "norm": norm,
+            "norm_convention": {"frozen": "residual contribution (post-norm, run's own scale)",
+                                "recompute": "layer re-normalised with the head's result swapped",
+                                "pre-norm": "pre-norm hook_result difference (hannamw/EAP-IG attribute)"}[norm]}
     if level == "node":
         return _node_scores(layout, scores, meta)
     return Graph(layout, scores, meta=meta)
 
 
 @torch.no_grad()
-def _prepare_chunk(model, group, prefix: int, sl: slice, needs_raw: bool):
+def _prepare_chunk(model, group, prefix: int, sl: slice, needs_raw: bool, norm: str):
+    """The chunk's runs, and every sender's output change ``[n_forward, rows, suffix, d_model]`` under ``norm``."""
     tokens, cf_tokens = group.tokens[sl], group.cf_tokens[sl]
     prefix_kv = edge_prefix_kv(model, tokens[:, :prefix]) if prefix > 0 else None
     outputs_ref, raw_ref = _sender_outputs(model, tokens, prefix, prefix_kv, needs_raw)
@@ -276,7 +292,19 @@ def _prepare_chunk(model, group, prefix: int, sl: slice, needs_raw: bool):
     emb_ref, emb_cf = outputs_ref[0], outputs_cf[0]  # sender 0, the input, is the first block's input
     alt = None if group.alt_ids is None else group.alt_ids[sl]
     chunk = _Chunk(emb_ref, emb_cf, prefix_kv, group.answer_ids[sl], alt, raw_ref, raw_cf)
-    return chunk, outputs_ref, outputs_cf
+    diff = outputs_cf - outputs_ref
+    if norm != "frozen" and model.cfg.use_normalization_before_and_after:
+        _, heads_ref = record_outputs(model, tokens, start=prefix, prefix_kv=prefix_kv, raw=True)
+        _, heads_cf = record_outputs(model, cf_tokens, start=prefix, prefix_kv=prefix_kv, raw=True)
+        layout = GraphLayout.of(model)
+        for layer in range(layout.n_layers):
+            first = layout.head_forward(layer, 0)
+            change = heads_cf[layer] - heads_ref[layer]  # pre-norm: hannamw/EAP-IG's attribute
+            if norm == "recompute":
+                ln, total = model.blocks[layer].ln1_post, heads_ref[layer].sum(0)
+                change = rms_norm(ln, total[None] + change) - rms_norm(ln, total)[None]
+            diff[first:first + layout.n_heads] = change
+    return chunk, diff
 
 
 @torch.no_grad()

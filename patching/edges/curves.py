@@ -76,6 +76,7 @@ class FaithfulnessCurve:
     metric: str = "logit"
     ablation: str = "counterfactual"
     n_total_edges: int = 0
+    norm: str = "frozen"
 
     @property
     def n_prompts(self) -> int:
@@ -90,7 +91,7 @@ class FaithfulnessCurve:
             "fractions": self.fractions, "n_edges": self.n_edges, "n_total_edges": self.n_total_edges,
             "faithfulness": [f.to_dict() for f in self.faithfulness], "cpr": self.cpr.to_dict(), "cmd": self.cmd.to_dict(),
             "full_metric": self.full.to_dict(), "empty_metric": self.empty.to_dict(), "metric": self.metric,
-            "ablation": self.ablation, "n_prompts": self.n_prompts,
+            "ablation": self.ablation, "n_prompts": self.n_prompts, "norm": self.norm,
         }
 
 
@@ -115,6 +116,7 @@ def faithfulness_curve(
     fractions: Sequence[float] = MIB_FRACTIONS,
     ablation: str = "counterfactual",
     means_from=None,
+    norm: str = "frozen",
     absolute: bool = True,
     select: Optional[Selector] = None,
     n_bootstrap: int = 1000,
@@ -134,7 +136,8 @@ def faithfulness_curve(
             ``[n_forward, n_backward]`` tensor.
         reference, counterfactual, answer_ids, alt_ids: prompts, as in :func:`patching.path_patch`.
         fractions: increasing edge fractions in (0, 1] (default MIB's ten).
-        ablation, means_from: how edges outside the circuit are ablated (:func:`patching.evaluate_circuit`).
+        ablation, means_from, norm: how edges outside the circuit are ablated, and the norm convention on models
+            with norms after attention (:func:`patching.evaluate_circuits`).
         absolute: rank edges by ``|score|`` (MIB's default) rather than by signed score.
         select: ``(scores, n) -> bool mask`` replacing the top-n choice (e.g. greedy selection with pruning).
         n_bootstrap, confidence, seed: the bootstrap over prompts.
@@ -157,7 +160,7 @@ def faithfulness_curve(
     empty = torch.zeros_like(full)
     evaluate = evaluate or evaluate_circuits
     evaluations = evaluate(model, masks + [full, empty], reference, counterfactual, ablation=ablation,
-                           means_from=means_from, answer_ids=answer_ids, alt_ids=alt_ids, options=opts)
+                           means_from=means_from, norm=norm, answer_ids=answer_ids, alt_ids=alt_ids, options=opts)
     table = torch.stack([e.per_prompt for e in evaluations], dim=1).numpy()  # [prompt, point + full + empty]
     n_points = len(masks)
 
@@ -181,5 +184,5 @@ def faithfulness_curve(
         full=estimate(lambda rows: float(rows[:, n_points].mean())),
         empty=estimate(lambda rows: float(rows[:, n_points + 1].mean())),
         circuit_metric=torch.from_numpy(table[:, :n_points].T.copy()), metric=evaluations[0].metric, ablation=ablation,
-        n_total_edges=layout.n_edges,
+        n_total_edges=layout.n_edges, norm=norm,
     )

@@ -48,7 +48,8 @@ from circuits.errors import InputError
 from circuits.graph import QKV, Graph, GraphLayout
 from circuits.tasks import TaskBatch, iter_batches
 from patching import forward, inputs
-from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, run_suffix, sender_outputs
+from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
+from patching.edges.mixing import Ablated, MixingHooks, check_norm, record_ablated, record_outputs
 from patching.metrics import PatchMetric, get_metric, score_end
 from patching.options import SweepOptions, sweep_options
 
@@ -125,6 +126,7 @@ def evaluate_circuits(
     *,
     ablation: str = "counterfactual",
     means_from=None,
+    norm: str = "frozen",
     answer_ids=None,
     alt_ids=None,
     options: Optional[SweepOptions] = None,
@@ -140,6 +142,9 @@ def evaluate_circuits(
         means_from: the pool for ``"mean"`` / ``"positional-mean"``: a ``Dataset`` from
             :func:`circuits.tasks.make_dataset`, a ``TaskBatch`` or token ids ``[n, pos]``; none of its
             prompts may be an evaluated one.
+        norm: ``"frozen"`` (each head at its own run's scale) or ``"recompute"`` (each receiver re-normalises
+            the mixture of kept and ablated heads, as hannamw/EAP-IG's ``evaluate_graph``; see
+            :mod:`patching.edges.mixing`); the same on models without norms after attention.
         options, overrides: :class:`patching.SweepOptions` or its fields as keywords (``reuse_prefix``
             applies to counterfactual ablation; no progress bar unless asked).
     Returns:
@@ -149,6 +154,7 @@ def evaluate_circuits(
     metric, batch_size = opts.metric, opts.batch_size
     if ablation not in ABLATIONS:
         raise InputError(f"Unknown ablation {ablation!r}: use one of {ABLATIONS}.")
+    check_norm(norm)
     metric = get_metric(metric)
     layout = GraphLayout.of(model)
     if len(circuits) == 0:
@@ -157,17 +163,19 @@ def evaluate_circuits(
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
     with edge_mode(model):
-        means = _pool_means(model, ablation, means_from, groups, batch_size)
+        recompute = norm == "recompute" and bool(model.cfg.use_normalization_before_and_after)
+        means = _pool_means(model, ablation, means_from, groups, batch_size, recompute)
         per_group = []
         bar = tqdm(total=len(groups) * len(circuits), desc=f"evaluating circuits ({ablation})",
                    disable=not opts.shows_progress(default=False), leave=False)
         for group in groups:
             per_group.append(_evaluate_group(model, layout, masks, group, ablation, means, metric, opts.budget(),
-                                             opts.reuse_prefix, bar))
+                                             opts.reuse_prefix, bar, norm))
         bar.close()
     values = torch.cat(per_group, dim=1).double().cpu()  # [n_circuits, n_prompts]
     n_total = layout.n_edges
-    return [CircuitEvaluation(values[i], metric.name, ablation, int(masks[i].sum()), n_total) for i in range(len(circuits))]
+    return [CircuitEvaluation(values[i], metric.name, ablation, int(masks[i].sum()), n_total, {"norm": norm})
+            for i in range(len(circuits))]
 
 
 # ---------------------------------------------------------------------------- ablated outputs
@@ -183,8 +191,9 @@ def _pool_groups(model, pool, batch_size) -> list[Tensor]:
     raise MeanPoolError(f"means_from must be a Dataset, a TaskBatch or token ids [n, pos], got {type(pool).__name__}.")
 
 
-def _pool_means(model, ablation, pool, groups, batch_size) -> Optional[dict]:
-    """Mean sender outputs over the pool: ``{None: [n_forward, d_model]}`` or ``{length: [n_forward, pos, d_model]}``."""
+def _pool_means(model, ablation, pool, groups, batch_size, recompute: bool = False) -> Optional[dict]:
+    """Mean sender outputs over the pool: ``{None: [n, d_model]}`` or ``{length: [n, pos, d_model]}``, ``n`` being
+    the senders followed (``recompute``) by every layer's heads' pre-norm results."""
     if not ablation.endswith("mean"):
         if pool is not None:
             raise InputError(f"means_from is only used by mean ablations; with ablation={ablation!r} pass means_from=None.")
@@ -205,11 +214,13 @@ def _pool_means(model, ablation, pool, groups, batch_size) -> Optional[dict]:
     sums: dict = {}
     counts: dict = {}
     for tokens in pool_tokens:
-        outputs = sender_outputs(model, tokens).double()  # [n_forward, batch, pos, d_model]
+        outputs, raw = record_outputs(model, tokens, raw=recompute)  # [n_forward, batch, pos, d_model]
+        stacked = outputs if raw is None else torch.cat([outputs] + raw)  # senders, then every layer's raw heads
+        stacked = stacked.double()
         key = None if ablation == "mean" else tokens.shape[1]
-        total = outputs.sum((1, 2)) if key is None else outputs.sum(1)
+        total = stacked.sum((1, 2)) if key is None else stacked.sum(1)
         sums[key] = sums.get(key, 0) + total
-        counts[key] = counts.get(key, 0) + (outputs.shape[1] * outputs.shape[2] if key is None else outputs.shape[1])
+        counts[key] = counts.get(key, 0) + (stacked.shape[1] * stacked.shape[2] if key is None else stacked.shape[1])
     means = {k: (sums[k] / counts[k]).to(model.cfg.dtype) for k in sums}
     if ablation == "positional-mean":
         missing = sorted({g.tokens.shape[1] for g in groups} - set(means))
@@ -224,27 +235,30 @@ def _pool_means(model, ablation, pool, groups, batch_size) -> Optional[dict]:
 # ---------------------------------------------------------------------------- one group
 
 
-def _evaluate_group(model, layout, masks, group, ablation, means, metric, memory_mb, reuse_prefix, bar) -> Tensor:
+def _evaluate_group(model, layout, masks, group, ablation, means, metric, memory_mb, reuse_prefix, bar,
+                    norm: str) -> Tensor:
     """Metric [n_circuits, batch] of every circuit on one group of equal-length prompts."""
     B, n_pos = group.tokens.shape
     start = forward.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix and ablation == "counterfactual" else 0
     kv = edge_prefix_kv(model, group.tokens[:, :start]) if start else None
     P = n_pos - start
     if ablation == "counterfactual":
-        ablated = sender_outputs(model, group.cf_tokens, start=start, prefix_kv=kv)[:, None]  # [f, 1, B, P, d]
-    elif ablation == "mean":
-        ablated = means[None][:, None, None, None, :]  # [f, 1, 1, 1, d]
-    elif ablation == "positional-mean":
-        ablated = means[n_pos][:, None, None]  # [f, 1, 1, P, d]
+        ablated = record_ablated(model, group.cf_tokens, start=start, prefix_kv=kv, norm=norm)
+    elif ablation == "zero":
+        ablated = Ablated.zero(model)
     else:
-        ablated = None
+        mean = means[None] if ablation == "mean" else means[n_pos]  # [n, d] or [n, P, d]
+        mean = mean[:, None, None, None, :] if ablation == "mean" else mean[:, None, None]  # broadcast over C, B (, P)
+        F, H = layout.n_forward, layout.n_heads
+        raw = None if mean.shape[0] == F else [mean[F + i * H: F + (i + 1) * H] for i in range(layout.n_layers)]
+        ablated = Ablated(mean[:F], raw)
     weights = (~masks).to(model.cfg.dtype).to(model.cfg.device)  # 1 where the edge is ablated
     per_chunk = _circuits_per_chunk(model, layout, B, P, start, memory_mb)
     out = []
     for sl in forward.chunks(len(masks), per_chunk):
         w = weights[sl]
         C = w.shape[0]
-        hooks = _ablation_hooks(model, layout, w, ablated, C, B)
+        hooks = MixingHooks(model, w, ablated, C, B, norm=norm).hooks()
         resid = run_suffix(model, group.tokens, start, kv, hooks, times=C)
         answers = group.answer_ids.repeat(C)
         alts = None if group.alt_ids is None else group.alt_ids.repeat(C)
@@ -260,45 +274,3 @@ def _circuits_per_chunk(model, layout, B, P, start, memory_mb) -> int:
     split_factor = (12 + 6 * cfg.n_heads) / 12  # split q/k/v inputs add ~6·n_heads residual copies per position
     rows = forward.rows_per_chunk(model, memory_mb / split_factor, P, cached_pos=start)
     return max(1, min(rows // B, int(memory_mb * 2**20 // max(buffer, 1))))
-
-
-def _ablation_hooks(model, layout: GraphLayout, weights, ablated, C: int, B: int):
-    """Hooks that record every sender's current output and add Σ_{ablated s} (ã_s − o_s) at each receiver.
-
-    ``weights[c, f, b]`` is 1 where edge (f, b) is outside circuit ``c``; rows of the forward are
-    ``c * B + b``. ``ablated`` broadcasts to ``[n_forward, C, B, P, d_model]`` (None: zeros).
-    """
-    state: dict = {}
-
-    def on_output(f: int, value: Tensor) -> None:
-        cur = value.view(C, B, *value.shape[1:])
-        if "diff" not in state:
-            state["diff"] = torch.empty(layout.n_forward, *cur.shape, dtype=cur.dtype, device=cur.device)
-        state["diff"][f] = -cur if ablated is None else ablated[f] - cur
-
-    def receive(indices: list[int], per_head: bool):
-        limit = layout.forward_limit(indices[0])
-        w = weights[:, :limit, indices]  # [C, limit, heads or 1]
-        if not bool(w.any()):
-            return None
-
-        def hook(act, *, hook):
-            delta = torch.einsum("cfh,fcbpd->cbphd", w, state["diff"][:limit])
-            shaped = act.view(C, B, *act.shape[1:]) if per_head else act.view(C, B, *act.shape[1:-1], 1, act.shape[-1])
-            return (shaped + delta).view(act.shape)
-
-        return hook
-
-    hooks = SenderRecorder(model, on_output=on_output).hooks()
-    for layer in range(layout.n_layers):
-        for x in QKV:
-            fn = receive([layout.head_backward(layer, h, x) for h in range(layout.n_heads)], True)
-            if fn is not None:
-                hooks.append((f"blocks.{layer}.hook_{x}_input", fn))
-        fn = receive([layout.mlp_backward(layer)], False)
-        if fn is not None:
-            hooks.append((f"blocks.{layer}.hook_mlp_in", fn))
-    fn = receive([layout.logits_backward], False)
-    if fn is not None:
-        hooks.append((f"blocks.{layout.n_layers - 1}.hook_resid_post", fn))
-    return hooks

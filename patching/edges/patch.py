@@ -49,6 +49,7 @@ from patching.edges.patch_fast import end_residual_above, fast_path_problem, hea
 from patching.edges.engine import (
     SenderRecorder, edge_mode, plain_blocks, prefix_caches, receiver_hooks, run_suffix, sender_outputs,
 )
+from patching.edges.mixing import check_norm, record_outputs, rms_norm
 from patching.metrics import PatchMetric, get_metric, score_end
 
 EdgesInput = Union[None, Sequence[str], Sequence[tuple[int, int]], Bool[Tensor, "n_forward n_backward"], Graph]
@@ -138,6 +139,7 @@ def edge_patch(
     answer_ids=None,
     alt_ids=None,
     fast: bool = True,
+    norm: str = "frozen",
     options: Optional[SweepOptions] = None,
     **overrides,
 ) -> EdgeEffects:
@@ -150,12 +152,16 @@ def edge_patch(
         reference, counterfactual, answer_ids, alt_ids: prompts, as in :func:`patching.path_patch`.
         fast: patched forwards as plain loops over block pieces (:mod:`patching.edges.patch_fast`) where the
             architecture allows; False runs them through hooks (slower, same numbers; for comparisons).
+        norm: on models with norms after attention, ``"frozen"`` patches a head's output at its own run's
+            scale; ``"recompute"`` re-normalises the receiver's view of the sender's layer with the sender's
+            pre-norm result swapped (hannamw/EAP-IG's and MIB's convention, :mod:`patching.edges.mixing`).
         options, overrides: :class:`patching.SweepOptions` (metric, batch_size, memory_mb, reuse_prefix,
             progress), or its fields as keywords.
     Returns:
         :class:`EdgeEffects`, edges in the order given.
     """
     opts = sweep_options(options, overrides, "edge_patch")
+    check_norm(norm)
     metric = get_metric(opts.metric)
     layout = GraphLayout.of(model)
     pairs = resolve_edges(layout, edges)
@@ -169,7 +175,8 @@ def edge_patch(
         fast = fast and fast_path_problem(model) is None
         for group in groups:
             clock = _Clock(seconds)
-            runs = _ReferenceRuns.record(model, layout, group, metric, reuse_prefix=opts.reuse_prefix, fast=fast)
+            runs = _ReferenceRuns.record(model, layout, group, metric, reuse_prefix=opts.reuse_prefix, fast=fast,
+                                         norm=norm)
             clock.lap("reference runs")
             patched = runs.patch(pairs, opts.budget(), bar, clock)
             per_group.append((patched - runs.base[None]).double().cpu())
@@ -217,7 +224,8 @@ class _ReferenceRuns:
     receivers: Optional[list]  # receiver_hooks(model), for the hook path
 
     @classmethod
-    def record(cls, model, layout, group, metric, *, reuse_prefix: bool, fast: bool) -> "_ReferenceRuns":
+    def record(cls, model, layout, group, metric, *, reuse_prefix: bool, fast: bool,
+               norm: str = "frozen") -> "_ReferenceRuns":
         start = forward.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix else 0
         # Only the receiver's own block needs per-head q/k/v inputs (and ungrouped K/V): every other
         # block runs plain, with the prefix's grouped keys/values.
@@ -233,6 +241,8 @@ class _ReferenceRuns:
         with plain_blocks(model):
             final = run_suffix(model, group.tokens, start, kv_plain, recorder.hooks() + [(n, keep) for n in names])
             delta = sender_outputs(model, group.cf_tokens, start=start, prefix_kv=kv_plain) - recorder.stacked()
+        if norm == "recompute" and model.cfg.use_normalization_before_and_after:
+            delta = _recomputed_head_changes(model, layout, group, start, kv_plain, delta)
         base = score_end(model, final[:, -1], group.answer_ids, group.alt_ids, metric)
         return cls(model, layout, group, metric, fast, start, kv_plain, kv_split, delta, final, base,
                    resid["resid_pre"], resid["resid_mid"], None if fast else receiver_hooks(model))
@@ -292,6 +302,23 @@ class _ReferenceRuns:
                 end = model(end, start_at_layer=layer + 1, stop_at_layer=model.cfg.n_layers,
                             past_kv_cache=_tiled(self.kv_plain, k))
         return end[:, -1]
+
+
+@torch.no_grad()
+def _recomputed_head_changes(model, layout: GraphLayout, group, start: int, kv_plain, delta: Tensor) -> Tensor:
+    """``delta`` with each head sender's change replaced by the recompute convention's: its layer re-normalised
+    with that head's pre-norm result swapped, ``N(S_ref − R_ref + R_cf) − N(S_ref)``."""
+    with plain_blocks(model):
+        _, raw_ref = record_outputs(model, group.tokens, start=start, prefix_kv=kv_plain, raw=True)
+        _, raw_cf = record_outputs(model, group.cf_tokens, start=start, prefix_kv=kv_plain, raw=True)
+    delta = delta.clone()
+    for layer in range(layout.n_layers):
+        norm = model.blocks[layer].ln1_post
+        total = raw_ref[layer].sum(0)
+        swapped = total[None] - raw_ref[layer] + raw_cf[layer]  # [H, B, P, d]
+        first = layout.head_forward(layer, 0)
+        delta[first:first + layout.n_heads] = rms_norm(norm, swapped) - rms_norm(norm, total)[None]
+    return delta
 
 
 def _plan(layout: GraphLayout, pairs, fast: bool) -> dict[Optional[tuple[int, bool]], list[int]]:

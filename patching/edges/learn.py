@@ -1,0 +1,434 @@
+"""Learned circuits: a mask over every edge at once, optimised so the circuit behaves like the model.
+
+Attribution scores each edge alone; the circuits it gives at small sizes are often not faithful,
+because what an edge does depends on which other edges are kept. The methods here learn a mask
+``m`` over all edges together, with each receiver reading (:mod:`patching.edges.mixing`)
+
+    in_r = Σ_s m_sr · o_s(this run) + (1 − m_sr) · ã_s,
+
+the decomposition and counterfactual ablation of :func:`patching.evaluate_circuit`, made
+differentiable: ``m = 1`` everywhere is the model, ``m = 0`` the empty circuit, a binary ``m`` an
+edge set. The loss compares the circuit with the full model at END:
+
+* ``objective="kl"``: KL(p_model ‖ p_circuit) over the whole vocabulary (as Edge Pruning and UGS);
+* ``objective="metric"``: ``((m(C) − m(full)) / (m(full) − m(∅)))²`` per prompt, the metric being the
+  answer logit (what MIB's faithfulness reads), with the batch's ``m(full) − m(∅)`` as the scale.
+
+Methods (``method=``); each returns edge scores like :func:`patching.edge_attribution`, so
+:func:`patching.faithfulness_curve`, the selections, figures and EAP-IG / MIB files take them as they are:
+
+* ``"edge-pruning"`` (Bhaskar et al., NeurIPS 2024): a hard-concrete gate per edge (Louizos et al.
+  2018: ``log α``, temperature β = 2/3, stretch (−0.1, 1.1)), sampled afresh each step; the expected
+  L0 is pushed toward ``target_fraction`` of the edges by a Lagrangian ``λ₁(s − t) + λ₂(s − t)²`` whose
+  λ's are trained by gradient ascent, the target ramped linearly from keeping everything over the first
+  ``warmup`` of the steps. Scores: each gate's probability of being open.
+* ``"ugs"`` (uniform gradient sampling, MIB's baseline, alestolfo/optimalablation): ``p = sigmoid(θ)``;
+  ``samples`` masks per step, each edge ``m = clamp(0.5 − (u − p)/w, 0, 1)`` with ``u ~ U(0, 1)`` and
+  window ``w = p(1 − p)``: Bernoulli(p) outside the window, uniform on (0, 1) inside it, whose
+  gradient averages to an integrated-gradients estimate of the edge's effect; loss + ``λ Σ p``.
+  Scores: ``sigmoid(θ)``.
+* ``"matryoshka"`` (random-budget masks): scores ``s``; each step draws ``samples`` budgets ``k``
+  (log-uniform between ``min_fraction`` and all edges) and runs the hard top-k circuit of ``s`` for
+  each, the gradient reaching ``s`` through a sigmoid relaxation of the top-k around its threshold
+  (straight-through). Every size is trained, so one ranking is faithful at every MIB size and its
+  circuits are nested by construction. Scores: ``s`` (shifted to start at 0).
+
+Warm starts (``init=``): any score tensor (EAP-IG, exact effects): ``|score|`` standardised becomes the
+starting ``log α``, ``θ`` or ``s`` (so the first top-k circuits are those of the warm start).
+
+Only counterfactual ablation is learned (the prompts' twins, as MIB's arithmetic tasks): every
+activation before the first position where reference and twin differ is the same in both runs, so
+the shared prefix runs once, without gradient, and only the positions after it are trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer
+
+from circuits.arguments import check_positive_int
+from circuits.end_logits import unembed_end
+from circuits.errors import InputError
+from circuits.graph import Graph, GraphLayout
+from patching import forward, inputs
+from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
+from patching.edges.mixing import MixingHooks, check_norm, record_ablated
+from patching.metrics import get_metric, score_end
+
+METHODS = ("edge-pruning", "ugs", "matryoshka")
+OBJECTIVES = ("kl", "metric")
+
+# hard-concrete constants (Louizos et al. 2018, as Edge Pruning uses them)
+BETA, LEFT, RIGHT, EPS = 2.0 / 3.0, -0.1, 1.1, 1e-6
+
+
+@dataclass(frozen=True)
+class LearnConfig:
+    """Settings of :func:`learn_circuit` (defaults chosen on gemma-3-270m's selection prompts, docs/methods.md)."""
+
+    method: str = "matryoshka"
+    objective: str = "metric"
+    steps: int = 200
+    lr: float = 0.05
+    batch_size: int = 8  # prompts per step
+    samples: int = 2  # masks per prompt per step (sampled gates, UGS samples, or budgets)
+    target_fraction: float = 0.05  # edge-pruning: the fraction of edges to keep
+    warmup: float = 0.5  # edge-pruning: share of the steps over which the target is ramped in
+    lagrangian_lr: float = 0.05  # edge-pruning: learning rate of the λ's (gradient ascent)
+    ugs_lambda: float = 1e-3  # ugs: weight of Σ p (the expected edge count) in the loss, per 1000 edges
+    min_fraction: float = 0.001  # matryoshka: the smallest budget drawn
+    temperature: float = 0.5  # matryoshka: width of the top-k relaxation, in standard deviations of the scores
+    norm: str = "frozen"
+    seed: int = 0
+    memory_mb: float = 2048.0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InputError(f"Unknown learned-circuit method {self.method!r}: use one of {METHODS}.")
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"Unknown objective {self.objective!r}: use 'kl' (the END distribution) or 'metric'.")
+        for name in ("steps", "batch_size", "samples"):
+            check_positive_int(getattr(self, name), name)
+        for name in ("lr", "lagrangian_lr", "temperature", "memory_mb"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise InputError(f"LearnConfig.{name} must be a finite number > 0, got {value!r}.")
+        for name in ("target_fraction", "min_fraction"):
+            if not 0 < getattr(self, name) <= 1:
+                raise InputError(f"LearnConfig.{name} must be in (0, 1], got {getattr(self, name)!r}.")
+        if not 0 <= self.warmup <= 1 or self.ugs_lambda < 0:
+            raise InputError(f"LearnConfig.warmup must be in [0, 1] and ugs_lambda >= 0, got {self.warmup}, "
+                             f"{self.ugs_lambda}.")
+        check_norm(self.norm)
+
+
+@dataclass
+class LearnedCircuit:
+    """Learned edge scores (a :class:`circuits.graph.Graph`), the training curve and its cost."""
+
+    graph: Graph
+    losses: list[float]
+    faithfulness: list[float]  # per step: mean over the step's masks of f on the step's prompts
+    seconds: float
+    cpu_seconds: float
+    seconds_per_step: float
+    peak_memory_mb: Optional[float] = None
+    config: LearnConfig = field(default_factory=LearnConfig)
+
+    @property
+    def scores(self) -> Tensor:
+        return self.graph.scores
+
+    def to_dict(self) -> dict:
+        return {"config": dataclasses.asdict(self.config), "losses": self.losses, "faithfulness": self.faithfulness,
+                "seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "seconds_per_step": self.seconds_per_step,
+                "peak_memory_mb": self.peak_memory_mb}
+
+
+# ---------------------------------------------------------------------------- prompts, cached once
+
+
+@dataclass
+class _Batch:
+    """A group of equal-length prompts with everything that does not depend on the mask."""
+
+    group: inputs.PromptGroup
+    start: int
+    prefix_kv: Optional[list]
+    ablated: object
+    full_logprobs: Tensor  # [B, vocab] (objective "kl")
+    full_metric: Tensor  # [B]
+    empty_metric: Tensor  # [B]
+
+
+@torch.no_grad()
+def _prepare(model, groups, layout, norm: str, metric) -> list[_Batch]:
+    batches = []
+    for group in groups:
+        start = forward.shared_prefix_length(group.tokens, group.cf_tokens)
+        kv = edge_prefix_kv(model, group.tokens[:, :start]) if start else None
+        ablated = record_ablated(model, group.cf_tokens, start=start, prefix_kv=kv, norm=norm)
+        full = run_suffix(model, group.tokens, start, kv, [])[:, -1]
+        empty = run_suffix(model, group.cf_tokens, start, kv, [])[:, -1]
+        batches.append(_Batch(group, start, kv, ablated, unembed_end(model, full).float().log_softmax(-1),
+                              score_end(model, full, group.answer_ids, group.alt_ids, metric),
+                              score_end(model, empty, group.answer_ids, group.alt_ids, metric)))
+    return batches
+
+
+def _sub_batch(batch: _Batch, rows: Tensor) -> _Batch:
+    g = batch.group
+    group = inputs.PromptGroup(g.tokens[rows], g.cf_tokens[rows], g.answer_ids[rows],
+                               None if g.alt_ids is None else g.alt_ids[rows])
+    kv = None if batch.prefix_kv is None else [
+        type(e)(e.past_keys[rows], e.past_values[rows], frozen=True) for e in batch.prefix_kv]
+    ab = batch.ablated
+    ablated = type(ab)(ab.outputs[:, :, rows], None if ab.raw_heads is None else [r[:, :, rows] for r in ab.raw_heads])
+    return _Batch(group, batch.start, kv, ablated, batch.full_logprobs[rows], batch.full_metric[rows],
+                  batch.empty_metric[rows])
+
+
+def _circuit_end(model, batch: _Batch, keep: Tensor, norm: str) -> Tensor:
+    """END residual ``[C * B, d_model]`` of the circuits ``keep [C, n_forward, n_backward]`` (1 = kept) on ``batch``."""
+    C, B = keep.shape[0], len(batch.group)
+    hooks = MixingHooks(model, 1 - keep, batch.ablated, C, B, norm=norm)
+    return run_suffix(model, batch.group.tokens, batch.start, batch.prefix_kv, hooks.hooks(), times=C)[:, -1]
+
+
+def _loss(model, batch: _Batch, end: Tensor, C: int, objective: str, metric) -> tuple[Tensor, float]:
+    """The training loss of ``C`` circuits on ``batch``, and their mean faithfulness f (for the log)."""
+    g = batch.group
+    answers = g.answer_ids.repeat(C)
+    alts = None if g.alt_ids is None else g.alt_ids.repeat(C)
+    values = score_end(model, end, answers, alts, metric).view(C, -1)
+    full, empty = batch.full_metric, batch.empty_metric
+    scale = (full.mean() - empty.mean()).abs().clamp_min(1e-6)
+    f = float(((values.detach().mean(1) - empty.mean()) / (full.mean() - empty.mean())).mean())
+    if objective == "metric":
+        return (((values - full[None]) / scale) ** 2).mean(), f
+    logp = unembed_end(model, end).float().log_softmax(-1)
+    target = batch.full_logprobs.repeat(C, 1)
+    return F.kl_div(logp, target, log_target=True, reduction="batchmean"), f
+
+
+# ---------------------------------------------------------------------------- the three parametrisations
+
+
+class _Method:
+    """One method's parameters, the masks it runs each step, its extra loss, and its final scores."""
+
+    def __init__(self, layout: GraphLayout, cfg: LearnConfig, init: Optional[Tensor], device, generator):
+        self.layout, self.cfg, self.generator = layout, cfg, generator
+        self.real = layout.real_edge_mask.to(device)
+        self.n_edges = int(self.real.sum())
+        start = self._initial(init, device)
+        self.param = torch.nn.Parameter(start)
+        self.optimizer = torch.optim.Adam([self.param], lr=cfg.lr)
+
+    def _initial(self, init: Optional[Tensor], device) -> Tensor:
+        if init is None:
+            return torch.full((self.n_edges,), self.default_init, device=device)
+        values = init.detach().float().to(device)[self.real].abs().nan_to_num(0.0)
+        return self.from_warm(((values - values.mean()) / values.std().clamp_min(1e-12)))
+
+    default_init = 0.0
+
+    def from_warm(self, z: Tensor) -> Tensor:
+        return z
+
+    def dense(self, flat: Tensor) -> Tensor:
+        """``[C, n_edges]`` -> ``[C, n_forward, n_backward]`` (zeros where no edge exists)."""
+        out = flat.new_zeros(flat.shape[0], *self.real.shape)
+        out[:, self.real] = flat
+        return out
+
+    def _uniform(self, shape) -> Tensor:
+        return torch.rand(shape, generator=self.generator).to(self.param.device)
+
+    def masks(self, step: int, n: int) -> Tensor:
+        raise NotImplementedError
+
+    def penalty(self, step: int) -> Tensor:
+        return self.param.new_zeros(())
+
+    def scores(self) -> Tensor:
+        """Final edge scores, >= 0 and increasing with how much the method keeps an edge (so ranking by
+        |score|, MIB's default, is ranking by the method's preference)."""
+        s = self.param.detach()
+        return s - s.min()
+
+    def after_step(self, step: int) -> None:
+        pass
+
+
+class _EdgePruning(_Method):
+    default_init = 3.0  # gates start (almost) open, as in Edge Pruning
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.lambdas = torch.zeros(2, device=self.param.device, requires_grad=True)
+        self.lambda_optimizer = torch.optim.Adam([self.lambdas], lr=self.cfg.lagrangian_lr, maximize=True)
+
+    def from_warm(self, z: Tensor) -> Tensor:
+        return 2.0 * z + 1.0  # the warm start's best edges open, its worst ones nearly closed
+
+    def masks(self, step, n):
+        u = self._uniform((n, self.n_edges)).clamp(EPS, 1 - EPS)
+        s = torch.sigmoid((u.log() - (1 - u).log() + self.param) / BETA)
+        return (s * (RIGHT - LEFT) + LEFT).clamp(0, 1)
+
+    def expected_fraction(self) -> Tensor:
+        """Expected share of open gates: P(z > 0) per edge, averaged."""
+        return torch.sigmoid(self.param - BETA * math.log(-LEFT / RIGHT)).mean()
+
+    def target(self, step: int) -> float:
+        ramp = max(1, int(self.cfg.warmup * self.cfg.steps))
+        return 1.0 - min(1.0, step / ramp) * (1.0 - self.cfg.target_fraction)
+
+    def penalty(self, step):
+        gap = self.expected_fraction() - self.target(step)
+        return self.lambdas[0] * gap + self.lambdas[1] * gap ** 2
+
+    def after_step(self, step):
+        self.lambda_optimizer.step()
+        self.lambda_optimizer.zero_grad()
+
+    def scores(self):
+        return torch.sigmoid(self.param.detach() - BETA * math.log(-LEFT / RIGHT))  # P(gate open)
+
+
+class _UGS(_Method):
+    default_init = 1.0  # p ≈ 0.73, as MIB's runs start
+
+    def masks(self, step, n):
+        p = torch.sigmoid(self.param)
+        width = (p * (1 - p)).detach().clamp_min(1e-6)
+        u = self._uniform((n, self.n_edges))
+        # value: the Bernoulli/uniform sample; gradient into p scaled by the window (d m / d θ = p(1 − p) inside it)
+        sample = (0.5 - (u - p.detach()) / width).clamp(0, 1)
+        inside = ((sample > 0) & (sample < 1)).to(p.dtype)
+        # each edge's gradient is the mean over its in-window samples (MIB's normalize_empirical_mask)
+        share = n / inside.sum(0).clamp_min(1)
+        return sample + inside * share * (p - p.detach())
+
+    def penalty(self, step):
+        return self.cfg.ugs_lambda * torch.sigmoid(self.param).sum() / 1000.0
+
+    def scores(self):
+        return torch.sigmoid(self.param.detach())
+
+
+class _Matryoshka(_Method):
+    def masks(self, step, n):
+        s = self.param
+        lo = math.log(max(1, self.cfg.min_fraction * self.n_edges))
+        ks = torch.exp(lo + self._uniform((n,)) * (math.log(self.n_edges) - lo)).long().clamp(1, self.n_edges)
+        order = torch.sort(s.detach(), descending=True).values
+        width = self.cfg.temperature * s.detach().std().clamp_min(1e-6)
+        rows = []
+        for k in ks.tolist():
+            threshold = order[k - 1] if k == self.n_edges else (order[k - 1] + order[k]) / 2
+            hard = (s.detach() >= threshold).to(s.dtype)
+            if int(hard.sum()) != k:  # ties at the threshold: take exactly k, in index order
+                hard = torch.zeros_like(s)
+                hard[torch.argsort(s.detach(), descending=True, stable=True)[:k]] = 1
+            soft = torch.sigmoid((s - threshold) / width)
+            rows.append(hard + (soft - soft.detach()))  # the value is exactly hard; the gradient is soft's
+        return torch.stack(rows)
+
+
+_METHODS = {"edge-pruning": _EdgePruning, "ugs": _UGS, "matryoshka": _Matryoshka}
+
+
+# ---------------------------------------------------------------------------- the loop
+
+
+def learn_circuit(
+    model: HookedTransformer,
+    reference,
+    counterfactual: Optional[Tensor] = None,
+    *,
+    config: LearnConfig = LearnConfig(),
+    init: Union[None, Tensor, Graph, object] = None,
+    answer_ids=None,
+    alt_ids=None,
+    **overrides,
+) -> LearnedCircuit:
+    """Learn edge scores by one of :data:`METHODS` (module docstring) on the prompts ``reference``.
+
+    ``reference`` / ``counterfactual`` / ``answer_ids`` / ``alt_ids``: as in :func:`patching.path_patch`.
+    ``config``: :class:`LearnConfig` (or its fields as keywords, which replace the record's).
+    ``init``: a warm start: a score tensor ``[n_forward, n_backward]``, a Graph or EdgeEffects.
+    """
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(LearnConfig)})
+    if unknown:
+        raise InputError(f"learn_circuit() got unexpected keyword argument(s) {', '.join(unknown)}; its settings "
+                         f"are the fields of patching.edges.learn.LearnConfig.")
+    cfg = dataclasses.replace(config, **overrides)
+    layout = GraphLayout.of(model)
+    if init is not None and not isinstance(init, Tensor):
+        init = init.scores
+    if init is not None and tuple(init.shape) != (layout.n_forward, layout.n_backward):
+        raise InputError(f"init must be scores of this model's graph {(layout.n_forward, layout.n_backward)}, "
+                         f"got {tuple(init.shape)}.")
+    metric = get_metric("logit")
+    groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    wall, cpu = time.perf_counter(), time.process_time()
+    losses, faithful = [], []
+    frozen = [p for p in model.parameters() if p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        with edge_mode(model):
+            batches = _prepare(model, groups, layout, cfg.norm, metric)
+            _check_denominator(batches)
+            method = _METHODS[cfg.method](layout, cfg, init, model.cfg.device, generator)
+            sizes = torch.tensor([len(b.group) for b in batches], dtype=torch.float)
+            bar = tqdm(range(cfg.steps), desc=f"learning a circuit ({cfg.method})", disable=not cfg.progress)
+            for step in bar:
+                batch = batches[int(torch.multinomial(sizes, 1, generator=generator))]
+                take = min(cfg.batch_size, len(batch.group))
+                rows = torch.randperm(len(batch.group), generator=generator)[:take].to(model.cfg.device)
+                method.optimizer.zero_grad()
+                with torch.enable_grad():
+                    masks = method.masks(step, cfg.samples)
+                    keep = method.dense(masks)
+                    loss, f = 0.0, 0.0
+                    per_chunk = _prompts_per_chunk(model, batch, cfg.samples, cfg.memory_mb)
+                    for sl in forward.chunks(take, per_chunk):  # gradient accumulation within the memory budget
+                        sub = _sub_batch(batch, rows[sl])
+                        share = (sl.stop - sl.start) / take
+                        part, part_f = _loss(model, sub, _circuit_end(model, sub, keep, cfg.norm), cfg.samples,
+                                             cfg.objective, metric)
+                        (share * part).backward(retain_graph=True)
+                        loss, f = loss + share * float(part), f + share * part_f
+                    penalty = method.penalty(step)
+                    if penalty.requires_grad:
+                        penalty.backward()
+                method.optimizer.step()
+                method.after_step(step)
+                losses.append(float(loss))
+                faithful.append(f)
+                bar.set_postfix(loss=f"{float(loss):.3g}", f=f"{f:.2f}")
+            bar.close()
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+    scores = torch.full((layout.n_forward, layout.n_backward), float("nan"))
+    scores[layout.real_edge_mask] = method.scores().float().cpu()
+    seconds = time.perf_counter() - wall
+    graph = Graph(layout, scores, meta={"method": f"learned:{cfg.method}", "objective": cfg.objective,
+                                        "steps": cfg.steps, "n_prompts": sum(len(b.group) for b in batches),
+                                        "norm": cfg.norm, "warm_start": init is not None})
+    return LearnedCircuit(graph, losses, faithful, round(seconds, 2), round(time.process_time() - cpu, 2),
+                          round(seconds / cfg.steps, 3), config=cfg)
+
+
+def _prompts_per_chunk(model, batch: _Batch, samples: int, memory_mb: float) -> int:
+    """Prompts per forward + backward of ``samples`` circuits within ``memory_mb`` (split q/k/v inputs, saved
+    activations for the backward: about 3x a plain forward's live activations)."""
+    cfg = model.cfg
+    P = batch.group.tokens.shape[1] - batch.start
+    split_factor = 3 * (12 + 6 * cfg.n_heads) / 12
+    rows = forward.rows_per_chunk(model, memory_mb / split_factor, P, cached_pos=batch.start) // max(1, cfg.n_layers)
+    return max(1, rows // samples)
+
+
+def _check_denominator(batches: Sequence[_Batch]) -> None:
+    full = torch.cat([b.full_metric for b in batches]).double().mean()
+    empty = torch.cat([b.empty_metric for b in batches]).double().mean()
+    if not torch.isfinite(full - empty) or abs(float(full - empty)) < 1e-6:
+        raise InputError(f"The full model and the empty circuit score the same ({float(full):.4g} vs {float(empty):.4g} "
+                         f"on the answer logit): the counterfactual twins do not change the answer, so no circuit "
+                         f"can be learned. Check that the twins differ from the prompts where it matters.")

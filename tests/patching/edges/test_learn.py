@@ -1,0 +1,181 @@
+"""patching.edges.learn: the differentiable mask is circuit evaluation made continuous, its gradient is the
+derivative of the model, the samplers have their papers' distributions, learned rankings are nested."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from circuits.graph import Graph, GraphLayout
+from circuits.graph_selection import select_top_n
+from circuits.tasks import make_dataset
+from patching import inputs
+from patching.edges.engine import edge_mode
+from patching.edges.evaluate import evaluate_circuits
+from patching.edges.learn import (
+    BETA, LEFT, RIGHT, LearnConfig, _circuit_end, _EdgePruning, _Matryoshka, _prepare, _UGS, learn_circuit,
+)
+from patching.metrics import get_metric, score_end
+from tests.tiny_models import tiny_model
+
+STYLES = [("gpt2", None), ("llama", 2), ("gemma", 1)]
+
+
+def _setup(style, n_kv, dtype=torch.float32, n_prompts=6):
+    model = tiny_model(style=style, n_layers=2, n_heads=4, n_key_value_heads=n_kv, seed=3)
+    if dtype != torch.float32:
+        model = model.to(dtype)
+        model.cfg.dtype = dtype
+    data = make_dataset(model, n_prompts=80, n_shots=1, seed=2)
+    n = len(data[0]["tokens"])
+    data = data.filter(lambda r: len(r["tokens"]) == n).select(range(n_prompts))
+    return model, data
+
+
+def _circuit_metric(model, data, keep: torch.Tensor, norm="frozen") -> torch.Tensor:
+    """The answer logit of each circuit ``keep [C, F, R]`` on ``data`` ([C, B]) through the learning engine."""
+    layout = GraphLayout.of(model)
+    metric = get_metric("logit")
+    with edge_mode(model):
+        groups = inputs.prompt_groups(model, data)
+        (batch,) = _prepare(model, groups, layout, norm, metric)
+        end = _circuit_end(model, batch, keep, norm)
+        C = keep.shape[0]
+        return score_end(model, end, batch.group.answer_ids.repeat(C), None, metric).view(C, -1)
+
+
+@pytest.mark.parametrize("style, n_kv", STYLES)
+def test_ones_are_the_model_zeros_the_empty_circuit_and_binary_masks_evaluate_circuit(style, n_kv):
+    model, data = _setup(style, n_kv)
+    layout = GraphLayout.of(model)
+    real = layout.real_edge_mask
+    g = torch.Generator().manual_seed(0)
+    random_circuit = real & (torch.rand(real.shape, generator=g) < 0.3)
+    masks = torch.stack([real, torch.zeros_like(real), random_circuit])
+    ours = _circuit_metric(model, data, masks.float())
+    expected = torch.stack([e.per_prompt for e in evaluate_circuits(model, list(masks), data)]).to(ours.dtype)
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
+    answers = torch.tensor([ids[0] for ids in data["answer_token_ids"]])[:, None]
+    with torch.no_grad():
+        full = model(torch.tensor(data["tokens"]))[:, -1].gather(-1, answers)[:, 0]
+        empty = model(torch.tensor(data["cf_tokens"]))[:, -1].gather(-1, answers)[:, 0]
+    torch.testing.assert_close(ours[0], full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ours[1], empty, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("style, n_kv", STYLES)
+@pytest.mark.parametrize("norm", ["frozen", "recompute"])
+def test_mask_gradient_equals_finite_differences(style, n_kv, norm):
+    model, data = _setup(style, n_kv, dtype=torch.float64, n_prompts=3)
+    layout = GraphLayout.of(model)
+    real = layout.real_edge_mask
+    g = torch.Generator().manual_seed(1)
+    base = torch.where(real, torch.rand(real.shape, generator=g, dtype=torch.float64), 0.0)
+    keep = base[None].clone().requires_grad_(True)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with torch.enable_grad():
+        _circuit_metric(model, data, keep, norm).sum().backward()
+    edges = real.nonzero()[torch.randperm(int(real.sum()), generator=g)[:6]]
+    eps = 1e-5
+    for f, b in edges.tolist():
+        step = torch.zeros_like(base)
+        step[f, b] = eps
+        with torch.no_grad():
+            up = _circuit_metric(model, data, (base + step)[None], norm).sum()
+            down = _circuit_metric(model, data, (base - step)[None], norm).sum()
+        numeric = float((up - down) / (2 * eps))
+        assert keep.grad[0, f, b].item() == pytest.approx(numeric, rel=1e-5, abs=1e-7), (f, b)
+
+
+def test_hard_concrete_gates_have_the_paper_distribution():
+    layout = GraphLayout(n_layers=1, n_heads=1)
+    cfg = LearnConfig(method="edge-pruning")
+    method = _EdgePruning(layout, cfg, None, "cpu", torch.Generator().manual_seed(0))
+    log_alpha = 0.7
+    method.param.data.fill_(log_alpha)
+    z = method.masks(0, 40_000).flatten()
+    p_zero = 1 / (1 + math.exp(-(BETA * math.log(-LEFT / RIGHT) - log_alpha)))
+    p_one = 1 / (1 + math.exp(-(log_alpha - BETA * math.log((1 - LEFT) / (RIGHT - 1)))))
+    assert float((z == 0).double().mean()) == pytest.approx(p_zero, abs=0.01)
+    assert float((z == 1).double().mean()) == pytest.approx(p_one, abs=0.01)
+    u = (torch.arange(1, 200_001, dtype=torch.float64) - 0.5) / 200_000  # the mean by quadrature over u
+    s = torch.sigmoid((u.log() - (1 - u).log() + log_alpha) / BETA)
+    assert float(z.detach().double().mean()) == pytest.approx(float((s * (RIGHT - LEFT) + LEFT).clamp(0, 1).mean()), abs=0.01)
+    assert float(method.expected_fraction()) == pytest.approx(1 - p_zero, rel=1e-6)
+
+
+def test_ugs_masks_are_bernoulli_outside_their_window_and_uniform_inside():
+    layout = GraphLayout(n_layers=1, n_heads=1)
+    method = _UGS(layout, LearnConfig(method="ugs"), None, "cpu", torch.Generator().manual_seed(0))
+    method.param.data.fill_(0.4)
+    p = torch.sigmoid(torch.tensor(0.4)).item()
+    m = method.masks(0, 50_000).detach().flatten()
+    w = p * (1 - p)
+    assert float((m == 1).double().mean()) == pytest.approx(p - w / 2, abs=0.01)
+    assert float((m == 0).double().mean()) == pytest.approx(1 - p - w / 2, abs=0.01)
+    inside = m[(m > 0) & (m < 1)]
+    assert float(inside.mean()) == pytest.approx(0.5, abs=0.01) and len(inside) / len(m) == pytest.approx(w, abs=0.01)
+
+
+def test_matryoshka_masks_keep_exactly_k_top_edges_and_learned_rankings_are_nested():
+    model, data = _setup("gpt2", None)
+    layout = GraphLayout.of(model)
+    method = _Matryoshka(layout, LearnConfig(method="matryoshka"), None, "cpu", torch.Generator().manual_seed(0))
+    method.param.data = torch.randn(method.n_edges, generator=torch.Generator().manual_seed(1))
+    masks = method.masks(0, 5).detach()
+    order = torch.argsort(method.param.detach(), descending=True)
+    for row in masks:
+        k = int(row.sum())
+        assert set(row.nonzero().flatten().tolist()) == set(order[:k].tolist())
+    learned = learn_circuit(model, data, method="matryoshka", steps=4, batch_size=4, progress=False)
+    sizes = [1, 5, 20, 60, layout.n_edges]
+    for prune in (False, True):
+        circuits = [select_top_n(learned.graph, n, prune=prune).in_graph for n in sizes]
+        for small, large in zip(circuits, circuits[1:]):
+            assert bool((small <= large).all())
+
+
+@pytest.mark.parametrize("method", ["edge-pruning", "ugs", "matryoshka"])
+def test_learning_lowers_the_loss_and_returns_scores_for_every_edge(method):
+    model, data = _setup("gemma", 1)
+    layout = GraphLayout.of(model)
+    learned = learn_circuit(model, data, method=method, steps=30, batch_size=6, lr=0.1, target_fraction=0.3,
+                            progress=False, seed=0)
+    assert len(learned.losses) == 30 and learned.seconds_per_step > 0
+    scores = learned.graph.scores
+    assert torch.isfinite(scores[layout.real_edge_mask]).all() and torch.isnan(scores[~layout.real_edge_mask]).all()
+    assert learned.graph.meta["method"] == f"learned:{method}"
+    first, last = sum(learned.losses[:5]) / 5, sum(learned.losses[-5:]) / 5
+    assert last < first
+
+
+def test_a_warm_start_gives_the_warm_ranking_at_step_zero():
+    model, data = _setup("llama", 2)
+    layout = GraphLayout.of(model)
+    warm = torch.where(layout.real_edge_mask, torch.randn(layout.real_edge_mask.shape), torch.nan)
+    method = _Matryoshka(layout, LearnConfig(), warm, "cpu", torch.Generator().manual_seed(0))
+    dense = torch.full(warm.shape, float("nan"))
+    dense[layout.real_edge_mask] = method.scores()
+    top = select_top_n(Graph(layout, dense), 30, prune=False).in_graph
+    assert torch.equal(top, select_top_n(Graph(layout, warm), 30, prune=False).in_graph)
+
+
+def test_twins_that_change_nothing_are_refused():
+    model, data = _setup("gpt2", None)
+    tokens = torch.tensor(data["tokens"])
+    answers = torch.tensor([ids[0] for ids in data["answer_token_ids"]])
+    with pytest.raises(ValueError, match="score the same"):
+        learn_circuit(model, tokens, tokens.clone(), answer_ids=answers, steps=1, progress=False)
+
+
+def test_bad_settings_are_refused_before_any_work():
+    with pytest.raises(ValueError, match="Unknown learned-circuit method"):
+        LearnConfig(method="magic")
+    with pytest.raises(ValueError, match="target_fraction"):
+        LearnConfig(target_fraction=0)
+    model, data = _setup("gpt2", None)
+    with pytest.raises(ValueError, match="unexpected keyword"):
+        learn_circuit(model, data, stepz=3)
