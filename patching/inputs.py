@@ -39,6 +39,7 @@ class PromptGroup:
     cf_tokens: Int[Tensor, "batch pos"]
     answer_ids: Int[Tensor, "batch"]
     alt_ids: Int[Tensor, "batch"] | None = None
+    spans: Int[Tensor, "batch pos"] | None = None  # the span of every position (position-aware edges)
 
     def __len__(self) -> int:
         return self.tokens.shape[0]
@@ -65,8 +66,14 @@ def prompt_groups(
     answer_ids: IdInput = None,
     alt_ids: IdInput = None,
     batch_size: int | None = None,
+    span_of=None,
 ) -> list[PromptGroup]:
-    """Normalise the accepted input forms into equal-length groups on the model's device (see module docstring)."""
+    """Normalise the accepted input forms into equal-length groups on the model's device (see module docstring).
+
+    ``span_of(role_masks) -> [batch, pos]`` labels every position with a span (position-aware edges,
+    :func:`patching.edges.positions.span_ids`); it needs the positions of the prompts' parts, so a Dataset
+    or a TaskBatch.
+    """
     device = model.cfg.device
     check_positive_int(batch_size, "batch_size", allow_none=True)  # None: one group per prompt length
     groups: list[PromptGroup] = []
@@ -77,14 +84,19 @@ def prompt_groups(
             raise InputError("With a Dataset the answers come from its answer_token_ids column; pass answer_ids=None.")
         for batch in iter_batches(reference, batch_size or len(reference)):
             groups.append(PromptGroup(batch.tokens.to(device), batch.cf_tokens.to(device), batch.answer_ids.to(device),
-                                      _ids(alt_ids, len(batch), "alt_ids", device, batch.indices)))
+                                      _ids(alt_ids, len(batch), "alt_ids", device, batch.indices),
+                                      None if span_of is None else span_of(batch.role_masks).to(device)))
     elif isinstance(reference, TaskBatch):
         if counterfactual is not None or answer_ids is not None:
             raise InputError("A TaskBatch carries its counterfactual and answers; pass counterfactual=None, answer_ids=None.")
         n = len(reference)
         groups.append(PromptGroup(reference.tokens.to(device), reference.cf_tokens.to(device),
-                                  reference.answer_ids.to(device), _ids(alt_ids, n, "alt_ids", device)))
+                                  reference.answer_ids.to(device), _ids(alt_ids, n, "alt_ids", device),
+                                  None if span_of is None else span_of(reference.role_masks).to(device)))
     elif isinstance(reference, Tensor):
+        if span_of is not None:
+            raise InputError("Position-aware edges need the positions of the prompts' parts: pass a Dataset from "
+                             "circuits.tasks.make_dataset or a TaskBatch, not token tensors.")
         if not isinstance(counterfactual, Tensor):
             raise InputError("With reference tokens, pass counterfactual tokens of the same shape as a tensor.")
         if reference.ndim != 2 or reference.shape != counterfactual.shape:

@@ -58,6 +58,7 @@ from patching import forward, inputs
 from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, receiver_hooks, run_suffix
 from patching.metrics import PatchMetric, get_metric, score_end
 from patching.edges.mixing import record_outputs, rms_norm
+from patching.edges.positions import PositionalScores, check_schema, span_ids
 from patching.options import SweepOptions, sweep_options
 from patching.results import NodeScores
 
@@ -210,6 +211,7 @@ def edge_attribution(
     ig_steps: int = 5,
     level: str = "edge",
     norm: str = "frozen",
+    spans=None,
     answer_ids=None,
     alt_ids=None,
     options: Optional[SweepOptions] = None,
@@ -225,7 +227,9 @@ def edge_attribution(
     own scale (``"frozen"``, the toolkit's convention), its layer re-normalised with the head's pre-norm
     result swapped (``"recompute"``, the change :func:`patching.evaluate_circuit` makes under that
     convention), or its raw pre-norm ``hook_result`` difference (``"pre-norm"``, hannamw/EAP-IG's
-    ``attribute``); elsewhere all three are the same.
+    ``attribute``); elsewhere all three are the same. ``spans`` (a schema of :mod:`patching.edges.positions`):
+    score every position-aware edge instead, summing each edge's terms over the positions of each span
+    (needs a Dataset or TaskBatch); returns :class:`patching.edges.positions.PositionalScores`.
     Returns a :class:`circuits.graph.Graph` whose ``scores`` are the mean over prompts of each edge's
     estimated effect on the metric (``level="edge"``), or :class:`patching.NodeScores` of heads and MLPs
     (``level="node"``).
@@ -242,10 +246,15 @@ def edge_attribution(
         raise InputError(f"ig_steps must be a positive integer, got {ig_steps!r}.")
     spec = EDGE_ATTRIBUTION_METHODS[method]
     metric = get_metric(metric)
+    schema = check_schema(spans)
+    if schema is not None and level != "edge":
+        raise InputError("Position-aware scores are per edge: pass level='edge' with spans.")
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
-                                 batch_size=batch_size)
+                                 batch_size=batch_size,
+                                 span_of=None if schema is None else (lambda masks: span_ids(masks, schema)))
     layout = GraphLayout.of(model)
-    total = torch.zeros(layout.n_forward, layout.n_backward, dtype=torch.float64)
+    total = torch.zeros(layout.n_forward, layout.n_backward, *(() if schema is None else (len(schema),)),
+                        dtype=torch.float64)
     metric_total, n_prompts = 0.0, 0
     plan = []
     for group in groups:
@@ -266,11 +275,16 @@ def edge_attribution(
                 grad_sum = grads if grad_sum is None else grad_sum + grads
                 bar.update(1)
             diff = diff.to(grad_sum.dtype)
-            total += torch.einsum("fbpd,bpkd->fk", diff, grad_sum).double().cpu() / n_passes
+            if schema is None:
+                total += torch.einsum("fbpd,bpkd->fk", diff, grad_sum).double().cpu() / n_passes
+            else:
+                onehot = torch.nn.functional.one_hot(group.spans[sl, prefix:], len(schema)).to(diff.dtype)
+                total += torch.einsum("fbpd,bpkd,bps->fks", diff, grad_sum, onehot).double().cpu() / n_passes
             metric_total += float(_reference_metric(model, chunk, metric).sum())
             n_prompts += sl.stop - sl.start
         bar.close()
-    scores = torch.where(layout.real_edge_mask, total / n_prompts, torch.nan).float()
+    real = layout.real_edge_mask if schema is None else layout.real_edge_mask[:, :, None]
+    scores = torch.where(real, total / n_prompts, torch.nan).float()
     meta = {"method": method, "ig_steps": ig_steps if method.startswith("EAP-IG") else None,
             "metric": metric.name, "n_prompts": n_prompts, "reference_metric": metric_total / n_prompts,
             "d_model": model.cfg.d_model, "norm": norm,
@@ -279,6 +293,8 @@ def edge_attribution(
                                 "pre-norm": "pre-norm hook_result difference (hannamw/EAP-IG attribute)"}[norm]}
     if level == "node":
         return _node_scores(layout, scores, meta)
+    if schema is not None:
+        return PositionalScores(layout, schema, scores, meta)
     return Graph(layout, scores, meta=meta)
 
 

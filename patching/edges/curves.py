@@ -43,6 +43,7 @@ from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import select_top_n
 from circuits.stats import Estimate, bootstrap
 from patching.edges.evaluate import evaluate_circuits
+from patching.edges.positions import PositionalScores
 from patching.options import SweepOptions, sweep_options
 
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
@@ -77,6 +78,7 @@ class FaithfulnessCurve:
     ablation: str = "counterfactual"
     n_total_edges: int = 0
     norm: str = "frozen"
+    spans: Optional[tuple] = None  # the span schema of a position-aware curve
 
     @property
     def n_prompts(self) -> int:
@@ -92,7 +94,7 @@ class FaithfulnessCurve:
             "faithfulness": [f.to_dict() for f in self.faithfulness], "cpr": self.cpr.to_dict(), "cmd": self.cmd.to_dict(),
             "full_metric": self.full.to_dict(), "empty_metric": self.empty.to_dict(), "metric": self.metric,
             "ablation": self.ablation, "n_prompts": self.n_prompts, "norm": self.norm,
-        }
+        } | ({} if self.spans is None else {"spans": list(self.spans)})
 
 
 def _scores_of(layout: GraphLayout, scores) -> Tensor:
@@ -132,8 +134,9 @@ def faithfulness_curve(
 
     Args:
         model: a HookedTransformer the edge graph can represent.
-        scores: a :class:`circuits.graph.Graph` (its ``scores``), :class:`patching.EdgeEffects`, or a
-            ``[n_forward, n_backward]`` tensor.
+        scores: a :class:`circuits.graph.Graph` (its ``scores``), :class:`patching.EdgeEffects`, a
+            ``[n_forward, n_backward]`` tensor, or :class:`patching.edges.positions.PositionalScores` (a
+            position-aware curve: the sizes are fractions of every (edge, span); no pruning).
         reference, counterfactual, answer_ids, alt_ids: prompts, as in :func:`patching.path_patch`.
         fractions: increasing edge fractions in (0, 1] (default MIB's ten).
         ablation, means_from, norm: how edges outside the circuit are ablated, and the norm convention on models
@@ -149,18 +152,28 @@ def faithfulness_curve(
     opts = sweep_options(options, overrides, "faithfulness_curve")
     opts = dataclasses.replace(opts, progress=opts.shows_progress())
     layout = GraphLayout.of(model)
-    scores = _scores_of(layout, scores)
     fractions = [float(x) for x in fractions]
     if not fractions or any(not 0 < x <= 1 for x in fractions) or any(b <= a for a, b in zip(fractions, fractions[1:])):
         raise InputError(f"fractions must increase strictly within (0, 1], got {fractions}.")
-    counts = [int(x * layout.n_edges) for x in fractions]
-    choose = select or (lambda s, n: select_top_n(Graph(layout, s), n, absolute=absolute, prune=False).in_graph)
-    masks = [choose(scores, n) for n in counts]
-    full = layout.real_edge_mask.clone()
+    spans = None
+    if isinstance(scores, PositionalScores):  # position-aware: sizes are fractions of every (edge, span)
+        if select is not None:
+            raise InputError("select= chooses position-free circuits; position-aware curves take the top-n edges.")
+        spans, n_total = scores.spans, scores.n_edges
+        masks = [scores.top(int(x * n_total), absolute=absolute) for x in fractions]
+        full = scores.real.clone()
+    else:
+        scores = _scores_of(layout, scores)
+        n_total = layout.n_edges
+        choose = select or (lambda s, n: select_top_n(Graph(layout, s), n, absolute=absolute, prune=False).in_graph)
+        masks = [choose(scores, int(x * n_total)) for x in fractions]
+        full = layout.real_edge_mask.clone()
     empty = torch.zeros_like(full)
     evaluate = evaluate or evaluate_circuits
+    position_aware = {} if spans is None else {"spans": spans}
     evaluations = evaluate(model, masks + [full, empty], reference, counterfactual, ablation=ablation,
-                           means_from=means_from, norm=norm, answer_ids=answer_ids, alt_ids=alt_ids, options=opts)
+                           means_from=means_from, norm=norm, answer_ids=answer_ids, alt_ids=alt_ids, options=opts,
+                           **position_aware)
     table = torch.stack([e.per_prompt for e in evaluations], dim=1).numpy()  # [prompt, point + full + empty]
     n_points = len(masks)
 
@@ -184,5 +197,5 @@ def faithfulness_curve(
         full=estimate(lambda rows: float(rows[:, n_points].mean())),
         empty=estimate(lambda rows: float(rows[:, n_points + 1].mean())),
         circuit_metric=torch.from_numpy(table[:, :n_points].T.copy()), metric=evaluations[0].metric, ablation=ablation,
-        n_total_edges=layout.n_edges, norm=norm,
+        n_total_edges=n_total, norm=norm, spans=spans,
     )

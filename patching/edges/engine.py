@@ -102,7 +102,9 @@ def edge_mode(model: HookedTransformer, *, attn_result: bool = False) -> Iterato
     """Ready ``model`` for edge work inside a ``with`` block; its config is restored on exit.
 
     Sets ``use_split_qkv_input``, ``ungroup_grouped_query_attention`` and ``use_hook_mlp_in``
-    (and ``use_attn_result`` when ``attn_result=True``, as EAP-IG expects). Refuses a model
+    (and ``use_attn_result`` when ``attn_result=True``, as EAP-IG expects), and stores the weights the
+    way TransformerLens multiplies them (:func:`patching.forward.transposed_weight_storage`: the same
+    numbers, without a copy of every weight per forward). Refuses a model
     the edge graph cannot represent (:func:`check_edge_model`). Nested blocks are fine.
     """
     check_edge_model(model)
@@ -113,7 +115,8 @@ def edge_mode(model: HookedTransformer, *, attn_result: bool = False) -> Iterato
     try:
         for flag, value in wanted.items():
             _set_flag(model, flag, value)
-        yield model
+        with forward.transposed_weight_storage(model):
+            yield model
     finally:
         for flag, value in before.items():
             _set_flag(model, flag, value)

@@ -50,6 +50,7 @@ from circuits.tasks import TaskBatch, iter_batches
 from patching import forward, inputs
 from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
 from patching.edges.mixing import Ablated, MixingHooks, check_norm, record_ablated, record_outputs
+from patching.edges.positions import check_schema, span_ids
 from patching.metrics import PatchMetric, get_metric, score_end
 from patching.options import SweepOptions, sweep_options
 
@@ -86,8 +87,16 @@ class CircuitEvaluation:
                 "per_prompt": self.per_prompt.tolist(), **self.info}
 
 
-def circuit_mask(layout: GraphLayout, circuit: CircuitInput) -> Bool[Tensor, "n_forward n_backward"]:
-    """The circuit's edges as a boolean ``[n_forward, n_backward]`` mask (only real edges kept)."""
+def circuit_mask(layout: GraphLayout, circuit: CircuitInput, n_spans: Optional[int] = None) -> Tensor:
+    """The circuit's edges as a boolean ``[n_forward, n_backward]`` mask (only real edges kept); with ``n_spans``,
+    a position-aware ``[n_forward, n_backward, n_spans]`` mask."""
+    if n_spans is not None:
+        shape = (layout.n_forward, layout.n_backward, n_spans)
+        if not isinstance(circuit, Tensor) or tuple(circuit.shape) != shape:
+            got = tuple(circuit.shape) if isinstance(circuit, Tensor) else type(circuit).__name__
+            raise InputError(f"A position-aware circuit is a bool tensor {shape} (n_forward, n_backward, n_spans), "
+                             f"got {got}.")
+        return circuit.detach().cpu().bool() & layout.real_edge_mask[:, :, None]
     if isinstance(circuit, Graph):
         if circuit.layout != layout:
             raise InputError(f"The graph is for {circuit.layout}, the model's is {layout}: build it with Graph.from_model(model).")
@@ -127,6 +136,7 @@ def evaluate_circuits(
     ablation: str = "counterfactual",
     means_from=None,
     norm: str = "frozen",
+    spans=None,
     answer_ids=None,
     alt_ids=None,
     options: Optional[SweepOptions] = None,
@@ -145,6 +155,8 @@ def evaluate_circuits(
         norm: ``"frozen"`` (each head at its own run's scale) or ``"recompute"`` (each receiver re-normalises
             the mixture of kept and ablated heads, as hannamw/EAP-IG's ``evaluate_graph``; see
             :mod:`patching.edges.mixing`); the same on models without norms after attention.
+        spans: a span schema of :mod:`patching.edges.positions`: the circuits are position-aware masks
+            ``[n_forward, n_backward, n_spans]`` (needs a Dataset or TaskBatch).
         options, overrides: :class:`patching.SweepOptions` or its fields as keywords (``reuse_prefix``
             applies to counterfactual ablation; no progress bar unless asked).
     Returns:
@@ -159,9 +171,11 @@ def evaluate_circuits(
     layout = GraphLayout.of(model)
     if len(circuits) == 0:
         raise InputError("No circuits to evaluate: pass at least one Graph or mask.")
-    masks = torch.stack([circuit_mask(layout, c) for c in circuits])
+    schema = check_schema(spans)
+    masks = torch.stack([circuit_mask(layout, c, None if schema is None else len(schema)) for c in circuits])
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
-                                 batch_size=batch_size)
+                                 batch_size=batch_size,
+                                 span_of=None if schema is None else (lambda masks: span_ids(masks, schema)))
     with edge_mode(model):
         recompute = norm == "recompute" and bool(model.cfg.use_normalization_before_and_after)
         means = _pool_means(model, ablation, means_from, groups, batch_size, recompute)
@@ -173,7 +187,7 @@ def evaluate_circuits(
                                              opts.reuse_prefix, bar, norm))
         bar.close()
     values = torch.cat(per_group, dim=1).double().cpu()  # [n_circuits, n_prompts]
-    n_total = layout.n_edges
+    n_total = layout.n_edges * (1 if schema is None else len(schema))
     return [CircuitEvaluation(values[i], metric.name, ablation, int(masks[i].sum()), n_total, {"norm": norm})
             for i in range(len(circuits))]
 
@@ -258,7 +272,8 @@ def _evaluate_group(model, layout, masks, group, ablation, means, metric, memory
     for sl in forward.chunks(len(masks), per_chunk):
         w = weights[sl]
         C = w.shape[0]
-        hooks = MixingHooks(model, w, ablated, C, B, norm=norm).hooks()
+        spans = None if group.spans is None else group.spans[:, start:]
+        hooks = MixingHooks(model, w, ablated, C, B, norm=norm, spans=spans).hooks()
         resid = run_suffix(model, group.tokens, start, kv, hooks, times=C)
         answers = group.answer_ids.repeat(C)
         alts = None if group.alt_ids is None else group.alt_ids.repeat(C)

@@ -12,7 +12,8 @@ edge set. The loss compares the circuit with the full model at END:
 
 * ``objective="kl"``: KL(p_model ‖ p_circuit) over the whole vocabulary (as Edge Pruning and UGS);
 * ``objective="metric"``: ``((m(C) − m(full)) / (m(full) − m(∅)))²`` per prompt, the metric being the
-  answer logit (what MIB's faithfulness reads), with the batch's ``m(full) − m(∅)`` as the scale.
+  answer logit (what MIB's faithfulness reads), in units of the root mean square of ``m(full) − m(∅)``
+  over the training prompts.
 
 Methods (``method=``); each returns edge scores like :func:`patching.edge_attribution`, so
 :func:`patching.faithfulness_curve`, the selections, figures and EAP-IG / MIB files take them as they are:
@@ -28,10 +29,13 @@ Methods (``method=``); each returns edge scores like :func:`patching.edge_attrib
   gradient averages to an integrated-gradients estimate of the edge's effect; loss + ``λ Σ p``.
   Scores: ``sigmoid(θ)``.
 * ``"matryoshka"`` (random-budget masks): scores ``s``; each step draws ``samples`` budgets ``k``
-  (log-uniform between ``min_fraction`` and all edges) and runs the hard top-k circuit of ``s`` for
-  each, the gradient reaching ``s`` through a sigmoid relaxation of the top-k around its threshold
-  (straight-through). Every size is trained, so one ranking is faithful at every MIB size and its
-  circuits are nested by construction. Scores: ``s`` (shifted to start at 0).
+  (log-uniform between ``min_fraction`` and all edges) and runs, for each, the soft top-k mask
+  ``sigmoid((s − τ_k) / T)`` with ``τ_k`` set so the mask sums to ``k``; the width ``T`` shrinks from
+  ``temperature`` to ``final_temperature`` standard deviations of ``s`` over the steps. Soft masks at
+  first let chains of edges form (a hard mask gives a chain whose links are all absent no gradient
+  at all); near the end the masks are almost the hard top-k circuits that are evaluated. Every size
+  is trained, so one ranking serves every MIB size, and its circuits are nested by construction.
+  Scores: ``s`` (shifted to start at 0).
 
 Warm starts (``init=``): any score tensor (EAP-IG, exact effects): ``|score|`` standardised becomes the
 starting ``log α``, ``θ`` or ``s`` (so the first top-k circuits are those of the warm start).
@@ -86,7 +90,8 @@ class LearnConfig:
     lagrangian_lr: float = 0.05  # edge-pruning: learning rate of the λ's (gradient ascent)
     ugs_lambda: float = 1e-3  # ugs: weight of Σ p (the expected edge count) in the loss, per 1000 edges
     min_fraction: float = 0.001  # matryoshka: the smallest budget drawn
-    temperature: float = 0.5  # matryoshka: width of the top-k relaxation, in standard deviations of the scores
+    temperature: float = 1.0  # matryoshka: width of the soft top-k at the first step, in standard deviations of the scores
+    final_temperature: float = 0.05  # matryoshka: its width at the last step
     norm: str = "frozen"
     seed: int = 0
     memory_mb: float = 2048.0
@@ -99,7 +104,7 @@ class LearnConfig:
             raise InputError(f"Unknown objective {self.objective!r}: use 'kl' (the END distribution) or 'metric'.")
         for name in ("steps", "batch_size", "samples"):
             check_positive_int(getattr(self, name), name)
-        for name in ("lr", "lagrangian_lr", "temperature", "memory_mb"):
+        for name in ("lr", "lagrangian_lr", "temperature", "final_temperature", "memory_mb"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise InputError(f"LearnConfig.{name} must be a finite number > 0, got {value!r}.")
@@ -185,15 +190,19 @@ def _circuit_end(model, batch: _Batch, keep: Tensor, norm: str) -> Tensor:
     return run_suffix(model, batch.group.tokens, batch.start, batch.prefix_kv, hooks.hooks(), times=C)[:, -1]
 
 
-def _loss(model, batch: _Batch, end: Tensor, C: int, objective: str, metric) -> tuple[Tensor, float]:
-    """The training loss of ``C`` circuits on ``batch``, and their mean faithfulness f (for the log)."""
+def _loss(model, batch: _Batch, end: Tensor, C: int, objective: str, metric, scale: float) -> tuple[Tensor, float]:
+    """The training loss of ``C`` circuits on ``batch``, and their mean faithfulness f (for the log).
+
+    ``scale``: the root mean square over the training prompts of m(full) − m(∅) per prompt, the unit of the
+    ``"metric"`` objective (a batch's mean difference can be near 0 even where every prompt's is not).
+    """
     g = batch.group
     answers = g.answer_ids.repeat(C)
     alts = None if g.alt_ids is None else g.alt_ids.repeat(C)
     values = score_end(model, end, answers, alts, metric).view(C, -1)
     full, empty = batch.full_metric, batch.empty_metric
-    scale = (full.mean() - empty.mean()).abs().clamp_min(1e-6)
-    f = float(((values.detach().mean(1) - empty.mean()) / (full.mean() - empty.mean())).mean())
+    gap = full.mean() - empty.mean()
+    f = float(((values.detach().mean(1) - empty.mean()) / gap).mean()) if abs(float(gap)) > 1e-12 else float("nan")
     if objective == "metric":
         return (((values - full[None]) / scale) ** 2).mean(), f
     logp = unembed_end(model, end).float().log_softmax(-1)
@@ -216,8 +225,9 @@ class _Method:
         self.optimizer = torch.optim.Adam([self.param], lr=cfg.lr)
 
     def _initial(self, init: Optional[Tensor], device) -> Tensor:
-        if init is None:
-            return torch.full((self.n_edges,), self.default_init, device=device)
+        if init is None:  # the default, plus a little seeded noise so no two edges tie
+            noise = 1e-3 * torch.randn(self.n_edges, generator=self.generator)
+            return (self.default_init + noise).to(device)
         values = init.detach().float().to(device)[self.real].abs().nan_to_num(0.0)
         return self.from_warm(((values - values.mean()) / values.std().clamp_min(1e-12)))
 
@@ -308,22 +318,36 @@ class _UGS(_Method):
         return torch.sigmoid(self.param.detach())
 
 
+def soft_threshold(scores: Tensor, k: float, width: float, iterations: int = 50) -> Tensor:
+    """The threshold ``τ`` with ``Σ sigmoid((scores − τ) / width) = k`` (by bisection): a soft top-k."""
+    lo, hi = scores.min() - 30 * width, scores.max() + 30 * width
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        too_many = torch.sigmoid((scores - mid) / width).sum() > k
+        lo, hi = torch.where(too_many, mid, lo), torch.where(too_many, hi, mid)
+    return (lo + hi) / 2
+
+
 class _Matryoshka(_Method):
-    def masks(self, step, n):
-        s = self.param
+    def budgets(self, n: int) -> list[int]:
+        """``n`` edge counts, log-uniform between ``min_fraction`` of the edges and all of them."""
         lo = math.log(max(1, self.cfg.min_fraction * self.n_edges))
         ks = torch.exp(lo + self._uniform((n,)) * (math.log(self.n_edges) - lo)).long().clamp(1, self.n_edges)
-        order = torch.sort(s.detach(), descending=True).values
-        width = self.cfg.temperature * s.detach().std().clamp_min(1e-6)
+        return ks.tolist()
+
+    def width(self, step: int) -> Tensor:
+        """The relaxation's width: from ``temperature`` to ``final_temperature`` standard deviations of the scores,
+        geometrically over the steps (soft masks first, so chains of edges can form; nearly hard top-k at the end)."""
+        share = step / max(1, self.cfg.steps - 1)
+        tau = self.cfg.temperature * (self.cfg.final_temperature / self.cfg.temperature) ** share
+        return tau * self.param.detach().std().clamp_min(1e-6)
+
+    def masks(self, step, n):
+        s, width = self.param, self.width(step)
         rows = []
-        for k in ks.tolist():
-            threshold = order[k - 1] if k == self.n_edges else (order[k - 1] + order[k]) / 2
-            hard = (s.detach() >= threshold).to(s.dtype)
-            if int(hard.sum()) != k:  # ties at the threshold: take exactly k, in index order
-                hard = torch.zeros_like(s)
-                hard[torch.argsort(s.detach(), descending=True, stable=True)[:k]] = 1
-            soft = torch.sigmoid((s - threshold) / width)
-            rows.append(hard + (soft - soft.detach()))  # the value is exactly hard; the gradient is soft's
+        for k in self.budgets(n):
+            threshold = soft_threshold(s.detach(), k, width)
+            rows.append(torch.sigmoid((s - threshold) / width))
         return torch.stack(rows)
 
 
@@ -373,6 +397,8 @@ def learn_circuit(
         with edge_mode(model):
             batches = _prepare(model, groups, layout, cfg.norm, metric)
             _check_denominator(batches)
+            gaps = torch.cat([b.full_metric - b.empty_metric for b in batches]).double()
+            scale = float(gaps.pow(2).mean().sqrt())
             method = _METHODS[cfg.method](layout, cfg, init, model.cfg.device, generator)
             sizes = torch.tensor([len(b.group) for b in batches], dtype=torch.float)
             bar = tqdm(range(cfg.steps), desc=f"learning a circuit ({cfg.method})", disable=not cfg.progress)
@@ -390,9 +416,9 @@ def learn_circuit(
                         sub = _sub_batch(batch, rows[sl])
                         share = (sl.stop - sl.start) / take
                         part, part_f = _loss(model, sub, _circuit_end(model, sub, keep, cfg.norm), cfg.samples,
-                                             cfg.objective, metric)
+                                             cfg.objective, metric, scale)
                         (share * part).backward(retain_graph=True)
-                        loss, f = loss + share * float(part), f + share * part_f
+                        loss, f = loss + share * float(part.detach()), f + share * part_f
                     penalty = method.penalty(step)
                     if penalty.requires_grad:
                         penalty.backward()

@@ -149,6 +149,8 @@ class MixingHooks:
         self.layer_normed: dict[int, Tensor] = {}  # recompute: that sum normalised (the layer's output) [C, B, P, d]
         self._z: dict[int, Tensor] = {}
         self._scale: dict[int, Tensor] = {}
+        self._buffer: Optional[Tensor] = None  # without gradients: ã − o of every sender, rows in forward order
+        self._stacks: dict[int, tuple[Tensor, Tensor]] = {}
 
     # ---- senders
 
@@ -158,17 +160,26 @@ class MixingHooks:
     def _ablated_of(self, first: int, size: int) -> Optional[Tensor]:
         return None if self.ablated.outputs is None else self.ablated.outputs[first:first + size]
 
-    def _store(self, g: int, outputs: Tensor) -> None:
-        """Group ``g``'s outputs of this run ``[n, C, B, P, d]``: keep ã − o."""
+    def _store(self, g: int, diff: Tensor) -> None:
+        """Group ``g``'s ``ã − o`` ``[n, C, B, P, d]``; without gradients written into one buffer of every sender."""
+        self.diffs[g] = diff
+        if self.grad:
+            return
+        first, size, _ = self.groups[g]
+        if self._buffer is None:
+            self._buffer = diff.new_zeros(self.layout.n_forward, *diff.shape[1:])
+        self._buffer[first:first + size] = diff
+
+    def _store_outputs(self, g: int, outputs: Tensor) -> None:
         first, size, _ = self.groups[g]
         ablated = self._ablated_of(first, size)
-        self.diffs[g] = -outputs if ablated is None else ablated - outputs
+        self._store(g, -outputs if ablated is None else ablated - outputs)
 
     def sender_hooks(self) -> list[tuple[str, callable]]:
         model, L = self.model, self.layout.n_layers
 
         def embed(act, *, hook):
-            self._store(0, self._shaped(act)[None])
+            self._store_outputs(0, self._shaped(act)[None])
 
         def keep_z(act, *, hook):
             self._z[int(hook.name.split(".")[1])] = act
@@ -185,15 +196,15 @@ class MixingHooks:
                 self.layer_sum[layer] = raw.sum(0)
                 # subtracted from the mixture's norm (not the model's own output) so that a kept layer adds exactly 0
                 self.layer_normed[layer] = rms_norm(model.blocks[layer].ln1_post, self.layer_sum[layer])
-                self.diffs[g] = self.ablated.raw_heads[layer] - raw
+                self.diffs[g] = self.ablated.raw_heads[layer] - raw  # mixed per layer, never in the linear sum
                 self._scale.pop(layer, None)
                 return
             if self.post_norm:
                 raw = raw / self._scale.pop(layer)[None].to(raw.dtype) * model.blocks[layer].ln1_post.w
-            self._store(g, raw.view(raw.shape[0], self.C, self.B, *raw.shape[2:]))
+            self._store_outputs(g, raw.view(raw.shape[0], self.C, self.B, *raw.shape[2:]))
 
         def mlp(act, *, hook):
-            self._store(2 + 2 * int(hook.name.split(".")[1]), self._shaped(act)[None])
+            self._store_outputs(2 + 2 * int(hook.name.split(".")[1]), self._shaped(act)[None])
 
         hooks = [("blocks.0.hook_resid_pre", embed)]
         for layer in range(L):
@@ -205,31 +216,49 @@ class MixingHooks:
 
     # ---- receivers
 
-    def _weights(self, first: int, size: int, receivers: Sequence[int]) -> Tensor:
-        return self.ablate[:, first:first + size][:, :, receivers]  # [C, n, R] or [C, n, R, S]
-
     def _mix(self, w: Tensor, diff: Tensor) -> Tensor:
         """Σ_s w[c, s, r] · diff[s, c, b, p, :] -> [C, B, P, R, d] (per span with position-aware weights)."""
         if self.onehot is None:
             return torch.einsum("csr,scbpd->cbprd", w.to(diff.dtype), diff)
         return torch.einsum("csrk,scbpd,bpk->cbprd", w.to(diff.dtype), diff, self.onehot.to(diff.dtype))
 
+    def _linear(self, limit: int) -> tuple[Tensor, Tensor]:
+        """The senders below ``limit`` whose changes add linearly: (their forward indices, their ``ã − o`` stacked).
+
+        Every sender under ``"frozen"``; all but the heads under ``"recompute"``. Without gradients this is
+        a view of the buffer; with them the stack is built once per limit (the q, k and v inputs of a layer
+        share it) instead of once per receiver.
+        """
+        if limit in self._stacks:
+            return self._stacks[limit]
+        groups = [(g, first, size) for g, (first, size, layer) in enumerate(self.groups)
+                  if first < limit and not (layer is not None and self.recompute)]
+        index = torch.tensor([f for _, first, size in groups for f in range(first, first + size)],
+                             device=self.ablate.device)
+        if not self.grad and not self.recompute:
+            stacked = self._buffer[:limit]
+        else:
+            stacked = torch.cat([self.diffs[g] for g, _, _ in groups])
+        self._stacks = {limit: (index, stacked)}  # the latest only: each layer's receivers use one limit or two
+        return index, stacked
+
     def correction(self, receivers: Sequence[int]) -> Optional[Tensor]:
         """What receivers ``receivers`` (one hook point) get added: ``[C, B, P, R, d]`` (None: nothing ablated)."""
         limit = self.layout.forward_limit(receivers[0])
-        total = None
-        for g, (first, size, layer) in enumerate(self.groups):
-            if first >= limit:
-                break
-            w = self._weights(first, size, receivers)
-            if not self.grad and not bool(w.any()):
-                continue
-            if layer is not None and self.recompute:
+        w_all = self.ablate[:, :limit][:, :, receivers]  # [C, limit, R] (or [..., S])
+        index, stacked = self._linear(limit)
+        w = w_all if len(index) == limit else w_all[:, index]
+        total = self._mix(w, stacked) if self.grad or bool(w.any()) else None
+        if self.recompute:
+            for g, (first, size, layer) in enumerate(self.groups):
+                if layer is None or first >= limit:
+                    continue
+                w = w_all[:, first:first + size]
+                if not self.grad and not bool(w.any()):
+                    continue
                 mixed = self.layer_sum[layer][:, :, :, None] + self._mix(w, self.diffs[g])  # [C, B, P, R, d]
                 part = rms_norm(self.model.blocks[layer].ln1_post, mixed) - self.layer_normed[layer][:, :, :, None]
-            else:
-                part = self._mix(w, self.diffs[g])
-            total = part if total is None else total + part
+                total = part if total is None else total + part
         return total
 
     def receiver_hooks(self) -> list[tuple[str, callable]]:

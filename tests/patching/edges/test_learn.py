@@ -120,16 +120,23 @@ def test_ugs_masks_are_bernoulli_outside_their_window_and_uniform_inside():
     assert float(inside.mean()) == pytest.approx(0.5, abs=0.01) and len(inside) / len(m) == pytest.approx(w, abs=0.01)
 
 
-def test_matryoshka_masks_keep_exactly_k_top_edges_and_learned_rankings_are_nested():
+def test_matryoshka_masks_are_soft_top_k_and_learned_rankings_are_nested():
     model, data = _setup("gpt2", None)
     layout = GraphLayout.of(model)
-    method = _Matryoshka(layout, LearnConfig(method="matryoshka"), None, "cpu", torch.Generator().manual_seed(0))
+    cfg = LearnConfig(method="matryoshka", steps=10)
+    method = _Matryoshka(layout, cfg, None, "cpu", torch.Generator().manual_seed(0))
     method.param.data = torch.randn(method.n_edges, generator=torch.Generator().manual_seed(1))
-    masks = method.masks(0, 5).detach()
+    generator_state = method.generator.get_state()
+    budgets = method.budgets(5)
+    method.generator.set_state(generator_state)
     order = torch.argsort(method.param.detach(), descending=True)
-    for row in masks:
-        k = int(row.sum())
-        assert set(row.nonzero().flatten().tolist()) == set(order[:k].tolist())
+    for step in (0, 9):
+        method.generator.set_state(generator_state)
+        masks = method.masks(step, 5).detach()
+        for k, row in zip(budgets, masks):
+            assert float(row.sum()) == pytest.approx(k, abs=1e-3)  # a soft top-k keeps k edges in total
+            assert torch.equal(torch.argsort(row, descending=True, stable=True)[:k], order[:k])  # and ranks as s
+    assert float(method.width(9)) == pytest.approx(cfg.final_temperature / cfg.temperature * float(method.width(0)))
     learned = learn_circuit(model, data, method="matryoshka", steps=4, batch_size=4, progress=False)
     sizes = [1, 5, 20, 60, layout.n_edges]
     for prune in (False, True):
@@ -139,17 +146,26 @@ def test_matryoshka_masks_keep_exactly_k_top_edges_and_learned_rankings_are_nest
 
 
 @pytest.mark.parametrize("method", ["edge-pruning", "ugs", "matryoshka"])
-def test_learning_lowers_the_loss_and_returns_scores_for_every_edge(method):
+def test_a_learned_circuit_is_closer_to_the_model_than_random_rankings_of_its_size(method):
     model, data = _setup("gemma", 1)
     layout = GraphLayout.of(model)
-    learned = learn_circuit(model, data, method=method, steps=30, batch_size=6, lr=0.1, target_fraction=0.3,
-                            progress=False, seed=0)
-    assert len(learned.losses) == 30 and learned.seconds_per_step > 0
+    real = layout.real_edge_mask
+    learned = learn_circuit(model, data, method=method, steps=40, batch_size=6, lr=0.1, target_fraction=0.3,
+                            min_fraction=0.1, progress=False, seed=0)
+    assert len(learned.losses) == 40 and learned.seconds_per_step > 0
     scores = learned.graph.scores
-    assert torch.isfinite(scores[layout.real_edge_mask]).all() and torch.isnan(scores[~layout.real_edge_mask]).all()
+    assert torch.isfinite(scores[real]).all() and torch.isnan(scores[~real]).all()
     assert learned.graph.meta["method"] == f"learned:{method}"
-    first, last = sum(learned.losses[:5]) / 5, sum(learned.losses[-5:]) / 5
-    assert last < first
+    n = int(0.3 * layout.n_edges)
+    g = torch.Generator().manual_seed(5)
+    rankings = [scores] + [torch.where(real, torch.rand(real.shape, generator=g), torch.nan) for _ in range(4)]
+    circuits = [select_top_n(Graph(layout, s), n, prune=False).in_graph for s in rankings]
+    # the per-prompt distance to the model, in units of the model's distance to the empty circuit (a random tiny
+    # model's mean metric barely moves between prompt and twin, so MIB's ratio of means is ill-conditioned here)
+    full, empty, *values = [e.per_prompt for e in evaluate_circuits(model, [real, torch.zeros_like(real)] + circuits, data)]
+    unit = (full - empty).pow(2).mean()
+    errors = [float((v - full).pow(2).mean() / unit) for v in values]
+    assert errors[0] < sum(errors[1:]) / len(errors[1:]), errors
 
 
 def test_a_warm_start_gives_the_warm_ranking_at_step_zero():
