@@ -164,7 +164,8 @@ def faithfulness_figure(
     ``curves``: one curve (``FaithfulnessCurve`` or its ``to_dict()``), or ``[(label, curve), ...]``.
     """
     labelled = curves if isinstance(curves, (list, tuple)) else [("circuit", curves)]
-    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+    palette = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#d62728", "#e377c2", "#7f7f7f", "#bcbd22",
+               "#17becf", "#393b79", "#637939"]
     fig = go.Figure()
     for i, (label, curve) in enumerate(labelled):
         xs, values, lows, highs = _curve_points(curve)

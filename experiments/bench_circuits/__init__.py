@@ -82,6 +82,11 @@ class BenchCircuitsConfig(RunSettings):
     no_attribution: bool = option(False, "skip edge attribution (and with it the EAP-IG arm, the curves and the "
                                          "Spearman against exact effects): time exact patching only")
     memory_mb: float = option(2048.0, "activation budget per batched forward", type=cli.positive_float)
+    head_edges: int = option(0, "which head-edge scores are right on post-norm models: this many edges out of heads "
+                                "(a seeded sample) patched exactly under both norm conventions, against the EAP-IG "
+                                "scores with each head change (0: skip)", type=cli.nonnegative_int)
+    learn_steps: int = option(0, "also time this many steps of a learned mask (matryoshka, warm-started from EAP-IG) "
+                                 "beside one EAP-IG pass, with the memory peak (0: skip)", type=cli.nonnegative_int)
 
 
 parser = cli.config_parser(BenchCircuitsConfig, "bench_circuits", __doc__)
@@ -373,6 +378,65 @@ def _spearman_vs_exact(run: BenchRun, f_idx, b_idx, truth) -> None:
           f"EAP {rank['eap']:.3f} (top 1%: {rank['eap_top_1pct']:.3f})")
 
 
+def head_edge_verdict(run: BenchRun) -> None:
+    """On a post-norm model: which head-sender scores rank head edges closest to exact patching.
+
+    A seeded sample of edges out of heads is patched exactly under ``"frozen"`` and ``"recompute"``; the
+    EAP-IG-inputs scores of the same edges are computed with each head change (the toolkit's ``"frozen"``,
+    hannamw/EAP-IG's ``"pre-norm"``, and ``"recompute"``); Spearman over the sample and the overlap of the
+    top 1% by |score| with the top 1% by |exact effect|, each with a 95% bootstrap interval over edges.
+    """
+    from circuits.stats import bootstrap
+
+    cfg, layout = run.cfg, run.layout
+    heads = {layout.head_forward(l, h) for l in range(layout.n_layers) for h in range(layout.n_heads)}
+    edges = [(f, b) for f, b in layout.real_edge_mask.nonzero().tolist() if f in heads]
+    g = torch.Generator().manual_seed(cfg.seed)
+    edges = sorted(edges[i] for i in torch.randperm(len(edges), generator=g)[:cfg.head_edges].tolist())
+    f_idx, b_idx = torch.tensor(edges).T
+    exact = {norm: run.timed(f"exact_head_edges_{norm}", lambda norm=norm: edge_patch(
+        run.model, edges, run.batch, norm=norm, memory_mb=cfg.memory_mb, progress=False)).effects.float()
+        for norm in ("frozen", "recompute")}
+    scores = {change: run.timed(f"attribution_head_change_{change}", lambda change=change: edge_attribution(
+        run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, norm=change, memory_mb=cfg.memory_mb,
+        progress=False)).scores[f_idx, b_idx] for change in ("frozen", "pre-norm", "recompute")}
+    k = max(3, len(edges) // 100)
+
+    def overlap(values, truth) -> float:
+        top = set(truth.abs().argsort(descending=True)[:k].tolist())
+        return len(top & set(values.abs().argsort(descending=True)[:k].tolist())) / k
+
+    table = {}
+    for norm, truth in exact.items():
+        for change, values in scores.items():
+            pairs = torch.stack([values.double(), truth.double()], 1).numpy()
+            spearman = bootstrap(pairs, lambda rows: float(spearmanr(rows[:, 0], rows[:, 1])[0]), n_resamples=500,
+                                 seed=cfg.seed)
+            table[f"{change} vs exact {norm}"] = {"spearman": spearman.to_dict(), "top_1pct_overlap": overlap(values, truth)}
+    run.results["head_edge_verdict"] = {"n_edges": len(edges), "n_top_1pct": k, "comparisons": table,
+                                        "exact_frozen_vs_recompute_spearman": _spearman(exact["frozen"], exact["recompute"])}
+    for key, row in table.items():
+        print(f"{key:32s} Spearman {row['spearman']['value']:.3f} [{row['spearman']['low']:.3f}, "
+              f"{row['spearman']['high']:.3f}]  top-1% overlap {row['top_1pct_overlap']:.2f}")
+
+
+def learned_mask_speed(run: BenchRun) -> None:
+    """Seconds per step of a learned mask beside one EAP-IG-inputs pass over the same prompts, and the memory peak."""
+    from circuits.peak_memory import peak_rss, reset_peak_rss
+    from patching.edges.learn import learn_circuit
+
+    cfg = run.cfg
+    warm = run.scores.get("eap_ig_inputs")
+    reset = reset_peak_rss()
+    learned = run.timed("learned_mask", lambda: learn_circuit(run.model, run.batch, method="matryoshka",
+                                                             steps=cfg.learn_steps, init=warm, progress=False))
+    run.results["learned_mask"] = {"steps": cfg.learn_steps, "seconds_per_step": learned.seconds_per_step,
+                                   "cpu_seconds": learned.cpu_seconds,
+                                   "peak_rss_mb": round(peak_rss(reset) / 2**20, 1), "peak_since_reset": reset,
+                                   "eap_ig_pass_seconds": run.seconds.get("edge_attribution_eap_ig_inputs"),
+                                   "n_prompts": len(run.data)}
+
+
 def print_table(run: BenchRun) -> None:
     """Each stage's time here and in hannamw/EAP-IG, and the ratio."""
     sec = run.seconds
@@ -417,6 +481,12 @@ def _stages(lifecycle: Run) -> None:
             fast_vs_hook_path(run)
     with stage("exact patching"):
         exact_patching(run)
+    if cfg.head_edges:
+        with stage("head-edge verdict"):
+            head_edge_verdict(run)
+    if cfg.learn_steps:
+        with stage("learned mask"):
+            learned_mask_speed(run)
     print_table(run)
 
 

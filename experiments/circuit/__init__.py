@@ -24,6 +24,12 @@ Stages (each timed into results.json ``seconds``):
    class, ``circuits.analyze.attention``) and the curve figure, results.json (key ``edge_circuit``,
    docs/results_json.md) and report.html.
 
+``--methods A B ...`` replaces stages 2-6 by a comparison: every method (EAP-IG, exact patching,
+learned masks, ensembles, bootstrapped scores, the ILP, position-aware edges) scores the same
+selection half and is curved on the same held-out half; results.json key ``comparison``, one
+figure with every held-out curve and its band, the table of CPR, CMD, f at 1-20% of the edges, the
+smallest faithful size and the time of each method (``patching.edges.faithful_circuit.compare_methods``).
+
 The search is :func:`patching.edges.faithful_circuit.find_faithful_circuit` with its settings in one
 record (:class:`patching.edges.faithful_circuit.CircuitSearch`, built from these flags); the same stage
 runs inside ``python -m experiments.addition`` (and the other operations) with the key heads and head
@@ -40,6 +46,7 @@ from datasets import Dataset
 
 from circuits.nodes import Head
 from circuits.templates import resolve_operation
+from experiments.circuit.compare import add_comparison_section, compare_stage, comparison_summary
 from experiments.circuit.stage import add_report_section, edge_circuit_stage, summary
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
@@ -47,7 +54,8 @@ from experiments.runtime.run_folder import write_text_atomic
 from experiments.runtime.settings import project
 from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS
 from patching.edges.evaluate import ABLATIONS
-from patching.edges.faithful_circuit import CircuitSearch
+from patching.edges.faithful_circuit import CircuitSearch, method_names
+from patching.edges.learn import LearnConfig
 
 logger = logging.getLogger("experiments")
 
@@ -75,10 +83,30 @@ class CircuitConfig(RunSettings):
     batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
     memory_mb: float = option(1024.0, "activation budget of one batched forward or backward (MB)",
                               type=cli.positive_float)
+    methods: tuple[str, ...] = option((), "compare these circuit methods on the same halves instead of --method alone: "
+                                          + ", ".join(method_names()), nargs="+", choices=method_names())
+    warm_start: str = option("EAP-IG-inputs", "scores the learned methods start from ('none': a cold start)",
+                             choices=tuple(EDGE_ATTRIBUTION_METHODS) + ("none",))
+    bootstrap_resamples: int = option(10, "prompt resamples of the 'bootstrap' method", type=cli.positive_int)
+    learn_objective: str = option(LearnConfig.objective, "what the learned masks match: 'metric' (the answer logit) or "
+                                                         "'kl' (the END distribution)", choices=("metric", "kl"))
+    learn_steps: int = option(LearnConfig.steps, "optimisation steps of a learned mask", type=cli.positive_int)
+    learn_lr: float = option(LearnConfig.lr, "learning rate of a learned mask (Adam)", type=cli.positive_float)
+    learn_batch_size: int = option(LearnConfig.batch_size, "prompts per step of a learned mask", type=cli.positive_int)
+    learn_samples: int = option(LearnConfig.samples, "masks per prompt per step (gates, UGS samples or budgets)",
+                                type=cli.positive_int)
+    learn_target_fraction: float = option(LearnConfig.target_fraction, "edge-pruning: the fraction of edges to keep",
+                                          type=cli.fraction)
+    learn_min_fraction: float = option(LearnConfig.min_fraction, "matryoshka: the smallest budget drawn, as a "
+                                                                 "fraction of the edges", type=cli.fraction)
 
     def search(self) -> CircuitSearch:
         """The settings of :func:`patching.edges.faithful_circuit.find_faithful_circuit` these flags describe."""
         return project(self, CircuitSearch)
+
+    def learn(self) -> LearnConfig:
+        """The learned methods' settings (:class:`patching.edges.learn.LearnConfig`) these flags describe."""
+        return project(self, LearnConfig, prefix="learn_", seed=self.seed, progress=False)
 
 
 parser = cli.config_parser(CircuitConfig, "circuit", __doc__)
@@ -142,6 +170,22 @@ def _stages(run: Run) -> None:
         kept, accuracy = correct_prompts(model, cfg)
         selection, _ = split_halves(kept, cfg.circuit_prompts, cfg.seed)
     results |= {"n_prompts": cfg.n_prompts, "n_kept": len(kept), "base_accuracy": accuracy}
+    if cfg.methods:
+        results["comparison"], figures = compare_stage(model, kept, cfg.methods, cfg.search(), cfg.learn(),
+                                                       warm_start=None if cfg.warm_start == "none" else cfg.warm_start,
+                                                       bootstrap_resamples=cfg.bootstrap_resamples, stage=run.stage)
+        for key, fig in figures.items():
+            write_text_atomic(run.out / "figures" / f"{key}.json", fig.to_json())
+        results["wall_seconds"] = run.wall_seconds
+        report = Report(f"Circuit methods compared: {name} on {cfg.model}", comparison_summary(results["comparison"]))
+        add_comparison_section(report, results["comparison"], figures)
+        report.add_table(run.timer.seconds | {"total": results["wall_seconds"]}, heading="Wall time per stage",
+                         columns=("stage", "seconds"))
+        report.add_settings(dataclasses.asdict(cfg))
+        report.save(run.out / "report.html")
+        print(comparison_summary(results["comparison"]))
+        print(f"report: {run.out / 'report.html'}")
+        return
     with run.stage("key heads and head classes", "path patching and attention reads"):
         heads = path_patching_key_heads(model, selection, cfg)
         roles = head_roles(model, selection, cfg)

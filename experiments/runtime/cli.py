@@ -42,7 +42,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         quiet = action.default is None or action.default is False or action.default == argparse.SUPPRESS \
-            or not action.option_strings
+            or action.default == () or not action.option_strings
         if quiet or "(default" in text or "default:" in text:
             return text
         if isinstance(action.default, tuple):  # several values: as they are typed
@@ -261,7 +261,7 @@ def add_config_flags(parser: argparse.ArgumentParser, config: type, help_texts: 
         several = isinstance(f.default, tuple) or meta["nargs"] is not None
         sample = f.default[0] if isinstance(f.default, tuple) and f.default else f.default
         kind = meta["type"] or (type(sample) if isinstance(sample, (int, float)) and not isinstance(sample, bool) else str)
-        metavar = None if meta["choices"] else _METAVARS.get(kind)
+        metavar = ("NAME" if several else None) if meta["choices"] else _METAVARS.get(kind)
         parser.add_argument(flag, type=kind, default=f.default, choices=meta["choices"], metavar=metavar,
                             nargs=(meta["nargs"] or "+") if several else None, help=meta["help"])
 

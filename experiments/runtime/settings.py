@@ -41,14 +41,16 @@ class RunSettings:
         check_choices(self)
 
 
-def project(source, target: type, **overrides):
+def project(source, target: type, *, prefix: str = "", **overrides):
     """A ``target`` dataclass built from the fields of ``source`` that it shares by name (plus ``overrides``).
 
     An experiment's flags and a library's settings record use the same names (``seed``, ``batch_size``,
-    ``threshold``, ...), so handing settings on is one call instead of a field-by-field copy.
+    ``threshold``, ...), so handing settings on is one call instead of a field-by-field copy. With
+    ``prefix``, the target's field ``x`` is read from the source's ``prefix + x`` (``learn_steps`` -> ``steps``),
+    for a record whose names would clash with the experiment's own.
     """
     import dataclasses
 
     names = {f.name for f in dataclasses.fields(target) if f.init}
-    shared = {name: getattr(source, name) for name in names if hasattr(source, name)}
+    shared = {name: getattr(source, prefix + name) for name in names if hasattr(source, prefix + name)}
     return target(**{**shared, **overrides})

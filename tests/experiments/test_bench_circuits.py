@@ -100,3 +100,18 @@ def test_bench_circuits_records_a_failing_stage_and_keeps_the_earlier_ones(tiny_
     saved = json.loads((out / "results.json").read_text())
     assert saved["status"] == "failed: model metrics: KeyError: 'broken'" and "load model" in saved["seconds"]
     assert saved["n_prompts"] == 3  # the earlier stages' results are kept
+
+
+def test_the_head_edge_verdict_and_the_learned_mask_timing(tiny_dir, tmp_path):
+    out = tmp_path / "bench"
+    results = bench_circuits.main(["--model", str(tiny_dir), "--n-prompts", "4", "--n-shots", "1", "--ig-steps", "2",
+                                   "--exact-edges", "0", "--compare-per-stratum", "0", "--no-curve", "--no-eap-ig",
+                                   "--head-edges", "30", "--learn-steps", "2", "--out", str(out)])
+    verdict = results["head_edge_verdict"]
+    assert verdict["n_edges"] == 30
+    assert set(verdict["comparisons"]) == {f"{c} vs exact {n}" for c in ("frozen", "pre-norm", "recompute")
+                                           for n in ("frozen", "recompute")}
+    for row in verdict["comparisons"].values():
+        assert -1 <= row["spearman"]["value"] <= 1 and 0 <= row["top_1pct_overlap"] <= 1
+    learned = results["learned_mask"]
+    assert learned["steps"] == 2 and learned["seconds_per_step"] > 0 and learned["peak_rss_mb"] > 0
