@@ -3,6 +3,8 @@
 Skipped without CUDA (CI has none); run on a GPU machine with ``python -m pytest tests/test_cuda.py``.
 Tiny random models only, so the tier needs no model download: the comparison is CPU fp32 vs
 CUDA fp32 (tolerances for float reordering on the GPU), plus bf16 runs that must stay finite.
+
+Cross-cutting: CUDA against CPU across every package.
 """
 
 from __future__ import annotations

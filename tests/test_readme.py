@@ -1,4 +1,6 @@
-"""The README's commands are what CI runs."""
+"""The README's commands are what CI runs.
+
+Cross-cutting: README.md against the CI script."""
 
 from pathlib import Path
 

@@ -157,6 +157,7 @@ def run_experiment(name: str, settings: RunSettings, stages: Callable[[Run], Any
     run = Run(name, settings, out, loader or default_loader,
               results=dict(results) if results is not None else {"settings": asdict(settings)},
               main_process=main_process)
+    run.results.pop("status", None)  # results read back from a run folder carry its old status; the lifecycle owns it
     if continuing:
         run.earlier_wall_seconds = float(run.results.get("wall_seconds") or 0.0)
         if isinstance(run.results.get("seconds"), dict):

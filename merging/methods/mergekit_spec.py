@@ -8,7 +8,7 @@ and its registry record (:class:`merging.methods.MergeMethod`) carries it, so
 :func:`merging.load_mergekit_config` knows no method by name.
 
 Defaults are not repeated here: a parameter's default is its config field's
-default (mergekit 0.1.5's, tested equal in ``tests/merging/test_mergekit_config.py``).
+default (mergekit 0.1.5's, tested equal in ``tests/merging/methods/test_mergekit_spec.py``).
 """
 
 from __future__ import annotations

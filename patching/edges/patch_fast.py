@@ -4,7 +4,7 @@ The hook path runs each chunk of edges through TransformerLens' ``run_with_hooks
 from the receiver's layer on, with per-head q/k/v inputs for every head of that layer
 and every position in every layer above. The result depends on much less, and this
 module computes only that (same TransformerLens modules, so the numbers are the same
-up to float rounding; ``tests/patching/test_edge_patching.py`` checks both paths
+up to float rounding; ``tests/patching/edges/test_patch_fast.py`` checks both paths
 against a plain hook implementation):
 
 * **MLP receivers** change only the MLP's input: the layer's attention is not run at all;

@@ -2,6 +2,9 @@
 
 EAP-IG is not a dependency: install it in a scratch place (see docs/methods.md, "Edge circuits") and put it on
 PYTHONPATH to run these; CI skips them.
+
+Cross-cutting: the compatibility contract of circuits.graph (layout), circuits.graph_selection and
+circuits.graph_io with EAP-IG's Graph.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Unit tests for circuits.tasks on the character tokenizer and tiny random models."""
+"""circuits.tasks: datasets of prompts and counterfactual twins, batches, accuracy and filtering, errors."""
 
 from fractions import Fraction
 
@@ -6,21 +6,13 @@ import pytest
 import torch
 
 from circuits import tasks
-from circuits.end_logits import end_logits
-from circuits.templates import TEMPLATES, Template, get_templates, resolve_operation
+from circuits.templates import Template, resolve_operation
 from tests.tiny_models import char_tokenizer, tiny_model
 
 
 @pytest.fixture(scope="module")
 def tok():
     return char_tokenizer()
-
-
-def test_at_least_twelve_templates_per_operation_in_three_styles():
-    for op in "+-*/":
-        templates = get_templates(op)
-        assert len(templates) >= 12
-        assert {t.style for t in templates} == {"equation", "statement", "question"}
 
 
 @pytest.mark.parametrize("op", list("+-*/"))
@@ -87,16 +79,6 @@ def test_batches_group_equal_lengths_and_masks_mark_roles(tok):
     assert sorted(seen) == list(range(30))
 
 
-def test_end_logits_equal_full_forward():
-    model = tiny_model(style="gemma")
-    ds = tasks.make_dataset(model, n_prompts=8, template_ids=("add-equation-0",), n_shots=0)
-    batch = tasks.single_batch(ds)
-    full = model(batch.tokens)[:, -1]
-    assert torch.allclose(end_logits(model, batch.tokens), full, atol=1e-5)
-    ids = torch.tensor([3, 5])
-    assert torch.allclose(end_logits(model, batch.tokens, token_ids=ids), full[:, ids], atol=1e-5)
-
-
 def test_filter_correct_keeps_only_correct_rows():
     model = tiny_model()
     ds = tasks.make_dataset(model, n_prompts=16)
@@ -140,13 +122,6 @@ def test_filter_correct_on_a_model_that_always_answers():
 def test_bad_specifications_raise_clear_errors(tok, kwargs, message):
     with pytest.raises(ValueError, match=message):
         tasks.make_dataset(tok, **kwargs)
-
-
-def test_template_without_operand_marker_is_rejected():
-    with pytest.raises(ValueError, match=r"\{B\} exactly once"):
-        Template("bad", "+", "equation", "{A} [+] = ")
-    with pytest.raises(ValueError, match="mark its operator"):
-        Template("bad", "+", "equation", "{A} + {B} = ")
 
 
 def test_division_with_remainder_is_an_error():
@@ -206,7 +181,6 @@ def test_gemma_keeps_at_least_sixty_percent_of_few_shot_addition(gemma):
     assert len(ds) == 200 and all(len(r["tokens"]) == len(r["cf_tokens"]) for r in ds)
     kept, base_accuracy = tasks.filter_correct(gemma, ds)
     assert base_accuracy >= 0.6 and len(kept) == round(base_accuracy * 200)
-
 
 
 @pytest.mark.parametrize("op", ["+", "*"])

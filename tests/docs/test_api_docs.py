@@ -1,4 +1,6 @@
-"""docs/api.md is generated from the docstrings and must not be stale; every public object has a docstring."""
+"""docs/api.md is generated from the docstrings and must not be stale; every public object has a docstring.
+
+Cross-cutting: docs/api.md against the docstrings of every package."""
 
 import importlib.util
 import inspect

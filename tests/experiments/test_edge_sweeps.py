@@ -1,5 +1,5 @@
 """experiments.edge_sweeps on one process: a saved tiny model, the results it writes (the two-process split is
-checked against the plain calls in tests/patching/test_distributed.py)."""
+checked against the plain calls in tests/patching/edges/test_distributed.py)."""
 
 import json
 
@@ -8,7 +8,6 @@ import torch
 from safetensors.torch import load_file
 
 from circuits.graph_io import load_eap_json
-
 from circuits.model_cache import save_model
 from tests.tiny_models import tiny_model
 from experiments import edge_sweeps
@@ -31,25 +30,3 @@ def test_one_process_run_writes_its_results(tmp_path):
     graph = load_eap_json(tmp_path / "run" / "exact_edges_eap.json")
     f, b = saved["edges"].T
     assert torch.allclose(graph.scores[f, b], saved["per_prompt"].double().mean(1).float(), atol=1e-6)
-
-
-def test_only_the_main_process_writes_the_run_folder(tmp_path):
-    from experiments.runtime import run_experiment
-
-    def stages(run):
-        with run.stage("work"):
-            run.results["found"] = 1
-        run.save()
-
-    cfg = edge_sweeps.EdgeSweepsConfig(out=str(tmp_path / "run"))
-    other = run_experiment("edge_sweeps", cfg, stages, main_process=False)  # another process of the launch
-    assert other["found"] == 1 and "work" in other["seconds"] and not (tmp_path / "run").exists()
-    main = run_experiment("edge_sweeps", cfg, stages)
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "complete" and main["found"] == 1
-
-    def interrupted(run):
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):  # a failing non-main process leaves the main process's folder alone
-        run_experiment("edge_sweeps", cfg, interrupted, main_process=False)
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["status"] == "complete"

@@ -1,4 +1,6 @@
-"""Refactors keep the numbers: the arithmetic pipeline on a tiny saved model against its golden results.json."""
+"""Refactors keep the numbers: the arithmetic pipeline on a tiny saved model against its golden results.json.
+
+Cross-cutting (the golden-results test): every stage of the pipeline, hence every package, keeps its numbers."""
 
 import json
 

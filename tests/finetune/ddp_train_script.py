@@ -1,4 +1,5 @@
-"""Run by test_accelerate.py under ``accelerate launch``: a precise-SFT run on a tiny model.
+"""Run by test_trainer.py (test_two_process_run_matches_single_process) under ``accelerate launch``: a
+precise-SFT run on a tiny model.
 
 Usage: ``python ddp_train_script.py OUT_DIR``. Rank 0 writes ``OUT_DIR/weights.safetensors``
 (the full trained state dict) and ``OUT_DIR/losses.json``.

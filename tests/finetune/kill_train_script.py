@@ -1,4 +1,5 @@
-"""Run by test_kill_resume.py: a training run that SIGKILLs its own process part-way.
+"""Run by test_checkpoints.py (test_killed_run_resumes_bit_exact): a training run that SIGKILLs its own
+process part-way.
 
 Usage: ``python kill_train_script.py OUT_DIR METHOD WHEN`` where WHEN is
 

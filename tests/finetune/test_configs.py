@@ -3,8 +3,11 @@
 import pytest
 
 from circuits.errors import InputError
-from finetune.configs import FullSFTConfig, LoraSFTConfig, PreciseSFTConfig, SFTConfig, TrainConfig, _method_of, method_config
+from finetune.configs import (
+    FullSFTConfig, LoraSFTConfig, PreciseSFTConfig, SFTConfig, TrainConfig, _method_of, method_config,
+)
 from finetune.lora import LoraSettings
+from finetune.trainer import train
 
 
 def test_each_method_config_holds_only_its_own_fields():
@@ -55,3 +58,22 @@ def test_train_runs_the_method_its_config_names(tiny):
     assert result.method == "full" and result.steps == 1 and len(result.losses) == 1
     with pytest.raises(InputError, match="configures another method"):
         train(tiny, data, FullSFTConfig(lr=1e-3, batch_size=2, max_steps=1), method="lora")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("lr", float("nan"), "lr must be a finite number > 0"),
+        ("lr", float("inf"), "lr must be a finite number > 0"),
+        ("lr", -1e-3, "lr must be a finite number > 0"),
+        ("lr", 0.0, "lr must be a finite number > 0"),
+        ("betas", (1.0, 0.999), r"beta1 must lie in \[0, 1\)"),
+        ("betas", (0.9, -0.1), r"beta2 must lie in \[0, 1\)"),
+        ("betas", (0.9, float("nan")), r"beta2 must lie in \[0, 1\)"),
+        ("eps", 0.0, "eps must be a finite number > 0"),
+        ("warmup_ratio", 2.0, r"warmup_ratio must lie in \[0, 1\]"),
+    ],
+)
+def test_bad_optimizer_settings_are_refused(field, value, message):
+    with pytest.raises(InputError, match=message):
+        TrainConfig(**{field: value})

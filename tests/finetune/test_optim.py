@@ -1,7 +1,14 @@
+"""finetune.optim: AdamW over row slices equals torch's AdamW, touches only selected rows, refuses betas of 1;
+the learning-rate schedule."""
+
 import torch
+import pytest
 
 from finetune.masks import TunableSlice
 from finetune.optim import SliceAdamW, lr_at
+from circuits.errors import InputError
+from circuits.nodes import Head
+from tests.tiny_models import tiny_model
 
 
 def test_matches_torch_adamw_on_whole_tensors():
@@ -43,3 +50,18 @@ def test_lr_schedule_warmup_then_linear_decay():
     assert lrs[0] == 0.5 and lrs[1] == 1.0
     assert all(x >= y for x, y in zip(lrs[1:], lrs[2:]))
     assert 0 < lrs[-1] < 0.05
+
+
+HEADS = [Head(0, 1), Head(1, 2)]
+
+
+def _slices(model):
+    from finetune.masks import apply_selection, precise_selection
+
+    return apply_selection(model, precise_selection(model, HEADS)).parameters()
+
+
+def test_slice_adamw_refuses_betas_of_one():
+    model = tiny_model(style="gemma")
+    with pytest.raises(InputError, match=r"beta1 must lie in \[0, 1\)"):
+        SliceAdamW(list(_slices(model)), betas=(1.0, 0.999))

@@ -1,4 +1,7 @@
-"""Bad merge inputs fail early with an InputError that says what to do; saved-model folders are accepted."""
+"""Bad merge inputs fail early with an InputError that says what to do; saved-model folders are accepted.
+
+Cross-cutting: the input contract of merging's entry points (merging.apply.merge, the method configs of
+merging.methods, merging.state_dicts' sources and checks, merging.submodule's config)."""
 
 import math
 

@@ -1,6 +1,5 @@
 """A mergekit YAML runs on tiny TransformerLens models and equals mergekit's own functions tensor by tensor."""
 
-import dataclasses
 import textwrap
 import zlib
 
@@ -194,48 +193,6 @@ def test_models_mapping_overrides_paths(files, gpt2_model):
                                                 "expert-b": sds["mul"]}).run(progress=False)
     key = "blocks.0.mlp.W_in"
     torch.testing.assert_close(merged[key], (sds["add"][key] + sds["mul"][key]) / 2)
-
-
-def test_declarations_match_mergekit():
-    """Each record's mergekit_spec says what mergekit 0.1.5's method says: parameters, scope, type, default, inputs."""
-    from mergekit.merge_methods.base import BasePolicy, ParameterScope
-
-    from merging.methods import REGISTRY
-
-    for record in (r for r in REGISTRY.values() if r.mergekit is not None):
-        spec, mk = record.mergekit_spec, mk_registry.get(record.mergekit).spec
-        defaults = {f.name: f.default for f in dataclasses.fields(record.config)}
-        assert spec.needs_base == (mk.contract.base == BasePolicy.REQUIRED), record.name
-        for p in mk.parameters:
-            if p.name == "weight":
-                assert spec.takes_weights and spec.needs_weights == p.required, record.name
-                continue
-            ours = spec.parameter(p.name)
-            assert ours is not None, f"{record.name}: mergekit's {p.name!r} is not declared"
-            assert ours.per_expert == (p.scope != ParameterScope.SHARED), (record.name, p.name)
-            assert ours.kind is p.value_type, (record.name, p.name)
-            if not ours.ignored:
-                assert defaults[ours.field] == p.default, (record.name, p.name)
-        if not any(p.name == "weight" for p in mk.parameters):
-            assert not spec.takes_weights, record.name
-
-
-def test_every_config_field_is_declared():
-    """A YAML can set every field of a method's config (mergekit's names, else ours), with the field's type."""
-    from merging.methods import REGISTRY
-
-    for record in REGISTRY.values():
-        if record.needs_data:
-            assert record.mergekit_spec is None
-            continue
-        spec = record.mergekit_spec
-        fields = {f.name: f.default for f in dataclasses.fields(record.config)}
-        assert spec.fields() == set(fields), record.name
-        for p in spec.parameters:
-            if not p.ignored:
-                default = fields[p.field]
-                assert isinstance(default, p.kind) or (p.kind is float and isinstance(default, int)), (
-                    record.name, p.name)
 
 
 def test_values_of_the_wrong_type_are_refused(files):

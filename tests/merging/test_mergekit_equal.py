@@ -4,6 +4,9 @@ mergekit is called through its public method objects (``registry.get(name)([Tens
 Random sparsifiers (DARE, DELLA) draw their masks from torch's global generator
 in mergekit and from a ``torch.Generator`` here: both are seeded with the same
 number, so both draw identical masks.
+
+Cross-cutting: every method module of merging.methods (and merging.primitives' consensus mask) against
+mergekit, one contract for all of them.
 """
 
 import itertools

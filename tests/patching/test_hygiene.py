@@ -1,4 +1,7 @@
-"""No hook survives a sweep (even one that raised); bf16, GQA/MQA, and CUDA when present."""
+"""No hook survives a sweep (even one that raised); bf16, GQA/MQA, and CUDA when present.
+
+Cross-cutting: one contract (hooks removed, dtypes and attention layouts handled) for every node-level sweep
+(path, activation and attribution patching, knockout)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Input contracts of the patching and task entry points: what used to give garbage, a silent default or a raw
-library error now gives a clear `InputError` that says what to do."""
+library error now gives a clear `InputError` that says what to do.
+
+Cross-cutting: the input contract of the sweeps of patching, of circuits.tasks and of the AF1 entry points."""
 
 from __future__ import annotations
 

@@ -1,17 +1,19 @@
-"""Path patching: the END-only fast path against a plain reference written here, input forms, errors."""
+"""patching.path_patching: every sender's effect on the answer logit against an independent oracle (the reference
+run rebuilt block by block in plain torch from the weights and cached activations) and, for last-layer heads,
+against TransformerLens' activation patching; the two methods, input forms, receiver heads, metrics, errors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformer_lens import utils as tl_utils
+from transformer_lens import patching as tl_patching
 
 from circuits.end_logits import end_logits
 from circuits.nodes import MLP, Head, all_nodes
 from circuits.tasks import make_dataset, single_batch
 from tests.tiny_models import tiny_model
 from patching.path_patching import path_patch
-from patching.head_ranking import key_heads
+
 
 STYLES = [("gpt2", None), ("llama", 2), ("gemma", None)]
 
@@ -24,44 +26,137 @@ def setup(request):
     return model, data
 
 
-def plain_path_patch(model, tokens, cf_tokens, answers, sender, freeze_mlps):
-    """One forward per sender: freeze every head's z (and MLP outputs) to the reference, sender from the counterfactual."""
-    _, ref = model.run_with_cache(tokens)
-    _, cf = model.run_with_cache(cf_tokens)
-
-    def z_hook(z, *, hook):
-        z = ref[hook.name].clone()
-        if isinstance(sender, Head) and hook.name == sender.hook_name:
-            z[:, :, sender.head] = cf[hook.name][:, :, sender.head]
-        return z
-
-    def mlp_hook(out, *, hook):
-        if hook.name == sender.hook_name:
-            return cf[hook.name]
-        return ref[hook.name] if freeze_mlps else out
-
-    hooks = [(tl_utils.get_act_name("z", l), z_hook) for l in range(model.cfg.n_layers)]
-    hooks += [(tl_utils.get_act_name("mlp_out", l), mlp_hook) for l in range(model.cfg.n_layers)]
-    rows = torch.arange(len(answers))
-    patched = model.run_with_hooks(tokens, fwd_hooks=hooks)[rows, -1, answers]
-    base = model(tokens)[rows, -1, answers]
-    return float((patched - base).mean())
+# --------------------------------------------------------------------------------------- an independent oracle
+#
+# Path patching written out differently from patching/path_patching.py: no hooks and no forward of the model.
+# The reference run is rebuilt block by block in plain torch (float64) from the model's weights and the activations
+# TransformerLens cached: every head's output is frozen to its reference value (the attention block adds
+# sum_h z_ref[h] @ W_O[h] + b_O, through ln1_post on gemma-style models), except the sender's, which takes its
+# counterfactual value; MLPs are recomputed from the rebuilt residual stream (or frozen too, freeze_mlps); the answer
+# logit is read at END.
 
 
-@pytest.mark.parametrize("freeze_mlps", [False, True])
-def test_fast_path_equals_plain_reference(setup, freeze_mlps):
-    model, data = setup
-    result = path_patch(model, data, freeze_mlps=freeze_mlps, progress=False)
+def _norm(x, module):
+    """TransformerLens' LayerNorm or RMSNorm, computed from the module's weights."""
+    eps = module.cfg.eps
+    kind = type(module).__name__
+    if kind == "LayerNorm":
+        x = x - x.mean(-1, keepdim=True)
+        return x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * module.w.double() + module.b.double()
+    if kind == "RMSNorm":
+        return x / (x.pow(2).mean(-1, keepdim=True) + eps).sqrt() * module.w.double()
+    raise NotImplementedError(f"no plain version of {kind}")
+
+
+ACTIVATIONS = {
+    "gelu_new": lambda x: 0.5 * x * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x**3))),
+    "silu": lambda x: x * torch.sigmoid(x),
+    "gelu": lambda x: 0.5 * x * (1 + torch.erf(x / 2**0.5)),
+    "relu": lambda x: x.clamp(min=0),
+}
+
+
+def _mlp(x, mlp, cfg):
+    act = ACTIVATIONS[cfg.act_fn]
+    if cfg.gated_mlp:  # TransformerLens' gated MLP adds b_in after the gate
+        hidden = act(x @ mlp.W_gate.double()) * (x @ mlp.W_in.double()) + mlp.b_in.double()
+    else:
+        hidden = act(x @ mlp.W_in.double() + mlp.b_in.double())
+    return hidden @ mlp.W_out.double() + mlp.b_out.double()
+
+
+def rebuilt_logits(model, ref, cf, sender=None, freeze_mlps=False):
+    """Logits ``[batch, pos, vocab]`` of the reference run rebuilt with every head frozen to ``ref`` (run_with_cache of
+    the reference prompts), the sender (a Head or MLP, or None) taking its value from ``cf`` (the counterfactual's)."""
+    cfg = model.cfg
+    assert not cfg.parallel_attn_mlp and not cfg.attn_only
+    resid = ref["blocks.0.hook_resid_pre"].double()
+    for layer, block in enumerate(model.blocks):
+        z = ref[f"blocks.{layer}.attn.hook_z"].double().clone()  # [batch, pos, head, d_head]
+        if isinstance(sender, Head) and sender.layer == layer:
+            z[:, :, sender.head] = cf[f"blocks.{layer}.attn.hook_z"][:, :, sender.head].double()
+        attn = torch.einsum("bphd,hdm->bpm", z, block.attn.W_O.double()) + block.attn.b_O.double()
+        if cfg.use_normalization_before_and_after:
+            attn = _norm(attn, block.ln1_post)
+        resid = resid + attn
+        if isinstance(sender, MLP) and sender.layer == layer:
+            mlp = cf[f"blocks.{layer}.hook_mlp_out"].double()
+        elif freeze_mlps:
+            mlp = ref[f"blocks.{layer}.hook_mlp_out"].double()
+        else:
+            mlp = _mlp(_norm(resid, block.ln2), block.mlp, cfg)
+            if cfg.use_normalization_before_and_after:
+                mlp = _norm(mlp, block.ln2_post)
+        resid = resid + mlp
+    return _norm(resid, model.ln_final) @ model.W_U.double() + model.b_U.double()
+
+
+def oracle_scores(model, data, freeze_mlps=False):
+    """{node: mean over prompts of the answer logit at END, sender patched minus reference}, one group per length."""
     groups = {}
     for i, n in enumerate(data["end_pos"]):
         groups.setdefault(n, []).append(i)
-    for node in all_nodes(model):
-        total = 0.0
+    totals = {node: 0.0 for node in all_nodes(model)}
+    with torch.no_grad():
         for idx in groups.values():
-            b = single_batch(data.select(idx))
-            total += plain_path_patch(model, b.tokens, b.cf_tokens, b.answer_ids, node, freeze_mlps) * len(idx)
-        assert result.score(node) == pytest.approx(total / len(data), abs=1e-5), node
+            batch = single_batch(data.select(idx))
+            _, ref = model.run_with_cache(batch.tokens)
+            _, cf = model.run_with_cache(batch.cf_tokens)
+            rows = torch.arange(len(idx))
+            base = rebuilt_logits(model, ref, cf)[rows, -1, batch.answer_ids]
+            for node in totals:
+                patched = rebuilt_logits(model, ref, cf, node, freeze_mlps)[rows, -1, batch.answer_ids]
+                totals[node] += float((patched - base).sum())
+    return {node: total / len(data) for node, total in totals.items()}
+
+
+def test_the_rebuilt_forward_is_the_model(setup):
+    """The oracle's own check: with no sender it reproduces the model's logits at every position."""
+    model, data = setup
+    batch = single_batch(data.select([0]))
+    with torch.no_grad():
+        logits, ref = model.run_with_cache(batch.tokens)
+        _, cf = model.run_with_cache(batch.cf_tokens)
+        torch.testing.assert_close(rebuilt_logits(model, ref, cf).float(), logits, atol=1e-4, rtol=1e-4)
+        # and a head sender changes the logits only from its layer on: a head of the last layer moves END's logits
+        moved = rebuilt_logits(model, ref, cf, Head(model.cfg.n_layers - 1, 0))
+    assert not torch.allclose(moved[0, -1], logits[0, -1].double(), atol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["fast", "hooks"])
+@pytest.mark.parametrize("freeze_mlps", [False, True])
+def test_path_patch_equals_the_rebuilt_forward_for_every_sender(setup, freeze_mlps, method):
+    model, data = setup
+    assert len(set(data["end_pos"])) > 1  # several prompt lengths: the per-length groups are averaged too
+    result = path_patch(model, data, receivers="logits", freeze_mlps=freeze_mlps, method=method, progress=False)
+    expected = oracle_scores(model, data, freeze_mlps)
+    for node, value in expected.items():
+        assert result.score(node) == pytest.approx(value, rel=1e-4, abs=1e-5), node
     assert result.heads.abs().max() > 1e-4  # the test can fail: effects are not all zero
+
+
+def test_last_layer_heads_equal_transformer_lens_activation_patching(setup):
+    """A sender in the last layer has no later head to freeze: with MLPs recomputed, path patching it is activation
+    patching its output at every position, which TransformerLens computes itself."""
+    model, _ = setup
+    one = make_dataset(model, n_prompts=6, n_shots=0, template_ids=("add-equation-0",), seed=2)  # one length
+    batch = single_batch(one)
+    rows, last = torch.arange(len(one)), model.cfg.n_layers - 1
+
+    def metric(logits):
+        return logits[rows, -1, batch.answer_ids].mean()
+
+    with torch.no_grad():
+        _, cf_cache = model.run_with_cache(batch.cf_tokens)
+        theirs = tl_patching.get_act_patch_attn_head_out_all_pos(model, batch.tokens, cf_cache, metric)[last]
+        theirs = theirs - metric(model(batch.tokens))
+    senders = [Head(last, h) for h in range(model.cfg.n_heads)]
+    ours = path_patch(model, one, senders=senders, progress=False)
+    oracle = oracle_scores(model, one)
+    for sender, value in zip(senders, theirs.tolist()):
+        assert ours.score(sender) == pytest.approx(value, rel=1e-4, abs=1e-5), sender
+        assert oracle[sender] == pytest.approx(value, rel=1e-4, abs=1e-5), sender
+    assert theirs.abs().max() > 1e-4
 
 
 def test_hooks_method_equals_fast(setup):
@@ -110,38 +205,6 @@ def test_metrics_and_custom_callable():
     assert torch.isnan(prob.heads[0]).all() and not torch.isnan(prob.heads[1, 0])
 
 
-def test_result_ranking_key_heads_figure_json():
-    model = tiny_model(style="gemma", n_layers=2)
-    res = path_patch(model, make_dataset(model, n_prompts=4, n_shots=0), progress=False)
-    ranked = res.ranked("heads", by="neg")
-    assert [v for _, v in ranked] == sorted(v for _, v in ranked)
-    heads, fraction = key_heads(res, top_k=3)
-    assert len(heads) == 3 and fraction == pytest.approx(3 / 8)
-    heads, _ = key_heads(res, threshold=0.0, by="neg")
-    assert all(res.score(h) <= 0 for h in heads)
-    d = res.to_dict()
-    assert len(d["heads"]) == 2 and len(d["mlps"]) == 2 and d["ranked"]
-    fig = res.figure()
-    assert len(fig.data) == 2
-
-
-def test_percentages_with_a_zero_reference():
-    """A reference metric averaging ~0 (e.g. logit_diff) has no meaningful % of it."""
-    import dataclasses
-
-    import torch
-
-    model = tiny_model(style="gemma", n_layers=2)
-    res = path_patch(model, make_dataset(model, n_prompts=4, n_shots=0), progress=False)
-    torch.testing.assert_close(res.heads_percent, 100 * res.heads / abs(res.baseline))
-    zero = dataclasses.replace(res, baseline=0.0)
-    assert torch.isnan(zero.heads_percent).all() and torch.isnan(zero.mlps_percent).all()
-    with pytest.raises(ValueError, match="top_k"):
-        key_heads(zero, threshold=5.0)
-    assert len(key_heads(zero, top_k=2)[0]) == 2
-    assert "%" not in zero.figure().layout.title.text  # falls back to absolute effects
-
-
 def test_bad_inputs():
     model = tiny_model(style="gpt2", n_layers=2)
     data = make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",))
@@ -162,3 +225,15 @@ def test_bad_inputs():
         path_patch(model, data, receivers="resid", progress=False)
     with pytest.raises(ValueError, match="one id per prompt"):
         path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids[:2], progress=False)
+
+
+@pytest.mark.integration
+def test_gemma_fast_path_equals_hooks(gemma):
+    """gemma-3-270m, 4 two-shot prompts (a long shared prefix, so the cached-prefix fast path is what is compared)."""
+    data = make_dataset(gemma, n_prompts=4, n_shots=2, template_ids=("add-equation-0",), seed=0)
+    batch = single_batch(data)
+    senders = [Head(0, 1), Head(9, 2), MLP(4), MLP(gemma.cfg.n_layers - 1)]
+    fast = path_patch(gemma, batch, senders=senders, progress=False)
+    slow = path_patch(gemma, batch, senders=senders, method="hooks", progress=False)
+    for node in senders:
+        assert fast.score(node) == pytest.approx(slow.score(node), abs=1e-4)

@@ -1,0 +1,161 @@
+"""experiments.runtime.run_folder: run folders refuse an earlier run unless --overwrite, never lose a file
+the toolkit did not write, keep a replaced run until the new one completes, and a failing run never
+looks complete; stage timers and atomic writes. The last three tests check the same through whole
+experiments (precise_sft, the arithmetic pipeline) run as a user runs them."""
+
+import json
+import runpy
+import sys
+import time
+
+import pytest
+import torch
+
+from experiments.runtime.run_folder import (
+    OutputExistsError, StageTimer, complete_run, prepare_run_dir, read_status, write_json_atomic, write_text_atomic,
+)
+
+
+def _status(path):
+    return json.loads((path / "results.json").read_text())["status"]
+
+
+def test_prepare_run_dir_refuses_existing_run_unless_overwrite(tmp_path):
+    out = prepare_run_dir(tmp_path / "run")
+    complete_run(out, {"accuracy": 0.9})
+    write_text_atomic(out / "report.html", "old report")
+    write_text_atomic(out / "figures" / "af1.json", "{}")
+    with pytest.raises(OutputExistsError, match=r"already holds a run \(complete\); pass --overwrite"):
+        prepare_run_dir(out)
+    assert prepare_run_dir(out, overwrite=True) == out
+    # nothing stale survives an overwrite: the new folder holds only the marker and a running results.json
+    assert sorted(p.name for p in out.iterdir()) == [".arith-circuits-run.json", "results.json"]
+    assert json.loads((out / "results.json").read_text()) == {"status": "running"}
+    # the old run was moved aside, not deleted, and goes only when the new run completes
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert (aside / "report.html").read_text() == "old report"
+    complete_run(out, {"accuracy": 0.5})
+    assert not aside.exists() and _status(out) == "complete"
+
+
+def test_overwrite_refuses_a_folder_the_toolkit_did_not_write(tmp_path):
+    (tmp_path / "thesis.tex").write_text("precious")
+    with pytest.raises(OutputExistsError, match="did not write"):
+        prepare_run_dir(tmp_path, overwrite=True)
+    assert (tmp_path / "thesis.tex").read_text() == "precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["thesis.tex"]
+
+
+def test_interrupted_run_with_only_empty_folders_does_not_block_a_rerun(tmp_path):
+    (tmp_path / "run" / "figures").mkdir(parents=True)
+    out = prepare_run_dir(tmp_path / "run")
+    assert _status(out) == "running"
+
+
+def test_failed_overwrite_leaves_no_complete_looking_run(tmp_path):
+    out = prepare_run_dir(tmp_path / "run")
+    complete_run(out, {"accuracy": 0.9})
+    out = prepare_run_dir(out, overwrite=True)
+    results = {"experiment": "x"}
+    timer = StageTimer(run_dir=out, results=results)
+    with timer.stage("data"):
+        results["n"] = 3
+    assert json.loads((out / "results.json").read_text())["n"] == 3  # saved stage by stage
+    with pytest.raises(KeyboardInterrupt), timer.stage("patching"):
+        raise KeyboardInterrupt
+    assert _status(out) == "failed: patching: interrupted"
+    with pytest.raises(ValueError), timer.stage("af1"):
+        raise ValueError("no eval prompts")
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["status"] == "failed: af1: ValueError: no eval prompts" and saved["n"] == 3
+    assert set(saved["seconds"]) == {"data", "patching", "af1"}
+    # the replaced run is kept for recovery when the new one fails
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]) == 1
+    assert read_status(out).startswith("failed")
+
+
+def test_atomic_writes_leave_no_partial_file_on_error(tmp_path):
+    target = tmp_path / "results.json"
+    write_json_atomic(target, {"a": torch.tensor([1.0, float("nan")]), "b": (1, 2)})
+    assert json.loads(target.read_text()) == {"a": [1.0, None], "b": [1, 2]}
+
+    class Boom:
+        def __str__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        write_json_atomic(target, {"bad": Boom()})
+    assert json.loads(target.read_text())["b"] == [1, 2]  # old file intact
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # no temp file left
+    write_text_atomic(tmp_path / "x.txt", "hi")
+    assert (tmp_path / "x.txt").read_text() == "hi"
+
+
+def test_stage_timer_accumulates():
+    timer = StageTimer()
+    with timer.stage("a"):
+        time.sleep(0.03)
+    with timer.stage("a"):
+        time.sleep(0.03)
+    with timer.stage("b"):
+        time.sleep(0.02)
+    assert set(timer.seconds) == {"a", "b"}
+    assert 0.06 <= timer.seconds["a"] < 1.0 and 0.02 <= timer.seconds["b"] < 1.0
+    assert timer.total == pytest.approx(timer.seconds["a"] + timer.seconds["b"], abs=0.011)
+
+
+def _run(module, argv, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [module, *argv])
+    runpy.run_module(module, run_name="__main__")
+
+
+def test_precise_sft_overwrite_with_a_bad_model_deletes_nothing(monkeypatch, tmp_path):
+    out = prepare_run_dir(tmp_path / "run")
+    (out / "runs").mkdir()
+    (out / "runs" / "weights.safetensors").write_bytes(b"trained for hours")
+    complete_run(out, {"accuracy": 0.9})
+    with pytest.raises((ValueError, LookupError, SystemExit)):  # the model name is refused
+        _run("experiments.precise_sft", ["--out", str(out), "--overwrite", "--model", "bogus-model-name"], monkeypatch)
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert (aside / "runs" / "weights.safetensors").read_bytes() == b"trained for hours"
+    assert json.loads((aside / "results.json").read_text())["status"] == "complete"
+    assert json.loads((out / "results.json").read_text())["status"] != "complete"
+
+
+def test_precise_sft_overwrite_refuses_a_folder_the_toolkit_did_not_write(monkeypatch, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises((FileExistsError, SystemExit)):
+        _run("experiments.precise_sft", ["--out", str(tmp_path), "--overwrite", "--model", "bogus-model-name"],
+             monkeypatch)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+FAST = ["--n-prompts", "60", "--top-k", "2", "--knockout-prompts", "6", "--knockout-ks", "1,2",
+        "--knockout-seeds", "1", "--transfer-prompts", "6", "--af1-stride", "1", "--af1-prompts", "30",
+        "--batch-size", "16", "--circuit-prompts", "0"]
+
+
+def test_a_failing_last_stage_keeps_earlier_results_and_nothing_stale(tiny_dir, tmp_path, monkeypatch):
+    from experiments import arithmetic as _arithmetic
+    from experiments.arithmetic import stages as _arithmetic_stages
+    from patching.all_for_one.search import NoEvalPromptsError
+
+    out = tmp_path / "run"
+    _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(out), *FAST])
+    assert json.loads((out / "results.json").read_text())["status"] == "complete"
+    assert (out / "figures" / "path_patching.json").is_file() and (out / "report.html").is_file()
+
+    def no_eval_prompts(model, cfg):
+        raise NoEvalPromptsError("the model answers none of the AF1 prompts")
+
+    monkeypatch.setattr(_arithmetic_stages, "_af1_grid", no_eval_prompts)  # the AF1 stage's grid builder
+    with pytest.raises(NoEvalPromptsError):
+        _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(out), "--overwrite", *FAST])
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["status"].startswith("failed: AF1 grid: NoEvalPromptsError: the model answers none")
+    assert len(saved["key_heads"]) == 2 and saved["knockout"]["ks"] == [1, 2]  # earlier stages kept
+    assert "logit_lens" in saved and "AF1 grid" in saved["seconds"]
+    # nothing of the old complete run is left looking current: no report, no figures
+    assert not (out / "report.html").exists() and not (out / "figures").exists()
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert json.loads((aside / "results.json").read_text())["status"] == "complete"

@@ -1,0 +1,150 @@
+"""experiments.precise_sft end to end on a tiny random model (the injected loader returns a tiny one):
+lr search, resume inside the grid, folders of the earlier argparse code."""
+
+import importlib
+import json
+
+import pytest
+import torch
+
+from circuits.errors import InputError
+from experiments.runtime import cli
+from experiments.runtime.run_folder import OutputExistsError
+from tests.tiny_models import tiny_model
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One thread, as under tests/finetune/conftest.py where these tests ran before: tiny models run fastest so."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def tiny_loader():
+    return lambda name, **kw: tiny_model(style="gemma", n_layers=2)
+
+
+def _run(module, argv, loader):
+    """``python -m <module> <argv>`` with the model loader ``loader``: the command line's errors, exit status 2."""
+    main = importlib.import_module(module).main
+    cli.run_cli(lambda a: main(a, loader=loader), module.rsplit(".", 1)[1], argv)
+
+
+def test_precise_sft_experiment_writes_results(tiny_loader, tmp_path, capsys):
+    out = tmp_path / "run"
+    common = ["--out", str(out), "--k", "2", "--n-train", "16", "--steps", "2", "--batch-size", "8",
+              "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "2", "--n-shots", "0",
+              "--n-pydoc", "1", "--n-sentences", "3", "--n-rank-prompts", "4", "--precise-lrs", "1e-2,1e-3",
+              "--full-lrs", "1e-3", "--lora-lrs", "2e-4,1e-3"]
+    # two commands into one folder: the precise arms (with the Table-2 ablation), then the rest with --resume
+    _run("experiments.precise_sft", [*common, "--methods", "precise,precise_nokv", "--ablation-k", "1,2",
+                                     "--ablation-mlps", "1"], tiny_loader)
+    partial = json.loads((out / "results.json").read_text())
+    assert partial["status"] == "running" and "claims" not in partial
+    _run("experiments.precise_sft", [*common, "--methods", "full,lora", "--resume"], tiny_loader)
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "complete" and len(results["wall_seconds_by_command"]) == 2
+    assert set(results["runs"]) == {"precise", "precise_nokv", "full", "lora", "ablation_k1", "ablation_k1_mlp1",
+                                    "ablation_k2", "ablation_k2_mlp1"}
+    for method, grid in (("precise", [1e-3, 1e-2]), ("precise_nokv", [1e-3, 1e-2]), ("full", [1e-3]),
+                         ("lora", [2e-4, 1e-3])):
+        search = results["lr_search"][method]
+        assert search["grid"] == grid and set(search["by_lr"]) == {f"{lr:g}" for lr in grid}
+        best = max(v["validation_exact"]["value"] for v in search["by_lr"].values())
+        chosen = search["by_lr"][f"{search['chosen_lr']:g}"]["validation_exact"]
+        assert chosen["value"] == best and chosen["n"] == 8  # 2 validation prompts x 4 operations
+        assert results["runs"][method]["lr"] == search["chosen_lr"]
+    runs = results["runs"]
+    assert runs["precise_nokv"]["train"]["n_trainable"] < runs["precise"]["train"]["n_trainable"] \
+        < runs["full"]["train"]["n_trainable"]
+    assert runs["ablation_k2"]["lr"] == results["lr_search"]["precise"]["chosen_lr"]
+    summary = runs["precise"]["summary"]
+    assert summary["heldout_exact"]["n"] == 8 and summary["heldout_exact"]["interval"] == "wilson"
+    assert summary["heldout_gain"]["low"] <= summary["heldout_gain"]["value"] <= summary["heldout_gain"]["high"]
+    assert set(results["claims"]) == {"precise", "precise_nokv"}
+    assert results["claims"]["precise"]["verdict"] in ("reproduced", "not reproduced")
+    assert (out / "report.html").is_file()
+    # a resumed folder refuses other settings
+    from experiments.precise_sft import main as precise_main
+
+    with pytest.raises(InputError, match=r"--resume: .* was run with other settings \(steps\)"):
+        precise_main([*common, "--methods", "full", "--resume", "--steps", "3"])
+    # the command line turns the OutputExistsError into one line on stderr and exit status 2
+    with pytest.raises(SystemExit) as exit_info:
+        _run("experiments.precise_sft", [*common, "--methods", "full"], tiny_loader)
+    assert exit_info.value.code == 2
+    assert isinstance(exit_info.value.__context__, OutputExistsError)
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_precise_sft_resumes_inside_the_lr_grid(tiny_loader, monkeypatch, tmp_path):
+    """A command stopped after one lr trial resumes at the next and ends as an uninterrupted run does."""
+    import experiments.precise_sft as exp
+
+    common = ["--heads", "L1H0,L1H2", "--k", "2", "--n-train", "16", "--steps", "2", "--batch-size", "8",
+              "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "3", "--n-shots", "0",
+              "--n-pydoc", "1", "--n-sentences", "2", "--methods", "full,precise_nokv",
+              "--full-lrs", "1e-3,3e-2,1e-1", "--precise-lrs", "1e-2"]
+    exp.main([*common, "--out", str(tmp_path / "whole")], loader=tiny_loader)
+    whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+
+    real_train, calls = exp.train, []
+
+    def stop_at_the_third_trial(*args, **kwargs):
+        calls.append(kwargs["method"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # as a time limit would
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(exp, "train", stop_at_the_third_trial)
+    with pytest.raises(KeyboardInterrupt):
+        exp.main([*common, "--out", str(tmp_path / "cut")], loader=tiny_loader)
+    cut = json.loads((tmp_path / "cut" / "results.json").read_text())
+    assert set(cut["lr_search"]["full"]["by_lr"]) == {"0.001", "0.03"} and not cut["runs"]
+    monkeypatch.setattr(exp, "train", real_train)
+    exp.main([*common, "--out", str(tmp_path / "cut"), "--resume"], loader=tiny_loader)
+    resumed = json.loads((tmp_path / "cut" / "results.json").read_text())
+    for method in ("full", "precise_nokv"):
+        assert resumed["lr_search"][method]["chosen_lr"] == whole["lr_search"][method]["chosen_lr"]
+        assert resumed["runs"][method]["math"] == whole["runs"][method]["math"]  # same tuned weights
+        assert resumed["runs"][method]["drift"]["kl"] == pytest.approx(whole["runs"][method]["drift"]["kl"])
+    kept = [k for k, v in resumed["lr_search"]["full"]["by_lr"].items() if v["kept"]]
+    assert kept == [f"{resumed['lr_search']['full']['chosen_lr']:g}"]
+    assert sorted(p.name for p in (tmp_path / "cut" / "runs").iterdir()) == sorted(
+        f"{m}_lr{resumed['lr_search'][m]['chosen_lr']:g}" for m in ("full", "precise_nokv"))
+
+
+# results.json "args" as the module-level argparse of the earlier precise_sft wrote it (vars(args), "debug"
+# included, lr grids as lists), for the flags of the test below: folders of that code must stay resumable.
+EARLIER_ARGS = {
+    "debug": False, "model": "gemma-3-270m", "methods": ["full"], "heads": "L1H0,L1H2", "mlps": None, "k": 2,
+    "ablation_k": "", "ablation_mlps": 0, "n_train": 16, "steps": 2, "batch_size": 8, "micro_batch_size": 8,
+    "precise_lrs": [0.01], "full_lrs": [0.001], "lora_lrs": [0.0001, 0.0003, 0.001], "lora_rank": 8, "n_val": 3,
+    "n_heldout": 2, "n_transfer": 1, "n_shots": 0, "n_pydoc": 1, "n_sentences": 2, "drift_tokens": 96,
+    "n_rank_prompts": 24, "seed": 0, "threads": 0, "device": "auto", "out": "X", "overwrite": False, "resume": False,
+}
+
+
+def test_precise_sft_resumes_a_folder_of_the_earlier_argparse_code(tiny_loader, tmp_path):
+    import experiments.precise_sft as exp
+
+    out = tmp_path / "run"
+    common = ["--heads", "L1H0,L1H2", "--k", "2", "--n-train", "16", "--steps", "2", "--batch-size", "8",
+              "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "3", "--n-shots", "0",
+              "--n-pydoc", "1", "--n-sentences", "2", "--full-lrs", "1e-3", "--precise-lrs", "1e-2", "--out", str(out)]
+    exp.main([*common, "--methods", "full"], loader=tiny_loader)
+    results = json.loads((out / "results.json").read_text())
+    # the new config records the same settings under the same keys as the earlier code (less "debug")
+    assert results["args"] == {k: v for k, v in {**EARLIER_ARGS, "out": str(out)}.items() if k != "debug"}
+    results["args"] = {**EARLIER_ARGS, "out": str(out)}
+    (out / "results.json").write_text(json.dumps(results))
+    with pytest.raises(InputError, match=r"other settings \(full_lrs\)"):
+        exp.main([*common, "--full-lrs", "1e-3,1e-2", "--methods", "precise_nokv", "--resume"],  # last flag wins
+                 loader=tiny_loader)
+    exp.main([*common, "--methods", "precise_nokv", "--resume"], loader=tiny_loader)
+    resumed = json.loads((out / "results.json").read_text())
+    assert set(resumed["runs"]) == {"full", "precise_nokv"} and resumed["runs"]["full"] == results["runs"]["full"]
+    assert resumed["args"] == results["args"] and len(resumed["wall_seconds_by_command"]) == 2

@@ -1,0 +1,56 @@
+"""patching.inputs: every accepted prompt form becomes the same groups of equal token length."""
+
+import pytest
+import torch
+
+from circuits.errors import InputError
+from circuits.tasks import make_dataset, single_batch
+from patching.inputs import prompt_groups
+from tests.tiny_models import tiny_model
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_model(n_layers=1)
+    return model, make_dataset(model, n_prompts=12, n_shots=0, seed=5)
+
+
+def test_a_dataset_is_grouped_by_token_length_and_keeps_every_prompt(setup):
+    model, data = setup
+    groups = prompt_groups(model, data, alt_ids=4)
+    assert sum(len(g) for g in groups) == len(data) and len(groups) == len(set(data["end_pos"]))
+    for g in groups:
+        assert g.tokens.shape == g.cf_tokens.shape and g.answer_ids.shape == (len(g),)
+        assert g.alt_ids.tolist() == [4] * len(g)
+    answers = sorted(a for g in groups for a in g.answer_ids.tolist())
+    assert answers == sorted(r["answer_token_ids"][0] for r in data)
+    assert sum(len(g) for g in prompt_groups(model, data, batch_size=2)) == len(data)
+    assert all(len(g) <= 2 for g in prompt_groups(model, data, batch_size=2))
+
+
+def test_a_batch_and_its_tensors_give_the_same_group(setup):
+    model, data = setup
+    batch = single_batch(data.filter(lambda r: r["template_id"] == data[0]["template_id"]
+                                     and r["end_pos"] == data[0]["end_pos"]))
+    (from_batch,) = prompt_groups(model, batch)
+    chunks = prompt_groups(model, batch.tokens, batch.cf_tokens, answer_ids=batch.answer_ids, batch_size=1)
+    assert len(chunks) == len(batch)
+    assert torch.equal(torch.cat([c.tokens for c in chunks]), from_batch.tokens)
+    assert torch.equal(torch.cat([c.answer_ids for c in chunks]), from_batch.answer_ids)
+    (one_id,) = prompt_groups(model, batch.tokens, batch.cf_tokens, answer_ids=5)
+    assert one_id.answer_ids.tolist() == [5] * len(batch)
+
+
+def test_mismatched_forms_are_refused(setup):
+    model, data = setup
+    batch = single_batch(data.select([0]))
+    with pytest.raises(InputError, match="counterfactual comes from its cf_tokens column"):
+        prompt_groups(model, data, batch.cf_tokens)
+    with pytest.raises(InputError, match="must both be \\[batch, pos\\] with the same shape"):
+        prompt_groups(model, batch.tokens, batch.cf_tokens[:, :-1], answer_ids=1)
+    with pytest.raises(InputError, match="pass answer_ids"):
+        prompt_groups(model, batch.tokens, batch.cf_tokens)
+    with pytest.raises(InputError, match="outside the vocabulary"):
+        prompt_groups(model, batch.tokens, batch.cf_tokens, answer_ids=model.cfg.d_vocab)
+    with pytest.raises(TypeError, match="reference must be a Dataset"):
+        prompt_groups(model, ["1 + 2 = "])
