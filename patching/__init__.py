@@ -32,6 +32,7 @@ from patching.edges.patch import EdgeEffects, edge_patch
 from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, curve_areas, faithfulness_curve
 from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS, edge_attribution
 from patching.edges.learn import LearnConfig, LearnedCircuit, learn_circuit
+from patching.edges.shift import CircuitShift, ShiftSettings, circuit_shift
 from patching.edges.engine import UnsupportedModelError, edge_mode, receiver_hooks, sender_outputs
 from patching.all_for_one.search import AF1Config, AF1Runner, AF1SearchResult, af1_accuracy, search_af1
 from patching.all_for_one.template_prompts import authors_templates, make_template_dataset
@@ -63,5 +64,6 @@ __all__ = [
 __all__ += ["ABLATIONS", "CircuitEvaluation", "MeanPoolError", "evaluate_circuit", "evaluate_circuits", "EdgeEffects",
             "edge_patch", "MIB_FRACTIONS", "FaithfulnessCurve", "curve_areas", "faithfulness_curve",
             "UnsupportedModelError", "edge_mode", "receiver_hooks", "sender_outputs"]
-__all__ += ["EDGE_ATTRIBUTION_METHODS", "edge_attribution", "LearnConfig", "LearnedCircuit", "learn_circuit"]
+__all__ += ["EDGE_ATTRIBUTION_METHODS", "edge_attribution", "LearnConfig", "LearnedCircuit", "learn_circuit",
+            "CircuitShift", "ShiftSettings", "circuit_shift"]
 __all__ += ["KeyHeads", "combine_key_heads", "given_key_heads", "rank_key_heads", "SweepOptions"]

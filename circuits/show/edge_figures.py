@@ -29,7 +29,7 @@ from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import nodes_in_graph
 from circuits.nodes import Head
 
-__all__ = ["edge_circuit_figure", "faithfulness_figure"]
+__all__ = ["circuit_shift_figure", "edge_circuit_figure", "faithfulness_figure"]
 
 POSITIVE_COLOR, NEGATIVE_COLOR = "#1f77b4", "#d62728"
 _WIDTH_BINS = 5
@@ -184,3 +184,42 @@ def faithfulness_figure(
     fig.update_layout(title=title, plot_bgcolor="white", height=420)
     return fig
 
+
+
+SHIFT_COLORS = {"kept": "#7f7f7f", "gained": "#2ca02c", "lost": "#d62728"}
+
+
+def circuit_shift_figure(layout: GraphLayout, reference: "np.ndarray | object", changed: "np.ndarray | object", *,
+                         max_edges: int = 300, title: str = "The circuit before and after") -> go.Figure:
+    """Edges of two circuits of one graph coloured kept (grey), gained (green) or lost (red).
+
+    ``reference`` and ``changed`` are bool masks ``[n_forward, n_backward]`` (tensors or arrays); at most
+    ``max_edges`` edges are drawn per colour.
+    """
+    ref = np.asarray(getattr(reference, "cpu", lambda: reference)(), dtype=bool) & layout.real_edge_mask.numpy()
+    new = np.asarray(getattr(changed, "cpu", lambda: changed)(), dtype=bool) & layout.real_edge_mask.numpy()
+    status = {"kept": ref & new, "gained": ~ref & new, "lost": ref & ~new}
+    pos = _positions(layout)
+    fig = go.Figure()
+    shown: set[str] = set()
+    for label, mask in status.items():
+        pairs = np.argwhere(mask)[:max_edges].tolist()
+        xs, ys = [], []
+        for f, b in pairs:
+            sender, (target, _) = layout.forward_names[f], _receiver_owner_name(layout, b)
+            (x0, y0), (x1, y1) = pos[sender], pos[target]
+            xs += [x0, x1, None]
+            ys += [y0, y1, None]
+            shown |= {sender, target}
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", name=f"{label} ({int(mask.sum())} edges)", opacity=0.6,
+                                 line=dict(width=1.5, color=SHIFT_COLORS[label]), hoverinfo="skip"))
+    nodes = [n for n in pos if n in shown]
+    fig.add_trace(go.Scatter(x=[pos[n][0] for n in nodes], y=[pos[n][1] for n in nodes], mode="markers+text", text=nodes,
+                             textposition="top center", name="nodes", showlegend=False,
+                             marker=dict(size=12, color=[MLP_COLOR if n.startswith("m") else LOGITS_COLOR for n in nodes])))
+    fig.update_traces(cliponaxis=False, selector=dict(mode="markers+text"))
+    fig.update_xaxes(title_text="layer", range=[-1.8, layout.n_layers + 1.2], dtick=1, zeroline=False)
+    fig.update_yaxes(tickvals=[-1.5, *range(layout.n_heads)], ticktext=["MLP", *[f"H{h}" for h in range(layout.n_heads)]],
+                     range=[-2.5, layout.n_heads], zeroline=False)
+    fig.update_layout(title=title, height=max(360, 60 * layout.n_heads + 240), plot_bgcolor="white")
+    return fig

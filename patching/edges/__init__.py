@@ -14,6 +14,9 @@ are, so that outputs add up to inputs on every supported model; everything else 
 * :mod:`patching.edges.curves`: MIB faithfulness curves, CPR and CMD, with bootstrap intervals;
 * :mod:`patching.edges.faithful_circuit`: the smallest faithful circuit, chosen on one half of the prompts
   and reported on the other;
+* :mod:`patching.edges.combine`: ensembles, bootstrapped sign-stable scores, the ILP circuit;
+* :mod:`patching.edges.positions`: position-aware edges over a span schema of the prompt layouts;
+* :mod:`patching.edges.shift`: what tuning or merging did to a circuit;
 * :mod:`patching.edges.distributed`: the same sweeps split over processes.
 """
 
@@ -24,9 +27,10 @@ from patching.edges.evaluate import ABLATIONS, CircuitEvaluation, MeanPoolError,
 from patching.edges.faithful_circuit import CircuitSearch, FaithfulCircuit, find_faithful_circuit
 from patching.edges.learn import LearnConfig, LearnedCircuit, learn_circuit
 from patching.edges.mixing import NORMS
+from patching.edges.shift import CircuitShift, ShiftSettings, circuit_shift
 from patching.edges.patch import EdgeEffects, edge_patch
 
-__all__ = ["ABLATIONS", "CircuitEvaluation", "CircuitSearch", "FaithfulCircuit", "find_faithful_circuit", "LearnConfig", "LearnedCircuit", "learn_circuit", "NORMS", "EDGE_ATTRIBUTION_METHODS", "EdgeEffects", "FaithfulnessCurve",
+__all__ = ["ABLATIONS", "CircuitEvaluation", "CircuitSearch", "FaithfulCircuit", "find_faithful_circuit", "CircuitShift", "ShiftSettings", "circuit_shift", "LearnConfig", "LearnedCircuit", "learn_circuit", "NORMS", "EDGE_ATTRIBUTION_METHODS", "EdgeEffects", "FaithfulnessCurve",
            "MIB_FRACTIONS", "MeanPoolError", "UnsupportedModelError", "curve_areas", "edge_attribution", "edge_mode",
            "edge_patch", "evaluate_circuit", "evaluate_circuits", "faithfulness_curve", "receiver_hooks",
            "sender_outputs"]

@@ -203,9 +203,17 @@ def ilp_select(layout: GraphLayout, scores: ScoresLike, n: int, *, absolute: boo
 
 def ilp_selector(layout: GraphLayout, *, absolute: bool = True, positive_ratio: Optional[float] = None,
                  time_limit: float = 60.0):
-    """``(scores, n) -> bool mask``: :func:`ilp_select`, for ``select=`` of :func:`patching.faithfulness_curve`."""
+    """``(scores, n) -> bool mask``: :func:`ilp_select`, for ``select=`` of :func:`patching.faithfulness_curve`.
+
+    Solutions are remembered per (scores, n), so the curves of both halves of the prompts solve each size once.
+    """
+    solved: dict[tuple, Tensor] = {}
 
     def select(scores: Tensor, n: int) -> Tensor:
-        return ilp_select(layout, scores, n, absolute=absolute, positive_ratio=positive_ratio, time_limit=time_limit)
+        key = (scores.data_ptr(), tuple(scores.shape), scores._version, n)
+        if key not in solved:
+            solved[key] = ilp_select(layout, scores, n, absolute=absolute, positive_ratio=positive_ratio,
+                                     time_limit=time_limit)
+        return solved[key].clone()
 
     return select

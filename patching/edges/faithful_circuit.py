@@ -29,7 +29,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.graph import Graph
-from circuits.graph_selection import mib_selector, nodes_in_graph, select_fraction
+from circuits.graph_selection import mib_selector, nodes_in_graph, select_fraction, select_top_n
 from circuits.nodes import Head
 from circuits.pools import pool_dataset
 from patching.edges.attribute import edge_attribution
@@ -334,3 +334,25 @@ def compare_methods(model: HookedTransformer, prompts: Dataset, methods: Sequenc
             f"f@5% {row.get('f@5%', {}).get('value', float('nan')):.3f}  smallest f>={search.threshold:g}: "
             f"{row['smallest_fraction']}  ({row['seconds']:.0f} s)")
     return results
+
+
+def circuit_heads(scores: Graph, n_heads: int, fraction: float = 0.05) -> list[Head]:
+    """The ``n_heads`` heads holding the most in-circuit edge score in the top ``fraction`` circuit of ``scores``.
+
+    A head's mass is the |score| of its in-circuit edges out of it and into its q, k and v inputs (ties in
+    layer-then-head order); heads with no in-circuit edge are never chosen, so fewer than ``n_heads`` may
+    come back. For precise SFT on the edge circuit's heads (:func:`finetune.train` ``heads=``).
+    """
+    layout = scores.layout
+    if n_heads < 1:
+        raise InputError(f"n_heads must be >= 1, got {n_heads}.")
+    mask = select_top_n(scores, int(fraction * layout.n_edges), prune=False).in_graph
+    weights = scores.scores.abs().nan_to_num(0.0) * mask
+    mass = []
+    for layer in range(layout.n_layers):
+        for head in range(layout.n_heads):
+            f = layout.head_forward(layer, head)
+            inputs = [layout.head_backward(layer, head, x) for x in "qkv"]
+            mass.append((float(weights[f].sum() + weights[:, inputs].sum()), Head(layer, head)))
+    ranked = sorted((m for m in mass if m[0] > 0), key=lambda m: -m[0])  # stable: ties keep layer-head order
+    return [head for _, head in ranked[:n_heads]]
