@@ -91,7 +91,8 @@ class CircuitConfig(RunSettings):
     learn_objective: str = option(LearnConfig.objective, "what the learned masks match: 'metric' (the answer logit) or "
                                                          "'kl' (the END distribution)", choices=("metric", "kl"))
     learn_steps: int = option(LearnConfig.steps, "optimisation steps of a learned mask", type=cli.positive_int)
-    learn_lr: float = option(LearnConfig.lr, "learning rate of a learned mask (Adam)", type=cli.positive_float)
+    learn_lr: float | None = option(None, "learning rate of a learned mask (Adam; default: the method's own, "
+                                          "patching.edges.learn.DEFAULT_LR)", type=cli.positive_float)
     learn_batch_size: int = option(LearnConfig.batch_size, "prompts per step of a learned mask", type=cli.positive_int)
     learn_samples: int = option(LearnConfig.samples, "masks per prompt per step (gates, UGS samples or budgets)",
                                 type=cli.positive_int)

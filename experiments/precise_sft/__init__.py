@@ -53,12 +53,14 @@ from pathlib import Path
 import torch
 
 from circuits.errors import InputError
+from circuits.file_reads import read_json
 from circuits.nodes import MLP, Head, parse_node
 from experiments.runtime.run_folder import read_marker, release_freed_memory, save_results
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, load_tuned, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
 from finetune.evaluate import (
-    NON_MATH_SENTENCES, accuracy_estimate, answer_accuracy, evaluate, math_suite, pydoc_passages, validation_suite,
+    NON_MATH_SENTENCES, accuracy_estimate, answer_accuracy, evaluate, math_suite, paired_comparison, pydoc_passages,
+    validation_suite,
 )
 from patching.path_patching import path_patch
 
@@ -72,7 +74,10 @@ METHOD_SPECS = {
     "precise_nokv": ("precise", {"tune_kv": False}, "precise_lrs"),
     "full": ("full", {}, "full_lrs"),
     "lora": ("lora", {}, "lora_lrs"),
+    # the same precise SFT, of the heads holding the most in-circuit edge score of the EAP-IG edge circuit
+    "precise_circuit": ("precise", {"tune_kv": True}, "precise_lrs"),
 }
+DEFAULT_METHODS = ("precise", "precise_nokv", "full", "lora")
 # flags that may differ between the commands of one --resume'd folder
 RESUMABLE = {"methods", "resume", "overwrite", "threads", "out", "debug", "ablation_k", "ablation_mlps"}
 OPS = ("+", "-", "*", "/")
@@ -105,8 +110,8 @@ class SFTComparisonConfig(RunSettings):
     :class:`finetune.PreciseSFTConfig`, the training settings of one precise SFT run.
     """
 
-    methods: tuple[str, ...] = option(",".join(METHOD_SPECS), "comma-separated methods to run (default: all four)",
-                                      type=method_list)
+    methods: tuple[str, ...] = option(",".join(DEFAULT_METHODS), "comma-separated methods to run: "
+                                      + ", ".join(METHOD_SPECS) + " (default: the first four)", type=method_list)
     heads: str | None = option(None, "key heads, e.g. L9H1,L11H0 (default: path patching)")
     mlps: str | None = option(None, "top MLPs for the ablation, e.g. MLP15,MLP16 (default: path patching)")
     k: int = option(8, "key heads in the precise runs", type=cli.positive_int)
@@ -128,6 +133,10 @@ class SFTComparisonConfig(RunSettings):
     n_sentences: int = option(30, "project sentences in the drift text (at most 30)", type=cli.positive_int)
     drift_tokens: int = option(96, "tokens per drift passage (KL and LM loss on non-math text)", type=cli.positive_int)
     n_rank_prompts: int = option(24, "prompts per operation for ranking heads", type=cli.positive_int)
+    circuit_size: float = option(0.05, "precise_circuit: the edge-circuit size (fraction of edges) whose heads are "
+                                       "tuned", type=cli.fraction)
+    shift_prompts: int = option(0, "also report each tuned model's circuit shift from the base (patching.circuit_shift) "
+                                   "on this many addition prompts (0: skip)", type=cli.nonnegative_int)
     resume: bool = option(False, "add the --methods to an unfinished or finished folder of the same settings")
 
     def __post_init__(self):
@@ -165,8 +174,10 @@ class SFTRun:
     val_suite: dict = field(default_factory=dict)
     texts: list[str] = field(default_factory=list)
     ranked_heads: list[Head] = field(default_factory=list)
+    circuit_heads: list[Head] = field(default_factory=list)  # precise_circuit's heads
     ranked_mlps: list[MLP] = field(default_factory=list)
     lifecycle: Run | None = None  # the run of experiments.runtime: its timed stages
+    cache: dict = field(default_factory=dict)  # the circuit-shift prompts and the base model's scores on them
 
     @property
     def train_config(self) -> TrainConfig:
@@ -198,7 +209,10 @@ def resumed_results(cfg: SFTComparisonConfig) -> dict | None:
     out = Path(cfg.out)
     if not (cfg.resume and read_marker(out) is not None and (out / "results.json").is_file()):
         return None
-    results = json.loads((out / "results.json").read_text())
+    results = read_json(out / "results.json", "the results.json of an earlier run", error=InputError,
+                        hint="--resume needs the run folder as the toolkit wrote it; use another --out.")
+    if not isinstance(results, dict):
+        raise InputError(f"--resume: {out / 'results.json'} holds no results object; use another --out.")
     before = results.get("args", {})
     differ = sorted(k for k, v in json.loads(json.dumps(dataclasses.asdict(cfg))).items()
                     if k not in RESUMABLE and v != before.get(k))  # a dtype not recorded was None
@@ -266,6 +280,27 @@ def _rank_nodes(base, cfg: SFTComparisonConfig) -> tuple[str, list[Head], list[M
             ranked_mlps or [n for n in order if isinstance(n, MLP)])
 
 
+def _circuit_heads(base, cfg: SFTComparisonConfig) -> list[Head]:
+    """The ``k`` heads with the most in-circuit edge score: EAP-IG on the ranking prompts of every operation, each
+    operation's scores scaled to a largest |score| of 1 and summed, then the top ``circuit_size`` circuit."""
+    from circuits.graph import Graph
+    from patching.edges.attribute import edge_attribution
+    from patching.edges.faithful_circuit import circuit_heads
+
+    total = None
+    for i, op in enumerate(OPS):
+        probe = make_dataset(base, op=op, n_prompts=cfg.n_rank_prompts, styles=("equation", "statement", "question"),
+                             seed=1000 + i)
+        scores = edge_attribution(base, probe, progress=False).scores.abs()
+        scaled = scores / scores.nan_to_num(0.0).max().clamp_min(1e-12)
+        total = scaled if total is None else total + scaled
+    heads = circuit_heads(Graph.from_model(base).__class__(Graph.from_model(base).layout, total), cfg.k, cfg.circuit_size)
+    if len(heads) < cfg.k:
+        raise InputError(f"The edge circuit at {cfg.circuit_size:g} of the edges touches only {len(heads)} heads, fewer "
+                         f"than --k {cfg.k}: raise --circuit-size or lower --k.")
+    return heads
+
+
 def choose_nodes(run: SFTRun) -> None:
     """Ranked heads and MLPs (kept from an earlier command of a resumed folder), recorded in the results."""
     cfg, results = run.cfg, run.results
@@ -279,6 +314,13 @@ def choose_nodes(run: SFTRun) -> None:
         raise InputError(f"Only {len(run.ranked_heads)} ranked heads; lower --k / --ablation-k or pass more --heads.")
     heads, top_mlps = run.ranked_heads[: cfg.k], run.ranked_mlps[: cfg.ablation_mlps]
     print(f"key heads ({head_source}): {', '.join(map(str, heads))}; top MLPs: {', '.join(map(str, top_mlps)) or '-'}")
+    if "precise_circuit" in cfg.methods or "circuit_heads" in results:
+        if "circuit_heads" not in results:
+            results["circuit_heads"] = [str(h) for h in _circuit_heads(run.base, cfg)]
+        run.circuit_heads = [parse_node(h) for h in results["circuit_heads"]]
+        overlap = sorted(set(map(str, heads)) & set(results["circuit_heads"]))
+        results["head_choice_overlap"] = {"n": len(overlap), "heads": overlap}
+        print(f"edge-circuit heads: {', '.join(results['circuit_heads'])} ({len(overlap)} shared with the key heads)")
     results.setdefault("args", recorded_args(cfg))
     results.update({"head_source": head_source, "ranked_heads": [str(h) for h in run.ranked_heads[:32]],
                     "ranked_mlps": [str(m) for m in run.ranked_mlps[:8]], "key_heads": [str(h) for h in heads],
@@ -314,16 +356,21 @@ def train_copy(run: SFTRun, method_key: str, lr: float, heads=None, mlps=None, o
 def _trial(run: SFTRun, method_key: str, lr: float, trial_dir: Path):
     """One (method, lr) trial from the base weights: (tuned model, its entry in ``lr_search``)."""
     shutil.rmtree(trial_dir, ignore_errors=True)  # a trial cut short restarts from the base weights
-    is_precise = METHOD_SPECS[method_key][0] == "precise"
     tick = time.perf_counter()
-    model, result = train_copy(run, method_key, lr, run.ranked_heads[: run.cfg.k] if is_precise else None,
-                               out_dir=trial_dir)
+    model, result = train_copy(run, method_key, lr, _heads_of(run, method_key), out_dir=trial_dir)
     val = evaluate_val(run, model)
     entry = {"lr": lr, "validation_exact": val, "final_loss": result.losses[-1], "kept": False,
              "train": result.summary(), "losses": result.losses, "seconds": time.perf_counter() - tick}
     print(f"{method_key} lr {lr:g}: validation exact {val['value']:.3f} [{val['low']:.3f}, {val['high']:.3f}] "
           f"(n={val['n']}), final loss {result.losses[-1]:.4f}, {entry['seconds']:.0f} s")
     return model, entry
+
+
+def _heads_of(run: SFTRun, method_key: str):
+    """The heads a method tunes: the edge circuit's for precise_circuit, the key heads for the other precise arms."""
+    if method_key == "precise_circuit":
+        return run.circuit_heads
+    return run.ranked_heads[: run.cfg.k] if METHOD_SPECS[method_key][0] == "precise" else None
 
 
 def search_lr(run: SFTRun, method_key: str):
@@ -371,9 +418,17 @@ def run_method(run: SFTRun, method_key: str) -> None:
     is_precise = METHOD_SPECS[method_key][0] == "precise"
     run.results["runs"][method_key] = {"method": METHOD_SPECS[method_key][0], "lr": lr,
                                        "k": run.cfg.k if is_precise else None,
+                                       "heads": [str(h) for h in _heads_of(run, method_key) or []],
                                        "tune_kv": METHOD_SPECS[method_key][1].get("tune_kv"), "validation_exact": val,
                                        "train": entry["train"], "losses": entry["losses"], **scores,
                                        "summary": score_summary(scores, run.results["base"])}
+    if run.cfg.shift_prompts:
+        from patching.edges.engine import edge_model_problem
+
+        problem = edge_model_problem(model)  # e.g. full SFT trained gemma's zero attention bias b_O
+        run.results["runs"][method_key]["circuit_shift"] = (
+            _shift_summary(run, model) if problem is None else
+            {"skipped": f"the tuned model has no edge graph: {problem} (full SFT trains TransformerLens' zero b_O)"})
     s = run.results["runs"][method_key]["summary"]
     print(f"{method_key}: lr {lr:g}, test held-out exact {s['heldout_exact']['value']:.3f} "
           f"(gain {s['heldout_gain']['value']:+.3f} [{s['heldout_gain']['low']:+.3f}, {s['heldout_gain']['high']:+.3f}]), "
@@ -381,6 +436,31 @@ def run_method(run: SFTRun, method_key: str) -> None:
     run.save()
     del model
     gc.collect()
+
+
+def _shift_summary(run: SFTRun, model) -> dict:
+    """The base model's addition circuit inside ``model``, and ``model``'s own: CPR, CMD, Jaccard, Spearman."""
+    from patching.edges.shift import ShiftSettings, circuit_shift
+
+    if "shift_data" not in run.cache:
+        from circuits.tasks import accuracy_mask, filter_correct
+
+        data = make_dataset(run.base, op="+", n_prompts=4 * run.cfg.shift_prompts, seed=2024)
+        mask = accuracy_mask(run.base, data)
+        if sum(mask) >= 2:  # the base model's circuit of the prompts it answers (as MIB evaluates)
+            data, _ = filter_correct(run.base, data, mask=mask)
+        run.cache["shift_correct_only"] = sum(mask) >= 2
+        run.cache["shift_data"] = data.select(range(min(run.cfg.shift_prompts, len(data))))
+    settings = ShiftSettings(n_bootstrap=500, seed=run.cfg.seed)
+    shift = circuit_shift(run.base, model, run.cache["shift_data"], settings,
+                          reference_scores=run.cache.get("shift_base_scores"), path_patching=False)
+    run.cache["shift_base_scores"] = shift.reference_scores
+    full = shift.to_dict()
+    size = f"{100 * settings.size:g}%"
+    return {"n_prompts": len(run.cache["shift_data"]), "correct_only": run.cache["shift_correct_only"], "reference_cpr": full["reference_curve"]["cpr"],
+            "transferred_cpr": full["transferred_curve"]["cpr"], "transferred_cmd": full["transferred_curve"]["cmd"],
+            "own_cpr": full["changed_curve"]["cpr"], "jaccard_at_size": full["jaccard"][size], "size": settings.size,
+            "spearman": full["spearman"], "edges": full["edges"], "node_mass": full["node_mass"][:10]}
 
 
 def run_methods(run: SFTRun) -> None:
@@ -429,13 +509,19 @@ def finish(run: SFTRun) -> None:
     results, lifecycle = run.results, run.lifecycle
     if "full" in results["runs"]:
         results["claims"] = {arm: claim(results["runs"][arm], results["runs"]["full"])
-                             for arm in ("precise", "precise_nokv") if arm in results["runs"]}
+                             for arm in ("precise", "precise_nokv", "precise_circuit") if arm in results["runs"]}
+    if "precise" in results["runs"] and "precise_circuit" in results["runs"]:
+        # the same k heads from the edge circuit instead of path patching: paired differences (circuit - key heads)
+        diff = paired_comparison(results["runs"]["precise_circuit"], results["runs"]["precise"])
+        results["head_choice"] = {"k": run.cfg.k, "gain_difference": diff["accuracy"].to_dict(),
+                                  "kl_difference": diff["kl"].to_dict(), "overlap": results.get("head_choice_overlap"),
+                                  "reading": "precise_circuit minus precise: edge-circuit heads minus key heads"}
     write_report(run.out, results, run.cfg.model, dataclasses.asdict(run.cfg))
     # last, so that it matches the wall_seconds the lifecycle records as the run ends (which adds up over commands)
     results.setdefault("wall_seconds_by_command", []).append(time.perf_counter() - lifecycle.started)
     results["wall_seconds"] = sum(results["wall_seconds_by_command"])
     print_table(results)
-    missing = [m for m in METHOD_SPECS if m not in results["runs"]]
+    missing = [m for m in dict.fromkeys(DEFAULT_METHODS + tuple(run.cfg.methods)) if m not in results["runs"]]
     if missing:
         lifecycle.complete = False  # results saved with status running: --resume adds the rest
         print(f"methods still to run (--resume --methods {','.join(missing)}): {', '.join(missing)}")

@@ -26,7 +26,8 @@ Methods (``method=``); each returns edge scores like :func:`patching.edge_attrib
 * ``"ugs"`` (uniform gradient sampling, MIB's baseline, alestolfo/optimalablation): ``p = sigmoid(θ)``;
   ``samples`` masks per step, each edge ``m = clamp(0.5 − (u − p)/w, 0, 1)`` with ``u ~ U(0, 1)`` and
   window ``w = p(1 − p)``: Bernoulli(p) outside the window, uniform on (0, 1) inside it, whose
-  gradient averages to an integrated-gradients estimate of the edge's effect; loss + ``λ Σ p``.
+  gradient averages to an integrated-gradients estimate of the edge's effect; loss + ``ugs_lambda · Σ p``
+  (MIB's λ = 1e-3 on the expected edge count).
   Scores: ``sigmoid(θ)``.
 * ``"matryoshka"`` (random-budget masks): scores ``s``; each step draws ``samples`` budgets ``k``
   (log-uniform between ``min_fraction`` and all edges) and runs, for each, the soft top-k mask
@@ -71,6 +72,9 @@ from patching.metrics import get_metric, score_end
 METHODS = ("edge-pruning", "ugs", "matryoshka")
 OBJECTIVES = ("kl", "metric")
 
+#: each method's learning rate when LearnConfig.lr is None (chosen on gemma-3-270m's selection prompts)
+DEFAULT_LR = {"edge-pruning": 0.1, "ugs": 0.1, "matryoshka": 0.05}
+
 # hard-concrete constants (Louizos et al. 2018, as Edge Pruning uses them)
 BETA, LEFT, RIGHT, EPS = 2.0 / 3.0, -0.1, 1.1, 1e-6
 
@@ -82,13 +86,13 @@ class LearnConfig:
     method: str = "matryoshka"
     objective: str = "metric"
     steps: int = 200
-    lr: float = 0.05
+    lr: Optional[float] = None  # Adam's learning rate (None: the method's, DEFAULT_LR)
     batch_size: int = 8  # prompts per step
     samples: int = 2  # masks per prompt per step (sampled gates, UGS samples, or budgets)
     target_fraction: float = 0.05  # edge-pruning: the fraction of edges to keep
     warmup: float = 0.5  # edge-pruning: share of the steps over which the target is ramped in
     lagrangian_lr: float = 0.05  # edge-pruning: learning rate of the λ's (gradient ascent)
-    ugs_lambda: float = 1e-3  # ugs: weight of Σ p (the expected edge count) in the loss, per 1000 edges
+    ugs_lambda: float = 1e-3  # ugs: weight of Σ p (the expected edge count) in the loss (MIB's default)
     min_fraction: float = 0.001  # matryoshka: the smallest budget drawn
     temperature: float = 1.0  # matryoshka: width of the soft top-k at the first step, in standard deviations of the scores
     final_temperature: float = 0.05  # matryoshka: its width at the last step
@@ -106,6 +110,8 @@ class LearnConfig:
             check_positive_int(getattr(self, name), name)
         for name in ("lr", "lagrangian_lr", "temperature", "final_temperature", "memory_mb"):
             value = getattr(self, name)
+            if name == "lr" and value is None:
+                continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise InputError(f"LearnConfig.{name} must be a finite number > 0, got {value!r}.")
         for name in ("target_fraction", "min_fraction"):
@@ -222,7 +228,7 @@ class _Method:
         self.n_edges = int(self.real.sum())
         start = self._initial(init, device)
         self.param = torch.nn.Parameter(start)
-        self.optimizer = torch.optim.Adam([self.param], lr=cfg.lr)
+        self.optimizer = torch.optim.Adam([self.param], lr=cfg.lr if cfg.lr is not None else DEFAULT_LR[cfg.method])
 
     def _initial(self, init: Optional[Tensor], device) -> Tensor:
         if init is None:  # the default, plus a little seeded noise so no two edges tie
@@ -312,7 +318,7 @@ class _UGS(_Method):
         return sample + inside * share * (p - p.detach())
 
     def penalty(self, step):
-        return self.cfg.ugs_lambda * torch.sigmoid(self.param).sum() / 1000.0
+        return self.cfg.ugs_lambda * torch.sigmoid(self.param).sum()
 
     def scores(self):
         return torch.sigmoid(self.param.detach())

@@ -148,3 +148,24 @@ def test_precise_sft_resumes_a_folder_of_the_earlier_argparse_code(tiny_loader, 
     resumed = json.loads((out / "results.json").read_text())
     assert set(resumed["runs"]) == {"full", "precise_nokv"} and resumed["runs"]["full"] == results["runs"]["full"]
     assert resumed["args"] == results["args"] and len(resumed["wall_seconds_by_command"]) == 2
+
+
+def test_precise_sft_on_the_edge_circuits_heads_beside_the_key_heads(tiny_loader, tmp_path):
+    out = tmp_path / "run"
+    argv = ["--out", str(out), "--k", "2", "--n-train", "16", "--steps", "2", "--batch-size", "8",
+            "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "2", "--n-shots", "0",
+            "--n-pydoc", "1", "--n-sentences", "3", "--n-rank-prompts", "4", "--precise-lrs", "1e-3", "--full-lrs",
+            "1e-3", "--methods", "precise,precise_circuit,full", "--circuit-size", "0.2", "--shift-prompts", "4"]
+    _run("experiments.precise_sft", argv, tiny_loader)
+    results = json.loads((out / "results.json").read_text())
+    runs = results["runs"]
+    assert runs["precise_circuit"]["heads"] == results["circuit_heads"] and len(results["circuit_heads"]) == 2
+    assert runs["precise"]["heads"] == results["key_heads"]
+    choice = results["head_choice"]
+    assert choice["k"] == 2 and choice["gain_difference"]["low"] <= choice["gain_difference"]["value"] \
+        <= choice["gain_difference"]["high"]
+    for method in ("precise", "precise_circuit"):
+        shift = runs[method]["circuit_shift"]
+        assert shift["n_prompts"] <= 4 and -1 <= shift["spearman"]["value"] <= 1
+    assert "zero b_O" in runs["full"]["circuit_shift"]["skipped"]  # full SFT trained the post-norm attention bias
+    assert results["status"] == "running"  # lora and precise_nokv not run yet: resumable
