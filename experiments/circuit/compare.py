@@ -57,8 +57,10 @@ def add_comparison_section(report: Report, comparison: dict, figures: dict) -> R
         f"circuits each method selects at MIB's sizes (scores, masks and hyperparameters from the "
         f"{comparison['n_selection']} selection prompts only); bands: 95% bootstrap over prompts."))
     rows = []
+    first = comparison["rows"][0]["method"]
     for r in comparison["rows"]:
-        row = {"method": r["method"], "CPR": _fmt(r["cpr"]), "CMD": _fmt(r["cmd"])}
+        row = {"method": r["method"], "CPR": _fmt(r["cpr"]), "CMD": _fmt(r["cmd"]),
+               f"CPR − {first} (paired)": _fmt(r.get(f"minus_{first}", {}).get("cpr"))}
         row |= {f"f at {100 * x:g}%": _fmt(r.get(f"f@{100 * x:g}%")) for x in ROW_FRACTIONS}
         row |= {f"smallest f >= {comparison['threshold']:g}": "none" if r["smallest_fraction"] is None
                 else f"{100 * r['smallest_fraction']:g}% (held-out {_fmt(r['smallest_f_heldout'])})",

@@ -20,6 +20,12 @@ Intervals: the prompts are resampled with replacement (the same resamples for ev
 point), and each resample recomputes every point's ratio of means, CPR and CMD; the
 95% interval is the percentile interval of those (:func:`circuits.stats.bootstrap`).
 
+The ratio needs ``m(full) ≠ m(∅)``. When the counterfactual is the reference itself (every pair of
+prompts identical, with counterfactual ablation) the empty circuit *is* the model and every point
+would be 0/0; :func:`faithfulness_curve` refuses such prompts before it runs anything, and refuses
+after the runs any other set of prompts whose ``m(full) − m(∅)`` is zero (an :class:`InputError`
+that says what to change), instead of returning NaN points and a NaN CPR.
+
 This module selects by plain top-n (:func:`circuits.graph_selection.select_top_n` without
 pruning; every real edge needs a score). A ``select`` callable ``(scores, n) -> mask`` can
 replace it (greedy growth, pruning of edges off every input-to-logits path:
@@ -40,9 +46,11 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
+from circuits.graph_io import check_graph_fits
 from circuits.graph_selection import select_top_n
 from circuits.stats import Estimate, bootstrap
 from patching.edges.evaluate import evaluate_circuits
+from patching import inputs
 from patching.edges.positions import PositionalScores
 from patching.options import SweepOptions, sweep_options
 
@@ -79,6 +87,8 @@ class FaithfulnessCurve:
     n_total_edges: int = 0
     norm: str = "frozen"
     spans: Optional[tuple] = None  # the span schema of a position-aware curve
+    #: per prompt: the metric of each point's circuit, then of the full and the empty circuit (for paired comparisons)
+    table: Optional[np.ndarray] = field(default=None, repr=False)
 
     @property
     def n_prompts(self) -> int:
@@ -97,8 +107,10 @@ class FaithfulnessCurve:
         } | ({} if self.spans is None else {"spans": list(self.spans)})
 
 
-def _scores_of(layout: GraphLayout, scores) -> Tensor:
+def _scores_of(layout: GraphLayout, scores, model: Optional[HookedTransformer] = None) -> Tensor:
     if isinstance(scores, Graph):
+        if model is not None:  # a graph of another size (a file of another model): refused, naming what differs
+            check_graph_fits(scores, model, "The scores' graph")
         scores = scores.scores
     elif hasattr(scores, "scores") and not isinstance(scores, Tensor):  # EdgeEffects and the like
         scores = scores.scores
@@ -163,12 +175,14 @@ def faithfulness_curve(
         masks = [scores.top(int(x * n_total), absolute=absolute) for x in fractions]
         full = scores.real.clone()
     else:
-        scores = _scores_of(layout, scores)
+        scores = _scores_of(layout, scores, model)
         n_total = layout.n_edges
         choose = select or (lambda s, n: select_top_n(Graph(layout, s), n, absolute=absolute, prune=False).in_graph)
         masks = [choose(scores, int(x * n_total)) for x in fractions]
         full = layout.real_edge_mask.clone()
     empty = torch.zeros_like(full)
+    if ablation == "counterfactual":
+        _refuse_identical_counterfactual(model, reference, counterfactual, answer_ids, alt_ids)
     evaluate = evaluate or evaluate_circuits
     position_aware = {} if spans is None else {"spans": spans}
     evaluations = evaluate(model, masks + [full, empty], reference, counterfactual, ablation=ablation,
@@ -176,6 +190,7 @@ def faithfulness_curve(
                            **position_aware)
     table = torch.stack([e.per_prompt for e in evaluations], dim=1).numpy()  # [prompt, point + full + empty]
     n_points = len(masks)
+    _refuse_zero_denominator(table[:, n_points].mean(), table[:, n_points + 1].mean(), ablation)
 
     def ratios(rows: np.ndarray) -> np.ndarray:
         means = rows.mean(axis=0)
@@ -197,5 +212,53 @@ def faithfulness_curve(
         full=estimate(lambda rows: float(rows[:, n_points].mean())),
         empty=estimate(lambda rows: float(rows[:, n_points + 1].mean())),
         circuit_metric=torch.from_numpy(table[:, :n_points].T.copy()), metric=evaluations[0].metric, ablation=ablation,
-        n_total_edges=n_total, norm=norm, spans=spans,
+        n_total_edges=n_total, norm=norm, spans=spans, table=table,
     )
+
+
+def _refuse_identical_counterfactual(model, reference, counterfactual, answer_ids, alt_ids) -> None:
+    """Before any run: with counterfactual ablation, identical prompt pairs make m(full) = m(∅), so f = 0/0."""
+    groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids)
+    if groups and all(torch.equal(g.tokens, g.cf_tokens) for g in groups):
+        raise InputError(
+            "Every counterfactual prompt is identical to its reference prompt, so ablating edges to the "
+            "counterfactual changes nothing: m(full) − m(∅) is 0 and every faithfulness point and the CPR/CMD would "
+            "be 0/0 (NaN). Pass counterfactuals that differ from the references (e.g. circuits.tasks.make_dataset's "
+            "cf_tokens), or use ablation='mean'.")
+
+
+def _refuse_zero_denominator(full: float, empty: float, ablation: str) -> None:
+    """After the runs: the mean metric of the model and of the empty circuit must differ."""
+    gap = float(full) - float(empty)
+    if not np.isfinite(gap) or abs(gap) <= 1e-12 * max(1.0, abs(float(full))):
+        raise InputError(
+            f"The model and the empty circuit score the same mean metric ({float(full):.6g} and {float(empty):.6g} "
+            f"with ablation={ablation!r}): m(full) − m(∅) is 0, so faithfulness (m(C) − m(∅)) / (m(full) − m(∅)) is "
+            "undefined at every size. Use prompts whose counterfactuals change the answer, another metric, or "
+            "another ablation.")
+
+
+def paired_difference(a: FaithfulnessCurve, b: FaithfulnessCurve, *, n_bootstrap: int = 1000, seed: int = 0,
+                      confidence: float = 0.95) -> dict:
+    """``a − b`` of two curves measured on the same prompts (in the same order): CPR, CMD and f at each fraction,
+    each with a paired bootstrap interval (the same prompts drawn for both curves in every resample)."""
+    if a.table is None or b.table is None or a.table.shape[0] != b.table.shape[0] or a.fractions != b.fractions:
+        raise InputError("A paired difference needs two curves at the same fractions on the same prompts.")
+    n = len(a.fractions)
+    both = np.concatenate([a.table, b.table], axis=1)
+
+    def ratios(rows: np.ndarray, offset: int) -> np.ndarray:
+        means = rows[:, offset:offset + n + 2].mean(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return (means[:n] - means[n + 1]) / (means[n] - means[n + 1])
+
+    width = n + 2
+
+    def estimate(statistic) -> Estimate:
+        return bootstrap(both, statistic, confidence=confidence, n_resamples=n_bootstrap, seed=seed)
+
+    out = {f"f@{100 * x:g}%": estimate(lambda r, i=i: float(ratios(r, 0)[i] - ratios(r, width)[i])).to_dict()
+           for i, x in enumerate(a.fractions)}
+    out["cpr"] = estimate(lambda r: curve_areas(a.fractions, ratios(r, 0))[0] - curve_areas(a.fractions, ratios(r, width))[0]).to_dict()
+    out["cmd"] = estimate(lambda r: curve_areas(a.fractions, ratios(r, 0))[1] - curve_areas(a.fractions, ratios(r, width))[1]).to_dict()
+    return out

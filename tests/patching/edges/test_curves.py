@@ -10,10 +10,11 @@ import torch
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
+from circuits.graph_io import GraphFileError
 from circuits.graph_selection import select_top_n
-from circuits.tasks import make_dataset
+from circuits.tasks import make_dataset, single_batch
 from tests.tiny_models import tiny_model
-from patching.edges.evaluate import evaluate_circuit
+from patching.edges.evaluate import evaluate_circuit, evaluate_circuits
 from patching.edges.curves import MIB_FRACTIONS, curve_areas, faithfulness_curve
 
 
@@ -104,3 +105,56 @@ def test_an_unscored_edge_is_refused_by_the_default_selection(setup):
     scores[f, b] = float("nan")
     with pytest.raises(InputError, match="without a score"):
         faithfulness_curve(model, scores, data, fractions=(0.5, 1.0), n_bootstrap=20, progress=False)
+
+
+def test_an_identical_counterfactual_is_refused_before_anything_runs(setup):
+    """m(full) − m(∅) = 0 gave NaN faithfulness at every point and a NaN CPR."""
+    model, data, _, graph = setup
+    batch = single_batch(data)
+    ran = []
+
+    def evaluate(*args, **kwargs):
+        ran.append(1)
+        return evaluate_circuits(*args, **kwargs)
+
+    with pytest.raises(InputError, match=r"Every counterfactual prompt is identical to its reference prompt.*m\(full\) − "
+                                         r"m\(∅\) is 0 .*Pass counterfactuals that differ from the references"):
+        faithfulness_curve(model, graph, batch.tokens, batch.tokens, answer_ids=batch.answer_ids, fractions=(0.5, 1.0),
+                           evaluate=evaluate, progress=False)
+    assert not ran, "the circuits were evaluated before the refusal"
+
+
+def test_a_zero_denominator_after_the_runs_is_refused(setup):
+    """With the model and the empty circuit scoring the same (here a metric blind to the run), f is 0/0 everywhere."""
+    model, data, _, graph = setup
+    with pytest.raises(InputError, match=r"The model and the empty circuit score the same mean metric \(1 and 1 with "
+                                         r"ablation='counterfactual'\): m\(full\) − m\(∅\) is 0"):
+        faithfulness_curve(model, graph, data, fractions=(0.5, 1.0), metric=lambda lg, a, b: lg[:, 0] * 0 + 1,
+                           progress=False)
+
+
+def test_a_graph_of_another_model_size_is_refused(setup):
+    model, data, layout, graph = setup
+    other = Graph(layout, scores=graph.scores, meta={"d_model": model.cfg.d_model * 2})  # same layers and heads
+    with pytest.raises(GraphFileError, match=rf"The scores' graph is for another model: it records d_model "
+                                             rf"{2 * model.cfg.d_model} \(the model has {model.cfg.d_model}\)"):
+        faithfulness_curve(model, other, data, fractions=(0.5, 1.0), progress=False)
+
+
+def test_paired_differences_of_curves_on_the_same_prompts(setup):
+    from patching.edges.curves import paired_difference
+
+    model, batch, layout, scores = setup
+    fractions = (0.1, 0.5, 1.0)
+    a = faithfulness_curve(model, scores, batch, fractions=fractions, n_bootstrap=100, progress=False)
+    flipped = Graph(layout, torch.where(layout.real_edge_mask, 1 / (1 + scores.scores.abs()), torch.nan))  # reversed
+    b = faithfulness_curve(model, flipped, batch, fractions=fractions, n_bootstrap=100, progress=False)
+    same = paired_difference(a, a, n_bootstrap=100)
+    assert all(same[k]["value"] == 0 and same[k]["low"] == same[k]["high"] == 0 for k in same)
+    diff = paired_difference(a, b, n_bootstrap=100)
+    assert diff["cpr"]["value"] == pytest.approx(a.cpr.value - b.cpr.value, abs=1e-9)
+    assert diff["f@10%"]["value"] == pytest.approx(a.faithfulness[0].value - b.faithfulness[0].value, abs=1e-9)
+    assert diff["cpr"]["low"] <= diff["cpr"]["value"] <= diff["cpr"]["high"]
+    with pytest.raises(InputError, match="same prompts"):
+        paired_difference(a, faithfulness_curve(model, scores, batch, fractions=(0.5, 1.0), n_bootstrap=10,
+                                                progress=False))
