@@ -170,10 +170,18 @@ def full_selection(model: nn.Module, *, train_embeddings: bool = False) -> Selec
     ~436M entries): training them would untie the copies and quadruple the
     AdamW memory (~7 GB more in fp32) for a task whose answers are ten digits.
     Pass ``True`` for the literal all-parameter baseline.
+
+    On models that normalise attention outputs (gemma-2/3), an attention output bias ``b_O`` that is
+    zero everywhere stays frozen: the checkpoint has no such bias (TransformerLens adds zeros), and a
+    trained one would change the architecture and leave the residual stream no longer a sum of
+    per-head outputs (:mod:`patching.edges.engine` refuses such a model for edge circuits).
     """
+    post_norm = bool(getattr(getattr(model, "cfg", None), "use_normalization_before_and_after", False))
     slices = []
     for name, p in model.named_parameters():
         if not train_embeddings and name in EMBEDDING_PARAMS:
+            continue
+        if post_norm and name.endswith("attn.b_O") and not bool(p.detach().ne(0).any()):
             continue
         slices.append(TunableSlice(name, None, 1.0, _decays(name, p)))
     return Selection(tuple(slices), "full" + (" (all parameters)" if train_embeddings else " (embeddings frozen)"))

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import os
 import random
 import time
@@ -49,6 +48,7 @@ from pathlib import Path
 import torch
 
 from circuits.errors import InputError
+from circuits.file_reads import read_json
 from circuits.stats import proportion
 from experiments.runtime.run_folder import StageTimer, save_results, write_json_atomic
 from circuits.model_cache import save_model
@@ -113,6 +113,8 @@ class MergeConfig(RunSettings):
                     type=cli.positive_int)
     n_patch: int = option(12, "prompts per operation for path patching", type=cli.positive_int)
     linearity_samples: int = option(6, "samples per task for the linearity figure (0: skip)", type=cli.nonnegative_int)
+    circuit_prompts: int = option(0, "the circuit column: each arithmetic expert's edge circuit on this many prompts, "
+                                     "looked at inside every merge of all three (0: skip)", type=cli.nonnegative_int)
     linearity_alphas: str = option("0.5,1.0", "uniform α values of the linearity figure")
     pairs: bool = option(False, "also merge every pair of experts")
     eval_batch_size: int = option(12, "prompts per forward pass when scoring", type=cli.positive_int)
@@ -234,7 +236,9 @@ def train_experts(run: MergeRun) -> None:
         start = time.perf_counter()
         if os.path.isdir(path):  # saved by an earlier (perhaps interrupted) run: resume from it
             model = run.load(path)
-            trained = json.loads(Path(f"{path}.train.json").read_text()) if os.path.isfile(f"{path}.train.json") else {}
+            trained = read_json(f"{path}.train.json", "an expert's training record", error=InputError,
+                                hint="Delete it to reload the expert without it.") \
+                if os.path.isfile(f"{path}.train.json") else {}
             info = {"loaded_from": path, **trained}
         else:
             model, info = train_expert(run, t)
@@ -376,16 +380,32 @@ def compare(run: MergeRun) -> dict:
     return out
 
 
+def rebuild_state(run: MergeRun, name: str) -> dict:
+    """The state dict of the merge of all three experts recorded as ``name``, made again from its recipe."""
+    recipe = run.recipes[name]
+    if recipe[0] == "closed form":
+        return closed_form_state(run, TASKS, *recipe[1:]).state_dict
+    return merge(recipe[1], run.base, list(run.experts.values()), recipe[2], progress=False)
+
+
+def circuits_of_merges(run: MergeRun) -> None:
+    """``--circuit-prompts``: each arithmetic expert's circuit inside every merge of all three (``circuit_column``)."""
+    if not run.cfg.circuit_prompts:
+        return
+    from experiments.merge.circuit_column import circuit_column
+
+    names = [n for n in _triple_merges(run.results) if n in run.recipes]
+    with run.timer.stage("circuit column"):
+        run.results["circuit_column"] = circuit_column(run, names, lambda name: rebuild_state(run, name),
+                                                       run.cfg.circuit_prompts)
+    run.save()
+
+
 def save_best(run: MergeRun) -> None:
     """Merge the best merge of all three again, save it, reload it and check its logits are unchanged."""
     best_name = max(_triple_merges(run.results), key=lambda k: run.results["models"][k]["test"]["avg"])  # noqa
-    recipe = run.recipes[best_name]
     with run.timer.stage("save best"):
-        if recipe[0] == "closed form":
-            state = closed_form_state(run, TASKS, *recipe[1:]).state_dict
-        else:
-            state = merge(recipe[1], run.base, list(run.experts.values()), recipe[2], progress=False)
-        run.work.load_state_dict(state)
+        run.work.load_state_dict(rebuild_state(run, best_name))
         best_dir = save_model(run.work, run.out / "merged_best", overwrite=run.cfg.overwrite)
         reloaded = run.load(best_dir)
         probe = run.base.to_tokens(run.data[("en_fr", "test")][0]["prompt"])
@@ -455,6 +475,7 @@ def _stages(lifecycle: Run) -> None:
     train_experts(run)
     key_heads = None if cfg.no_circuit_aware else choose_key_heads(run)
     merge_everything(run, key_heads)
+    circuits_of_merges(run)
     expert_bar(run)
     compare(run)
     if not cfg.no_save_best:
@@ -472,7 +493,8 @@ def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) ->
     """
     cfg = cli.parse_config(parser, MergeConfig, argv)
     if cfg.markdown:
-        print(stats.markdown_summary(json.loads((Path(cfg.markdown) / "results.json").read_text()), TASKS))
+        print(stats.markdown_summary(read_json(Path(cfg.markdown) / "results.json", "the results.json of a merge run",
+                                               error=InputError), TASKS))
         return None
     return run_mergekit_yaml(cfg, loader=loader) if cfg.config else run(cfg, loader=loader)
 

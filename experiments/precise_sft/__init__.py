@@ -425,10 +425,9 @@ def run_method(run: SFTRun, method_key: str) -> None:
     if run.cfg.shift_prompts:
         from patching.edges.engine import edge_model_problem
 
-        problem = edge_model_problem(model)  # e.g. full SFT trained gemma's zero attention bias b_O
+        problem = edge_model_problem(model)
         run.results["runs"][method_key]["circuit_shift"] = (
-            _shift_summary(run, model) if problem is None else
-            {"skipped": f"the tuned model has no edge graph: {problem} (full SFT trains TransformerLens' zero b_O)"})
+            _shift_summary(run, model) if problem is None else {"skipped": f"the tuned model has no edge graph: {problem}"})
     s = run.results["runs"][method_key]["summary"]
     print(f"{method_key}: lr {lr:g}, test held-out exact {s['heldout_exact']['value']:.3f} "
           f"(gain {s['heldout_gain']['value']:+.3f} [{s['heldout_gain']['low']:+.3f}, {s['heldout_gain']['high']:+.3f}]), "

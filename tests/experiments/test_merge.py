@@ -182,3 +182,31 @@ def test_a_bad_mergekit_yaml_fails_the_run(tiny_loader, tmp_path, capsys):
         _run(["--config", str(tmp_path / "bad.yml"), "--out", str(out)], tiny_loader)
     assert exit.value.code == 2 and "error:" in capsys.readouterr().err
     assert json.loads((out / "results.json").read_text())["status"].startswith("failed: merge: ")
+
+
+def _answering_model(name, **kw):
+    """A tiny gemma-style model whose digit logits are raised, so that it answers some prompts right."""
+    model = tiny_model(style="gemma", n_layers=2, n_ctx=1024)
+    digits = [model.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+    with torch.no_grad():
+        model.unembed.b_U[digits] += 20.0
+    return model
+
+
+def test_the_circuit_column_looks_at_each_experts_circuit_inside_every_merge(tmp_path):
+    out = tmp_path / "run"
+    argv = ["--out", str(out), "--steps", "1", "--batch-size", "4", "--micro-batch-size", "4", "--n-train", "8",
+            "--n-val", "2", "--n-test", "4", "--n-samples", "2", "--cf-batch-size", "2", "--heads", "L1H0",
+            "--linearity-samples", "0", "--no-save-best", "--methods", "task_arithmetic,ties,weight_average",
+            "--levels", "attn_mlp", "--circuit-prompts", "6", "--threads", "1"]
+    _run(argv, _answering_model)
+    column = json.loads((out / "results.json").read_text())["circuit_column"]
+    assert set(column["tasks"]) == {"add_word", "mul"}
+    looked_at = [t for t in column["tasks"].values() if "skipped" not in t]
+    assert looked_at, column
+    for task in looked_at:
+        assert {"task_arithmetic", "ties", "weight_average"} <= set(task["methods"])
+        for row in task["methods"].values():
+            assert {"preserved_cpr", "own_cpr", "jaccard", "spearman", "accuracy"} <= set(row)
+        rank = task["preservation_predicts_accuracy"]
+        assert "skipped" in rank or rank["n_resamples"] == 0 or rank["low"] <= rank["high"]

@@ -164,8 +164,7 @@ def test_precise_sft_on_the_edge_circuits_heads_beside_the_key_heads(tiny_loader
     choice = results["head_choice"]
     assert choice["k"] == 2 and choice["gain_difference"]["low"] <= choice["gain_difference"]["value"] \
         <= choice["gain_difference"]["high"]
-    for method in ("precise", "precise_circuit"):
+    for method in ("precise", "precise_circuit", "full"):  # full SFT keeps gemma's absent b_O at zero: a graph still
         shift = runs[method]["circuit_shift"]
         assert shift["n_prompts"] <= 4 and -1 <= shift["spearman"]["value"] <= 1
-    assert "zero b_O" in runs["full"]["circuit_shift"]["skipped"]  # full SFT trained the post-norm attention bias
     assert results["status"] == "running"  # lora and precise_nokv not run yet: resumable

@@ -1,0 +1,110 @@
+"""The merge experiment's circuit column: does a merge keep each expert's circuit, and does keeping it go with
+keeping the task?
+
+For each arithmetic task (``add_word``: addition, ``mul``: multiplication; ``en_fr`` has no counterfactual twins
+and no circuit), the expert's EAP-IG edge circuit is found on prompts it answers correctly, and every merge of
+all three experts is looked at with :func:`patching.circuit_shift` (expert -> merged model):
+
+* **preservation**: the expert's circuits inside the merged model (its own full and empty runs), as CPR of
+  that curve, and the overlap of the merged model's own circuit with the expert's (Jaccard at 5% of the
+  edges, Spearman of all edge scores);
+* **does preservation predict accuracy?** Spearman's ρ across merge methods between preservation (CPR) and the
+  merged model's test accuracy on the task, with a 95% bootstrap interval that resamples both the methods and
+  the prompts (the circuit prompts for CPR, the test prompts for accuracy);
+* **which methods keep circuits**: every method's preservation beside its accuracy, so circuit-aware and
+  closed-form merges can be set beside task arithmetic, TIES and the spectral methods at similar accuracy.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+from scipy.stats import spearmanr
+
+TASK_OPS = {"add_word": "+", "mul": "*"}  # tasks with an arithmetic circuit, and its operation
+
+
+def _preservation_cpr(curve: dict, rows: np.ndarray) -> float:
+    """CPR of a transferred curve's per-prompt table restricted to ``rows`` (a prompt resample)."""
+    from patching.edges.curves import curve_areas
+
+    table = np.asarray(curve["table"])[rows]
+    n = len(curve["fractions"])
+    means = table.mean(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = (means[:n] - means[n + 1]) / (means[n] - means[n + 1])
+    return curve_areas(curve["fractions"], f)[0]
+
+
+def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_bootstrap: int = 500) -> dict:
+    """Every merged model of ``merged_names`` (rebuilt by ``rebuild(name) -> state dict``) against each expert's circuit.
+
+    ``run`` is the experiment's :class:`experiments.merge.MergeRun` (base model, experts, results).
+    """
+    import torch
+
+    from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset
+    from patching.edges.shift import ShiftSettings, circuit_shift
+
+    settings = ShiftSettings(n_bootstrap=n_bootstrap, seed=run.cfg.seed, batch_size=run.cfg.eval_batch_size)
+    out: dict = {"tasks": {}, "n_prompts": n_prompts, "size": settings.size}
+    experts = {}
+    for task, op in TASK_OPS.items():
+        if task not in run.experts:
+            continue
+        expert = copy.deepcopy(run.base)
+        expert.load_state_dict(run.experts[task])
+        data = make_dataset(expert, TaskConfig(op=op, n_prompts=4 * n_prompts, n_shots=2, seed=run.cfg.seed + 7))
+        mask = accuracy_mask(expert, data, run.cfg.eval_batch_size)
+        if sum(mask) < 4:
+            out["tasks"][task] = {"skipped": f"the {task} expert answers {sum(mask)} of {len(data)} circuit prompts"}
+            continue
+        kept, _ = filter_correct(expert, data, mask=mask)
+        experts[task] = (expert, kept.select(range(min(n_prompts, len(kept)))))
+    for task, (expert, prompts) in experts.items():
+        rows, reference = {}, None
+        for name in merged_names:
+            run.work.load_state_dict(rebuild(name))
+            shift = circuit_shift(expert, run.work, prompts, settings, reference_scores=reference, path_patching=False)
+            reference = shift.reference_scores
+            full = shift.to_dict()
+            full["transferred_curve"]["table"] = shift.transferred_curve.table.tolist()
+            size = f"{100 * settings.size:g}%"
+            rows[name] = {"preserved_cpr": full["transferred_curve"]["cpr"], "own_cpr": full["changed_curve"]["cpr"],
+                          "jaccard": full["jaccard"][size], "spearman": full["spearman"],
+                          "accuracy": run.results["models"][name]["test"]["tasks"][task]["exact_ci"],
+                          "_curve": full["transferred_curve"]}
+            print(f"circuit of {task} in {name}: preserved CPR {rows[name]['preserved_cpr']['value']:.3f}, Jaccard "
+                  f"{rows[name]['jaccard']['value']:.2f}, accuracy {rows[name]['accuracy']['value']:.3f}", flush=True)
+        out["tasks"][task] = {"n_prompts": len(prompts), "expert_cpr": full["reference_curve"]["cpr"],
+                              "methods": {k: {kk: vv for kk, vv in v.items() if kk != "_curve"} for k, v in rows.items()},
+                              "preservation_predicts_accuracy": _rank_correlation(run, task, rows, n_bootstrap)}
+        del expert
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return out
+
+
+def _rank_correlation(run, task: str, rows: dict, n_bootstrap: int) -> dict:
+    """Spearman ρ across methods of preserved CPR and accuracy, bootstrapped over methods and prompts."""
+    names = list(rows)
+    if len(names) < 3:
+        return {"skipped": f"{len(names)} merged models: a rank correlation needs at least 3"}
+    cpr = np.array([rows[n]["preserved_cpr"]["value"] for n in names])
+    hits = [np.asarray(run.results["models"][n]["test"]["tasks"][task]["exact_hits"], dtype=float) for n in names]
+    acc = np.array([h.mean() for h in hits])
+    value = float(spearmanr(cpr, acc)[0])
+    g = np.random.default_rng(run.cfg.seed)
+    n_circuit = len(rows[names[0]]["_curve"]["table"])
+    n_test = len(hits[0])
+    draws = []
+    for _ in range(n_bootstrap):
+        methods = g.integers(len(names), size=len(names))
+        circuit_rows, test_rows = g.integers(n_circuit, size=n_circuit), g.integers(n_test, size=n_test)
+        x = [_preservation_cpr(rows[names[m]]["_curve"], circuit_rows) for m in methods]
+        y = [hits[m][test_rows].mean() for m in methods]
+        if np.ptp(x) > 0 and np.ptp(y) > 0:
+            draws.append(spearmanr(x, y)[0])
+    low, high = (np.percentile(draws, [2.5, 97.5]) if draws else (float("nan"), float("nan")))
+    return {"spearman": value, "low": float(low), "high": float(high), "n_methods": len(names),
+            "n_resamples": len(draws), "interval": "95% percentile bootstrap over methods and prompts"}
