@@ -18,25 +18,39 @@ edge graphs.
 ``importances.json`` with every edge's score, or one binary circuit per size
 (at most 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50% of the edges). Both files are the
 EAP-IG JSON above; :func:`write_mib_submission` writes either form.
+
+**Reading is validated.** :func:`load_eap_json` (and :func:`graph_from_eap_dict`, which it uses) refuses
+anything that is not such a graph with a :class:`GraphFileError` that names the file: a folder (a MIB
+submission folder: pass one of its files), a binary file, JSON that is not an object or nests too deep,
+``cfg``/``nodes``/``edges`` of the wrong kind, sizes that are not whole numbers, an ``in_graph`` that is
+not ``true``/``false`` (the string ``"false"`` would count as in the graph), a score that is not a
+number, an edge the graph cannot have. Given ``model=``, the file must also be for that model's size
+(``n_layers``, ``n_heads``, ``parallel_attn_mlp``, ``d_model``; :func:`check_graph_fits`). Infinite scores
+load with a warning (they rank first in any selection).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 from circuits.errors import InputError, ToolkitError
+from circuits.file_reads import read_json
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import nodes_in_graph, select_fraction
 from circuits.atomic_files import write_text_atomic
 
 __all__ = ["GraphFileError", "eap_edge_order", "graph_to_eap_dict", "graph_from_eap_dict", "save_eap_json",
-           "load_eap_json", "write_mib_submission", "MIB_SUBMISSION_PERCENTS"]
+           "load_eap_json", "check_graph_fits", "write_mib_submission", "MIB_SUBMISSION_PERCENTS"]
+
+#: The largest graph a file may declare (n_forward * n_backward entries of its dense score matrix, ~1 GB).
+MAX_GRAPH_ENTRIES = 2**28
 
 #: The circuit sizes (percent of edges) MIB asks for when a submission gives binary circuits.
 MIB_SUBMISSION_PERCENTS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50)
@@ -85,34 +99,115 @@ def graph_to_eap_dict(graph: Graph, d_model: Optional[int] = None) -> dict:
     return {"cfg": cfg, "nodes": node_dict, "edges": edges}
 
 
-def graph_from_eap_dict(data: dict, source: str = "the circuit") -> Graph:
-    """A :class:`Graph` from an EAP-IG JSON object (see the module docstring)."""
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
+def _whole(cfg: dict, key: str, source: str, required: bool = True) -> Optional[int]:
+    """``cfg[key]`` as an integer >= 1 (JSON's 4, not 4.0, "4" or true)."""
+    if key not in cfg and not required:
+        return None
+    value = cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise GraphFileError(f"{source}: cfg.{key} is {value!r} ({_kind(value)}); an EAP-IG graph file gives "
+                             f"{key} as a whole number >= 1.")
+    return value
+
+
+def _flag(value: Any, where: str, source: str) -> bool:
+    """A JSON ``true``/``false``; the string "false" (truthy in Python) or 0/1 are refused."""
+    if not isinstance(value, bool):
+        raise GraphFileError(f"{source}: {where} is {value!r} ({_kind(value)}); it must be true or false "
+                             "(JSON booleans, unquoted).")
+    return value
+
+
+def _layout_of(cfg: dict, source: str) -> GraphLayout:
+    n_layers, n_heads = _whole(cfg, "n_layers", source), _whole(cfg, "n_heads", source)
+    parallel = _flag(cfg.get("parallel_attn_mlp", False), "cfg.parallel_attn_mlp", source)
+    layout = GraphLayout(n_layers, n_heads, parallel)
+    if layout.n_forward * layout.n_backward > MAX_GRAPH_ENTRIES:
+        raise GraphFileError(f"{source}: cfg declares {n_layers} layers of {n_heads} heads, a graph of "
+                             f"{layout.n_forward} x {layout.n_backward} entries (more than {MAX_GRAPH_ENTRIES}); "
+                             "that is no model this toolkit can hold: the file is damaged or not a graph file.")
+    return layout
+
+
+def check_graph_fits(graph: Graph, model, source: str = "the graph") -> None:
+    """Raise :class:`GraphFileError` unless ``graph`` is the edge graph of ``model``'s size.
+
+    Compares the layers, heads and block layout (``parallel_attn_mlp``) and, when the graph records it
+    (EAP-IG files do), ``d_model``: a graph of another model would otherwise be read with the wrong
+    components or evaluated on a model it was never scored on.
+    """
+    cfg = getattr(model, "cfg", model)
+    want = GraphLayout.of(cfg)
+    differ = [f"{name} {got} (the model has {have})" for name, got, have in (
+        ("n_layers", graph.layout.n_layers, want.n_layers), ("n_heads", graph.layout.n_heads, want.n_heads),
+        ("parallel_attn_mlp", graph.layout.parallel_attn_mlp, want.parallel_attn_mlp),
+        ("d_model", graph.meta.get("d_model"), cfg.d_model)) if got is not None and got != have]
+    if differ:
+        raise GraphFileError(f"{source} is for another model: it records {', '.join(differ)}. Use the graph "
+                             "scored on this model (or load this model's size).")
+
+
+def graph_from_eap_dict(data: Any, source: str = "the circuit", *, model=None) -> Graph:
+    """A :class:`Graph` from an EAP-IG JSON object (see the module docstring); anything else is a GraphFileError.
+
+    ``model`` (optional): the model the graph must fit (:func:`check_graph_fits`).
+    """
+    if not isinstance(data, dict):
+        raise GraphFileError(f"{source} holds {_kind(data)}; expected an EAP-IG graph object with 'cfg', 'nodes' "
+                             "and 'edges'.")
     missing = [k for k in ("cfg", "nodes", "edges") if k not in data]
     if missing:
         raise GraphFileError(f"{source} lacks {missing}: an EAP-IG graph JSON has 'cfg', 'nodes' and 'edges'.")
-    cfg = data["cfg"]
-    try:
-        layout = GraphLayout(int(cfg["n_layers"]), int(cfg["n_heads"]), bool(cfg.get("parallel_attn_mlp", False)))
-    except (KeyError, TypeError, ValueError) as err:
-        raise GraphFileError(f"{source}: cfg must give integers n_layers and n_heads ({err}).") from None
-    if any("neurons" in node for node in data["nodes"].values()):
-        raise GraphFileError(f"{source} is a neuron-level circuit; only edge-level circuits can be loaded.")
+    for key in ("cfg", "nodes", "edges"):
+        if not isinstance(data[key], dict):
+            raise GraphFileError(f"{source}: {key!r} is {_kind(data[key])}; an EAP-IG graph JSON maps each "
+                                 f"of 'cfg', 'nodes' and 'edges' to an object.")
+    cfg, nodes, edges = data["cfg"], data["nodes"], data["edges"]
+    layout = _layout_of(cfg, source)
+    d_model = _whole(cfg, "d_model", source, required=False)
+    for name, node in nodes.items():
+        if not isinstance(node, dict):
+            raise GraphFileError(f"{source}: node {name!r} is {_kind(node)}; a node is an object such as "
+                                 '{"in_graph": true}.')
+        if "neurons" in node:
+            raise GraphFileError(f"{source} is a neuron-level circuit; only edge-level circuits can be loaded.")
+        if "in_graph" in node:
+            _flag(node["in_graph"], f"node {name!r}: in_graph", source)
     scores = torch.full((layout.n_forward, layout.n_backward), torch.nan)
     in_graph = torch.zeros(layout.n_forward, layout.n_backward, dtype=torch.bool)
-    for name, info in data["edges"].items():
+    for name, info in edges.items():
         try:
             f, b = layout.edge_index(name)
         except InputError as err:
             raise GraphFileError(f"{source}: {err}") from None
+        if not isinstance(info, dict):
+            raise GraphFileError(f"{source}: edge {name!r} is {_kind(info)}; an edge is an object such as "
+                                 '{"score": 0.1, "in_graph": true}.')
         score = info.get("score")
+        if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
+            raise GraphFileError(f"{source}: edge {name!r} has score {score!r} ({_kind(score)}); a score is a "
+                                 "number (or null for none).")
         scores[f, b] = math.nan if score is None else float(score)
-        in_graph[f, b] = bool(info.get("in_graph", False))
-    n_missing = int((torch.isnan(scores) & layout.real_edge_mask).sum())
-    if n_missing and not torch.isnan(scores[layout.real_edge_mask]).all():
+        in_graph[f, b] = _flag(info.get("in_graph", False), f"edge {name!r}: in_graph", source)
+    real = scores[layout.real_edge_mask]
+    n_missing = int(torch.isnan(real).sum())
+    if n_missing and not torch.isnan(real).all():
         warnings.warn(f"{source} gives no score for {n_missing} of {layout.n_edges} edges; they are NaN.", stacklevel=2)
-    meta = {"d_model": int(cfg["d_model"])} if "d_model" in cfg else {}
+    n_inf = int(torch.isinf(real).sum())
+    if n_inf:
+        which = "all" if n_inf == layout.n_edges else str(n_inf)
+        warnings.warn(f"{source}: {which} of its {layout.n_edges} edge scores are infinite; they rank before every "
+                      "finite score, so a circuit chosen among them is arbitrary. Rescore the graph.", stacklevel=2)
+    meta = {"d_model": d_model} if d_model is not None else {}
     graph = Graph(layout, scores, in_graph, meta)
-    stated = [bool(data["nodes"].get(name, {}).get("in_graph", False)) for name in layout.forward_names]
+    if model is not None:
+        check_graph_fits(graph, model, source)
+    stated = [nodes.get(name, {}).get("in_graph", False) for name in layout.forward_names]
     if stated != nodes_in_graph(graph).tolist():
         warnings.warn(f"{source}: its node flags differ from those its edges imply; nodes follow the edges here "
                       f"(EAP-IG prunes to the same before it evaluates).", stacklevel=2)
@@ -124,16 +219,20 @@ def save_eap_json(graph: Graph, path: str | Path, d_model: Optional[int] = None)
     return write_text_atomic(path, json.dumps(graph_to_eap_dict(graph, d_model)))
 
 
-def load_eap_json(path: str | Path) -> Graph:
-    """Read a graph written by EAP-IG's ``Graph.to_json`` (or :func:`save_eap_json`)."""
+def load_eap_json(path: str | Path, *, model=None) -> Graph:
+    """Read a graph written by EAP-IG's ``Graph.to_json`` (or :func:`save_eap_json`), validated.
+
+    Every problem is a :class:`GraphFileError` naming ``path`` (see the module docstring). ``model``
+    (optional): refuse a file written for another model size (:func:`check_graph_fits`).
+    """
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise GraphFileError(f"{path} is not valid JSON ({err}); expected an EAP-IG graph file.") from None
-    if not isinstance(data, dict):
-        raise GraphFileError(f"{path} holds a JSON {type(data).__name__}; expected an EAP-IG graph object.")
-    return graph_from_eap_dict(data, source=str(path))
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.json"))
+        example = f", e.g. {path / inside[0]}" if inside else ""
+        raise GraphFileError(f"{path} is a folder, not an EAP-IG graph file (a MIB submission folder holds one file "
+                             f"per circuit, or importances.json): pass one of its files{example}.")
+    data = read_json(path, "an EAP-IG graph file", error=GraphFileError)
+    return graph_from_eap_dict(data, source=str(path), model=model)
 
 
 def write_mib_submission(graph: Graph, out_dir: str | Path, task: str, model_name: str, *,
@@ -148,7 +247,12 @@ def write_mib_submission(graph: Graph, out_dir: str | Path, task: str, model_nam
     if "_" in task:
         raise InputError(f"task {task!r} contains '_', which MIB uses to split task from model: "
                          f"write it with '-' (e.g. 'arithmetic-addition').")
+    for what, name in (("task", task), ("model_name", model_name)):
+        _check_folder_part(what, name)
     folder = Path(out_dir) / f"{task}_{model_name}"
+    if folder.resolve().parent != Path(out_dir).resolve():
+        raise InputError(f"The MIB folder {folder} would not lie directly in {out_dir}: give task and model_name "
+                         "as plain names.")
     if mode == "importances":
         save_eap_json(graph, folder / "importances.json", d_model)
     elif mode == "circuits":
@@ -158,3 +262,13 @@ def write_mib_submission(graph: Graph, out_dir: str | Path, task: str, model_nam
     else:
         raise InputError(f"mode must be 'importances' or 'circuits', got {mode!r}.")
     return folder
+
+
+def _check_folder_part(what: str, name: Any) -> None:
+    """``task``/``model_name`` become one folder name, ``<task>_<model>``: no path separator, no ``..``."""
+    seps = {"/", "\\", os.sep, *([os.altsep] if os.altsep else [])}
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in seps) or ".." in name \
+            or name.startswith(".") or "\0" in name:
+        raise InputError(f"{what} {name!r} cannot be part of a MIB folder name <task>_<model>: it must be a plain, "
+                         "non-empty name without '/', '\\', '..' or a leading '.' (e.g. 'gemma3'), so the "
+                         "submission stays inside out_dir.")

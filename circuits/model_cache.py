@@ -41,11 +41,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from circuits.atomic_files import write_text_atomic
 from circuits.errors import ToolkitError
+from circuits.file_reads import load_safetensors, read_json
 
 FORMAT_NAME = "arith-circuits-model"
 FORMAT_VERSION = 1
@@ -68,6 +69,15 @@ class CorruptModelDirError(ToolkitError, ValueError):
     def __init__(self, message: str, problems: list[str] | None = None):
         super().__init__(message)
         self.problems = list(problems or [message])
+
+
+class NotAModelDirError(CorruptModelDirError):
+    """A folder passed as a saved model holds no model at all (no manifest, weights or config).
+
+    A subclass of :class:`CorruptModelDirError`, so code that catches damaged model folders
+    (the offline cache rebuilds them) catches this one too; its message does not advise deleting
+    the folder, which may hold anything.
+    """
 
 
 class ModelDirExistsError(ToolkitError, FileExistsError):
@@ -173,7 +183,7 @@ def read_manifest(directory: str | Path) -> dict[str, Any] | None:
     """The manifest of ``directory``, or None when it is missing or unreadable."""
     try:
         return json.loads((Path(directory) / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested deeper than the parser follows
         return None
 
 
@@ -196,7 +206,7 @@ def verify_model_dir(directory: str | Path) -> list[str]:
         return [f"{directory} is not a directory"]
     manifest = read_manifest(directory)
     if manifest is None:
-        return [f"{MANIFEST_FILE} is missing or unreadable (the directory was never completed)"]
+        return [f"{MANIFEST_FILE} is missing or unreadable (the directory was never completed, or not by save_model)"]
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
         return [f"{MANIFEST_FILE} is not a manifest (a JSON object with a 'files' object); it was replaced or damaged"]
     if manifest.get("format") != FORMAT_NAME or manifest.get("format_version") != FORMAT_VERSION:
@@ -315,8 +325,9 @@ def _load_tokenizer(path: Path) -> Any:
     """
     from transformers import AutoTokenizer  # slow import, only needed here
 
-    settings = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
-    if settings.get("bos_token") is not None:
+    settings = read_json(path / "tokenizer_config.json", "a tokenizer's settings", error=CorruptModelDirError,
+                         hint="Save the model again (circuits.save_model).")
+    if isinstance(settings, dict) and settings.get("bos_token") is not None:
         try:
             return AutoTokenizer.from_pretrained(str(path), add_bos_token=True)
         except ValueError:  # tokenizers that cannot express a BOS template; TL falls back likewise
@@ -342,6 +353,7 @@ def load_model_dir(
     has passed.
     """
     directory = Path(directory)
+    check_is_model_dir(directory)
     if not verify:
         return _build_model(directory, device, dtype)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-model-dir") as pool:
@@ -358,6 +370,36 @@ def load_model_dir(
     return model
 
 
+def check_is_model_dir(directory: str | Path) -> None:
+    """Raise :class:`NotAModelDirError` when ``directory`` holds none of a saved model's files.
+
+    Such a folder was never a model (a parent folder, a run folder, a typo): its message says so and,
+    when a subfolder holds a saved model, names it, instead of calling the folder damaged.
+    """
+    directory = Path(directory)
+    if not directory.is_dir() or any((directory / name).exists() for name in (MANIFEST_FILE, WEIGHTS_FILE, CONFIG_FILE)):
+        return
+    inside = sorted(p.parent.name for p in directory.glob(f"*/{MANIFEST_FILE}"))
+    where = f" ({', '.join(inside[:3])} inside it {'is' if len(inside) == 1 else 'are'})" if inside else ""
+    raise NotAModelDirError(
+        f"{directory} is not a saved model folder: it holds none of {MANIFEST_FILE}, {WEIGHTS_FILE}, {CONFIG_FILE}"
+        f"{where}. Pass the folder circuits.save_model wrote (the one holding {MANIFEST_FILE}) or a model name.",
+        [f"{directory} is not a saved model folder"],
+    )
+
+
+def require_intact_model_dir(directory: str | Path, expected: dict[str, Any] | None = None) -> None:
+    """Raise :class:`CorruptModelDirError` unless ``directory`` is a model folder that matches its manifest.
+
+    The check `load_model_dir` runs (sizes and sha256 of every file, the manifest's format, ``expected``
+    manifest entries), for readers that take the weights without building a model (``merging``).
+    """
+    directory = Path(directory)
+    check_is_model_dir(directory)
+    if problems := _problems(directory, expected or {}):
+        raise CorruptModelDirError(_corrupt_message(directory, problems), problems)
+
+
 def _problems(directory: Path, expected: dict[str, Any]) -> list[str]:
     problems = verify_model_dir(directory)
     if not problems:
@@ -371,6 +413,12 @@ def _problems(directory: Path, expected: dict[str, Any]) -> list[str]:
 
 
 def _corrupt_message(directory: Path, problems: list[str]) -> str:
+    if not (directory / MANIFEST_FILE).is_file():
+        # save_model publishes a folder only with its manifest, so this one was never a complete saved model
+        # (a Hugging Face folder, a copy by hand): deleting it may lose what is not the toolkit's.
+        return (f"The folder {directory} is not a model directory written by circuits.save_model: "
+                f"{'; '.join(problems)}. Load the model by its name (or from where it came), then save it with "
+                "circuits.save_model and load that folder.")
     return (
         f"The model directory {directory} is not intact: {'; '.join(problems)}. "
         "Save the model again (circuits.save_model) or delete the directory."
@@ -378,7 +426,11 @@ def _corrupt_message(directory: Path, problems: list[str]) -> str:
 
 
 def _build_model(directory: Path, device: str | torch.device, dtype: torch.dtype) -> HookedTransformer:
-    data = json.loads((directory / CONFIG_FILE).read_text(encoding="utf-8"))
+    data = read_json(directory / CONFIG_FILE, "a HookedTransformerConfig saved as JSON", error=CorruptModelDirError,
+                     hint="Save the model again (circuits.save_model).")
+    if not isinstance(data, dict):
+        raise CorruptModelDirError(f"{directory / CONFIG_FILE} holds a JSON {type(data).__name__}, not a config object. "
+                                   "Save the model again (circuits.save_model).")
     tokenizer = None
     if (directory / TOKENIZER_DIR).is_dir():
         tokenizer = _load_tokenizer(directory / TOKENIZER_DIR)
@@ -394,7 +446,8 @@ def _build_model(directory: Path, device: str | torch.device, dtype: torch.dtype
         model.tokenizer.name_or_path = f"arith-circuits:{TOKENIZER_DIR}"
     state_dict = {
         key: value.to(device=cfg.device, dtype=cfg.dtype if value.is_floating_point() else value.dtype)
-        for key, value in load_file(str(directory / WEIGHTS_FILE)).items()
+        for key, value in load_safetensors(directory / WEIGHTS_FILE, error=CorruptModelDirError,
+                                           hint="Save the model again (circuits.save_model).").items()
     }
     # assign=True adopts the loaded tensors instead of copying them into the
     # freshly allocated parameters: 1.7 GB less memory traffic for gemma. The

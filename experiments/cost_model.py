@@ -335,7 +335,7 @@ def load_measurement(path: str | Path) -> dict:
         raise bad("no such file") from None
     except (OSError, UnicodeDecodeError) as err:
         raise bad(f"cannot be read ({err})") from None
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:  # RecursionError: JSON nested deeper than the parser follows
         raise bad(f"is not JSON ({err})") from None
     if not isinstance(r, dict) or not isinstance(r.get("model"), str) \
             or not all(isinstance(r.get(k), dict) for k in ("shape", "sweep_shapes", "measured")):

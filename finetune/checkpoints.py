@@ -11,7 +11,9 @@ A checkpoint is a directory ``<out_dir>/checkpoints/step-<NNNNNNNN>/`` with
 * ``manifest.json``: size and sha256 of each of those files, written last.
 
 Before anything is copied into a model or optimizer, `load_tuned` checks every
-file against the manifest, parses ``state.json``, reads every tensor and checks
+file against the manifest, parses ``state.json``, checks that a checkpoint's step
+is the one its folder is named after (a ``state.json`` edited and its manifest
+refreshed would otherwise resume from the wrong step), reads every tensor and checks
 names, shapes and finiteness; any failure is a `CheckpointError` naming the file,
 and the model is left untouched. `latest_intact_checkpoint` skips damaged
 checkpoints (with a warning) to resume from the newest intact one.
@@ -36,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from circuits.model_cache import check_files, file_entries
 from circuits.errors import ToolkitError
+from circuits.file_reads import load_safetensors, read_json
 from finetune.masks import Selection, TunableSlice
 
 CHECKPOINT_RE = re.compile(r"^step-(\d{8})$")
@@ -124,13 +126,35 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
     state_file = Path(path) / "state.json"
     if not state_file.is_file():
         raise CheckpointError(f"{path} is not a checkpoint: it has no state.json.")
-    try:
-        state = json.loads(state_file.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as err:
-        raise CheckpointError(f"{state_file} is not readable JSON ({err}); the checkpoint is damaged.") from err
+    state = read_json(state_file, "a checkpoint's state.json", error=CheckpointError,
+                      hint="The checkpoint is damaged.")
     if not isinstance(state, dict) or not isinstance(state.get("selection"), dict):
         raise CheckpointError(f"{state_file} lacks the tuned selection; the checkpoint is damaged.")
+    check_step(path, state)
     return state
+
+
+def check_step(path: str | os.PathLike, state: dict[str, Any]) -> None:
+    """A checkpoint folder ``step-<N>`` must hold the state of step N (other folders, e.g. ``final``, are not checked).
+
+    The step decides where a resumed run continues (and which examples come next), so a ``state.json``
+    whose step was edited, or a folder renamed, would resume from the wrong step without a word.
+    """
+    path = Path(path)
+    match = CHECKPOINT_RE.match(path.name)
+    if match is None:
+        return
+    step, named = state.get("step"), int(match.group(1))
+    if isinstance(step, bool) or not isinstance(step, int) or step != named:
+        raise CheckpointError(
+            f"{path / 'state.json'} records step {step!r}, but its folder {path.name} is the checkpoint of step "
+            f"{named}: the state was edited or the folder renamed, and resuming would continue from the wrong step. "
+            "Restore the checkpoint, or delete its folder to resume from an older one.")
+    losses = state.get("losses")
+    if isinstance(losses, list) and len(losses) != named:
+        raise CheckpointError(
+            f"{path / 'state.json'} records {len(losses)} losses for step {named} (one per step is written): the "
+            "state was edited. Restore the checkpoint, or delete its folder to resume from an older one.")
 
 
 def verify_checkpoint(path: str | os.PathLike) -> list[str]:
@@ -138,7 +162,7 @@ def verify_checkpoint(path: str | os.PathLike) -> list[str]:
     path = Path(path)
     try:
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return [f"{path / MANIFEST} is missing or unreadable (the checkpoint is incomplete or was written "
                 "by an older version that kept no checksums)"]
     files = manifest.get("files") if isinstance(manifest, dict) else None
@@ -151,10 +175,7 @@ def verify_checkpoint(path: str | os.PathLike) -> list[str]:
 def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
     if not file.is_file():
         raise CheckpointError(f"{file} is missing; the checkpoint is incomplete.")
-    try:
-        tensors = load_file(str(file))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        raise CheckpointError(f"{file} is not a readable safetensors file ({err}).") from err
+    tensors = load_safetensors(file, error=CheckpointError)  # "{file} is not a readable safetensors file (...)."
     for key, t in tensors.items():
         if t.is_floating_point() and not torch.isfinite(t).all():
             raise CheckpointError(f"{file}: tensor {key!r} holds NaN/Inf values; the checkpoint is damaged.")

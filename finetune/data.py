@@ -17,6 +17,7 @@ mix by default, as in the paper's SVAMP/GSM8K-style training data.
 
 from __future__ import annotations
 
+import numbers
 import random
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -187,6 +188,25 @@ def arithmetic_train_set(tokenizer, mix: ArithmeticMix = ArithmeticMix()) -> Dat
     if not parts:
         raise SFTDataError("The mix produced no examples (n_examples too small for the weights?).")
     return concatenate_datasets(parts).shuffle(seed=mix.seed)
+
+
+def check_token_rows(rows: Sequence[dict], vocab_size: int, what: str = "train_dataset") -> None:
+    """Every row's ``input_ids`` must be whole-number token ids in ``0..vocab_size - 1``.
+
+    Floats would be truncated silently by ``torch.tensor(..., dtype=long)`` and an id past the vocabulary
+    is an ``IndexError`` deep in the embedding; both are refused here, naming the row.
+    """
+    for i, row in enumerate(rows):
+        ids = row["input_ids"]
+        wrong = [t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)]
+        if wrong:
+            raise SFTDataError(f"{what} row {i}: input_ids hold {wrong[:3]!r} ({type(wrong[0]).__name__}); token ids "
+                               "are whole numbers: encode the rows with finetune.data.encode_pairs.")
+        outside = [int(t) for t in ids if not 0 <= t < vocab_size]
+        if outside:
+            raise SFTDataError(f"{what} row {i}: input_ids hold {outside[:3]} outside the model's vocabulary "
+                               f"0..{vocab_size - 1}: the rows were tokenized for another model; encode them with "
+                               "this model's tokenizer.")
 
 
 def collate(

@@ -54,7 +54,7 @@ from circuits.nodes import MLP, Head
 from circuits.peak_memory import peak_rss, reset_peak_rss
 from circuits.process_group import rank_and_world_size
 from finetune import checkpoints as ckpt
-from finetune.data import SFTDataError, collate, epoch_order, targets
+from finetune.data import SFTDataError, check_token_rows, collate, epoch_order, targets
 from finetune.lora import attach_lora, lora_targets, merge_lora
 from finetune.masks import Selection, apply_selection, full_selection, named_selection, precise_selection
 from finetune.configs import (  # noqa: F401  (re-exported: finetune.trainer.TrainConfig is public)
@@ -184,6 +184,7 @@ def train(
     method = _method_of(config, method)
     config = method_config(config, method)
     rows, steps_per_epoch, total = _training_rows(train_dataset, config)
+    check_token_rows(rows, model.cfg.d_vocab)
     rank, world = rank_and_world_size()
     run = _start_run(model, rows, config, method, heads, mlps, out_dir, resume, total, steps_per_epoch, rank, world)
     try:

@@ -28,8 +28,12 @@ Choices (this package is the reference implementation, so they are written down)
 * **Sources.** A state dict, a ``HookedTransformer``, a ``.safetensors`` file, or a
   folder written by ``circuits.save_model`` (its ``model.safetensors`` is read; such
   a folder has no buffers, so use a model or state dict as the *base* when the
-  result must load strictly). Unreadable files are an :class:`InputError` naming
-  the file.
+  result must load strictly). A saved-model folder is first checked against its
+  manifest (sizes and sha256, :func:`circuits.model_cache.require_intact_model_dir`,
+  the check ``circuits.load_model`` runs), so a changed tensor is refused as
+  ``load_model`` would refuse it (:class:`circuits.model_cache.CorruptModelDirError`).
+  Unreadable files (forged or cut safetensors headers included) are an
+  :class:`InputError` naming the file (:mod:`circuits.file_reads`).
 * **Checks before work.** :func:`check_compatible` reads every parameter once
   and rejects different key sets, shapes, dtypes and NaN/Inf values with a
   message that names the key and the source.
@@ -43,14 +47,15 @@ from pathlib import Path
 from typing import Union
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from circuits.atomic_files import atomic_path
 from circuits.errors import InputError, ToolkitError
+from circuits.file_reads import load_safetensors, open_safetensors
+from circuits.model_cache import require_intact_model_dir
 from merging.primitives import combine
 from merging.primitives import task_vectors as expert_task_vectors
 
@@ -126,24 +131,25 @@ class StateDictSource:
         return key in (self._file.keys() if self._file is not None else self._dict)
 
 
+RESAVE_HINT = "Re-save it with merging.save_state_dict or circuits.save_model."
+
+
 def _open_safetensors(path: Path, name: str):
-    """Open ``path`` (a .safetensors file or a saved-model folder) lazily; clear errors for anything else."""
+    """Open ``path`` (a .safetensors file or a saved-model folder) lazily; clear errors for anything else.
+
+    A saved-model folder (one with a manifest) must match its manifest first, as for ``circuits.load_model``.
+    """
     if path.is_dir():
         if not (path / SAVED_MODEL_WEIGHTS).is_file():
             raise InputError(
                 f"{name}: folder {path} has no {SAVED_MODEL_WEIGHTS}. Pass a folder written by "
                 "circuits.save_model, a .safetensors file, a state dict or a HookedTransformer."
             )
+        require_intact_model_dir(path)  # raises CorruptModelDirError naming every changed or missing file
         path = path / SAVED_MODEL_WEIGHTS
     if not path.is_file():
         raise InputError(f"{name}: no safetensors file or saved-model folder at {path}.")
-    try:
-        return safe_open(str(path), framework="pt", device="cpu")
-    except Exception as err:  # safetensors raises its own SafetensorError / OSError for damaged headers
-        raise InputError(
-            f"{name}: {path} is not a readable safetensors file ({err}). Re-save it with "
-            "merging.save_state_dict or circuits.save_model."
-        ) from err
+    return open_safetensors(path, error=InputError, prefix=f"{name}: ", hint=RESAVE_HINT)
 
 
 def as_sources(base: SourceLike, experts: Sequence[SourceLike]) -> tuple[StateDictSource, list[StateDictSource]]:
@@ -273,5 +279,8 @@ def save_state_dict(
 
 
 def load_state_dict(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, Tensor]:
-    """Read a safetensors state dict fully into memory (use :class:`StateDictSource` to read lazily)."""
-    return load_file(str(path), device=str(device))
+    """Read a safetensors state dict fully into memory (use :class:`StateDictSource` to read lazily).
+
+    A forged, cut or foreign file is an :class:`InputError` naming it.
+    """
+    return load_safetensors(path, device=str(device), error=InputError, hint=RESAVE_HINT)

@@ -27,6 +27,7 @@ with ``corrupted_tokens=reference`` and ``clean_cache=counterfactual cache``
 
 from __future__ import annotations
 
+import numbers
 from typing import Literal, Sequence, get_args
 
 import torch
@@ -91,7 +92,10 @@ def activation_patch(
     reuse_prefix, progress = opts.reuse_prefix, opts.shows_progress()
     L, H = model.cfg.n_layers, model.cfg.n_heads
     layers = list(range(L)) if layers is None else sorted(set(layers))
-    bad = [l for l in layers if not 0 <= l < L]
+    if not layers:
+        raise InputError(f"layers is empty, so nothing would be patched: name at least one layer in 0..{L - 1}, "
+                         "or pass layers=None for all.")
+    bad = [l for l in layers if isinstance(l, bool) or not isinstance(l, numbers.Integral) or not 0 <= l < L]
     if bad:
         raise InputError(f"Layers {bad} are out of range; the model has layers 0..{L - 1}.")
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,

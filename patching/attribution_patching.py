@@ -52,6 +52,9 @@ def attribution_patch(
     opts = sweep_options(options, overrides, "attribution_patch")
     metric, batch_size, progress = get_metric(opts.metric), opts.batch_size, opts.shows_progress()
     nodes = validate_nodes(model, all_nodes(model) if nodes is None else nodes)
+    if not nodes:
+        raise InputError("nodes is empty, so nothing would be scored: pass at least one Head or MLP, or nodes=None "
+                         "for every head and MLP.")
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
     names = sorted({n.hook_name for n in nodes})

@@ -10,6 +10,10 @@ device) with :func:`prompt_groups`:
 * reference and counterfactual token tensors ``[batch, pos]`` plus ``answer_ids``.
 
 Results over several groups are averaged with each prompt weighted equally.
+
+Token ids are checked here, once for every method: integer tensors (a float tensor would be cast
+or fail deep inside the embedding) with every id in the model's vocabulary (an id past it is an
+``IndexError`` from ``torch.embedding``, naming nothing); answer ids likewise.
 """
 
 from __future__ import annotations
@@ -48,9 +52,13 @@ class PromptGroup:
 def _ids(ids: IdInput, n: int, name: str, device, rows: Sequence[int] | None = None) -> Tensor | None:
     if ids is None:
         return None
-    if isinstance(ids, int):
+    if isinstance(ids, int) and not isinstance(ids, bool):
         return torch.full((n,), ids, dtype=torch.long, device=device)
-    ids = torch.as_tensor(ids, dtype=torch.long)
+    as_given = torch.as_tensor(ids)
+    if as_given.is_floating_point() or as_given.is_complex() or as_given.dtype == torch.bool:
+        raise InputError(f"{name} must be integer token ids (one int, or one per prompt), got {as_given.dtype} "
+                         f"values such as {as_given.flatten()[:3].tolist()}.")
+    ids = as_given.long()
     if rows is not None:  # per-row ids of a whole dataset, selected for this batch
         ids = ids[torch.as_tensor(rows)]
     if ids.shape != (n,):
@@ -99,6 +107,8 @@ def prompt_groups(
                              "circuits.tasks.make_dataset or a TaskBatch, not token tensors.")
         if not isinstance(counterfactual, Tensor):
             raise InputError("With reference tokens, pass counterfactual tokens of the same shape as a tensor.")
+        check_token_ids(model, reference, "reference tokens")  # before shapes: a float tensor is the likelier slip
+        check_token_ids(model, counterfactual, "counterfactual tokens")
         if reference.ndim != 2 or reference.shape != counterfactual.shape:
             raise InputError(
                 f"reference {tuple(reference.shape)} and counterfactual {tuple(counterfactual.shape)} must both be "
@@ -120,4 +130,18 @@ def prompt_groups(
         for name, ids in (("answer_ids", g.answer_ids), ("alt_ids", g.alt_ids)):
             if ids is not None and (ids.min() < 0 or ids.max() >= vocab):
                 raise InputError(f"{name} contains ids outside the vocabulary 0..{vocab - 1}.")
+        for name, tokens in (("reference", g.tokens), ("counterfactual", g.cf_tokens)):
+            check_token_ids(model, tokens, f"{name} tokens")
     return groups
+
+
+def check_token_ids(model: HookedTransformer, tokens: Tensor, name: str = "tokens") -> None:
+    """Raise :class:`InputError` unless ``tokens`` is an integer tensor of ids in ``0..d_vocab - 1``."""
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise InputError(f"{name} have dtype {tokens.dtype}; token ids must be an integer tensor (e.g. "
+                         "model.to_tokens(text), or tokens.long() if they are whole numbers stored as floats).")
+    vocab = model.cfg.d_vocab
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        bad = tokens[(tokens < 0) | (tokens >= vocab)].unique()[:5].tolist()
+        raise InputError(f"{name} contain ids {bad} outside this model's vocabulary 0..{vocab - 1}: they were "
+                         "tokenized for another model, or are not token ids. Tokenize with this model's tokenizer.")

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
+from circuits.errors import InputError
 from circuits.nodes import MLP, Head, Node, all_nodes, validate_nodes
 from patching import forward, inputs
 from patching.metrics import PatchMetric, get_metric, score_end
@@ -69,7 +70,8 @@ def path_patch(
         reference: a ``Dataset`` from :func:`circuits.tasks.make_dataset`, a ``TaskBatch``,
             or reference token ids ``[batch, pos]`` (then pass ``counterfactual`` and ``answer_ids``).
         counterfactual: counterfactual token ids, same shape, when ``reference`` is a tensor.
-        senders: the nodes to score (default: every head and every MLP).
+        senders: the nodes to score (default: every head and every MLP; with receiver heads, every node of an
+            earlier layer than the last receiver: a sender at or after it cannot reach a receiver and is refused).
         receivers: ``"logits"`` (the answer at END) or a list of receiver ``Head`` s.
         receiver_input: for receiver heads, which inputs take the sender's effect: any of "q", "k", "v".
         answer_ids, alt_ids: the scored token (and the alternative for ``"logit_diff"``); one int or one per prompt.
@@ -84,9 +86,10 @@ def path_patch(
     """
     opts = sweep_options(options, overrides, "path_patch")
     metric, batch_size, memory_mb, progress = get_metric(opts.metric), opts.batch_size, opts.budget(), opts.shows_progress()
+    by_default = senders is None
     senders = validate_nodes(model, all_nodes(model) if senders is None else senders)
     if not senders:
-        raise ValueError("No senders to score.")
+        raise InputError("No senders to score: pass at least one Head or MLP (or senders=None for every node).")
     if method not in ("fast", "hooks"):
         raise ValueError(f"Unknown method {method!r}: use 'fast' or 'hooks'.")
     to_logits = isinstance(receivers, str)
@@ -94,10 +97,19 @@ def path_patch(
         raise ValueError(f"receivers must be 'logits' or a list of Head receivers, got {receivers!r}.")
     if not to_logits:
         receivers = validate_nodes(model, receivers)
+        if by_default and receivers and all(isinstance(r, Head) for r in receivers):
+            senders = [n for n in senders if n.layer < max(r.layer for r in receivers)]
         if not receivers or not all(isinstance(r, Head) for r in receivers):
             raise ValueError("Receivers must be a non-empty list of Head nodes (their q/k/v inputs are patched).")
         if not set(receiver_input) <= set("qkv") or not receiver_input:
             raise ValueError(f"receiver_input must be made of 'q', 'k', 'v', got {receiver_input!r}.")
+        last = max(r.layer for r in receivers)
+        late = [str(n) for n in senders if n.layer >= last]
+        if late:
+            raise InputError(
+                f"Senders {late} come at or after the last receiver's layer {last} ({', '.join(map(str, receivers))}): "
+                "a head or MLP reaches a head's q/k/v input only from an earlier layer, so their effect is 0 by "
+                "construction. Pass senders from layers before the receivers, or receivers='logits'.")
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size)
     if method == "fast" and (not to_logits or forward.check_sequential_blocks(model) is not None):

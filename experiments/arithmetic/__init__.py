@@ -63,6 +63,7 @@ def run(cfg: PipelineConfig, *, loader: ModelLoader | None = None) -> dict:
 def _stages(run: Run) -> None:
     cfg = run.settings
     model = run.load_model()
+    stages.check_settings_against_model(cfg, model)                   # 0. flags only the model can check
     pipeline = stages.PipelineRun(cfg, model, run.out, run.timer, run.results)
 
     prompts = stages.prepare_prompts(pipeline)                        # 1. data
@@ -81,7 +82,8 @@ def _stages(run: Run) -> None:
 
     stages.write_figures(pipeline)                                    # 7. outputs
     run.results["wall_seconds"] = run.wall_seconds
-    write_run_report(pipeline, prompts, roles, probes)
+    with run.stage("report"):  # a failure here is recorded as failed: report: <why>, the stages' results kept
+        write_run_report(pipeline, prompts, roles, probes)
     print(summary(run.results))
     print(f"report: {run.out / 'report.html'}")
 

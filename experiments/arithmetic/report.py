@@ -14,6 +14,7 @@ this run's captions, a notice for each stage whose sample is too small to read
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from typing import TYPE_CHECKING, Mapping, Sequence
 
@@ -198,7 +199,7 @@ def _optional_sections(report: Report, results: dict, figures: dict, cfg: Pipeli
         report.add_figure(figures["af1"], heading="All for One", caption=(
             f"AF1 faithfulness per (L_wait, L_transfer) on a coarse grid (every {cfg.af1_stride} L_wait; Mamidanna et "
             f"al. 2025): the share of the {af1['n_eval']} evaluation prompts (zero-shot, one-token answers, templates "
-            f"{', '.join(af1['templates'])}; the full model answers {af1['base_accuracy']:.0%}) that the AF1 model still "
+            f"{', '.join(af1['templates'])}; the full model answers {percent(af1['base_accuracy'])}) that the AF1 model still "
             f"answers correctly; 1 = as the full model. Point estimates on one prompt set, no interval."))
     elif "af1" in results:
         report.add_notice(f"All for One: {results['af1']['skipped']}", heading="All for One")
@@ -211,18 +212,33 @@ def _optional_sections(report: Report, results: dict, figures: dict, cfg: Pipeli
         report.add_table(results["finetune"]["table"], heading="Precise SFT of the key heads")
 
 
+def percent(value, digits: int = 0) -> str:
+    """``value`` as a percentage, or ``n/a`` where results.json holds none (null: an interval of one prompt)."""
+    if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return "n/a"
+    return f"{value:.{digits}%}"
+
+
 def summary(results: dict) -> str:
-    """One paragraph: base accuracy, the key heads, and what knocking them out does against random heads."""
-    knock = results["knockout"]
-    k = knock["ks"][-1]
-    lo, hi = knock["random_ci"][-1] if knock.get("random_ci") else (float("nan"), float("nan"))
-    drop = (f"knocking out the top-{k} heads: accuracy {knock['effect_rank'][-1]:.0%} "
-            f"vs {knock['random_rank'][-1]:.0%} [{lo:.0%}, {hi:.0%}] for {k} random heads over {knock['n_seeds']} seeds, "
-            f"on {knock.get('n_prompts')} prompts the full model answers correctly (there {knock['base_accuracy']:.0%}; "
-            f"ablation means over {knock.get('n_pool')} other prompts)")
-    return (f"{results['experiment']}: base accuracy {results['base_accuracy']:.1%} of {results['n_prompts']} prompts "
-            f"({results['n_kept']} answered correctly); key heads {', '.join(results['key_heads'])} "
-            f"({results['key_head_fraction']:.1%} of heads); {drop}.")
+    """One paragraph: base accuracy, the key heads, and what knocking them out does against random heads.
+
+    Any number may be missing (``None``: e.g. no interval from a single prompt and a single seed); it reads
+    ``n/a`` then, so a run on very few prompts still gets its summary and report.
+    """
+    knock = results.get("knockout") or {}
+    last = lambda key: (knock.get(key) or [None])[-1]
+    k = last("ks")
+    lo, hi = last("random_ci") or (None, None)
+    interval = f" [{percent(lo)}, {percent(hi)}]" if lo is not None and hi is not None else " (no interval)"
+    drop = (f"knocking out the top-{k} heads: accuracy {percent(last('effect_rank'))} "
+            f"vs {percent(last('random_rank'))}{interval} for {k} random heads over {knock.get('n_seeds')} seeds, "
+            f"on {knock.get('n_prompts')} prompts the full model answers correctly (there "
+            f"{percent(knock.get('base_accuracy'))}; ablation means over {knock.get('n_pool')} other prompts)"
+            if knock else "no knockout curve")
+    return (f"{results['experiment']}: base accuracy {percent(results.get('base_accuracy'), 1)} of "
+            f"{results.get('n_prompts')} prompts ({results.get('n_kept')} answered correctly); key heads "
+            f"{', '.join(results.get('key_heads') or []) or 'none'} ({percent(results.get('key_head_fraction'), 1)} of "
+            f"heads); {drop}.")
 
 
 def _captions(results: dict, cfg: PipelineConfig) -> dict[str, str]:

@@ -26,6 +26,7 @@ from circuits.analyze.attention import (
 )
 from circuits.show.node_circuit import circuit_figure
 from circuits.show.static_export import StaticExportError, export_figures, parse_formats
+from circuits.errors import InputError
 from circuits.nodes import Head
 from circuits.analyze.probes import ProbeConfig, ProbeResults, plot_top_tokens, probe_mlps, top_number_tokens
 from experiments.runtime.run_folder import StageTimer, write_text_atomic
@@ -103,6 +104,27 @@ class HeadRoles:
     classes: list[HeadClass]
     role: dict[Head, str]
     views: list
+
+
+# ---------------------------------------------------------------------------- 0. settings the model checks
+
+
+def check_settings_against_model(cfg: PipelineConfig, model: HookedTransformer) -> None:
+    """Refuse, right after the model loads and before any work, head counts the model does not have.
+
+    ``--knockout-ks 1,99`` on a model of 72 heads would otherwise knock out 1 head and drop 99 without a
+    word; ``--top-k 99`` would choose every head and call them the key heads.
+    """
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    total = n_layers * n_heads
+    too_many = [k for k in (int(k) for k in cfg.knockout_ks.split(",") if k.strip()) if k > total]
+    if too_many:
+        raise InputError(f"--knockout-ks {cfg.knockout_ks}: {', '.join(map(str, too_many))} "
+                         f"{'is' if len(too_many) == 1 else 'are'} more heads than {cfg.model} has ({total} = "
+                         f"{n_layers} layers x {n_heads} heads); give counts in 1..{total}.")
+    if cfg.top_k > total:
+        raise InputError(f"--top-k {cfg.top_k} is more heads than {cfg.model} has ({total} = {n_layers} layers x "
+                         f"{n_heads} heads); give at most {total}.")
 
 
 # ---------------------------------------------------------------------------- 1. data
@@ -196,7 +218,7 @@ def knock_out(run: PipelineRun, prompts: Prompts, chosen: KeyHeadChoice) -> Knoc
     cfg, model, kept = run.cfg, run.model, prompts.kept
     with run.timer.stage("knockout"):
         knock_data = kept.shuffle(seed=cfg.seed).select(range(min(cfg.knockout_prompts, len(kept))))
-        ks = [int(k) for k in cfg.knockout_ks.split(",") if int(k) <= model.cfg.n_layers * model.cfg.n_heads]
+        ks = [int(k) for k in cfg.knockout_ks.split(",") if k.strip()]  # checked against the model at load
         curve = knockout_curve(model, knock_data, chosen.scores, ks=ks, n_seeds=cfg.knockout_seeds,
                                n_pool=cfg.knockout_pool, seed=cfg.seed, batch_size=cfg.batch_size)
         run.results["knockout"] = curve.to_dict()  # saved with this stage, before the (slower) transfer formats

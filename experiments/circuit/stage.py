@@ -9,6 +9,7 @@ figures; :func:`add_report_section` and :func:`summary` present what it found.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from datasets import Dataset
@@ -98,7 +99,9 @@ def add_report_section(report: Report, stage: dict, figures: dict) -> Report:
 
 
 def _fmt(estimate: dict) -> str:
-    return f"{estimate['value']:.3f} [{estimate['low']:.3f}, {estimate['high']:.3f}]"
+    """``value [low, high]``; a number results.json holds as null (no interval on too few prompts) reads ``n/a``."""
+    num = lambda v: f"{v:.3f}" if isinstance(v, (int, float)) and math.isfinite(v) else "n/a"
+    return f"{num(estimate.get('value'))} [{num(estimate.get('low'))}, {num(estimate.get('high'))}]"
 
 
 def summary(stage: dict) -> str:

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from circuits.analyze.heuristic_neurons import census, classify_grids
+from circuits.errors import InputError
 from circuits.analyze.number_geometry import HELIX_PERIODS, fit_helix, fourier_spectrum, mod_probe, orthonormal_columns, pca_subspace
 from circuits.analyze.number_tokens import (
     COMPONENTS,
@@ -88,8 +89,32 @@ class NumbersConfig(RunSettings):
                                         type=cli.fraction)
     batch_size: int = option(64, "prompts per forward pass", type=cli.positive_int)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.high_max_period < self.low_min_period:
+            raise InputError(
+                f"--high-max-period {self.high_max_period:g} is not below --low-min-period {self.low_min_period:g}: the "
+                "low band (periods >= the low minimum) and the high band (periods <= the high maximum) would share "
+                "frequencies, and the mid control band between them would be empty. Give a high maximum below the "
+                "low minimum (the defaults are 10 and 20).")
+
 
 parser = cli.config_parser(NumbersConfig, "numbers", __doc__)
+
+
+def check_settings_against_model(cfg: NumbersConfig, model) -> None:
+    """Refuse, right after the model loads, ``--patch-layers`` the model does not have (they were skipped silently)."""
+    if cfg.patch_layers is None:
+        return
+    n_layers = model.cfg.n_layers
+    bad = [layer for layer in cfg.patch_layers if not 0 <= layer < n_layers]
+    if bad:
+        raise InputError(f"--patch-layers {' '.join(map(str, cfg.patch_layers))}: {bad} "
+                         f"{'is' if len(bad) == 1 else 'are'} not a layer of {cfg.model}, which has layers "
+                         f"0..{n_layers - 1}.")
+    if "resid_post" not in cfg.components:
+        raise InputError(f"--patch-layers patches resid_post, which --components {' '.join(cfg.components)} leaves "
+                         "out: add resid_post to --components, or drop --patch-layers.")
 
 
 @dataclass
@@ -165,7 +190,7 @@ def frequency_bands(n_values: int, cfg: NumbersConfig) -> dict[str, list[int]]:
              "mid": [k for k in frequency_band(n_values, min_period=cfg.high_max_period, max_period=cfg.low_min_period)
                      if cfg.high_max_period < n_values / k < cfg.low_min_period],
              "high": frequency_band(n_values, max_period=cfg.high_max_period)}
-    return {band: ks for band, ks in bands.items() if ks}
+    return {band: ks for band, ks in bands.items() if ks}  # an empty band is listed in empty_bands by the stage
 
 
 def frequency_filter(model, cfg: NumbersConfig, data: SumPrompts, timer: StageTimer) -> dict:
@@ -186,7 +211,10 @@ def frequency_filter(model, cfg: NumbersConfig, data: SumPrompts, timer: StageTi
                              "accuracy": proportion(correct).to_dict(),
                              "change": paired_difference(correct.float(), data.correct.float()).to_dict()})
                 print(f"remove {band:4s} frequencies of every {component}: accuracy {proportion(correct)}")
-    return {"n_values": n_values, "bands": {b: len(k) for b, k in bands.items()}, "rows": rows}
+    empty = [band for band in ("low", "mid", "high") if band not in bands]
+    if empty:
+        print(f"no frequency of {n_values} sums falls in the {', '.join(empty)} band(s); not filtered")
+    return {"n_values": n_values, "bands": {b: len(k) for b, k in bands.items()}, "empty_bands": empty, "rows": rows}
 
 
 def patch_pairs(data: SumPrompts, cfg: NumbersConfig) -> list[tuple[int, int]]:
@@ -209,6 +237,9 @@ def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, timer: StageT
     layers = list(cfg.patch_layers or sorted(set(np.linspace(0, n_layers - 1, 4).round().astype(int).tolist())))
     pairs = patch_pairs(data, cfg)
     section = {"layers": layers, "n_pairs": len(pairs), "rows": []}
+    if "resid_post" not in cfg.components:  # only with the default layers: explicit ones were refused at load
+        section["skipped"] = "resid_post is not in --components, and the subspaces are fitted to it"
+        return section
     if not pairs:
         return section
     clean_tokens = [data.prompts.rows[i]["tokens"] for i, _ in pairs]
@@ -218,9 +249,7 @@ def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, timer: StageT
         ld_cf = evaluate_end(model, [data.prompts.rows[j]["tokens"] for _, j in pairs], clean_ans,
                              alt_ids=cf_ans)["logit_diff"]
         for layer in layers:
-            h = data.end_acts.get((layer, "resid_post"))
-            if h is None:
-                break
+            h = data.end_acts[(layer, "resid_post")]  # layers and components were checked at load
             fit = fit_helix(h, data.sums, test_fraction=0.0)
             rank = fit.subspace.shape[1]
             generator = torch.Generator().manual_seed(cfg.seed + layer)
@@ -297,6 +326,7 @@ def run(cfg: NumbersConfig, *, loader: ModelLoader | None = None) -> dict:
 def _stages(run: Run) -> None:
     cfg, out, timer, results = run.settings, run.out, run.timer, run.results
     model = run.load_model()
+    check_settings_against_model(cfg, model)
     keys = [(layer, c) for layer in range(model.cfg.n_layers) for c in cfg.components]
     results |= {"n_layers": model.cfg.n_layers, "moduli": list(MODULI), "helix_periods": list(HELIX_PERIODS)}
     results |= numbers_alone(model, cfg, keys, timer)

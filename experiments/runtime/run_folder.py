@@ -17,14 +17,28 @@ toolkit wrote it, and ``results.json`` carries a ``status``:
 ``overwrite``; with ``overwrite`` it refuses a folder the toolkit did not write
 (no marker) and moves a toolkit run aside (``<name>.replaced-<time>`` next to it),
 so nothing stale (an old results.json, report.html or figure) can survive into
-the new run. The moved-aside run is deleted only when the new run completes; if
-it fails, the old outputs are still there to recover. A folder that holds only
-empty folders (an interrupted run's ``figures/``) counts as empty.
+the new run. A folder that holds only empty folders (an interrupted run's
+``figures/``) counts as empty. What happens to the run moved aside:
+
+* the new run **completes** (`complete_run`): the moved-aside run is deleted, and so
+  is every run *it* had moved aside and still kept (a failed ``--overwrite`` run that
+  is itself overwritten leaves its predecessor behind otherwise), so no
+  ``<name>.replaced-*`` folder of this output is left;
+* the new run **fails** or is interrupted (``failed: ...`` or ``running``): nothing is
+  deleted. The old run stays, untouched and complete, at the path printed when it was
+  moved and recorded as ``replaced`` in the new folder's marker (an absolute path).
+  To recover it, delete the failed folder and rename ``<name>.replaced-<time>`` back to
+  ``<name>``; or rerun with ``--overwrite``, and once that run completes both the failed
+  run and the old one are deleted.
+
+An output folder that cannot be created or written (no permission, a read-only disk)
+is refused before any work with :class:`OutputNotWritableError`, one line naming the folder.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import gc
 import json
 import math
@@ -45,6 +59,10 @@ class OutputExistsError(ToolkitError, FileExistsError):
     """The output folder already holds a run, or holds files the toolkit did not write."""
 
 
+class OutputNotWritableError(ToolkitError, PermissionError):
+    """The output folder (or the folder it goes in) cannot be created or written."""
+
+
 RUN_MARKER = ".arith-circuits-run.json"
 RESULTS_FILE = "results.json"
 MARKER_FORMAT = "arith-circuits-run"
@@ -63,7 +81,7 @@ def read_marker(path: str | Path) -> dict | None:
     """The run marker of folder ``path`` (None when the toolkit did not write that folder)."""
     try:
         marker = json.loads((Path(path) / RUN_MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return marker if isinstance(marker, dict) and marker.get("format") == MARKER_FORMAT else None
 
@@ -76,6 +94,11 @@ def prepare_run_dir(path: str | Path, overwrite: bool = False) -> Path:
     docstring). Nothing is deleted here, so callers may prepare before validating.
     """
     path = Path(path)
+    with _writable(path):  # a folder that cannot be created, read or written: one line, before any work
+        return _prepare(path, overwrite)
+
+
+def _prepare(path: Path, overwrite: bool) -> Path:
     if path.exists() and not path.is_dir():
         raise OutputExistsError(f"Output path {path} exists and is not a folder; choose another --out.")
     replaced = None
@@ -91,9 +114,10 @@ def prepare_run_dir(path: str | Path, overwrite: bool = False) -> Path:
                 f"Output folder {path} holds files this toolkit did not write (no {RUN_MARKER}); "
                 "--overwrite only replaces run folders the toolkit wrote: move it away yourself or choose another --out."
             )
-        replaced = path.with_name(f"{path.name}.replaced-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}")
+        replaced = path.with_name(f"{path.name}.replaced-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}").absolute()
         os.replace(path, replaced)  # one rename: the old run is either here or there, never half-moved
-        print(f"moved the earlier run in {path} aside to {replaced}; it is deleted when this run completes")
+        print(f"moved the earlier run in {path} aside to {replaced}; it is deleted when this run completes "
+              "(kept if it fails)")
     path.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path / RUN_MARKER, {"format": MARKER_FORMAT, "created": datetime.now().isoformat(),
                                           "replaced": None if replaced is None else str(replaced)})
@@ -101,11 +125,28 @@ def prepare_run_dir(path: str | Path, overwrite: bool = False) -> Path:
     return path
 
 
+@contextmanager
+def _writable(path: Path) -> Iterator[None]:
+    """Turn "cannot create or write ``path``" into one :class:`OutputNotWritableError` (no traceback)."""
+    try:
+        yield
+    except PermissionError as err:
+        raise OutputNotWritableError(
+            f"Cannot write the output folder {path}: {err.strerror or 'permission denied'} ({err.filename or path}). "
+            "Choose an --out you can write to, or fix the folder's permissions.") from None
+    except OSError as err:
+        if err.errno not in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR):
+            raise
+        raise OutputNotWritableError(
+            f"Cannot write the output folder {path}: {err.strerror} ({err.filename or path}). "
+            "Choose another --out.") from None
+
+
 def read_status(path: str | Path) -> str | None:
     """The ``status`` in ``path/results.json`` (None when there is none)."""
     try:
         results = json.loads((Path(path) / RESULTS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return results.get("status") if isinstance(results, dict) else None
 
@@ -121,13 +162,34 @@ def fail_run(path: str | Path, results: dict, why: str) -> Path:
 
 
 def complete_run(path: str | Path, results: dict) -> Path:
-    """Save the final results with status ``complete``, then delete the run this one replaced."""
+    """Save the final results with status ``complete``, then delete the run this one replaced (and its own).
+
+    A replaced run that had itself replaced one (and failed, so kept it) hands that one on: the chain
+    is followed, so completing leaves no ``<name>.replaced-*`` folder (module docstring).
+    """
     out = save_results(path, results, status="complete")
-    replaced = (read_marker(path) or {}).get("replaced")
-    # Delete only a folder that still carries the toolkit's marker: what the toolkit wrote.
-    if replaced and Path(replaced).is_dir() and read_marker(replaced) is not None:
-        shutil.rmtree(replaced)
+    for old in replaced_runs(path):
+        shutil.rmtree(old)
     return out
+
+
+def replaced_runs(path: str | Path) -> list[Path]:
+    """The moved-aside runs ``path`` still keeps: the one its marker names, the one *its* marker names, ...
+
+    Only folders that still carry the toolkit's marker are listed (what the toolkit wrote), each once.
+    """
+    chain, seen = [], set()
+    replaced = (read_marker(path) or {}).get("replaced")
+    while isinstance(replaced, str) and replaced:
+        old = Path(replaced)
+        if not old.is_absolute():  # markers of older versions: relative to the run folder's parent
+            old = Path(path).parent / old.name
+        if old.resolve() in seen or not old.is_dir() or read_marker(old) is None:
+            break
+        seen.add(old.resolve())
+        chain.append(old)
+        replaced = read_marker(old).get("replaced")
+    return chain
 
 
 def _jsonable(value: Any) -> Any:

@@ -38,6 +38,12 @@ differentiated. The metric reads the END position only, and unembeds only the co
 it needs (:func:`patching.metrics.score_end`). Rows are chunked to ``memory_mb``.
 ``level="node"`` sums each sender's edges over its receivers (a node's score: the
 first-order effect of patching its output everywhere downstream).
+
+A metric that does not depend on the run (a constant, or one that ignores the logits) gives every
+receiver a zero gradient and every edge a score of 0, which would look like a circuit of nothing;
+it is refused with an :class:`InputError` after the first chunk's gradients, before the other chunks run.
+(An identical counterfactual is different: the gradients are real, the output changes are zero, and the
+zero scores are the right answer.)
 """
 
 from __future__ import annotations
@@ -181,6 +187,8 @@ def _receiver_gradients(model: HookedTransformer, chunk: _Chunk, resid: Resid, h
         resid = resid.detach().requires_grad_(True)
         final = _run_suffix(model, resid, chunk.prefix_kv, hooks + [(n, keep) for n in names])
         values = score_end(model, final[:, -1], chunk.answer_ids, chunk.alt_ids, metric)
+        if not values.requires_grad:
+            raise _constant_metric(metric, "its values do not depend on the logits it is given")
         grads = torch.autograd.grad(values.sum(), [captured[n] for n in names], allow_unused=True)
     # receivers upstream of a component that a pass replaces (EAP-IG-activations) do not reach the metric
     grads = [torch.zeros_like(captured[n]) if g is None else g for n, g in zip(names, grads)]
@@ -274,6 +282,9 @@ def edge_attribution(
                 grads, values = _receiver_gradients(model, chunk, resid, hooks, metric)
                 grad_sum = grads if grad_sum is None else grad_sum + grads
                 bar.update(1)
+            if n_prompts == 0 and not bool(grad_sum.any()):  # first chunk: no gradient at all reached a receiver
+                raise _constant_metric(metric, f"every receiver's gradient is exactly zero on the first "
+                                               f"{sl.stop - sl.start} prompts")
             diff = diff.to(grad_sum.dtype)
             if schema is None:
                 total += torch.einsum("fbpd,bpkd->fk", diff, grad_sum).double().cpu() / n_passes
@@ -296,6 +307,13 @@ def edge_attribution(
     if schema is not None:
         return PositionalScores(layout, schema, scores, meta)
     return Graph(layout, scores, meta=meta)
+
+
+def _constant_metric(metric: PatchMetric, why: str) -> InputError:
+    return InputError(
+        f"Metric {metric.name!r} does not depend on the run ({why}), so every edge would score 0 and no edge could be "
+        "told from another. Score with a metric of the END logits that changes with the model's computation "
+        "(e.g. 'logit' or 'logit_diff'), not a constant.")
 
 
 @torch.no_grad()

@@ -10,9 +10,11 @@ import torch
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_io import (
-    GraphFileError, eap_edge_order, load_eap_json, save_eap_json, write_mib_submission, MIB_SUBMISSION_PERCENTS,
+    GraphFileError, eap_edge_order, graph_to_eap_dict, load_eap_json, save_eap_json, write_mib_submission,
+    MIB_SUBMISSION_PERCENTS,
 )
 from circuits.graph_selection import select_top_n
+from tests.tiny_models import tiny_model
 
 
 def scored_graph(n_layers=3, n_heads=2, parallel=False, seed=0) -> Graph:
@@ -71,3 +73,77 @@ def test_mib_submission_folders(tmp_path):
         assert circuit.n_edges_in_graph <= percent / 100 * graph.n_edges
     with pytest.raises(InputError, match="contains '_'"):
         write_mib_submission(graph, tmp_path, "arithmetic_addition", "gemma3")
+
+
+def _eap_file(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def test_malformed_and_foreign_files_are_graph_file_errors_naming_the_file(tmp_path):
+    """Each of these was a raw AttributeError, ValueError, RuntimeError, IsADirectoryError or UnicodeDecodeError."""
+    good = json.loads(json.dumps(graph_to_eap_dict(scored_graph())))
+    folder = write_mib_submission(scored_graph(), tmp_path, "arithmetic-addition", "tiny", mode="circuits")
+    (tmp_path / "weights.json").write_bytes(b"\x00\x01\xffPK\x03\x04 binary")
+    cases = [
+        (folder, r"arithmetic-addition_tiny is a folder, not an EAP-IG graph file \(a MIB submission folder .*\): "
+                 r"pass one of its files, e.g. .*circuit_0\.1\.json"),
+        (tmp_path / "weights.json", r"weights\.json is not a text file \(byte \d+ is not UTF-8\); expected an EAP-IG graph"),
+        (_eap_file(tmp_path, "list.json", [1, 2]), r"list\.json holds a list; expected an EAP-IG graph object"),
+        (_eap_file(tmp_path, "deep.json", "[" * 100_000 + "]" * 100_000), r"deep\.json nests its JSON deeper"),
+        (_eap_file(tmp_path, "nodes.json", good | {"nodes": ["input"]}), r"nodes\.json: 'nodes' is a list"),
+        (_eap_file(tmp_path, "sizes.json", good | {"cfg": {**good["cfg"], "n_layers": "3"}}),
+         r"sizes\.json: cfg\.n_layers is '3' \(a string\); an EAP-IG graph file gives n_layers as a whole number"),
+        (_eap_file(tmp_path, "negative.json", good | {"cfg": {**good["cfg"], "n_heads": -2}}), r"cfg\.n_heads is -2"),
+        (_eap_file(tmp_path, "huge.json", good | {"cfg": {**good["cfg"], "n_layers": 10**6}}),
+         r"huge\.json: cfg declares 1000000 layers .*no model this toolkit can hold"),
+        (_eap_file(tmp_path, "d_model.json", good | {"cfg": {**good["cfg"], "d_model": "wide"}}), r"cfg\.d_model is 'wide'"),
+        (_eap_file(tmp_path, "edge.json", good | {"edges": {"input->logits": 0.5}}),
+         r"edge\.json: edge 'input->logits' is a number; an edge is an object"),
+        (_eap_file(tmp_path, "score.json", good | {"edges": {"input->logits": {"score": "high"}}}),
+         r"score\.json: edge 'input->logits' has score 'high' \(a string\); a score is a number"),
+        (_eap_file(tmp_path, "flag.json", good | {"edges": {"input->logits": {"score": 1.0, "in_graph": "false"}}}),
+         r"flag\.json: edge 'input->logits': in_graph is 'false' \(a string\); it must be true or false"),
+        (_eap_file(tmp_path, "node_flag.json", good | {"nodes": {**good["nodes"], "input": {"in_graph": 1}}}),
+         r"node 'input': in_graph is 1"),
+    ]
+    for path, message in cases:
+        with pytest.raises(GraphFileError, match=message):
+            load_eap_json(path)
+
+
+def test_a_graph_of_another_model_size_is_refused(tmp_path):
+    model = tiny_model(style="gpt2")  # 2 layers, 4 heads, d_model 32
+    graph = scored_graph(n_layers=2, n_heads=4)
+    path = save_eap_json(graph, tmp_path / "fits.json", d_model=32)
+    assert load_eap_json(path, model=model).layout == GraphLayout.of(model)
+    for name, layers, heads, d_model, message in [
+        ("wider.json", 2, 4, 64, r"records d_model 64 \(the model has 32\)"),
+        ("deeper.json", 3, 4, 32, r"records n_layers 3 \(the model has 2\)"),
+        ("heads.json", 2, 2, 32, r"records n_heads 2 \(the model has 4\)"),
+    ]:
+        path = save_eap_json(scored_graph(n_layers=layers, n_heads=heads), tmp_path / name, d_model=d_model)
+        with pytest.raises(GraphFileError, match=rf"{name.replace('.', '[.]')} is for another model: it {message}"):
+            load_eap_json(path, model=model)
+
+
+def test_infinite_scores_load_with_a_warning(tmp_path):
+    data = graph_to_eap_dict(scored_graph())
+    for edge in data["edges"].values():
+        edge["score"] = float("inf")
+    path = _eap_file(tmp_path, "inf.json", json.dumps(data))  # json writes Infinity, and reads it back
+    with pytest.warns(UserWarning, match=r"inf\.json: all of its \d+ edge scores are infinite"):
+        graph = load_eap_json(path)
+    assert torch.isinf(graph.scores[graph.layout.real_edge_mask]).all()
+
+
+def test_mib_names_cannot_leave_the_submission_folder(tmp_path):
+    graph = scored_graph()
+    (tmp_path / "out").mkdir()
+    for model_name in ("../escaped", "a/b", "..", "", ".hidden", "x\\y"):
+        with pytest.raises(InputError, match=r"model_name .* cannot be part of a MIB folder name <task>_<model>"):
+            write_mib_submission(graph, tmp_path / "out", "arithmetic-addition", model_name)
+    with pytest.raises(InputError, match=r"task '\.\./up' cannot be part of a MIB folder name"):
+        write_mib_submission(graph, tmp_path / "out", "../up", "gemma3")
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["out"]  # nothing written anywhere

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from circuits import model_cache as cache
-from circuits.model_cache import CorruptModelDirError, save_model, verify_model_dir, ModelDirExistsError
+from circuits.model_cache import CorruptModelDirError, NotAModelDirError, save_model, verify_model_dir, ModelDirExistsError
 from circuits.loading import load_model
+from tests.damaged_files import forge_safetensors_header, refresh_manifest
 from tests.tiny_models import tiny_model
 from circuits.errors import ToolkitError
 
@@ -142,3 +143,40 @@ def test_malformed_manifests_are_reported(tmp_path, manifest, message):
     assert any(message in p for p in problems), problems
     with pytest.raises(CorruptModelDirError, match=message):
         load_model(saved, device="cpu")
+
+
+def test_forged_weights_header_is_named_even_with_a_refreshed_manifest(saved):
+    """A forged safetensors header was a raw SafetensorError naming no file once the manifest was recomputed."""
+    forge_safetensors_header(saved / cache.WEIGHTS_FILE)
+    refresh_manifest(saved)
+    assert verify_model_dir(saved) == []  # the manifest now agrees: only the reader can notice
+    with pytest.raises(CorruptModelDirError, match=r"model\.safetensors is not a readable safetensors file "
+                                                   r"\(.*header.*\)\. Save the model again \(circuits\.save_model\)"):
+        load_model(saved, device="cpu")
+    (saved / cache.CONFIG_FILE).write_bytes(b"\xff\xfe not json")
+    refresh_manifest(saved)
+    with pytest.raises(CorruptModelDirError, match=r"config\.json is not a text file"):
+        load_model(saved, device="cpu")
+
+
+def test_a_folder_that_was_never_a_model_is_not_called_damaged(tmp_path):
+    """A plain folder was "not intact ... or delete the directory": advice to delete someone's files."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "notes.txt").write_text("precious")
+    with pytest.raises(NotAModelDirError, match=r"results is not a saved model folder: it holds none of manifest\.json, "
+                                                r"model\.safetensors, config\.json\. Pass the folder circuits\.save_model "
+                                                r"wrote") as err:
+        load_model(tmp_path / "results", device="cpu")
+    assert "delete" not in str(err.value) and isinstance(err.value, CorruptModelDirError)
+    save_model(tiny_model(), tmp_path / "parent" / "tiny")  # a parent folder: its saved model is named
+    with pytest.raises(NotAModelDirError, match=r"\(tiny inside it is\)"):
+        load_model(tmp_path / "parent", device="cpu")
+    # model files without a manifest (a Hugging Face folder, a copy by hand): not a save_model folder, kept
+    hf = tmp_path / "hf"
+    save_model(tiny_model(), hf)
+    (hf / cache.MANIFEST_FILE).unlink()
+    with pytest.raises(CorruptModelDirError, match=r"hf is not a model directory written by circuits\.save_model: "
+                                                   r"manifest\.json is missing") as err:
+        load_model(hf, device="cpu")
+    assert "delete" not in str(err.value)
+    assert (tmp_path / "results" / "notes.txt").read_text() == "precious"

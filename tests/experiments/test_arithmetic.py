@@ -69,3 +69,24 @@ def test_circuit_prompts_0_skips_the_edge_circuit(tiny_dir, tmp_path):
     saved = _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(tmp_path / "run"), *argv])
     assert "edge_circuit" not in saved and "edge attribution" not in saved["seconds"]
     assert not (tmp_path / "run" / "edge_circuit").exists()
+
+
+def test_one_prompt_ends_complete_with_a_report(tiny_dir, tmp_path):
+    """--n-prompts 1 ran every stage, then the summary raised TypeError on the null knockout interval: no report.
+
+    (The test itself asks for nothing it could not give: a run on one prompt is reported, with its notices.)"""
+    out = tmp_path / "run"
+    argv = ["--n-prompts", "1", "--knockout-seeds", "1", "--knockout-ks", "1", "--top-k", "2", "--transfer-prompts", "4",
+            "--af1-stride", "0", "--circuit-prompts", "0", "--batch-size", "16", "--threads", "1"]
+    try:
+        saved = _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(out), *argv])
+    except Exception as err:  # the single prompt may be answered wrongly: then a clear, deliberate refusal
+        from circuits.errors import ToolkitError
+
+        assert isinstance(err, ToolkitError), err
+        assert json.loads((out / "results.json").read_text())["status"].startswith("failed: ")
+        pytest.skip(f"the tiny model answers the one prompt wrongly: {err}")
+    assert saved["status"] == "complete" and saved["n_prompts"] == 1 and saved["knockout"]["random_ci"] == [[None, None]]
+    assert "report" in saved["seconds"]
+    html = (out / "report.html").read_text()
+    assert "(no interval) for 1 random heads" in html and "Only 1 of 1 prompts are answered correctly" in html

@@ -28,3 +28,28 @@ def test_numbers_experiment_writes_results(tiny_dir, tmp_path):
         last = rows[-1]["whole"]["value"]  # the whole last residual is the counterfactual's: everything moves
         assert abs(last - 1) < 1e-3
     assert (out / "report.html").is_file() and (out / "figures.html").is_file()
+
+
+def test_patch_layers_the_model_lacks_and_overlapping_bands_are_refused(tiny_dir, tmp_path):
+    """--patch-layers 0 7 on a 2-layer model patched layer 0, skipped 7 and ended complete; overlapping bands
+    filtered the same frequencies twice and left the mid control band empty, also complete."""
+    import pytest
+
+    from circuits.errors import InputError
+
+    def no_model(*args, **kwargs):
+        pytest.fail("the model was loaded")
+
+    with pytest.raises(InputError, match=r"--high-max-period 25 is not below --low-min-period 20: the low band .* and "
+                                         r"the high band .* would share frequencies"):
+        numbers_experiment.main(["--model", str(tiny_dir), "--high-max-period", "25", "--out", str(tmp_path / "a")],
+                                loader=no_model)
+    assert not (tmp_path / "a").exists()
+    out = tmp_path / "b"
+    with pytest.raises(InputError, match=r"--patch-layers 0 7: \[7\] is not a layer of .*tiny, which has layers 0\.\.1\."):
+        numbers_experiment.main(["--model", str(tiny_dir), *ARGS[:8], "--patch-layers", "0", "7", "--out", str(out)])
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["status"].startswith("failed: numbers: InputError") and set(saved["seconds"]) == {"load model"}
+    with pytest.raises(InputError, match=r"--patch-layers patches resid_post, which --components attn_out leaves out"):
+        numbers_experiment.main(["--model", str(tiny_dir), "--components", "attn_out", "--patch-layers", "1",
+                                 "--out", str(tmp_path / "c")])

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from circuits.nodes import Head
+from tests.damaged_files import refresh_manifest
 from tests.tiny_models import tiny_model
 from finetune.checkpoints import CheckpointError, list_checkpoints, load_tuned
 from finetune.optim import SliceAdamW
@@ -116,6 +117,29 @@ def test_intact_resume_gives_no_warning(checkpoints, sft_rows):
     assert result.resumed_from is not None
     manifest = json.loads((result.out_dir / "final" / "manifest.json").read_text())
     assert set(manifest["files"]) == {"weights.safetensors", "state.json"}
+
+
+def test_a_checkpoint_whose_step_was_edited_is_refused(checkpoints, sft_rows):
+    """state.json's step edited and the manifest refreshed: the run resumed from the wrong step without a word."""
+    out, found = checkpoints
+    state_file = found[4] / "state.json"
+    state = json.loads(state_file.read_text())
+    state["step"] = 3
+    state_file.write_text(json.dumps(state))
+    refresh_manifest(found[4])
+    message = r"step-00000004/state\.json records step 3, but its folder step-00000004 is the checkpoint of step 4"
+    with pytest.raises(CheckpointError, match=message):
+        train(tiny_model(style="gemma"), sft_rows, CFG, method="precise", heads=HEADS, out_dir=out)
+    model = tiny_model(style="gemma")
+    before = _state(model)
+    with pytest.raises(CheckpointError, match=message):
+        load_tuned(model, found[4])
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    state["step"], state["losses"] = 4, state["losses"][:3]  # the step restored, but a loss dropped
+    state_file.write_text(json.dumps(state))
+    refresh_manifest(found[4])
+    with pytest.raises(CheckpointError, match=r"records 3 losses for step 4 \(one per step is written\)"):
+        load_tuned(model, found[4])
 
 
 HERE = Path(__file__).parent

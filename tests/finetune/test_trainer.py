@@ -134,6 +134,24 @@ def test_bad_arguments(sft_rows, tiny):
         train(tiny, sft_rows.select(range(3)), CFG, method="full")
 
 
+def test_token_ids_outside_the_vocabulary_or_not_whole_are_refused(sft_rows, tiny):
+    """An id past the vocabulary was an IndexError in the embedding; float ids were truncated without a word."""
+    from datasets import Dataset
+
+    rows = sft_rows.to_list()
+    vocab = tiny.cfg.d_vocab
+    far = [dict(r) for r in rows]
+    far[5]["input_ids"] = list(far[5]["input_ids"][:-1]) + [vocab + 3]
+    with pytest.raises(ValueError, match=rf"train_dataset row 5: input_ids hold \[{vocab + 3}\] outside the model's "
+                                         rf"vocabulary 0..{vocab - 1}"):
+        train(tiny, Dataset.from_list(far), CFG, method="full")
+    floats = [dict(r, input_ids=[float(t) + 0.5 for t in r["input_ids"]]) for r in rows]
+    with pytest.raises(ValueError, match=r"train_dataset row 0: input_ids hold \[.*\] \(float\); token ids are whole "
+                                         r"numbers"):
+        train(tiny, Dataset.from_list(floats), CFG, method="full")
+    assert all(p.grad is None for p in tiny.parameters())
+
+
 def _current_rss() -> int:
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))

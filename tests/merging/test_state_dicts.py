@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from circuits.errors import InputError
+from tests.damaged_files import change_a_tensor, forge_safetensors_header
 from tests.tiny_models import tiny_model
 from merging import StateDictSource, TaskArithmeticConfig, load_state_dict, merge, save_state_dict, task_vector
 from merging.primitives import combine
@@ -128,3 +129,31 @@ def test_save_is_atomic_and_roundtrips(tmp_path):
         save_state_dict({"a": "not a tensor"}, path)  # fails before replacing
     assert torch.equal(load_state_dict(path)["a"], torch.arange(6.0).view(2, 3))
     assert os.listdir(path.parent) == ["merged.safetensors"]  # no temp file left behind
+
+
+def test_a_changed_expert_folder_is_refused_as_load_model_refuses_it(perturb, gpt2_model, tmp_path):
+    """A tensor changed in a saved expert folder was merged as it was; load_model refuses the same folder."""
+    from circuits.loading import load_model, save_model
+    from circuits.model_cache import CorruptModelDirError
+
+    expert = tiny_model(style="gpt2", seed=0)
+    expert.load_state_dict(perturb(gpt2_model))
+    folder = save_model(expert, tmp_path / "expert")
+    merge("task_arithmetic", gpt2_model, [folder], progress=False)  # intact: merges
+    change_a_tensor(folder / "model.safetensors")
+    message = r"The model directory .*expert is not intact: model\.safetensors has the right size but a different sha256"
+    with pytest.raises(CorruptModelDirError, match=message):
+        load_model(folder, device="cpu")
+    with pytest.raises(CorruptModelDirError, match=message):  # the same check, from the one shared reader
+        merge("task_arithmetic", gpt2_model, [folder], progress=False)
+
+
+def test_forged_state_dict_headers_name_the_file(tmp_path):
+    """load_state_dict raised safetensors' own SafetensorError, naming no file, on a forged header."""
+    path = save_state_dict({"a": torch.ones(2, 3), "b": torch.zeros(4)}, tmp_path / "forged.safetensors")
+    forge_safetensors_header(path)
+    for read in (load_state_dict, lambda p: merge("task_arithmetic", {"a": torch.ones(2, 3), "b": torch.zeros(4)}, [p],
+                                                  progress=False)):
+        with pytest.raises(InputError, match=r"forged\.safetensors is not a readable safetensors file \(.*\)\. "
+                                             r"Re-save it with merging\.save_state_dict or circuits\.save_model\."):
+            read(path)

@@ -103,6 +103,16 @@ def test_bad_inputs():
         activation_patch(model, data, metric="nope", progress=False)
 
 
+def test_no_layers_is_refused():
+    """layers=[] returned an all-NaN result (nothing patched) as if it had run."""
+    model = tiny_model(n_layers=2)
+    data = make_dataset(model, n_prompts=3, n_shots=0)
+    with pytest.raises(ValueError, match=r"layers is empty, so nothing would be patched: name at least one layer in 0..1"):
+        activation_patch(model, data, layers=[], progress=False)
+    with pytest.raises(ValueError, match=r"Layers \[0.5\] are out of range"):
+        activation_patch(model, data, layers=[0.5], progress=False)
+
+
 @pytest.mark.integration
 def test_gemma_equals_transformer_lens(gemma):
     """gemma-3-270m, 4 two-shot prompts, the heads of the first and last layer (TL's sweep is ~1 forward per head).

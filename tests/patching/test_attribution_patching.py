@@ -49,3 +49,10 @@ def test_rank_agreement_needs_overlap(setup):
     a = attribution_patch(model, data, nodes=[Head(0, 0), Head(0, 1)], progress=False)
     with pytest.raises(ValueError, match="at least 3"):
         rank_agreement(a, a)
+
+
+def test_no_nodes_is_refused(setup):
+    """nodes=[] was a raw autograd error (no inputs to differentiate) instead of a sentence."""
+    model, data = setup
+    with pytest.raises(ValueError, match=r"nodes is empty, so nothing would be scored: pass at least one Head or MLP"):
+        attribution_patch(model, data, nodes=[], progress=False)

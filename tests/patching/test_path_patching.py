@@ -184,11 +184,13 @@ def test_receiver_heads_two_step():
     model = tiny_model(style="llama", n_key_value_heads=2, n_layers=3)
     data = make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",))
     receivers = [Head(2, 1)]
-    senders = [Head(0, 0), MLP(1), Head(2, 0)]
+    senders = [Head(0, 0), MLP(1), Head(1, 3)]
     res = path_patch(model, data, senders=senders, receivers=receivers, progress=False)
     assert res.info["computation"] == "hooks"
-    assert res.score(Head(2, 0)) == pytest.approx(0.0, abs=1e-6)  # same layer as the receiver: no path
     assert abs(res.score(Head(0, 0))) > 1e-6
+    by_default = path_patch(model, data, receivers=receivers, progress=False)  # only nodes that can reach layer 2
+    assert torch.isnan(by_default.heads[2]).all() and not torch.isnan(by_default.heads[:2]).any()
+    assert by_default.score(Head(0, 0)) == pytest.approx(res.score(Head(0, 0)), abs=1e-6)
     only_v = path_patch(model, data, senders=senders, receivers=receivers, receiver_input="v", progress=False)
     assert only_v.score(Head(0, 0)) != pytest.approx(res.score(Head(0, 0)), abs=1e-7)
 
@@ -237,3 +239,30 @@ def test_gemma_fast_path_equals_hooks(gemma):
     slow = path_patch(gemma, batch, senders=senders, method="hooks", progress=False)
     for node in senders:
         assert fast.score(node) == pytest.approx(slow.score(node), abs=1e-4)
+
+
+def test_senders_at_or_after_the_receivers_are_refused():
+    """A sender in the receiver's layer (or later) scored exactly 0: it has no path to a head's q/k/v input."""
+    model = tiny_model(style="gpt2", n_layers=3)
+    data = make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",))
+    with pytest.raises(ValueError, match=r"Senders \['L2H0', 'MLP2'\] come at or after the last receiver's layer 2 "
+                                         r"\(L2H1\).*only from an earlier layer, so their effect is 0 by construction"):
+        path_patch(model, data, senders=[Head(0, 0), Head(2, 0), MLP(2)], receivers=[Head(2, 1)], progress=False)
+    with pytest.raises(ValueError, match="No senders to score"):
+        path_patch(model, data, senders=[], progress=False)
+
+
+def test_tokens_outside_the_vocabulary_or_of_float_dtype_are_refused():
+    """An id past the vocabulary was torch.embedding's IndexError; float tokens failed deep inside the model."""
+    model = tiny_model(style="gpt2", n_layers=2)
+    b = single_batch(make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",)))
+    vocab = model.cfg.d_vocab
+    far = b.cf_tokens.clone()
+    far[0, -1] = vocab + 7
+    with pytest.raises(ValueError, match=rf"counterfactual tokens contain ids \[{vocab + 7}\] outside this model's "
+                                         rf"vocabulary 0..{vocab - 1}"):
+        path_patch(model, b.tokens, far, answer_ids=b.answer_ids, progress=False)
+    with pytest.raises(ValueError, match=r"reference tokens have dtype torch.float32; token ids must be an integer tensor"):
+        path_patch(model, b.tokens.float(), b.cf_tokens, answer_ids=b.answer_ids, progress=False)
+    with pytest.raises(ValueError, match=r"answer_ids must be integer token ids .*got torch.float32"):
+        path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids.float() + 0.5, progress=False)

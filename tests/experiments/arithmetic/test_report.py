@@ -7,7 +7,7 @@ from circuits.analyze.attention import AttentionView, HeadClass
 from circuits.nodes import Head
 from circuits.tasks import make_dataset
 from tests.tiny_models import char_tokenizer
-from experiments.arithmetic.report import CAPTIONS, run_report
+from experiments.arithmetic.report import CAPTIONS, percent, run_report, summary
 
 
 def _fig(n=3):
@@ -32,3 +32,16 @@ def test_run_report_skips_absent_sections():
     assert full.n_figures == 3 and full.n_attention_views == 1
     assert "L1H2" in html and "L0H0" not in html.split("Operand and operator heads")[1].split("</table>")[0]
     assert "my knockout caption" in html and CAPTIONS["circuit"][:40] in html
+
+
+def test_summary_reads_missing_numbers_as_n_a():
+    """A run on one prompt and one seed has no knockout interval (null in results.json); the summary's format
+    string raised TypeError there, after every stage had run, and no report was written."""
+    results = {"experiment": "addition", "base_accuracy": 1.0, "n_prompts": 1, "n_kept": 1, "key_heads": ["L0H0"],
+               "key_head_fraction": 0.125,
+               "knockout": {"ks": [1], "effect_rank": [1.0], "random_rank": [None], "random_ci": [[None, None]],
+                            "n_seeds": 1, "n_prompts": 1, "base_accuracy": 1.0, "n_pool": 99}}
+    text = summary(results)
+    assert "accuracy 100% vs n/a (no interval) for 1 random heads over 1 seeds" in text
+    assert "base accuracy 100.0% of 1 prompts" in text
+    assert percent(float("nan")) == percent(None) == "n/a" and percent(0.5) == "50%"

@@ -4,15 +4,18 @@ looks complete; stage timers and atomic writes. The last three tests check the s
 experiments (precise_sft, the arithmetic pipeline) run as a user runs them."""
 
 import json
+import os
 import runpy
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from experiments.runtime.run_folder import (
-    OutputExistsError, StageTimer, complete_run, prepare_run_dir, read_status, write_json_atomic, write_text_atomic,
+    OutputExistsError, StageTimer, complete_run, fail_run, prepare_run_dir, read_status, write_json_atomic,
+    write_text_atomic,
 )
 
 
@@ -72,6 +75,61 @@ def test_failed_overwrite_leaves_no_complete_looking_run(tmp_path):
     # the replaced run is kept for recovery when the new one fails
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]) == 1
     assert read_status(out).startswith("failed")
+
+
+def test_overwriting_a_failed_overwrite_leaves_no_replaced_folder_once_complete(tmp_path):
+    """A failed --overwrite kept the original run aside; overwriting the failed run then completed and deleted only
+    the failed run: the original stayed as run.replaced-* for ever."""
+    out = prepare_run_dir(tmp_path / "run")
+    complete_run(out, {"accuracy": 0.9})
+    write_text_atomic(out / "report.html", "the original report")
+    out = prepare_run_dir(out, overwrite=True)  # this run fails: the original must stay recoverable
+    fail_run(out, {"n": 1}, "patching: ValueError: boom")
+    (original,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    marker = json.loads((out / ".arith-circuits-run.json").read_text())
+    assert Path(marker["replaced"]).is_absolute() and Path(marker["replaced"]) == original.absolute()
+    assert (original / "report.html").read_text() == "the original report" and _status(original) == "complete"
+    out = prepare_run_dir(out, overwrite=True)  # overwrite the failed run
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]) == 2
+    complete_run(out, {"accuracy": 0.8})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and _status(out) == "complete"
+
+
+def test_an_unwritable_out_is_one_line_not_a_permission_traceback(tmp_path, monkeypatch, capsys):
+    """An --out that cannot be created was a PermissionError traceback."""
+    from experiments import arithmetic as _arithmetic
+    from experiments.runtime import cli
+    from experiments.runtime.run_folder import OutputNotWritableError
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    if os.access(locked, os.W_OK):  # root ignores the mode: refuse the way the kernel would refuse a user
+        real_mkdir = Path.mkdir
+
+        def mkdir(self, *args, **kwargs):
+            if locked in self.parents:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real_mkdir(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "mkdir", mkdir)
+    try:
+        with pytest.raises(OutputNotWritableError, match=r"Cannot write the output folder .*locked/run: Permission "
+                                                         r"denied .*Choose an --out you can write to"):
+            prepare_run_dir(locked / "run")
+
+        def no_model(*args, **kwargs):
+            pytest.fail("the model was loaded")
+
+        with pytest.raises(SystemExit) as exit:
+            cli.run_cli(lambda a: _arithmetic.main("+", a, loader=no_model), "addition",
+                        ["--out", str(locked / "run" / "deeper")])
+        assert exit.value.code == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and err.count("\n") == 1 and "error: Cannot write the output folder" in err
+        assert issubclass(OutputNotWritableError, PermissionError)
+    finally:
+        locked.chmod(0o755)
 
 
 def test_atomic_writes_leave_no_partial_file_on_error(tmp_path):

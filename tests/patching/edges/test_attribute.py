@@ -220,3 +220,24 @@ def test_identical_counterfactual_scores_zero_and_bad_arguments():
         edge_attribution(model, tokens, tokens, answer_ids=answers, level="neuron")
     with pytest.raises(InputError, match="ig_steps must be"):
         edge_attribution(model, tokens, tokens, answer_ids=answers, ig_steps=0)
+
+
+def test_a_metric_that_does_not_depend_on_the_run_is_refused():
+    """A constant metric gave every edge a score of 0 (or a raw autograd RuntimeError), like a circuit of nothing."""
+    model = make_model("gpt2", None)
+    tokens, cf, answers = prompts(model)
+    with pytest.raises(InputError, match=r"Metric 'constant' does not depend on the run \(its values do not depend on "
+                                         r"the logits it is given\), so every edge would score 0"):
+        edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP", metric=constant, progress=False)
+
+    def ignores_the_logits(logits, answer_ids, alt_ids):
+        return logits[:, 0] * 0.0  # depends on the graph of the run, but its gradient is exactly zero
+
+    with pytest.raises(InputError, match=r"'ignores_the_logits' does not depend on the run \(every receiver's gradient is "
+                                         r"exactly zero on the first 4 prompts\).*\(e\.g\. 'logit' or 'logit_diff'\)"):
+        edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP-IG-inputs", metric=ignores_the_logits,
+                         progress=False)
+
+
+def constant(logits, answer_ids, alt_ids):
+    return torch.ones(len(answer_ids))
