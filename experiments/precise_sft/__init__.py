@@ -214,8 +214,10 @@ def resumed_results(cfg: SFTComparisonConfig) -> dict | None:
     if not isinstance(results, dict):
         raise InputError(f"--resume: {out / 'results.json'} holds no results object; use another --out.")
     before = results.get("args", {})
+    # a setting the earlier record lacks had its default then (dtype, and flags added since, such as circuit_size)
+    defaults = json.loads(json.dumps(dataclasses.asdict(SFTComparisonConfig())))
     differ = sorted(k for k, v in json.loads(json.dumps(dataclasses.asdict(cfg))).items()
-                    if k not in RESUMABLE and v != before.get(k))  # a dtype not recorded was None
+                    if k not in RESUMABLE and v != before.get(k, defaults.get(k)))
     if differ:
         raise InputError(f"--resume: {out} was run with other settings ({', '.join(differ)}); "
                          "use the same flags or another --out.")
