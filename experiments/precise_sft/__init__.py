@@ -192,12 +192,19 @@ class SFTRun:
 # ---------------------------------------------------------------------------- stage: run folder, model, data
 
 
+# settings the earlier code did not have: recorded only when they differ from their default, so a folder's
+# record keeps the keys that code wrote (and --resume of such a folder reads a missing one as its default)
+ADDED_SETTINGS = ("dtype", "circuit_size", "shift_prompts")
+
+
 def recorded_args(cfg: SFTComparisonConfig) -> dict:
-    """The settings as results.json records them (``args``): every field, ``dtype`` only when given, so the
-    record keeps the keys of the earlier code (which had no ``--dtype``)."""
+    """The settings as results.json records them (``args``): every field but the :data:`ADDED_SETTINGS` left at
+    their defaults."""
     args = json.loads(json.dumps(dataclasses.asdict(cfg)))
-    if args["dtype"] is None:
-        del args["dtype"]
+    defaults = json.loads(json.dumps(dataclasses.asdict(SFTComparisonConfig())))
+    for name in ADDED_SETTINGS:
+        if args[name] == defaults[name]:
+            del args[name]
     return args
 
 
