@@ -16,6 +16,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from circuits.errors import ToolkitError
+
+
+class DestinationExistsError(ToolkitError, FileExistsError):
+    """A save function's destination already exists and ``overwrite=True`` was not given."""
+
+
+def refuse_existing(path: str | os.PathLike, overwrite: bool) -> Path:
+    """Raise :class:`DestinationExistsError` if ``path`` exists and ``overwrite`` is false; return it as a Path.
+
+    The toolkit's save functions replace nothing the caller did not ask them to replace.
+    """
+    path = Path(path)
+    if not overwrite and (path.exists() or path.is_symlink()):
+        raise DestinationExistsError(f"{path} already exists; pass overwrite=True to replace it, or choose another path.")
+    return path
+
 
 @contextmanager
 def atomic_path(path: str | os.PathLike, *, mode: int = 0o644) -> Iterator[Path]:

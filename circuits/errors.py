@@ -18,6 +18,17 @@ class InputError(ToolkitError, ValueError):
     """An argument is out of its allowed range or of the wrong kind."""
 
 
+class InputTypeError(InputError, TypeError):
+    """An argument of the wrong type (``except TypeError`` catches it too)."""
+
+
+class InputKeyError(InputError, KeyError):
+    """A name that does not exist (``except KeyError`` catches it too)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 class TaskDataError(ToolkitError, ValueError):
     """Bad task specification or data that does not tokenize as the templates assume.
 

@@ -44,7 +44,7 @@ from circuits.errors import InputError, ToolkitError
 from circuits.file_reads import read_json
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import nodes_in_graph, select_fraction
-from circuits.atomic_files import write_text_atomic
+from circuits.atomic_files import refuse_existing, write_text_atomic
 
 __all__ = ["GraphFileError", "eap_edge_order", "graph_to_eap_dict", "graph_from_eap_dict", "save_eap_json",
            "load_eap_json", "check_graph_fits", "write_mib_submission", "MIB_SUBMISSION_PERCENTS"]
@@ -214,9 +214,12 @@ def graph_from_eap_dict(data: Any, source: str = "the circuit", *, model=None) -
     return graph
 
 
-def save_eap_json(graph: Graph, path: str | Path, d_model: Optional[int] = None) -> Path:
-    """Write ``graph`` as EAP-IG's ``Graph.to_json`` would (atomically); ``eap.graph.Graph.from_json`` reads it."""
-    return write_text_atomic(path, json.dumps(graph_to_eap_dict(graph, d_model)))
+def save_eap_json(graph: Graph, path: str | Path, d_model: Optional[int] = None, *, overwrite: bool = False) -> Path:
+    """Write ``graph`` as EAP-IG's ``Graph.to_json`` would (atomically); ``eap.graph.Graph.from_json`` reads it.
+
+    An existing file is replaced only with ``overwrite=True``.
+    """
+    return write_text_atomic(refuse_existing(path, overwrite), json.dumps(graph_to_eap_dict(graph, d_model)))
 
 
 def load_eap_json(path: str | Path, *, model=None) -> Graph:
@@ -236,13 +239,13 @@ def load_eap_json(path: str | Path, *, model=None) -> Graph:
 
 
 def write_mib_submission(graph: Graph, out_dir: str | Path, task: str, model_name: str, *,
-                         mode: str = "importances", d_model: Optional[int] = None) -> Path:
+                         mode: str = "importances", d_model: Optional[int] = None, overwrite: bool = False) -> Path:
     """Write ``graph`` as a MIB circuit-track submission folder ``out_dir/<task>_<model_name>``.
 
     ``mode="importances"``: one ``importances.json`` with every edge's score (MIB picks the sizes).
     ``mode="circuits"``: one pruned top-n circuit per size in :data:`MIB_SUBMISSION_PERCENTS`,
     ``circuit_<percent>.json``, each with at most that percentage of the edges.
-    Returns the folder.
+    Files already in the folder are replaced only with ``overwrite=True``. Returns the folder.
     """
     if "_" in task:
         raise InputError(f"task {task!r} contains '_', which MIB uses to split task from model: "
@@ -254,13 +257,16 @@ def write_mib_submission(graph: Graph, out_dir: str | Path, task: str, model_nam
         raise InputError(f"The MIB folder {folder} would not lie directly in {out_dir}: give task and model_name "
                          "as plain names.")
     if mode == "importances":
-        save_eap_json(graph, folder / "importances.json", d_model)
+        files = {"importances.json": None}
     elif mode == "circuits":
-        for percent in MIB_SUBMISSION_PERCENTS:
-            circuit = select_fraction(graph, percent / 100)
-            save_eap_json(circuit, folder / f"circuit_{percent:g}.json", d_model)
+        files = {f"circuit_{percent:g}.json": percent for percent in MIB_SUBMISSION_PERCENTS}
     else:
         raise InputError(f"mode must be 'importances' or 'circuits', got {mode!r}.")
+    for name in files:  # all refused before any is written
+        refuse_existing(folder / name, overwrite)
+    for name, percent in files.items():
+        save_eap_json(graph if percent is None else select_fraction(graph, percent / 100), folder / name, d_model,
+                      overwrite=overwrite)
     return folder
 
 

@@ -449,6 +449,17 @@ def _build_model(directory: Path, device: str | torch.device, dtype: torch.dtype
         for key, value in load_safetensors(directory / WEIGHTS_FILE, error=CorruptModelDirError,
                                            hint="Save the model again (circuits.save_model).").items()
     }
+    # A manifest refreshed after an edit passes the sha256 check; NaN/Inf weights would then give silent
+    # nonsense (attention zeroes NaN patterns). One float64 sum per tensor finds them (NaN/Inf make it non-finite).
+    broken = [key for key, value in state_dict.items()
+              if value.is_floating_point() and not torch.isfinite(value.sum(dtype=torch.float64))
+              and not bool(torch.isfinite(value).all())]
+    if broken:
+        raise CorruptModelDirError(
+            f"{directory / WEIGHTS_FILE} holds NaN or Inf values in {len(broken)} tensors ({', '.join(broken[:5])}). "
+            "Save the model again from a model with finite weights (circuits.save_model).",
+            [f"{WEIGHTS_FILE} holds NaN or Inf values"],
+        )
     # assign=True adopts the loaded tensors instead of copying them into the
     # freshly allocated parameters: 1.7 GB less memory traffic for gemma. The
     # tensors are private to this process (safetensors maps files copy-on-write),

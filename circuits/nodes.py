@@ -19,7 +19,7 @@ from typing import Iterable, Union
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
-from circuits.errors import InputError
+from circuits.errors import InputError, InputTypeError
 
 
 @dataclass(frozen=True, order=True)
@@ -91,7 +91,8 @@ def validate_nodes(model: HookedTransformer, nodes: Iterable[Node]) -> list[Node
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     for node in nodes:
         if not isinstance(node, (Head, MLP)):
-            raise TypeError(f"Expected Head or MLP nodes, got {node!r} of type {type(node).__name__}.")
+            raise InputTypeError(f"Expected Head or MLP nodes, got {node!r} of type {type(node).__name__}: write "
+                                 f"Head(layer, head) / MLP(layer), or parse names with circuits.nodes.parse_node('L3H1').")
         if not 0 <= node.layer < n_layers:
             raise InputError(f"{node!r}: layer {node.layer} is out of range; the model has layers 0..{n_layers - 1}.")
         if isinstance(node, Head) and not 0 <= node.head < n_heads:

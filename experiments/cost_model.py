@@ -311,7 +311,14 @@ class FitConfig(RunSettings):
     """The flags of ``python -m experiments.cost_model fit`` beyond :class:`RunSettings` (``files``: its arguments)."""
 
     files: tuple[str, ...] = ()  # the positional arguments: measure run folders (or their results.json)
-    markdown: str | None = option(None, "also write the tables for docs/gpu.md here")
+    markdown: str | None = option(None, "also write the tables for docs/gpu.md to this file (an existing file is "
+                                        "replaced only with --overwrite)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.markdown and Path(self.markdown).exists() and not self.overwrite:
+            raise InputError(f"--markdown {self.markdown} already exists; pass --overwrite to replace it, or name "
+                             "another file.")
 
 
 MEASUREMENT_HINT = "Pass the run folders (or their results.json) that `python -m experiments.cost_model measure` writes."

@@ -142,7 +142,7 @@ def _stages(run: Run, shard: distributed.Shard) -> None:
         return
     run.results |= summarize(cfg, shard, model, data, sweeps)
     with run.stage("save exact effects"):
-        sweeps.effects.save(run.out, model.cfg.d_model)
+        sweeps.effects.save(run.out, model.cfg.d_model, overwrite=True)  # the run folder is this run's own
     print(f"wrote {run.out / 'results.json'}")
 
 

@@ -48,6 +48,7 @@ from finetune.masks import Selection, TunableSlice
 
 CHECKPOINT_RE = re.compile(r"^step-(\d{8})$")
 MANIFEST = "manifest.json"
+TUNED_FORMAT = "arith-circuits-tuned"  # the manifest's format: a folder this module wrote (and may replace)
 
 
 class CheckpointError(ToolkitError, ValueError):
@@ -83,7 +84,23 @@ def selection_from_json(data: dict[str, Any]) -> Selection:
     )
 
 
+def _replaceable(folder: Path) -> bool:
+    """Only an empty folder or one this module wrote (its manifest's format says so) may be replaced."""
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    if not any(folder.iterdir()):
+        return True
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == TUNED_FORMAT
+
+
 def _write_dir_atomically(final: Path, write) -> Path:
+    if final.exists() and not _replaceable(final):
+        raise CheckpointError(f"{final} exists and is not a tuned-weights or checkpoint folder written by the toolkit "
+                              f"(no {MANIFEST} of format {TUNED_FORMAT!r}), so it is not replaced: choose another path.")
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
@@ -115,7 +132,7 @@ def save_tuned(
                       str(staging / "optimizer.safetensors"))
             meta["optimizer_step_count"] = optimizer.step_count
         (staging / "state.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
-        manifest = {"format": "arith-circuits-tuned", "files": file_entries(staging, exclude=(MANIFEST,))}
+        manifest = {"format": TUNED_FORMAT, "files": file_entries(staging, exclude=(MANIFEST,))}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
     return _write_dir_atomically(Path(path), write)

@@ -51,6 +51,7 @@ import torch
 from torch import nn
 from transformer_lens import HookedTransformer
 
+from circuits.errors import InputError, InputKeyError
 from circuits.nodes import MLP, Head, validate_nodes
 
 EMBEDDING_PARAMS = ("embed.W_E", "unembed.W_U", "unembed.b_U", "pos_embed.W_pos")
@@ -130,7 +131,7 @@ def precise_selection(
     """
     nodes = validate_nodes(model, [*heads, *mlps])
     if not nodes:
-        raise ValueError("precise_selection needs at least one Head or MLP to tune.")
+        raise InputError("precise_selection needs at least one Head or MLP to tune: pass heads (or mlps).")
     heads = sorted({n for n in nodes if isinstance(n, Head)})
     mlps = sorted({n for n in nodes if isinstance(n, MLP)})
     params = dict(model.named_parameters())
@@ -192,7 +193,7 @@ def named_selection(model: nn.Module, names: Iterable[str], description: str = "
     params = dict(model.named_parameters())
     missing = [n for n in names if n not in params]
     if missing:
-        raise KeyError(f"Unknown parameters {missing[:5]}; the model has e.g. {list(params)[:5]}.")
+        raise InputKeyError(f"Unknown parameters {missing[:5]}; the model has e.g. {list(params)[:5]}.")
     return Selection(tuple(TunableSlice(n, None, 1.0, _decays(n, params[n])) for n in names), description)
 
 

@@ -122,6 +122,8 @@ def read_yaml(path: Path):
     except RecursionError:
         raise InputError(f"{path}: the YAML nests deeper than Python's recursion limit; a mergekit "
                          "config is a few levels deep (models, their parameters, a value).") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not a text file (not UTF-8): a mergekit config is a YAML text file.") from None
     except (OSError, yaml.YAMLError) as err:
         raise InputError(f"Cannot read mergekit config {path}: {err}") from err
 

@@ -52,7 +52,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
-from circuits.atomic_files import atomic_path
+from circuits.atomic_files import atomic_path, refuse_existing
 from circuits.errors import InputError, ToolkitError
 from circuits.file_reads import load_safetensors, open_safetensors
 from circuits.model_cache import require_intact_model_dir
@@ -267,10 +267,14 @@ def combine_experts(base: Tensor, experts: Sequence[Tensor], coefficients: Seque
 
 
 def save_state_dict(
-    state_dict: Mapping[str, Tensor], path: str | os.PathLike, metadata: Mapping[str, str] | None = None
+    state_dict: Mapping[str, Tensor], path: str | os.PathLike, metadata: Mapping[str, str] | None = None, *,
+    overwrite: bool = False,
 ) -> Path:
-    """Write ``state_dict`` to ``path`` as safetensors atomically (temp file, then ``os.replace``)."""
-    path = Path(path)
+    """Write ``state_dict`` to ``path`` as safetensors atomically (temp file, then ``os.replace``).
+
+    An existing file is replaced only with ``overwrite=True``.
+    """
+    path = refuse_existing(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     with atomic_path(path) as tmp:

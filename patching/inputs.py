@@ -13,11 +13,14 @@ Results over several groups are averaged with each prompt weighted equally.
 
 Token ids are checked here, once for every method: integer tensors (a float tensor would be cast
 or fail deep inside the embedding) with every id in the model's vocabulary (an id past it is an
-``IndexError`` from ``torch.embedding``, naming nothing); answer ids likewise.
+``IndexError`` from ``torch.embedding``, naming nothing); answer ids likewise; at least one prompt,
+none longer than the model's context. Counterfactuals identical to their references are allowed
+(every patching effect is then exactly 0) but warned about (:class:`IdenticalCounterfactualWarning`).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -28,10 +31,15 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from circuits.arguments import check_positive_int
-from circuits.errors import InputError
+from circuits.errors import InputError, InputTypeError
 from circuits.tasks import TaskBatch, iter_batches
 
 PromptInput = Dataset | TaskBatch | Tensor
+
+
+class IdenticalCounterfactualWarning(UserWarning):
+    """Every counterfactual prompt equals its reference: each patching effect is exactly 0 by construction."""
+
 IdInput = int | Sequence[int] | Tensor | None
 
 
@@ -117,6 +125,8 @@ def prompt_groups(
         if answer_ids is None:
             raise InputError("With token tensors, pass answer_ids (one int, or one id per prompt).")
         n = reference.shape[0]
+        if n == 0:
+            raise InputError("The reference tokens hold no prompt (shape [0, pos]): pass at least one prompt.")
         step = batch_size or n
         answers, alts = _ids(answer_ids, n, "answer_ids", device), _ids(alt_ids, n, "alt_ids", device)
         for start in range(0, n, step):
@@ -124,7 +134,10 @@ def prompt_groups(
             groups.append(PromptGroup(reference[sl].to(device), counterfactual[sl].to(device), answers[sl],
                                       None if alts is None else alts[sl]))
     else:
-        raise TypeError(f"reference must be a Dataset, a TaskBatch or a token tensor, got {type(reference).__name__}.")
+        raise InputTypeError(f"reference must be a Dataset (circuits.tasks.make_dataset), a TaskBatch or a [batch, pos] "
+                         f"token tensor, got {type(reference).__name__}.")
+    if not groups:
+        raise InputError("No prompts to patch: the prompts given are empty; pass at least one prompt.")
     vocab = model.cfg.d_vocab_out
     for g in groups:
         for name, ids in (("answer_ids", g.answer_ids), ("alt_ids", g.alt_ids)):
@@ -132,6 +145,14 @@ def prompt_groups(
                 raise InputError(f"{name} contains ids outside the vocabulary 0..{vocab - 1}.")
         for name, tokens in (("reference", g.tokens), ("counterfactual", g.cf_tokens)):
             check_token_ids(model, tokens, f"{name} tokens")
+        if g.tokens.shape[1] > model.cfg.n_ctx:
+            raise InputError(f"Prompts of {g.tokens.shape[1]} tokens are longer than the model's context "
+                             f"({model.cfg.n_ctx} positions): use fewer shots or shorter prompts.")
+    if all(torch.equal(g.tokens, g.cf_tokens) for g in groups):
+        warnings.warn("Every counterfactual prompt is identical to its reference prompt: every patching effect and "
+                      "attribution score is exactly 0 by construction. Pass counterfactuals that differ from the "
+                      "references (e.g. circuits.tasks.make_dataset's cf_tokens).", IdenticalCounterfactualWarning,
+                      stacklevel=3)
     return groups
 
 

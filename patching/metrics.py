@@ -30,7 +30,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from circuits.errors import InputError
+from circuits.errors import InputError, InputTypeError
 from circuits.end_logits import unembed_end
 
 MetricFn = Callable[[Tensor, Tensor, Tensor | None], Tensor]
@@ -86,7 +86,7 @@ def get_metric(metric: MetricLike) -> PatchMetric:
         return METRICS[metric]
     if callable(metric):
         return PatchMetric(getattr(metric, "__name__", "custom"), metric, full_vocab=True)
-    raise TypeError(f"metric must be a name, a PatchMetric or a callable, got {type(metric).__name__}.")
+    raise InputTypeError(f"metric must be a name, a PatchMetric or a callable, got {type(metric).__name__}.")
 
 
 def score_end(

@@ -91,18 +91,18 @@ def path_patch(
     if not senders:
         raise InputError("No senders to score: pass at least one Head or MLP (or senders=None for every node).")
     if method not in ("fast", "hooks"):
-        raise ValueError(f"Unknown method {method!r}: use 'fast' or 'hooks'.")
+        raise InputError(f"Unknown method {method!r}: use 'fast' or 'hooks'.")
     to_logits = isinstance(receivers, str)
     if to_logits and receivers != "logits":
-        raise ValueError(f"receivers must be 'logits' or a list of Head receivers, got {receivers!r}.")
+        raise InputError(f"receivers must be 'logits' or a list of Head receivers, got {receivers!r}.")
     if not to_logits:
         receivers = validate_nodes(model, receivers)
         if by_default and receivers and all(isinstance(r, Head) for r in receivers):
             senders = [n for n in senders if n.layer < max(r.layer for r in receivers)]
         if not receivers or not all(isinstance(r, Head) for r in receivers):
-            raise ValueError("Receivers must be a non-empty list of Head nodes (their q/k/v inputs are patched).")
+            raise InputError("Receivers must be a non-empty list of Head nodes (their q/k/v inputs are patched).")
         if not set(receiver_input) <= set("qkv") or not receiver_input:
-            raise ValueError(f"receiver_input must be made of 'q', 'k', 'v', got {receiver_input!r}.")
+            raise InputError(f"receiver_input must be made of 'q', 'k', 'v', got {receiver_input!r}.")
         last = max(r.layer for r in receivers)
         late = [str(n) for n in senders if n.layer >= last]
         if late:

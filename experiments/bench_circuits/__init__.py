@@ -352,7 +352,7 @@ def exact_patching(run: BenchRun) -> None:
             "max_abs_diff": float((old.per_prompt - exact.per_prompt).abs().max())}
     edges = exact.edges
     if n_exact == layout.n_edges:
-        exact.save(run.out, run.model.cfg.d_model)
+        exact.save(run.out, run.model.cfg.d_model, overwrite=True)  # the run folder is this run's own
     f_idx, b_idx = torch.tensor([e[0] for e in edges]), torch.tensor([e[1] for e in edges])
     truth = exact.scores[f_idx, b_idx].float()
     run.results["exact_seconds_per_edge"] = sec["edge_patch"] / n_exact

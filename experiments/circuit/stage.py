@@ -55,12 +55,12 @@ def mib_model_name(model: str) -> str:
 
 def write_circuit_files(out: Path, scores: Graph, circuit: Graph | None, op: str, model: str) -> dict[str, str]:
     """The circuit as EAP-IG Graph JSON (every edge's score, the circuit's edges in_graph) and a MIB submission."""
-    folder = out / "edge_circuit"
-    files = {"scores": save_eap_json(scores, folder / "scores.json")}
+    folder = out / "edge_circuit"  # inside the run folder, which is this run's own: its files may be rewritten
+    files = {"scores": save_eap_json(scores, folder / "scores.json", overwrite=True)}
     if circuit is not None:
-        files["circuit"] = save_eap_json(circuit, folder / "circuit.json")
+        files["circuit"] = save_eap_json(circuit, folder / "circuit.json", overwrite=True)
     files["mib_submission"] = write_mib_submission(scores, folder / "mib", f"arithmetic-{resolve_operation(op).name}",
-                                                   mib_model_name(model))
+                                                   mib_model_name(model), overwrite=True)
     return {k: str(Path(v).relative_to(out)) for k, v in files.items()}
 
 

@@ -135,7 +135,7 @@ def _writable(path: Path) -> Iterator[None]:
             f"Cannot write the output folder {path}: {err.strerror or 'permission denied'} ({err.filename or path}). "
             "Choose an --out you can write to, or fix the folder's permissions.") from None
     except OSError as err:
-        if err.errno not in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR):
+        if err.errno not in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.ENOENT):
             raise
         raise OutputNotWritableError(
             f"Cannot write the output folder {path}: {err.strerror} ({err.filename or path}). "

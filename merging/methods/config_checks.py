@@ -20,11 +20,18 @@ def _values(value) -> list:
     return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
+def _numeric(field: dataclasses.Field) -> bool:
+    """A field whose default is a number (so a string there is a slip, e.g. ``"0.4"`` from a hand-written config)."""
+    return isinstance(field.default, (int, float)) and not isinstance(field.default, bool)
+
+
 def check_config(config) -> None:
-    """Raise :class:`InputError` for NaN/Inf numbers and out-of-range densities or fractions in ``config``."""
+    """Raise :class:`InputError` for NaN/Inf numbers, strings in number fields and out-of-range densities or fractions."""
     name = type(config).__name__
     for field in dataclasses.fields(config):
         raw = getattr(config, field.name)
+        if isinstance(raw, str) and _numeric(field):
+            raise InputError(f"{name}.{field.name} is the string {raw!r}; give a number (e.g. {field.default!r}).")
         for v in _values(raw):
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue

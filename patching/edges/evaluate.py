@@ -46,6 +46,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.graph import QKV, Graph, GraphLayout
+from circuits.graph_io import check_graph_fits
 from circuits.tasks import TaskBatch, iter_batches
 from patching import forward, inputs
 from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
@@ -172,6 +173,9 @@ def evaluate_circuits(
     if len(circuits) == 0:
         raise InputError("No circuits to evaluate: pass at least one Graph or mask.")
     schema = check_schema(spans)
+    for i, circuit in enumerate(circuits):  # a graph of another model size (its meta's d_model) is refused too
+        if isinstance(circuit, Graph):
+            check_graph_fits(circuit, model, f"circuit {i}")
     masks = torch.stack([circuit_mask(layout, c, None if schema is None else len(schema)) for c in circuits])
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                  batch_size=batch_size,

@@ -87,19 +87,22 @@ class EdgeEffects:
         """A :class:`circuits.graph.Graph` whose scores are these effects (all edges in the graph)."""
         return Graph(self.layout, scores=self.scores, meta={"method": "exact edge patching", "metric": self.metric})
 
-    def save(self, folder, d_model: Optional[int] = None) -> None:
+    def save(self, folder, d_model: Optional[int] = None, *, overwrite: bool = False) -> None:
         """Write ``<folder>/exact_edges.safetensors`` (per-prompt effects, edge indices) and
-        ``<folder>/exact_edges_eap.json`` (the mean effects as an EAP-IG graph file), each atomically."""
+        ``<folder>/exact_edges_eap.json`` (the mean effects as an EAP-IG graph file), each atomically;
+        existing files are replaced only with ``overwrite=True``."""
         from safetensors.torch import save_file
 
-        from circuits.atomic_files import atomic_path
+        from circuits.atomic_files import atomic_path, refuse_existing
         from circuits.graph_io import save_eap_json
 
         folder = Path(folder)
+        for name in ("exact_edges.safetensors", "exact_edges_eap.json"):
+            refuse_existing(folder / name, overwrite)
         with atomic_path(folder / "exact_edges.safetensors") as tmp:
             save_file({"per_prompt": self.per_prompt.contiguous(), "edges": torch.tensor(self.edges)}, str(tmp),
                       metadata={"metric": self.metric, "reference_metric": repr(self.reference_metric)})
-        save_eap_json(self.graph(), folder / "exact_edges_eap.json", d_model=d_model)
+        save_eap_json(self.graph(), folder / "exact_edges_eap.json", d_model=d_model, overwrite=overwrite)
 
     def to_dict(self) -> dict:
         names = [self.layout.edge_name(f, b) for f, b in self.edges]

@@ -147,3 +147,27 @@ def test_mib_names_cannot_leave_the_submission_folder(tmp_path):
     with pytest.raises(InputError, match=r"task '\.\./up' cannot be part of a MIB folder name"):
         write_mib_submission(graph, tmp_path / "out", "../up", "gemma3")
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["out"]  # nothing written anywhere
+
+
+def test_graph_files_and_mib_folders_replace_existing_files_only_when_asked(tmp_path):
+    from circuits.atomic_files import DestinationExistsError
+
+    graph = scored_graph()
+    mine = tmp_path / "user_graph.json"
+    mine.write_text("my annotations")
+    with pytest.raises(DestinationExistsError, match="user_graph.json already exists; pass overwrite=True"):
+        save_eap_json(graph, mine)
+    assert mine.read_text() == "my annotations"
+    save_eap_json(graph, mine, overwrite=True)
+    assert load_eap_json(mine).n_edges == graph.n_edges
+    folder = tmp_path / "out" / "arithmetic-addition_gemma3"
+    folder.mkdir(parents=True)
+    (folder / "importances.json").write_text("my own submission")
+    (folder / "circuit_1.json").write_text("another")
+    for mode in ("importances", "circuits"):
+        with pytest.raises(DestinationExistsError, match="already exists"):
+            write_mib_submission(graph, tmp_path / "out", "arithmetic-addition", "gemma3", mode=mode)
+    assert (folder / "importances.json").read_text() == "my own submission"
+    assert sorted(p.name for p in folder.iterdir()) == ["circuit_1.json", "importances.json"]  # nothing written
+    write_mib_submission(graph, tmp_path / "out", "arithmetic-addition", "gemma3", overwrite=True)
+    assert load_eap_json(folder / "importances.json").n_edges == graph.n_edges

@@ -180,3 +180,18 @@ def test_a_folder_that_was_never_a_model_is_not_called_damaged(tmp_path):
         load_model(hf, device="cpu")
     assert "delete" not in str(err.value)
     assert (tmp_path / "results" / "notes.txt").read_text() == "precious"
+
+
+def test_nan_weights_are_refused_even_with_a_refreshed_manifest(saved):
+    """NaN weights passed every check once the manifest was recomputed, and attention hid them (NaN patterns -> 0)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = saved / cache.WEIGHTS_FILE
+    tensors = load_file(str(weights))
+    key = next(k for k in tensors if k.endswith("attn.W_Q"))
+    tensors[key].view(-1)[0] = float("nan")
+    save_file(tensors, str(weights))
+    refresh_manifest(saved)
+    assert verify_model_dir(saved) == []
+    with pytest.raises(CorruptModelDirError, match=rf"holds NaN or Inf values in 1 tensors \({key}\)"):
+        load_model(saved, device="cpu")

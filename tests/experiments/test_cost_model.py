@@ -118,3 +118,16 @@ def test_fit_names_a_bad_input_file_in_one_line(tmp_path, capsys, content, messa
     assert first.startswith(f"python -m experiments.cost_model: error: {bad}: ") and message in first
     assert hint.startswith("hint: ") and "Traceback" not in err
     assert not (tmp_path / "fit").exists()  # refused before the run folder is made
+
+
+def test_fit_refuses_an_existing_markdown_file_before_any_work(tmp_path, capsys):
+    notes = tmp_path / "notes.md"
+    notes.write_text("my own notes")
+    err = _cli(["fit", "--out", str(tmp_path / "fit"), "--markdown", str(notes)], capsys)
+    assert f"--markdown {notes} already exists; pass --overwrite" in err and "Traceback" not in err
+    assert notes.read_text() == "my own notes" and not (tmp_path / "fit").exists()
+    from experiments.cost_model import FitConfig
+
+    with pytest.raises(InputError, match="already exists; pass --overwrite"):  # a config built in code is checked too
+        FitConfig(markdown=str(notes))
+    FitConfig(markdown=str(notes), overwrite=True)

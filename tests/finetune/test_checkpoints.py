@@ -19,7 +19,7 @@ import torch
 from circuits.nodes import Head
 from tests.damaged_files import refresh_manifest
 from tests.tiny_models import tiny_model
-from finetune.checkpoints import CheckpointError, list_checkpoints, load_tuned
+from finetune.checkpoints import CheckpointError, list_checkpoints, load_tuned, save_tuned
 from finetune.optim import SliceAdamW
 from finetune.trainer import TrainConfig, train
 from tests.finetune.test_trainer import Interrupt, _interrupt_at
@@ -186,3 +186,24 @@ def test_killed_run_resumes_bit_exact(method, when, resumes_at, tmp_path):
         changed += int(not torch.equal(value, base[name]))
     assert changed > 0  # training moved the weights: the comparison is not vacuous
     assert (tmp_path / "final" / "weights.safetensors").is_file()
+
+
+def test_saving_tuned_weights_never_replaces_a_folder_it_did_not_write(tmp_path):
+    """save_tuned on a user's folder deleted its files (it replaced any existing folder)."""
+    from finetune.masks import precise_selection
+
+    model = tiny_model()
+    selection = precise_selection(model, [Head(0, 0)])
+    mine = tmp_path / "my_folder"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "notes.txt").write_text("notes")
+    (mine / "sub" / "data.csv").write_text("1,2")
+    with pytest.raises(CheckpointError, match=r"my_folder exists and is not a tuned-weights or checkpoint folder "
+                                              r"written by the toolkit .* so it is not replaced"):
+        save_tuned(model, selection, mine)
+    assert (mine / "notes.txt").read_text() == "notes" and (mine / "sub" / "data.csv").read_text() == "1,2"
+    ours = save_tuned(model, selection, tmp_path / "tuned")
+    save_tuned(model, selection, ours)  # its own folder is replaced (checkpoints are rewritten)
+    (tmp_path / "empty").mkdir()
+    save_tuned(model, selection, tmp_path / "empty")
+    assert (tmp_path / "empty" / "state.json").is_file()

@@ -123,3 +123,8 @@ def test_tensors_no_expert_changed_are_the_base(gpt2_model, perturb):
         assert torch.equal(merged["embed.W_E"], base["embed.W_E"]) and torch.equal(merged["blocks.1.mlp.W_in"],
                                                                                     base["blocks.1.mlp.W_in"])
         assert not torch.equal(merged["blocks.0.mlp.W_in"], base["blocks.0.mlp.W_in"]), method
+
+
+def test_a_string_where_a_number_belongs_is_refused_not_read_digit_by_digit():
+    with pytest.raises(InputError, match=r"ConsensusConfig\.tall_lambda is the string '0\.4'; give a number"):
+        ConsensusConfig(tall_lambda="0.4")

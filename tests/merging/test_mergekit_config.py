@@ -246,3 +246,10 @@ def test_deeply_nested_yaml_is_a_clear_error(files):
     deep = "models: " + "[" * 100_000 + "]" * 100_000 + "\nmerge_method: ties\n"
     with pytest.raises(InputError, match=r"deep\.yml: the YAML nests deeper than 32 levels \(line 1\)"):
         load_mergekit_config(write(folder, deep, "deep.yml"))
+
+
+def test_a_binary_file_is_named_not_a_unicode_traceback(tmp_path):
+    path = tmp_path / "bin.yml"
+    path.write_bytes(b"\xff\xfe\x00merge_method: ties\x80\x81")
+    with pytest.raises(InputError, match=r"bin\.yml is not a text file \(not UTF-8\)"):
+        load_mergekit_config(path)

@@ -126,9 +126,21 @@ def test_save_is_atomic_and_roundtrips(tmp_path):
     save_state_dict({"a": torch.arange(6.0).view(2, 3)}, path, metadata={"method": "ties"})
     assert torch.equal(load_state_dict(path)["a"], torch.arange(6.0).view(2, 3))
     with pytest.raises(Exception):
-        save_state_dict({"a": "not a tensor"}, path)  # fails before replacing
+        save_state_dict({"a": "not a tensor"}, path, overwrite=True)  # fails before replacing
     assert torch.equal(load_state_dict(path)["a"], torch.arange(6.0).view(2, 3))
     assert os.listdir(path.parent) == ["merged.safetensors"]  # no temp file left behind
+
+
+def test_an_existing_file_is_replaced_only_when_asked(tmp_path):
+    from circuits.atomic_files import DestinationExistsError
+
+    path = tmp_path / "weights.safetensors"
+    path.write_bytes(b"someone else's file")
+    with pytest.raises(DestinationExistsError, match="already exists; pass overwrite=True"):
+        save_state_dict({"a": torch.ones(2)}, path)
+    assert path.read_bytes() == b"someone else's file"
+    save_state_dict({"a": torch.ones(2)}, path, overwrite=True)
+    assert torch.equal(load_state_dict(path)["a"], torch.ones(2))
 
 
 def test_a_changed_expert_folder_is_refused_as_load_model_refuses_it(perturb, gpt2_model, tmp_path):

@@ -54,3 +54,31 @@ def test_mismatched_forms_are_refused(setup):
         prompt_groups(model, batch.tokens, batch.cf_tokens, answer_ids=model.cfg.d_vocab)
     with pytest.raises(TypeError, match="reference must be a Dataset"):
         prompt_groups(model, ["1 + 2 = "])
+
+
+def test_no_prompts_too_long_prompts_and_wrong_types_are_input_errors(setup):
+    from circuits.errors import InputTypeError
+
+    model, data = setup
+    batch = single_batch(data.select([0]))
+    with pytest.raises(InputError, match="no prompt"):
+        prompt_groups(model, batch.tokens[:0], batch.cf_tokens[:0], answer_ids=3)
+    long = torch.zeros((1, model.cfg.n_ctx + 1), dtype=torch.long)
+    with pytest.raises(InputError, match=rf"longer than the model's context \({model.cfg.n_ctx} positions\)"):
+        prompt_groups(model, long, long + 1, answer_ids=3)
+    with pytest.raises(InputTypeError, match="reference must be a Dataset"):
+        prompt_groups(model, ["1+2="], ["1-2="], answer_ids=3)
+
+
+def test_identical_counterfactuals_are_warned_about(setup):
+    from patching.inputs import IdenticalCounterfactualWarning
+
+    model, data = setup
+    batch = single_batch(data.select([0]))
+    with pytest.warns(IdenticalCounterfactualWarning, match="exactly 0 by construction"):
+        prompt_groups(model, batch.tokens, batch.tokens.clone(), answer_ids=3)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prompt_groups(model, batch.tokens, batch.cf_tokens, answer_ids=3)  # a real twin: no warning

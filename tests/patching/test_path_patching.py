@@ -266,3 +266,21 @@ def test_tokens_outside_the_vocabulary_or_of_float_dtype_are_refused():
         path_patch(model, b.tokens.float(), b.cf_tokens, answer_ids=b.answer_ids, progress=False)
     with pytest.raises(ValueError, match=r"answer_ids must be integer token ids .*got torch.float32"):
         path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids.float() + 0.5, progress=False)
+
+
+def test_every_bad_argument_is_a_toolkit_error_a_command_line_shows_in_one_line():
+    """These were plain ValueError / TypeError: a command line would show each as a traceback."""
+    from circuits.errors import InputError, InputTypeError
+
+    model = tiny_model(style="gpt2", n_layers=2)
+    data = make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",))
+    for kwargs, message in [({"method": "slow"}, "Unknown method 'slow'"),
+                            ({"receivers": "logit"}, "receivers must be 'logits'"),
+                            ({"receivers": []}, "non-empty list of Head nodes"),
+                            ({"receivers": [Head(1, 0)], "receiver_input": "x"}, "receiver_input must be made of")]:
+        with pytest.raises(InputError, match=message):
+            path_patch(model, data, progress=False, **kwargs)
+    with pytest.raises(InputTypeError, match="Expected Head or MLP nodes, got 'L0H1'.*parse_node"):
+        path_patch(model, data, senders=["L0H1"], progress=False)
+    with pytest.raises(InputTypeError, match="metric must be a name"):
+        path_patch(model, data, metric=123, progress=False)

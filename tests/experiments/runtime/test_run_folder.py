@@ -132,6 +132,16 @@ def test_an_unwritable_out_is_one_line_not_a_permission_traceback(tmp_path, monk
         locked.chmod(0o755)
 
 
+def test_an_out_whose_parent_cannot_hold_folders_is_one_line():
+    """An --out inside /proc (ENOENT on mkdir) was a FileNotFoundError traceback."""
+    from experiments.runtime.run_folder import OutputNotWritableError
+
+    if not Path("/proc/self").is_dir():
+        pytest.skip("no /proc on this system")
+    with pytest.raises(OutputNotWritableError, match=r"Cannot write the output folder /proc/arith-circuits-run"):
+        prepare_run_dir(Path("/proc/arith-circuits-run"))
+
+
 def test_atomic_writes_leave_no_partial_file_on_error(tmp_path):
     target = tmp_path / "results.json"
     write_json_atomic(target, {"a": torch.tensor([1.0, float("nan")]), "b": (1, 2)})

@@ -168,3 +168,17 @@ def test_gemma_full_graph_reproduces_the_model_and_empty_graph_the_counterfactua
     logprob = evaluate_circuit(gemma, Graph.from_model(gemma), data, metric="logprob")  # reads the whole vocabulary
     expected = gemma(batch.tokens)[:, -1].log_softmax(-1).gather(-1, batch.answer_ids[:, None])[:, 0]
     torch.testing.assert_close(logprob.per_prompt.float(), expected, atol=1e-3, rtol=1e-4)
+
+
+def test_a_graph_recorded_for_another_d_model_is_refused():
+    """Same layers and heads, another d_model (recorded in the graph's meta): it was evaluated without a word."""
+    from circuits.graph_io import GraphFileError
+
+    model = tiny_model(style="gpt2", n_layers=2)
+    data = make_dataset(model, n_prompts=2, n_shots=0, template_ids=("add-equation-0",))
+    graph = Graph.from_model(model)
+    graph.in_graph[:] = True
+    graph.meta["d_model"] = model.cfg.d_model * 2
+    with pytest.raises(GraphFileError, match=rf"circuit 0 is for another model: it records d_model "
+                                             rf"{2 * model.cfg.d_model} \(the model has {model.cfg.d_model}\)"):
+        evaluate_circuits(model, [graph], data)
