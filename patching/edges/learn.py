@@ -72,7 +72,7 @@ from patching.metrics import get_metric, score_end
 METHODS = ("edge-pruning", "ugs", "matryoshka")
 OBJECTIVES = ("kl", "metric")
 
-#: each method's learning rate when LearnConfig.lr is None (chosen on gemma-3-270m's selection prompts)
+#: each method's learning rate when LearnConfig.lr is None (set before any held-out evaluation; no recorded sweep)
 DEFAULT_LR = {"edge-pruning": 0.1, "ugs": 0.1, "matryoshka": 0.05}
 
 # hard-concrete constants (Louizos et al. 2018, as Edge Pruning uses them)
@@ -81,7 +81,7 @@ BETA, LEFT, RIGHT, EPS = 2.0 / 3.0, -0.1, 1.1, 1e-6
 
 @dataclass(frozen=True)
 class LearnConfig:
-    """Settings of :func:`learn_circuit` (defaults chosen on gemma-3-270m's selection prompts, docs/methods.md)."""
+    """Settings of :func:`learn_circuit` (defaults set before any held-out evaluation, docs/methods.md)."""
 
     method: str = "matryoshka"
     objective: str = "metric"
