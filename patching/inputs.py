@@ -138,6 +138,7 @@ def prompt_groups(
                          f"token tensor, got {type(reference).__name__}.")
     if not groups:
         raise InputError("No prompts to patch: the prompts given are empty; pass at least one prompt.")
+    check_finite_weights(model)
     vocab = model.cfg.d_vocab_out
     for g in groups:
         for name, ids in (("answer_ids", g.answer_ids), ("alt_ids", g.alt_ids)):
@@ -154,6 +155,27 @@ def prompt_groups(
                       "references (e.g. circuits.tasks.make_dataset's cf_tokens).", IdenticalCounterfactualWarning,
                       stacklevel=3)
     return groups
+
+
+def check_finite_weights(model: HookedTransformer) -> None:
+    """Raise :class:`InputError` if any weight of ``model`` is NaN or Inf.
+
+    TransformerLens turns NaN attention patterns into zeros, so a model with NaN weights gives finite,
+    wrong patching effects (a head whose W_Q is NaN scores exactly 0). The check is one float64 sum per
+    tensor, and it is skipped while no parameter has changed since the last passing check (torch counts
+    every in-place change in a tensor's version).
+    """
+    params = list(model.named_parameters())
+    versions = tuple((id(p), p._version) for _, p in params)
+    if getattr(model, "_finite_weights_checked", None) == versions:
+        return
+    broken = [name for name, p in params if p.is_floating_point()
+              and not torch.isfinite(p.detach().sum(dtype=torch.float64))]
+    if broken:
+        raise InputError(f"The model has NaN or Inf weights in {len(broken)} tensors ({', '.join(broken[:5])}): "
+                         "every patching effect would be meaningless. Reload the model or find the step that "
+                         "produced them (a training run with a too large learning rate, a merge).")
+    model._finite_weights_checked = versions
 
 
 def check_token_ids(model: HookedTransformer, tokens: Tensor, name: str = "tokens") -> None:

@@ -82,3 +82,17 @@ def test_identical_counterfactuals_are_warned_about(setup):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         prompt_groups(model, batch.tokens, batch.cf_tokens, answer_ids=3)  # a real twin: no warning
+
+
+def test_a_model_with_nan_weights_is_refused_and_the_check_follows_changes():
+    """NaN in W_Q gave finite path-patching scores (layer-0 heads exactly 0): attention zeroes NaN patterns."""
+    model = tiny_model(n_layers=1)
+    data = make_dataset(model, n_prompts=2, n_shots=0, seed=5)
+    prompt_groups(model, data)  # finite: passes, and is remembered
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q[0, 0, 0] = float("nan")  # an in-place change: the check runs again
+    with pytest.raises(InputError, match=r"NaN or Inf weights in 1 tensors \(blocks\.0\.attn\.W_Q\)"):
+        prompt_groups(model, data)
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q[0, 0, 0] = 0.0
+    prompt_groups(model, data)
