@@ -4,6 +4,7 @@ Each check raises :class:`circuits.errors.InputError` (a ``ValueError``) that na
 what it got and what it needs; it returns the value unchanged otherwise.
 
 * :func:`check_positive_int`, :func:`check_nonnegative_int`: counts and sizes;
+* :func:`check_finite_weights`: a model whose weights hold NaN or Inf;
 * :func:`check_option`: string options. A function that takes one declares its allowed values once,
   as a ``Literal`` type alias (``Combine = Literal["per-op", "union", "sum"]``); the check reads the
   allowed values from the alias itself, so the type checker and the run-time check cannot disagree.
@@ -50,3 +51,27 @@ def check_option(name: str, value: Any, option: Any, *, where: str = "") -> Any:
     if value not in allowed:
         raise InputError(f"{where}Unknown {name} {value!r}: {name} must be one of {', '.join(map(repr, allowed))}.")
     return value
+
+
+def check_finite_weights(model) -> None:
+    """Raise :class:`InputError` if any weight of ``model`` is NaN or Inf.
+
+    TransformerLens turns NaN attention patterns into zeros, so a model with NaN weights gives finite,
+    wrong results (a head whose W_Q is NaN has a patching effect of exactly 0; an accuracy of 0 looks like
+    a model that cannot do the task). The check is one float64 sum per tensor, and it is skipped while no
+    parameter has changed since the last passing check (torch counts every in-place change in a tensor's
+    version).
+    """
+    import torch  # here, so that the argument checks load without torch
+
+    params = list(model.named_parameters())
+    versions = tuple((id(p), p._version) for _, p in params)
+    if getattr(model, "_finite_weights_checked", None) == versions:
+        return
+    broken = [name for name, p in params if p.is_floating_point()
+              and not torch.isfinite(p.detach().sum(dtype=torch.float64))]
+    if broken:
+        raise InputError(f"The model has NaN or Inf weights in {len(broken)} tensors ({', '.join(broken[:5])}): "
+                         "every result computed with it would be meaningless. Reload the model or find the step that "
+                         "produced them (a training run with a too large learning rate, a merge).")
+    model._finite_weights_checked = versions

@@ -23,6 +23,10 @@ class DestinationExistsError(ToolkitError, FileExistsError):
     """A save function's destination already exists and ``overwrite=True`` was not given."""
 
 
+class UnwritableDestinationError(ToolkitError, OSError):
+    """A save function's destination cannot be a file: it is a folder, or its folder cannot be made or written."""
+
+
 def refuse_existing(path: str | os.PathLike, overwrite: bool) -> Path:
     """Raise :class:`DestinationExistsError` if ``path`` exists and ``overwrite`` is false; return it as a Path.
 
@@ -39,11 +43,20 @@ def atomic_path(path: str | os.PathLike, *, mode: int = 0o644) -> Iterator[Path]
     """Yield a temporary path beside ``path``; when the block ends, it replaces ``path`` in one rename.
 
     Parent folders are created. If the block raises, the temporary file is deleted and ``path`` is
-    untouched. ``mode`` is the file's permission (``mkstemp`` creates 0600; results are meant to be shared).
+    untouched; a destination that is a folder, or whose folder cannot be made or written, is an
+    :class:`UnwritableDestinationError` before anything is written. ``mode`` is the file's permission
+    (``mkstemp`` creates 0600; results are meant to be shared).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if path.is_dir():
+        raise UnwritableDestinationError(f"{path} is a folder, and a file is written here: give a file path "
+                                         "(a new name, or a name inside that folder).")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:  # a parent that is a file, a read-only or virtual file system (/proc), no permission
+        raise UnwritableDestinationError(f"Cannot write {path}: {err.strerror or err} ({err.filename or path.parent}). "
+                                         "Choose a path in a folder you can write.") from None
     os.close(fd)
     try:
         yield Path(tmp)

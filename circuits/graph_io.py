@@ -52,6 +52,9 @@ __all__ = ["GraphFileError", "eap_edge_order", "graph_to_eap_dict", "graph_from_
 #: The largest graph a file may declare (n_forward * n_backward entries of its dense score matrix, ~1 GB).
 MAX_GRAPH_ENTRIES = 2**28
 
+#: The largest magnitude a score can have: graphs hold float32 scores.
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
 #: The circuit sizes (percent of edges) MIB asks for when a submission gives binary circuits.
 MIB_SUBMISSION_PERCENTS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50)
 
@@ -90,10 +93,17 @@ def graph_to_eap_dict(graph: Graph, d_model: Optional[int] = None) -> dict:
     nodes = nodes_in_graph(graph).tolist()
     node_dict = {name: {"in_graph": bool(flag)} for name, flag in zip(layout.forward_names, nodes)}
     node_dict["logits"] = {"in_graph": True}
+    real = scores[layout.real_edge_mask]
+    if torch.isinf(real).any():
+        f, b = (torch.isinf(scores) & layout.real_edge_mask).nonzero()[0].tolist()
+        raise InputError(f"{int(torch.isinf(real).sum())} edge scores are infinite (e.g. {layout.edge_name(f, b)}: "
+                         f"{float(scores[f, b])}); JSON has no infinity and any ranking among them is arbitrary: "
+                         "rescore the graph, or clip its scores to finite values.")
     edges = {}
     for f, b in eap_edge_order(layout):
-        score = float(scores[f, b])
-        edges[layout.edge_name(f, b)] = {"score": score, "in_graph": bool(in_graph[f, b])}
+        score = float(scores[f, b])  # no score (NaN) is JSON null, as EAP-IG's from_json reads it
+        edges[layout.edge_name(f, b)] = {"score": None if math.isnan(score) else score,
+                                         "in_graph": bool(in_graph[f, b])}
     cfg = {"n_layers": layout.n_layers, "n_heads": layout.n_heads, "parallel_attn_mlp": layout.parallel_attn_mlp,
            "d_model": int(d_model)}
     return {"cfg": cfg, "nodes": node_dict, "edges": edges}
@@ -192,12 +202,18 @@ def graph_from_eap_dict(data: Any, source: str = "the circuit", *, model=None) -
         if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
             raise GraphFileError(f"{source}: edge {name!r} has score {score!r} ({_kind(score)}); a score is a "
                                  "number (or null for none).")
+        if score is not None and math.isfinite(score) and abs(score) > FLOAT32_MAX:
+            raise GraphFileError(f"{source}: edge {name!r} has score {score!r}, beyond what a float32 score holds "
+                                 f"(±{FLOAT32_MAX:.4g}); rescale the scores (only their order and ratios matter).")
         scores[f, b] = math.nan if score is None else float(score)
         in_graph[f, b] = _flag(info.get("in_graph", False), f"edge {name!r}: in_graph", source)
     real = scores[layout.real_edge_mask]
     n_missing = int(torch.isnan(real).sum())
     if n_missing and not torch.isnan(real).all():
         warnings.warn(f"{source} gives no score for {n_missing} of {layout.n_edges} edges; they are NaN.", stacklevel=2)
+    elif n_missing and not in_graph.any():
+        warnings.warn(f"{source} holds neither a score nor an in-graph edge: it names no circuit and ranks "
+                      "nothing. Check that it is the file you meant.", stacklevel=2)
     n_inf = int(torch.isinf(real).sum())
     if n_inf:
         which = "all" if n_inf == layout.n_edges else str(n_inf)
@@ -217,9 +233,11 @@ def graph_from_eap_dict(data: Any, source: str = "the circuit", *, model=None) -
 def save_eap_json(graph: Graph, path: str | Path, d_model: Optional[int] = None, *, overwrite: bool = False) -> Path:
     """Write ``graph`` as EAP-IG's ``Graph.to_json`` would (atomically); ``eap.graph.Graph.from_json`` reads it.
 
-    An existing file is replaced only with ``overwrite=True``.
+    An existing file is replaced only with ``overwrite=True``. Edges without a score (NaN) are written
+    with ``"score": null``; infinite scores are refused (strict JSON has no infinity).
     """
-    return write_text_atomic(refuse_existing(path, overwrite), json.dumps(graph_to_eap_dict(graph, d_model)))
+    data = graph_to_eap_dict(graph, d_model)
+    return write_text_atomic(refuse_existing(path, overwrite), json.dumps(data, allow_nan=False))
 
 
 def load_eap_json(path: str | Path, *, model=None) -> Graph:

@@ -44,6 +44,7 @@ import torch
 from safetensors.torch import save_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
+from circuits.arguments import check_finite_weights
 from circuits.atomic_files import write_text_atomic
 from circuits.errors import ToolkitError
 from circuits.file_reads import load_safetensors, read_json
@@ -302,6 +303,7 @@ def save_model(model: HookedTransformer, path: str | os.PathLike, *, overwrite: 
     only with ``overwrite=True``. Returns the directory's path.
     """
     destination = Path(path).expanduser()
+    check_finite_weights(model)  # load_model would refuse the folder; refuse to write it
     if destination.exists() and not overwrite:
         raise ModelDirExistsError(f"{destination} already exists; pass overwrite=True to replace it.")
     if destination.exists() and not _is_replaceable(destination):

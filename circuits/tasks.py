@@ -38,7 +38,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from circuits.arguments import check_nonnegative_int, check_positive_int
+from circuits.arguments import check_finite_weights, check_nonnegative_int, check_positive_int
 from circuits.counterfactuals import CORRUPTIONS, Corrupt, check_corrupt, parse_shots, twin_candidates  # noqa: F401
 from circuits.errors import InputError, TaskDataError  # noqa: F401  (TaskDataError: part of this module's API)
 from circuits.templates import Template, get_templates, resolve_operation, template_by_id
@@ -440,6 +440,7 @@ def filter_correct(model, dataset: Dataset, batch_size: int = 32, mask: Sequence
     """
     if len(dataset) == 0:
         raise TaskDataError("filter_correct got an empty dataset.")
+    check_finite_weights(model)  # NaN weights answer nothing, which would read as "cannot do the task"
     if mask is None:
         mask = accuracy_mask(model, dataset, batch_size)
     elif len(mask) != len(dataset):

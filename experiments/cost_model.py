@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -46,7 +48,7 @@ from circuits.errors import InputError
 from circuits.graph import GraphLayout
 from circuits.nodes import Head
 from circuits.peak_memory import peak_rss, reset_peak_rss
-from experiments.runtime.run_folder import RESULTS_FILE, write_text_atomic
+from experiments.runtime.run_folder import RESULTS_FILE, RUN_MARKER, write_text_atomic
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
@@ -316,9 +318,43 @@ class FitConfig(RunSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.markdown and Path(self.markdown).exists() and not self.overwrite:
-            raise InputError(f"--markdown {self.markdown} already exists; pass --overwrite to replace it, or name "
-                             "another file.")
+        if self.markdown:
+            check_markdown_path(self.markdown, self.out, overwrite=self.overwrite)
+
+
+def check_markdown_path(markdown: str, out: str | None, *, overwrite: bool) -> None:
+    """Refuse, before any work, a ``--markdown`` the fit could not write or would lose: a folder, an existing file
+    without ``--overwrite``, a file the run itself writes into ``--out`` (results.json, the run marker, ``--out``
+    itself), or one in a folder that cannot be made or written."""
+    path = Path(markdown)
+    if path.is_dir():
+        raise InputError(f"--markdown {markdown} is a folder; give the path of a file to write the tables to "
+                         f"(e.g. {path / 'gpu_tables.md'}).")
+    if out is not None:
+        run_dir, target = Path(out).resolve(), path.resolve()
+        if target == run_dir:
+            raise InputError(f"--markdown {markdown} is the --out folder itself; give the path of a file to write "
+                             f"the tables to (e.g. {Path(out) / 'gpu_tables.md'}).")
+        if target in (run_dir / RESULTS_FILE, run_dir / RUN_MARKER):
+            raise InputError(f"--markdown {markdown} is {target.name} of --out {out}, which the run writes itself "
+                             "after the tables, so they would be overwritten; name another file "
+                             f"(e.g. {Path(out) / 'gpu_tables.md'}).")
+    if path.exists() and not overwrite:
+        raise InputError(f"--markdown {markdown} already exists; pass --overwrite to replace it, or name "
+                         "another file.")
+    folder = path.absolute().parent
+    while not folder.exists() and folder != folder.parent:  # missing folders are made when the tables are written
+        folder = folder.parent
+    if not folder.is_dir():
+        raise InputError(f"--markdown {markdown} cannot be written: {folder} is a file, not a folder. Choose a "
+                         "path in a folder you can write.")
+    try:  # the only sure test of "can a file be made here" (root passes os.access; /proc refuses new files)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".markdown-probe-", suffix=".tmp")
+    except OSError as err:
+        raise InputError(f"--markdown {markdown} cannot be written: {err.strerror or err} ({folder}). Choose a "
+                         "path in a folder you can write.") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 MEASUREMENT_HINT = "Pass the run folders (or their results.json) that `python -m experiments.cost_model measure` writes."

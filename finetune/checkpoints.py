@@ -84,28 +84,53 @@ def selection_from_json(data: dict[str, Any]) -> Selection:
     )
 
 
-def _replaceable(folder: Path) -> bool:
-    """Only an empty folder or one this module wrote (its manifest's format says so) may be replaced."""
+def _names(entries: list[str], limit: int = 5) -> str:
+    return ", ".join(entries[:limit]) + (f" and {len(entries) - limit} more" if len(entries) > limit else "")
+
+
+def _not_ours(folder: Path) -> str | None:
+    """Why the toolkit may not replace or delete ``folder`` (None: it may).
+
+    It may only when the folder is empty, or has a manifest of the toolkit's format and holds nothing but
+    that manifest and the files it lists: a file put there since (or a manifest listing nothing) is not
+    the toolkit's, and deleting the folder would lose it.
+    """
     if not folder.is_dir() or folder.is_symlink():
-        return False
-    if not any(folder.iterdir()):
-        return True
+        return "is not a folder"
+    entries = sorted(folder.iterdir())
+    if not entries:
+        return None
     try:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(manifest, dict) and manifest.get("format") == TUNED_FORMAT
+        manifest = None
+    if not (isinstance(manifest, dict) and manifest.get("format") == TUNED_FORMAT):
+        return f"no {MANIFEST} of format {TUNED_FORMAT!r}"
+    listed = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    foreign = [e.name + ("/" if e.is_dir() and not e.is_symlink() else "") for e in entries
+               if not (e.name == MANIFEST or e.name in listed) or e.is_symlink() or not e.is_file()]
+    return f"holds files the toolkit did not write: {_names(foreign)}" if foreign else None
+
+
+def _check_replaceable(final: Path) -> None:
+    """Raise `CheckpointError` unless ``final`` is absent or a folder the toolkit may replace (see `_not_ours`)."""
+    if not (final.exists() or final.is_symlink()) or (reason := _not_ours(final)) is None:
+        return
+    if reason.startswith("holds files"):
+        raise CheckpointError(f"{final} {reason}; move them or choose another folder (a folder the toolkit wrote is "
+                              f"replaced only while it holds nothing but the files its {MANIFEST} lists).")
+    raise CheckpointError(f"{final} exists and is not a tuned-weights or checkpoint folder written by the toolkit "
+                          f"(no {MANIFEST} of format {TUNED_FORMAT!r}), so it is not replaced: choose another path.")
 
 
 def _write_dir_atomically(final: Path, write) -> Path:
-    if final.exists() and not _replaceable(final):
-        raise CheckpointError(f"{final} exists and is not a tuned-weights or checkpoint folder written by the toolkit "
-                              f"(no {MANIFEST} of format {TUNED_FORMAT!r}), so it is not replaced: choose another path.")
+    _check_replaceable(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         write(staging)
         if final.exists():
+            _check_replaceable(final)  # again: a file may have been added while the new one was written
             shutil.rmtree(final)
         os.replace(staging, final)
     except BaseException:
@@ -303,10 +328,34 @@ def latest_intact_checkpoint(out_dir: str | os.PathLike, *, need_optimizer: bool
     return None
 
 
-def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints (and stale temporary directories)."""
+def _foreign_step_folders(out_dir: str | os.PathLike) -> list[str]:
+    """``"step-<N> (why)"`` for each step folder under ``out_dir/checkpoints`` the toolkit may not delete."""
     root = Path(out_dir) / "checkpoints"
-    for _, path in list_checkpoints(out_dir)[: max(0, len(list_checkpoints(out_dir)) - keep)]:
+    if not root.is_dir():
+        return []
+    return [f"{child.name} ({reason})" for child in sorted(root.iterdir())
+            if CHECKPOINT_RE.match(child.name) and (reason := _not_ours(child)) is not None]
+
+
+def prune_checkpoints(out_dir: str | os.PathLike, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints (and stale temporary directories).
+
+    Only checkpoints the toolkit wrote are deleted (and counted): a step folder without a manifest of the
+    toolkit's format, or holding a file its manifest does not list, is left as it is, with a
+    ``RuntimeWarning`` naming it.
+    """
+    root = Path(out_dir) / "checkpoints"
+    ours, foreign = [], []
+    for _, path in list_checkpoints(out_dir):
+        reason = _not_ours(path)
+        if reason is None:
+            ours.append(path)
+        else:
+            foreign.append(f"{path.name} ({reason})")
+    if foreign:
+        warnings.warn(f"Not pruning {', '.join(foreign)} under {root}: the toolkit did not write them, so they are "
+                      f"left as they are; move them out of {root} to silence this.", RuntimeWarning, stacklevel=2)
+    for path in ours[: max(0, len(ours) - keep)]:
         shutil.rmtree(path, ignore_errors=True)
     if root.is_dir():
         for child in root.iterdir():

@@ -185,6 +185,9 @@ def train(
     config = method_config(config, method)
     rows, steps_per_epoch, total = _training_rows(train_dataset, config)
     check_token_rows(rows, model.cfg.d_vocab)
+    _check_fits_context(rows, model.cfg.n_ctx)
+    if out_dir is not None:
+        _check_out_dir(Path(out_dir), config)
     rank, world = rank_and_world_size()
     run = _start_run(model, rows, config, method, heads, mlps, out_dir, resume, total, steps_per_epoch, rank, world)
     try:
@@ -252,6 +255,36 @@ def _training_rows(train_dataset: Dataset, config: SFTConfig) -> tuple[list[dict
     if total < 1:
         raise InputError("The run has no steps: raise epochs or max_steps.")
     return rows, steps_per_epoch, total
+
+
+def _check_fits_context(rows: list[dict], n_ctx: int) -> None:
+    """Every row must fit the model's positions: it reads all but the last token (only ever a target)."""
+    too_long = [i for i, r in enumerate(rows) if len(r["input_ids"]) - 1 > n_ctx]
+    if too_long:
+        i = too_long[0]
+        raise SFTDataError(
+            f"train_dataset row {i} has {len(rows[i]['input_ids'])} tokens, but the model's context is n_ctx={n_ctx} "
+            f"(a row may have at most {n_ctx + 1} tokens: its last is only a target); shorten its prompt (e.g. fewer "
+            f"shots) or drop the rows longer than {n_ctx + 1} tokens ({len(too_long)} of {len(rows)}).")
+
+
+def _check_out_dir(out_dir: Path, config: SFTConfig) -> None:
+    """Before the first step: ``out_dir`` is a folder, and nothing the run would replace or prune is a user's."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"out_dir {out_dir} is a file; give a folder (the run writes checkpoints/ and final/ "
+                         "into it).")
+    ckpt._check_replaceable(out_dir / "final")
+    if config.checkpoint_every:
+        root = out_dir / "checkpoints"
+        if root.exists() and not root.is_dir():
+            raise InputError(f"{root} is a file; the run writes its checkpoints into that folder: move the file "
+                             "or choose another out_dir.")
+        if foreign := ckpt._foreign_step_folders(out_dir):
+            raise ckpt.CheckpointError(
+                f"{root} holds step folders the toolkit did not write: {'; '.join(foreign)}; this run would prune "
+                f"or replace them (checkpoint_every={config.checkpoint_every}, keep_checkpoints="
+                f"{config.keep_checkpoints}), so it stops before training: move them out of {root} or choose "
+                "another out_dir.")
 
 
 def _start_run(model, rows, config, method, heads, mlps, out_dir, resume, total, steps_per_epoch, rank, world) -> _Run:

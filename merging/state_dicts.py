@@ -53,7 +53,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
 from circuits.atomic_files import atomic_path, refuse_existing
-from circuits.errors import InputError, ToolkitError
+from circuits.errors import InputError, InputTypeError, ToolkitError
 from circuits.file_reads import load_safetensors, open_safetensors
 from circuits.model_cache import require_intact_model_dir
 from merging.primitives import combine
@@ -266,17 +266,39 @@ def combine_experts(base: Tensor, experts: Sequence[Tensor], coefficients: Seque
     return combine(base, expert_task_vectors(base, experts), [float(c) for c in coefficients])
 
 
+def _independent_cpu_tensors(state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Contiguous CPU copies of the values, no two sharing memory; a value that is not a tensor is refused by key."""
+    out: dict[str, Tensor] = {}
+    storages: set[int] = set()
+    for k, v in state_dict.items():
+        if not isinstance(v, Tensor):
+            raise InputTypeError(
+                f"state_dict[{k!r}] is a {type(v).__name__}, not a tensor: save_state_dict writes torch tensors "
+                "only; convert it (e.g. torch.as_tensor(value)) or leave the key out."
+            )
+        t = v.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        if ptr and ptr in storages:  # shares memory with an earlier entry: safetensors would refuse the pair
+            t = t.clone()
+            ptr = t.untyped_storage().data_ptr()
+        storages.add(ptr)
+        out[k] = t
+    return out
+
+
 def save_state_dict(
     state_dict: Mapping[str, Tensor], path: str | os.PathLike, metadata: Mapping[str, str] | None = None, *,
     overwrite: bool = False,
 ) -> Path:
     """Write ``state_dict`` to ``path`` as safetensors atomically (temp file, then ``os.replace``).
 
-    An existing file is replaced only with ``overwrite=True``.
+    An existing file is replaced only with ``overwrite=True``. Every value must be a
+    tensor; tensors that share memory (tied weights, a view of another entry) are
+    saved as independent copies, since safetensors stores no aliasing.
     """
     path = refuse_existing(path, overwrite)
+    tensors = _independent_cpu_tensors(state_dict)  # before the folder is made: a bad value leaves nothing behind
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=dict(metadata) if metadata else None)
     return Path(path)

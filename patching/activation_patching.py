@@ -108,7 +108,7 @@ def activation_patch(
     site_shape = {"all": (), "end": (), "each": (n_pos,)}[positions] + ((H,) if per_head else ())
     total = torch.full((L, *site_shape), float("nan"), dtype=torch.float64)
     total[layers] = 0.0
-    base_total, n_prompts = 0.0, 0
+    base_total, n_prompts, any_change = 0.0, 0, False
     n_sites = len(layers) * max(1, int(torch.tensor(site_shape).prod()))
     bar = tqdm(total=len(groups) * n_sites, desc=f"activation patching {component}", disable=not progress, leave=False)
     for group in groups:
@@ -123,9 +123,11 @@ def activation_patch(
             values = _patch_layer(model, group, layer, component, masks, ref, cf, metric, memory_mb, bar,
                                   base, prefix, prefix_kv)
             total[layer] += values.double().sum(-1).cpu().view(site_shape)
+            any_change = any_change or bool((values != base).any())
         base_total += float(base.double().sum())
         n_prompts += len(group)
     bar.close()
+    inputs.warn_if_no_effect(any_change, groups, "activation-patching")
     axes = ("layer",) + (("pos",) if positions == "each" else ()) + (("head",) if per_head else ())
     return ActivationScores((total / n_prompts).float(), axes, component, metric.name, base_total / n_prompts, n_prompts)
 

@@ -72,6 +72,10 @@ def attribution_patch(
             resid = model.run_with_hooks(group.tokens, fwd_hooks=[(n, keep) for n in names],
                                          stop_at_layer=model.cfg.n_layers)
             values = score_end(model, resid[:, -1], group.answer_ids, group.alt_ids, metric)
+            if not values.requires_grad:
+                raise InputError(f"Metric {metric.name!r} does not depend on the logits it is given (a constant, or a "
+                                 "value detached from them), so it has no gradient to attribute: use a "
+                                 "differentiable metric of the END logits such as 'logit' or 'logit_diff'.")
             # prompts are independent, so the gradient of the sum is each prompt's own gradient
             grads = dict(zip(names, torch.autograd.grad(values.sum(), [acts[n] for n in names])))
         for name in names:

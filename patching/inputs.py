@@ -30,7 +30,7 @@ from jaxtyping import Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
-from circuits.arguments import check_positive_int
+from circuits.arguments import check_finite_weights, check_positive_int
 from circuits.errors import InputError, InputTypeError
 from circuits.tasks import TaskBatch, iter_batches
 
@@ -39,6 +39,10 @@ PromptInput = Dataset | TaskBatch | Tensor
 
 class IdenticalCounterfactualWarning(UserWarning):
     """Every counterfactual prompt equals its reference: each patching effect is exactly 0 by construction."""
+
+
+class NoEffectWarning(UserWarning):
+    """Every patched run scored exactly what the unpatched run scored, although the counterfactuals differ."""
 
 IdInput = int | Sequence[int] | Tensor | None
 
@@ -57,7 +61,7 @@ class PromptGroup:
         return self.tokens.shape[0]
 
 
-def _ids(ids: IdInput, n: int, name: str, device, rows: Sequence[int] | None = None) -> Tensor | None:
+def _ids(ids: IdInput, n: int, name: str, device) -> Tensor | None:
     if ids is None:
         return None
     if isinstance(ids, int) and not isinstance(ids, bool):
@@ -67,8 +71,6 @@ def _ids(ids: IdInput, n: int, name: str, device, rows: Sequence[int] | None = N
         raise InputError(f"{name} must be integer token ids (one int, or one per prompt), got {as_given.dtype} "
                          f"values such as {as_given.flatten()[:3].tolist()}.")
     ids = as_given.long()
-    if rows is not None:  # per-row ids of a whole dataset, selected for this batch
-        ids = ids[torch.as_tensor(rows)]
     if ids.shape != (n,):
         raise InputError(f"{name} has shape {tuple(ids.shape)} but there are {n} prompts: pass one id per prompt or one int.")
     return ids.to(device)
@@ -94,13 +96,14 @@ def prompt_groups(
     check_positive_int(batch_size, "batch_size", allow_none=True)  # None: one group per prompt length
     groups: list[PromptGroup] = []
     if isinstance(reference, Dataset):
+        all_alts = _ids(alt_ids, len(reference), "alt_ids", "cpu")  # one per prompt of the whole dataset
         if counterfactual is not None:
             raise InputError("With a Dataset the counterfactual comes from its cf_tokens column; pass counterfactual=None.")
         if answer_ids is not None:
             raise InputError("With a Dataset the answers come from its answer_token_ids column; pass answer_ids=None.")
         for batch in iter_batches(reference, batch_size or len(reference)):
             groups.append(PromptGroup(batch.tokens.to(device), batch.cf_tokens.to(device), batch.answer_ids.to(device),
-                                      _ids(alt_ids, len(batch), "alt_ids", device, batch.indices),
+                                      None if all_alts is None else all_alts[torch.as_tensor(batch.indices)].to(device),
                                       None if span_of is None else span_of(batch.role_masks).to(device)))
     elif isinstance(reference, TaskBatch):
         if counterfactual is not None or answer_ids is not None:
@@ -141,6 +144,9 @@ def prompt_groups(
     check_finite_weights(model)
     vocab = model.cfg.d_vocab_out
     for g in groups:
+        if g.tokens.shape[1] == 0:
+            raise InputError("The prompts hold no tokens (shape [batch, 0]): patching scores the last position, so "
+                             "pass prompts of at least one token.")
         for name, ids in (("answer_ids", g.answer_ids), ("alt_ids", g.alt_ids)):
             if ids is not None and (ids.min() < 0 or ids.max() >= vocab):
                 raise InputError(f"{name} contains ids outside the vocabulary 0..{vocab - 1}.")
@@ -157,25 +163,19 @@ def prompt_groups(
     return groups
 
 
-def check_finite_weights(model: HookedTransformer) -> None:
-    """Raise :class:`InputError` if any weight of ``model`` is NaN or Inf.
+def warn_if_no_effect(any_change: bool, groups: Sequence[PromptGroup], what: str) -> None:
+    """Warn (:class:`NoEffectWarning`) when no patched run moved the metric although the prompts differ.
 
-    TransformerLens turns NaN attention patterns into zeros, so a model with NaN weights gives finite,
-    wrong patching effects (a head whose W_Q is NaN scores exactly 0). The check is one float64 sum per
-    tensor, and it is skipped while no parameter has changed since the last passing check (torch counts
-    every in-place change in a tensor's version).
+    A metric that ignores the logits (a constant, or a value detached from them) makes every effect exactly
+    0, which reads as "nothing matters" rather than as the mistake it is; identical counterfactuals were
+    already warned about by :func:`prompt_groups`.
     """
-    params = list(model.named_parameters())
-    versions = tuple((id(p), p._version) for _, p in params)
-    if getattr(model, "_finite_weights_checked", None) == versions:
+    if any_change or all(torch.equal(g.tokens, g.cf_tokens) for g in groups):
         return
-    broken = [name for name, p in params if p.is_floating_point()
-              and not torch.isfinite(p.detach().sum(dtype=torch.float64))]
-    if broken:
-        raise InputError(f"The model has NaN or Inf weights in {len(broken)} tensors ({', '.join(broken[:5])}): "
-                         "every patching effect would be meaningless. Reload the model or find the step that "
-                         "produced them (a training run with a too large learning rate, a merge).")
-    model._finite_weights_checked = versions
+    warnings.warn(f"Every {what} effect is exactly 0 although the counterfactuals differ from the references: the "
+                  "metric does not read what patching changes (a constant, or a value detached from the logits), or "
+                  "the patched components are inert. Use a metric of the END logits such as 'logit' or 'logit_diff'.",
+                  NoEffectWarning, stacklevel=3)
 
 
 def check_token_ids(model: HookedTransformer, tokens: Tensor, name: str = "tokens") -> None:

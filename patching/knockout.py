@@ -53,6 +53,7 @@ from circuits.pools import pool_dataset
 from circuits.tasks import TaskBatch, iter_batches
 from patching import forward
 from patching import knockout_fast as _fast
+from patching.inputs import check_finite_weights
 from patching.results import KnockoutCurve, NodeScores
 
 DEFAULT_POOL = 512  # pool prompts the means are averaged over (shared among the evaluated layouts)
@@ -113,6 +114,16 @@ def _common_prefix(tokens: Tensor) -> int:
 
 
 @torch.no_grad()
+def check_model_and_prompts(model: HookedTransformer, dataset: Dataset) -> None:
+    """Refuse NaN/Inf weights (every knockout would read 0 % correct) and prompts beyond the model's context."""
+    check_finite_weights(model)
+    longest = max((len(t) for column in ("tokens", "cf_tokens") if column in dataset.column_names
+                   for t in dataset[column]), default=0)
+    if longest > model.cfg.n_ctx:
+        raise InputError(f"Prompts of up to {longest} tokens are longer than the model's context "
+                         f"({model.cfg.n_ctx} positions): use fewer shots or shorter prompts.")
+
+
 def mean_activations(
     model: HookedTransformer,
     dataset: Dataset,
@@ -128,6 +139,7 @@ def mean_activations(
     run once (one prompt), the rest per row. Pass a pool disjoint from the evaluated prompts
     (:func:`pool_means` builds one).
     """
+    check_model_and_prompts(model, dataset)
     if source not in ("counterfactual", "reference"):
         raise InputError(f"source must be 'counterfactual' or 'reference', got {source!r}.")
     nodes = validate_nodes(model, nodes)
@@ -267,6 +279,7 @@ def knockout_correct(
     check_positive_int(batch_size, "batch_size")
     if len(dataset) == 0:
         raise InputError("knockout got an empty dataset: pass at least one prompt.")
+    check_model_and_prompts(model, dataset)
     sets = [validate_nodes(model, nodes) for nodes in sets]
     union = sorted({n for nodes in sets for n in nodes}, key=str)
     if means is None:

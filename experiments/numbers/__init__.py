@@ -62,6 +62,10 @@ from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experime
 from experiments.runtime.cli import option
 
 MODULI = (2, 5, 10)
+HELD_OUT = 0.2  # fit_helix's default test_fraction, which analyse() uses
+HELIX_BASIS = 1 + 2 * len(HELIX_PERIODS)  # n/scale, then cos and sin per period (helix_basis)
+# Fewest numbers 0..n-1 the analyses take: more training numbers than helix basis functions (12 for 4 periods).
+MIN_NUMBERS = next(n for n in range(4, 10_000) if n - round(HELD_OUT * n) > HELIX_BASIS)
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,12 @@ class NumbersConfig(RunSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.n_numbers < MIN_NUMBERS:
+            raise InputError(
+                f"--n-numbers must be at least {MIN_NUMBERS}, got {self.n_numbers}: the helix fit needs more "
+                f"numbers than its {HELIX_BASIS} basis functions once {HELD_OUT:.0%} are held out for testing. "
+                f"Give --n-numbers {MIN_NUMBERS} or more (a multiple of 100, such as the default 400, puts "
+                "T=2,5,10,100 on exact frequencies).")
         if not self.high_max_period < self.low_min_period:
             raise InputError(
                 f"--high-max-period {self.high_max_period:g} is not below --low-min-period {self.low_min_period:g}: the "

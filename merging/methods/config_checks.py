@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Sequence
 
 from circuits.errors import InputError
@@ -25,16 +26,33 @@ def _numeric(field: dataclasses.Field) -> bool:
     return isinstance(field.default, (int, float)) and not isinstance(field.default, bool)
 
 
+def _not_a_number(value) -> str | None:
+    """How to name ``value`` in a message if it is not a number (a string, a bool, None, ...); None if it is one."""
+    if isinstance(value, str):
+        return f"the string {value!r}"
+    if isinstance(value, bool):  # True is an int to Python, but never a density, a λ or a k
+        return f"{value!r}, a bool"
+    if not isinstance(value, numbers.Real):
+        return f"{value!r} (a {type(value).__name__})"
+    return None
+
+
 def check_config(config) -> None:
-    """Raise :class:`InputError` for NaN/Inf numbers, strings in number fields and out-of-range densities or fractions."""
+    """Raise :class:`InputError` for NaN/Inf numbers, non-numbers (strings, bools) in number fields, also inside
+    per-expert tuples, and out-of-range densities or fractions."""
     name = type(config).__name__
     for field in dataclasses.fields(config):
         raw = getattr(config, field.name)
-        if isinstance(raw, str) and _numeric(field):
-            raise InputError(f"{name}.{field.name} is the string {raw!r}; give a number (e.g. {field.default!r}).")
+        if _numeric(field):
+            many = isinstance(raw, (tuple, list))
+            for i, v in enumerate(_values(raw)):
+                what = _not_a_number(v)
+                if what is not None:
+                    where = f"{name}.{field.name}" + (f"[{i}]" if many else "")
+                    raise InputError(f"{where} is {what}; give a number (e.g. {field.default!r}).")
         for v in _values(raw):
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                continue
+            if _not_a_number(v) is not None:
+                continue  # a non-number field (a bool flag, a choice string)
             if not math.isfinite(v):
                 shown = "lam" if field.name == "lam" else field.name
                 raise InputError(f"{name}.{shown} is {v}; give a finite number.")

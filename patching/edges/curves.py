@@ -35,6 +35,7 @@ replace it (greedy growth, pruning of edges off every input-to-logits path:
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
 
@@ -117,6 +118,13 @@ def _scores_of(layout: GraphLayout, scores, model: Optional[HookedTransformer] =
     if not isinstance(scores, Tensor) or tuple(scores.shape) != (layout.n_forward, layout.n_backward):
         raise InputError(f"Scores must be a Graph, EdgeEffects or a tensor {(layout.n_forward, layout.n_backward)} "
                          f"(n_forward, n_backward) for this model.")
+    real = scores[layout.real_edge_mask.to(scores.device)]
+    if not torch.isfinite(real).any():  # NaN ranks last and every inf ties: any top-n would be arbitrary
+        raise InputError(f"None of the {layout.n_edges} edge scores is finite (they are NaN or infinite), so no "
+                         "ranking exists and every circuit size would be an arbitrary choice: rescore the edges.")
+    if torch.isinf(real).any():
+        warnings.warn(f"{int(torch.isinf(real).sum())} of the {layout.n_edges} edge scores are infinite; they rank "
+                      "before every finite score, in index order among themselves.", stacklevel=4)
     return scores
 
 

@@ -391,6 +391,12 @@ def learn_circuit(
     if init is not None and tuple(init.shape) != (layout.n_forward, layout.n_backward):
         raise InputError(f"init must be scores of this model's graph {(layout.n_forward, layout.n_backward)}, "
                          f"got {tuple(init.shape)}.")
+    if init is not None:  # NaN (an edge never scored) starts at 0; nothing finite, or inf, is no warm start
+        given = init.detach()[layout.real_edge_mask.to(init.device)]
+        if torch.isinf(given).any() or not torch.isfinite(given).any():
+            raise InputError(f"init holds {int(torch.isinf(given).sum())} infinite and {int(torch.isnan(given).sum())} "
+                             f"NaN scores of {layout.n_edges} edges: a warm start needs finite scores (NaN only for "
+                             "edges left unscored). Pass finite scores, or init=None for the default start.")
     metric = get_metric("logit")
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids)
     generator = torch.Generator().manual_seed(cfg.seed)

@@ -171,3 +171,44 @@ def test_graph_files_and_mib_folders_replace_existing_files_only_when_asked(tmp_
     assert sorted(p.name for p in folder.iterdir()) == ["circuit_1.json", "importances.json"]  # nothing written
     write_mib_submission(graph, tmp_path / "out", "arithmetic-addition", "gemma3", overwrite=True)
     assert load_eap_json(folder / "importances.json").n_edges == graph.n_edges
+
+
+def test_missing_scores_are_written_as_json_null_and_read_back_as_nan(tmp_path):
+    graph = scored_graph()
+    f, b = eap_edge_order(graph.layout)[3]
+    graph.scores[f, b] = torch.nan
+    path = save_eap_json(graph, tmp_path / "g.json")
+    text = path.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    with pytest.warns(UserWarning, match="gives no score for 1 of"):
+        back = load_eap_json(path)
+    assert torch.isnan(back.scores[f, b]) and torch.isfinite(back.scores[graph.layout.real_edge_mask]).sum() == \
+        graph.layout.n_edges - 1
+
+
+def test_infinite_scores_are_refused_when_saving(tmp_path):
+    graph = scored_graph()
+    f, b = eap_edge_order(graph.layout)[0]
+    graph.scores[f, b] = -torch.inf
+    with pytest.raises(InputError, match="edge scores are infinite .*clip its scores to finite values"):
+        save_eap_json(graph, tmp_path / "g.json")
+    assert not (tmp_path / "g.json").exists()
+
+
+def test_a_score_beyond_float32_is_a_graph_file_error(tmp_path):
+    data = graph_to_eap_dict(scored_graph())
+    name = next(iter(data["edges"]))
+    data["edges"][name]["score"] = 1.7976931348623157e308
+    (tmp_path / "big.json").write_text(json.dumps(data))
+    with pytest.raises(GraphFileError, match=r"beyond what a float32 score holds.*rescale the scores"):
+        load_eap_json(tmp_path / "big.json")
+
+
+def test_a_file_with_no_score_and_no_circuit_warns(tmp_path):
+    data = graph_to_eap_dict(scored_graph())
+    for edge in data["edges"].values():
+        edge["score"], edge["in_graph"] = None, False
+    (tmp_path / "empty.json").write_text(json.dumps(data))
+    with pytest.warns(UserWarning, match="holds neither a score nor an in-graph edge"):
+        load_eap_json(tmp_path / "empty.json")

@@ -195,3 +195,14 @@ def test_nan_weights_are_refused_even_with_a_refreshed_manifest(saved):
     assert verify_model_dir(saved) == []
     with pytest.raises(CorruptModelDirError, match=rf"holds NaN or Inf values in 1 tensors \({key}\)"):
         load_model(saved, device="cpu")
+
+
+def test_a_model_with_nan_weights_is_not_saved(tmp_path):
+    from circuits.errors import InputError
+
+    model = tiny_model(n_layers=1)
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q[0, 0, 0] = float("nan")  # load_model would refuse the folder it wrote
+    with pytest.raises(InputError, match=r"NaN or Inf weights in 1 tensors \(blocks\.0\.attn\.W_Q\)"):
+        save_model(model, tmp_path / "m")
+    assert not (tmp_path / "m").exists()

@@ -210,3 +210,14 @@ def test_corrupt_all_changes_every_operator_and_nothing_else(tok, op):
 def test_corrupt_must_be_query_or_all(tok):
     with pytest.raises(tasks.TaskDataError, match="corrupt must be one of"):
         tasks.make_dataset(tok, n_prompts=2, corrupt="shots")
+
+
+def test_filter_correct_names_nan_weights_instead_of_blaming_the_prompts():
+    from circuits.errors import InputError
+
+    model = tiny_model(n_layers=1)
+    data = tasks.make_dataset(model, n_prompts=3, n_shots=0, seed=1)
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q[0, 0, 0] = float("nan")
+    with pytest.raises(InputError, match=r"NaN or Inf weights .*every result computed with it would be meaningless"):
+        tasks.filter_correct(model, data)

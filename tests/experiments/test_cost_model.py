@@ -8,6 +8,7 @@ patched layer). Tiny random models, a few seconds each.
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -131,3 +132,44 @@ def test_fit_refuses_an_existing_markdown_file_before_any_work(tmp_path, capsys)
     with pytest.raises(InputError, match="already exists; pass --overwrite"):  # a config built in code is checked too
         FitConfig(markdown=str(notes))
     FitConfig(markdown=str(notes), overwrite=True)
+
+
+def test_fit_refuses_a_markdown_path_it_cannot_write_before_any_work(tmp_path, capsys):
+    """A folder gave an IsADirectoryError traceback, /proc a FileNotFoundError one, both after the fit had run."""
+    from experiments.cost_model import FitConfig
+
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    err = _cli(["fit", "--out", str(tmp_path / "fit"), "--markdown", str(folder), "--overwrite"], capsys)
+    assert err.startswith(f"python -m experiments.cost_model: error: --markdown {folder} is a folder; give the path "
+                          f"of a file to write the tables to (e.g. {folder / 'gpu_tables.md'}).")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("a week of notes")
+    err = _cli(["fit", "--out", str(tmp_path / "fit"), "--markdown", str(notes / "t.md")], capsys)
+    assert err.startswith(f"python -m experiments.cost_model: error: --markdown {notes / 't.md'} cannot be written: "
+                          f"{notes} is a file, not a folder. Choose a path in a folder you can write.")
+    assert "Traceback" not in err and not (tmp_path / "fit").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "tables"]  # no probe file left behind
+    if Path("/proc").is_dir():  # a folder even root cannot create files in
+        with pytest.raises(InputError, match=r"^--markdown /proc/adv2\.md cannot be written: .*\(/proc\)\. Choose a "
+                                             r"path in a folder you can write\.$"):
+            FitConfig(markdown="/proc/adv2.md", out=str(tmp_path / "fit"))
+
+
+def test_fit_refuses_a_markdown_path_the_run_itself_writes(tmp_path, capsys):
+    """--markdown o/results.json --out o ended complete, the tables overwritten by results.json."""
+    from experiments.cost_model import FitConfig
+
+    out = tmp_path / "o"
+    err = _cli(["fit", "--out", str(out), "--markdown", str(out / "results.json")], capsys)
+    assert err.startswith(f"python -m experiments.cost_model: error: --markdown {out / 'results.json'} is results.json "
+                          f"of --out {out}, which the run writes itself after the tables, so they would be "
+                          f"overwritten; name another file (e.g. {out / 'gpu_tables.md'}).")
+    assert "Traceback" not in err and not out.exists()
+    with pytest.raises(InputError, match=r"is \.arith-circuits-run\.json of --out o, which the run writes itself"):
+        FitConfig(markdown="./o/../o/.arith-circuits-run.json", out="o")  # compared once resolved
+    with pytest.raises(InputError, match=r"^--markdown o is the --out folder itself; give the path of a file"):
+        FitConfig(markdown="o", out=str(Path("o").absolute()))
+    main(["fit", "--out", str(out), "--markdown", str(out / "sub" / "tables.md")])  # inside --out, a new name: fine
+    assert (out / "sub" / "tables.md").read_text().startswith("| model | B | sweep |")
+    assert json.loads((out / "results.json").read_text())["status"] == "complete"

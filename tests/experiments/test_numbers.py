@@ -53,3 +53,27 @@ def test_patch_layers_the_model_lacks_and_overlapping_bands_are_refused(tiny_dir
     with pytest.raises(InputError, match=r"--patch-layers patches resid_post, which --components attn_out leaves out"):
         numbers_experiment.main(["--model", str(tiny_dir), "--components", "attn_out", "--patch-layers", "1",
                                  "--out", str(tmp_path / "c")])
+
+
+def test_too_few_numbers_are_refused_when_the_flags_are_parsed(tiny_dir, tmp_path, capsys):
+    """--n-numbers 3 failed only after the model loaded, in a message about h[n, d] that never named the flag."""
+    import pytest
+
+    from circuits.errors import InputError
+    from experiments.runtime import cli
+
+    def no_model(*args, **kwargs):
+        pytest.fail("the model was loaded")
+
+    argv = ["--model", str(tiny_dir), *ARGS[2:], "--n-numbers", "3", "--out", str(tmp_path / "a")]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run_cli(lambda a: numbers_experiment.main(a, loader=no_model), "numbers", argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in err
+    assert err.startswith("python -m experiments.numbers: error: --n-numbers must be at least 12, got 3: the helix "
+                          "fit needs more numbers than its 9 basis functions once 20% are held out for testing. Give "
+                          "--n-numbers 12 or more")
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(InputError, match=r"^--n-numbers must be at least 12, got 11: "):  # 11 failed in fit_helix
+        numbers_experiment.NumbersConfig(n_numbers=11)
+    assert numbers_experiment.NumbersConfig(n_numbers=12).n_numbers == 12  # 12 runs end to end

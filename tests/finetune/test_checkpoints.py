@@ -207,3 +207,53 @@ def test_saving_tuned_weights_never_replaces_a_folder_it_did_not_write(tmp_path)
     (tmp_path / "empty").mkdir()
     save_tuned(model, selection, tmp_path / "empty")
     assert (tmp_path / "empty" / "state.json").is_file()
+
+
+def test_replacing_a_toolkit_folder_never_deletes_files_added_to_it(tmp_path):
+    """save_tuned replaced a folder it had written together with the files a user put there since."""
+    from finetune.masks import precise_selection
+
+    model = tiny_model()
+    selection = precise_selection(model, [Head(0, 0)])
+    ours = save_tuned(model, selection, tmp_path / "tuned")
+    (ours / "my_notes.txt").write_text("mine")
+    (ours / "extra").mkdir()
+    with pytest.raises(CheckpointError, match=r"tuned holds files the toolkit did not write: extra/, my_notes.txt; "
+                                              r"move them or choose another folder"):
+        save_tuned(model, selection, ours)
+    assert (ours / "my_notes.txt").read_text() == "mine" and (ours / "extra").is_dir()
+    (ours / "my_notes.txt").unlink()
+    (ours / "extra").rmdir()
+    save_tuned(model, selection, ours)  # only its own files again: replaced as before
+    # a manifest of the toolkit's format that lists nothing does not make the folder's files the toolkit's
+    forged = tmp_path / "forged"
+    forged.mkdir()
+    (forged / "manifest.json").write_text(json.dumps({"format": "arith-circuits-tuned", "files": {}}))
+    (forged / "notes.txt").write_text("notes")
+    with pytest.raises(CheckpointError, match=r"forged holds files the toolkit did not write: notes.txt; move them"):
+        save_tuned(model, selection, forged)
+    assert (forged / "notes.txt").read_text() == "notes"
+
+
+def test_pruning_leaves_step_folders_the_toolkit_did_not_write(tmp_path):
+    """prune_checkpoints deleted any step-<N> folder with a state.json, a user's own included."""
+    from finetune.checkpoints import checkpoint_dir, prune_checkpoints
+    from finetune.masks import precise_selection
+
+    model = tiny_model()
+    selection = precise_selection(model, [Head(0, 0)])
+    mine = checkpoint_dir(tmp_path, 0)
+    mine.mkdir(parents=True)
+    (mine / "state.json").write_text("{}")
+    (mine / "results.txt").write_text("my results")
+    for step in (1, 2, 3, 4):
+        save_tuned(model, selection, checkpoint_dir(tmp_path, step), state={"step": step})
+    (checkpoint_dir(tmp_path, 4) / "notes.txt").write_text("notes")
+    with pytest.warns(RuntimeWarning, match=r"Not pruning step-00000000 \(no manifest.json of format "
+                                            r"'arith-circuits-tuned'\), step-00000004 \(holds files the toolkit did "
+                                            r"not write: notes.txt\) under .*checkpoints: the toolkit did not write "
+                                            r"them, so they are left as they are; move them out of"):
+        prune_checkpoints(tmp_path, keep=1)
+    assert (mine / "results.txt").read_text() == "my results" and (mine / "state.json").is_file()
+    assert (checkpoint_dir(tmp_path, 4) / "notes.txt").is_file()
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [0, 3, 4]  # the newest toolkit checkpoint is kept

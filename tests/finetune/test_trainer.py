@@ -247,3 +247,66 @@ def test_precise_sft_on_gemma_touches_only_the_key_heads(gemma, tmp_path):
             assert torch.equal(value, before[name]), name
     size = sum(f.stat().st_size for f in (tmp_path / "final").iterdir())
     assert size < 5 * 2**20  # slices only, not the 1.7 GB model
+
+
+def test_rows_longer_than_the_context_are_refused_before_training():
+    """A row longer than n_ctx was a raw RuntimeError (size mismatch 18 vs 8) in the positional embedding."""
+    from finetune import FullSFTConfig, encode_pairs
+
+    short = tiny_model(n_ctx=8)
+    rows = encode_pairs(short, [("1+2=", "3")] * 2 + [("1+2+3+4+5+6+7+8=", "36")] * 2)
+    with pytest.raises(ValueError, match=r"train_dataset row 2 has 19 tokens, but the model's context is n_ctx=8 \(a "
+                                         r"row may have at most 9 tokens: its last is only a target\); shorten "
+                                         r"its prompt \(e.g. fewer shots\) or drop the rows longer than 9 tokens"):
+        train(short, rows, FullSFTConfig(batch_size=2, micro_batch_size=2, max_steps=1, progress=False), method="full")
+    assert all(p.grad is None for p in short.parameters())
+
+
+def test_an_out_dir_that_is_a_file_is_refused_before_training(sft_rows, tmp_path):
+    """out_dir naming a file was a raw FileExistsError (at the first checkpoint, or after training at final/)."""
+    model = tiny_model()
+    before = _state(model)
+    file = tmp_path / "run.txt"
+    file.write_text("not a folder")
+    with pytest.raises(ValueError, match=r"out_dir .*run.txt is a file; give a folder"):
+        train(model, sft_rows, CFG, method="full", out_dir=file)
+    assert file.read_text() == "not a folder"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoints").write_text("mine")
+    checkpointed = TrainConfig(**{**CFG.__dict__, "checkpoint_every": 2})
+    with pytest.raises(ValueError, match=r"run/checkpoints is a file; the run writes its checkpoints into that folder"):
+        train(model, sft_rows, checkpointed, method="full", out_dir=tmp_path / "run")
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_training_refuses_before_the_first_step_to_delete_files_it_did_not_write(sft_rows, tmp_path):
+    """A user's step folder was pruned (rmtree) and a user's file in final/ deleted when final/ was rewritten."""
+    from finetune import PreciseSFTConfig
+
+    config = PreciseSFTConfig(lr=5e-3, batch_size=8, micro_batch_size=4, max_steps=3, checkpoint_every=1,
+                              keep_checkpoints=1, progress=False)
+    model = tiny_model()
+    before = _state(model)
+    mine = tmp_path / "checkpoints" / "step-00000000"
+    mine.mkdir(parents=True)
+    (mine / "state.json").write_text("{}")
+    (mine / "results.txt").write_text("my results")
+    with pytest.raises(CheckpointError, match=r"checkpoints holds step folders the toolkit did not write: "
+                                              r"step-00000000 \(no manifest.json of format 'arith-circuits-tuned'\); "
+                                              r"this run would prune or replace them \(checkpoint_every=1, "
+                                              r"keep_checkpoints=1\), so it stops before training: move them out of "
+                                              r".*checkpoints or choose another out_dir"):
+        train(model, sft_rows, config, heads=[Head(0, 1)], out_dir=tmp_path, resume=False)
+    assert (mine / "results.txt").read_text() == "my results" and (mine / "state.json").read_text() == "{}"
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    (mine / "results.txt").unlink()
+    (mine / "state.json").unlink()
+    mine.rmdir()
+    train(model, sft_rows, config, heads=[Head(0, 1)], out_dir=tmp_path, resume=False)
+    (tmp_path / "final" / "my_notes.txt").write_text("mine")
+    before = _state(model)
+    with pytest.raises(CheckpointError, match=r"final holds files the toolkit did not write: my_notes.txt; move them "
+                                              r"or choose another folder"):
+        train(model, sft_rows, config, heads=[Head(0, 1)], out_dir=tmp_path, resume=False)
+    assert (tmp_path / "final" / "my_notes.txt").read_text() == "mine"
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # refused before training

@@ -128,3 +128,21 @@ def test_tensors_no_expert_changed_are_the_base(gpt2_model, perturb):
 def test_a_string_where_a_number_belongs_is_refused_not_read_digit_by_digit():
     with pytest.raises(InputError, match=r"ConsensusConfig\.tall_lambda is the string '0\.4'; give a number"):
         ConsensusConfig(tall_lambda="0.4")
+
+
+def test_a_bool_where_a_number_belongs_is_refused_not_read_as_1():
+    with pytest.raises(InputError, match=r"^ConsensusConfig\.k is True, a bool; give a number \(e\.g\. 2\)\.$"):
+        ConsensusConfig(k=True)
+    with pytest.raises(InputError,
+                       match=r"^TaskArithmeticConfig\.lam is True, a bool; give a number \(e\.g\. 1\.0\)\.$"):
+        TaskArithmeticConfig(lam=True)
+    with pytest.raises(InputError, match=r"^TiesConfig\.density is False, a bool"):
+        TiesConfig(density=False)
+
+
+def test_a_string_inside_per_expert_values_is_refused_before_the_merge(gpt2_model, two):
+    with pytest.raises(InputError, match=r"^ConsensusConfig\.tall_lambda\[1\] is the string 'x'; give a number "
+                                         r"\(e\.g\. 0\.4\)\.$"):
+        merge("consensus_ta", gpt2_model, two, ConsensusConfig(tall_lambda=(0.4, "x")), progress=False)
+    with pytest.raises(InputError, match=r"^TiesConfig\.density\[0\] is True, a bool"):
+        TiesConfig(density=(True, 0.5))

@@ -125,7 +125,7 @@ def test_save_is_atomic_and_roundtrips(tmp_path):
     path = tmp_path / "sub" / "merged.safetensors"
     save_state_dict({"a": torch.arange(6.0).view(2, 3)}, path, metadata={"method": "ties"})
     assert torch.equal(load_state_dict(path)["a"], torch.arange(6.0).view(2, 3))
-    with pytest.raises(Exception):
+    with pytest.raises(TypeError, match=r"state_dict\['a'\] is a str, not a tensor"):
         save_state_dict({"a": "not a tensor"}, path, overwrite=True)  # fails before replacing
     assert torch.equal(load_state_dict(path)["a"], torch.arange(6.0).view(2, 3))
     assert os.listdir(path.parent) == ["merged.safetensors"]  # no temp file left behind
@@ -169,3 +169,28 @@ def test_forged_state_dict_headers_name_the_file(tmp_path):
         with pytest.raises(InputError, match=r"forged\.safetensors is not a readable safetensors file \(.*\)\. "
                                              r"Re-save it with merging\.save_state_dict or circuits\.save_model\."):
             read(path)
+
+
+def test_a_value_that_is_not_a_tensor_is_refused_by_key(tmp_path):
+    from circuits.errors import InputTypeError
+
+    path = tmp_path / "sub" / "w.safetensors"
+    with pytest.raises(InputTypeError, match=r"^state_dict\['w'\] is a list, not a tensor: save_state_dict writes "
+                                             r"torch tensors only; convert it \(e\.g\. torch\.as_tensor\(value\)\) "
+                                             r"or leave the key out\.$"):
+        save_state_dict({"a": torch.ones(2), "w": [1, 2]}, path)
+    assert not path.parent.exists()
+
+
+def test_tensors_sharing_memory_are_saved_as_independent_copies(tmp_path):
+    """Tied weights and views of another entry: safetensors refuses shared memory; each is saved as its own copy."""
+    t = torch.arange(6.0)
+    tied = torch.nn.Linear(3, 2).weight
+    sd = {"a": t, "b": t[:2], "c": t[3:], "tied_in": tied, "tied_out": tied, "t_view": t.view(2, 3).T}
+    path = save_state_dict(sd, tmp_path / "shared.safetensors")
+    loaded = load_state_dict(path)
+    assert loaded.keys() == sd.keys()
+    for k, v in sd.items():
+        assert torch.equal(loaded[k], v.detach()), k
+    assert loaded["b"].untyped_storage().data_ptr() != loaded["a"].untyped_storage().data_ptr()
+    assert torch.equal(t, torch.arange(6.0))  # the caller's tensors are untouched

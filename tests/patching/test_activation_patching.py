@@ -132,3 +132,15 @@ def test_gemma_equals_transformer_lens(gemma):
             patch_setter=tl_patching.layer_head_vector_patch_setter, activation_name="z", index_df=index)
     got = activation_patch(gemma, batch, component="z", layers=layers, progress=False)
     torch.testing.assert_close(got.patched[layers].flatten(), expected.float(), atol=1e-4, rtol=0)
+
+
+def test_a_metric_that_ignores_the_logits_warns_that_every_activation_effect_is_zero():
+    from circuits.tasks import make_dataset
+    from patching.inputs import NoEffectWarning
+    from tests.tiny_models import tiny_model
+
+    model = tiny_model(n_layers=1)
+    data = make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",), seed=2)
+    detached = lambda logits, answers, alts: logits[:, 0].detach() * 0  # noqa: E731
+    with pytest.warns(NoEffectWarning, match="Every activation-patching effect is exactly 0"):
+        activation_patch(model, data, metric=detached, progress=False)

@@ -56,3 +56,16 @@ def test_no_nodes_is_refused(setup):
     model, data = setup
     with pytest.raises(ValueError, match=r"nodes is empty, so nothing would be scored: pass at least one Head or MLP"):
         attribution_patch(model, data, nodes=[], progress=False)
+
+
+@pytest.mark.parametrize("name", ["constant", "detached"])
+def test_attribution_patching_refuses_a_metric_without_a_gradient(name):
+    from circuits.errors import InputError
+    from circuits.tasks import make_dataset
+    from tests.tiny_models import tiny_model
+
+    model = tiny_model(n_layers=1)
+    data = make_dataset(model, n_prompts=3, n_shots=0, template_ids=("add-equation-0",), seed=2)
+    metric = {"constant": lambda l, a, b: torch.zeros(l.shape[0]), "detached": lambda l, a, b: l[:, 0].detach()}[name]
+    with pytest.raises(InputError, match="does not depend on the logits it is given .*no gradient to attribute"):
+        attribution_patch(model, data, metric=metric, progress=False)

@@ -96,3 +96,20 @@ def test_a_model_with_nan_weights_is_refused_and_the_check_follows_changes():
     with torch.no_grad():
         model.blocks[0].attn.W_Q[0, 0, 0] = 0.0
     prompt_groups(model, data)
+
+
+def test_per_prompt_alt_ids_of_a_dataset_must_be_one_per_prompt(setup):
+    model, data = setup
+    per_prompt = list(range(5, 5 + len(data)))
+    groups = prompt_groups(model, data, alt_ids=per_prompt, batch_size=5)
+    assert sorted(a for g in groups for a in g.alt_ids.tolist()) == per_prompt  # each row keeps its own id
+    for wrong in (per_prompt[:2], per_prompt + [99]):  # too few raised IndexError; too many were ignored
+        with pytest.raises(InputError, match=rf"alt_ids has shape \({len(wrong)},\) but there are {len(data)} prompts"):
+            prompt_groups(model, data, alt_ids=wrong)
+
+
+def test_prompts_without_tokens_are_an_input_error(setup):
+    model, data = setup
+    batch = single_batch(data.select([0]))
+    with pytest.raises(InputError, match=r"hold no tokens \(shape \[batch, 0\]\)"):
+        prompt_groups(model, batch.tokens[:, :0], batch.cf_tokens[:, :0], answer_ids=3)

@@ -135,3 +135,18 @@ def test_bad_inputs(setup):
         mean_activations(model, data, [Head(0, 0)], source="both")
     with pytest.raises(ValueError, match="Unknown knockout method"):
         knockout(model, data, [Head(0, 0)], means=means, method="fast")
+
+
+def test_knockout_refuses_nan_weights_and_prompts_beyond_the_context():
+    from circuits.errors import InputError
+
+    model = tiny_model(n_layers=1)
+    data = make_dataset(model, n_prompts=4, n_shots=1, seed=3)
+    broken = tiny_model(n_layers=1)
+    with torch.no_grad():
+        broken.unembed.b_U[0] = float("nan")  # gave base accuracy 0 and effects 0, silently
+    with pytest.raises(InputError, match=r"NaN or Inf weights in 1 tensors \(unembed\.b_U\)"):
+        knockout_curve(broken, data, [Head(0, 0)], ks=[1], n_seeds=1, n_pool=8, min_pool=1, progress=False)
+    short = tiny_model(n_layers=1, n_ctx=8)  # gave a raw size-mismatch RuntimeError
+    with pytest.raises(InputError, match=r"longer than the model's context \(8 positions\)"):
+        knockout_curve(short, data, [Head(0, 0)], ks=[1], n_seeds=1, n_pool=8, min_pool=1, progress=False)

@@ -284,3 +284,19 @@ def test_every_bad_argument_is_a_toolkit_error_a_command_line_shows_in_one_line(
         path_patch(model, data, senders=["L0H1"], progress=False)
     with pytest.raises(InputTypeError, match="metric must be a name"):
         path_patch(model, data, metric=123, progress=False)
+
+
+def test_a_metric_that_ignores_the_logits_warns_that_every_effect_is_zero():
+    from patching.inputs import NoEffectWarning
+
+    model = tiny_model(n_layers=1)
+    data = make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",), seed=2)
+    constant = lambda logits, answers, alts: torch.zeros(logits.shape[0])  # noqa: E731
+    with pytest.warns(NoEffectWarning, match="effect is exactly 0 although the counterfactuals differ"):
+        scores = path_patch(model, data, metric=constant, progress=False)
+    assert (scores.heads == 0).all()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoEffectWarning)
+        path_patch(model, data, progress=False)  # a metric of the logits moves: no warning

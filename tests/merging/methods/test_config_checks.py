@@ -45,3 +45,21 @@ def test_weights_default_to_one_and_must_fit_the_experts():
     check_no_weights([0.5, 0.5], "karcher")  # uniform weights say nothing: accepted
     with pytest.raises(InputError, match="karcher takes no per-expert weights"):
         check_no_weights([0.5, 1.0], "karcher")
+
+
+def test_a_bool_in_a_number_field_is_refused_not_read_as_1():
+    # True is an int to Python: it would run as k=1 or λ=1 without a word
+    with pytest.raises(InputError, match=r"^Demo\.lam is True, a bool; give a number \(e\.g\. 1\.0\)\.$"):
+        check_config(Demo(lam=True))
+    with pytest.raises(InputError, match=r"^Demo\.density\[0\] is False, a bool; give a number \(e\.g\. 0\.5\)\.$"):
+        check_config(Demo(density=(False, 0.5)))
+    check_config(Demo(normalize=False))  # a bool field takes a bool
+
+
+def test_each_per_expert_value_is_checked():
+    with pytest.raises(InputError, match=r"^Demo\.density\[1\] is the string 'x'; give a number \(e\.g\. 0\.5\)\.$"):
+        check_config(Demo(density=(0.4, "x")))
+    with pytest.raises(InputError, match=r"^Demo\.density\[1\] is None \(a NoneType\); give a number"):
+        check_config(Demo(density=[0.4, None]))
+    with pytest.raises(InputError, match=r"^Demo\.density is nan; give a finite number"):
+        check_config(Demo(density=(0.4, math.nan)))

@@ -158,3 +158,16 @@ def test_paired_differences_of_curves_on_the_same_prompts(setup):
     with pytest.raises(InputError, match="same prompts"):
         paired_difference(a, faithfulness_curve(model, scores, batch, fractions=(0.5, 1.0), n_bootstrap=10,
                                                 progress=False))
+
+
+def test_scores_with_nothing_finite_are_refused_and_infinite_ones_warn():
+    model = tiny_model(n_layers=1)
+    data = make_dataset(model, n_prompts=3, n_shots=0, template_ids=("add-equation-0",), seed=2)
+    layout = GraphLayout.of(model)
+    hopeless = torch.where(layout.real_edge_mask, torch.inf, torch.nan)  # all tie: any top-n is arbitrary
+    with pytest.raises(InputError, match="None of the .* edge scores is finite .*rescore the edges"):
+        faithfulness_curve(model, hopeless, data, fractions=(0.5, 1.0), n_bootstrap=10, progress=False)
+    some = torch.where(layout.real_edge_mask, torch.rand(layout.n_forward, layout.n_backward), torch.nan)
+    some[tuple(layout.real_edge_mask.nonzero()[0].tolist())] = torch.inf
+    with pytest.warns(UserWarning, match="1 of the .* edge scores are infinite; they rank before every finite score"):
+        faithfulness_curve(model, some, data, fractions=(0.5, 1.0), n_bootstrap=10, progress=False)

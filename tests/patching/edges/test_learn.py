@@ -195,3 +195,19 @@ def test_bad_settings_are_refused_before_any_work():
     model, data = _setup("gpt2", None)
     with pytest.raises(ValueError, match="unexpected keyword"):
         learn_circuit(model, data, stepz=3)
+
+
+@pytest.mark.parametrize("bad", ["all_nan", "one_inf"])
+def test_a_warm_start_without_finite_scores_is_refused(bad):
+    from circuits.errors import InputError
+    from patching.edges.learn import learn_circuit
+
+    model = tiny_model(n_layers=1)
+    data = make_dataset(model, n_prompts=3, n_shots=0, template_ids=("add-equation-0",), seed=2)
+    layout = GraphLayout.of(model)
+    init = torch.full((layout.n_forward, layout.n_backward), torch.nan)
+    if bad == "one_inf":
+        init = torch.where(layout.real_edge_mask, torch.rand(init.shape), torch.nan)
+        init[tuple(layout.real_edge_mask.nonzero()[0].tolist())] = torch.inf
+    with pytest.raises(InputError, match="a warm start needs finite scores"):
+        learn_circuit(model, data, init=init, steps=2)

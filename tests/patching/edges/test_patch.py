@@ -48,3 +48,15 @@ def test_edge_patch_without_prefix_reuse_and_in_small_chunks_agrees(setup):
     slow = edge_patch(model, None, data, reuse_prefix=False, memory_mb=0.01, progress=False)
     assert len(fast.edges) == GraphLayout.of(model).n_edges
     torch.testing.assert_close(fast.per_prompt, slow.per_prompt, atol=2e-5, rtol=1e-4)
+
+
+def test_a_metric_that_ignores_the_logits_warns_that_every_edge_effect_is_zero():
+    from circuits.tasks import make_dataset
+    from patching.inputs import NoEffectWarning
+    from tests.tiny_models import tiny_model
+
+    model = tiny_model(n_layers=1)
+    data = make_dataset(model, n_prompts=3, n_shots=0, template_ids=("add-equation-0",), seed=2)
+    constant = lambda logits, answers, alts: torch.ones(logits.shape[0])  # noqa: E731
+    with pytest.warns(NoEffectWarning, match="Every edge-patching effect is exactly 0"):
+        edge_patch(model, None, data, metric=constant, progress=False)
