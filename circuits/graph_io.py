@@ -209,11 +209,12 @@ def graph_from_eap_dict(data: Any, source: str = "the circuit", *, model=None) -
         in_graph[f, b] = _flag(info.get("in_graph", False), f"edge {name!r}: in_graph", source)
     real = scores[layout.real_edge_mask]
     n_missing = int(torch.isnan(real).sum())
-    if n_missing and not torch.isnan(real).all():
+    if n_missing == layout.n_edges:  # a binary circuit without scores is still a circuit, but ranks nothing
+        warnings.warn(f"{source} gives no score for any of its {layout.n_edges} edges: it ranks nothing (a "
+                      f"faithfulness curve refuses it), and names a circuit of {int(in_graph.sum())} in-graph "
+                      "edges. Check that it is the file you meant.", stacklevel=2)
+    elif n_missing:
         warnings.warn(f"{source} gives no score for {n_missing} of {layout.n_edges} edges; they are NaN.", stacklevel=2)
-    elif n_missing and not in_graph.any():
-        warnings.warn(f"{source} holds neither a score nor an in-graph edge: it names no circuit and ranks "
-                      "nothing. Check that it is the file you meant.", stacklevel=2)
     n_inf = int(torch.isinf(real).sum())
     if n_inf:
         which = "all" if n_inf == layout.n_edges else str(n_inf)

@@ -103,16 +103,16 @@ def _prepare(path: Path, overwrite: bool) -> Path:
         raise OutputExistsError(f"Output path {path} exists and is not a folder; choose another --out.")
     replaced = None
     if path.is_dir() and not _holds_only_empty_folders(path):
-        if not overwrite:
-            status = (read_status(path) or "unknown status") if read_marker(path) else "not written by this toolkit"
-            raise OutputExistsError(
-                f"Output folder {path} already holds a run ({status}); pass --overwrite to replace it "
-                "or choose another --out."
-            )
-        if read_marker(path) is None:
+        if read_marker(path) is None:  # checked first: --overwrite would not help, so it is not suggested
             raise OutputExistsError(
                 f"Output folder {path} holds files this toolkit did not write (no {RUN_MARKER}); "
                 "--overwrite only replaces run folders the toolkit wrote: move it away yourself or choose another --out."
+            )
+        if not overwrite:
+            status = read_status(path) or "unknown status"
+            raise OutputExistsError(
+                f"Output folder {path} already holds a run ({status}); pass --overwrite to replace it "
+                "or choose another --out."
             )
         replaced = path.with_name(f"{path.name}.replaced-{datetime.now().strftime('%Y%m%d-%H%M%S-%f')}").absolute()
         os.replace(path, replaced)  # one rename: the old run is either here or there, never half-moved

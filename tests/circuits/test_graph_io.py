@@ -205,10 +205,13 @@ def test_a_score_beyond_float32_is_a_graph_file_error(tmp_path):
         load_eap_json(tmp_path / "big.json")
 
 
-def test_a_file_with_no_score_and_no_circuit_warns(tmp_path):
+@pytest.mark.parametrize("in_graph", [False, True])
+def test_a_file_with_no_score_at_all_warns(tmp_path, in_graph):
     data = graph_to_eap_dict(scored_graph())
     for edge in data["edges"].values():
-        edge["score"], edge["in_graph"] = None, False
+        edge["score"], edge["in_graph"] = None, in_graph
     (tmp_path / "empty.json").write_text(json.dumps(data))
-    with pytest.warns(UserWarning, match="holds neither a score nor an in-graph edge"):
+    n = len(data["edges"])
+    with pytest.warns(UserWarning, match=rf"gives no score for any of its {n} edges: it ranks nothing .*a circuit of "
+                                         rf"{n if in_graph else 0} in-graph edges"):
         load_eap_json(tmp_path / "empty.json")

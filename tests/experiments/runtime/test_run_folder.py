@@ -227,3 +227,13 @@ def test_a_failing_last_stage_keeps_earlier_results_and_nothing_stale(tiny_dir, 
     assert not (out / "report.html").exists() and not (out / "figures").exists()
     (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
     assert json.loads((aside / "results.json").read_text())["status"] == "complete"
+
+
+def test_a_foreign_folder_is_refused_without_suggesting_overwrite(tmp_path):
+    """--overwrite never replaces a folder the toolkit did not write, so the message must not suggest it."""
+    (tmp_path / "notes.txt").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(OutputExistsError, match="holds files this toolkit did not write") as info:
+            prepare_run_dir(tmp_path, overwrite=overwrite)
+        assert "pass --overwrite" not in str(info.value)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
