@@ -298,8 +298,7 @@ def save_state_dict(
     """
     path = refuse_existing(path, overwrite)
     tensors = _independent_cpu_tensors(state_dict)  # before the folder is made: a bad value leaves nothing behind
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
+    with atomic_path(path) as tmp:  # makes the parent folders, or says in one line why it cannot
         save_file(tensors, str(tmp), metadata=dict(metadata) if metadata else None)
     return Path(path)
 
