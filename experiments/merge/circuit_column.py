@@ -93,6 +93,10 @@ def _rank_correlation(run, task: str, rows: dict, n_bootstrap: int) -> dict:
     cpr = np.array([rows[n]["preserved_cpr"]["value"] for n in names])
     hits = [np.asarray(run.results["models"][n]["test"]["tasks"][task]["exact_hits"], dtype=float) for n in names]
     acc = np.array([h.mean() for h in hits])
+    constant = [what for what, v in (("preserved CPR", cpr), ("accuracy", acc)) if np.ptp(v) == 0]
+    if constant:  # Spearman's rho is undefined, not 0: say why instead of passing scipy's NaN on
+        return {"spearman": float("nan"), "undefined": f"{' and '.join(constant)} equal across the "
+                f"{len(names)} merged models", "n_methods": len(names)}
     value = float(spearmanr(cpr, acc)[0])
     g = np.random.default_rng(run.cfg.seed)
     n_circuit = len(rows[names[0]]["_curve"]["table"])

@@ -209,4 +209,19 @@ def test_the_circuit_column_looks_at_each_experts_circuit_inside_every_merge(tmp
         for row in task["methods"].values():
             assert {"preserved_cpr", "own_cpr", "jaccard", "spearman", "accuracy"} <= set(row)
         rank = task["preservation_predicts_accuracy"]
-        assert "skipped" in rank or rank["n_resamples"] == 0 or rank["low"] <= rank["high"]
+        assert "skipped" in rank or "undefined" in rank or rank["n_resamples"] == 0 or rank["low"] <= rank["high"]
+
+
+def test_a_rank_correlation_over_equal_accuracies_is_undefined_not_a_warning():
+    import types
+    import warnings
+
+    from experiments.merge.circuit_column import _rank_correlation
+
+    hits = {n: {"test": {"tasks": {"+": {"exact_hits": [1, 0, 1, 1]}}}} for n in ("a", "b", "c")}
+    run = types.SimpleNamespace(results={"models": hits}, cfg=types.SimpleNamespace(seed=0))
+    rows = {n: {"preserved_cpr": {"value": v}} for n, v in zip(("a", "b", "c"), (0.2, 0.5, 0.9))}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rank = _rank_correlation(run, "+", rows, n_bootstrap=10)
+    assert rank["undefined"] == "accuracy equal across the 3 merged models" and rank["spearman"] != rank["spearman"]
