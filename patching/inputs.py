@@ -152,9 +152,7 @@ def prompt_groups(
                 raise InputError(f"{name} contains ids outside the vocabulary 0..{vocab - 1}.")
         for name, tokens in (("reference", g.tokens), ("counterfactual", g.cf_tokens)):
             check_token_ids(model, tokens, f"{name} tokens")
-        if g.tokens.shape[1] > model.cfg.n_ctx:
-            raise InputError(f"Prompts of {g.tokens.shape[1]} tokens are longer than the model's context "
-                             f"({model.cfg.n_ctx} positions): use fewer shots or shorter prompts.")
+        check_fits_context(model, g.tokens.shape[1])
     if all(torch.equal(g.tokens, g.cf_tokens) for g in groups):
         warnings.warn("Every counterfactual prompt is identical to its reference prompt: every patching effect and "
                       "attribution score is exactly 0 by construction. Pass counterfactuals that differ from the "
@@ -176,6 +174,13 @@ def warn_if_no_effect(any_change: bool, groups: Sequence[PromptGroup], what: str
                   "metric does not read what patching changes (a constant, or a value detached from the logits), or "
                   "the patched components are inert. Use a metric of the END logits such as 'logit' or 'logit_diff'.",
                   NoEffectWarning, stacklevel=3)
+
+
+def check_fits_context(model: HookedTransformer, n_tokens: int) -> None:
+    """Raise :class:`InputError` if prompts of ``n_tokens`` tokens do not fit the model's positions."""
+    if n_tokens > model.cfg.n_ctx:
+        raise InputError(f"Prompts of {n_tokens} tokens are longer than the model's context "
+                         f"({model.cfg.n_ctx} positions): use fewer shots or shorter prompts.")
 
 
 def check_token_ids(model: HookedTransformer, tokens: Tensor, name: str = "tokens") -> None:

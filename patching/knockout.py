@@ -53,7 +53,7 @@ from circuits.pools import pool_dataset
 from circuits.tasks import TaskBatch, iter_batches
 from patching import forward
 from patching import knockout_fast as _fast
-from patching.inputs import check_finite_weights
+from patching.inputs import check_finite_weights, check_fits_context
 from patching.results import KnockoutCurve, NodeScores
 
 DEFAULT_POOL = 512  # pool prompts the means are averaged over (shared among the evaluated layouts)
@@ -113,17 +113,14 @@ def _common_prefix(tokens: Tensor) -> int:
     return min(first, tokens.shape[1] - 1)
 
 
-@torch.no_grad()
 def check_model_and_prompts(model: HookedTransformer, dataset: Dataset) -> None:
     """Refuse NaN/Inf weights (every knockout would read 0 % correct) and prompts beyond the model's context."""
     check_finite_weights(model)
-    longest = max((len(t) for column in ("tokens", "cf_tokens") if column in dataset.column_names
-                   for t in dataset[column]), default=0)
-    if longest > model.cfg.n_ctx:
-        raise InputError(f"Prompts of up to {longest} tokens are longer than the model's context "
-                         f"({model.cfg.n_ctx} positions): use fewer shots or shorter prompts.")
+    check_fits_context(model, max((len(t) for column in ("tokens", "cf_tokens") if column in dataset.column_names
+                                   for t in dataset[column]), default=0))
 
 
+@torch.no_grad()
 def mean_activations(
     model: HookedTransformer,
     dataset: Dataset,

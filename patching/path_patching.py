@@ -116,7 +116,7 @@ def path_patch(
         method = "hooks"  # the END-only shortcut holds only for logits receivers and sequential blocks
 
     total = torch.zeros(len(senders), dtype=torch.float64)
-    base_total, n_prompts, per_prompt, any_change = 0.0, 0, [], False
+    base_total, n_prompts, per_prompt = 0.0, 0, []
     bar = tqdm(total=len(groups) * len(senders), desc=f"path patching ({method})", disable=not progress, leave=False)
     for group in groups:
         if method == "fast":
@@ -126,12 +126,11 @@ def path_patch(
             patched, base = _hooks_group(model, group, senders, metric, freeze_mlps,
                                          None if to_logits else (receivers, receiver_input), bar)
         per_prompt.append((patched - base[None]).double().cpu())
-        any_change = any_change or bool((patched != base[None]).any())
         total += per_prompt[-1].sum(-1)
         base_total += float(base.double().sum())
         n_prompts += len(group)
     bar.close()
-    inputs.warn_if_no_effect(any_change, groups, "path-patching")
+    inputs.warn_if_no_effect(any(bool(d.any()) for d in per_prompt), groups, "path-patching")
     effects = (total / n_prompts).float()
     heads = torch.full((model.cfg.n_layers, model.cfg.n_heads), float("nan"))
     mlps = torch.full((model.cfg.n_layers,), float("nan"))

@@ -172,7 +172,7 @@ def edge_patch(
         raise InputError("No edges to patch.")
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
                                   batch_size=opts.batch_size)
-    per_group, base_total, n_prompts, seconds, any_change = [], 0.0, 0, {}, False
+    per_group, base_total, n_prompts, seconds = [], 0.0, 0, {}
     bar = tqdm(total=len(groups) * len(pairs), desc="edge patching", disable=not opts.shows_progress(), leave=False)
     with edge_mode(model):
         fast = fast and fast_path_problem(model) is None
@@ -183,11 +183,10 @@ def edge_patch(
             clock.lap("reference runs")
             patched = runs.patch(pairs, opts.budget(), bar, clock)
             per_group.append((patched - runs.base[None]).double().cpu())
-            any_change = any_change or bool((patched != runs.base[None]).any())
             base_total += float(runs.base.double().sum())
             n_prompts += len(group)
     bar.close()
-    inputs.warn_if_no_effect(any_change, groups, "edge-patching")
+    inputs.warn_if_no_effect(any(bool(d.any()) for d in per_group), groups, "edge-patching")
     return EdgeEffects(layout, pairs, torch.cat(per_group, dim=1), metric.name, base_total / n_prompts, seconds)
 
 
