@@ -36,6 +36,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -275,7 +276,10 @@ def _build_into(entry: OfflineModel, directory: Path, manifest_extra: dict[str, 
             model_cache.write_manifest(staged, extra=manifest_extra)
             model_cache.publish_dir(staged, directory)
         bar.update(bar.total - bar.n)
-    logger.info("built %s cache in %.0f s", entry.name, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    logger.info("built %s cache in %.0f s", entry.name, seconds)
+    tqdm.write(f"built the {entry.name} cache in {seconds:.0f} s at {directory} (first load only; later loads read it)",
+               file=sys.stderr)
 
 
 def _stepper(bar: tqdm, name: str) -> gguf_models.Stage:

@@ -13,7 +13,7 @@
    Spearman rank agreement with exact activation patching (every head) and path patching.
 6. Times the knockout curve's sets (top-k heads by path patching and k random heads,
    ``--knockout-seeds`` per k, means over a pool of other prompts) with ``patching.knockout``'s
-   fast path, with the fast path minus its top-1 pruning and shared suffix starts, and with the
+   fast path, with the fast path minus its screened top-1 (float32 argmax) and shared suffix starts, and with the
    plain hook implementation (one full forward per knockout set) on the same prompts and means,
    and checks that every per-prompt hit is equal (``--knockout-only`` runs just this arm).
 7. Prints the speed-up ratios and writes everything to ``<out>/results.json`` (atomic writes, after every
@@ -202,15 +202,15 @@ def compare_sweeps(model, batch: TaskBatch, cfg: BenchPatchingConfig) -> tuple[d
 
 
 KNOCKOUT_VARIANTS = {  # name: knockout_correct options, timed side by side on the same prompts and means
-    "fast": {"method": "prefix"},  # the default: shared starts, no pruned top-1
-    "fast_pruned_top1": {"method": "prefix", "prune_top1": True},
-    "fast_no_prune_no_share": {"method": "prefix", "prune_top1": False, "share_starts": False},
+    "fast": {"method": "prefix"},  # the default: shared starts, screened top-1
+    "fast_full_argmax": {"method": "prefix", "screen_argmax": False},
+    "fast_no_screen_no_share": {"method": "prefix", "screen_argmax": False, "share_starts": False},
     "hooks": {"method": "hooks"},
 }
 
 
 def knockout_arm(model, data, path, n_seeds: int) -> dict:
-    """The knockout curve: the fast path, the fast path without its top-1 pruning and shared starts, plain hooks.
+    """The knockout curve: the fast path, the fast path without its screened top-1 and shared starts, plain hooks.
 
     Same prompts, same pooled means; every per-prompt hit of each variant is compared with the hooks'.
     """
@@ -231,16 +231,16 @@ def knockout_arm(model, data, path, n_seeds: int) -> dict:
         print(f"knockout curve ({name}, {len(sets)} sets x {len(data)} prompts): {seconds[name]:.1f} s")
     equal = {name: bool(torch.equal(h, hits["hooks"])) for name, h in hits.items()}
     speedup = {name: seconds["hooks"] / t for name, t in seconds.items()}
-    pruned = stats["fast_pruned_top1"]
-    full = pruned.get("full", 0) / max(1, pruned.get("rows", 0))
-    print(f"knockout curve speed-up vs plain hooks: fast {speedup['fast']:.1f}x, with the pruned top-1 "
-          f"{speedup['fast_pruned_top1']:.1f}x, without pruning and shared starts "
-          f"{speedup['fast_no_prune_no_share']:.1f}x; hits equal to the hooks': {equal}; full-vocabulary unembedding "
+    screened = stats["fast"]
+    full = screened.get("full", 0) / max(1, screened.get("rows", 0))
+    print(f"knockout curve speed-up vs plain hooks: fast {speedup['fast']:.1f}x, with the float32 argmax "
+          f"{speedup['fast_full_argmax']:.1f}x, without the screen and shared starts "
+          f"{speedup['fast_no_screen_no_share']:.1f}x; hits equal to the hooks': {equal}; full float32 unembedding "
           f"needed for {full:.1%} of the ablated rows; means over {means.n_prompts} pool prompts took {t_means:.1f} s")
     accuracy = hits["fast"].double().mean(1)
     return {"n_seeds": n_seeds, "n_sets": len(sets), "n_pool": means.n_prompts, "seconds_means": t_means,
             "seconds": seconds, "speedup_vs_hooks": speedup, "equal_hits_vs_hooks": equal,
-            "fast_stats": pruned, "full_unembedding_fraction": full,
+            "fast_stats": screened, "full_unembedding_fraction": full,
             "seconds_fast": seconds["fast"], "seconds_hooks": seconds["hooks"], "speedup": speedup["fast"],
             "equal_accuracies": equal["fast"], "sets": [[str(n) for n in s] for s in sets],
             "accuracy_per_set": accuracy.tolist()}

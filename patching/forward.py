@@ -24,20 +24,31 @@ from torch import Tensor
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 from transformer_lens import utils as tl_utils
 
+from circuits.prefix_cache import (  # noqa: F401  (re-exported)
+    PrefixCache, TiledKVCache, model_prefix_cache, prefix_kv_cache, run_after_shared_prefix,
+)
+
 @torch.no_grad()
 def end_cache(
-    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], names: Sequence[str]
+    model: HookedTransformer, tokens: Int[Tensor, "batch pos"], names: Sequence[str], *, share_prefix: bool = True
 ) -> tuple[dict[str, Tensor], Float[Tensor, "batch d_model"]]:
     """Run ``tokens`` once; keep the END position of each named activation and the final END residual.
 
-    Slicing inside the hook keeps memory at one position per activation.
+    Slicing inside the hook keeps memory at one position per activation. With ``share_prefix``, the
+    leading positions every row shares (a template's few-shot lines) run once for the batch
+    (:func:`prefix_kv_cache`), and only the rest per row; END values equal the plain run's up to
+    float rounding.
     """
     store: dict[str, Tensor] = {}
 
     def keep(act, *, hook):
         store[hook.name] = act[:, -1].clone()
 
-    resid = model.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names], stop_at_layer=model.cfg.n_layers)
+    hooks = [(n, keep) for n in names]
+    if share_prefix:
+        resid, _ = run_after_shared_prefix(model, tokens, hooks)
+    else:
+        resid = model.run_with_hooks(tokens, fwd_hooks=hooks, stop_at_layer=model.cfg.n_layers)
     return store, resid[:, -1]
 
 
@@ -67,15 +78,19 @@ def shared_prefix_length(tokens: Int[Tensor, "batch pos"], cf_tokens: Int[Tensor
 
 
 @torch.no_grad()
-def prefix_kv_cache(model: HookedTransformer, tokens: Int[Tensor, "batch prefix"]) -> list[TransformerLensKeyValueCacheEntry]:
-    """Every layer's keys and values over a token prefix (one forward of the prefix).
+def prefix_run(
+    model: HookedTransformer, tokens: Int[Tensor, "batch prefix"], names: Sequence[str]
+) -> tuple[dict[str, Tensor], list[TransformerLensKeyValueCacheEntry]]:
+    """One forward of a token prefix: the named activations at every position and every layer's keys/values."""
+    store: dict[str, Tensor] = {}
 
-    The blocks start from the embedding (``start_at_layer=0``) rather than from tokens, which
-    skips TransformerLens' tokenizer-based attention mask: the prompts are unpadded.
-    """
+    def keep(act, *, hook):
+        store[hook.name] = act.clone()
+
     cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, tokens.shape[0])
-    model(model(tokens, stop_at_layer=0), start_at_layer=0, stop_at_layer=model.cfg.n_layers, past_kv_cache=cache)
-    return cache.entries
+    model.run_with_hooks(model(tokens, stop_at_layer=0), start_at_layer=0, stop_at_layer=model.cfg.n_layers,
+                         fwd_hooks=[(n, keep) for n in names], past_kv_cache=cache)
+    return store, cache.entries
 
 
 @torch.no_grad()
@@ -101,31 +116,6 @@ def suffix_cache(
     resid = model.run_with_hooks(embedded, start_at_layer=0, stop_at_layer=model.cfg.n_layers,
                                  fwd_hooks=[(n, keep) for n in names], past_kv_cache=TiledKVCache(prefix_kv, 1))
     return store, resid[:, -1]
-
-
-class TiledKVCache:
-    """A prefix's per-layer keys/values tiled ``times`` along the batch (row ``i * batch + b``), built lazily.
-
-    A prefix of batch 1 (one prompt's, shared by all rows) is broadcast as a view instead of copied.
-
-    TransformerLens reads ``past_kv_cache[layer]`` once per block, so building each layer's
-    frozen tiled entry on access keeps one layer's copy alive at a time instead of all of them
-    (for a 7B model and a long few-shot prefix the full set would be many GB per chunk).
-    """
-
-    def __init__(self, entries: Sequence[TransformerLensKeyValueCacheEntry], times: int):
-        self.entries, self.times = list(entries), times
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-    def __getitem__(self, layer: int) -> TransformerLensKeyValueCacheEntry:
-        e = self.entries[layer]
-        if e.past_keys.shape[0] == 1:  # one shared prefix: a broadcast view, no copy
-            return TransformerLensKeyValueCacheEntry(e.past_keys.expand(self.times, -1, -1, -1),
-                                                     e.past_values.expand(self.times, -1, -1, -1), frozen=True)
-        return TransformerLensKeyValueCacheEntry(e.past_keys.repeat(self.times, 1, 1, 1),
-                                                 e.past_values.repeat(self.times, 1, 1, 1), frozen=True)
 
 
 def act_names(kind: str, layers: Sequence[int]) -> list[str]:

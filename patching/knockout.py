@@ -21,8 +21,8 @@ of them, so their mean *is* the clean activation: knocking a node out changes
 nothing there. :func:`knockout_correct` computes that prefix's keys/values once
 per layout, runs only the later positions, many knockout sets per batched forward
 (sets stacked along the batch), runs suffix starts shared by several prompts once,
-and decides top-1 at END with an exact bound instead of the full vocabulary where it
-can (:mod:`patching.knockout_fast`). ``method="hooks"`` runs the plain
+and decides top-1 at END by a certified bfloat16 screen of the vocabulary instead of the
+full float32 unembedding (:mod:`patching.knockout_fast`). ``method="hooks"`` runs the plain
 implementation (one full forward per set and batch) for comparison.
 
 :func:`knockout_curve` validates a ranking: knock out the top-k heads by
@@ -46,7 +46,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.arguments import check_positive_int
 from circuits.errors import InputError, ToolkitError
-from circuits.end_logits import top1_correct, unembed_end
+from circuits.end_logits import top1_correct
 from circuits.nodes import Head, Node, all_heads, validate_nodes
 from circuits.stats import bootstrap_two_way, paired_difference, proportion
 from circuits.pools import pool_dataset
@@ -146,25 +146,33 @@ def mean_activations(
     if not names:
         return out
     device = model.cfg.device
-    for layout, rows in _layouts(dataset).items():
-        tokens = torch.tensor(dataset.select(rows)[column], device=device)
-        prefix = _common_prefix(tokens)
-        sums = {n: 0.0 for n in names}
-        head, prefix_kv = {}, None
-        if prefix:
-            head, _ = forward.full_cache(model, tokens[:1, :prefix], names)
-            prefix_kv = forward.prefix_kv_cache(model, tokens[:1, :prefix])
-        for sl in forward.chunks(len(rows), batch_size):
-            chunk = tokens[sl]
-            acts, _ = _suffix_run(model, model(chunk, stop_at_layer=0)[:, prefix:], prefix_kv, names)
+    layouts = _layouts(dataset)
+    all_tokens = dataset[column]
+    by_template: dict[str, list[Layout]] = {}
+    for layout in layouts:
+        by_template.setdefault(layout[0], []).append(layout)
+    for template, group in by_template.items():
+        # the positions every row of the template shares (its few-shot prefix) run once for all its layouts
+        rows_of = [i for layout in group for i in layouts[layout]]
+        shortest = min(len(all_tokens[i]) for i in rows_of)
+        stacked = torch.tensor([all_tokens[i][:shortest] for i in rows_of], device=device)
+        prefix = _common_prefix(stacked)
+        head, prefix_kv = forward.prefix_run(model, stacked[:1, :prefix], names) if prefix else ({}, None)
+        for layout in group:
+            rows = layouts[layout]
+            tokens = torch.tensor([all_tokens[i] for i in rows], device=device)
+            sums = {n: 0.0 for n in names}
+            for sl in forward.chunks(len(rows), batch_size):
+                acts, _ = _suffix_run(model, model(tokens[sl], stop_at_layer=0)[:, prefix:], prefix_kv, names)
+                for n in names:
+                    sums[n] = sums[n] + acts[n].double().sum(0)
+            means = {}
             for n in names:
-                sums[n] = sums[n] + acts[n].double().sum(0)
-        means = {}
-        for n in names:
-            tail = sums[n] / len(rows)
-            full = tail if not prefix else torch.cat([head[n][0].double(), tail], 0)
-            means[n] = full.to(model.cfg.dtype)
-        out.means[layout], out.counts[layout], out.shared[layout] = means, len(rows), tokens[0, :prefix].cpu()
+                tail = sums[n] / len(rows)
+                full = tail if not prefix else torch.cat([head[n][0].double(), tail], 0)
+                means[n] = full.to(model.cfg.dtype)
+            out.means[layout], out.counts[layout] = means, len(rows)
+            out.shared[layout] = tokens[0, :_common_prefix(tokens)].cpu()
     return out
 
 
@@ -257,7 +265,7 @@ def knockout_correct(
     method: str = "prefix",
     batch_size: int = 32,
     memory_mb: float = 1024.0,
-    prune_top1: bool = False,
+    screen_argmax: bool = True,
     share_starts: bool = True,
     stats: Optional[dict] = None,
     progress: bool = False,
@@ -266,10 +274,10 @@ def knockout_correct(
 
     An empty set scores the unablated model. ``means`` defaults to :func:`pool_means` over every
     node of the sets (``n_pool`` prompts, ``seed``); it is checked by :func:`check_means`.
-    ``method="prefix"`` is the fast path (module docstring; ``prune_top1`` and ``share_starts``
+    ``method="prefix"`` is the fast path (module docstring; ``screen_argmax`` and ``share_starts``
     switch its savings 3 and 2 of :mod:`patching.knockout_fast`), ``"hooks"`` the plain
-    implementation. ``stats``, a dict, receives how many ablated rows the fast path scored and how
-    many of them needed the full-vocabulary unembedding.
+    implementation (full forwards, float32 unembedding). ``stats``, a dict, receives how many
+    ablated rows the fast path scored and how many of them needed the full float32 unembedding.
     """
     if method not in METHODS:
         raise InputError(f"Unknown knockout method {method!r}: use one of {METHODS}.")
@@ -290,11 +298,13 @@ def knockout_correct(
         for s, nodes in enumerate(tqdm(sets, desc="knockout (hooks)", disable=not progress, leave=False)):
             for batch in iter_batches(dataset, batch_size, device=model.cfg.device):
                 hooks = knockout_hooks(model, batch, templates, nodes, means) if nodes else []
-                correct[s, batch.indices] = top1_correct(model, batch.tokens, batch.answer_ids, fwd_hooks=hooks).cpu()
+                correct[s, batch.indices] = top1_correct(model, batch.tokens, batch.answer_ids, fwd_hooks=hooks,
+                                                         screen=False).cpu()
         return correct
     selections = _selections(model, sets)
     layouts = _layouts(dataset)
-    fast = {"prune": prune_top1, "split": share_starts, "stats": stats if stats is not None else {}}
+    fast = {"screen": screen_argmax, "split": share_starts, "stats": stats if stats is not None else {},
+            "prefixes": forward.model_prefix_cache(model)}  # layouts of one template share their few-shot prefix
     bar = tqdm(total=len(layouts), desc="knockout", disable=not progress, leave=False)
     for layout, rows in layouts.items():
         # sets are stacked along the batch within memory_mb, and more rows per chunk widen the shared
@@ -333,11 +343,11 @@ def _layout_correct(model, data: Dataset, layout, selections, n_sets, means, mem
         shared = means.shared[layout].to(device)
         agree = (tokens[:, : shared.shape[0]] == shared[None, : n_pos]).all(0)
         prefix = min(prefix, int((~agree).nonzero()[0]) if (~agree).any() else shared.shape[0])
-    prefix_kv = forward.prefix_kv_cache(model, tokens[:1, :prefix]) if prefix else None
+    prefix_kv = fast["prefixes"](tokens[:1, :prefix]) if prefix else None
     x = model(tokens, stop_at_layer=0)[:, prefix:]
     starts = _first_layers(selections, n_sets, L)
     clean, clean_final = _suffix_run(model, x, prefix_kv, forward.act_names("resid_pre", sorted(set(starts) - {L})))
-    anchor = _fast.Top1Anchor(model, clean_final, answers, prune=fast["prune"])
+    anchor = _fast.Top1Anchor(model, clean_final, answers, screen=fast["screen"])
     split = _fast.choose_split(tokens[:, prefix:]) if fast["split"] else None
     out = torch.zeros(n_sets, B, dtype=torch.bool)
     out[[s for s in range(n_sets) if starts[s] == L]] = anchor.clean_hits.cpu()

@@ -12,14 +12,10 @@ exact (the same hits as the plain hook implementation, up to float rounding at e
    suffix tokens (e.g. the first operand of "A + B = ") have the same activations there under
    the same knockout set (attention is causal). Those positions run once per distinct start,
    their keys/values are gathered to every row, and only the remaining positions run per row.
-3. **Pruned top-1** (:class:`Top1Anchor`). Unembedding END against gemma's 262k-token
-   vocabulary costs as much as ~1.7 positions of the model. The clean END logits of each prompt
-   are computed once; an ablated run's logits differ from them by ``Δh · w_t`` (``Δh`` the
-   change of the normalised END residual), and ``|Δh · w_t| <= |Δh| |w_t|``. So every token
-   whose clean logit is below ``answer logit - |Δh| max_t |w_t|`` provably loses; only the few
-   remaining candidates get exact logits; a candidate that beats the answer decides a miss.
-   Rows where neither decides, near-ties (within ``tie_margin``), and models with a logit
-   soft-cap take the full unembedding.
+3. **Screened top-1** (:class:`Top1Anchor`). Unembedding END against gemma's 262k-token
+   vocabulary costs as much as ~1.7 positions of the model. The argmax is found by a bfloat16
+   product with a certified error bound and exact float32 logits for the few tokens the bound
+   cannot exclude (:func:`circuits.end_logits.end_argmax`); near-ties take the full float32 row.
 """
 
 from __future__ import annotations
@@ -31,84 +27,34 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
-from transformer_lens.utilities.activation_functions import softcap_enabled
 
-from circuits.end_logits import unembed_end
+from circuits.end_logits import end_argmax
 from patching import forward
 
-MAX_CANDIDATES = 512  # candidate tokens per row scored exactly before falling back to the full vocabulary
-ANCHOR_TOP = 4096
-GATHER_ROWS = 128  # rows whose candidates' unembedding columns are gathered at once  # clean logits kept per prompt (the rest are bounded by the smallest of these)
 
-
-# ---------------------------------------------------------------------------- pruned top-1
-
-
-def _normed(model: HookedTransformer, resid_end: Float[Tensor, "rows d_model"]) -> Float[Tensor, "rows d_model"]:
-    if model.cfg.normalization_type is not None:
-        return model.ln_final(resid_end[:, None, :])[:, 0, :]
-    return resid_end
+# ---------------------------------------------------------------------------- top-1 at END
 
 
 class Top1Anchor:
-    """Clean END state of ``B`` prompts, to decide top-1 hits of ablated runs of the same prompts cheaply and exactly.
+    """Clean END hits of ``B`` prompts, and top-1 hits of their ablated runs by the screened argmax.
 
     ``hits(resid_end)`` takes ``[k * B, d_model]`` final END residuals (set-major: row ``j * B + b``
     is prompt ``b``) and returns whether each answer is the full-vocabulary argmax, as
-    ``unembed_end(...).argmax(-1) == answer`` would (module docstring, saving 3). ``stats``
-    counts the rows decided by the bound and by the full unembedding.
+    ``unembed_end(...).argmax(-1) == answer`` would (:func:`circuits.end_logits.end_argmax`; ``screen=False``:
+    the plain float32 unembedding). ``stats`` counts the rows scored and those that needed the full
+    float32 unembedding.
     """
 
     def __init__(self, model: HookedTransformer, clean_end: Float[Tensor, "batch d_model"], answers: Int[Tensor, "batch"],
-                 *, prune: bool = True, n_top: int = ANCHOR_TOP, tie_margin: float = 1e-3):
-        self.model, self.answers, self.tie_margin = model, answers, tie_margin
-        logits = unembed_end(model, clean_end)
-        self.clean_hits = logits.argmax(-1) == answers
-        # a soft-cap could turn distinct logits into float ties; keep the plain argmax there
-        self.prune = bool(prune and not softcap_enabled(model.cfg.output_logits_soft_cap))
+                 *, screen: bool = True):
+        self.model, self.answers, self.screen = model, answers, screen
+        self.clean_hits = end_argmax(model, clean_end, screen=screen) == answers
         self.stats = {"rows": 0, "full": 0}
-        if self.prune:
-            self.h = _normed(model, clean_end)
-            n_top = min(n_top, logits.shape[-1])
-            self.top_values, self.top_ids = logits.topk(n_top, dim=-1)  # descending
-            self.w_norm_max = model.W_U.norm(dim=0).max()
 
     @torch.no_grad()
     def hits(self, resid_end: Float[Tensor, "rows d_model"]) -> Bool[Tensor, "rows"]:
-        B = self.answers.shape[0]
-        k = resid_end.shape[0] // B
-        answers = self.answers.repeat(k)
-        self.stats["rows"] += resid_end.shape[0]
-        if not self.prune:
-            self.stats["full"] += resid_end.shape[0]
-            return unembed_end(self.model, resid_end).argmax(-1) == answers
-        W_U, b_U = self.model.W_U, self.model.b_U
-        h = _normed(self.model, resid_end)
-        answer_logit = (h * W_U[:, answers].T).sum(-1) + b_U[answers]
-        margin = self.tie_margin * (1 + answer_logit.abs())
-        slack = (h.view(k, B, -1) - self.h).norm(dim=-1).flatten() * self.w_norm_max
-        # a token's ablated logit is at most its clean logit + slack: candidates are those it cannot rule out
-        threshold = answer_logit - margin - slack
-        values, ids = self.top_values.repeat(k, 1), self.top_ids.repeat(k, 1)
-        n_cand = (values >= threshold[:, None]).sum(-1)
-        provable = (values[:, -1] < threshold) & (n_cand <= MAX_CANDIDATES)  # the rest of the vocabulary is below
-        out = torch.zeros_like(answers, dtype=torch.bool)
-        decided = torch.zeros_like(out)
-        for sl in forward.chunks(len(answers), GATHER_ROWS):
-            # exact logits of each row's top clean tokens: its candidates, or (when the bound proves
-            # nothing) the tokens most likely to beat the answer, which decide a miss just as well
-            m = int(n_cand[sl].clamp(1, MAX_CANDIDATES).max())
-            cand = ids[sl, :m]
-            logits = torch.einsum("rd,rmd->rm", h[sl], W_U.T[cand]) + b_U[cand]
-            best = logits.masked_fill(cand == answers[sl, None], float("-inf")).max(-1).values
-            lead = answer_logit[sl] - best
-            out[sl] = lead > margin[sl]
-            decided[sl] = (lead < -margin[sl]) | ((lead > margin[sl]) & provable[sl])
-        rest = (~decided).nonzero()[:, 0]
-        if len(rest):
-            self.stats["full"] += len(rest)
-            out[rest] = unembed_end(self.model, resid_end[rest]).argmax(-1) == answers[rest]
-        return out
+        k = resid_end.shape[0] // self.answers.shape[0]
+        return end_argmax(self.model, resid_end, screen=self.screen, stats=self.stats) == self.answers.repeat(k)
 
 
 # ---------------------------------------------------------------------------- shared suffix starts

@@ -56,6 +56,7 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens import utils as tl_utils
 
+from circuits.prefix_cache import run_after_shared_prefix
 from circuits.arguments import check_positive_int
 from circuits.errors import InputError
 from circuits.arguments import check_option
@@ -199,8 +200,7 @@ def _end_streams(model: HookedTransformer, tokens: Tensor) -> dict[str, Float[Te
     missing = [n for n, _ in hooks if n not in model.hook_dict]
     if missing:
         raise InputError(f"The model lacks hook points {missing[:3]}...; probes need a model with MLPs (not attn-only).")
-    with model.hooks(fwd_hooks=hooks):
-        model(tokens, stop_at_layer=model.cfg.n_layers)  # stop before the 262k-vocab unembedding
+    run_after_shared_prefix(model, tokens, hooks)  # few-shot lines once; stops before the 262k-vocab unembedding
     return {kind: torch.stack([store[tl_utils.get_act_name(kind, l)] for l in range(model.cfg.n_layers)], 1)
             for kind in names}
 

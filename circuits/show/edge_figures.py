@@ -109,7 +109,8 @@ def edge_circuit_figure(
         group = [n for n in heads if roles.get(n, "other") == label]
         if group:
             fig.add_trace(go.Scatter(
-                x=[pos[n][0] for n in group], y=[pos[n][1] for n in group], mode="markers+text", text=group,
+                x=[pos[n][0] for n in group], y=[pos[n][1] for n in group], mode="markers+text",
+                text=[_head_label(n) for n in group],  # the report's one naming of heads (L10H0), not the graph's a10.h0
                 textposition="top center", name=f"{label} heads" if head_roles else "heads",
                 marker=dict(size=16, color=CLASS_COLORS[label],
                             line=dict(width=[3.5 if n in ringed else 1 for n in group],
@@ -133,6 +134,12 @@ def edge_circuit_figure(
     fig.update_layout(title=f"{title}<br><sup>{subtitle}</sup>", height=max(360, 60 * layout.n_heads + 240),
                       plot_bgcolor="white")
     return fig
+
+
+def _head_label(node: str) -> str:
+    """``a10.h0`` (the EAP-IG graph's node name) as ``L10H0`` (how :class:`circuits.nodes.Head` prints)."""
+    layer, head = node[1:].split(".h")
+    return f"L{layer}H{head}"
 
 
 def _dense_scores(scores) -> np.ndarray:

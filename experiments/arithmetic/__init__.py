@@ -28,13 +28,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import sys
 
-import torch
-
+# only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
 from circuits.templates import resolve_operation
-from experiments.arithmetic import stages
-from experiments.arithmetic.config import MIN_READABLE, PipelineConfig  # noqa: F401  (MIN_READABLE: the tests' threshold)
-from experiments.arithmetic.report import summary, write_run_report
+from experiments.arithmetic.config import MIN_READABLE, QUICK, PipelineConfig  # noqa: F401  (MIN_READABLE: the tests' threshold)
 from experiments.runtime import ModelLoader, Run, cli, run_experiment
 
 logger = logging.getLogger("experiments")
@@ -48,8 +46,14 @@ def build_parser(op: str) -> argparse.ArgumentParser:
 
 
 def parse_config(op: str, argv: list[str] | None = None) -> PipelineConfig:
-    """CLI flags for every field of :class:`PipelineConfig` (``--help`` lists the defaults)."""
-    return cli.parse_config(build_parser(op), PipelineConfig, argv, op=op)
+    """CLI flags for every field of :class:`PipelineConfig` (``--help`` lists the defaults).
+
+    ``--quick`` swaps in the defaults of :data:`experiments.arithmetic.config.QUICK`; flags given beside it win.
+    """
+    parser = build_parser(op)
+    if "--quick" in (sys.argv[1:] if argv is None else argv):
+        parser.set_defaults(**QUICK)
+    return cli.parse_config(parser, PipelineConfig, argv, op=op)
 
 
 def run(cfg: PipelineConfig, *, loader: ModelLoader | None = None) -> dict:
@@ -59,9 +63,19 @@ def run(cfg: PipelineConfig, *, loader: ModelLoader | None = None) -> dict:
                           results={"experiment": name, "settings": dataclasses.asdict(cfg)})
 
 
-@torch.no_grad()
 def _stages(run: Run) -> None:
+    import torch
+
+    with torch.no_grad():
+        _run_stages(run)
+
+
+def _run_stages(run: Run) -> None:
+    from experiments.arithmetic import stages
+    from experiments.arithmetic.report import summary, write_run_report
+
     cfg = run.settings
+    run.timer.plan = plan(cfg)
     model = run.load_model()
     stages.check_settings_against_model(cfg, model)                   # 0. flags only the model can check
     pipeline = stages.PipelineRun(cfg, model, run.out, run.timer, run.results)
@@ -85,7 +99,16 @@ def _stages(run: Run) -> None:
     with run.stage("report"):  # a failure here is recorded as failed: report: <why>, the stages' results kept
         write_run_report(pipeline, prompts, roles, probes)
     print(summary(run.results))
+    print(f"stage times:\n{run.timer.table()}", file=sys.stderr)
     print(f"report: {run.out / 'report.html'}")
+
+
+def plan(cfg: PipelineConfig) -> list[str]:
+    """The stages a run with these settings goes through, in order (their names as in results.json ``seconds``)."""
+    return ["load model", "data", "path patching", "knockout", "knockout on transfer formats", "attention reads",
+            "MLP probes and logit lens", *(["edge attribution", "faithfulness curves"] if cfg.circuit_prompts else []),
+            *(["AF1 grid"] if cfg.af1_stride else []), *(["precise SFT"] if cfg.finetune else []),
+            *(["static figures"] if cfg.figures else []), "report"]
 
 
 def main(op: str, argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:

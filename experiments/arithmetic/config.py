@@ -14,6 +14,10 @@ from experiments.runtime.settings import RunSettings
 
 MIN_READABLE = 20  # fewer prompts than this and a stage's numbers are noise: the report says so instead
 
+#: ``--quick``: every stage on few prompts, a preview in about a minute (flags given beside it still win)
+QUICK = {"n_prompts": 48, "knockout_prompts": 16, "knockout_ks": "1,4", "knockout_seeds": 3, "knockout_pool": 128,
+         "transfer_prompts": 8, "af1_prompts": 20, "af1_stride": 6, "circuit_prompts": 16}
+
 
 @dataclass(frozen=True)
 class PipelineConfig(RunSettings):
@@ -36,6 +40,8 @@ class PipelineConfig(RunSettings):
     af1_prompts: int = option(55, "prompts for the AF1 grid (55 = every one-digit sum below 10)", type=cli.positive_int)
     circuit_prompts: int = option(40, "correct prompts for the EAP-IG edge circuit, half to score and choose, half to "
                                       "report (0: skip)", type=cli.nonnegative_int)
+    quick: bool = option(False, "a preview in about a minute: every stage on few prompts (" + ", ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items()) + "); the report says its numbers are a preview")
     finetune: bool = option(False, "also tune the key heads with precise SFT and report accuracy before/after")
     finetune_steps: int = option(30, "optimizer steps of that precise SFT run", type=cli.positive_int)
     batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)

@@ -14,6 +14,7 @@ this run's captions, a notice for each stage whose sample is too small to read
 from __future__ import annotations
 
 import dataclasses
+import html
 import math
 from collections import Counter
 from typing import TYPE_CHECKING, Mapping, Sequence
@@ -83,6 +84,7 @@ def run_report(
     notes: str | None = None,
     captions: Mapping[str, str] | None = None,
     notices: Sequence[str] = (),
+    found: Sequence[str] = (),
 ) -> Report:
     """The standard sections of an arithmetic-circuit run; each is skipped when its inputs are ``None``/empty.
 
@@ -90,14 +92,18 @@ def run_report(
     :func:`circuits.analyze.attention.classify_heads`. Figures come from any package (patching, ...).
     Every figure gets a caption: ``captions[key]`` (keys of :data:`CAPTIONS`; ``attention_figures``
     take ``attention_roles`` then ``attention_all_heads``) or the default of :data:`CAPTIONS`.
-    ``notices`` (e.g. a sample too small to read) are highlighted right under the summary.
+    ``notices`` (e.g. a sample too small to read) are highlighted right under the summary; ``found``
+    (:func:`findings`) opens the page as a list under "What this run found", in place of ``notes``.
     """
     caption = {**CAPTIONS, **(captions or {})}
     report = Report(title)
-    if notes:
-        report.add_text(notes)
     for notice in notices:
         report.add_notice(notice)
+    if found:
+        report.add_html("<ul class=\"findings\">" + "".join(f"<li>{html.escape(line)}</li>" for line in found) + "</ul>",
+                        heading="What this run found")
+    elif notes:
+        report.add_text(notes)
     if dataset is not None:
         _data_section(report, dataset, base_accuracy, n_kept)
     if patching_figure is not None:
@@ -140,13 +146,20 @@ def _attention_section(report: Report, head_classes, attention_figures, attentio
     for key, fig in zip(("attention_roles", "attention_all_heads", *(f"attention_{i}" for i in range(2, 99))),
                         attention_figures):
         report.add_figure(fig, caption=caption.get(key, "Attention from the last token."))
+    if not attention_views:
+        return
+    # folded: the views are most of the page's height, and the circuit sections come after them
+    report.add_html(f'<details class="fold"><summary>Attention views of the key heads ({len(attention_views)} views, '
+                    f'one per head and prompt; click to open)</summary>')
     for view in attention_views:
         prompt = getattr(view, "prompt", "") or (view.get("prompt", "") if isinstance(view, Mapping) else "")
-        heading = (getattr(view, "title", "") or "") if prompt else None
+        title = (getattr(view, "title", "") or "") if prompt else ""
         names = getattr(view, "head_names", None) or []
-        report.add_attention_view(view, heading=heading if heading != prompt else None, caption=(
-            f"Attention pattern of {', '.join(names) or 'the heads'} over the whole prompt: row = query token, "
+        report.add_attention_view(view, heading=None, caption=(
+            (f"{title}. " if title and title != prompt else "")
+            + f"Attention pattern of {', '.join(names) or 'the heads'} over the whole prompt: row = query token, "
             f"column = the key token it reads, darker = more attention (each row sums to 1). Prompt:"))
+    report.add_html("</details>")
 
 
 def _probes_section(report: Report, probes, top_tokens_figure: go.Figure | None, caption: Mapping[str, str]) -> None:
@@ -180,11 +193,16 @@ def write_run_report(run: PipelineRun, prompts: Prompts, roles: HeadRoles, probe
         attention_figures=[figures["attention_roles"], figures["attention_all_heads"]], attention_views=roles.views,
         probes=probes, top_tokens_figure=figures["top_tokens"], circuit_figure=figures["circuit"],
         notes=summary(results), captions=_captions(results, cfg), notices=_small_samples(results, cfg),
+        found=findings(results, cfg),
     )
+    if cfg.quick:  # at the top: a preview must not be read as a result
+        report.blocks.insert(0, '<p class="notice">Quick preview (--quick): every stage ran on few prompts, so these '
+                                'numbers are a preview of the run, not results; rerun without --quick to report them.</p>')
     report.add_figure(figures["knockout_transfer"], heading="Do the key heads transfer?", caption=(
         f"Accuracy (first answer token, top-1) of the full model and with the {len(results['key_heads'])} key heads "
         f"mean-ablated, per data format (Zhang et al. Figure 4); {cfg.transfer_prompts} prompts per format, all prompts "
-        f"(not only correctly answered ones); point estimates, no interval."))
+        f"(not only correctly answered ones); error bars: 95% Wilson intervals over prompts (the drop's paired "
+        f"interval is on the first screen and in results.json)."))
     _optional_sections(report, results, figures, cfg)
     report.add_table(run.timer.seconds | {"total": results["wall_seconds"]}, heading="Wall time per stage",
                      columns=("stage", "seconds"))
@@ -200,7 +218,9 @@ def _optional_sections(report: Report, results: dict, figures: dict, cfg: Pipeli
             f"AF1 faithfulness per (L_wait, L_transfer) on a coarse grid (every {cfg.af1_stride} L_wait; Mamidanna et "
             f"al. 2025): the share of the {af1['n_eval']} evaluation prompts (zero-shot, one-token answers, templates "
             f"{', '.join(af1['templates'])}; the full model answers {percent(af1['base_accuracy'])}) that the AF1 model still "
-            f"answers correctly; 1 = as the full model. Point estimates on one prompt set, no interval."))
+            f"answers correctly; 1 = as the full model. Rows: the L_wait values evaluated; each cell's 95% Wilson interval over "
+            f"the {af1['n_eval']} prompts is in its hover (a cell's interval is about +-{_af1_halfwidth(af1['n_eval'])} "
+            f"at f = 0.5)."))
     elif "af1" in results:
         report.add_notice(f"All for One: {results['af1']['skipped']}", heading="All for One")
     if "edge_circuit" in results:
@@ -210,6 +230,12 @@ def _optional_sections(report: Report, results: dict, figures: dict, cfg: Pipeli
             add_report_section(report, results["edge_circuit"], figures)
     if "finetune" in results:
         report.add_table(results["finetune"]["table"], heading="Precise SFT of the key heads")
+
+
+def _af1_halfwidth(n: int) -> str:
+    """Half the width of a 95% Wilson interval at p = 0.5 for ``n`` prompts, e.g. ``0.19``."""
+    z = 1.959964
+    return f"{z * math.sqrt(0.25 / n + z * z / (4 * n * n)) / (1 + z * z / n):.2f}" if n else "n/a"
 
 
 def percent(value, digits: int = 0) -> str:
@@ -239,6 +265,76 @@ def summary(results: dict) -> str:
             f"{results.get('n_prompts')} prompts ({results.get('n_kept')} answered correctly); key heads "
             f"{', '.join(results.get('key_heads') or []) or 'none'} ({percent(results.get('key_head_fraction'), 1)} of "
             f"heads); {drop}.")
+
+
+def _interval(estimate: dict | None, digits: int = 0) -> str:
+    """``55% [43%, 66%]`` from a results.json estimate (``value``, ``low``, ``high``), ``n/a`` where missing."""
+    if not estimate:
+        return "n/a"
+    low, high = estimate.get("low"), estimate.get("high")
+    if low is None or high is None:  # results.json holds null: an interval of one prompt or one draw
+        return f"{percent(estimate.get('value'), digits)} (no interval)"
+    return f"{percent(estimate.get('value'), digits)} [{percent(low, digits)}, {percent(high, digits)}]"
+
+
+def _number(estimate: dict | None) -> str:
+    num = lambda v: f"{v:.2f}" if isinstance(v, (int, float)) and math.isfinite(v) else "n/a"
+    return f"{num((estimate or {}).get('value'))} [{num((estimate or {}).get('low'))}, {num((estimate or {}).get('high'))}]"
+
+
+#: a circuit holding more than this share of all edges is not called small on the report's first screen
+LARGE_CIRCUIT = 0.2
+
+
+def findings(results: dict, cfg: PipelineConfig | None = None) -> list[str]:
+    """The report's first screen: what the run found, each with its sample size and 95% interval, and plain
+    sentences where a result is weak (a circuit too large to say much, a sample too small)."""
+    out = []
+    accuracy = results.get("accuracy") or {}
+    if accuracy:
+        out.append(f"The model answers {_interval(accuracy.get('first_token'), 1)} of {results.get('n_prompts')} "
+                   f"{results.get('experiment')} prompts on the first answer token and "
+                   f"{_interval(accuracy.get('whole_answer'), 1)} on the whole answer (95% Wilson intervals); the "
+                   f"{results.get('n_kept')} answered correctly are analysed.")
+    knock = results.get("knockout") or {}
+    heads = results.get("key_heads") or []
+    if knock and heads:
+        k = knock["ks"][-1]
+        drop = (knock.get("effect_drop") or [None])[-1]
+        lo, hi = (knock.get("random_ci") or [[None, None]])[-1]
+        out.append(f"Key heads (top {len(heads)} by path patching): {', '.join(heads)}. Knocking out the top {k} "
+                   f"leaves {_interval({'value': knock['effect_rank'][-1], 'low': knock['effect_ci'][-1][0], 'high': knock['effect_ci'][-1][1]})} "
+                   f"accuracy against {_interval({'value': knock['random_rank'][-1], 'low': lo, 'high': hi})} for {k} "
+                   f"random heads ({knock['n_seeds']} draws); the drop is {_interval(drop)} (paired bootstrap, "
+                   f"n = {knock['n_prompts']} prompts answered correctly).")
+    circuit = results.get("edge_circuit") or {}
+    if circuit and "skipped" not in circuit:
+        smallest = circuit.get("smallest")
+        base = (f"Edge circuit ({circuit['method']}, {circuit['ablation']} ablation): held-out CPR "
+                f"{_number(circuit.get('cpr'))}, CMD {_number(circuit.get('cmd'))} (n = {circuit['n_heldout']} "
+                f"held-out prompts).")
+        if smallest is None:
+            out.append(base + f" No size reaches f >= {circuit['threshold']:g} on the selection prompts.")
+        else:
+            relation = circuit.get("key_heads") or {}
+            line = (base + f" The smallest circuit with f >= {smallest['threshold']:g} (chosen on "
+                    f"{circuit['n_selection']} other prompts) has {smallest['n_edges']:,} of {circuit['n_total_edges']:,} "
+                    f"edges ({100 * smallest['fraction']:g}%), f = {_number(smallest.get('f_heldout'))} held out")
+            if relation.get("key_heads"):
+                line += f"; it holds {relation['n_key_heads_in_circuit']} of the {len(relation['key_heads'])} key heads"
+            out.append(line + ".")
+            if smallest["fraction"] > LARGE_CIRCUIT:
+                n_heads = results.get("n_layers", 0) * results.get("n_heads", 0)
+                out.append(f"This circuit is not small: it keeps {100 * smallest['fraction']:g}% of all edges "
+                           f"({circuit.get('n_circuit_nodes')} nodes; the model has {n_heads} heads), so which heads "
+                           f"it holds says little about the mechanism. `python -m experiments.circuit --methods "
+                           f"matryoshka` learns a smaller one.")
+    transfer = (knock or {}).get("transfer") or {}
+    moved = [f"{name.replace('_', ' ')} {_interval(v['drop'])}" for name, v in transfer.items() if "drop" in v]
+    if moved:
+        out.append(f"Knocking the key heads out on other formats drops accuracy by: {'; '.join(moved)} "
+                   f"(paired bootstrap, {cfg.transfer_prompts if cfg else 'n'} prompts each, answered or not).")
+    return out
 
 
 def _captions(results: dict, cfg: PipelineConfig) -> dict[str, str]:

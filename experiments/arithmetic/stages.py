@@ -30,9 +30,9 @@ from circuits.errors import InputError
 from circuits.nodes import Head
 from circuits.analyze.probes import ProbeConfig, ProbeResults, plot_top_tokens, probe_mlps, top_number_tokens
 from experiments.runtime.run_folder import StageTimer, write_text_atomic
-from circuits.analyze.answer_scoring import score_rows
+from circuits.analyze.answer_scoring import first_and_whole
 from circuits.stats import proportion
-from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset, transfer_datasets
+from circuits.tasks import TaskConfig, filter_correct, make_dataset, transfer_datasets
 from circuits.templates import resolve_operation
 from finetune import ArithmeticMix, MathSuiteConfig, TrainConfig, arithmetic_train_set, evaluate, math_suite, train
 from patching.all_for_one.search import AF1Config, AF1Runner, NoEvalPromptsError, faithfulness_heatmap, grid_faithfulness
@@ -137,12 +137,12 @@ def prepare_prompts(run: PipelineRun) -> Prompts:
         task = TaskConfig(op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
         with cli.progress(f"building {cfg.n_prompts} {run.name} prompts"):
             dataset = make_dataset(model, task)
-        with cli.progress(f"base accuracy on {len(dataset)} prompts"):
-            mask = accuracy_mask(model, dataset, cfg.batch_size)
+        with cli.progress(f"base accuracy on {len(dataset)} prompts (first token and whole answer, one pass)"):
+            mask, whole = first_and_whole(model, dataset, cfg.batch_size)
         kept, base_accuracy = filter_correct(model, dataset, mask=mask)
         # the same prompts with every operator corrupted in their twins (shots included)
         twins = {"query": kept, "all": make_dataset(model, task, corrupt="all").select([i for i, ok in enumerate(mask) if ok])}
-        accuracy = _accuracy_estimates(model, dataset, mask, cfg.batch_size)
+        accuracy = _accuracy_estimates(dataset, mask, whole)
     run.results |= {"model": cfg.model, "n_layers": model.cfg.n_layers, "n_heads": model.cfg.n_heads,
                     "n_prompts": len(dataset), "n_kept": len(kept), "base_accuracy": base_accuracy,
                     "accuracy_by_style": _style_accuracy(dataset, mask), "accuracy": accuracy}
@@ -166,9 +166,8 @@ def _style_estimates(dataset, mask) -> dict[str, dict]:
     return {style: proportion(torch.tensor(v, dtype=torch.float64)).to_dict() for style, v in _by_style(dataset, mask).items()}
 
 
-def _accuracy_estimates(model, dataset, mask, batch_size: int) -> dict:
+def _accuracy_estimates(dataset, mask, whole) -> dict:
     """First-token accuracy beside the whole answer (teacher-forced) and one-token answers, each with a Wilson interval."""
-    whole = score_rows(model, dataset, "whole", batch_size)
     one_token = [ok for ok, ids in zip(mask, dataset["answer_token_ids"]) if len(ids) == 1]
     as_tensor = lambda v: torch.tensor(v, dtype=torch.float64)
     return {"first_token": proportion(as_tensor(mask)).to_dict(), "whole_answer": proportion(as_tensor(whole)).to_dict(),
@@ -349,7 +348,7 @@ def _af1_grid(model, cfg: PipelineConfig) -> tuple[dict, go.Figure | None]:
             f"read; no grid is drawn. Run python -m experiments.af1 for the full search.")}, None
     grid = grid_faithfulness(runner, l_waits=range(0, model.cfg.n_layers + 1, cfg.af1_stride))
     figure = faithfulness_heatmap(grid, f"AF1 faithfulness (zero-shot, {', '.join(info['templates'])}; "
-                                        f"every {cfg.af1_stride} L_wait)")
+                                        f"every {cfg.af1_stride} L_wait)", n_prompts=runner.n_eval)
     return info | {"grid": grid}, figure
 
 

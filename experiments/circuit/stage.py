@@ -88,7 +88,8 @@ def add_report_section(report: Report, stage: dict, figures: dict) -> Report:
         f"{_fmt(smallest['f_heldout'])}. Heads coloured by their attention-read class, key heads of path patching ringed in black; edge width grows with |score|."))
     relation = stage["key_heads"]
     if relation["key_heads"]:
-        report.add_table(relation["rows"], heading="Key heads (path patching) in the edge circuit", caption=(
+        rows = [{k: v for k, v in r.items() if k != "node"} for r in relation["rows"]]  # one naming of heads: L10H0
+        report.add_table(rows, heading="Key heads (path patching) in the edge circuit", caption=(
             f"{relation['n_key_heads_in_circuit']} of {len(relation['key_heads'])} key heads are in the circuit; "
             f"missing: {', '.join(relation['missing']) or 'none'}; circuit heads that are not key heads: "
             f"{', '.join(relation['circuit_heads_not_key']) or 'none'}."))

@@ -44,6 +44,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -220,14 +221,20 @@ class StageTimer:
     Given ``run_dir`` and the run's ``results`` dict, it also saves the results (status
     ``running``, with ``seconds``) after every stage, and marks the run ``failed: <stage>: <why>``
     when a stage raises, so an error late in a run keeps what the earlier stages found.
+    Given a ``plan`` (the stage names in the order they will run), every planned stage prints a
+    lasting line as it starts (``[3/10] knockout ...``) and its time as it ends, to stderr.
     """
 
     seconds: dict[str, float] = field(default_factory=dict)
     run_dir: Path | None = None
     results: dict | None = None
+    plan: list[str] | None = None
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
+        number = f"[{self.plan.index(name) + 1}/{len(self.plan)}] " if self.plan and name in self.plan else None
+        if number:
+            print(f"{number}{name} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
             yield
@@ -238,6 +245,8 @@ class StageTimer:
                 fail_run(self.run_dir, {**(self.results or {}), "seconds": self.seconds}, f"{name}: {why}")
             raise
         self._add(name, start)
+        if number:
+            print(f"{' ' * len(number)}{name}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
         if self.run_dir is not None:
             save_results(self.run_dir, {**(self.results or {}), "seconds": self.seconds})
 
@@ -247,6 +256,12 @@ class StageTimer:
     @property
     def total(self) -> float:
         return round(sum(self.seconds.values()), 2)
+
+    def table(self) -> str:
+        """The stage times as aligned lines, slowest first, with the total."""
+        width = max((len(k) for k in self.seconds), default=5)
+        lines = [f"  {k:<{width}}  {v:7.1f} s" for k, v in sorted(self.seconds.items(), key=lambda kv: -kv[1])]
+        return "\n".join(lines + [f"  {'total':<{width}}  {self.total:7.1f} s"])
 
 
 def release_freed_memory() -> None:

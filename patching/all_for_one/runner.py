@@ -20,7 +20,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
 
 from circuits.arguments import check_positive_int
-from circuits.end_logits import unembed_end
+from circuits.end_logits import end_argmax, unembed_end
 from circuits.nodes import Head
 from circuits.errors import InputError, ToolkitError
 from circuits.tasks import accuracy_mask
@@ -329,8 +329,7 @@ class AF1Runner:
         for index, group in enumerate(self.groups):
             ends = self.sweep_end_resid(index, l_wait, max_transfer)
             flat = ends.flatten(0, 1)
-            logits_argmax = torch.cat([unembed_end(self.model, chunk).argmax(-1)
-                                       for chunk in flat.split(self.config.tail_batch_size)])
+            logits_argmax = torch.cat([end_argmax(self.model, chunk) for chunk in flat.split(self.config.tail_batch_size)])
             for t, part in enumerate(logits_argmax.split(len(group.tokens))):
                 if t == len(hits):
                     hits.append([])

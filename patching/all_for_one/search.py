@@ -292,16 +292,37 @@ def search_af1(model: HookedTransformer, data: Dataset, config: AF1Config = AF1C
 
 
 def faithfulness_heatmap(grid: Sequence[Sequence[float]], title: str = "AF1 faithfulness",
-                         best: tuple[int, int] | None = None):
-    """A plotly heatmap of ``grid[l_wait][l_transfer]`` (rows: l_wait, columns: l_transfer)."""
-    import plotly.graph_objects as go
+                         best: tuple[int, int] | None = None, n_prompts: int | None = None):
+    """A plotly heatmap of ``grid[l_wait][l_transfer]`` (rows: l_wait, columns: l_transfer).
 
-    z = [[None if math.isnan(v) else v for v in row] for row in grid]
-    fig = go.Figure(go.Heatmap(z=z, x=list(range(len(grid[0]))), y=list(range(len(grid))), zmin=0, zmax=1,
-                               colorscale="Viridis", colorbar={"title": "faithfulness"},
-                               hovertemplate="L_wait=%{y}<br>L_transfer=%{x}<br>faithfulness=%{z:.3f}<extra></extra>"))
+    Rows no cell of which was evaluated (a coarse grid's skipped ``l_wait``) are left out rather than
+    drawn as blank stripes. With ``n_prompts`` (the evaluation prompts behind every cell), each cell's
+    hover gives its 95% Wilson interval.
+    """
+    import plotly.graph_objects as go
+    import torch
+
+    from circuits.stats import proportion
+
+    rows = [w for w, row in enumerate(grid) if any(not math.isnan(v) for v in row)]
+    z = [[None if math.isnan(v) else v for v in grid[w]] for w in rows]
+
+    def interval(v):
+        if v is None or not n_prompts:
+            return ""
+        hits = round(v * n_prompts)
+        e = proportion(torch.tensor([1.0] * hits + [0.0] * (n_prompts - hits), dtype=torch.float64))
+        return f"<br>95% Wilson [{e.low:.2f}, {e.high:.2f}], n = {n_prompts}"
+
+    custom = [[interval(v) for v in row] for row in z]
+    fig = go.Figure(go.Heatmap(z=z, x=list(range(len(grid[0]))), y=[str(w) for w in rows], zmin=0, zmax=1,
+                               customdata=custom, colorscale="Viridis", colorbar={"title": "faithfulness"},
+                               texttemplate="%{z:.2f}", textfont={"size": 9},
+                               hovertemplate="L_wait=%{y}<br>L_transfer=%{x}<br>faithfulness=%{z:.3f}%{customdata}"
+                                             "<extra></extra>"))
     if best is not None:
-        fig.add_trace(go.Scatter(x=[best[1]], y=[best[0]], mode="markers", name="selected",
+        fig.add_trace(go.Scatter(x=[best[1]], y=[str(best[0])], mode="markers", name="selected",
                                  marker={"symbol": "x", "size": 14, "color": "red"}))
+    fig.update_yaxes(type="category")
     fig.update_layout(title=title, xaxis_title="L_transfer (full-peek layers)", yaxis_title="L_wait (CAMA layer)")
     return fig

@@ -2,8 +2,7 @@
 
 ``tests/data/golden/tiny_gemma/`` is a tiny random gemma-style model saved by ``circuits.save_model``
 (its digit logits raised so some answers are right); ``tests/data/golden/addition_results.json`` is
-what ``python -m experiments.addition`` wrote for it with :data:`FLAGS` before the refactor of
-issue 17. :func:`compare` checks that every golden key is still present with the same value (numbers
+what ``python -m experiments.addition`` wrote for it with :data:`FLAGS`. :func:`compare` checks that every golden key is still present with the same value (numbers
 to a tolerance); new keys are allowed, so a stage may be added without touching the golden copy.
 
 Regenerate (only when a change of numbers is intended, and say so in the commit)::

@@ -90,3 +90,16 @@ def test_one_prompt_ends_complete_with_a_report(tiny_dir, tmp_path):
     assert "report" in saved["seconds"]
     html = (out / "report.html").read_text()
     assert "(no interval) for 1 random heads" in html and "Only 1 of 1 prompts are answered correctly" in html
+
+
+@pytest.mark.integration
+def test_quick_preview_on_gemma_runs_every_stage_and_says_it_is_a_preview(gemma, tmp_path):
+    from experiments.arithmetic import parse_config, plan
+
+    out = tmp_path / "run"
+    results = _arithmetic.main("+", ["--quick", "--out", str(out)], loader=lambda name, **kw: gemma)
+    assert results["status"] == "complete" and results["settings"]["quick"] is True
+    assert set(plan(parse_config("+", ["--quick"]))) <= set(results["seconds"])  # every stage ran
+    html = (out / "report.html").read_text()
+    assert "Quick preview (--quick)" in html and "What this run found" in html
+    assert html.index("What this run found") < html.index("Path patching")  # the finding comes first

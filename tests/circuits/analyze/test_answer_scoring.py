@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from circuits.analyze.answer_scoring import score_rows, scored_accuracy
+from circuits.analyze.answer_scoring import first_and_whole, score_rows, scored_accuracy
 from circuits.tasks import accuracy_mask, make_dataset
 from tests.tiny_models import tiny_model
 
@@ -46,3 +46,37 @@ def test_unknown_scoring_is_refused(setup):
     model, data = setup
     with pytest.raises(ValueError, match="Unknown scoring"):
         score_rows(model, data, "last")
+
+
+@pytest.mark.parametrize("style", ["gemma", "gpt2"])
+def test_one_teacher_forced_pass_equals_two_plain_scorings(style):
+    # the model's own answers are not used: real answers, so some rows hit and some miss
+    model = tiny_model(style=style, n_layers=2)
+    data = make_dataset(model, n_prompts=40, n_shots=1, seed=5, operand_range=(0, 30))
+    first, whole = first_and_whole(model, data, batch_size=7)
+    assert first == accuracy_mask(model, data)
+    plain_whole = []
+    for row in data:  # full logits of prompt + answer, one row at a time
+        tokens = torch.tensor([row["tokens"] + row["answer_token_ids"][:-1]])
+        predicted = model(tokens)[0, len(row["tokens"]) - 1:].argmax(-1)
+        plain_whole.append(predicted.tolist() == row["answer_token_ids"])
+    assert whole == plain_whole
+
+
+@pytest.mark.integration
+def test_one_pass_scoring_on_gemma_equals_the_plain_full_logits(gemma):
+    # plain: one full forward per row, the full float32 logits, argmax at every answer position
+    from circuits.end_logits import unembed_end
+
+    data = make_dataset(gemma, op="+", n_prompts=48, n_shots=3, seed=11)
+    first, whole = first_and_whole(gemma, data)
+    plain_first, plain_whole = [], []
+    with torch.no_grad():
+        for row in data:
+            tokens = torch.tensor([row["tokens"] + row["answer_token_ids"][:-1]])
+            resid = gemma(tokens, stop_at_layer=gemma.cfg.n_layers)[0, len(row["tokens"]) - 1:]
+            predicted = unembed_end(gemma, resid).argmax(-1).tolist()
+            plain_first.append(predicted[0] == row["answer_token_ids"][0])
+            plain_whole.append(predicted == row["answer_token_ids"])
+    assert first == plain_first and whole == plain_whole
+    assert 0 < sum(whole) < sum(first) < len(data)  # both hits and misses, so equality says something

@@ -67,7 +67,7 @@ def test_highlighted_heads_get_a_black_ring():
     for trace in fig.data:
         if trace.mode == "markers+text" and trace.name == "heads":
             rings.update(zip(trace.text, trace.marker.line.color))
-    assert rings["a1.h0"] == "black" and all(c == "white" for n, c in rings.items() if n != "a1.h0")
+    assert rings["L1H0"] == "black" and all(c == "white" for n, c in rings.items() if n != "L1H0")  # heads named as in the report
 
 
 @pytest.mark.parametrize("n_layers", [3, 18])

@@ -174,3 +174,15 @@ def test_every_operation_runs_end_to_end_as_a_module(name, tiny_dir, tmp_path, m
     rule = results["key_heads_rule"]
     assert rule["combine"] == "per-op" and rule["top_k"] == 2 and rule["corrupt"] == "query" and len(rule["ops"]) == 1
     assert (out / "report.html").is_file() and (out / "figures" / "path_patching.json").is_file()
+
+
+def test_help_and_flag_errors_answer_before_torch_loads():
+    """`python -m experiments.addition --help` (and a bad flag) must not import torch or TransformerLens first."""
+    import subprocess
+    import sys as _sys
+
+    code = ("import sys, runpy\nsys.argv = ['x', '--knockout-ks', 'a,b']\n"
+            "try:\n    runpy.run_module('experiments.addition', run_name='__main__')\nexcept SystemExit as e:\n"
+            "    print('exit', e.code, 'torch' in sys.modules, 'transformer_lens' in sys.modules)\n")
+    out = subprocess.run([_sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "exit 2 False False" in out.stdout, out.stdout + out.stderr

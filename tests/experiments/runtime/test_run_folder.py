@@ -237,3 +237,16 @@ def test_a_foreign_folder_is_refused_without_suggesting_overwrite(tmp_path):
             prepare_run_dir(tmp_path, overwrite=overwrite)
         assert "pass --overwrite" not in str(info.value)
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_planned_stages_print_their_number_and_time(capsys):
+    from experiments.runtime.run_folder import StageTimer
+
+    timer = StageTimer(plan=["load model", "data", "report"])
+    with timer.stage("data"):
+        pass
+    with timer.stage("unplanned"):  # a sub-step of a stage: timed, not numbered
+        pass
+    err = capsys.readouterr().err
+    assert "[2/3] data ..." in err and "data: 0 s" in err and "unplanned" not in err
+    assert "data" in timer.table() and "total" in timer.table()

@@ -137,3 +137,14 @@ def test_af1_accuracy_on_correct_prompts_and_errors():
         af1_accuracy(model, data.select([]), 0, 1)
     with pytest.raises(ValueError, match="fit_fraction"):
         AF1Config(fit_fraction=1.0)
+
+
+def test_the_heatmap_leaves_out_rows_never_evaluated_and_gives_intervals():
+    from patching.all_for_one.search import faithfulness_heatmap
+
+    nan = float("nan")
+    grid = [[0.5, 0.25, nan], [nan, nan, nan], [0.75, nan, nan]]  # L_wait 1 skipped by a coarse stride
+    fig = faithfulness_heatmap(grid, n_prompts=20)
+    heat = fig.data[0]
+    assert list(heat.y) == ["0", "2"] and len(heat.z) == 2  # no blank stripe for L_wait 1
+    assert "95% Wilson [0.30, 0.70], n = 20" in heat.customdata[0][0]

@@ -1,0 +1,37 @@
+"""circuits.prefix_cache: a prefix's keys/values computed once, extended, and tiled, equal a plain forward."""
+
+import torch
+
+from circuits.prefix_cache import PrefixCache, TiledKVCache, prefix_kv_cache
+from tests.tiny_models import tiny_model
+
+
+def test_an_extended_prefix_equals_the_prefix_computed_whole():
+    model = tiny_model(style="gemma", n_layers=2)
+    tokens = torch.randint(5, model.cfg.d_vocab, (3, 12), generator=torch.Generator().manual_seed(0))
+    tokens[:, :8] = tokens[0, :8]  # the three rows share 8 positions
+    cache = PrefixCache(model)
+    short = cache(tokens[:1, :5])
+    extended = cache(tokens[:1, :8])  # runs positions 5..7 only, on top of the cached five
+    assert len(cache.entries) == 2 and cache(tokens[:1, :5]) is short
+    for got, want in zip(extended, prefix_kv_cache(model, tokens[:1, :8])):
+        assert torch.allclose(got.past_keys, want.past_keys, atol=1e-5)
+        assert torch.allclose(got.past_values, want.past_values, atol=1e-5)
+    with torch.no_grad():
+        x = model(tokens, stop_at_layer=0)[:, 8:]
+        suffix = model(x, start_at_layer=0, past_kv_cache=TiledKVCache(extended, 3))
+        assert torch.allclose(suffix, model(tokens)[:, 8:], atol=1e-4)
+
+
+def test_a_models_prefix_cache_is_renewed_when_a_weight_changes():
+    from circuits.prefix_cache import model_prefix_cache
+
+    model = tiny_model(style="gemma", n_layers=2)
+    tokens = torch.randint(5, model.cfg.d_vocab, (1, 6), generator=torch.Generator().manual_seed(1))
+    cache = model_prefix_cache(model)
+    before = cache(tokens)[1].past_keys.clone()  # layer 1 keys depend on layer 0 attention
+    assert model_prefix_cache(model) is cache
+    with torch.no_grad():
+        model.blocks[0].attn.W_Q.mul_(2.0)  # fine-tuning changes weights in place: stale keys would be wrong
+    renewed = model_prefix_cache(model)
+    assert renewed is not cache and not torch.allclose(renewed(tokens)[1].past_keys, before)
