@@ -237,13 +237,44 @@ def knockout_arm(model, data, path, n_seeds: int) -> dict:
           f"{speedup['fast_full_argmax']:.1f}x, without the screen and shared starts "
           f"{speedup['fast_no_screen_no_share']:.1f}x; hits equal to the hooks': {equal}; full float32 unembedding "
           f"needed for {full:.1%} of the ablated rows; means over {means.n_prompts} pool prompts took {t_means:.1f} s")
+    work = counted_work(model, data, sets, means)
+    print(f"counted work (position-layers of the forwards, the float32 unembedding in the same units): plain hooks "
+          f"{work['hooks']:,.0f}, fast path {work['fast']:,.0f}: a ceiling of {work['ratio']:.1f}x at equal efficiency")
     accuracy = hits["fast"].double().mean(1)
-    return {"n_seeds": n_seeds, "n_sets": len(sets), "n_pool": means.n_prompts, "seconds_means": t_means,
+    return {"counted_work": work, "n_seeds": n_seeds, "n_sets": len(sets), "n_pool": means.n_prompts, "seconds_means": t_means,
             "seconds": seconds, "speedup_vs_hooks": speedup, "equal_hits_vs_hooks": equal,
             "fast_stats": screened, "full_unembedding_fraction": full,
             "seconds_fast": seconds["fast"], "seconds_hooks": seconds["hooks"], "speedup": speedup["fast"],
             "equal_accuracies": equal["fast"], "sets": [[str(n) for n in s] for s in sets],
             "accuracy_per_set": accuracy.tolist()}
+
+
+def counted_work(model, data, sets, means) -> dict:
+    """The work each knockout arm does, counted rather than timed: (rows x positions x layers) of the forwards,
+    plus the float32 unembeddings in block-equivalents (its multiply-adds over one block's weights).
+
+    Plain hooks run every set over every position and layer and unembed every row. The fast path runs
+    each set from its first ablated layer, over the positions after the prefix that the prompts share
+    with the pool, shared suffix starts once; its top-1 is screened in bfloat16 (not counted: the
+    float32 rows it falls back to are under 1%). One layout, as :func:`same_length_prompts` gives.
+    """
+    from patching.knockout_fast import choose_split
+
+    L, (B, n_pos) = model.cfg.n_layers, torch.tensor(data["tokens"]).shape
+    tokens = torch.tensor(data["tokens"])
+    block_macs = sum(p.numel() for p in model.blocks[0].parameters())
+    unembed = model.cfg.d_model * model.cfg.d_vocab / block_macs  # one row's unembedding, in position-layers
+    shared = next(iter(means.shared.values()))
+    agree = (tokens[:, : len(shared)] == shared[None]).all(0)
+    prefix = int((~agree).nonzero()[0]) if (~agree).any() else len(shared)
+    prefix = min(prefix, n_pos - 1)
+    split = choose_split(tokens[:, prefix:])
+    per_set = (len(split.starts) * split.s + B * (n_pos - prefix - split.s)) if split else B * (n_pos - prefix)
+    first = [min((h.layer for h in nodes), default=L) for nodes in sets]
+    fast = sum((L - f) * per_set for f in first if f < L)
+    hooks = len(sets) * B * (n_pos * L + unembed)
+    return {"hooks": hooks, "fast": fast, "ratio": hooks / fast, "unembedding_in_position_layers": unembed,
+            "prefix": prefix, "suffix_positions": n_pos - prefix}
 
 
 def run(cfg: BenchPatchingConfig, *, loader: ModelLoader | None = None) -> dict:

@@ -67,3 +67,15 @@ def test_end_argmax_on_gemma_equals_the_float32_argmax(gemma):
     stats = {}
     assert torch.equal(end_argmax(gemma, rows, stats=stats), unembed_end(gemma, rows).argmax(-1))
     assert stats["full"] < 0.2 * stats["rows"]  # the screen decides most rows on a real vocabulary
+
+
+def test_a_screen_that_breaks_its_bound_warns_and_falls_back_to_float32():
+    from circuits.end_logits import _screen_for
+
+    model = tiny_model(style="gemma")
+    rows = _end_rows(model, (0.0, 1.0))
+    screen = _screen_for(model)
+    screen.W.mul_(3.0)  # a bfloat16 product far off its float32 value (as a kernel without float32 accumulation could be)
+    with pytest.warns(RuntimeWarning, match="exceeded its error bound"):
+        got = end_argmax(model, rows)
+    assert torch.equal(got, unembed_end(model, rows).argmax(-1)) and _screen_for(model) is None  # never screened again
