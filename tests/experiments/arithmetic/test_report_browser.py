@@ -1,5 +1,5 @@
 """The main job's report.html as a reader meets it, in headless Chromium: every figure captioned, the key heads
-marked on the path-patching map, prompts with their line breaks, one titled attention view per key head.
+marked on the path-patching map, prompts with their line breaks, one titled attention view per key head, folded.
 
 Runs `experiments.addition` end to end on a tiny saved model (tests/experiments/conftest.py). Skips when
 Chromium, chromedriver or selenium is missing (see tests/browser.py). The first screen is saved under
@@ -25,8 +25,9 @@ CHECKS = {
     "key_head_marks": "[...document.querySelectorAll('.plotly-figure')].filter(f => f.textContent.includes('Path patching'))"
                       ".map(f => [...f.querySelectorAll('text')].filter(t => /^#\\d+$/.test(t.textContent)).length)[0]",
     "prompt_lines": "Math.max(...[...document.querySelectorAll('td.text')].map(td => td.innerText.split('\\n').length))",
-    "view_headings": "[...document.querySelectorAll('figure.figure-block')].filter(f => f.querySelector('.attention-view'))"
-                     ".map(f => f.previousElementSibling ? f.previousElementSibling.textContent : '')",
+    "view_titles": "[...document.querySelectorAll('figure.figure-block')].filter(f => f.querySelector('.attention-view'))"
+                   ".map(f => f.querySelector('figcaption') ? f.querySelector('figcaption').textContent : '')",
+    "views_folded": "[...document.querySelectorAll('.attention-view')].every(v => v.closest('details.fold'))",
     "view_prompt_lines": "Math.min(...[...document.querySelectorAll('.attention-view')].map("
                          "v => v.parentElement.querySelector('pre.prompt').innerText.split('\\n').length))",
 }
@@ -43,6 +44,7 @@ def test_run_report_reads_in_chromium(tiny_dir, tmp_path):
     assert values["figures"] >= 8 and values["uncaptioned"] == 0
     assert values["key_head_marks"] == len(results["key_heads"]) == 4
     assert values["prompt_lines"] == 4  # three solved examples and the query, one per line
-    assert len(values["view_headings"]) == 6  # four key heads on a few-shot prompt, the top one on two formats
-    assert all(" head), key head #" in h for h in values["view_headings"]), values["view_headings"]
+    assert len(values["view_titles"]) == 6  # four key heads on a few-shot prompt, the top one on two formats
+    assert all(" head), key head #" in h for h in values["view_titles"]), values["view_titles"]
+    assert values["views_folded"]  # behind one toggle, so the circuit sections are not pages down
     assert values["view_prompt_lines"] >= 1
