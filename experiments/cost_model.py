@@ -6,7 +6,8 @@
 
 Shape: L layers, H query heads, G key/value heads, d width, d_h head width, m MLP width (k = 3
 matrices for gated MLPs, 2 otherwise), V vocabulary; T prompt tokens, of which S are after the
-shared prefix of reference and counterfactual (the sweeps run only those), B prompts; the edge
+shared prefix of reference and counterfactual (the sweeps run only those) and the first P of which
+every prompt shares (few-shot lines, run once by path patching), B prompts; the edge
 graph has n_f = 1 + L(H + 1) senders, n_b = L(3H + 1) + 1 receivers and E edges.
 
 One position through one block costs ``f = 2 d d_h (2H + 2G) + 4 H d_h T + 2 k d m`` FLOPs; in the
@@ -73,6 +74,7 @@ class Shape:
     T: int = 0
     S: int = 0
     B: int = 0
+    P: int = 0  # leading positions every prompt shares (few-shot lines), run once by path patching
     bytes: int = 4  # per element: 4 for float32, 2 for bf16
 
     @property
@@ -94,6 +96,15 @@ class Shape:
     @property
     def f_end(self) -> float:
         return 2 * self.d * self.dh * self.H + 2 * self.k * self.d * self.m
+
+
+def batch_prefix(tokens) -> int:
+    """``P``: the positions every prompt of the batch shares, as :func:`circuits.prefix_cache.run_after_shared_prefix`
+    runs them once (0 where it would not: fewer than its minimum, or one prompt)."""
+    from circuits.prefix_cache import MIN_SHARED_PREFIX, shared_prefix_length as rows_prefix
+
+    shared = rows_prefix(tokens) if tokens.shape[0] > 1 else 0
+    return shared if shared >= MIN_SHARED_PREFIX else 0
 
 
 def shape_of(model) -> Shape:
@@ -145,7 +156,9 @@ SWEEPS: dict[str, Sweep] = {
         lambda s, x: s.B * s.T * _width(s) * s.bytes,
         "one plain forward of the B prompts (no unembedding): the reference for R"),
     "path_patch": Sweep(
-        lambda s, x: 2 * _fwd(s, s.B, s.T, s.L, s.f) + s.B * (s.H + 1) * s.L * (s.L + 1) / 2 * s.f_end,
+        # the few-shot lines once (the counterfactuals share them: the model's prefix cache has them), the rest per row
+        lambda s, x: _fwd(s, 1, s.P, s.L, s.f - 4 * s.H * s.dh * (s.T - s.P)) + 2 * _fwd(s, s.B, s.T - s.P, s.L, s.f)
+        + s.B * (s.H + 1) * s.L * (s.L + 1) / 2 * s.f_end,
         lambda s, x: s.B * s.T * _width(s) * s.bytes + s.B * (s.H + 1) * s.L * 4 * s.d * s.bytes,
         "every head and MLP to the logits (END-only fast path)"),
     "activation_patch": Sweep(
@@ -220,7 +233,7 @@ def _sweeps(model, cfg: MeasureConfig) -> tuple[dict, dict, dict, Shape]:
     data = make_dataset(model, op="+", n_prompts=cfg.n_prompts, template_ids=(template.id,), n_shots=2, seed=cfg.seed)
     tokens, cf = torch.tensor(data["tokens"]), torch.tensor(data["cf_tokens"])
     T = tokens.shape[1]
-    shape = replace(shape_of(model), T=T, S=T - shared_prefix_length(tokens, cf), B=len(data))
+    shape = replace(shape_of(model), T=T, S=T - shared_prefix_length(tokens, cf), B=len(data), P=batch_prefix(tokens))
     layout = GraphLayout.of(model)
     edges = layout.real_edge_mask.nonzero().tolist()[:: cfg.edge_stride]
     rng = random.Random(cfg.seed)

@@ -19,7 +19,7 @@ from circuits.nodes import Head
 from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
 from circuits.errors import InputError
-from experiments.cost_model import SWEEPS, MeasureConfig, main, patched_counts, shape_of
+from experiments.cost_model import SWEEPS, MeasureConfig, batch_prefix, main, patched_counts, shape_of
 from experiments.runtime import cli
 from patching import activation_patch, edge_attribution, edge_patch, faithfulness_curve, knockout_correct, path_patch
 from patching.forward import shared_prefix_length
@@ -38,8 +38,8 @@ def test_formulas_count_the_flops_the_sweeps_run(style):
     data = make_dataset(model, n_prompts=6, n_shots=1, template_ids=["add-equation-0"], seed=2)
     tokens, cf = torch.tensor(data["tokens"]), torch.tensor(data["cf_tokens"])
     T = tokens.shape[1]
-    shape = replace(shape_of(model), T=T, S=T - shared_prefix_length(tokens, cf), B=len(data))
-    assert 0 < shape.S < T  # the prompts share a prefix: the formulas' T and S differ
+    shape = replace(shape_of(model), T=T, S=T - shared_prefix_length(tokens, cf), B=len(data), P=batch_prefix(tokens))
+    assert 0 < shape.S < T and 0 < shape.P < T  # the prompts share a prefix: the formulas' T, S and P differ
     layout = GraphLayout.of(model)
     edges = layout.real_edge_mask.nonzero().tolist()
     scores = torch.randn(layout.n_forward, layout.n_backward, generator=torch.Generator().manual_seed(0))
