@@ -70,7 +70,13 @@ _MODEL_CACHES: "weakref.WeakKeyDictionary[HookedTransformer, tuple[tuple, Prefix
 
 
 def model_prefix_cache(model: HookedTransformer) -> PrefixCache:
-    """The model's shared :class:`PrefixCache`, new whenever a weight, the device or the dtype changed since last asked."""
+    """The model's shared :class:`PrefixCache`, new whenever a weight, the device or the dtype changed since last asked.
+
+    While hooks are attached to the model (``with model.hooks(...)``, ``add_hook``), a prefix's keys and values
+    depend on them: a fresh cache that lives for the one call is returned instead.
+    """
+    if any(point.fwd_hooks for point in model.hook_dict.values()):
+        return PrefixCache(model)
     state = (model.cfg.device, model.cfg.dtype, tuple((id(p), p._version) for p in model.parameters()))
     known = _MODEL_CACHES.get(model)
     if known is None or known[0] != state:

@@ -305,7 +305,7 @@ def findings(results: dict, cfg: PipelineConfig | None = None) -> list[str]:
         out.append(f"Key heads (top {len(heads)} by path patching): {', '.join(heads)}. Knocking out the top {k} "
                    f"leaves {_interval({'value': knock['effect_rank'][-1], 'low': knock['effect_ci'][-1][0], 'high': knock['effect_ci'][-1][1]})} "
                    f"accuracy against {_interval({'value': knock['random_rank'][-1], 'low': lo, 'high': hi})} for {k} "
-                   f"random heads ({knock['n_seeds']} draws); the drop is {_interval(drop)} (paired bootstrap, "
+                   f"random heads ({knock['n_seeds']} draw{'s' if knock['n_seeds'] != 1 else ''}); the drop is {_interval(drop)} (paired bootstrap, "
                    f"n = {knock['n_prompts']} prompts answered correctly).")
     circuit = results.get("edge_circuit") or {}
     if circuit and "skipped" not in circuit:

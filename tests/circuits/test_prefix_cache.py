@@ -35,3 +35,17 @@ def test_a_models_prefix_cache_is_renewed_when_a_weight_changes():
         model.blocks[0].attn.W_Q.mul_(2.0)  # fine-tuning changes weights in place: stale keys would be wrong
     renewed = model_prefix_cache(model)
     assert renewed is not cache and not torch.allclose(renewed(tokens)[1].past_keys, before)
+
+
+def test_hooks_attached_to_the_model_are_not_baked_into_a_cached_prefix():
+    from circuits.prefix_cache import run_after_shared_prefix
+
+    model = tiny_model(style="gemma", n_layers=2)
+    tokens = torch.randint(5, model.cfg.d_vocab, (3, 12), generator=torch.Generator().manual_seed(2))
+    tokens[:, :8] = tokens[0, :8]
+    plain_shared, _ = run_after_shared_prefix(model, tokens)  # caches the prefix of the unhooked model
+    zero_head = ("blocks.0.attn.hook_z", lambda z, hook: z * 0)
+    with torch.no_grad(), model.hooks(fwd_hooks=[zero_head]):  # an ablation context around a whole analysis
+        shared, n = run_after_shared_prefix(model, tokens)
+        plain = model(tokens, stop_at_layer=model.cfg.n_layers)[:, n:]
+    assert n == 8 and torch.allclose(shared, plain, atol=1e-4) and not torch.allclose(shared, plain_shared, atol=1e-4)
