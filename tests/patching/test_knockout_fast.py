@@ -71,3 +71,16 @@ def test_fast_options_equal_plain_hooks(model, screen, share):
     assert torch.equal(fast, plain)
     assert stats["rows"] == len(data) * (len(sets) - 1)
     assert stats["full"] < stats["rows"] if screen else stats["full"] == stats["rows"]
+
+
+def test_start_bins_place_every_set_once_no_later_than_its_first_ablated_layer():
+    from patching.knockout import _start_bins
+
+    starts = [18, 10, 12, 4, 1, 10, 12, 2, 1, 10, 1, 2, 1, 9, 1, 2, 1]
+    for rows in (1, 5, 64, 10_000):
+        bins = _start_bins(starts, 18, rows, max_sets=100)
+        members = [s for group in bins.values() for s in group]
+        assert sorted(members) == [s for s in range(len(starts)) if starts[s] < 18]  # the empty set is the clean run
+        assert all(start <= starts[s] for start, group in bins.items() for s in group)
+    assert len(_start_bins(starts, 18, 10_000, 100)) == len(set(starts) - {18})  # big forwards: no extra layers
+    assert len(_start_bins(starts, 18, 1, 100)) < len(set(starts) - {18})  # tiny forwards: merged
