@@ -79,6 +79,10 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
                   f"{rows[name]['jaccard']['value']:.2f}, accuracy {rows[name]['accuracy']['value']:.3f}", flush=True)
         out["tasks"][task] = {"n_prompts": len(prompts), "expert_cpr": full["reference_curve"]["cpr"],
                               "methods": {k: {kk: vv for kk, vv in v.items() if kk != "_curve"} for k, v in rows.items()},
+                              # per method and prompt: the expert's circuit at each size in the merge, then its full
+                              # and empty runs (paired comparisons of preservation between methods)
+                              "fractions": list(settings.fractions),
+                              "preserved_tables": {k: v["_curve"]["table"] for k, v in rows.items()},
                               "preservation_predicts_accuracy": _rank_correlation(run, task, rows, n_bootstrap)}
         del expert
         torch.cuda.empty_cache() if torch.cuda.is_available() else None

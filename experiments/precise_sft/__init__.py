@@ -468,7 +468,11 @@ def _shift_summary(run: SFTRun, model) -> dict:
     return {"n_prompts": len(run.cache["shift_data"]), "correct_only": run.cache["shift_correct_only"], "reference_cpr": full["reference_curve"]["cpr"],
             "transferred_cpr": full["transferred_curve"]["cpr"], "transferred_cmd": full["transferred_curve"]["cmd"],
             "own_cpr": full["changed_curve"]["cpr"], "jaccard_at_size": full["jaccard"][size], "size": settings.size,
-            "spearman": full["spearman"], "edges": full["edges"], "node_mass": full["node_mass"][:10]}
+            "spearman": full["spearman"], "edges": full["edges"], "node_mass": full["node_mass"][:10],
+            # per prompt: the base circuit's metric at each size in this model, then its full and empty runs
+            # (paired differences of preservation between methods, on the same prompts)
+            "transferred_fractions": list(settings.fractions),
+            "transferred_table": shift.transferred_curve.table.tolist()}
 
 
 def run_methods(run: SFTRun) -> None:
