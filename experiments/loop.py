@@ -151,7 +151,7 @@ def _stages(run: Run) -> None:
     score_model("merged", merged)
     with run.stage("circuit after merging", "the tuned circuit inside the merged model, and the merged model's own"):
         shift_merged = circuit_shift(tuned, merged, circuit_data, shift_settings,
-                                     reference_scores=shift_tuned.changed_scores)
+                                     reference_scores=shift_tuned.changed_scores, reference_map=shift_tuned.changed_map)
     results["shift_merged"] = shift_merged.to_dict()
     figures = {f"tuned_{k}": v for k, v in shift_tuned.figures().items()}
     figures |= {f"merged_{k}": v for k, v in shift_merged.figures().items()}

@@ -133,8 +133,12 @@ def drift(
         tokens, mask = collate(chunk, pad_id, model.cfg.device)
         target = targets(chunk, mask)
         logp = unembed_end(model, model(tokens, stop_at_layer=model.cfg.n_layers)[mask]).float().log_softmax(-1)
-        base_logp = unembed_end(base, base(tokens.to(base.cfg.device), stop_at_layer=base.cfg.n_layers)[mask.to(base.cfg.device)])
-        base_logp = base_logp.float().log_softmax(-1).to(logp.device)
+        if model is base:  # the base against itself: KL 0 and the same loss, without a second forward
+            base_logp = logp
+        else:
+            base_logp = unembed_end(base, base(tokens.to(base.cfg.device),
+                                               stop_at_layer=base.cfg.n_layers)[mask.to(base.cfg.device)])
+            base_logp = base_logp.float().log_softmax(-1).to(logp.device)
         kl = (base_logp.exp() * (base_logp - logp)).sum(-1)
         loss = F.nll_loss(logp, target, reduction="none")
         base_loss = F.nll_loss(base_logp, target, reduction="none")

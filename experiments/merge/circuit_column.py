@@ -22,6 +22,9 @@ import copy
 import numpy as np
 from scipy.stats import spearmanr
 
+from experiments.merge.report import CIRCUIT_AWARE
+from patching.edges.curves import paired_table_difference
+
 TASK_OPS = {"add_word": "+", "mul": "*"}  # tasks with an arithmetic circuit, and its operation
 
 
@@ -71,7 +74,11 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
             full = shift.to_dict()
             full["transferred_curve"]["table"] = shift.transferred_curve.table.tolist()
             size = f"{100 * settings.size:g}%"
+            # the same prompts in the expert and in the merge: paired, CPR in the merge minus CPR in the expert
+            change = paired_table_difference(settings.fractions, shift.transferred_curve.table,
+                                             shift.reference_curve.table, n_bootstrap=n_bootstrap, seed=run.cfg.seed)
             rows[name] = {"preserved_cpr": full["transferred_curve"]["cpr"], "own_cpr": full["changed_curve"]["cpr"],
+                          "cpr_change": change["cpr"], "kept": _kept(change["cpr"]),
                           "jaccard": full["jaccard"][size], "spearman": full["spearman"],
                           "accuracy": run.results["models"][name]["test"]["tasks"][task]["exact_ci"],
                           "_curve": full["transferred_curve"]}
@@ -83,9 +90,37 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
                               # and empty runs (paired comparisons of preservation between methods)
                               "fractions": list(settings.fractions),
                               "preserved_tables": {k: v["_curve"]["table"] for k, v in rows.items()},
-                              "preservation_predicts_accuracy": _rank_correlation(run, task, rows, n_bootstrap)}
+                              "preservation_predicts_accuracy": _rank_correlation(run, task, rows, n_bootstrap),
+                              "submodule_vs_baselines": _submodule_vs_baselines(run, task, rows, settings.fractions,
+                                                                                n_bootstrap)}
         del expert
         torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return out
+
+
+#: the weight-space baselines the submodule merges are set beside (those present in a run)
+BASELINES = ("task_arithmetic", "weight_average", "ties", "tsv_m", "iso_c", "iso_cts")
+
+
+def _kept(cpr_change: dict) -> str:
+    """'kept' when the merge's CPR is not below the expert's (the paired interval reaches 0 or above), else 'lost'."""
+    return "kept" if cpr_change["high"] >= 0 else "lost"
+
+
+def _submodule_vs_baselines(run, task: str, rows: dict, fractions, n_bootstrap: int) -> dict:
+    """Closed-form and circuit-aware merges minus each baseline: preserved CPR (paired over the circuit prompts)
+    beside test accuracy (paired over the test prompts), so that preservation is compared at known accuracy."""
+    from circuits.stats import paired_difference
+
+    submodule = [n for n in rows if n.startswith("closed form") or n.startswith(CIRCUIT_AWARE)]
+    out = {}
+    for a in submodule:
+        for b in (b for b in BASELINES if b in rows):
+            cpr = paired_table_difference(fractions, rows[a]["_curve"]["table"], rows[b]["_curve"]["table"],
+                                          n_bootstrap=n_bootstrap, seed=run.cfg.seed)["cpr"]
+            hits = [run.results["models"][n]["test"]["tasks"][task]["exact_hits"] for n in (a, b)]
+            out[f"{a} minus {b}"] = {"preserved_cpr_difference": cpr,
+                                     "accuracy_difference": paired_difference(*hits, seed=run.cfg.seed).to_dict()}
     return out
 
 
@@ -116,3 +151,69 @@ def _rank_correlation(run, task: str, rows: dict, n_bootstrap: int) -> dict:
     low, high = (np.percentile(draws, [2.5, 97.5]) if draws else (float("nan"), float("nan")))
     return {"spearman": value, "low": float(low), "high": float(high), "n_methods": len(names),
             "n_resamples": len(draws), "interval": "95% percentile bootstrap over methods and prompts"}
+
+
+def _num(e: dict) -> str:
+    return f"{e['value']:.3f} ({e['low']:.3f} to {e['high']:.3f})"
+
+
+def markdown(column: dict) -> str:
+    """docs/results.md tables of a run's circuit column: per task, every merge's preservation beside its accuracy,
+    the rank correlation, and the submodule merges against the baselines."""
+    lines = []
+    for task, t in column["tasks"].items():
+        if "skipped" in t:
+            lines += ["", f"{task}: skipped ({t['skipped']})"]
+            continue
+        lines += ["", f"**{task}**: the expert's circuit ({t['n_prompts']} prompts, {100 * column['size']:g}% for "
+                  f"Jaccard) has CPR {_num(t['expert_cpr'])} in the expert.", "",
+                  "| merge | CPR in the merge | minus the expert's (paired) | kept | CPR of its own circuit | "
+                  "Jaccard | Spearman | test accuracy |", "|---|---|---|---|---|---|---|---|"]
+        for name, row in t["methods"].items():
+            change = _num(row["cpr_change"]) if "cpr_change" in row else "–"
+            lines.append(f"| {name} | {_num(row['preserved_cpr'])} | {change} | {row.get('kept', '–')} | "
+                         f"{_num(row['own_cpr'])} | {row['jaccard']['value']:.2f} | {row['spearman']['value']:.2f} | "
+                         f"{_num(row['accuracy'])} |")
+        rank = t["preservation_predicts_accuracy"]
+        if "low" in rank:
+            lines += ["", f"Spearman ρ of preserved CPR and accuracy over {rank['n_methods']} merges: "
+                      f"{rank['spearman']:.2f} ({rank['low']:.2f} to {rank['high']:.2f}; {rank['interval']}, "
+                      f"{rank['n_resamples']} resamples)."]
+        else:
+            lines += ["", f"Spearman ρ: {rank.get('undefined') or rank.get('skipped')}."]
+        versus = t.get("submodule_vs_baselines", {})
+        if versus:
+            lines += ["", "| submodule merge minus baseline | preserved CPR (paired over circuit prompts) | "
+                      "test accuracy (paired over test prompts) |", "|---|---|---|"]
+            for pair, d in versus.items():
+                lines.append(f"| {pair} | {_num(d['preserved_cpr_difference'])} | {_num(d['accuracy_difference'])} |")
+    return "\n".join(lines)
+
+
+def figure(column: dict):
+    """Per task: each merge's preserved CPR (x) against its test accuracy (y), both with 95% intervals; the
+    dotted line is the expert's own CPR. None when no task was looked at."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    tasks = [(k, t) for k, t in column["tasks"].items() if "skipped" not in t]
+    if not tasks:
+        return None
+    fig = make_subplots(rows=1, cols=len(tasks), subplot_titles=[
+        f"{k}: ρ = {t['preservation_predicts_accuracy'].get('spearman', float('nan')):.2f}" for k, t in tasks])
+    for col, (task, t) in enumerate(tasks, start=1):
+        names = list(t["methods"])
+        x = [t["methods"][n]["preserved_cpr"] for n in names]
+        y = [t["methods"][n]["accuracy"] for n in names]
+        fig.add_trace(go.Scatter(
+            x=[e["value"] for e in x], y=[e["value"] for e in y], mode="markers+text", text=names,
+            textposition="top center", textfont=dict(size=9), showlegend=False, name=task,
+            error_x=dict(type="data", symmetric=False, array=[e["high"] - e["value"] for e in x],
+                         arrayminus=[e["value"] - e["low"] for e in x]),
+            error_y=dict(type="data", symmetric=False, array=[e["high"] - e["value"] for e in y],
+                         arrayminus=[e["value"] - e["low"] for e in y])), row=1, col=col)
+        fig.add_vline(x=t["expert_cpr"]["value"], line_dash="dot", row=1, col=col)
+        fig.update_xaxes(title_text="CPR of the expert's circuit in the merge", row=1, col=col)
+        fig.update_yaxes(title_text=f"{task} test accuracy (exact)", row=1, col=col)
+    fig.update_layout(height=480, width=520 * len(tasks), title="Does keeping the expert's circuit go with keeping its task?")
+    return fig

@@ -29,6 +29,18 @@ def write_report(run, linearity_figure) -> None:
             report.add_figure(alpha_heatmap(run.alpha_tables[name], f"α: {name}"), heading=f"α ({name})")
     if linearity_figure is not None:
         report.add_figure(linearity_figure, heading="Non-linearity of attention/MLP vs the whole model")
+    column = run.results.get("circuit_column")
+    if column is not None:
+        from experiments.merge.circuit_column import figure
+
+        fig = figure(column)
+        if fig is not None:
+            report.add_figure(fig, heading="The experts' circuits inside the merges", caption=(
+                f"Each arithmetic expert's EAP-IG circuit ({column['n_prompts']} prompts it answers, MIB's sizes) "
+                "evaluated inside every merge of all three experts against that merge's own full and empty runs "
+                "(CPR, 95% bootstrap over prompts), against the merge's test accuracy on the task (Wilson 95%). "
+                "Dotted: the circuit's CPR in its expert. ρ: Spearman over merges; its interval, paired comparisons "
+                "and every number in results.json, circuit_column."))
     report.add_settings(dataclasses.asdict(run.cfg))
     report.add_table(run.timer.seconds, heading="Stage times (s)")
     report.save(run.out / "report.html")

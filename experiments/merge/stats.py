@@ -118,4 +118,8 @@ def markdown_summary(results: dict, tasks) -> str:
         lines += ["", "| claim | paper | ours (95% CI) | verdict |", "|---|---|---|---|",
                   f"| closed-form attn/MLP merge beats task arithmetic | 51.05 vs 48.24 (Llama-2-13B) | "
                   f"{_pct(diff)} points, n = {diff['n']} | {verdict} on gemma-3-270m |"]
+    if "circuit_column" in results:
+        from experiments.merge.circuit_column import markdown
+
+        lines += ["", "The circuit column:", markdown(results["circuit_column"])]
     return "\n".join(lines)

@@ -65,7 +65,7 @@ from finetune.evaluate import (
 from patching.path_patching import path_patch
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.precise_sft.summary import claim, print_table, score_summary, write_report
+from experiments.precise_sft.summary import claim, preservation_comparisons, print_table, score_summary, write_report
 from experiments.runtime.cli import option
 
 # method -> (train() method, TrainConfig overrides, lr-grid flag)
@@ -528,6 +528,9 @@ def finish(run: SFTRun) -> None:
         results["head_choice"] = {"k": run.cfg.k, "gain_difference": diff["accuracy"].to_dict(),
                                   "kl_difference": diff["kl"].to_dict(), "overlap": results.get("head_choice_overlap"),
                                   "reading": "precise_circuit minus precise: edge-circuit heads minus key heads"}
+    preservation = preservation_comparisons(results["runs"], seed=run.cfg.seed)
+    if preservation:
+        results["circuit_preservation"] = preservation
     write_report(run.out, results, run.cfg.model, dataclasses.asdict(run.cfg))
     # last, so that it matches the wall_seconds the lifecycle records as the run ends (which adds up over commands)
     results.setdefault("wall_seconds_by_command", []).append(time.perf_counter() - lifecycle.started)

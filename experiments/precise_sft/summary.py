@@ -35,6 +35,33 @@ def claim(precise: dict, full: dict) -> dict:
             "gain_vs_full": gain, "drift_vs_full": drift, "verdict": verdict}
 
 
+#: (a, b) pairs whose circuit preservation is compared, a − b on the same shift prompts
+PRESERVATION_PAIRS = (("precise", "full"), ("precise", "lora"), ("precise_nokv", "full"), ("precise_circuit", "precise"),
+                      ("precise_circuit", "full"), ("precise_circuit", "lora"))
+
+
+def preservation_comparisons(runs: dict, *, n_bootstrap: int = 1000, seed: int = 0) -> dict:
+    """Does one tuning method keep the base circuit more than another? For each pair of
+    :data:`PRESERVATION_PAIRS` whose runs both hold a circuit shift with per-prompt tables: the base circuit's
+    CPR and CMD inside the first tuned model minus inside the second, paired bootstrap over the shift prompts
+    (each side's faithfulness is measured against its own tuned model's full and empty runs), with the
+    Jaccard indices at the compared size beside them (no interval: one score per model)."""
+    from patching.edges.curves import paired_table_difference
+
+    shifts = {name: r["circuit_shift"] for name, r in runs.items()
+              if "transferred_table" in r.get("circuit_shift", {})}
+    out = {}
+    for a, b in PRESERVATION_PAIRS:
+        if a in shifts and b in shifts:
+            diff = paired_table_difference(shifts[a]["transferred_fractions"], shifts[a]["transferred_table"],
+                                           shifts[b]["transferred_table"], n_bootstrap=n_bootstrap, seed=seed)
+            out[f"{a} minus {b}"] = {"cpr_difference": diff["cpr"], "cmd_difference": diff["cmd"],
+                                     "jaccard": {a: shifts[a]["jaccard_at_size"]["value"],
+                                                 b: shifts[b]["jaccard_at_size"]["value"]},
+                                     "n_prompts": shifts[a]["n_prompts"]}
+    return out
+
+
 def _fmt(e: dict, pct: bool = True, signed: bool = False) -> str:
     f = (lambda x: f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}") if pct else (lambda x: f"{x:.4f}")
     return f"{f(e['value'])} [{f(e['low'])}, {f(e['high'])}]"
@@ -55,6 +82,18 @@ def print_table(results: dict) -> None:
     for arm, c in results.get("claims", {}).items():
         print(f"claim ({arm} vs full): gain difference {_fmt(c['gain_difference'], signed=True)} points, "
               f"KL difference {_fmt(c['kl_difference'], pct=False)}: {c['verdict']}")
+    shifted = [(name, r["circuit_shift"]) for name, r in results["runs"].items() if "transferred_cpr" in
+               r.get("circuit_shift", {})]
+    if shifted:
+        first = shifted[0][1]
+        print(f"\nthe base circuit ({first['n_prompts']} addition prompts) inside each tuned model "
+              f"(in the base: CPR {_fmt(first['reference_cpr'], pct=False)}):")
+        for name, sh in shifted:
+            print(f"  {name:16s} CPR {_fmt(sh['transferred_cpr'], pct=False)}  CMD {_fmt(sh['transferred_cmd'], pct=False)}"
+                  f"  Jaccard at {100 * sh['size']:g}% {sh['jaccard_at_size']['value']:.2f}  Spearman "
+                  f"{sh['spearman']['value']:.2f}")
+    for pair, d in results.get("circuit_preservation", {}).items():
+        print(f"  {pair}: CPR {_fmt(d['cpr_difference'], pct=False)}, CMD {_fmt(d['cmd_difference'], pct=False)}")
     print(f"\nwall time {results['wall_seconds'] / 60:.1f} min over {len(results['wall_seconds_by_command'])} command(s)")
 
 
@@ -89,5 +128,37 @@ def write_report(out: Path, results: dict, model_name: str, settings: dict) -> N
     fig.update_layout(title=f"Precise vs full SFT vs LoRA on {model_name}", height=450, width=1000)
     report = Report(f"Precise SFT vs full SFT vs LoRA: {model_name}")
     report.add_figure(fig)
+    preservation = preservation_figure(results)
+    if preservation is not None:
+        first = next(r["circuit_shift"] for r in results["runs"].values() if "transferred_cpr" in r.get("circuit_shift", {}))
+        report.add_figure(preservation, caption=(
+            f"The base model's addition circuit (EAP-IG, {first['n_prompts']} prompts) at MIB's sizes, evaluated inside "
+            "each tuned model against that model's own full and empty runs: CPR (higher: more faithful) and CMD "
+            "(lower: closer to the full model), with 95% bootstrap intervals over prompts; the dashed line is the "
+            "base circuit in the base model. Paired differences between methods: results.json, "
+            "circuit_preservation."))
     report.add_settings(settings)
     report.save(out / "report.html")
+
+
+def preservation_figure(results: dict):
+    """CPR and CMD of the base circuit inside each tuned model, with intervals (None without circuit shifts)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    shifted = [(name, r["circuit_shift"]) for name, r in results["runs"].items()
+               if "transferred_cpr" in r.get("circuit_shift", {})]
+    if not shifted:
+        return None
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("CPR of the base circuit in the tuned model",
+                                                        "CMD of the base circuit in the tuned model"))
+    names = [name for name, _ in shifted]
+    for col, key in ((1, "transferred_cpr"), (2, "transferred_cmd")):
+        values = [sh[key] for _, sh in shifted]
+        fig.add_trace(go.Bar(x=names, y=[v["value"] for v in values], showlegend=False,
+                             error_y=dict(type="data", symmetric=False, array=[v["high"] - v["value"] for v in values],
+                                          arrayminus=[v["value"] - v["low"] for v in values])), row=1, col=col)
+    reference = shifted[0][1]["reference_cpr"]["value"]
+    fig.add_hline(y=reference, line_dash="dash", row=1, col=1, annotation_text="in the base model")
+    fig.update_layout(height=400, width=1000, title="Does tuning keep the base model's circuit?")
+    return fig

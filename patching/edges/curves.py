@@ -250,10 +250,23 @@ def paired_difference(a: FaithfulnessCurve, b: FaithfulnessCurve, *, n_bootstrap
                       confidence: float = 0.95) -> dict:
     """``a − b`` of two curves measured on the same prompts (in the same order): CPR, CMD and f at each fraction,
     each with a paired bootstrap interval (the same prompts drawn for both curves in every resample)."""
-    if a.table is None or b.table is None or a.table.shape[0] != b.table.shape[0] or a.fractions != b.fractions:
+    if a.table is None or b.table is None or a.fractions != b.fractions:
         raise InputError("A paired difference needs two curves at the same fractions on the same prompts.")
-    n = len(a.fractions)
-    both = np.concatenate([a.table, b.table], axis=1)
+    return paired_table_difference(a.fractions, a.table, b.table, n_bootstrap=n_bootstrap, seed=seed,
+                                   confidence=confidence)
+
+
+def paired_table_difference(fractions: Sequence[float], a_table, b_table, *, n_bootstrap: int = 1000, seed: int = 0,
+                            confidence: float = 0.95) -> dict:
+    """:func:`paired_difference` from two curves' per-prompt tables (``FaithfulnessCurve.table``, or the lists that
+    results.json keeps of them): rows are prompts, columns each fraction's circuit, then the full and empty runs."""
+    a_table, b_table = np.asarray(a_table, dtype=np.float64), np.asarray(b_table, dtype=np.float64)
+    n = len(fractions)
+    if a_table.ndim != 2 or a_table.shape != b_table.shape or a_table.shape[1] != n + 2:
+        raise InputError(f"A paired difference needs two per-prompt tables of the same prompts with {n + 2} columns "
+                         f"(the {n} fractions, full, empty); got shapes {a_table.shape} and {b_table.shape}.")
+    both = np.concatenate([a_table, b_table], axis=1)
+    a_fractions = list(fractions)
 
     def ratios(rows: np.ndarray, offset: int) -> np.ndarray:
         means = rows[:, offset:offset + n + 2].mean(axis=0)
@@ -266,7 +279,7 @@ def paired_difference(a: FaithfulnessCurve, b: FaithfulnessCurve, *, n_bootstrap
         return bootstrap(both, statistic, confidence=confidence, n_resamples=n_bootstrap, seed=seed)
 
     out = {f"f@{100 * x:g}%": estimate(lambda r, i=i: float(ratios(r, 0)[i] - ratios(r, width)[i])).to_dict()
-           for i, x in enumerate(a.fractions)}
-    out["cpr"] = estimate(lambda r: curve_areas(a.fractions, ratios(r, 0))[0] - curve_areas(a.fractions, ratios(r, width))[0]).to_dict()
-    out["cmd"] = estimate(lambda r: curve_areas(a.fractions, ratios(r, 0))[1] - curve_areas(a.fractions, ratios(r, width))[1]).to_dict()
+           for i, x in enumerate(a_fractions)}
+    out["cpr"] = estimate(lambda r: curve_areas(a_fractions, ratios(r, 0))[0] - curve_areas(a_fractions, ratios(r, width))[0]).to_dict()
+    out["cmd"] = estimate(lambda r: curve_areas(a_fractions, ratios(r, 0))[1] - curve_areas(a_fractions, ratios(r, width))[1]).to_dict()
     return out

@@ -78,6 +78,8 @@ class CircuitShift:
     node_mass: list[dict]  # per node: in-circuit |score| mass in M0, in M1, and the change
     path_patching: Optional[dict] = None
     extra: dict = field(default_factory=dict)
+    #: the changed model's path-patching map (``NodeScores``), to pass as the next shift's ``reference_map``
+    changed_map: Optional[object] = field(default=None, repr=False)
 
     def to_dict(self) -> dict:
         return {
@@ -144,11 +146,13 @@ def _node_mass(layout: GraphLayout, graph: Graph, mask: Tensor) -> Tensor:
 
 def circuit_shift(reference: HookedTransformer, changed: HookedTransformer, prompts, settings: ShiftSettings = ShiftSettings(),
                   *, reference_scores: Optional[Graph] = None, changed_scores: Optional[Graph] = None,
-                  path_patching: bool = True) -> CircuitShift:
+                  path_patching: bool = True, reference_map=None) -> CircuitShift:
     """Compare the circuits of ``reference`` and ``changed`` on ``prompts`` (a Dataset; see the module docstring).
 
     ``reference_scores`` / ``changed_scores``: edge scores to use instead of scoring with ``settings.method``
-    (e.g. a learned circuit's); ``path_patching``: add both node-level maps and their difference.
+    (e.g. a learned circuit's); ``path_patching``: add both node-level maps and their difference;
+    ``reference_map``: the reference model's map on the same prompts (a chain of shifts passes the previous
+    shift's ``changed_map``, so that no model is path-patched twice).
     """
     from circuits.stats import bootstrap
 
@@ -195,14 +199,21 @@ def circuit_shift(reference: HookedTransformer, changed: HookedTransformer, prom
     node_mass = sorted(({"node": name, "reference": float(b), "changed": float(a), "change": float(a - b)}
                         for name, b, a in zip(layout.forward_names, before, after) if float(b) or float(a)),
                        key=lambda row: -abs(row["change"]))
-    maps = _path_patching_change(reference, changed, prompts, s) if path_patching else None
+    maps, changed_map = _path_patching_change(reference, changed, prompts, s, reference_map) if path_patching \
+        else (None, None)
     return CircuitShift(s, reference_scores, changed_scores, reference_curve, transferred, own, jaccard, spearman,
-                        edges, node_mass, maps)
+                        edges, node_mass, maps, changed_map=changed_map)
 
 
-def _path_patching_change(reference, changed, prompts, s: ShiftSettings) -> dict:
+def _path_patching_change(reference, changed, prompts, s: ShiftSettings, reference_map=None) -> tuple[dict, object]:
     from patching.path_patching import path_patch
 
-    a, b = (path_patch(model, prompts, batch_size=s.batch_size, progress=False) for model in (reference, changed))
-    return {"reference": a.to_dict(), "changed": b.to_dict(),
-            "heads_change": (b.heads - a.heads).tolist(), "mlps_change": (b.mlps - a.mlps).tolist()}
+    a = reference_map if reference_map is not None else path_patch(reference, prompts, batch_size=s.batch_size,
+                                                                     progress=False)
+    b = path_patch(changed, prompts, batch_size=s.batch_size, progress=False)
+    if a.heads.shape != b.heads.shape or a.mlps.shape != b.mlps.shape or a.n_prompts != b.n_prompts:
+        raise InputError(f"reference_map holds {tuple(a.heads.shape)} heads and {tuple(a.mlps.shape)} MLPs over "
+                         f"{a.n_prompts} prompts; the changed model's map {tuple(b.heads.shape)} and "
+                         f"{tuple(b.mlps.shape)} over {b.n_prompts}: pass the reference model's map on the same prompts.")
+    return ({"reference": a.to_dict(), "changed": b.to_dict(),
+             "heads_change": (b.heads - a.heads).tolist(), "mlps_change": (b.mlps - a.mlps).tolist()}, b)

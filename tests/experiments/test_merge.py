@@ -207,9 +207,27 @@ def test_the_circuit_column_looks_at_each_experts_circuit_inside_every_merge(tmp
     for task in looked_at:
         assert {"task_arithmetic", "ties", "weight_average"} <= set(task["methods"])
         for row in task["methods"].values():
-            assert {"preserved_cpr", "own_cpr", "jaccard", "spearman", "accuracy"} <= set(row)
+            assert {"preserved_cpr", "own_cpr", "jaccard", "spearman", "accuracy", "cpr_change"} <= set(row)
+            change = row["cpr_change"]  # paired over the same prompts: the merge's CPR minus the expert's
+            assert change["value"] == pytest.approx(row["preserved_cpr"]["value"] - task["expert_cpr"]["value"],
+                                                    rel=1e-6, abs=1e-9)
+            assert row["kept"] == ("kept" if change["high"] >= 0 else "lost")
+        versus = task["submodule_vs_baselines"]
+        assert set(versus) == {f"{a} minus {b}" for a in ("closed form (attn_mlp)", "circuit-aware (head in key layers)")
+                               for b in ("task_arithmetic", "ties", "weight_average")}
+        d = versus["closed form (attn_mlp) minus ties"]
+        methods = task["methods"]
+        assert d["preserved_cpr_difference"]["value"] == pytest.approx(
+            methods["closed form (attn_mlp)"]["preserved_cpr"]["value"] - methods["ties"]["preserved_cpr"]["value"],
+            rel=1e-6, abs=1e-9)
+        assert d["accuracy_difference"]["low"] <= d["accuracy_difference"]["value"] <= d["accuracy_difference"]["high"]
         rank = task["preservation_predicts_accuracy"]
         assert "skipped" in rank or "undefined" in rank or rank["n_resamples"] == 0 or rank["low"] <= rank["high"]
+    assert "circuits inside the merges" in (out / "report.html").read_text()
+    from experiments.merge.stats import markdown_summary
+
+    text = markdown_summary(json.loads((out / "results.json").read_text()), ("add_word", "mul", "en_fr"))
+    assert "The circuit column:" in text and "| closed form (attn_mlp) minus ties |" in text
 
 
 def test_a_rank_correlation_over_equal_accuracies_is_undefined_not_a_warning():

@@ -167,4 +167,14 @@ def test_precise_sft_on_the_edge_circuits_heads_beside_the_key_heads(tiny_loader
     for method in ("precise", "precise_circuit", "full"):  # full SFT keeps gemma's absent b_O at zero: a graph still
         shift = runs[method]["circuit_shift"]
         assert shift["n_prompts"] <= 4 and -1 <= shift["spearman"]["value"] <= 1
+        assert len(shift["transferred_table"]) == shift["n_prompts"]
+    # paired preservation from the per-prompt tables: its point value is the difference of the two curves' CPRs
+    preservation = results["circuit_preservation"]
+    assert set(preservation) == {"precise minus full", "precise_circuit minus precise", "precise_circuit minus full"}
+    for pair, d in preservation.items():
+        a, b = pair.split(" minus ")
+        expected = runs[a]["circuit_shift"]["transferred_cpr"]["value"] - runs[b]["circuit_shift"]["transferred_cpr"]["value"]
+        assert d["cpr_difference"]["value"] == pytest.approx(expected, rel=1e-6, abs=1e-9)
+        assert d["cpr_difference"]["low"] <= d["cpr_difference"]["value"] <= d["cpr_difference"]["high"]
+    assert "Does tuning keep the base model" in (out / "report.html").read_text()
     assert results["status"] == "running"  # lora and precise_nokv not run yet: resumable

@@ -29,6 +29,18 @@ def test_drift_is_zero_for_the_same_weights_and_grows_with_a_perturbation(tiny_g
     assert moved["kl"] > 1e-3 and moved["n_tokens"] == same["n_tokens"]
 
 
+def test_drift_of_the_base_against_itself_equals_drift_against_a_copy(tiny_gemma):
+    # the same object skips the second forward; a copy runs it: both must give the same numbers
+    texts = list(NON_MATH_SENTENCES[:5])
+    itself = drift(tiny_gemma, tiny_gemma, texts, per_text=True)
+    copied = drift(tiny_gemma, copy.deepcopy(tiny_gemma), texts, per_text=True)
+    assert itself["kl"] == 0.0 and itself["n_tokens"] == copied["n_tokens"]
+    assert itself["lm_loss"] == pytest.approx(copied["lm_loss"], rel=1e-6)
+    assert itself["base_lm_loss"] == pytest.approx(copied["base_lm_loss"], rel=1e-6)
+    assert itself["per_text"]["lm_loss"] == pytest.approx(copied["per_text"]["lm_loss"], rel=1e-6)
+    assert abs(copied["kl"]) < 1e-6
+
+
 def test_math_suite_uses_held_out_templates_only(tiny):
     suite = math_suite(tiny, MathSuiteConfig(ops=("+", "/"), n_heldout=6, n_transfer=3, n_shots=0))
     assert set(suite) == {f"{f}/{op}" for f in ("heldout", "multi_digit", "decimal", "word_problem") for op in "+/"}

@@ -158,6 +158,12 @@ def test_paired_differences_of_curves_on_the_same_prompts(setup):
     with pytest.raises(InputError, match="same prompts"):
         paired_difference(a, faithfulness_curve(model, scores, batch, fractions=(0.5, 1.0), n_bootstrap=10,
                                                 progress=False))
+    # the tables as results.json keeps them (lists) give the same numbers; a table of other prompts is refused
+    from patching.edges.curves import paired_table_difference
+
+    assert paired_table_difference(fractions, a.table.tolist(), b.table.tolist(), n_bootstrap=100) == diff
+    with pytest.raises(InputError, match="same prompts with 5 columns"):
+        paired_table_difference(fractions, a.table, b.table[:-1], n_bootstrap=10)
 
 
 def test_scores_with_nothing_finite_are_refused_and_infinite_ones_warn():

@@ -53,6 +53,25 @@ def test_a_silenced_head_loses_every_edge_out_of_it(setup):
     assert "jaccard" in shift.to_dict() and "reference_mask" not in shift.to_dict()["edges"]
 
 
+def test_a_chain_of_shifts_reuses_the_previous_changed_map(setup):
+    model, data = setup
+    middle, last = copy.deepcopy(model), copy.deepcopy(model)
+    with torch.no_grad():
+        middle.blocks[1].attn.W_O[0] *= 0.5
+        last.blocks[0].attn.W_O[2] = 0.0
+    first = circuit_shift(model, middle, data, FAST)
+    chained = circuit_shift(middle, last, data, FAST, reference_scores=first.changed_scores,
+                            reference_map=first.changed_map)
+    fresh = circuit_shift(middle, last, data, FAST, reference_scores=first.changed_scores)
+    assert chained.path_patching["reference"] == first.path_patching["changed"]
+    for key in ("heads_change", "mlps_change"):
+        assert torch.allclose(torch.tensor(chained.path_patching[key]), torch.tensor(fresh.path_patching[key]),
+                              atol=1e-6)
+    other = circuit_shift(model, middle, data.select(range(3)), FAST)
+    with pytest.raises(ValueError, match="reference_map .* over 3 prompts"):
+        circuit_shift(middle, last, data, FAST, reference_map=other.changed_map)
+
+
 def test_overlap_intervals_come_from_prompt_resamples(setup):
     model, data = setup
     shift = circuit_shift(model, copy.deepcopy(model), data, ShiftSettings(**{**FAST.__dict__, "n_resamples": 2}),
