@@ -53,6 +53,8 @@ class LoopConfig(RunSettings):
     train_batch: int = option(16, "examples per precise SFT step", type=cli.positive_int)
     merge_lambda: float = option(1.0, "task arithmetic's λ for the merge of the two experts", type=cli.positive_float)
     n_heldout: int = option(40, "held-out math prompts per operation for accuracy", type=cli.positive_int)
+    drift_tokens: int = option(128, "tokens per general text for the drift KL (every position scores the whole "
+                                    "vocabulary, so drift costs in proportion)", type=cli.positive_int)
     n_bootstrap: int = option(500, "bootstrap resamples for every faithfulness interval", type=cli.positive_int)
     batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
 
@@ -113,7 +115,7 @@ def _stages(run: Run) -> None:
 
     def score_model(name, model):
         with run.stage(f"evaluate {name}", f"accuracy and drift of the {name} model"):
-            scored = evaluate(model, base, suite, progress=False, per_prompt=True)
+            scored = evaluate(model, base, suite, progress=False, per_prompt=True, drift_tokens=cfg.drift_tokens)
             steps[name] = {"accuracy": {s: proportion(torch.tensor(v["exact_hits"], dtype=torch.float64)).to_dict()
                                         for s, v in scored["math"].items()},
                            "drift_kl": drift_estimates(scored["drift"]["per_text"])["kl"].to_dict()}

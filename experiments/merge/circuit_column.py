@@ -22,7 +22,6 @@ import copy
 import numpy as np
 from scipy.stats import spearmanr
 
-from experiments.merge.report import CIRCUIT_AWARE
 from patching.edges.curves import paired_table_difference
 
 TASK_OPS = {"add_word": "+", "mul": "*"}  # tasks with an arithmetic circuit, and its operation
@@ -112,7 +111,7 @@ def _submodule_vs_baselines(run, task: str, rows: dict, fractions, n_bootstrap: 
     beside test accuracy (paired over the test prompts), so that preservation is compared at known accuracy."""
     from circuits.stats import paired_difference
 
-    submodule = [n for n in rows if n.startswith("closed form") or n.startswith(CIRCUIT_AWARE)]
+    submodule = [n for n in rows if run.recipes[n][0] == "closed form"]  # circuit-aware is a closed form too
     out = {}
     for a in submodule:
         for b in (b for b in BASELINES if b in rows):

@@ -7,7 +7,7 @@ import json
 from experiments import loop
 
 FAST = ["--n-prompts", "60", "--circuit-prompts", "6", "--n-heads", "2", "--steps", "2", "--train-batch", "4",
-        "--n-heldout", "6", "--n-bootstrap", "50", "--batch-size", "16"]
+        "--n-heldout", "6", "--n-bootstrap", "50", "--batch-size", "16", "--drift-tokens", "24"]
 
 
 def test_the_loop_scores_every_step_and_compares_the_circuits(tiny_dir, tmp_path):
@@ -21,6 +21,9 @@ def test_the_loop_scores_every_step_and_compares_the_circuits(tiny_dir, tmp_path
     for key in ("shift_tuned", "shift_merged"):
         shift = results[key]
         assert {"reference_curve", "transferred_curve", "changed_curve", "jaccard", "spearman", "node_mass"} <= set(shift)
+    # the chain path-patches each model once: the merge's reference map is the tuned model's map
+    assert results["shift_merged"]["path_patching"]["reference"] == results["shift_tuned"]["path_patching"]["changed"]
+    assert results["steps"]["base"]["drift_kl"]["value"] == 0 and results["settings"]["drift_tokens"] == 24
     saved = json.loads((out / "results.json").read_text())
     assert saved["status"] == "complete"
     assert {p.stem for p in (out / "figures").iterdir()} == {"tuned_circuit_shift", "tuned_shift_curves",
