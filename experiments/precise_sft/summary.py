@@ -82,8 +82,7 @@ def print_table(results: dict) -> None:
     for arm, c in results.get("claims", {}).items():
         print(f"claim ({arm} vs full): gain difference {_fmt(c['gain_difference'], signed=True)} points, "
               f"KL difference {_fmt(c['kl_difference'], pct=False)}: {c['verdict']}")
-    shifted = [(name, r["circuit_shift"]) for name, r in results["runs"].items() if "transferred_cpr" in
-               r.get("circuit_shift", {})]
+    shifted = _shifted_runs(results)
     if shifted:
         first = shifted[0][1]
         print(f"\nthe base circuit ({first['n_prompts']} addition prompts) inside each tuned model "
@@ -130,9 +129,8 @@ def write_report(out: Path, results: dict, model_name: str, settings: dict) -> N
     report.add_figure(fig)
     preservation = preservation_figure(results)
     if preservation is not None:
-        first = next(r["circuit_shift"] for r in results["runs"].values() if "transferred_cpr" in r.get("circuit_shift", {}))
         report.add_figure(preservation, caption=(
-            f"The base model's addition circuit (EAP-IG, {first['n_prompts']} prompts) at MIB's sizes, evaluated inside "
+            f"The base model's addition circuit (EAP-IG, {_shifted_runs(results)[0][1]['n_prompts']} prompts) at MIB's sizes, evaluated inside "
             "each tuned model against that model's own full and empty runs: CPR (higher: more faithful) and CMD "
             "(lower: closer to the full model), with 95% bootstrap intervals over prompts; the dashed line is the "
             "base circuit in the base model. Paired differences between methods: results.json, "
@@ -146,8 +144,7 @@ def preservation_figure(results: dict):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    shifted = [(name, r["circuit_shift"]) for name, r in results["runs"].items()
-               if "transferred_cpr" in r.get("circuit_shift", {})]
+    shifted = _shifted_runs(results)
     if not shifted:
         return None
     fig = make_subplots(rows=1, cols=2, subplot_titles=("CPR of the base circuit in the tuned model",
@@ -162,3 +159,9 @@ def preservation_figure(results: dict):
     fig.add_hline(y=reference, line_dash="dash", row=1, col=1, annotation_text="in the base model")
     fig.update_layout(height=400, width=1000, title="Does tuning keep the base model's circuit?")
     return fig
+
+
+def _shifted_runs(results: dict) -> list[tuple[str, dict]]:
+    """``(method, circuit_shift)`` of every run that measured one (``--shift-prompts``), in run order."""
+    return [(name, r["circuit_shift"]) for name, r in results["runs"].items()
+            if "transferred_cpr" in r.get("circuit_shift", {})]

@@ -266,7 +266,7 @@ def paired_table_difference(fractions: Sequence[float], a_table, b_table, *, n_b
         raise InputError(f"A paired difference needs two per-prompt tables of the same prompts with {n + 2} columns "
                          f"(the {n} fractions, full, empty); got shapes {a_table.shape} and {b_table.shape}.")
     both = np.concatenate([a_table, b_table], axis=1)
-    a_fractions = list(fractions)
+    fractions = list(fractions)
 
     def ratios(rows: np.ndarray, offset: int) -> np.ndarray:
         means = rows[:, offset:offset + n + 2].mean(axis=0)
@@ -279,7 +279,7 @@ def paired_table_difference(fractions: Sequence[float], a_table, b_table, *, n_b
         return bootstrap(both, statistic, confidence=confidence, n_resamples=n_bootstrap, seed=seed)
 
     out = {f"f@{100 * x:g}%": estimate(lambda r, i=i: float(ratios(r, 0)[i] - ratios(r, width)[i])).to_dict()
-           for i, x in enumerate(a_fractions)}
-    out["cpr"] = estimate(lambda r: curve_areas(a_fractions, ratios(r, 0))[0] - curve_areas(a_fractions, ratios(r, width))[0]).to_dict()
-    out["cmd"] = estimate(lambda r: curve_areas(a_fractions, ratios(r, 0))[1] - curve_areas(a_fractions, ratios(r, width))[1]).to_dict()
+           for i, x in enumerate(fractions)}
+    out["cpr"] = estimate(lambda r: curve_areas(fractions, ratios(r, 0))[0] - curve_areas(fractions, ratios(r, width))[0]).to_dict()
+    out["cmd"] = estimate(lambda r: curve_areas(fractions, ratios(r, 0))[1] - curve_areas(fractions, ratios(r, width))[1]).to_dict()
     return out

@@ -158,6 +158,8 @@ def circuit_shift(reference: HookedTransformer, changed: HookedTransformer, prom
 
     layout = _check_same_graph(reference, changed)
     s = settings
+    if reference_map is not None:  # before any scoring: a map of other prompts or another model is refused first
+        _check_reference_map(reference_map, layout, len(prompts))
 
     def score(model, data):
         return edge_attribution(model, data, method=s.method, ig_steps=s.ig_steps, norm=s.norm, batch_size=s.batch_size,
@@ -205,15 +207,19 @@ def circuit_shift(reference: HookedTransformer, changed: HookedTransformer, prom
                         edges, node_mass, maps, changed_map=changed_map)
 
 
+def _check_reference_map(reference_map, layout: GraphLayout, n_prompts: int) -> None:
+    heads, mlps = tuple(reference_map.heads.shape), tuple(reference_map.mlps.shape)
+    if heads != (layout.n_layers, layout.n_heads) or mlps != (layout.n_layers,) or reference_map.n_prompts != n_prompts:
+        raise InputError(f"reference_map holds {heads} heads and {mlps} MLPs over {reference_map.n_prompts} prompts; "
+                         f"this shift has ({layout.n_layers}, {layout.n_heads}) heads and ({layout.n_layers},) MLPs "
+                         f"over {n_prompts} prompts: pass the reference model's map on the same prompts.")
+
+
 def _path_patching_change(reference, changed, prompts, s: ShiftSettings, reference_map=None) -> tuple[dict, object]:
     from patching.path_patching import path_patch
 
     a = reference_map if reference_map is not None else path_patch(reference, prompts, batch_size=s.batch_size,
                                                                      progress=False)
     b = path_patch(changed, prompts, batch_size=s.batch_size, progress=False)
-    if a.heads.shape != b.heads.shape or a.mlps.shape != b.mlps.shape or a.n_prompts != b.n_prompts:
-        raise InputError(f"reference_map holds {tuple(a.heads.shape)} heads and {tuple(a.mlps.shape)} MLPs over "
-                         f"{a.n_prompts} prompts; the changed model's map {tuple(b.heads.shape)} and "
-                         f"{tuple(b.mlps.shape)} over {b.n_prompts}: pass the reference model's map on the same prompts.")
     return ({"reference": a.to_dict(), "changed": b.to_dict(),
              "heads_change": (b.heads - a.heads).tolist(), "mlps_change": (b.mlps - a.mlps).tolist()}, b)
