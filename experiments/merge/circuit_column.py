@@ -22,21 +22,14 @@ import copy
 import numpy as np
 from scipy.stats import spearmanr
 
-from patching.edges.curves import paired_table_difference
+from patching.edges.curves import curve_areas, paired_table_difference, table_faithfulness
 
 TASK_OPS = {"add_word": "+", "mul": "*"}  # tasks with an arithmetic circuit, and its operation
 
 
 def _preservation_cpr(curve: dict, rows: np.ndarray) -> float:
     """CPR of a transferred curve's per-prompt table restricted to ``rows`` (a prompt resample)."""
-    from patching.edges.curves import curve_areas
-
-    table = np.asarray(curve["table"])[rows]
-    n = len(curve["fractions"])
-    means = table.mean(axis=0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        f = (means[:n] - means[n + 1]) / (means[n] - means[n + 1])
-    return curve_areas(curve["fractions"], f)[0]
+    return curve_areas(curve["fractions"], table_faithfulness(np.asarray(curve["table"])[rows]))[0]
 
 
 def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_bootstrap: int = 500) -> dict:

@@ -71,6 +71,15 @@ def curve_areas(fractions: Sequence[float], faithfulness: Sequence[float]) -> tu
     return cpr, cmd
 
 
+def table_faithfulness(table) -> np.ndarray:
+    """Faithfulness at each point of a per-prompt table (``FaithfulnessCurve.table``: rows are prompts, columns each
+    point's circuit, then the full and the empty run): (mean circuit − mean empty) / (mean full − mean empty), a ratio
+    of means over the rows given, as MIB averages. Bootstraps pass a resample of the rows."""
+    means = np.asarray(table, dtype=np.float64).mean(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (means[:-2] - means[-1]) / (means[-2] - means[-1])
+
+
 @dataclass
 class FaithfulnessCurve:
     """A faithfulness curve with its areas; every number carries a bootstrap interval over prompts."""
@@ -200,19 +209,13 @@ def faithfulness_curve(
     n_points = len(masks)
     _refuse_zero_denominator(table[:, n_points].mean(), table[:, n_points + 1].mean(), ablation)
 
-    def ratios(rows: np.ndarray) -> np.ndarray:
-        means = rows.mean(axis=0)
-        denominator = means[n_points] - means[n_points + 1]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return (means[:n_points] - means[n_points + 1]) / denominator
-
     def estimate(statistic) -> Estimate:
         return bootstrap(table, statistic, confidence=confidence, n_resamples=n_bootstrap, seed=seed)
 
-    points = [estimate(lambda rows, i=i: float(ratios(rows)[i])) for i in range(n_points)]
+    points = [estimate(lambda rows, i=i: float(table_faithfulness(rows)[i])) for i in range(n_points)]
     if n_points >= 2:
-        cpr = estimate(lambda rows: curve_areas(fractions, ratios(rows))[0])
-        cmd = estimate(lambda rows: curve_areas(fractions, ratios(rows))[1])
+        cpr = estimate(lambda rows: curve_areas(fractions, table_faithfulness(rows))[0])
+        cmd = estimate(lambda rows: curve_areas(fractions, table_faithfulness(rows))[1])
     else:
         cpr = cmd = Estimate(float("nan"), float("nan"), float("nan"), table.shape[0], "none")
     return FaithfulnessCurve(
@@ -268,12 +271,10 @@ def paired_table_difference(fractions: Sequence[float], a_table, b_table, *, n_b
     both = np.concatenate([a_table, b_table], axis=1)
     fractions = list(fractions)
 
-    def ratios(rows: np.ndarray, offset: int) -> np.ndarray:
-        means = rows[:, offset:offset + n + 2].mean(axis=0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return (means[:n] - means[n + 1]) / (means[n] - means[n + 1])
-
     width = n + 2
+
+    def ratios(rows: np.ndarray, offset: int) -> np.ndarray:
+        return table_faithfulness(rows[:, offset:offset + width])
 
     def estimate(statistic) -> Estimate:
         return bootstrap(both, statistic, confidence=confidence, n_resamples=n_bootstrap, seed=seed)

@@ -15,7 +15,7 @@ from circuits.graph_selection import select_top_n
 from circuits.tasks import make_dataset, single_batch
 from tests.tiny_models import tiny_model
 from patching.edges.evaluate import evaluate_circuit, evaluate_circuits
-from patching.edges.curves import MIB_FRACTIONS, curve_areas, faithfulness_curve
+from patching.edges.curves import MIB_FRACTIONS, curve_areas, faithfulness_curve, table_faithfulness
 
 
 def test_areas_of_hand_made_curves():
@@ -31,6 +31,16 @@ def test_areas_of_hand_made_curves():
     assert curve_areas([0.1, 0.2, 0.3, 0.4], f) == pytest.approx((0.1 * (1 + 1.5 + 1.5), 0.1 * (0 + 0.5 + 0.5)))
     with pytest.raises(InputError, match="one faithfulness per fraction"):
         curve_areas([0.1, 0.2], [1.0])
+
+
+def test_faithfulness_of_a_hand_made_table_is_a_ratio_of_means():
+    # two prompts; columns: two circuits, full, empty. Means: 1, 3 | full 4 | empty 1 -> f = 0 and 2/3.
+    table = [[2.0, 5.0, 6.0, 0.0],
+             [0.0, 1.0, 2.0, 2.0]]
+    assert table_faithfulness(table) == pytest.approx([0.0, 2 / 3])
+    # not the mean of per-prompt ratios: the second prompt alone has full == empty
+    assert table_faithfulness(table[:1]) == pytest.approx([2 / 6, 5 / 6])
+    assert not np.isfinite(table_faithfulness(table[1:])).any()
 
 
 @pytest.fixture(scope="module")
