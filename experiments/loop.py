@@ -148,8 +148,10 @@ def _stages(run: Run) -> None:
         state = merge("task_arithmetic", base.state_dict(), [tuned.state_dict(), second.state_dict()],
                       TaskArithmeticConfig(lam=cfg.merge_lambda), progress=False)
         merged.load_state_dict(state)
+        del state  # a full copy of the weights; the merged model holds its own
     results["merge"] = {"method": "task_arithmetic", "lambda": cfg.merge_lambda, "experts": [cfg.op, cfg.second_op]}
     score_model("second expert", second)
+    del second  # not needed after its scores: the last shift holds the base, the tuned and the merged model
     score_model("merged", merged)
     with run.stage("circuit after merging", "the tuned circuit inside the merged model, and the merged model's own"):
         shift_merged = circuit_shift(tuned, merged, circuit_data, shift_settings,
