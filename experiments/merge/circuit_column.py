@@ -11,6 +11,10 @@ all three experts is looked at with :func:`patching.circuit_shift` (expert -> me
 * **does preservation predict accuracy?** Spearman's ρ across merge methods between preservation (CPR) and the
   merged model's test accuracy on the task, with a 95% bootstrap interval that resamples both the methods and
   the prompts (the circuit prompts for CPR, the test prompts for accuracy);
+* **a contrast that is not normalised**: the same ρ for the merged model's own metric on the circuit prompts
+  (its full run, no edge ablated: the answer's logit by default). CPR is a ratio to each model's own full-minus-
+  empty difference, so a merge can keep the circuit's share of a weakened answer; the full-run metric shows
+  whether the answer itself weakened, and whether that goes with accuracy;
 * **which methods keep circuits**: every method's preservation beside its accuracy, so circuit-aware and
   closed-form merges can be set beside task arithmetic, TIES and the spectral methods at similar accuracy.
 """
@@ -30,6 +34,17 @@ TASK_OPS = {"add_word": "+", "mul": "*"}  # tasks with an arithmetic circuit, an
 def _preservation_cpr(curve: dict, rows: np.ndarray) -> float:
     """CPR of a transferred curve's per-prompt table restricted to ``rows`` (a prompt resample)."""
     return curve_areas(curve["fractions"], table_faithfulness(np.asarray(curve["table"])[rows]))[0]
+
+
+def _full_metric(curve: dict, rows: np.ndarray) -> float:
+    """The merged model's own metric (full run, no edge ablated) averaged over ``rows`` of the circuit prompts."""
+    return float(np.asarray(curve["table"])[rows, -2].mean())
+
+
+#: per-merge statistics of the circuit prompts whose rank correlation with accuracy is reported:
+#: (results key, row key, statistic of a curve and a prompt resample)
+PREDICTORS = (("preservation_predicts_accuracy", "preserved_cpr", _preservation_cpr),
+              ("full_metric_predicts_accuracy", "full_metric", _full_metric))
 
 
 def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_bootstrap: int = 500) -> dict:
@@ -72,6 +87,7 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
             rows[name] = {"preserved_cpr": full["transferred_curve"]["cpr"], "own_cpr": full["changed_curve"]["cpr"],
                           "cpr_change": change["cpr"], "kept": _kept(change["cpr"]),
                           "jaccard": full["jaccard"][size], "spearman": full["spearman"],
+                          "full_metric": full["transferred_curve"]["full_metric"],
                           "accuracy": run.results["models"][name]["test"]["tasks"][task]["exact_ci"],
                           "_curve": full["transferred_curve"]}
             print(f"circuit of {task} in {name}: preserved CPR {rows[name]['preserved_cpr']['value']:.3f}, Jaccard "
@@ -82,7 +98,8 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
                               # and empty runs (paired comparisons of preservation between methods)
                               "fractions": list(settings.fractions),
                               "preserved_tables": {k: v["_curve"]["table"] for k, v in rows.items()},
-                              "preservation_predicts_accuracy": _rank_correlation(run, task, rows, n_bootstrap),
+                              **{key: _rank_correlation(run, task, rows, n_bootstrap, row_key, statistic)
+                                 for key, row_key, statistic in PREDICTORS},
                               "submodule_vs_baselines": _submodule_vs_baselines(run, task, rows, settings.fractions,
                                                                                 n_bootstrap)}
         del expert
@@ -116,19 +133,22 @@ def _submodule_vs_baselines(run, task: str, rows: dict, fractions, n_bootstrap: 
     return out
 
 
-def _rank_correlation(run, task: str, rows: dict, n_bootstrap: int) -> dict:
-    """Spearman ρ across methods of preserved CPR and accuracy, bootstrapped over methods and prompts."""
+def _rank_correlation(run, task: str, rows: dict, n_bootstrap: int, row_key: str = "preserved_cpr",
+                      statistic=_preservation_cpr) -> dict:
+    """Spearman ρ across methods of a per-merge statistic of the circuit prompts (``rows[name][row_key]``, and
+    ``statistic(curve, prompt_rows)`` on a resample) and test accuracy, bootstrapped over methods and prompts."""
     names = list(rows)
     if len(names) < 3:
         return {"skipped": f"{len(names)} merged models: a rank correlation needs at least 3"}
-    cpr = np.array([rows[n]["preserved_cpr"]["value"] for n in names])
+    x_values = np.array([rows[n][row_key]["value"] for n in names])
     hits = [np.asarray(run.results["models"][n]["test"]["tasks"][task]["exact_hits"], dtype=float) for n in names]
     acc = np.array([h.mean() for h in hits])
-    constant = [what for what, v in (("preserved CPR", cpr), ("accuracy", acc)) if np.ptp(v) == 0]
+    label = row_key.replace("_", " ").replace("cpr", "CPR")
+    constant = [what for what, v in ((label, x_values), ("accuracy", acc)) if np.ptp(v) == 0]
     if constant:  # Spearman's rho is undefined, not 0: say why instead of passing scipy's NaN on
         return {"spearman": float("nan"), "undefined": f"{' and '.join(constant)} equal across the "
                 f"{len(names)} merged models", "n_methods": len(names)}
-    value = float(spearmanr(cpr, acc)[0])
+    value = float(spearmanr(x_values, acc)[0])
     g = np.random.default_rng(run.cfg.seed)
     n_circuit = len(rows[names[0]]["_curve"]["table"])
     n_test = len(hits[0])
@@ -136,7 +156,7 @@ def _rank_correlation(run, task: str, rows: dict, n_bootstrap: int) -> dict:
     for _ in range(n_bootstrap):
         methods = g.integers(len(names), size=len(names))
         circuit_rows, test_rows = g.integers(n_circuit, size=n_circuit), g.integers(n_test, size=n_test)
-        x = [_preservation_cpr(rows[names[m]]["_curve"], circuit_rows) for m in methods]
+        x = [statistic(rows[names[m]]["_curve"], circuit_rows) for m in methods]
         y = [hits[m][test_rows].mean() for m in methods]
         if np.ptp(x) > 0 and np.ptp(y) > 0:
             draws.append(spearmanr(x, y)[0])
@@ -160,19 +180,24 @@ def markdown(column: dict) -> str:
         lines += ["", f"**{task}**: the expert's circuit ({t['n_prompts']} prompts, {100 * column['size']:g}% for "
                   f"Jaccard) has CPR {_num(t['expert_cpr'])} in the expert.", "",
                   "| merge | CPR in the merge | minus the expert's (paired) | kept | CPR of its own circuit | "
-                  "Jaccard | Spearman | test accuracy |", "|---|---|---|---|---|---|---|---|"]
+                  "Jaccard | Spearman | full-run metric | test accuracy |", "|---|---|---|---|---|---|---|---|---|"]
         for name, row in t["methods"].items():
             change = _num(row["cpr_change"]) if "cpr_change" in row else "–"
+            metric = _num(row["full_metric"]) if "full_metric" in row else "–"
             lines.append(f"| {name} | {_num(row['preserved_cpr'])} | {change} | {row.get('kept', '–')} | "
                          f"{_num(row['own_cpr'])} | {row['jaccard']['value']:.2f} | {row['spearman']['value']:.2f} | "
-                         f"{_num(row['accuracy'])} |")
-        rank = t["preservation_predicts_accuracy"]
-        if "low" in rank:
-            lines += ["", f"Spearman ρ of preserved CPR and accuracy over {rank['n_methods']} merges: "
-                      f"{rank['spearman']:.2f} ({rank['low']:.2f} to {rank['high']:.2f}; {rank['interval']}, "
-                      f"{rank['n_resamples']} resamples)."]
-        else:
-            lines += ["", f"Spearman ρ: {rank.get('undefined') or rank.get('skipped')}."]
+                         f"{metric} | {_num(row['accuracy'])} |")
+        for key, what in (("preservation_predicts_accuracy", "preserved CPR"),
+                          ("full_metric_predicts_accuracy", "the full-run metric")):
+            rank = t.get(key)
+            if rank is None:
+                continue
+            if "low" in rank:
+                lines += ["", f"Spearman ρ of {what} and accuracy over {rank['n_methods']} merges: "
+                              f"{rank['spearman']:.2f} ({rank['low']:.2f} to {rank['high']:.2f}; {rank['interval']}, "
+                              f"{rank['n_resamples']} resamples)."]
+            else:
+                lines += ["", f"Spearman ρ of {what} and accuracy: {rank.get('undefined') or rank.get('skipped')}."]
         versus = t.get("submodule_vs_baselines", {})
         if versus:
             lines += ["", "| submodule merge minus baseline | preserved CPR (paired over circuit prompts) | "

@@ -3,6 +3,7 @@
 import importlib
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -221,13 +222,34 @@ def test_the_circuit_column_looks_at_each_experts_circuit_inside_every_merge(tmp
             methods["closed form (attn_mlp)"]["preserved_cpr"]["value"] - methods["ties"]["preserved_cpr"]["value"],
             rel=1e-6, abs=1e-9)
         assert d["accuracy_difference"]["low"] <= d["accuracy_difference"]["value"] <= d["accuracy_difference"]["high"]
-        rank = task["preservation_predicts_accuracy"]
-        assert "skipped" in rank or "undefined" in rank or rank["n_resamples"] == 0 or rank["low"] <= rank["high"]
+        for key in ("preservation_predicts_accuracy", "full_metric_predicts_accuracy"):
+            rank = task[key]
+            assert "skipped" in rank or "undefined" in rank or rank["n_resamples"] == 0 or rank["low"] <= rank["high"]
+        for name, row in methods.items():  # the full-run metric is the mean of the table's full-run column
+            table = np.asarray(task["preserved_tables"][name])
+            assert row["full_metric"]["value"] == pytest.approx(table[:, len(task["fractions"])].mean(), rel=1e-6)
     assert "circuits inside the merges" in (out / "report.html").read_text()
     from experiments.merge.stats import markdown_summary
 
     text = markdown_summary(json.loads((out / "results.json").read_text()), ("add_word", "mul", "en_fr"))
     assert "The circuit column:" in text and "| closed form (attn_mlp) minus ties |" in text
+
+
+def test_the_full_run_metric_ranks_merges_by_the_full_column_of_their_tables():
+    import types
+
+    from experiments.merge.circuit_column import _full_metric, _rank_correlation
+
+    # three merges, four prompts, one fraction point: columns circuit, full, empty; accuracies rise with the full run
+    hits = {n: {"test": {"tasks": {"+": {"exact_hits": h}}}}
+            for n, h in zip("abc", ([1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]))}
+    run = types.SimpleNamespace(results={"models": hits}, cfg=types.SimpleNamespace(seed=0))
+    rows = {n: {"full_metric": {"value": full}, "_curve": {"table": [[0.0, full + p, 0.0] for p in range(4)]}}
+            for n, full in zip("abc", (5.0, 7.0, 6.0))}
+    rank = _rank_correlation(run, "+", rows, 200, "full_metric", _full_metric)
+    assert rank["spearman"] == pytest.approx(0.5)  # ranks (1, 3, 2) against (1, 2, 3)
+    assert _full_metric(rows["b"]["_curve"], np.array([0, 0, 3, 3])) == pytest.approx(7.0 + 1.5)
+    assert -1 <= rank["low"] <= rank["high"] <= 1 and rank["n_resamples"] > 0
 
 
 def test_a_rank_correlation_over_equal_accuracies_is_undefined_not_a_warning():
