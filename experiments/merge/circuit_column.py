@@ -59,20 +59,21 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
 
     settings = ShiftSettings(n_bootstrap=n_bootstrap, seed=run.cfg.seed, batch_size=run.cfg.eval_batch_size)
     out: dict = {"tasks": {}, "n_prompts": n_prompts, "size": settings.size}
-    experts = {}
+    prompts_of = {}  # the prompts each expert answers, chosen with the expert's weights in run.work
     for task, op in TASK_OPS.items():
         if task not in run.experts:
             continue
-        expert = copy.deepcopy(run.base)
-        expert.load_state_dict(run.experts[task])
-        data = make_dataset(expert, TaskConfig(op=op, n_prompts=4 * n_prompts, n_shots=2, seed=run.cfg.seed + 7))
-        mask = accuracy_mask(expert, data, run.cfg.eval_batch_size)
+        run.work.load_state_dict(run.experts[task])
+        data = make_dataset(run.work, TaskConfig(op=op, n_prompts=4 * n_prompts, n_shots=2, seed=run.cfg.seed + 7))
+        mask = accuracy_mask(run.work, data, run.cfg.eval_batch_size)
         if sum(mask) < 4:
             out["tasks"][task] = {"skipped": f"the {task} expert answers {sum(mask)} of {len(data)} circuit prompts"}
             continue
-        kept, _ = filter_correct(expert, data, mask=mask)
-        experts[task] = (expert, kept.select(range(min(n_prompts, len(kept)))))
-    for task, (expert, prompts) in experts.items():
+        kept, _ = filter_correct(run.work, data, mask=mask)
+        prompts_of[task] = kept.select(range(min(n_prompts, len(kept))))
+    for task, prompts in prompts_of.items():
+        expert = copy.deepcopy(run.base)  # one expert model at a time: each is a full copy of the weights
+        expert.load_state_dict(run.experts[task])
         rows, reference = {}, None
         for name in merged_names:
             run.work.load_state_dict(rebuild(name))
