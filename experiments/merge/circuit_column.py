@@ -22,6 +22,7 @@ all three experts is looked at with :func:`patching.circuit_shift` (expert -> me
 from __future__ import annotations
 
 import copy
+from typing import Callable, NamedTuple
 
 import numpy as np
 from scipy.stats import spearmanr
@@ -41,10 +42,17 @@ def _full_metric(curve: dict, rows: np.ndarray) -> float:
     return float(np.asarray(curve["table"])[rows, -2].mean())
 
 
-#: per-merge statistics of the circuit prompts whose rank correlation with accuracy is reported:
-#: (results key, row key, statistic of a curve and a prompt resample)
-PREDICTORS = (("preservation_predicts_accuracy", "preserved_cpr", _preservation_cpr),
-              ("full_metric_predicts_accuracy", "full_metric", _full_metric))
+class Predictor(NamedTuple):
+    """A per-merge statistic of the circuit prompts whose rank correlation with accuracy is reported."""
+
+    key: str  # the task's results key for the correlation
+    row_key: str  # the per-merge estimate in ``rows[name]``
+    label: str  # how messages and tables name it
+    statistic: Callable  # (transferred curve dict, prompt resample) -> float, for the bootstrap
+
+
+PREDICTORS = (Predictor("preservation_predicts_accuracy", "preserved_cpr", "preserved CPR", _preservation_cpr),
+              Predictor("full_metric_predicts_accuracy", "full_metric", "the full-run metric", _full_metric))
 
 
 def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_bootstrap: int = 500) -> dict:
@@ -99,8 +107,7 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
                               # and empty runs (paired comparisons of preservation between methods)
                               "fractions": list(settings.fractions),
                               "preserved_tables": {k: v["_curve"]["table"] for k, v in rows.items()},
-                              **{key: _rank_correlation(run, task, rows, n_bootstrap, row_key, statistic)
-                                 for key, row_key, statistic in PREDICTORS},
+                              **{p.key: _rank_correlation(run, task, rows, n_bootstrap, p) for p in PREDICTORS},
                               "submodule_vs_baselines": _submodule_vs_baselines(run, task, rows, settings.fractions,
                                                                                 n_bootstrap)}
         del expert
@@ -134,18 +141,16 @@ def _submodule_vs_baselines(run, task: str, rows: dict, fractions, n_bootstrap: 
     return out
 
 
-def _rank_correlation(run, task: str, rows: dict, n_bootstrap: int, row_key: str = "preserved_cpr",
-                      statistic=_preservation_cpr) -> dict:
-    """Spearman ρ across methods of a per-merge statistic of the circuit prompts (``rows[name][row_key]``, and
-    ``statistic(curve, prompt_rows)`` on a resample) and test accuracy, bootstrapped over methods and prompts."""
+def _rank_correlation(run, task: str, rows: dict, n_bootstrap: int, predictor: Predictor = PREDICTORS[0]) -> dict:
+    """Spearman ρ across methods of a per-merge statistic of the circuit prompts (``rows[name][predictor.row_key]``,
+    and ``predictor.statistic`` on a resample) and test accuracy, bootstrapped over methods and prompts."""
     names = list(rows)
     if len(names) < 3:
         return {"skipped": f"{len(names)} merged models: a rank correlation needs at least 3"}
-    x_values = np.array([rows[n][row_key]["value"] for n in names])
+    x_values = np.array([rows[n][predictor.row_key]["value"] for n in names])
     hits = [np.asarray(run.results["models"][n]["test"]["tasks"][task]["exact_hits"], dtype=float) for n in names]
     acc = np.array([h.mean() for h in hits])
-    label = row_key.replace("_", " ").replace("cpr", "CPR")
-    constant = [what for what, v in ((label, x_values), ("accuracy", acc)) if np.ptp(v) == 0]
+    constant = [what for what, v in ((predictor.label, x_values), ("accuracy", acc)) if np.ptp(v) == 0]
     if constant:  # Spearman's rho is undefined, not 0: say why instead of passing scipy's NaN on
         return {"spearman": float("nan"), "undefined": f"{' and '.join(constant)} equal across the "
                 f"{len(names)} merged models", "n_methods": len(names)}
@@ -157,7 +162,7 @@ def _rank_correlation(run, task: str, rows: dict, n_bootstrap: int, row_key: str
     for _ in range(n_bootstrap):
         methods = g.integers(len(names), size=len(names))
         circuit_rows, test_rows = g.integers(n_circuit, size=n_circuit), g.integers(n_test, size=n_test)
-        x = [statistic(rows[names[m]]["_curve"], circuit_rows) for m in methods]
+        x = [predictor.statistic(rows[names[m]]["_curve"], circuit_rows) for m in methods]
         y = [hits[m][test_rows].mean() for m in methods]
         if np.ptp(x) > 0 and np.ptp(y) > 0:
             draws.append(spearmanr(x, y)[0])
@@ -188,17 +193,16 @@ def markdown(column: dict) -> str:
             lines.append(f"| {name} | {_num(row['preserved_cpr'])} | {change} | {row.get('kept', '–')} | "
                          f"{_num(row['own_cpr'])} | {row['jaccard']['value']:.2f} | {row['spearman']['value']:.2f} | "
                          f"{metric} | {_num(row['accuracy'])} |")
-        for key, what in (("preservation_predicts_accuracy", "preserved CPR"),
-                          ("full_metric_predicts_accuracy", "the full-run metric")):
-            rank = t.get(key)
-            if rank is None:
+        for predictor in PREDICTORS:
+            rank = t.get(predictor.key)
+            if rank is None:  # a run older than this predictor
                 continue
             if "low" in rank:
-                lines += ["", f"Spearman ρ of {what} and accuracy over {rank['n_methods']} merges: "
+                lines += ["", f"Spearman ρ of {predictor.label} and accuracy over {rank['n_methods']} merges: "
                               f"{rank['spearman']:.2f} ({rank['low']:.2f} to {rank['high']:.2f}; {rank['interval']}, "
                               f"{rank['n_resamples']} resamples)."]
             else:
-                lines += ["", f"Spearman ρ of {what} and accuracy: {rank.get('undefined') or rank.get('skipped')}."]
+                lines += ["", f"Spearman ρ of {predictor.label} and accuracy: {rank.get('undefined') or rank.get('skipped')}."]
         versus = t.get("submodule_vs_baselines", {})
         if versus:
             lines += ["", "| submodule merge minus baseline | preserved CPR (paired over circuit prompts) | "

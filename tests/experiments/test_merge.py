@@ -238,7 +238,7 @@ def test_the_circuit_column_looks_at_each_experts_circuit_inside_every_merge(tmp
 def test_the_full_run_metric_ranks_merges_by_the_full_column_of_their_tables():
     import types
 
-    from experiments.merge.circuit_column import _full_metric, _rank_correlation
+    from experiments.merge.circuit_column import PREDICTORS, _full_metric, _rank_correlation
 
     # three merges, four prompts, one fraction point: columns circuit, full, empty; accuracies rise with the full run
     hits = {n: {"test": {"tasks": {"+": {"exact_hits": h}}}}
@@ -246,7 +246,8 @@ def test_the_full_run_metric_ranks_merges_by_the_full_column_of_their_tables():
     run = types.SimpleNamespace(results={"models": hits}, cfg=types.SimpleNamespace(seed=0))
     rows = {n: {"full_metric": {"value": full}, "_curve": {"table": [[0.0, full + p, 0.0] for p in range(4)]}}
             for n, full in zip("abc", (5.0, 7.0, 6.0))}
-    rank = _rank_correlation(run, "+", rows, 200, "full_metric", _full_metric)
+    full_metric = next(p for p in PREDICTORS if p.row_key == "full_metric")
+    rank = _rank_correlation(run, "+", rows, 200, full_metric)
     assert rank["spearman"] == pytest.approx(0.5)  # ranks (1, 3, 2) against (1, 2, 3)
     assert _full_metric(rows["b"]["_curve"], np.array([0, 0, 3, 3])) == pytest.approx(7.0 + 1.5)
     assert -1 <= rank["low"] <= rank["high"] <= 1 and rank["n_resamples"] > 0
