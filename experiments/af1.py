@@ -59,6 +59,7 @@ from patching.all_for_one.search import (
 )
 from patching.all_for_one.template_prompts import authors_templates, make_template_dataset
 from patching.all_for_one.cama import CamaConfig
+from patching import SweepOptions
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
@@ -91,7 +92,7 @@ class AF1ExperimentConfig(RunSettings):
 
     def af1_config(self) -> AF1Config:
         """The :class:`patching.all_for_one.search.AF1Config` these flags describe."""
-        return AF1Config(cama=CamaConfig(min_count=self.min_count), batch_size=self.batch_size,
+        return AF1Config(cama=CamaConfig(min_count=self.min_count),
                          min_faithfulness=self.min_faithfulness, prune_keep=self.prune_keep, seed=self.seed)
 
 
@@ -130,10 +131,12 @@ def build_runner(model, templates, cfg: AF1ExperimentConfig, config: AF1Config) 
     cross_fit = cfg.means == "cross-fit"
     data = make_template_dataset(model, templates, cfg.n_prompts, operand_range=(0, cfg.operand_max),
                                  n_shots=cfg.n_shots, seed=cfg.seed, single_token_answers=not cross_fit)
+    options = SweepOptions(batch_size=cfg.batch_size)
     if cross_fit:
-        runner = AF1Runner.cross_fitted(model, data, config, eligible=_one_token(data), n_folds=cfg.n_folds)
+        runner = AF1Runner.cross_fitted(model, data, config, eligible=_one_token(data), n_folds=cfg.n_folds,
+                                        options=options)
     else:
-        runner = AF1Runner.from_dataset(model, data, config)
+        runner = AF1Runner.from_dataset(model, data, config, options=options)
     per_template = {}
     prompt_templates = runner.prompt_templates
     for template in templates:

@@ -40,6 +40,7 @@ from patching.attribution_patching import attribution_patch, rank_agreement
 from patching.knockout import knockout_correct, pool_means
 from patching.path_patching import path_patch
 from patching.results import ActivationScores, NodeScores
+from patching import SweepOptions
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.bench_prompts import one_length_prompts
@@ -125,7 +126,7 @@ def time_activation_patch(model, batch: TaskBatch, tl_layers: list[int], tl_head
                           seconds: dict) -> tuple[ActivationScores, float]:
     """``patching.activation_patch`` on the same heads as TransformerLens; the max |difference| from TL's."""
     start = time.perf_counter()
-    act = activation_patch(model, batch, component="z", positions="all", metric="logit", layers=tl_layers)
+    act = activation_patch(model, batch, component="z", positions="all", options=SweepOptions(metric="logit"), layers=tl_layers)
     seconds["activation_patch_heads"] = time.perf_counter() - start
     diff = float((act.patched[tl_layers] - tl_heads[tl_layers].to(act.patched.device)).abs().max())
     print(f"patching.activation_patch on the same heads: {seconds['activation_patch_heads']:.2f} s, "
@@ -136,7 +137,7 @@ def time_activation_patch(model, batch: TaskBatch, tl_layers: list[int], tl_head
 def time_path_patch(model, batch: TaskBatch, seconds: dict) -> NodeScores:
     """The full path-patching sweep (every head and MLP -> logits) on the fast path."""
     start = time.perf_counter()
-    path = path_patch(model, batch, metric="logit")
+    path = path_patch(model, batch, options=SweepOptions(metric="logit"))
     seconds["path_patch_full"] = time.perf_counter() - start
     print(f"patching.path_patch (fast, {len(all_nodes(model))} senders): {seconds['path_patch_full']:.2f} s")
     return path
@@ -151,7 +152,7 @@ def check_path_patch(model, batch: TaskBatch, path: NodeScores, n_senders: int, 
     diff, seconds["path_patch_hooks_checked"] = None, None
     if senders:
         start = time.perf_counter()
-        slow = path_patch(model, batch, senders=senders, method="hooks", metric="logit")
+        slow = path_patch(model, batch, senders=senders, method="hooks", options=SweepOptions(metric="logit"))
         seconds["path_patch_hooks_checked"] = time.perf_counter() - start
         diff = max(abs(path.score(n) - slow.score(n)) for n in senders)
         print(f"plain hook path patching on {len(senders)} senders: {seconds['path_patch_hooks_checked']:.1f} s, "
@@ -163,9 +164,9 @@ def time_attribution_patch(model, batch: TaskBatch, act: ActivationScores, path:
                            seconds: dict) -> dict:
     """``patching.attribution_patch`` (one backward) and its Spearman agreement with exact activation and path patching."""
     start = time.perf_counter()
-    attr = attribution_patch(model, batch, metric="logit")
+    attr = attribution_patch(model, batch, options=SweepOptions(metric="logit"))
     seconds["attribution_patch"] = time.perf_counter() - start
-    act_all = act if len(tl_layers) == model.cfg.n_layers else activation_patch(model, batch, component="z", metric="logit")
+    act_all = act if len(tl_layers) == model.cfg.n_layers else activation_patch(model, batch, component="z", options=SweepOptions(metric="logit"))
     agreement = {"vs_activation_patching_heads": rank_agreement(attr, act_all, kind="heads"),
                  "vs_path_patching_heads": rank_agreement(attr, path, kind="heads"),
                  "vs_path_patching_all": rank_agreement(attr, path, kind="all"),
@@ -294,7 +295,7 @@ def _stages(run: Run) -> None:
                 "dtype": str(model.cfg.dtype)}
     if cfg.knockout_only:
         with run.stage("path patching"):
-            path = path_patch(model, batch, metric="logit")
+            path = path_patch(model, batch, options=SweepOptions(metric="logit"))
     else:
         with run.stage("sweeps"):
             sweeps, path = compare_sweeps(model, batch, cfg)

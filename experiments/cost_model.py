@@ -224,10 +224,12 @@ def _sweeps(model, cfg: MeasureConfig) -> tuple[dict, dict, dict, Shape]:
     """Every sweep as a callable, the per-sweep extra facts for the fit, the shared state and the prompts' shape."""
     from circuits.tasks import make_dataset
     from circuits.templates import get_templates
-    from patching import (activation_patch, edge_attribution, edge_patch, faithfulness_curve, knockout_correct,
-                          path_patch)
+    from patching import SweepOptions, activation_patch, path_patch
+    from patching.edges import edge_attribution, edge_patch, faithfulness_curve
+    from patching.knockout import knockout_correct
     from patching.forward import shared_prefix_length
-    from patching.all_for_one.search import AF1Config, AF1Runner, NoEvalPromptsError, grid_faithfulness
+    from patching.all_for_one.runner import AF1Runner, NoEvalPromptsError
+    from patching.all_for_one.search import grid_faithfulness
 
     template = get_templates("+", ("equation",))[0]
     data = make_dataset(model, op="+", n_prompts=cfg.n_prompts, template_ids=(template.id,), n_shots=2, seed=cfg.seed)
@@ -249,24 +251,24 @@ def _sweeps(model, cfg: MeasureConfig) -> tuple[dict, dict, dict, Shape]:
 
     def af1():
         try:
-            runner = AF1Runner.from_dataset(model, af1_data, AF1Config(batch_size=cfg.n_prompts))
+            runner = AF1Runner.from_dataset(model, af1_data, options=SweepOptions(batch_size=cfg.n_prompts, progress=False))
         except NoEvalPromptsError:  # a random model answers nothing right
             state["af1_eval"] = 0
             return
-        grid_faithfulness(runner, progress=False)
+        grid_faithfulness(runner)
         extra["af1_grid"] = {"fit": len(af1_data) - runner.n_eval_total, "eval_all": runner.n_eval_total}
         state["af1_eval"] = runner.n_eval
 
     # cheap and edge sweeps first: a run cut short by its time limit still leaves them in the JSON
     runs = {
         "forward": lambda: model(tokens, stop_at_layer=shape.L),
-        "path_patch": lambda: path_patch(model, data, progress=False),
-        "edge_attribution": lambda: state.update(graph=edge_attribution(model, data, ig_steps=5, progress=False)),
-        "faithfulness_curve": lambda: faithfulness_curve(model, state["graph"], data, n_bootstrap=200, progress=False),
-        "edge_patch": lambda: edge_patch(model, edges, data, progress=False),
+        "path_patch": lambda: path_patch(model, data, options=SweepOptions(progress=False)),
+        "edge_attribution": lambda: state.update(graph=edge_attribution(model, data, ig_steps=5, options=SweepOptions(progress=False))),
+        "faithfulness_curve": lambda: faithfulness_curve(model, state["graph"], data, n_bootstrap=200, options=SweepOptions(progress=False)),
+        "edge_patch": lambda: edge_patch(model, edges, data, options=SweepOptions(progress=False)),
         "knockout": lambda: knockout_correct(model, data, sets, n_pool=cfg.knockout_pool),
         "af1_grid": af1,
-        "activation_patch": lambda: activation_patch(model, data, component="z", progress=False),
+        "activation_patch": lambda: activation_patch(model, data, component="z", options=SweepOptions(progress=False)),
     }
     return runs, extra, state, shape
 

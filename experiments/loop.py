@@ -82,9 +82,10 @@ def _tune(model, cfg: LoopConfig, op: str, heads, out, name: str):
 
 
 def _scores(model, data, cfg: LoopConfig):
+    from patching import SweepOptions
     from patching.edges.attribute import edge_attribution
 
-    return edge_attribution(model, data, batch_size=cfg.batch_size, progress=False)
+    return edge_attribution(model, data, options=SweepOptions(batch_size=cfg.batch_size, progress=False))
 
 
 @torch.no_grad()

@@ -26,6 +26,7 @@ from circuits.tasks import TaskConfig, filter_correct, make_dataset
 from circuits.templates import resolve_operation
 from patching.head_ranking import KeyHeads, rank_key_heads
 from patching.knockout import knockout
+from patching import SweepOptions
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
@@ -59,7 +60,8 @@ def identify(model, cfg: TransferConfig, ops: list[str], timer: StageTimer) -> t
         for op in ops:
             dataset = make_dataset(model, TaskConfig(op=op, n_prompts=cfg.n_prompts, seed=cfg.seed))
             kept[op], base[op] = filter_correct(model, dataset, cfg.batch_size)
-        chosen = rank_key_heads(model, kept, top_k=cfg.top_k, combine="per-op", batch_size=cfg.batch_size)
+        chosen = rank_key_heads(model, kept, top_k=cfg.top_k, combine="per-op",
+                                options=SweepOptions(batch_size=cfg.batch_size))
     samples = {op: data.shuffle(seed=cfg.seed).select(range(min(cfg.knockout_prompts, len(data))))
                for op, data in kept.items()}
     for op in ops:
@@ -81,10 +83,10 @@ def cross_knockout(model, cfg: TransferConfig, by_op: dict, samples: dict) -> di
     random_sets = [rng.sample(all_heads(model), cfg.top_k) for _ in range(cfg.random_seeds)]
     cross = {}
     for y, data in samples.items():
-        cross[y] = {"base": knockout(model, data, [], batch_size=cfg.batch_size)}
+        cross[y] = {"base": knockout(model, data, [], options=SweepOptions(batch_size=cfg.batch_size))}
         for x, heads in by_op.items():
-            cross[y][x] = knockout(model, data, heads, batch_size=cfg.batch_size)
-        cross[y]["random"] = sum(knockout(model, data, r, batch_size=cfg.batch_size) for r in random_sets) / len(random_sets)
+            cross[y][x] = knockout(model, data, heads, options=SweepOptions(batch_size=cfg.batch_size))
+        cross[y]["random"] = sum(knockout(model, data, r, options=SweepOptions(batch_size=cfg.batch_size)) for r in random_sets) / len(random_sets)
     return cross
 
 

@@ -63,7 +63,6 @@ def activation_patch(
     answer_ids=None,
     alt_ids=None,
     options: SweepOptions | None = None,
-    **overrides,
 ) -> ActivationScores:
     """Activation-patch ``component`` at every layer (and head, for ``"z"``); mean patched metric per site.
 
@@ -75,7 +74,7 @@ def activation_patch(
         positions: ``"all"`` (every position at once), ``"end"`` (END only) or ``"each"`` (one position at a time;
             adds a ``pos`` axis and needs prompts of a single token length).
         layers: restrict to these layers (default: all); the result keeps all layers, NaN elsewhere.
-        options, overrides: :class:`patching.SweepOptions`, or its fields as keywords: ``metric``,
+        options: :class:`patching.SweepOptions` (None: its defaults): ``metric``,
             ``batch_size``, ``memory_mb`` (activation budget per batched forward), ``reuse_prefix``
             (recompute only the positions from the first one where reference and counterfactual differ,
             with the shared prefix's keys/values cached: same result, faster; ``False`` recomputes every
@@ -87,7 +86,7 @@ def activation_patch(
     check_option("positions", positions, Positions)
     if component in ("mlp_out", "resid_mid") and model.cfg.attn_only:
         raise InputError(f"The model is attention-only: it has no {component}.")
-    opts = sweep_options(options, overrides, "activation_patch")
+    opts = sweep_options(options, "activation_patch")
     metric, batch_size, memory_mb = get_metric(opts.metric), opts.batch_size, opts.budget()
     reuse_prefix, progress = opts.reuse_prefix, opts.shows_progress()
     L, H = model.cfg.n_layers, model.cfg.n_heads

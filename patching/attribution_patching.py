@@ -41,15 +41,14 @@ def attribution_patch(
     answer_ids=None,
     alt_ids=None,
     options: SweepOptions | None = None,
-    **overrides,
 ) -> NodeScores:
     """Linear estimate of each node's activation-patching effect (counterfactual value into the reference run).
 
-    Arguments as in :func:`patching.path_patch` (``options``: :class:`patching.SweepOptions` or its fields as
-    keywords; only ``metric``, ``batch_size`` and ``progress`` apply); ``nodes`` defaults to every head and MLP.
+    Arguments as in :func:`patching.path_patch` (``options``: :class:`patching.SweepOptions`, None for its
+    defaults; only ``metric``, ``batch_size`` and ``progress`` apply); ``nodes`` defaults to every head and MLP.
     Returns :class:`NodeScores` with ``method="attribution"`` (estimated effect, mean over prompts).
     """
-    opts = sweep_options(options, overrides, "attribution_patch")
+    opts = sweep_options(options, "attribution_patch")
     metric, batch_size, progress = get_metric(opts.metric), opts.batch_size, opts.shows_progress()
     nodes = validate_nodes(model, all_nodes(model) if nodes is None else nodes)
     if not nodes:

@@ -22,6 +22,7 @@ stores as ``key_heads_rule``, so a reader knows which of these a list of key hea
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Optional
@@ -31,6 +32,7 @@ import torch
 from circuits.errors import InputError
 from circuits.nodes import Head
 from circuits.arguments import check_option
+from patching.options import SweepOptions, sweep_options
 from patching.path_patching import path_patch
 from patching.results import NodeScores, has_percent
 
@@ -104,11 +106,15 @@ def combine_key_heads(scores_by_op: Mapping[str, NodeScores], *, top_k: int, com
 
 
 def rank_key_heads(model, datasets_by_op: Mapping[str, object], *, top_k: int, combine: Combine = "per-op",
-                   batch_size: int | None = None, progress: bool = False) -> KeyHeads:
+                   options: Optional[SweepOptions] = None) -> KeyHeads:
     """Path-patch every head on each operation's prompts (a ``circuits.tasks.make_dataset`` dataset per
-    operation, usually only the correctly answered ones) and choose the key heads by ``combine``."""
+    operation, usually only the correctly answered ones) and choose the key heads by ``combine``.
+
+    ``options``: the path patching's :class:`patching.SweepOptions` (no progress bar unless asked)."""
     check_option("combine", combine, Combine)
-    scores = {op: path_patch(model, data, batch_size=batch_size, progress=progress) for op, data in datasets_by_op.items()}
+    options = sweep_options(options, "rank_key_heads")
+    options = dataclasses.replace(options, progress=options.shows_progress(False))
+    scores = {op: path_patch(model, data, options=options) for op, data in datasets_by_op.items()}
     return combine_key_heads(scores, top_k=top_k, combine=combine)
 
 

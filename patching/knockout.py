@@ -33,6 +33,7 @@ on other data formats (:func:`circuits.tasks.transfer_datasets`).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 from typing import Optional, Sequence, Union
@@ -54,11 +55,13 @@ from circuits.tasks import TaskBatch, iter_batches
 from patching import forward
 from patching import knockout_fast as _fast
 from patching.inputs import check_finite_weights, check_fits_context
+from patching.options import SweepOptions, sweep_options
 from patching.results import KnockoutCurve, NodeScores
 
 DEFAULT_POOL = 512  # pool prompts the means are averaged over (shared among the evaluated layouts)
 MIN_POOL_PER_LAYOUT = 8  # fewer pool prompts than this in a layout: its "mean" is too close to single prompts
 METHODS = ("prefix", "hooks")
+KNOCKOUT_OPTIONS = ("batch_size", "memory_mb", "progress")  # the SweepOptions knockout uses: it scores top-1 itself
 
 Layout = tuple[str, int]
 
@@ -263,12 +266,10 @@ def knockout_correct(
     min_pool: int = MIN_POOL_PER_LAYOUT,
     seed: int = 0,
     method: str = "prefix",
-    batch_size: int = 32,
-    memory_mb: float = 1024.0,
     screen_argmax: bool = True,
     share_starts: bool = True,
     stats: Optional[dict] = None,
-    progress: bool = False,
+    options: Optional[SweepOptions] = None,
 ) -> Bool[Tensor, "set prompt"]:
     """Per knockout set and prompt: is the first answer token top-1 with the set's nodes mean-ablated?
 
@@ -278,7 +279,11 @@ def knockout_correct(
     switch its savings 3 and 2 of :mod:`patching.knockout_fast`), ``"hooks"`` the plain
     implementation (full forwards, float32 unembedding). ``stats``, a dict, receives how many
     ablated rows the fast path scored and how many of them needed the full float32 unembedding.
+    ``options`` (:class:`patching.SweepOptions`): ``batch_size`` (default 32 prompts), ``memory_mb`` (the fast
+    path's budget for stacked sets, default 1024) and ``progress`` (default none) apply.
     """
+    opts = sweep_options(options, "knockout_correct", KNOCKOUT_OPTIONS)
+    batch_size, memory_mb, progress = opts.batch(32), opts.budget(), opts.shows_progress(False)
     if method not in METHODS:
         raise InputError(f"Unknown knockout method {method!r}: use one of {METHODS}.")
     check_positive_int(batch_size, "batch_size")
@@ -425,14 +430,15 @@ def knockout(
     min_pool: int = MIN_POOL_PER_LAYOUT,
     seed: int = 0,
     method: str = "prefix",
-    batch_size: int = 32,
+    options: Optional[SweepOptions] = None,
 ) -> float:
     """Top-1 accuracy (first answer token) with ``nodes`` mean-ablated; no nodes gives the plain accuracy.
 
-    ``means`` defaults to a fresh pool (:func:`pool_means`); see :func:`knockout_correct`.
+    ``means`` defaults to a fresh pool (:func:`pool_means`); see :func:`knockout_correct` (also for ``options``).
     """
+    opts = sweep_options(options, "knockout", KNOCKOUT_OPTIONS)
     hits = knockout_correct(model, dataset, [nodes], means=means, n_pool=n_pool, min_pool=min_pool, seed=seed,
-                            method=method, batch_size=batch_size)
+                            method=method, options=opts)
     return float(hits.float().mean())
 
 
@@ -471,8 +477,7 @@ def knockout_curve(
     n_pool: int = DEFAULT_POOL,
     min_pool: int = MIN_POOL_PER_LAYOUT,
     method: str = "prefix",
-    batch_size: int = 32,
-    progress: bool = True,
+    options: Optional[SweepOptions] = None,
 ) -> KnockoutCurve:
     """Accuracy after knocking out the top-k heads of ``ranking`` vs k random heads (``n_seeds`` draws per k).
 
@@ -480,7 +485,10 @@ def knockout_curve(
     largest drop of the answer logit first) or an explicit list of heads, most important first.
     ``ks`` may mix counts and fractions of all heads. Intervals: effect-rank and the base accuracy
     are Wilson intervals over prompts; random-rank is a bootstrap over prompts and seeds.
+    ``options``: as in :func:`knockout_correct`, with a progress bar by default.
     """
+    opts = sweep_options(options, "knockout_curve", KNOCKOUT_OPTIONS)
+    opts, batch_size = dataclasses.replace(opts, progress=opts.shows_progress(True)), opts.batch(32)
     if n_seeds < 1:
         raise InputError(f"n_seeds must be >= 1, got {n_seeds}.")
     heads = _ranking(model, ranking, by)
@@ -492,8 +500,7 @@ def knockout_curve(
     for k in ks:
         sets.append(heads[:k])
         sets += [random.Random(seed + s).sample(every_head, k) for s in range(n_seeds)]
-    hits = knockout_correct(model, dataset, sets, means=means, min_pool=min_pool, method=method,
-                            batch_size=batch_size, progress=progress).double()
+    hits = knockout_correct(model, dataset, sets, means=means, min_pool=min_pool, method=method, options=opts).double()
     base = proportion(hits[0])
     effect, random_rank = [], []
     for i in range(len(ks)):
@@ -524,8 +531,7 @@ def knockout_transfer(
     drop_uncovered: bool = False,
     seed: int = 0,
     method: str = "prefix",
-    batch_size: int = 32,
-    progress: bool = True,
+    options: Optional[SweepOptions] = None,
 ) -> dict[str, dict]:
     """Per data format: accuracy of the full model and with ``heads`` mean-ablated (means from a pool of that format).
 
@@ -533,7 +539,11 @@ def knockout_transfer(
     a format to its :class:`LayoutMeans` (default: a fresh pool per format). ``drop_uncovered``
     evaluates only the prompts whose layout has ``min_pool`` pool prompts (the count dropped is
     reported) instead of refusing. Accuracies carry Wilson intervals, the drop a paired bootstrap.
+    ``options``: as in :func:`knockout_correct`; the bar (by default) counts formats.
     """
+    opts = sweep_options(options, "knockout_transfer", KNOCKOUT_OPTIONS)
+    batch_size, progress = opts.batch(32), opts.shows_progress(True)
+    per_format = dataclasses.replace(opts, progress=False)
     out = {}
     for name, ds in tqdm(datasets.items(), desc="knockout transfer", disable=not progress, leave=False):
         m = (means or {}).get(name) or pool_means(model, ds, heads, n_pool=n_pool, seed=seed, batch_size=batch_size)
@@ -544,7 +554,7 @@ def knockout_transfer(
                 out[name] = {"n_prompts": 0, "n_dropped": n_all, "skipped": "no layout has enough pool prompts"}
                 continue
         hits = knockout_correct(model, ds, [[], heads], means=m, min_pool=min_pool, method=method,
-                                batch_size=batch_size).double()
+                                options=per_format).double()
         base, ablated = proportion(hits[0]), proportion(hits[1])
         out[name] = {"n_prompts": len(ds), "n_dropped": n_all - len(ds), "n_pool": m.n_prompts,
                      "base": base.value, "knockout": ablated.value,

@@ -4,16 +4,18 @@ Path patching, activation and attribution patching, edge attribution, exact edge
 circuit evaluation and faithfulness curves all score runs by a metric at END, split their
 prompts into batches, size their batched forwards to a memory budget, may skip the prefix
 that reference and counterfactual share, and show progress bars. Those five settings travel
-together as one frozen record::
+together as one frozen record, the one way to pass them::
 
     opts = SweepOptions(metric="prob", memory_mb=4096)
     edge_patch(model, None, data, options=opts)
     faithfulness_curve(model, scores, data, options=opts)
 
-Every method also takes the fields as keywords (``edge_patch(model, None, data, metric="prob")``),
-which replace the record's values; an unknown keyword is an error that lists the fields.
-``memory_mb`` and ``progress`` default to ``None``: each method's own default (1024 MB, or 2048 MB
-for edge attribution's backward passes; a bar for sweeps, none for circuit evaluation).
+``options=None`` (the default everywhere) means ``SweepOptions()``. ``batch_size``, ``memory_mb``
+and ``progress`` default to ``None``: each method's own default (one group per prompt length, or
+32 prompts for knockout and AF1; 1024 MB, or 2048 MB for edge attribution's backward passes; a bar
+for sweeps, none for circuit evaluation). Knockout and AF1 batch and show progress but score by
+top-1 accuracy on every position: they refuse a record that sets ``metric``, ``memory_mb`` or
+``reuse_prefix`` where it does not apply, rather than ignore it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 from circuits.arguments import check_positive_int
 from circuits.errors import InputError
@@ -53,31 +55,32 @@ class SweepOptions:
         """``memory_mb``, or the method's ``default`` when it is None."""
         return float(default if self.memory_mb is None else self.memory_mb)
 
+    def batch(self, default: int) -> int:
+        """``batch_size``, or the method's ``default`` when it is None."""
+        return default if self.batch_size is None else self.batch_size
+
     def shows_progress(self, default: bool = True) -> bool:
         """``progress``, or the method's ``default`` when it is None."""
         return default if self.progress is None else bool(self.progress)
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(SweepOptions))
+_DEFAULTS = SweepOptions()
 
 
-def sweep_options(options: Optional[SweepOptions], overrides: dict, where: str) -> SweepOptions:
-    """``options`` (default: :class:`SweepOptions`) with the keyword ``overrides`` applied.
+def sweep_options(options: Optional[SweepOptions], where: str, applies: Sequence[str] = FIELDS) -> SweepOptions:
+    """``options``, or :class:`SweepOptions` when it is None, checked for ``where`` (the function's name).
 
-    ``where`` names the function in the message for a keyword that is not a sweep option.
+    ``applies``: the fields the function uses; a record setting another one away from its default is refused.
     """
-    if options is not None and not isinstance(options, SweepOptions):
-        raise InputError(f"{where}: options must be a patching.SweepOptions, got {type(options).__name__}.")
-    unknown = sorted(set(overrides) - set(FIELDS))
-    if unknown:
-        raise InputError(f"{where}() got unexpected keyword argument(s) {', '.join(unknown)}; its sweep options are "
-                         f"{', '.join(FIELDS)} (patching.SweepOptions).")
-    return dataclasses.replace(options or SweepOptions(), **overrides)
+    if options is None:
+        return SweepOptions()
+    if not isinstance(options, SweepOptions):
+        raise InputError(f"{where}: options must be a patching.SweepOptions (or None for the defaults), "
+                         f"got {type(options).__name__}.")
+    unused = [name for name in FIELDS if name not in applies and getattr(options, name) != getattr(_DEFAULTS, name)]
+    if unused:
+        raise InputError(f"{where} does not use the sweep option(s) {', '.join(unused)} (it uses "
+                         f"{', '.join(applies)}): leave them at their defaults.")
+    return options
 
-
-def split_sweep_keywords(kwargs: dict, where: str) -> tuple[SweepOptions, dict]:
-    """The :class:`SweepOptions` of a wrapper's ``**kwargs`` (``options=`` plus option keywords), and the rest."""
-    rest = dict(kwargs)
-    options = rest.pop("options", None)
-    own = {name: rest.pop(name) for name in FIELDS if name in rest}
-    return sweep_options(options, own, where), rest

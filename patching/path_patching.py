@@ -61,7 +61,6 @@ def path_patch(
     freeze_mlps: bool = False,
     method: str = "fast",
     options: Optional[SweepOptions] = None,
-    **overrides,
 ) -> NodeScores:
     """Path-patching effect of each sender on the receiver, averaged over prompts.
 
@@ -77,14 +76,14 @@ def path_patch(
         answer_ids, alt_ids: the scored token (and the alternative for ``"logit_diff"``); one int or one per prompt.
         freeze_mlps: freeze MLP outputs to their reference values too (only direct paths remain).
         method: ``"fast"`` (END-only recomputation, receiver = logits) or ``"hooks"`` (plain, one forward per sender).
-        options, overrides: :class:`patching.SweepOptions`, or its fields as keywords: ``metric`` (a name in
+        options: :class:`patching.SweepOptions` (None: its defaults): ``metric`` (a name in
             :data:`patching.metrics.METRICS` or a callable ``fn(logits, answer_ids, alt_ids)``), ``batch_size``
             (prompts per forward; default: all prompts of one token length together), ``memory_mb`` (activation
             budget per batched forward of the fast path), ``progress``.
     Returns:
         :class:`NodeScores` with effects (patched minus reference metric); unscored nodes are NaN.
     """
-    opts = sweep_options(options, overrides, "path_patch")
+    opts = sweep_options(options, "path_patch")
     metric, batch_size, memory_mb, progress = get_metric(opts.metric), opts.batch_size, opts.budget(), opts.shows_progress()
     by_default = senders is None
     senders = validate_nodes(model, all_nodes(model) if senders is None else senders)

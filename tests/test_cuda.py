@@ -16,6 +16,7 @@ from transformer_lens import patching as tl_patching
 from circuits.nodes import Head, MLP
 from circuits.tasks import make_dataset, single_batch
 from tests.tiny_models import tiny_model
+from patching import SweepOptions
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -36,8 +37,8 @@ def test_activation_patching_with_prefix_reuse(style, kv):
     cpu, gpu = _pair(style, kv, n_layers=3)
     data = make_dataset(cpu, n_prompts=4, n_shots=2, template_ids=("add-equation-0",), seed=4)
     batch = single_batch(data)
-    got_cpu = activation_patch(cpu, batch, component="z", progress=False)
-    got_gpu = activation_patch(gpu, batch, component="z", progress=False)
+    got_cpu = activation_patch(cpu, batch, component="z", options=SweepOptions(progress=False))
+    got_gpu = activation_patch(gpu, batch, component="z", options=SweepOptions(progress=False))
     torch.testing.assert_close(got_gpu.patched.cpu(), got_cpu.patched, atol=1e-4, rtol=0)
     # and against TransformerLens on the GPU
     tokens, cf = batch.tokens.cuda(), batch.cf_tokens.cuda()
@@ -71,8 +72,8 @@ def test_bf16_sweeps_are_finite():
     model = tiny_model(style="gemma", device="cuda").to(torch.bfloat16)
     model.cfg.dtype = torch.bfloat16
     data = make_dataset(model, n_prompts=4, n_shots=2, template_ids=("add-equation-0",), seed=4)
-    assert torch.isfinite(path_patch(model, data, progress=False).heads).all()
-    assert torch.isfinite(activation_patch(model, data, component="z", progress=False).patched).all()
+    assert torch.isfinite(path_patch(model, data, options=SweepOptions(progress=False)).heads).all()
+    assert torch.isfinite(activation_patch(model, data, component="z", options=SweepOptions(progress=False)).patched).all()
 
 
 @pytest.mark.parametrize("method", ["precise", "full", "lora"])

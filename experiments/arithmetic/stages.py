@@ -50,6 +50,7 @@ from experiments.circuit.stage import summary as circuit_summary
 from experiments.runtime.settings import project
 from patching.edges.faithful_circuit import MIN_PROMPTS as MIN_CIRCUIT_PROMPTS
 from patching.edges.faithful_circuit import CircuitSearch
+from patching import SweepOptions
 
 if TYPE_CHECKING:
     from experiments.arithmetic.config import PipelineConfig
@@ -183,7 +184,7 @@ def identify_key_heads(run: PipelineRun, prompts: Prompts) -> KeyHeadChoice:
     """Path patching of every head and MLP to the answer logit, under both twin rules; the top-k heads of one."""
     cfg = run.cfg
     with run.timer.stage("path patching"):
-        by_corrupt = {c: path_patch(run.model, prompts.twins[c], batch_size=cfg.batch_size) for c in ("query", "all")}
+        by_corrupt = {c: path_patch(run.model, prompts.twins[c], options=SweepOptions(batch_size=cfg.batch_size)) for c in ("query", "all")}
         scores = by_corrupt[cfg.corrupt]
         heads, fraction = key_heads(scores, top_k=cfg.top_k)
         rule = combine_key_heads({cfg.op: scores}, top_k=cfg.top_k).rule | {"corrupt": cfg.corrupt}
@@ -219,7 +220,7 @@ def knock_out(run: PipelineRun, prompts: Prompts, chosen: KeyHeadChoice) -> Knoc
         knock_data = kept.shuffle(seed=cfg.seed).select(range(min(cfg.knockout_prompts, len(kept))))
         ks = [int(k) for k in cfg.knockout_ks.split(",") if k.strip()]  # checked against the model at load
         curve = knockout_curve(model, knock_data, chosen.scores, ks=ks, n_seeds=cfg.knockout_seeds,
-                               n_pool=cfg.knockout_pool, seed=cfg.seed, batch_size=cfg.batch_size)
+                               n_pool=cfg.knockout_pool, seed=cfg.seed, options=SweepOptions(batch_size=cfg.batch_size))
         run.results["knockout"] = curve.to_dict()  # saved with this stage, before the (slower) transfer formats
     run.figures["knockout"] = curve.figure(title=f"Knockout, {run.name}: effect-rank vs random-rank heads")
     return curve
@@ -231,7 +232,7 @@ def knock_out_on_transfer_formats(run: PipelineRun, chosen: KeyHeadChoice, curve
     with run.timer.stage("knockout on transfer formats"):
         formats = transfer_datasets(model, cfg.op, n_prompts=cfg.transfer_prompts, seed=cfg.seed, n_shots=cfg.n_shots)
         curve.transfer = knockout_transfer(model, formats, chosen.heads, n_pool=cfg.knockout_pool, drop_uncovered=True,
-                                           seed=cfg.seed, batch_size=cfg.batch_size)
+                                           seed=cfg.seed, options=SweepOptions(batch_size=cfg.batch_size))
     run.figures["knockout_transfer"] = curve.transfer_figure(title=f"Key heads of {run.name} knocked out on other formats")
     run.results["knockout"] = curve.to_dict()
     return formats
@@ -337,7 +338,8 @@ def _af1_grid(model, cfg: PipelineConfig) -> tuple[dict, go.Figure | None]:
     data = make_template_dataset(model, templates, cfg.af1_prompts, n_shots=0, seed=cfg.seed)
     info = {"templates": [t.id for t in templates], "n_shots": 0, "n_prompts": len(data)}
     try:
-        runner = AF1Runner.from_dataset(model, data, AF1Config(batch_size=cfg.batch_size, seed=cfg.seed))
+        runner = AF1Runner.from_dataset(model, data, AF1Config(seed=cfg.seed),
+                                        options=SweepOptions(batch_size=cfg.batch_size))
     except NoEvalPromptsError as err:
         return info | {"n_eval": 0, "skipped": f"{err} ({len(data)} zero-shot prompts)"}, None
     info |= {"n_eval": runner.n_eval, "base_accuracy": runner.base_accuracy}

@@ -53,6 +53,7 @@ from patching.edges.attribute import edge_attribution
 from patching.edges.patch_fast import receiver_kind
 from patching.edges.patch import EdgeEffects, edge_patch
 from patching.edges.curves import MIB_FRACTIONS, faithfulness_curve
+from patching import SweepOptions
 
 
 def edge_count(text: str) -> str:
@@ -179,7 +180,7 @@ def _exact_in_parts(run: BenchRun, edges) -> EdgeEffects:
         part_of.setdefault((layout.n_layers - layer) // 3, []).append((f, b))
     parts, done, clock = [], 0, time.perf_counter()
     for key in sorted(part_of):
-        parts.append(edge_patch(run.model, part_of[key], run.batch, memory_mb=run.cfg.memory_mb))
+        parts.append(edge_patch(run.model, part_of[key], run.batch, options=SweepOptions(memory_mb=run.cfg.memory_mb)))
         done += len(part_of[key])
         run.results["exact_progress"] = {"n_edges_done": done, "n_edges": len(edges),
                                          "seconds": time.perf_counter() - clock}
@@ -233,9 +234,9 @@ def our_attribution(run: BenchRun) -> None:
     """This toolkit's EAP-IG-inputs and EAP over every edge, timed."""
     cfg = run.cfg
     run.scores["eap_ig_inputs"] = run.timed("edge_attribution_eap_ig_inputs", lambda: edge_attribution(
-        run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, memory_mb=cfg.memory_mb))
+        run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, options=SweepOptions(memory_mb=cfg.memory_mb)))
     run.scores["eap"] = run.timed("edge_attribution_eap", lambda: edge_attribution(
-        run.model, run.batch, method="EAP", memory_mb=cfg.memory_mb))
+        run.model, run.batch, method="EAP", options=SweepOptions(memory_mb=cfg.memory_mb)))
     print(f"edge_attribution: EAP-IG-inputs ({cfg.ig_steps} steps) {run.seconds['edge_attribution_eap_ig_inputs']:.1f} s, "
           f"EAP {run.seconds['edge_attribution_eap']:.1f} s")
 
@@ -272,7 +273,7 @@ def our_curve(run: BenchRun):
     """``faithfulness_curve`` at MIB's ten sizes (top-n by |EAP-IG score|, pruned as MIB prunes), timed."""
     ig = run.scores["eap_ig_inputs"]
     curve = run.timed("faithfulness_curve", lambda: faithfulness_curve(
-        run.model, ig, run.batch, select=mib_selector(run.layout), memory_mb=run.cfg.memory_mb))
+        run.model, ig, run.batch, select=mib_selector(run.layout), options=SweepOptions(memory_mb=run.cfg.memory_mb)))
     run.results["curve"] = curve.to_dict()
     run.save()
     print(f"faithfulness_curve ({len(MIB_FRACTIONS)} sizes + full + empty): {run.seconds['faithfulness_curve']:.1f} s; "
@@ -306,9 +307,9 @@ def fast_vs_hook_path(run: BenchRun) -> None:
     cfg = run.cfg
     sample = _strata(run.layout, cfg.compare_per_stratum, cfg.seed)
     hooked = run.timed("edge_patch_sample_hook_path", lambda: edge_patch(
-        run.model, sample, run.batch, memory_mb=cfg.memory_mb, fast=False))
+        run.model, sample, run.batch, options=SweepOptions(memory_mb=cfg.memory_mb), fast=False))
     fast = run.timed("edge_patch_sample_fast_path", lambda: edge_patch(run.model, sample, run.batch,
-                                                                       memory_mb=cfg.memory_mb))
+                                                                       options=SweepOptions(memory_mb=cfg.memory_mb)))
     compared = run.results["edge_patch_fast_vs_hook_path"] = {
         "n_edges": len(sample), "per_stratum": cfg.compare_per_stratum,
         "speedup": run.seconds["edge_patch_sample_hook_path"] / run.seconds["edge_patch_sample_fast_path"],
@@ -395,11 +396,10 @@ def head_edge_verdict(run: BenchRun) -> None:
     edges = sorted(edges[i] for i in torch.randperm(len(edges), generator=g)[:cfg.head_edges].tolist())
     f_idx, b_idx = torch.tensor(edges).T
     exact = {norm: run.timed(f"exact_head_edges_{norm}", lambda norm=norm: edge_patch(
-        run.model, edges, run.batch, norm=norm, memory_mb=cfg.memory_mb, progress=False)).effects.float()
+        run.model, edges, run.batch, norm=norm, options=SweepOptions(memory_mb=cfg.memory_mb, progress=False))).effects.float()
         for norm in ("frozen", "recompute")}
     scores = {change: run.timed(f"attribution_head_change_{change}", lambda change=change: edge_attribution(
-        run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, norm=change, memory_mb=cfg.memory_mb,
-        progress=False)).scores[f_idx, b_idx] for change in ("frozen", "pre-norm", "recompute")}
+        run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, norm=change, options=SweepOptions(memory_mb=cfg.memory_mb, progress=False))).scores[f_idx, b_idx] for change in ("frozen", "pre-norm", "recompute")}
     k = max(3, len(edges) // 100)
 
     def overlap(values, truth) -> float:

@@ -56,6 +56,7 @@ from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS
 from patching.edges.evaluate import ABLATIONS
 from patching.edges.faithful_circuit import CircuitSearch, method_names
 from patching.edges.learn import LearnConfig
+from patching import SweepOptions
 
 logger = logging.getLogger("experiments")
 
@@ -138,7 +139,7 @@ def path_patching_key_heads(model, prompts: Dataset, cfg: CircuitConfig) -> list
 
     if cfg.top_k == 0:
         return []
-    heads, _ = key_heads(path_patch(model, prompts, batch_size=cfg.batch_size), top_k=cfg.top_k)
+    heads, _ = key_heads(path_patch(model, prompts, options=SweepOptions(batch_size=cfg.batch_size)), top_k=cfg.top_k)
     return heads
 
 

@@ -63,6 +63,7 @@ from finetune.evaluate import (
     validation_suite,
 )
 from patching.path_patching import path_patch
+from patching import SweepOptions
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.precise_sft.summary import claim, preservation_comparisons, print_table, score_summary, write_report
@@ -280,7 +281,7 @@ def _rank_nodes(base, cfg: SFTComparisonConfig) -> tuple[str, list[Head], list[M
     for i, op in enumerate(OPS):
         probe = make_dataset(base, op=op, n_prompts=cfg.n_rank_prompts, styles=("equation", "statement", "question"),
                              seed=1000 + i)
-        scores = path_patch(base, probe, progress=False)
+        scores = path_patch(base, probe, options=SweepOptions(progress=False))
         as_percent = {n: scores.percent(n) for n, _ in scores.ranked("all")}
         total = as_percent if total is None else {n: total[n] + as_percent[n] for n in total}
     order = [n for n, _ in sorted(total.items(), key=lambda item: item[1])]  # largest drop first
@@ -300,7 +301,7 @@ def _circuit_heads(base, cfg: SFTComparisonConfig) -> list[Head]:
     for i, op in enumerate(OPS):
         probe = make_dataset(base, op=op, n_prompts=cfg.n_rank_prompts, styles=("equation", "statement", "question"),
                              seed=1000 + i)
-        scores = edge_attribution(base, probe, progress=False).scores.abs()
+        scores = edge_attribution(base, probe, options=SweepOptions(progress=False)).scores.abs()
         scaled = scores / scores.nan_to_num(0.0).max().clamp_min(1e-12)
         total = scaled if total is None else total + scaled
     heads = circuit_heads(Graph.from_model(base).__class__(Graph.from_model(base).layout, total), cfg.k, cfg.circuit_size)

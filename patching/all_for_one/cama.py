@@ -58,6 +58,7 @@ from transformer_lens.hook_points import HookPoint
 
 from circuits.arguments import check_positive_int
 from circuits.errors import InputError
+from patching.options import SweepOptions, sweep_options
 
 
 @dataclass(frozen=True)
@@ -257,12 +258,14 @@ def fit_cama(
     layers: int | Iterable[int],
     config: CamaConfig = CamaConfig(),
     *,
-    batch_size: int = 32,
+    options: SweepOptions | None = None,
 ) -> dict[Hashable, dict[int, CamaMeans]]:
     """Fit CAMA means on ``dataset`` per alignment group and per layer: ``{group: {layer: means}}``.
 
-    One forward per batch collects the residual at every requested layer.
+    One forward per batch collects the residual at every requested layer; of ``options``
+    (:class:`patching.SweepOptions`) only ``batch_size`` applies (default 32 prompts).
     """
+    batch_size = sweep_options(options, "fit_cama", ("batch_size",)).batch(32)
     layers = [layers] if isinstance(layers, int) else sorted(set(layers))
     if not layers:
         raise InputError("No CAMA layers given.")

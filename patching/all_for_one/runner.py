@@ -28,8 +28,11 @@ from patching import forward
 from patching.all_for_one.abp import PeekRule, abp_hooks, layer_peek_masks
 from patching.all_for_one.template_prompts import cross_fit_folds, split_fit_eval
 from patching.all_for_one.cama import CamaConfig, CamaMeans, fit_cama, group_rows, residuals
+from patching.options import SweepOptions, sweep_options
 
 logger = logging.getLogger(__name__)
+
+AF1_OPTIONS = ("batch_size", "progress")  # the SweepOptions AF1 uses: it scores top-1, its blocks sized by the config
 
 
 
@@ -44,7 +47,6 @@ class AF1Config:
     cama: CamaConfig = field(default_factory=CamaConfig)
     others: PeekRule = "self"
     fit_fraction: float = 0.5
-    batch_size: int = 32
     tail_batch_size: int = 256  # rows per block call when the grid batches many settings together
     min_faithfulness: float = 0.9
     prune_keep: float = 0.95
@@ -53,7 +55,6 @@ class AF1Config:
     ablate_wait: bool = True
 
     def __post_init__(self) -> None:
-        check_positive_int(self.batch_size, "AF1Config.batch_size")
         check_positive_int(self.tail_batch_size, "AF1Config.tail_batch_size")
         if not 0 < self.fit_fraction < 1:
             raise InputError(f"fit_fraction must be in (0, 1), got {self.fit_fraction}.")
@@ -119,20 +120,25 @@ class AF1Runner:
     ``eval_data`` should hold the prompts the full model answers correctly (see
     :meth:`from_dataset`, or :meth:`cross_fitted` for means fitted on the other folds).
     Eval prompts whose alignment group has no fit prompts are dropped and counted in
-    ``n_unmatched``.
+    ``n_unmatched``. ``options`` (:class:`patching.SweepOptions`): ``batch_size`` (prompts per
+    forward, default 32) and ``progress`` (the grid's and the pruning's bars, shown by default) apply.
     """
 
     base_accuracy: float = float("nan")  # full-model accuracy on the eligible eval prompts (set by the constructors)
     n_eval_total: int = 0
 
     def __init__(self, model: HookedTransformer, fit_data: Dataset, eval_data: Dataset,
-                 config: AF1Config = AF1Config(), layers: Iterable[int] | None = None):
-        self._setup(model, config, layers)
+                 config: AF1Config = AF1Config(), layers: Iterable[int] | None = None,
+                 options: SweepOptions | None = None):
+        self._setup(model, config, layers, options)
         self._add_split(fit_data, eval_data)
         self._finish()
 
-    def _setup(self, model: HookedTransformer, config: AF1Config, layers: Iterable[int] | None) -> None:
+    def _setup(self, model: HookedTransformer, config: AF1Config, layers: Iterable[int] | None,
+               options: SweepOptions | None) -> None:
         self.model, self.config = model, config
+        self.options = sweep_options(options, "AF1Runner", AF1_OPTIONS)
+        self.batch_size = self.options.batch(32)
         n = model.cfg.n_layers
         self.layers = sorted(set(range(n + 1) if layers is None else layers))
         for layer in self.layers:
@@ -147,8 +153,8 @@ class AF1Runner:
             raise NoEvalPromptsError("AF1 needs at least one evaluation prompt (none were answered correctly?).")
         if len(fit_data) == 0:
             raise InputError("AF1 needs prompts to fit the CAMA means on; the fit set is empty.")
-        device, bs = self.model.cfg.device, self.config.batch_size
-        fitted = fit_cama(self.model, fit_data, self.layers, self.config.cama, batch_size=bs)
+        device, bs = self.model.cfg.device, self.batch_size
+        fitted = fit_cama(self.model, fit_data, self.layers, self.config.cama, options=SweepOptions(batch_size=bs))
         fit_prompts = {key: frozenset(fit_data.select(rows)["prompt"]) for key, rows in group_rows(fit_data).items()}
         for key, rows in group_rows(eval_data).items():
             if key not in fitted:
@@ -169,14 +175,15 @@ class AF1Runner:
 
     @classmethod
     def from_dataset(cls, model: HookedTransformer, data: Dataset, config: AF1Config = AF1Config(),
-                     fit_data: Dataset | None = None, layers: Iterable[int] | None = None) -> "AF1Runner":
+                     fit_data: Dataset | None = None, layers: Iterable[int] | None = None,
+                     options: SweepOptions | None = None) -> "AF1Runner":
         """Split ``data`` (unless ``fit_data`` is given), keep the correctly answered eval prompts, build a runner."""
         if len(data) == 0:
             raise InputError("AF1 got an empty dataset.")
         if fit_data is None:
             fit_data, data = split_fit_eval(data, config.fit_fraction, config.seed)
-        correct = accuracy_mask(model, data, config.batch_size)
-        runner = cls(model, fit_data, data.select([i for i, ok in enumerate(correct) if ok]), config, layers)
+        correct = accuracy_mask(model, data, sweep_options(options, "AF1Runner", AF1_OPTIONS).batch(32))
+        runner = cls(model, fit_data, data.select([i for i, ok in enumerate(correct) if ok]), config, layers, options)
         runner.base_accuracy = sum(correct) / len(correct)
         runner.n_eval_total = len(correct)
         return runner
@@ -184,7 +191,7 @@ class AF1Runner:
     @classmethod
     def cross_fitted(cls, model: HookedTransformer, data: Dataset, config: AF1Config = AF1Config(), *,
                      eligible: Sequence[bool] | None = None, n_folds: int = 2,
-                     layers: Iterable[int] | None = None) -> "AF1Runner":
+                     layers: Iterable[int] | None = None, options: SweepOptions | None = None) -> "AF1Runner":
         """Cross-fitted CAMA means: each fold's prompts are evaluated with means fitted on the other folds.
 
         Every row of ``data`` (e.g. all operand pairs of the templates, two-digit sums included)
@@ -202,9 +209,9 @@ class AF1Runner:
         candidates = [i for i, ok in enumerate(eligible) if ok]
         if not candidates:
             raise NoEvalPromptsError("No row of the data is eligible for evaluation.")
-        correct = dict(zip(candidates, accuracy_mask(model, data.select(candidates), config.batch_size)))
         runner = cls.__new__(cls)
-        runner._setup(model, config, layers)
+        runner._setup(model, config, layers, options)
+        correct = dict(zip(candidates, accuracy_mask(model, data.select(candidates), runner.batch_size)))
         for fold in range(n_folds):
             fit_rows = [i for i, f in enumerate(folds) if f != fold]
             eval_rows = [i for i in candidates if folds[i] == fold and correct[i]]
@@ -290,7 +297,7 @@ class AF1Runner:
 
     def _logits_from(self, resid: Tensor, start: int, masks) -> Float[Tensor, "batch d_vocab"]:
         """Run blocks ``start..n-1`` in chunks; logits at END."""
-        bs = self.config.batch_size
+        bs = self.batch_size
         return torch.cat([unembed_end(self.model, self._run(resid[i:i + bs], start, self.model.cfg.n_layers, masks)[:, -1])
                           for i in range(0, len(resid), bs)])
 

@@ -56,6 +56,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.nodes import Head
+from patching.options import SweepOptions
 from circuits.stats import proportion
 from patching.all_for_one.runner import (  # noqa: F401  (re-exported: the AF1 API lives in patching.all_for_one.search)
     AF1Config,
@@ -70,14 +71,14 @@ from patching.all_for_one.runner import (  # noqa: F401  (re-exported: the AF1 A
 
 def af1_accuracy(model: HookedTransformer, data: Dataset, l_wait: int, l_transfer: int, *,
                  fit_data: Dataset | None = None, transfer_heads: Iterable[Head] | None = None,
-                 config: AF1Config = AF1Config()) -> float:
+                 config: AF1Config = AF1Config(), options: SweepOptions | None = None) -> float:
     """Faithfulness of the AF1 model (``l_wait``, ``l_transfer``): its accuracy on prompts the full model gets right.
 
     Without ``fit_data``, ``data`` is split (``config.fit_fraction``) into a CAMA fit set
-    and a disjoint eval set.
+    and a disjoint eval set. ``options``: the runner's (:class:`AF1Runner`).
     """
     check_setting(model, l_wait, l_transfer)
-    runner = AF1Runner.from_dataset(model, data, config, fit_data=fit_data, layers=[l_wait])
+    runner = AF1Runner.from_dataset(model, data, config, fit_data=fit_data, layers=[l_wait], options=options)
     return runner.faithfulness(l_wait, l_transfer, transfer_heads)
 
 
@@ -113,10 +114,13 @@ class AF1SearchResult:
         }
 
 
-def grid_hits(runner: AF1Runner, l_waits: Iterable[int] | None = None,
-              progress: bool = True) -> dict[tuple[int, int], Tensor]:
-    """Per grid cell ``(l_wait, l_transfer)``: which eval prompts (group order) the AF1 model gets right."""
+def grid_hits(runner: AF1Runner, l_waits: Iterable[int] | None = None) -> dict[tuple[int, int], Tensor]:
+    """Per grid cell ``(l_wait, l_transfer)``: which eval prompts (group order) the AF1 model gets right.
+
+    A progress bar unless the runner's options say ``progress=False``.
+    """
     hits: dict[tuple[int, int], Tensor] = {}
+    progress = runner.options.shows_progress(True)
     for w in tqdm(runner.layers if l_waits is None else sorted(l_waits), desc="AF1 grid (l_wait)", disable=not progress):
         for t, h in enumerate(runner.sweep_transfer_hits(w)):
             hits[(w, t)] = h
@@ -132,9 +136,9 @@ def grid_from_hits(hits: dict[tuple[int, int], Tensor], n_layers: int, prompts: 
             for w in range(n_layers + 1)]
 
 
-def grid_faithfulness(runner: AF1Runner, l_waits: Iterable[int] | None = None, progress: bool = True) -> list[list[float]]:
+def grid_faithfulness(runner: AF1Runner, l_waits: Iterable[int] | None = None) -> list[list[float]]:
     """The (l_wait, l_transfer) grid: ``grid[w][t]``, NaN outside ``w + t <= n_layers`` or for skipped ``w``."""
-    return grid_from_hits(grid_hits(runner, l_waits, progress), runner.model.cfg.n_layers)
+    return grid_from_hits(grid_hits(runner, l_waits), runner.model.cfg.n_layers)
 
 
 def select_setting(grid: Sequence[Sequence[float]], min_faithfulness: float = 0.9) -> tuple[int, int, bool]:
@@ -213,8 +217,7 @@ def cross_fit_from_hits(hits: dict[tuple[int, int], Tensor], n_layers: int, half
 
 
 def held_out_selection(runner: AF1Runner, l_waits: Iterable[int] | None = None, min_faithfulness: float = 0.9,
-                       seed: int = 0, progress: bool = True,
-                       hits: dict[tuple[int, int], Tensor] | None = None) -> dict:
+                       seed: int = 0, hits: dict[tuple[int, int], Tensor] | None = None) -> dict:
     """Choose (l_wait, l_transfer) on one half of the eval prompts and report its faithfulness on the other half.
 
     Picking the best of ~100 cells on the same prompts that report it overstates the faithfulness
@@ -231,7 +234,7 @@ def held_out_selection(runner: AF1Runner, l_waits: Iterable[int] | None = None, 
     select_idx, report_idx = order[: runner.n_eval // 2].sort().values, order[runner.n_eval // 2:].sort().values
     if len(select_idx) == 0 or len(report_idx) == 0:
         raise NoEvalPromptsError(f"A held-out AF1 selection needs at least 2 evaluation prompts, got {runner.n_eval}.")
-    hits = grid_hits(runner, l_waits, progress) if hits is None else hits
+    hits = grid_hits(runner, l_waits) if hits is None else hits
     rules = _choose_cells(hits, n, select_idx, report_idx, min_faithfulness)
     w, t, ok = select_setting(grid_from_hits(hits, n, select_idx), min_faithfulness)
     cross_fit = cross_fit_from_hits(hits, n, select_idx, report_idx, min_faithfulness)
@@ -252,14 +255,15 @@ def cell_estimate(hits: dict[tuple[int, int], Tensor], l_wait: int, l_transfer: 
             "faithfulness": proportion(hits[(l_wait, l_transfer)].double()).to_dict()}
 
 
-def prune_transfer_heads(runner: AF1Runner, l_wait: int, l_transfer: int, keep: float = 0.95,
-                         progress: bool = True) -> tuple[list[Head], float, list[dict]]:
+def prune_transfer_heads(runner: AF1Runner, l_wait: int, l_transfer: int,
+                         keep: float = 0.95) -> tuple[list[Head], float, list[dict]]:
     """Greedily close transfer heads (self peek) while faithfulness stays ``>= keep`` x the full setting's.
 
     One pass ranks each head by the faithfulness with it alone closed (least harmful
     first); a second pass closes heads in that order, keeping a closure only if the
-    target still holds. Returns the kept heads, their faithfulness, and the trace.
+    target still holds. Returns the kept heads, their faithfulness, and the trace (bars as the runner's options say).
     """
+    progress = runner.options.shows_progress(True)
     heads = [Head(l, h) for l in range(l_wait, l_wait + l_transfer) for h in range(runner.model.cfg.n_heads)]
     target = keep * runner.faithfulness(l_wait, l_transfer)
     solo = {}
@@ -279,14 +283,20 @@ def prune_transfer_heads(runner: AF1Runner, l_wait: int, l_transfer: int, keep: 
 
 def search_af1(model: HookedTransformer, data: Dataset, config: AF1Config = AF1Config(), *,
                fit_data: Dataset | None = None, l_waits: Iterable[int] | None = None,
-               runner: AF1Runner | None = None, progress: bool = True,
+               runner: AF1Runner | None = None, options: SweepOptions | None = None,
                hits: dict[tuple[int, int], Tensor] | None = None) -> AF1SearchResult:
-    """Grid over (l_wait, l_transfer), select the setting, prune its transfer heads (``hits``: a precomputed grid)."""
+    """Grid over (l_wait, l_transfer), select the setting, prune its transfer heads (``hits``: a precomputed grid).
+
+    ``options`` (:class:`patching.SweepOptions`): the runner built from ``data``'s; a given ``runner`` has its own.
+    """
     if runner is None:
-        runner = AF1Runner.from_dataset(model, data, config, fit_data=fit_data, layers=l_waits)
-    grid = grid_faithfulness(runner, l_waits, progress) if hits is None else grid_from_hits(hits, model.cfg.n_layers)
+        runner = AF1Runner.from_dataset(model, data, config, fit_data=fit_data, layers=l_waits, options=options)
+    elif options is not None:
+        raise InputError("search_af1 got both a runner and options: a runner sweeps with its own options "
+                         "(AF1Runner(..., options=...)); pass one of them.")
+    grid = grid_faithfulness(runner, l_waits) if hits is None else grid_from_hits(hits, model.cfg.n_layers)
     w, t, ok = select_setting(grid, config.min_faithfulness)
-    kept, pruned, trace = prune_transfer_heads(runner, w, t, config.prune_keep, progress)
+    kept, pruned, trace = prune_transfer_heads(runner, w, t, config.prune_keep)
     return AF1SearchResult(grid, w, t, grid[w][t], ok, kept, pruned, t * model.cfg.n_heads, trace,
                            runner.base_accuracy, runner.n_eval, runner.n_unmatched, runner.constant_baseline)
 

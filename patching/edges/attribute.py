@@ -223,13 +223,12 @@ def edge_attribution(
     answer_ids=None,
     alt_ids=None,
     options: Optional[SweepOptions] = None,
-    **overrides,
 ) -> Union[Graph, NodeScores]:
     """Score every edge (or node) by EAP / EAP-IG; see the module docstring for the methods.
 
     ``reference`` / ``counterfactual`` / ``answer_ids`` / ``alt_ids``: as in :func:`patching.path_patch`
-    (a task Dataset, a TaskBatch, or token tensors). ``options`` (:class:`patching.SweepOptions`, or its
-    fields as keywords): the metric on the END logits (:mod:`patching.metrics`), batching, the memory
+    (a task Dataset, a TaskBatch, or token tensors). ``options`` (:class:`patching.SweepOptions`; None for
+    its defaults): the metric on the END logits (:mod:`patching.metrics`), batching, the memory
     budget (default 2048 MB: the backward keeps every layer's activations) and the progress bar.
     ``norm`` (models with norms after attention): a head sender's change is its output at each run's
     own scale (``"frozen"``, the toolkit's convention), its layer re-normalised with the head's pre-norm
@@ -242,7 +241,7 @@ def edge_attribution(
     estimated effect on the metric (``level="edge"``), or :class:`patching.NodeScores` of heads and MLPs
     (``level="node"``).
     """
-    opts = sweep_options(options, overrides, "edge_attribution")
+    opts = sweep_options(options, "edge_attribution")
     metric, batch_size, memory_mb, progress = opts.metric, opts.batch_size, opts.budget(2048.0), opts.shows_progress()
     if method not in EDGE_ATTRIBUTION_METHODS:
         raise InputError(f"Unknown method {method!r}: use one of {sorted(EDGE_ATTRIBUTION_METHODS)}.")

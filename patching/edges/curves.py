@@ -157,7 +157,6 @@ def faithfulness_curve(
     alt_ids=None,
     evaluate: Optional[Callable] = None,
     options: Optional[SweepOptions] = None,
-    **overrides,
 ) -> FaithfulnessCurve:
     """Faithfulness of the top-scored edges at each fraction, CPR and CMD, with bootstrap intervals.
 
@@ -175,10 +174,10 @@ def faithfulness_curve(
         n_bootstrap, confidence, seed: the bootstrap over prompts.
         evaluate: runs the circuits (default :func:`patching.evaluate_circuits`, or one with its signature);
             :mod:`patching.edges.distributed` passes one that splits them over processes.
-        options, overrides: :class:`patching.SweepOptions` (metric, batch_size, memory_mb, reuse_prefix,
-            progress: a bar by default), or its fields as keywords.
+        options: :class:`patching.SweepOptions` (metric, batch_size, memory_mb, reuse_prefix,
+            progress: a bar by default); None for its defaults.
     """
-    opts = sweep_options(options, overrides, "faithfulness_curve")
+    opts = sweep_options(options, "faithfulness_curve")
     opts = dataclasses.replace(opts, progress=opts.shows_progress())
     layout = GraphLayout.of(model)
     fractions = [float(x) for x in fractions]

@@ -48,7 +48,7 @@ from patching.edges.evaluate import CircuitEvaluation
 # the package namespace holds the functions under the module names: import from the modules themselves
 from patching.edges.attribute import _node_scores, edge_attribution as _edge_attribution
 from patching.edges.patch import EdgeEffects, EdgesInput, edge_patch as _edge_patch, resolve_edges
-from patching.options import split_sweep_keywords
+from patching.options import sweep_options
 from patching.results import NodeScores
 
 __all__ = ["Shard", "current_shard", "edge_attribution", "edge_patch", "evaluate_circuits", "faithfulness_curve",
@@ -181,10 +181,10 @@ def shard_prompts(shard: Shard, reference, counterfactual=None, answer_ids=None,
 def _on_rank(kwargs: dict, shard: Shard, where: str) -> dict:
     """A wrapped sweep's keywords with its :class:`patching.SweepOptions` as one record; a bar on rank 0 only
     unless the caller chose."""
-    options, rest = split_sweep_keywords(kwargs, where)
+    options = sweep_options(kwargs.get("options"), where)
     if options.progress is None:
         options = replace(options, progress=shard.rank == 0)
-    return {**rest, "options": options}
+    return {**kwargs, "options": options}
 
 
 def edge_attribution(model: HookedTransformer, reference, counterfactual: Optional[Tensor] = None, *,

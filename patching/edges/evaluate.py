@@ -141,7 +141,6 @@ def evaluate_circuits(
     answer_ids=None,
     alt_ids=None,
     options: Optional[SweepOptions] = None,
-    **overrides,
 ) -> list[CircuitEvaluation]:
     """Evaluate several circuits on the same prompts, several per batched forward.
 
@@ -158,12 +157,12 @@ def evaluate_circuits(
             :mod:`patching.edges.mixing`); the same on models without norms after attention.
         spans: a span schema of :mod:`patching.edges.positions`: the circuits are position-aware masks
             ``[n_forward, n_backward, n_spans]`` (needs a Dataset or TaskBatch).
-        options, overrides: :class:`patching.SweepOptions` or its fields as keywords (``reuse_prefix``
+        options: :class:`patching.SweepOptions`, None for its defaults (``reuse_prefix``
             applies to counterfactual ablation; no progress bar unless asked).
     Returns:
         One :class:`CircuitEvaluation` per circuit, in order.
     """
-    opts = sweep_options(options, overrides, "evaluate_circuits")
+    opts = sweep_options(options, "evaluate_circuits")
     metric, batch_size = opts.metric, opts.batch_size
     if ablation not in ABLATIONS:
         raise InputError(f"Unknown ablation {ablation!r}: use one of {ABLATIONS}.")

@@ -34,6 +34,7 @@ from circuits.nodes import Head
 from circuits.pools import pool_dataset
 from patching.edges.attribute import edge_attribution
 from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, faithfulness_curve, paired_difference
+from patching.options import SweepOptions
 
 MIN_PROMPTS = 4  # two per half: the fewest a bootstrap interval can be drawn from
 TOP_EDGES_LISTED = 20
@@ -53,6 +54,10 @@ class CircuitSearch:
     seed: int = 0
     batch_size: int = 32
     memory_mb: float = 1024.0
+
+    def options(self, progress: Optional[bool] = None) -> SweepOptions:
+        """The batching and memory budget of every sweep of the search, as :class:`patching.SweepOptions`."""
+        return SweepOptions(batch_size=self.batch_size, memory_mb=self.memory_mb, progress=progress)
 
 
 @dataclass
@@ -97,7 +102,7 @@ def curve_of(model: HookedTransformer, scores: Graph, prompts: Dataset, search: 
     """The MIB faithfulness curve of the pruned top-n circuits of ``scores`` on ``prompts``."""
     return faithfulness_curve(model, scores, prompts, ablation=search.ablation, means_from=pool,
                               select=mib_selector(scores.layout), n_bootstrap=search.n_bootstrap, seed=search.seed,
-                              batch_size=search.batch_size, memory_mb=search.memory_mb)
+                              options=search.options())
 
 
 def smallest_faithful(selection: FaithfulnessCurve, heldout: FaithfulnessCurve, threshold: float) -> Optional[dict]:
@@ -128,7 +133,7 @@ def find_faithful_circuit(model: HookedTransformer, prompts: Dataset, search: Ci
     if scores is None:
         with stage("edge attribution"):
             scores = edge_attribution(model, selection, method=search.method, ig_steps=search.ig_steps,
-                                      batch_size=search.batch_size, memory_mb=search.memory_mb)
+                                      options=search.options())
     with stage("faithfulness curves"):
         curve_selection = curve_of(model, scores, selection, search, pool)
         curve_heldout = curve_of(model, scores, heldout, search, pool)
@@ -262,8 +267,7 @@ def compare_methods(model: HookedTransformer, prompts: Dataset, methods: Sequenc
 
     def attribution(name: str, rows: Optional[Sequence[int]] = None, **kw):
         data = selection if rows is None else selection.select(rows)
-        return edge_attribution(model, data, method=name, ig_steps=search.ig_steps, batch_size=search.batch_size,
-                                memory_mb=search.memory_mb, progress=False, **kw)
+        return edge_attribution(model, data, method=name, ig_steps=search.ig_steps, options=search.options(False), **kw)
 
     def cached_attribution(name: str):
         if name not in computed:
@@ -283,8 +287,7 @@ def compare_methods(model: HookedTransformer, prompts: Dataset, methods: Sequenc
                 reused = name if name in computed else None
                 scores = cached_attribution(name)
             elif name == "exact":
-                scores = edge_patch(model, None, selection, batch_size=search.batch_size, memory_mb=search.memory_mb,
-                                    progress=False).graph()
+                scores = edge_patch(model, None, selection, options=search.options(False)).graph()
             elif name in LEARNED_METHODS:
                 learned = learn_circuit(model, selection, config=learn, method=name, init=init, progress=False)
                 scores = learned.graph
@@ -313,8 +316,7 @@ def compare_methods(model: HookedTransformer, prompts: Dataset, methods: Sequenc
                 computed[name] = scores
             curves = [faithfulness_curve(model, scores, part, ablation=search.ablation, means_from=pool,
                                          select=select or (None if name == "positional" else mib_selector(layout)),
-                                         n_bootstrap=search.n_bootstrap, seed=search.seed, batch_size=search.batch_size,
-                                         memory_mb=search.memory_mb, progress=False)
+                                         n_bootstrap=search.n_bootstrap, seed=search.seed, options=search.options(False))
                       for part in (selection, heldout)]
             smallest = smallest_faithful(curves[0], curves[1], search.threshold)
             graph = scores if isinstance(scores, Graph) else scores.merged()

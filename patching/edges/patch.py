@@ -144,7 +144,6 @@ def edge_patch(
     fast: bool = True,
     norm: str = "frozen",
     options: Optional[SweepOptions] = None,
-    **overrides,
 ) -> EdgeEffects:
     """Exact effect of each edge (see the module docstring).
 
@@ -158,12 +157,12 @@ def edge_patch(
         norm: on models with norms after attention, ``"frozen"`` patches a head's output at its own run's
             scale; ``"recompute"`` re-normalises the receiver's view of the sender's layer with the sender's
             pre-norm result swapped (hannamw/EAP-IG's and MIB's convention, :mod:`patching.edges.mixing`).
-        options, overrides: :class:`patching.SweepOptions` (metric, batch_size, memory_mb, reuse_prefix,
-            progress), or its fields as keywords.
+        options: :class:`patching.SweepOptions` (metric, batch_size, memory_mb, reuse_prefix,
+            progress); None for its defaults.
     Returns:
         :class:`EdgeEffects`, edges in the order given.
     """
-    opts = sweep_options(options, overrides, "edge_patch")
+    opts = sweep_options(options, "edge_patch")
     check_norm(norm)
     metric = get_metric(opts.metric)
     layout = GraphLayout.of(model)

@@ -38,6 +38,7 @@ from circuits.graph_selection import select_top_n
 from circuits.stats import Estimate
 from patching.edges.attribute import edge_attribution
 from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, faithfulness_curve
+from patching.options import SweepOptions
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,10 @@ class ShiftSettings:
             raise InputError(f"ShiftSettings.size={self.size} must be one of the fractions {self.fractions}.")
         if self.n_resamples == 1 or self.n_resamples < 0:
             raise InputError(f"ShiftSettings.n_resamples must be 0 (no intervals) or at least 2, got {self.n_resamples}.")
+
+    def options(self) -> SweepOptions:
+        """The batching and memory budget of every sweep, without progress bars, as :class:`patching.SweepOptions`."""
+        return SweepOptions(batch_size=self.batch_size, memory_mb=self.memory_mb, progress=False)
 
 
 @dataclass
@@ -162,15 +167,14 @@ def circuit_shift(reference: HookedTransformer, changed: HookedTransformer, prom
         _check_reference_map(reference_map, layout, len(prompts))
 
     def score(model, data):
-        return edge_attribution(model, data, method=s.method, ig_steps=s.ig_steps, norm=s.norm, batch_size=s.batch_size,
-                                memory_mb=s.memory_mb, progress=False)
+        return edge_attribution(model, data, method=s.method, ig_steps=s.ig_steps, norm=s.norm, options=s.options())
 
     reference_scores = reference_scores or score(reference, prompts)
     changed_scores = changed_scores or score(changed, prompts)
 
     def curve(model, scores) -> FaithfulnessCurve:
         return faithfulness_curve(model, scores, prompts, fractions=s.fractions, norm=s.norm, n_bootstrap=s.n_bootstrap,
-                                  seed=s.seed, batch_size=s.batch_size, memory_mb=s.memory_mb, progress=False)
+                                  seed=s.seed, options=s.options())
 
     reference_curve, transferred, own = curve(reference, reference_scores), curve(changed, reference_scores), \
         curve(changed, changed_scores)
@@ -218,8 +222,9 @@ def _check_reference_map(reference_map, layout: GraphLayout, n_prompts: int) -> 
 def _path_patching_change(reference, changed, prompts, s: ShiftSettings, reference_map=None) -> tuple[dict, object]:
     from patching.path_patching import path_patch
 
-    a = reference_map if reference_map is not None else path_patch(reference, prompts, batch_size=s.batch_size,
-                                                                     progress=False)
-    b = path_patch(changed, prompts, batch_size=s.batch_size, progress=False)
+    # path patching keeps its own default memory budget: only the settings' batching applies
+    options = SweepOptions(batch_size=s.batch_size, progress=False)
+    a = reference_map if reference_map is not None else path_patch(reference, prompts, options=options)
+    b = path_patch(changed, prompts, options=options)
     return ({"reference": a.to_dict(), "changed": b.to_dict(),
              "heads_change": (b.heads - a.heads).tolist(), "mlps_change": (b.mlps - a.mlps).tolist()}, b)

@@ -24,6 +24,7 @@ from experiments.runtime import cli
 from patching import activation_patch, edge_attribution, edge_patch, faithfulness_curve, knockout_correct, path_patch
 from patching.forward import shared_prefix_length
 from patching.edges.engine import edge_mode
+from patching import SweepOptions
 
 
 def _counted(run) -> int:
@@ -51,14 +52,14 @@ def test_formulas_count_the_flops_the_sweeps_run(style):
             assert _counted(lambda: model(tokens, stop_at_layer=shape.L)) == shape.B * T * shape.L * shape.f_edge
 
     sweeps = {
-        "path_patch": (lambda: path_patch(model, data, progress=False), {}),
-        "activation_patch": (lambda: activation_patch(model, data, progress=False), {}),
+        "path_patch": (lambda: path_patch(model, data, options=SweepOptions(progress=False)), {}),
+        "activation_patch": (lambda: activation_patch(model, data, options=SweepOptions(progress=False)), {}),
         "knockout": (lambda: knockout_correct(model, data, [[Head(0, 1), Head(2, 3)], [Head(1, 0)]], n_pool=16),
                      {"pool": 16, "sets": 2}),
-        "edge_attribution": (lambda: edge_attribution(model, data, ig_steps=5, progress=False), {"steps": 5}),
-        "edge_patch": (lambda: edge_patch(model, edges, data, progress=False),
+        "edge_attribution": (lambda: edge_attribution(model, data, ig_steps=5, options=SweepOptions(progress=False)), {"steps": 5}),
+        "edge_patch": (lambda: edge_patch(model, edges, data, options=SweepOptions(progress=False)),
                        patched_counts(layout, edges)),
-        "faithfulness_curve": (lambda: faithfulness_curve(model, scores, data, n_bootstrap=10, progress=False),
+        "faithfulness_curve": (lambda: faithfulness_curve(model, scores, data, n_bootstrap=10, options=SweepOptions(progress=False)),
                                {"circuits": 12}),
     }
     for name, (run, extra) in sweeps.items():

@@ -9,6 +9,7 @@ from transformer_lens import patching as tl_patching
 from circuits.tasks import make_dataset, single_batch
 from tests.tiny_models import tiny_model
 from patching.activation_patching import activation_patch
+from patching import SweepOptions
 
 
 STYLES = [("gpt2", None), ("llama", 2), ("gemma", None)]
@@ -42,7 +43,7 @@ CASES = [
 def test_equals_transformer_lens(setup, component, positions, tl_fn):
     model, batch, cf_cache, metric = setup
     expected = tl_fn(model, batch.tokens, cf_cache, metric)
-    got = activation_patch(model, batch, component=component, positions=positions, progress=False)
+    got = activation_patch(model, batch, component=component, positions=positions, options=SweepOptions(progress=False))
     assert got.patched.shape == expected.shape
     torch.testing.assert_close(got.patched, expected.float(), atol=1e-5, rtol=0)
     assert (got.effect.abs() > 1e-6).any()  # not a vacuous comparison
@@ -67,9 +68,8 @@ def test_shared_prefix_reuse_equals_transformer_lens(few_shot, component, positi
     _, cf_cache = model.run_with_cache(batch.cf_tokens)
     answers = batch.answer_ids
     expected = tl_fn(model, batch.tokens, cf_cache, lambda lg: lg[torch.arange(len(answers)), -1, answers].mean())
-    fast = activation_patch(model, batch, component=component, positions=positions, progress=False)
-    plain = activation_patch(model, batch, component=component, positions=positions, reuse_prefix=False,
-                             progress=False)
+    fast = activation_patch(model, batch, component=component, positions=positions, options=SweepOptions(progress=False))
+    plain = activation_patch(model, batch, component=component, positions=positions, options=SweepOptions(reuse_prefix=False, progress=False))
     torch.testing.assert_close(fast.patched, expected.float(), atol=1e-5, rtol=0)
     torch.testing.assert_close(fast.patched, plain.patched, atol=1e-5, rtol=0)
     assert (fast.effect.abs() > 1e-6).any()
@@ -77,15 +77,15 @@ def test_shared_prefix_reuse_equals_transformer_lens(few_shot, component, positi
 
 def test_end_position_is_last_column_of_each(setup):
     model, batch, _, _ = setup
-    each = activation_patch(model, batch, component="z", positions="each", progress=False)
-    end = activation_patch(model, batch, component="z", positions="end", progress=False)
+    each = activation_patch(model, batch, component="z", positions="each", options=SweepOptions(progress=False))
+    end = activation_patch(model, batch, component="z", positions="end", options=SweepOptions(progress=False))
     torch.testing.assert_close(end.patched, each.patched[:, -1], atol=1e-5, rtol=0)
 
 
 def test_small_memory_budget_and_layer_subset_agree(setup):
     model, batch, _, _ = setup
-    full = activation_patch(model, batch, component="z", progress=False)
-    tiny_chunks = activation_patch(model, batch, component="z", memory_mb=0.001, layers=[1], progress=False)
+    full = activation_patch(model, batch, component="z", options=SweepOptions(progress=False))
+    tiny_chunks = activation_patch(model, batch, component="z", options=SweepOptions(memory_mb=0.001, progress=False), layers=[1])
     assert torch.isnan(tiny_chunks.patched[0]).all()
     torch.testing.assert_close(tiny_chunks.patched[1], full.patched[1], atol=1e-5, rtol=0)
 
@@ -94,13 +94,13 @@ def test_bad_inputs():
     model = tiny_model(n_layers=2)
     data = make_dataset(model, n_prompts=3, n_shots=0)
     with pytest.raises(ValueError, match="Unknown component"):
-        activation_patch(model, data, component="q", progress=False)
+        activation_patch(model, data, component="q", options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match="Unknown positions"):
-        activation_patch(model, data, positions="some", progress=False)
+        activation_patch(model, data, positions="some", options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match="out of range"):
-        activation_patch(model, data, layers=[7], progress=False)
+        activation_patch(model, data, layers=[7], options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match="Unknown metric"):
-        activation_patch(model, data, metric="nope", progress=False)
+        activation_patch(model, data, options=SweepOptions(metric="nope", progress=False))
 
 
 def test_no_layers_is_refused():
@@ -108,9 +108,9 @@ def test_no_layers_is_refused():
     model = tiny_model(n_layers=2)
     data = make_dataset(model, n_prompts=3, n_shots=0)
     with pytest.raises(ValueError, match=r"layers is empty, so nothing would be patched: name at least one layer in 0..1"):
-        activation_patch(model, data, layers=[], progress=False)
+        activation_patch(model, data, layers=[], options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match=r"Layers \[0.5\] are out of range"):
-        activation_patch(model, data, layers=[0.5], progress=False)
+        activation_patch(model, data, layers=[0.5], options=SweepOptions(progress=False))
 
 
 @pytest.mark.integration
@@ -130,7 +130,7 @@ def test_gemma_equals_transformer_lens(gemma):
         expected = tl_patching.generic_activation_patch(
             gemma, batch.tokens, cf_cache, lambda lg: lg[torch.arange(len(answers)), -1, answers].mean(),
             patch_setter=tl_patching.layer_head_vector_patch_setter, activation_name="z", index_df=index)
-    got = activation_patch(gemma, batch, component="z", layers=layers, progress=False)
+    got = activation_patch(gemma, batch, component="z", layers=layers, options=SweepOptions(progress=False))
     torch.testing.assert_close(got.patched[layers].flatten(), expected.float(), atol=1e-4, rtol=0)
 
 
@@ -143,4 +143,4 @@ def test_a_metric_that_ignores_the_logits_warns_that_every_activation_effect_is_
     data = make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",), seed=2)
     detached = lambda logits, answers, alts: logits[:, 0].detach() * 0  # noqa: E731
     with pytest.warns(NoEffectWarning, match="Every activation-patching effect is exactly 0"):
-        activation_patch(model, data, metric=detached, progress=False)
+        activation_patch(model, data, options=SweepOptions(metric=detached, progress=False))

@@ -9,6 +9,7 @@ from patching.head_ranking import combine_key_heads, given_key_heads, rank_key_h
 from patching.path_patching import path_patch
 from patching.head_ranking import key_heads
 from patching.results import NodeScores
+from patching import SweepOptions
 
 
 def _scores(effects, baseline):
@@ -65,5 +66,5 @@ def test_rank_key_heads_path_patches_each_operation(tiny):
     data = {op: make_dataset(tiny, op=op, n_prompts=6, n_shots=0, seed=i) for i, op in enumerate(("+", "*"))}
     chosen = rank_key_heads(tiny, data, top_k=2, combine="union")
     for op in ("+", "*"):
-        assert chosen.by_op[op] == key_heads(path_patch(tiny, data[op], progress=False), top_k=2)[0]
+        assert chosen.by_op[op] == key_heads(path_patch(tiny, data[op], options=SweepOptions(progress=False)), top_k=2)[0]
     assert chosen.rule["n_prompts"] == {"+": 6, "*": 6}

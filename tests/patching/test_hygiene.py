@@ -15,18 +15,23 @@ from patching.activation_patching import activation_patch
 from patching.attribution_patching import attribution_patch
 from patching.knockout import knockout
 from patching.path_patching import path_patch
+from patching import SweepOptions
 
 
 def no_hooks(model) -> bool:
     return all(not hp.fwd_hooks and not hp.bwd_hooks for hp in model.hook_dict.values())
 
 
-SWEEPS = {
-    "path_fast": lambda m, d, **kw: path_patch(m, d, progress=False, **kw),
-    "path_hooks": lambda m, d, **kw: path_patch(m, d, method="hooks", progress=False, **kw),
-    "path_receivers": lambda m, d, **kw: path_patch(m, d, receivers=[Head(1, 0)], senders=[Head(0, 1)], progress=False, **kw),
-    "activation": lambda m, d, **kw: activation_patch(m, d, progress=False, **kw),
-    "attribution": lambda m, d, **kw: attribution_patch(m, d, progress=False, **kw),
+SWEEPS = {  # each takes the metric (default "logit"), no progress bar
+    "path_fast": lambda m, d, metric="logit": path_patch(m, d, options=SweepOptions(metric=metric, progress=False)),
+    "path_hooks": lambda m, d, metric="logit": path_patch(m, d, method="hooks",
+                                                          options=SweepOptions(metric=metric, progress=False)),
+    "path_receivers": lambda m, d, metric="logit": path_patch(m, d, receivers=[Head(1, 0)], senders=[Head(0, 1)],
+                                                              options=SweepOptions(metric=metric, progress=False)),
+    "activation": lambda m, d, metric="logit": activation_patch(m, d, options=SweepOptions(metric=metric,
+                                                                                            progress=False)),
+    "attribution": lambda m, d, metric="logit": attribution_patch(m, d, options=SweepOptions(metric=metric,
+                                                                                              progress=False)),
 }
 
 
@@ -83,13 +88,13 @@ def test_no_hooks_after_knockout(setup):
 def test_bf16_runs_and_tracks_fp32(style, kv):
     model = tiny_model(style=style, n_key_value_heads=kv, n_layers=2)
     data = make_dataset(model, n_prompts=4, n_shots=0)
-    fp32 = path_patch(model, data, progress=False)
+    fp32 = path_patch(model, data, options=SweepOptions(progress=False))
     model = model.to(torch.bfloat16)
-    bf16 = path_patch(model, data, progress=False)
+    bf16 = path_patch(model, data, options=SweepOptions(progress=False))
     assert torch.isfinite(bf16.heads).all()
     assert (bf16.heads - fp32.heads).abs().max() < 0.05 + 0.05 * fp32.heads.abs().max()
-    assert torch.isfinite(activation_patch(model, data, progress=False).patched).all()
-    assert torch.isfinite(attribution_patch(model, data, progress=False).heads).all()
+    assert torch.isfinite(activation_patch(model, data, options=SweepOptions(progress=False)).patched).all()
+    assert torch.isfinite(attribution_patch(model, data, options=SweepOptions(progress=False)).heads).all()
     assert 0 <= knockout(model, data, [Head(0, 0)]) <= 1
 
 
@@ -97,6 +102,6 @@ def test_bf16_runs_and_tracks_fp32(style, kv):
 def test_cuda_matches_cpu():
     model = tiny_model(style="gemma", n_layers=2)
     data = make_dataset(model, n_prompts=4, n_shots=0)
-    cpu = path_patch(model, data, progress=False)
-    gpu = path_patch(tiny_model(style="gemma", n_layers=2, device="cuda"), data, progress=False)
+    cpu = path_patch(model, data, options=SweepOptions(progress=False))
+    gpu = path_patch(tiny_model(style="gemma", n_layers=2, device="cuda"), data, options=SweepOptions(progress=False))
     torch.testing.assert_close(cpu.heads, gpu.heads.cpu(), atol=1e-4, rtol=0)

@@ -20,6 +20,7 @@ from patching.attribution_patching import attribution_patch
 from patching.knockout import knockout
 from patching.path_patching import path_patch
 from patching.head_ranking import key_heads
+from patching import SweepOptions
 from circuits.templates import template_by_id
 
 
@@ -37,22 +38,22 @@ def _mean_logit(logits, answers, alt):  # a common mistake: averaging over the b
 def test_metric_of_the_wrong_shape_is_refused_by_path_patching(setup, method):
     model, data = setup
     with pytest.raises(InputError, match=r"returned \(\) for \d+ prompts; a metric must return one value per prompt"):
-        path_patch(model, data, metric=_mean_logit, method=method, progress=False)
+        path_patch(model, data, options=SweepOptions(metric=_mean_logit, progress=False), method=method)
 
 
 def test_metric_of_the_wrong_shape_is_refused_by_attribution_patching(setup):
     model, data = setup
     with pytest.raises(InputError, match="a metric must return one value per prompt"):
-        attribution_patch(model, data, metric=_mean_logit, progress=False)
+        attribution_patch(model, data, options=SweepOptions(metric=_mean_logit, progress=False))
     with pytest.raises(InputError, match="a metric must return one value per prompt"):
-        attribution_patch(model, data, metric=lambda lg, a, alt: lg[:, :2], progress=False)
+        attribution_patch(model, data, options=SweepOptions(metric=lambda lg, a, alt: lg[:, :2], progress=False))
 
 
 def test_nan_metric_is_an_error_not_an_empty_circuit(setup):
     model, data = setup
     with pytest.raises(InputError, match="returned NaN/Inf"):
-        path_patch(model, data, metric=lambda lg, a, alt: torch.full((len(a),), float("nan")), progress=False)
-    scores = path_patch(model, data, progress=False)
+        path_patch(model, data, options=SweepOptions(metric=lambda lg, a, alt: torch.full((len(a),), float("nan")), progress=False))
+    scores = path_patch(model, data, options=SweepOptions(progress=False))
     broken = dataclasses.replace(scores, heads=torch.full_like(scores.heads, float("nan")), baseline=float("nan"))
     with pytest.raises(InputError, match="no key heads can be chosen"):
         key_heads(broken)
@@ -65,17 +66,17 @@ def test_batch_size_below_one_is_refused_everywhere(setup, bad):
     model, data = setup
     message = rf"batch_size must be an integer >= 1, got {bad}"
     with pytest.raises(InputError, match=message):
-        path_patch(model, data, batch_size=bad, progress=False)
+        path_patch(model, data, options=SweepOptions(batch_size=bad, progress=False))
     with pytest.raises(InputError, match=message):
-        attribution_patch(model, data, batch_size=bad, progress=False)
+        attribution_patch(model, data, options=SweepOptions(batch_size=bad, progress=False))
     with pytest.raises(InputError, match=message):
         accuracy(model, data, batch_size=bad)
     with pytest.raises(InputError, match=message):
-        knockout(model, data, [], batch_size=bad)
+        knockout(model, data, [], options=SweepOptions(batch_size=bad))
     with pytest.raises(InputError, match=message):
         ProbeConfig(batch_size=bad)
     with pytest.raises(InputError, match=message):
-        AF1Config(batch_size=bad)
+        AF1Config(tail_batch_size=bad)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from patching.knockout import (
     mean_activations, pool_means, resolve_ks,
 )
 from patching.path_patching import path_patch
+from patching import SweepOptions
 
 
 def _own_answers(model, data):
@@ -83,7 +84,7 @@ def test_fast_path_equals_plain_hooks(style, kv):
     every = all_heads(model) + all_mlps(model)
     means = pool_means(model, data, every, n_pool=96)
     sets = [[], [Head(0, 1)], [Head(1, 0), Head(0, 3)], [MLP(1)], all_heads(model)[::2], every]
-    fast = knockout_correct(model, data, sets, means=means, memory_mb=0.05)  # tiny budget: several set chunks
+    fast = knockout_correct(model, data, sets, means=means, options=SweepOptions(memory_mb=0.05))  # tiny budget: several set chunks
     plain = knockout_correct(model, data, sets, means=means, method="hooks")
     assert torch.equal(fast, plain)
     assert fast[0].all() and not fast[-1].all()  # the sets do change predictions
@@ -99,8 +100,8 @@ def test_ks_as_fractions():
 
 def test_curve_and_transfer(setup):
     model, data, means = setup
-    scores = path_patch(model, data, progress=False)
-    curve = knockout_curve(model, data, scores, ks=(1, 2), means=means, progress=False)
+    scores = path_patch(model, data, options=SweepOptions(progress=False))
+    curve = knockout_curve(model, data, scores, ks=(1, 2), means=means, options=SweepOptions(progress=False))
     assert curve.ks == [1, 2] and curve.n_seeds == 10 and curve.n_prompts == 12 and curve.n_pool == 120
     assert curve.base_accuracy == pytest.approx(1.0)
     for values, cis in ((curve.effect_rank, curve.effect_ci), (curve.random_rank, curve.random_ci)):
@@ -112,9 +113,9 @@ def test_curve_and_transfer(setup):
     draw = [Head(int(h[1:h.index("H")]), int(h[h.index("H") + 1:])) for h in curve.random_sets[1][3]]
     assert curve.random_per_seed[1][3] == pytest.approx(knockout(model, data, draw, means=means))
     assert sum(curve.random_per_seed[0]) / 10 == pytest.approx(curve.random_rank[0])
-    explicit = knockout_curve(model, data, [Head(1, 0), Head(0, 3)], ks=(1, 2), n_seeds=1, means=means, progress=False)
+    explicit = knockout_curve(model, data, [Head(1, 0), Head(0, 3)], ks=(1, 2), n_seeds=1, means=means, options=SweepOptions(progress=False))
     assert explicit.heads == ["L1H0", "L0H3"]
-    curve.transfer = knockout_transfer(model, {"same": data}, [Head(1, 0)], n_pool=96, progress=False)
+    curve.transfer = knockout_transfer(model, {"same": data}, [Head(1, 0)], n_pool=96, options=SweepOptions(progress=False))
     same = curve.transfer["same"]
     assert same["base"] == pytest.approx(1.0) and same["n_pool"] == 96 and same["drop"]["n"] == 12
     assert len(curve.figure().data) == 2 and len(curve.transfer_figure().data) == 2
@@ -127,7 +128,7 @@ def test_bad_inputs(setup):
     with pytest.raises(ValueError, match="out of range"):
         knockout(model, data, [Head(9, 0)], means=means)
     with pytest.raises(ValueError, match="ks must lie"):
-        knockout_curve(model, data, [Head(0, 0)], ks=(2,), means=means, progress=False)
+        knockout_curve(model, data, [Head(0, 0)], ks=(2,), means=means, options=SweepOptions(progress=False))
     other = make_dataset(model, n_prompts=2, n_shots=0, template_ids=("add-question-0",))
     with pytest.raises(PoolError, match="No mean activations"):
         knockout(model, data, [Head(0, 0)], means=mean_activations(model, other, [Head(0, 0)]))
@@ -146,7 +147,7 @@ def test_knockout_refuses_nan_weights_and_prompts_beyond_the_context():
     with torch.no_grad():
         broken.unembed.b_U[0] = float("nan")  # gave base accuracy 0 and effects 0, silently
     with pytest.raises(InputError, match=r"NaN or Inf weights in 1 tensors \(unembed\.b_U\)"):
-        knockout_curve(broken, data, [Head(0, 0)], ks=[1], n_seeds=1, n_pool=8, min_pool=1, progress=False)
+        knockout_curve(broken, data, [Head(0, 0)], ks=[1], n_seeds=1, n_pool=8, min_pool=1, options=SweepOptions(progress=False))
     short = tiny_model(n_layers=1, n_ctx=8)  # gave a raw size-mismatch RuntimeError
     with pytest.raises(InputError, match=r"longer than the model's context \(8 positions\)"):
-        knockout_curve(short, data, [Head(0, 0)], ks=[1], n_seeds=1, n_pool=8, min_pool=1, progress=False)
+        knockout_curve(short, data, [Head(0, 0)], ks=[1], n_seeds=1, n_pool=8, min_pool=1, options=SweepOptions(progress=False))

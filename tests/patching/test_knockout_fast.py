@@ -12,6 +12,7 @@ from circuits.templates import get_templates
 from tests.tiny_models import tiny_model
 from patching import knockout_fast
 from patching.knockout import knockout_correct, pool_means
+from patching import SweepOptions
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +67,7 @@ def test_fast_options_equal_plain_hooks(model, screen, share):
     sets = [[], [Head(0, 1)], [Head(1, 0), Head(0, 3)], all_heads(model)[::2], every]
     stats = {}
     fast = knockout_correct(model, data, sets, means=means, screen_argmax=screen, share_starts=share, stats=stats,
-                            memory_mb=0.05)  # a tiny budget: several chunks of sets
+                            options=SweepOptions(memory_mb=0.05))  # a tiny budget: several chunks of sets
     plain = knockout_correct(model, data, sets, means=means, method="hooks")
     assert torch.equal(fast, plain)
     assert stats["rows"] == len(data) * (len(sets) - 1)

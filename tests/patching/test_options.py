@@ -1,33 +1,32 @@
-"""patching.options: a sweep's settings as one record, keywords replacing its fields, unknown keywords refused."""
+"""patching.options: a sweep's settings as one record, None meaning the defaults, unused settings refused."""
 
 import math
 
 import pytest
 
 from circuits.errors import InputError
-from patching.options import FIELDS, SweepOptions, split_sweep_keywords, sweep_options
+from patching.options import SweepOptions, sweep_options
 
 
-def test_keywords_replace_the_records_fields_and_defaults_are_the_methods():
-    base = SweepOptions(metric="prob", memory_mb=64)
-    opts = sweep_options(base, {"batch_size": 4}, "edge_patch")
-    assert (opts.metric, opts.memory_mb, opts.batch_size) == ("prob", 64, 4) and base.batch_size is None
+def test_none_means_the_defaults_and_the_defaults_are_the_methods():
+    opts = SweepOptions(metric="prob", memory_mb=64, batch_size=4)
+    assert sweep_options(opts, "edge_patch") is opts and sweep_options(None, "edge_patch") == SweepOptions()
     assert SweepOptions().budget(2048.0) == 2048.0 and opts.budget(2048.0) == 64.0
+    assert SweepOptions().batch(32) == 32 and opts.batch(32) == 4
     assert SweepOptions().shows_progress(False) is False and SweepOptions(progress=True).shows_progress(False) is True
 
 
-def test_split_sweep_keywords_takes_only_the_sweep_options():
-    opts, rest = split_sweep_keywords({"options": SweepOptions(reuse_prefix=False), "metric": "logprob",
-                                       "shard": 3, "ig_steps": 5}, "distributed.edge_attribution")
-    assert (opts.metric, opts.reuse_prefix) == ("logprob", False) and rest == {"shard": 3, "ig_steps": 5}
+def test_a_setting_the_method_does_not_use_is_refused_and_defaults_pass():
+    applies = ("batch_size", "progress")
+    assert sweep_options(SweepOptions(batch_size=8, progress=False), "knockout", applies).batch_size == 8
+    with pytest.raises(InputError, match=r"knockout does not use the sweep option\(s\) metric, reuse_prefix \(it uses "
+                                         r"batch_size, progress\)"):
+        sweep_options(SweepOptions(metric="prob", reuse_prefix=False), "knockout", applies)
 
 
-def test_bad_settings_are_refused_with_the_fields_listed():
-    with pytest.raises(InputError, match=r"path_patch\(\) got unexpected keyword argument\(s\) batchsize; its sweep "
-                                         r"options are " + ", ".join(FIELDS)):
-        sweep_options(None, {"batchsize": 3}, "path_patch")
+def test_bad_settings_are_refused():
     with pytest.raises(InputError, match="options must be a patching.SweepOptions"):
-        sweep_options({"metric": "logit"}, {}, "path_patch")
+        sweep_options({"metric": "logit"}, "path_patch")
     for bad in (0, -1.0, math.inf, True):
         with pytest.raises(InputError, match="memory_mb must be a finite number of MB > 0"):
             SweepOptions(memory_mb=bad)

@@ -13,6 +13,7 @@ from circuits.nodes import MLP, Head, all_nodes
 from circuits.tasks import make_dataset, single_batch
 from tests.tiny_models import tiny_model
 from patching.path_patching import path_patch
+from patching import SweepOptions
 
 
 STYLES = [("gpt2", None), ("llama", 2), ("gemma", None)]
@@ -128,7 +129,7 @@ def test_the_rebuilt_forward_is_the_model(setup):
 def test_path_patch_equals_the_rebuilt_forward_for_every_sender(setup, freeze_mlps, method):
     model, data = setup
     assert len(set(data["end_pos"])) > 1  # several prompt lengths: the per-length groups are averaged too
-    result = path_patch(model, data, receivers="logits", freeze_mlps=freeze_mlps, method=method, progress=False)
+    result = path_patch(model, data, receivers="logits", freeze_mlps=freeze_mlps, method=method, options=SweepOptions(progress=False))
     expected = oracle_scores(model, data, freeze_mlps)
     for node, value in expected.items():
         assert result.score(node) == pytest.approx(value, rel=1e-4, abs=1e-5), node
@@ -151,7 +152,7 @@ def test_last_layer_heads_equal_transformer_lens_activation_patching(setup):
         theirs = tl_patching.get_act_patch_attn_head_out_all_pos(model, batch.tokens, cf_cache, metric)[last]
         theirs = theirs - metric(model(batch.tokens))
     senders = [Head(last, h) for h in range(model.cfg.n_heads)]
-    ours = path_patch(model, one, senders=senders, progress=False)
+    ours = path_patch(model, one, senders=senders, options=SweepOptions(progress=False))
     oracle = oracle_scores(model, one)
     for sender, value in zip(senders, theirs.tolist()):
         assert ours.score(sender) == pytest.approx(value, rel=1e-4, abs=1e-5), sender
@@ -161,8 +162,8 @@ def test_last_layer_heads_equal_transformer_lens_activation_patching(setup):
 
 def test_hooks_method_equals_fast(setup):
     model, data = setup
-    fast = path_patch(model, data, progress=False)
-    slow = path_patch(model, data, method="hooks", progress=False)
+    fast = path_patch(model, data, options=SweepOptions(progress=False))
+    slow = path_patch(model, data, method="hooks", options=SweepOptions(progress=False))
     torch.testing.assert_close(fast.heads, slow.heads, atol=1e-5, rtol=0)
     torch.testing.assert_close(fast.mlps, slow.mlps, atol=1e-5, rtol=0)
 
@@ -171,10 +172,10 @@ def test_input_forms_agree():
     model = tiny_model(style="gemma", n_layers=2)
     data = make_dataset(model, n_prompts=6, n_shots=0, template_ids=("add-equation-0",))
     b = single_batch(data)
-    from_ds = path_patch(model, data, progress=False)
-    from_batch = path_patch(model, b, progress=False)
-    from_tensors = path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids, progress=False)
-    chunked = path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids, batch_size=4, progress=False)
+    from_ds = path_patch(model, data, options=SweepOptions(progress=False))
+    from_batch = path_patch(model, b, options=SweepOptions(progress=False))
+    from_tensors = path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids, options=SweepOptions(progress=False))
+    chunked = path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids, options=SweepOptions(batch_size=4, progress=False))
     for other in (from_batch, from_tensors, chunked):
         torch.testing.assert_close(from_ds.heads, other.heads, atol=1e-6, rtol=0)
     assert from_ds.baseline == pytest.approx(float(end_logits(model, b.tokens).gather(1, b.answer_ids[:, None]).mean()), abs=1e-5)
@@ -185,25 +186,25 @@ def test_receiver_heads_two_step():
     data = make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",))
     receivers = [Head(2, 1)]
     senders = [Head(0, 0), MLP(1), Head(1, 3)]
-    res = path_patch(model, data, senders=senders, receivers=receivers, progress=False)
+    res = path_patch(model, data, senders=senders, receivers=receivers, options=SweepOptions(progress=False))
     assert res.info["computation"] == "hooks"
     assert abs(res.score(Head(0, 0))) > 1e-6
-    by_default = path_patch(model, data, receivers=receivers, progress=False)  # only nodes that can reach layer 2
+    by_default = path_patch(model, data, receivers=receivers, options=SweepOptions(progress=False))  # only nodes that can reach layer 2
     assert torch.isnan(by_default.heads[2]).all() and not torch.isnan(by_default.heads[:2]).any()
     assert by_default.score(Head(0, 0)) == pytest.approx(res.score(Head(0, 0)), abs=1e-6)
-    only_v = path_patch(model, data, senders=senders, receivers=receivers, receiver_input="v", progress=False)
+    only_v = path_patch(model, data, senders=senders, receivers=receivers, receiver_input="v", options=SweepOptions(progress=False))
     assert only_v.score(Head(0, 0)) != pytest.approx(res.score(Head(0, 0)), abs=1e-7)
 
 
 def test_metrics_and_custom_callable():
     model = tiny_model(style="gpt2", n_layers=2)
     data = make_dataset(model, n_prompts=4, n_shots=0)
-    logit = path_patch(model, data, metric="logit", progress=False)
-    custom = path_patch(model, data, metric=lambda lg, a, alt: lg.gather(-1, a[:, None])[:, 0], progress=False)
+    logit = path_patch(model, data, options=SweepOptions(metric="logit", progress=False))
+    custom = path_patch(model, data, options=SweepOptions(metric=lambda lg, a, alt: lg.gather(-1, a[:, None])[:, 0], progress=False))
     torch.testing.assert_close(logit.heads, custom.heads, atol=1e-5, rtol=0)
-    diff = path_patch(model, data, metric="logit_diff", alt_ids=5, progress=False)
+    diff = path_patch(model, data, options=SweepOptions(metric="logit_diff", progress=False), alt_ids=5)
     assert diff.metric == "logit_diff"
-    prob = path_patch(model, data, metric="prob", senders=[Head(1, 0)], progress=False)
+    prob = path_patch(model, data, options=SweepOptions(metric="prob", progress=False), senders=[Head(1, 0)])
     assert torch.isnan(prob.heads[0]).all() and not torch.isnan(prob.heads[1, 0])
 
 
@@ -212,21 +213,21 @@ def test_bad_inputs():
     data = make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",))
     b = single_batch(data)
     with pytest.raises(ValueError, match="same shape"):
-        path_patch(model, b.tokens, b.cf_tokens[:, :-1], answer_ids=b.answer_ids, progress=False)
+        path_patch(model, b.tokens, b.cf_tokens[:, :-1], answer_ids=b.answer_ids, options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match="out of range"):
-        path_patch(model, data, senders=[Head(5, 0)], progress=False)
+        path_patch(model, data, senders=[Head(5, 0)], options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match="out of range"):
-        path_patch(model, data, senders=[Head(0, 9)], progress=False)
+        path_patch(model, data, senders=[Head(0, 9)], options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match="Unknown metric"):
-        path_patch(model, data, metric="accuracy", progress=False)
+        path_patch(model, data, options=SweepOptions(metric="accuracy", progress=False))
     with pytest.raises(ValueError, match="alt_ids"):
-        path_patch(model, data, metric="logit_diff", progress=False)
+        path_patch(model, data, options=SweepOptions(metric="logit_diff", progress=False))
     with pytest.raises(ValueError, match="answer_ids"):
-        path_patch(model, b.tokens, b.cf_tokens, progress=False)
+        path_patch(model, b.tokens, b.cf_tokens, options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match="receivers"):
-        path_patch(model, data, receivers="resid", progress=False)
+        path_patch(model, data, receivers="resid", options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match="one id per prompt"):
-        path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids[:2], progress=False)
+        path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids[:2], options=SweepOptions(progress=False))
 
 
 @pytest.mark.integration
@@ -235,8 +236,8 @@ def test_gemma_fast_path_equals_hooks(gemma):
     data = make_dataset(gemma, n_prompts=4, n_shots=2, template_ids=("add-equation-0",), seed=0)
     batch = single_batch(data)
     senders = [Head(0, 1), Head(9, 2), MLP(4), MLP(gemma.cfg.n_layers - 1)]
-    fast = path_patch(gemma, batch, senders=senders, progress=False)
-    slow = path_patch(gemma, batch, senders=senders, method="hooks", progress=False)
+    fast = path_patch(gemma, batch, senders=senders, options=SweepOptions(progress=False))
+    slow = path_patch(gemma, batch, senders=senders, method="hooks", options=SweepOptions(progress=False))
     for node in senders:
         assert fast.score(node) == pytest.approx(slow.score(node), abs=1e-4)
 
@@ -247,9 +248,9 @@ def test_senders_at_or_after_the_receivers_are_refused():
     data = make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",))
     with pytest.raises(ValueError, match=r"Senders \['L2H0', 'MLP2'\] come at or after the last receiver's layer 2 "
                                          r"\(L2H1\).*only from an earlier layer, so their effect is 0 by construction"):
-        path_patch(model, data, senders=[Head(0, 0), Head(2, 0), MLP(2)], receivers=[Head(2, 1)], progress=False)
+        path_patch(model, data, senders=[Head(0, 0), Head(2, 0), MLP(2)], receivers=[Head(2, 1)], options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match="No senders to score"):
-        path_patch(model, data, senders=[], progress=False)
+        path_patch(model, data, senders=[], options=SweepOptions(progress=False))
 
 
 def test_tokens_outside_the_vocabulary_or_of_float_dtype_are_refused():
@@ -261,11 +262,11 @@ def test_tokens_outside_the_vocabulary_or_of_float_dtype_are_refused():
     far[0, -1] = vocab + 7
     with pytest.raises(ValueError, match=rf"counterfactual tokens contain ids \[{vocab + 7}\] outside this model's "
                                          rf"vocabulary 0..{vocab - 1}"):
-        path_patch(model, b.tokens, far, answer_ids=b.answer_ids, progress=False)
+        path_patch(model, b.tokens, far, answer_ids=b.answer_ids, options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match=r"reference tokens have dtype torch.float32; token ids must be an integer tensor"):
-        path_patch(model, b.tokens.float(), b.cf_tokens, answer_ids=b.answer_ids, progress=False)
+        path_patch(model, b.tokens.float(), b.cf_tokens, answer_ids=b.answer_ids, options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match=r"answer_ids must be integer token ids .*got torch.float32"):
-        path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids.float() + 0.5, progress=False)
+        path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids.float() + 0.5, options=SweepOptions(progress=False))
 
 
 def test_every_bad_argument_is_a_toolkit_error_a_command_line_shows_in_one_line():
@@ -279,11 +280,11 @@ def test_every_bad_argument_is_a_toolkit_error_a_command_line_shows_in_one_line(
                             ({"receivers": []}, "non-empty list of Head nodes"),
                             ({"receivers": [Head(1, 0)], "receiver_input": "x"}, "receiver_input must be made of")]:
         with pytest.raises(InputError, match=message):
-            path_patch(model, data, progress=False, **kwargs)
+            path_patch(model, data, options=SweepOptions(progress=False), **kwargs)
     with pytest.raises(InputTypeError, match="Expected Head or MLP nodes, got 'L0H1'.*parse_node"):
-        path_patch(model, data, senders=["L0H1"], progress=False)
+        path_patch(model, data, senders=["L0H1"], options=SweepOptions(progress=False))
     with pytest.raises(InputTypeError, match="metric must be a name"):
-        path_patch(model, data, metric=123, progress=False)
+        path_patch(model, data, options=SweepOptions(metric=123, progress=False))
 
 
 def test_a_metric_that_ignores_the_logits_warns_that_every_effect_is_zero():
@@ -293,10 +294,10 @@ def test_a_metric_that_ignores_the_logits_warns_that_every_effect_is_zero():
     data = make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",), seed=2)
     constant = lambda logits, answers, alts: torch.zeros(logits.shape[0])  # noqa: E731
     with pytest.warns(NoEffectWarning, match="effect is exactly 0 although the counterfactuals differ"):
-        scores = path_patch(model, data, metric=constant, progress=False)
+        scores = path_patch(model, data, options=SweepOptions(metric=constant, progress=False))
     assert (scores.heads == 0).all()
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", NoEffectWarning)
-        path_patch(model, data, progress=False)  # a metric of the logits moves: no warning
+        path_patch(model, data, options=SweepOptions(progress=False))  # a metric of the logits moves: no warning

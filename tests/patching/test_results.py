@@ -9,11 +9,12 @@ from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
 from patching.path_patching import path_patch
 from patching.head_ranking import key_heads
+from patching import SweepOptions
 
 
 def test_result_ranking_key_heads_figure_json():
     model = tiny_model(style="gemma", n_layers=2)
-    res = path_patch(model, make_dataset(model, n_prompts=4, n_shots=0), progress=False)
+    res = path_patch(model, make_dataset(model, n_prompts=4, n_shots=0), options=SweepOptions(progress=False))
     ranked = res.ranked("heads", by="neg")
     assert [v for _, v in ranked] == sorted(v for _, v in ranked)
     heads, fraction = key_heads(res, top_k=3)
@@ -33,7 +34,7 @@ def test_percentages_with_a_zero_reference():
     import torch
 
     model = tiny_model(style="gemma", n_layers=2)
-    res = path_patch(model, make_dataset(model, n_prompts=4, n_shots=0), progress=False)
+    res = path_patch(model, make_dataset(model, n_prompts=4, n_shots=0), options=SweepOptions(progress=False))
     torch.testing.assert_close(res.heads_percent, 100 * res.heads / abs(res.baseline))
     zero = dataclasses.replace(res, baseline=0.0)
     assert torch.isnan(zero.heads_percent).all() and torch.isnan(zero.mlps_percent).all()

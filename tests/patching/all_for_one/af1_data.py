@@ -11,6 +11,7 @@ from circuits.tasks import make_row
 from circuits.templates import Template
 from patching.all_for_one.template_prompts import split_fit_eval
 from patching.all_for_one.runner import AF1Config, AF1Runner
+from patching.options import SweepOptions
 
 
 EQ = Template("t-eq", "+", "equation", "{A}[+]{B}=")
@@ -22,9 +23,9 @@ def _data(model, n=None):
 
 
 def _runner(model, config=AF1Config()):
-    """A runner whose 'answers' are the plain model's own predictions, so faithfulness is informative."""
+    """A runner whose 'answers' are the plain model's own predictions, so faithfulness is informative (no bars)."""
     fit, ev = split_fit_eval(_data(model), 0.5, seed=0)
-    runner = AF1Runner(model, fit, ev, config)
+    runner = AF1Runner(model, fit, ev, config, options=SweepOptions(progress=False))
     for group in runner.groups:
         group.answers = end_logits(model, group.tokens).argmax(-1)
     return runner

@@ -46,7 +46,7 @@ def test_sweep_shares_prefix_exactly(style, kv):
         assert len(sweep) == n - w + 1
         assert sweep == [runner.faithfulness(w, t) for t in range(n - w + 1)]
     # waiting through every layer leaves the last token only its operator-conditioned mean
-    values = {v for row in grid_faithfulness(runner, progress=False) for v in row if not math.isnan(v)}
+    values = {v for row in grid_faithfulness(runner) for v in row if not math.isnan(v)}
     assert len(values) > 1
 
 

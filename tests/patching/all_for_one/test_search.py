@@ -6,13 +6,15 @@ import math
 import pytest
 import torch
 
+from circuits.errors import InputError
 from tests.tiny_models import tiny_model
+from patching.options import SweepOptions
 from patching.all_for_one.search import (
     AF1Config, af1_accuracy, check_setting, faithfulness_heatmap, SELECTION_RULES, cell_estimate,
     cross_fit_from_hits, grid_from_hits, grid_hits, held_out_selection, prune_transfer_heads, search_af1,
     select_setting,
 )
-from tests.patching.all_for_one.af1_data import _data, _runner
+from tests.patching.all_for_one.af1_data import _data, _runner, _self_answered
 
 
 def test_select_setting():
@@ -26,24 +28,37 @@ def test_select_setting():
 def test_search_and_pruning_run_end_to_end():
     model = tiny_model(style="gemma", n_layers=2)
     runner = _runner(model, AF1Config(min_faithfulness=0.5))
-    result = search_af1(model, None, AF1Config(min_faithfulness=0.5), runner=runner, progress=False)
+    result = search_af1(model, None, AF1Config(min_faithfulness=0.5), runner=runner)
     assert result.faithfulness == result.grid[result.l_wait][result.l_transfer]
     assert result.n_transfer_heads == 4 * result.l_transfer
     assert all(result.l_wait <= h.layer < result.l_wait + result.l_transfer for h in result.kept_heads)
     assert result.pruned_faithfulness >= 0.95 * result.faithfulness - 1e-9
     assert math.isclose(runner.faithfulness(result.l_wait, result.l_transfer, result.kept_heads),
                         result.pruned_faithfulness)
-    kept, value, trace = prune_transfer_heads(runner, 0, 2, keep=1.0, progress=False)
+    kept, value, trace = prune_transfer_heads(runner, 0, 2, keep=1.0)
     assert len(trace) == 8 and value >= runner.faithfulness(0, 2) - 1e-9
     assert result.to_json()["grid"][2][1] is None
     fig = faithfulness_heatmap(result.grid, best=(result.l_wait, result.l_transfer))
     assert len(fig.data) == 2
 
 
+def test_the_runner_carries_the_sweep_options_and_refuses_what_af1_does_not_use():
+    model = tiny_model(style="gemma", n_layers=2)
+    runner = _runner(model)
+    assert runner.options == SweepOptions(progress=False) and runner.batch_size == 32
+    with pytest.raises(InputError, match="search_af1 got both a runner and options"):
+        search_af1(model, None, runner=runner, options=SweepOptions(progress=False))
+    with pytest.raises(InputError, match=r"AF1Runner does not use the sweep option\(s\) metric"):
+        af1_accuracy(model, _data(model), 1, 1, options=SweepOptions(metric="prob"))
+    data = _self_answered(model, _data(model))  # every prompt answered 'correctly': all of them are evaluated
+    small = af1_accuracy(model, data, 1, 1, options=SweepOptions(batch_size=3, progress=False))
+    assert small == pytest.approx(af1_accuracy(model, data, 1, 1, options=SweepOptions(progress=False)))
+
+
 def test_held_out_selection_and_report_use_disjoint_prompts():
     model = tiny_model(style="gemma", n_layers=2)
     runner = _runner(model)
-    out = held_out_selection(runner, min_faithfulness=0.5, seed=1, progress=False)
+    out = held_out_selection(runner, min_faithfulness=0.5, seed=1)
     select, report = set(out["selection_prompts"]), set(out["report_prompts"])
     assert not select & report and select | report == set(range(runner.n_eval))
     assert abs(len(select) - len(report)) <= 1
@@ -64,7 +79,7 @@ def test_held_out_selection_and_report_use_disjoint_prompts():
 def test_cross_fit_scores_every_prompt_under_a_cell_chosen_on_the_other_half():
     model = tiny_model(style="gemma", n_layers=2)
     runner = _runner(model)
-    hits = grid_hits(runner, progress=False)
+    hits = grid_hits(runner)
     out = held_out_selection(runner, min_faithfulness=0.5, seed=1, hits=hits)
     halves = {"a": out["selection_prompts"], "b": out["report_prompts"]}
     for name, rule in out["cross_fit"].items():
@@ -104,7 +119,7 @@ def test_cross_fit_by_hand_when_the_halves_disagree():
 def test_held_out_rules_and_pre_specified_cells():
     model = tiny_model(style="gemma", n_layers=2)
     runner = _runner(model)
-    hits = grid_hits(runner, progress=False)
+    hits = grid_hits(runner)
     out = held_out_selection(runner, min_faithfulness=0.5, seed=3, hits=hits)
     assert set(out["rules"]) == set(SELECTION_RULES)
     report = sorted(out["report_prompts"])

@@ -15,6 +15,7 @@ from circuits.graph import GraphLayout
 from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
 from patching.edges import distributed
+from patching import SweepOptions
 
 FRACTIONS = (0.05, 0.2, 0.5, 1.0)
 
@@ -31,7 +32,7 @@ def setup():
 def run(out: Path) -> None:
     model, data, alt_ids = setup()
     shard = distributed.current_shard()  # set up from the launch's environment
-    graph = distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=3, metric="logit_diff",
+    graph = distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=3, options=SweepOptions(metric="logit_diff"),
                                          alt_ids=alt_ids)
     nodes = distributed.edge_attribution(model, data, method="EAP", level="node")
     layout = GraphLayout.of(model)

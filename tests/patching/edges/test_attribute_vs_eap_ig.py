@@ -22,6 +22,7 @@ from circuits.tasks import make_dataset  # noqa: E402
 from tests.tiny_models import tiny_model  # noqa: E402
 from experiments.bench_circuits.eap_ig_arm import dataloader, eap_ig_scores  # noqa: E402
 from patching.edges.attribute import edge_attribution  # noqa: E402
+from patching import SweepOptions
 
 
 def head_sender_rows(layout: GraphLayout) -> torch.Tensor:
@@ -41,8 +42,7 @@ def test_scores_match_eap_ig(style, n_kv, method):
     tokens, cf = torch.tensor(data["tokens"]), torch.tensor(data["cf_tokens"])
     assert torch.equal(model.to_tokens(list(data["prompt"])), tokens)  # EAP-IG tokenizes the strings itself
     theirs = eap_ig_scores(model, dataloader(data["prompt"], data["counterfactual"], answers, 4), method, ig_steps=3)
-    ours = edge_attribution(model, tokens, cf, answer_ids=answers, method=method, ig_steps=3, batch_size=4,
-                            progress=False).scores
+    ours = edge_attribution(model, tokens, cf, answer_ids=answers, method=method, ig_steps=3, options=SweepOptions(batch_size=4, progress=False)).scores
     layout = GraphLayout.of(model)
     real = layout.real_edge_mask
     compared = real & ~head_sender_rows(layout)[:, None] if style == "gemma" else real

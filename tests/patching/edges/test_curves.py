@@ -16,6 +16,7 @@ from circuits.tasks import make_dataset, single_batch
 from tests.tiny_models import tiny_model
 from patching.edges.evaluate import evaluate_circuit, evaluate_circuits
 from patching.edges.curves import MIB_FRACTIONS, curve_areas, faithfulness_curve, table_faithfulness
+from patching import SweepOptions
 
 
 def test_areas_of_hand_made_curves():
@@ -55,7 +56,7 @@ def setup():
 def test_curve_points_are_ratios_of_evaluated_circuits(setup):
     model, data, layout, graph = setup
     fractions = (0.05, 0.2, 0.5, 1.0)
-    curve = faithfulness_curve(model, graph, data, fractions=fractions, n_bootstrap=200, progress=False)
+    curve = faithfulness_curve(model, graph, data, fractions=fractions, n_bootstrap=200, options=SweepOptions(progress=False))
     full = evaluate_circuit(model, layout.real_edge_mask, data).mean
     empty = evaluate_circuit(model, torch.zeros_like(layout.real_edge_mask), data).mean
     expected = []
@@ -85,7 +86,7 @@ def test_custom_selection_and_zero_ablation(setup):
         return only_logits & select_top_n(Graph(layout, scores), n, prune=False).in_graph
 
     curve = faithfulness_curve(model, graph.scores, data, fractions=(0.5, 1.0), select=select, ablation="zero",
-                               n_bootstrap=50, progress=False)
+                               n_bootstrap=50, options=SweepOptions(progress=False))
     assert chosen == [int(0.5 * layout.n_edges), layout.n_edges]
     assert curve.ablation == "zero" and curve.n_edges[-1] == layout.n_forward
     assert math.isfinite(curve.cpr.value)
@@ -95,15 +96,15 @@ def test_bad_fractions_are_refused(setup):
     model, data, _, graph = setup
     for bad in [(0.5, 0.2), (0.0, 1.0), (0.5, 1.5)]:
         with pytest.raises(InputError, match="fractions must increase"):
-            faithfulness_curve(model, graph, data, fractions=bad, progress=False)
+            faithfulness_curve(model, graph, data, fractions=bad, options=SweepOptions(progress=False))
     with pytest.raises(InputError, match="Scores must be"):
-        faithfulness_curve(model, torch.zeros(3, 3), data, progress=False)
+        faithfulness_curve(model, torch.zeros(3, 3), data, options=SweepOptions(progress=False))
 
 
 def test_bootstrap_intervals_use_the_same_resamples_for_every_point(setup):
     """The top point (the full graph) is 1 in every resample, so its interval is degenerate at 1."""
     model, data, _, graph = setup
-    curve = faithfulness_curve(model, graph, data, fractions=(0.1, 1.0), n_bootstrap=100, progress=False)
+    curve = faithfulness_curve(model, graph, data, fractions=(0.1, 1.0), n_bootstrap=100, options=SweepOptions(progress=False))
     top = curve.faithfulness[-1]
     assert np.isclose([top.low, top.high], 1.0, atol=1e-5).all()
 
@@ -114,7 +115,7 @@ def test_an_unscored_edge_is_refused_by_the_default_selection(setup):
     f, b = layout.edge_index("a0.h0->m0")
     scores[f, b] = float("nan")
     with pytest.raises(InputError, match="without a score"):
-        faithfulness_curve(model, scores, data, fractions=(0.5, 1.0), n_bootstrap=20, progress=False)
+        faithfulness_curve(model, scores, data, fractions=(0.5, 1.0), n_bootstrap=20, options=SweepOptions(progress=False))
 
 
 def test_an_identical_counterfactual_is_refused_before_anything_runs(setup):
@@ -130,7 +131,7 @@ def test_an_identical_counterfactual_is_refused_before_anything_runs(setup):
     with pytest.raises(InputError, match=r"Every counterfactual prompt is identical to its reference prompt.*m\(full\) − "
                                          r"m\(∅\) is 0 .*Pass counterfactuals that differ from the references"):
         faithfulness_curve(model, graph, batch.tokens, batch.tokens, answer_ids=batch.answer_ids, fractions=(0.5, 1.0),
-                           evaluate=evaluate, progress=False)
+                           evaluate=evaluate, options=SweepOptions(progress=False))
     assert not ran, "the circuits were evaluated before the refusal"
 
 
@@ -139,8 +140,7 @@ def test_a_zero_denominator_after_the_runs_is_refused(setup):
     model, data, _, graph = setup
     with pytest.raises(InputError, match=r"The model and the empty circuit score the same mean metric \(1 and 1 with "
                                          r"ablation='counterfactual'\): m\(full\) − m\(∅\) is 0"):
-        faithfulness_curve(model, graph, data, fractions=(0.5, 1.0), metric=lambda lg, a, b: lg[:, 0] * 0 + 1,
-                           progress=False)
+        faithfulness_curve(model, graph, data, fractions=(0.5, 1.0), options=SweepOptions(metric=lambda lg, a, b: lg[:, 0] * 0 + 1, progress=False))
 
 
 def test_a_graph_of_another_model_size_is_refused(setup):
@@ -148,7 +148,7 @@ def test_a_graph_of_another_model_size_is_refused(setup):
     other = Graph(layout, scores=graph.scores, meta={"d_model": model.cfg.d_model * 2})  # same layers and heads
     with pytest.raises(GraphFileError, match=rf"The scores' graph is for another model: it records d_model "
                                              rf"{2 * model.cfg.d_model} \(the model has {model.cfg.d_model}\)"):
-        faithfulness_curve(model, other, data, fractions=(0.5, 1.0), progress=False)
+        faithfulness_curve(model, other, data, fractions=(0.5, 1.0), options=SweepOptions(progress=False))
 
 
 def test_paired_differences_of_curves_on_the_same_prompts(setup):
@@ -156,9 +156,9 @@ def test_paired_differences_of_curves_on_the_same_prompts(setup):
 
     model, batch, layout, scores = setup
     fractions = (0.1, 0.5, 1.0)
-    a = faithfulness_curve(model, scores, batch, fractions=fractions, n_bootstrap=100, progress=False)
+    a = faithfulness_curve(model, scores, batch, fractions=fractions, n_bootstrap=100, options=SweepOptions(progress=False))
     flipped = Graph(layout, torch.where(layout.real_edge_mask, 1 / (1 + scores.scores.abs()), torch.nan))  # reversed
-    b = faithfulness_curve(model, flipped, batch, fractions=fractions, n_bootstrap=100, progress=False)
+    b = faithfulness_curve(model, flipped, batch, fractions=fractions, n_bootstrap=100, options=SweepOptions(progress=False))
     same = paired_difference(a, a, n_bootstrap=100)
     assert all(same[k]["value"] == 0 and same[k]["low"] == same[k]["high"] == 0 for k in same)
     diff = paired_difference(a, b, n_bootstrap=100)
@@ -167,7 +167,7 @@ def test_paired_differences_of_curves_on_the_same_prompts(setup):
     assert diff["cpr"]["low"] <= diff["cpr"]["value"] <= diff["cpr"]["high"]
     with pytest.raises(InputError, match="same prompts"):
         paired_difference(a, faithfulness_curve(model, scores, batch, fractions=(0.5, 1.0), n_bootstrap=10,
-                                                progress=False))
+                                                options=SweepOptions(progress=False)))
     # the tables as results.json keeps them (lists) give the same numbers; a table of other prompts is refused
     from patching.edges.curves import paired_table_difference
 
@@ -182,8 +182,8 @@ def test_scores_with_nothing_finite_are_refused_and_infinite_ones_warn():
     layout = GraphLayout.of(model)
     hopeless = torch.where(layout.real_edge_mask, torch.inf, torch.nan)  # all tie: any top-n is arbitrary
     with pytest.raises(InputError, match="None of the .* edge scores is finite .*rescore the edges"):
-        faithfulness_curve(model, hopeless, data, fractions=(0.5, 1.0), n_bootstrap=10, progress=False)
+        faithfulness_curve(model, hopeless, data, fractions=(0.5, 1.0), n_bootstrap=10, options=SweepOptions(progress=False))
     some = torch.where(layout.real_edge_mask, torch.rand(layout.n_forward, layout.n_backward), torch.nan)
     some[tuple(layout.real_edge_mask.nonzero()[0].tolist())] = torch.inf
     with pytest.warns(UserWarning, match="1 of the .* edge scores are infinite; they rank before every finite score"):
-        faithfulness_curve(model, some, data, fractions=(0.5, 1.0), n_bootstrap=10, progress=False)
+        faithfulness_curve(model, some, data, fractions=(0.5, 1.0), n_bootstrap=10, options=SweepOptions(progress=False))

@@ -22,6 +22,7 @@ from patching.edges import distributed
 from patching.edges.attribute import edge_attribution
 from patching.edges.patch import edge_patch
 from patching.edges.curves import faithfulness_curve
+from patching import SweepOptions
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[2]
@@ -42,13 +43,12 @@ def test_two_processes_give_the_one_process_results(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
 
     model, data, alt_ids = script.setup()
-    graph = edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=3, metric="logit_diff", alt_ids=alt_ids,
-                             progress=False)
-    nodes = edge_attribution(model, data, method="EAP", level="node", progress=False)
+    graph = edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=3, options=SweepOptions(metric="logit_diff", progress=False), alt_ids=alt_ids)
+    nodes = edge_attribution(model, data, method="EAP", level="node", options=SweepOptions(progress=False))
     layout = GraphLayout.of(model)
     edges = layout.real_edge_mask.nonzero().tolist()[::3]
-    effects = edge_patch(model, edges, data, progress=False)
-    curve = faithfulness_curve(model, graph, data, fractions=script.FRACTIONS, n_bootstrap=200, progress=False)
+    effects = edge_patch(model, edges, data, options=SweepOptions(progress=False))
+    curve = faithfulness_curve(model, graph, data, fractions=script.FRACTIONS, n_bootstrap=200, options=SweepOptions(progress=False))
     scale = float(torch.nan_to_num(graph.scores).abs().max())
     for rank in (0, 1):  # every rank holds the gathered results
         info = json.loads((tmp_path / f"rank{rank}.json").read_text())
@@ -87,7 +87,7 @@ def test_prompt_shards_cover_every_prompt_once():
 
 def test_one_process_is_the_plain_call_and_a_missing_group_is_refused():
     model, data, _ = script.setup()
-    plain = edge_attribution(model, data, method="EAP", progress=False)
+    plain = edge_attribution(model, data, method="EAP", options=SweepOptions(progress=False))
     split = distributed.edge_attribution(model, data, method="EAP", shard=distributed.Shard(0, 1))
     assert torch.equal(torch.nan_to_num(split.scores), torch.nan_to_num(plain.scores))
     with pytest.raises(InputError, match="initialised torch.distributed group"):

@@ -13,6 +13,7 @@ from circuits.tasks import make_dataset, single_batch
 from tests.tiny_models import tiny_model
 from patching.edges.evaluate import MeanPoolError, evaluate_circuit, evaluate_circuits
 from patching.edges.patch import edge_patch
+from patching import SweepOptions
 from tests.patching import edge_reference as plain
 
 
@@ -51,7 +52,7 @@ def test_full_graph_is_the_model_and_empty_graph_the_counterfactual(setup):
 def test_full_graph_minus_one_edge_equals_edge_patch(setup):
     model, data = setup
     layout = GraphLayout.of(model)
-    effects = edge_patch(model, EDGES, data, progress=False)
+    effects = edge_patch(model, EDGES, data, options=SweepOptions(progress=False))
     circuits = []
     for f, b in effects.edges:
         mask = _full(model)
@@ -74,7 +75,7 @@ def test_random_circuits_equal_the_plain_replacement(setup, ablation):
     masks = [torch.rand(layout.n_forward, layout.n_backward, generator=g) < p for p in (0.3, 0.7, 0.9)]
     masks.append(torch.zeros(layout.n_forward, layout.n_backward, dtype=torch.bool))
     means_from = pool if ablation.endswith("mean") else None
-    got = evaluate_circuits(model, masks, data, ablation=ablation, means_from=means_from, memory_mb=0.05)
+    got = evaluate_circuits(model, masks, data, ablation=ablation, means_from=means_from, options=SweepOptions(memory_mb=0.05))
     if ablation == "counterfactual":
         ablated = plain.outputs(model, batch.cf_tokens)
     elif ablation == "zero":
@@ -94,7 +95,7 @@ def test_counterfactual_evaluation_with_and_without_prefix_reuse_agree(setup):
     layout = GraphLayout.of(model)
     mask = torch.rand(layout.n_forward, layout.n_backward, generator=torch.Generator().manual_seed(1)) < 0.5
     fast = evaluate_circuit(model, mask, data)
-    slow = evaluate_circuit(model, mask, data, reuse_prefix=False)
+    slow = evaluate_circuit(model, mask, data, options=SweepOptions(reuse_prefix=False))
     torch.testing.assert_close(fast.per_prompt, slow.per_prompt, atol=2e-5, rtol=1e-4)
 
 
@@ -120,9 +121,9 @@ def test_mean_ablation_pools_must_be_given_disjoint_and_of_the_right_lengths():
     with pytest.raises(InputError, match="shape"):
         evaluate_circuit(model, full[:, :-1], data)
     with pytest.raises(InputError, match="not an edge"):
-        edge_patch(model, ["m0->a0.h0<q>"], data, progress=False)
+        edge_patch(model, ["m0->a0.h0<q>"], data, options=SweepOptions(progress=False))
     with pytest.raises(InputError, match="not an edge"):
-        edge_patch(model, [(0, GraphLayout.of(model).n_backward)], data, progress=False)
+        edge_patch(model, [(0, GraphLayout.of(model).n_backward)], data, options=SweepOptions(progress=False))
 
 
 def _no_hooks(model) -> bool:
@@ -144,10 +145,10 @@ def test_no_hook_or_flag_survives_an_exception(call):
         return logits.gather(-1, answers[:, None])[:, 0]
 
     runs = {
-        "edge_patch": lambda: edge_patch(model, None, data, metric=raising, progress=False),
-        "evaluate": lambda: evaluate_circuits(model, [_full(model)] * 2, data, metric=raising, memory_mb=1e-4),
+        "edge_patch": lambda: edge_patch(model, None, data, options=SweepOptions(metric=raising, progress=False)),
+        "evaluate": lambda: evaluate_circuits(model, [_full(model)] * 2, data, options=SweepOptions(metric=raising, memory_mb=1e-4)),
         "evaluate_mean": lambda: evaluate_circuits(model, [_full(model)] * 2, data, ablation="mean", means_from=pool,
-                                                   metric=raising, memory_mb=1e-4),
+                                                   options=SweepOptions(metric=raising, memory_mb=1e-4)),
     }
     with pytest.raises(RuntimeError, match="metric failed"):
         runs[call]()
@@ -159,13 +160,13 @@ def test_no_hook_or_flag_survives_an_exception(call):
 def test_gemma_full_graph_reproduces_the_model_and_empty_graph_the_counterfactual(gemma):
     data = make_dataset(gemma, n_prompts=3, n_shots=2, template_ids=["add-equation-0"], seed=0)
     batch = single_batch(data)
-    full, empty = evaluate_circuits(gemma, [_full(gemma), torch.zeros_like(_full(gemma))], data, metric="logit")
+    full, empty = evaluate_circuits(gemma, [_full(gemma), torch.zeros_like(_full(gemma))], data, options=SweepOptions(metric="logit"))
     ref = gemma(batch.tokens)[:, -1].gather(-1, batch.answer_ids[:, None])[:, 0]
     cf = gemma(batch.cf_tokens)[:, -1].gather(-1, batch.answer_ids[:, None])[:, 0]
     torch.testing.assert_close(full.per_prompt.float(), ref, atol=1e-3, rtol=1e-4)
     torch.testing.assert_close(empty.per_prompt.float(), cf, atol=1e-3, rtol=1e-4)
     assert full.n_edges == 10342
-    logprob = evaluate_circuit(gemma, Graph.from_model(gemma), data, metric="logprob")  # reads the whole vocabulary
+    logprob = evaluate_circuit(gemma, Graph.from_model(gemma), data, options=SweepOptions(metric="logprob"))  # reads the whole vocabulary
     expected = gemma(batch.tokens)[:, -1].log_softmax(-1).gather(-1, batch.answer_ids[:, None])[:, 0]
     torch.testing.assert_close(logprob.per_prompt.float(), expected, atol=1e-3, rtol=1e-4)
 

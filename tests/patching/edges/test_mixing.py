@@ -13,6 +13,7 @@ from circuits.graph_selection import prune
 from circuits.tasks import make_dataset
 from patching.edges.evaluate import evaluate_circuits
 from patching.edges.patch import edge_patch
+from patching import SweepOptions
 from tests.tiny_models import tiny_model
 
 
@@ -58,7 +59,7 @@ def test_patching_one_edge_is_the_full_circuit_minus_that_edge(norm):
     heads = [layout.head_forward(l, h) for l in range(layout.n_layers - 1) for h in range(layout.n_heads)]
     edges = [(f, layout.head_backward(2, 1, "v")) for f in heads[:4]] + [(heads[5], layout.logits_backward),
                                                                           (0, layout.mlp_backward(1))]
-    effects = edge_patch(model, edges, data, norm=norm, progress=False)
+    effects = edge_patch(model, edges, data, norm=norm, options=SweepOptions(progress=False))
     circuits = []
     for f, b in edges:
         c = real.clone()

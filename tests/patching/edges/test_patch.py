@@ -10,6 +10,7 @@ from circuits.graph import GraphLayout
 from circuits.tasks import make_dataset, single_batch
 from tests.tiny_models import tiny_model
 from patching.edges.patch import edge_patch
+from patching import SweepOptions
 from tests.patching import edge_reference as plain
 
 
@@ -33,7 +34,7 @@ def test_edge_patch_equals_a_plain_hook_per_edge(setup):
     model, data = setup
     batch = single_batch(data)
     layout = GraphLayout.of(model)
-    result = edge_patch(model, EDGES, data, progress=False)
+    result = edge_patch(model, EDGES, data, options=SweepOptions(progress=False))
     assert result.edges == [layout.edge_index(e) for e in EDGES]
     for (f, b), effect in zip(result.edges, result.effects):
         expected = plain.plain_edge_patch(model, f, b, batch.tokens, batch.cf_tokens, batch.answer_ids)
@@ -44,8 +45,8 @@ def test_edge_patch_equals_a_plain_hook_per_edge(setup):
 
 def test_edge_patch_without_prefix_reuse_and_in_small_chunks_agrees(setup):
     model, data = setup
-    fast = edge_patch(model, None, data, progress=False)
-    slow = edge_patch(model, None, data, reuse_prefix=False, memory_mb=0.01, progress=False)
+    fast = edge_patch(model, None, data, options=SweepOptions(progress=False))
+    slow = edge_patch(model, None, data, options=SweepOptions(reuse_prefix=False, memory_mb=0.01, progress=False))
     assert len(fast.edges) == GraphLayout.of(model).n_edges
     torch.testing.assert_close(fast.per_prompt, slow.per_prompt, atol=2e-5, rtol=1e-4)
 
@@ -59,4 +60,4 @@ def test_a_metric_that_ignores_the_logits_warns_that_every_edge_effect_is_zero()
     data = make_dataset(model, n_prompts=3, n_shots=0, template_ids=("add-equation-0",), seed=2)
     constant = lambda logits, answers, alts: torch.ones(logits.shape[0])  # noqa: E731
     with pytest.warns(NoEffectWarning, match="Every edge-patching effect is exactly 0"):
-        edge_patch(model, None, data, metric=constant, progress=False)
+        edge_patch(model, None, data, options=SweepOptions(metric=constant, progress=False))

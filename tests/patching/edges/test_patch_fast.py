@@ -10,6 +10,7 @@ from circuits.graph import GraphLayout
 from circuits.tasks import make_dataset, single_batch
 from tests.tiny_models import tiny_model
 from patching.edges.patch import edge_patch
+from patching import SweepOptions
 from tests.patching import edge_reference as plain
 
 
@@ -23,8 +24,8 @@ def test_fast_path_equals_the_hook_path_and_the_plain_patch_with_layers_in_betwe
     data = make_dataset(model, n_prompts=4, n_shots=1, template_ids=["add-equation-0"], seed=2)
     batch = single_batch(data)
     layout = GraphLayout.of(model)
-    fast = edge_patch(model, None, data, memory_mb=0.02, progress=False)  # several chunks per receiver layer
-    hooked = edge_patch(model, None, data, fast=False, progress=False)
+    fast = edge_patch(model, None, data, options=SweepOptions(memory_mb=0.02, progress=False))  # several chunks per receiver layer
+    hooked = edge_patch(model, None, data, fast=False, options=SweepOptions(progress=False))
     assert fast.edges == hooked.edges and len(fast.edges) == layout.n_edges
     torch.testing.assert_close(fast.per_prompt, hooked.per_prompt, atol=2e-5, rtol=1e-4)
     for name in ("input->a0.h0<q>", "a0.h1->a1.h2<k>", "m0->a1.h3<v>", "a1.h0->m1", "input->m0", "m1->a2.h1<q>",
@@ -53,10 +54,10 @@ def test_rotating_the_prefix_keys_once_changes_nothing(style, monkeypatch):
         return original(attn, kv, layer, times)
 
     monkeypatch.setattr(_edge_fast, "prefix_rotary_once", counting)
-    once = edge_patch(model, None, data, memory_mb=0.02, progress=False)
+    once = edge_patch(model, None, data, options=SweepOptions(memory_mb=0.02, progress=False))
     assert any(calls)
     monkeypatch.setattr(_edge_fast, "ROTATE_PREFIX_ONCE", False)
-    every_row = edge_patch(model, None, data, memory_mb=0.02, progress=False)
+    every_row = edge_patch(model, None, data, options=SweepOptions(memory_mb=0.02, progress=False))
     assert torch.equal(once.per_prompt, every_row.per_prompt)
     assert all("apply_rotary" not in vars(block.attn) for block in model.blocks)
 

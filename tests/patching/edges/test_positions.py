@@ -11,6 +11,7 @@ from patching.edges.attribute import edge_attribution
 from patching.edges.curves import faithfulness_curve
 from patching.edges.evaluate import evaluate_circuits
 from patching.edges.positions import MERGED, SPANS, PositionalScores, span_ids
+from patching import SweepOptions
 from tests.tiny_models import tiny_model
 
 
@@ -39,9 +40,9 @@ def test_every_position_gets_the_span_of_its_role(setup):
 
 def test_position_aware_scores_sum_to_the_position_free_ones(setup):
     model, data = setup
-    plain = edge_attribution(model, data, method="EAP", progress=False)
+    plain = edge_attribution(model, data, method="EAP", options=SweepOptions(progress=False))
     for schema in (SPANS, MERGED):
-        positional = edge_attribution(model, data, method="EAP", spans=schema, progress=False)
+        positional = edge_attribution(model, data, method="EAP", spans=schema, options=SweepOptions(progress=False))
         assert isinstance(positional, PositionalScores) and positional.scores.shape[-1] == len(schema)
         real = plain.layout.real_edge_mask
         torch.testing.assert_close(positional.merged().scores[real], plain.scores[real], rtol=1e-4, atol=1e-6)
@@ -76,16 +77,16 @@ def test_a_circuit_constant_over_spans_is_the_position_free_circuit(setup):
 
 def test_the_curve_with_every_span_merged_is_the_position_free_curve(setup):
     model, data = setup
-    plain = edge_attribution(model, data, method="EAP", progress=False)
-    merged = edge_attribution(model, data, method="EAP", spans=MERGED, progress=False)
+    plain = edge_attribution(model, data, method="EAP", options=SweepOptions(progress=False))
+    merged = edge_attribution(model, data, method="EAP", spans=MERGED, options=SweepOptions(progress=False))
     fractions = (0.05, 0.2, 0.5, 1.0)
-    a = faithfulness_curve(model, plain, data, fractions=fractions, n_bootstrap=50, progress=False)
-    b = faithfulness_curve(model, merged, data, fractions=fractions, n_bootstrap=50, progress=False)
+    a = faithfulness_curve(model, plain, data, fractions=fractions, n_bootstrap=50, options=SweepOptions(progress=False))
+    b = faithfulness_curve(model, merged, data, fractions=fractions, n_bootstrap=50, options=SweepOptions(progress=False))
     assert a.n_edges == b.n_edges and b.spans == MERGED
     for x, y in zip(a.faithfulness, b.faithfulness):
         assert x.value == pytest.approx(y.value, rel=1e-4, abs=1e-5)
-    positional = faithfulness_curve(model, edge_attribution(model, data, method="EAP", spans=SPANS, progress=False),
-                                    data, fractions=fractions, n_bootstrap=50, progress=False)
+    positional = faithfulness_curve(model, edge_attribution(model, data, method="EAP", spans=SPANS, options=SweepOptions(progress=False)),
+                                    data, fractions=fractions, n_bootstrap=50, options=SweepOptions(progress=False))
     assert positional.n_total_edges == len(SPANS) * plain.layout.n_edges
     assert positional.faithfulness[-1].value == pytest.approx(1.0)
 
@@ -94,4 +95,4 @@ def test_token_tensors_cannot_be_position_aware(setup):
     model, data = setup
     tokens = torch.tensor(data["tokens"])
     with pytest.raises(ValueError, match="positions of the prompts' parts"):
-        edge_attribution(model, tokens, torch.tensor(data["cf_tokens"]), answer_ids=0, spans=SPANS, progress=False)
+        edge_attribution(model, tokens, torch.tensor(data["cf_tokens"]), answer_ids=0, spans=SPANS, options=SweepOptions(progress=False))
