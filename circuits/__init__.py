@@ -22,7 +22,13 @@ Two sub-packages serve the experiments: :mod:`circuits.analyze` (attention reads
 representations, heuristic neurons, whole-answer scoring) and :mod:`circuits.show` (figures,
 the HTML report, static export).
 
-The names below are imported on first use, so ``import circuits.errors`` (done everywhere)
+This face offers the entry points (``__all__``): :func:`load_model`, :func:`save_model`, :class:`Head`,
+:class:`MLP`, :func:`parse_node`, :class:`Graph`, and the modules :mod:`circuits.tasks` and
+:mod:`circuits.templates`. Everything else is imported from its module above (e.g.
+:func:`circuits.nodes.all_heads`, :func:`circuits.graph_io.load_eap_json`,
+:func:`circuits.graph_selection.select_top_n`).
+
+The names are imported on first use, so ``import circuits.errors`` (done everywhere)
 loads neither TransformerLens nor plotly.
 """
 
@@ -31,36 +37,15 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "DEFAULT_MODEL": "circuits.loading",
-    "CorruptModelDirError": "circuits.loading",
-    "MissingModelPackageError": "circuits.loading",
-    "ModelNotAvailableError": "circuits.loading",
     "load_model": "circuits.loading",
-    "offline_models": "circuits.loading",
     "save_model": "circuits.loading",
     "Head": "circuits.nodes",
     "MLP": "circuits.nodes",
-    "Node": "circuits.nodes",
-    "all_heads": "circuits.nodes",
-    "all_mlps": "circuits.nodes",
-    "all_nodes": "circuits.nodes",
     "parse_node": "circuits.nodes",
-    "validate_nodes": "circuits.nodes",
     "Graph": "circuits.graph",
-    "GraphLayout": "circuits.graph",
-    "GraphFileError": "circuits.graph_io",
-    "load_eap_json": "circuits.graph_io",
-    "save_eap_json": "circuits.graph_io",
-    "write_mib_submission": "circuits.graph_io",
-    "mib_selector": "circuits.graph_selection",
-    "prune": "circuits.graph_selection",
-    "select_fraction": "circuits.graph_selection",
-    "select_greedy": "circuits.graph_selection",
-    "select_threshold": "circuits.graph_selection",
-    "select_top_n": "circuits.graph_selection",
 }
 
-__all__ = sorted(_EXPORTS) + ["tasks", "templates"]
+__all__ = ["load_model", "save_model", "Head", "MLP", "parse_node", "Graph", "tasks", "templates"]
 
 
 def __getattr__(name: str):

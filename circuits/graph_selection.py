@@ -163,7 +163,7 @@ def select_greedy(graph: Graph, n: int, *, absolute: bool = True, prune: bool = 
 def mib_selector(layout: GraphLayout, *, absolute: bool = True, greedy: bool = False):
     """``(scores, n) -> bool mask``: the circuit MIB evaluates at size n (top-n or greedy, then pruned).
 
-    Pass it as ``select=`` to :func:`patching.faithfulness_curve` so that every point of the
+    Pass it as ``select=`` to :func:`patching.edges.faithfulness_curve` so that every point of the
     curve is the pruned circuit hannamw/MIB-circuit-track's ``evaluate_area_under_curve`` builds.
     """
     chooser = select_greedy if greedy else select_top_n

@@ -14,7 +14,8 @@ import random
 from datasets import Dataset
 from tqdm.auto import tqdm
 
-from circuits.tasks import TaskDataError, format_number, make_row, sample_operands
+from circuits.errors import TaskDataError
+from circuits.tasks import format_number, make_row, sample_operands
 from circuits.templates import template_by_id
 
 

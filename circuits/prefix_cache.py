@@ -4,7 +4,7 @@ Prompts of one template start with the same few-shot lines; every activation the
 same in every row, so a forward can run those positions once (:func:`prefix_kv_cache`,
 :class:`PrefixCache`) and only the later positions per row, reading the prefix's keys and
 values through :class:`TiledKVCache`. Used by the scoring in :mod:`circuits.analyze` and by the
-fast paths of :mod:`patching` (which re-exports these names from ``patching.forward``).
+fast paths of :mod:`patching`.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from circuits.arguments import check_finite_weights, check_nonnegative_int, check_positive_int
-from circuits.counterfactuals import CORRUPTIONS, Corrupt, check_corrupt, parse_shots, twin_candidates  # noqa: F401
-from circuits.errors import InputError, TaskDataError  # noqa: F401  (TaskDataError: part of this module's API)
+from circuits.counterfactuals import Corrupt, check_corrupt, twin_candidates
+from circuits.errors import InputError, TaskDataError
 from circuits.templates import Template, get_templates, resolve_operation, template_by_id
 
 logger = logging.getLogger(__name__)

@@ -42,21 +42,15 @@ import torch
 
 from circuits.errors import InputError
 from circuits.show.html_report import Report
-from experiments.runtime.run_folder import StageTimer, write_text_atomic
+from experiments.runtime.run_folder import StageTimer
+from circuits.atomic_files import write_text_atomic
 from circuits.stats import paired_difference, proportion
 from circuits.templates import template_by_id
+from patching.all_for_one import AF1Config, AF1Runner
 from patching.all_for_one.search import (
-    AF1Config,
-    AF1Runner,
-    AF1SearchResult,
-    NoEvalPromptsError,
-    cell_estimate,
-    check_setting,
-    faithfulness_heatmap,
-    grid_hits,
-    held_out_selection,
-    search_af1,
+    AF1SearchResult, cell_estimate, faithfulness_heatmap, grid_hits, held_out_selection, search_af1,
 )
+from patching.all_for_one.runner import NoEvalPromptsError, check_setting
 from patching.all_for_one.template_prompts import authors_templates, make_template_dataset
 from patching.all_for_one.cama import CamaConfig
 from patching import SweepOptions
@@ -91,7 +85,7 @@ class AF1ExperimentConfig(RunSettings):
     batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
 
     def af1_config(self) -> AF1Config:
-        """The :class:`patching.all_for_one.search.AF1Config` these flags describe."""
+        """The :class:`patching.all_for_one.AF1Config` these flags describe."""
         return AF1Config(cama=CamaConfig(min_count=self.min_count),
                          min_faithfulness=self.min_faithfulness, prune_keep=self.prune_keep, seed=self.seed)
 

@@ -49,7 +49,8 @@ from circuits.errors import InputError
 from circuits.graph import GraphLayout
 from circuits.nodes import Head
 from circuits.peak_memory import peak_rss, reset_peak_rss
-from experiments.runtime.run_folder import RESULTS_FILE, RUN_MARKER, write_text_atomic
+from experiments.runtime.run_folder import RESULTS_FILE, RUN_MARKER
+from circuits.atomic_files import write_text_atomic
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option

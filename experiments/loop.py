@@ -7,11 +7,11 @@
    accuracy and drift come from a held-out math suite (``finetune.math_suite``: held-out templates of both
    operations) and general texts;
 2. the base circuit: EAP-IG edge scores of the base model on the circuit prompts
-   (``patching.edge_attribution``) and their MIB faithfulness curve;
+   (``patching.edges.edge_attribution``) and their MIB faithfulness curve;
 3. tune the circuit: precise SFT of the ``--n-heads`` heads holding the most in-circuit edge score at
    ``--circuit-size`` of the edges (``patching.edges.faithful_circuit.circuit_heads``), ``--steps`` steps
    on the training templates of ``--op``;
-4. the circuit after tuning: ``patching.circuit_shift(base, tuned)`` on the circuit prompts;
+4. the circuit after tuning: ``patching.edges.circuit_shift(base, tuned)`` on the circuit prompts;
 5. merge: a second expert tuned the same way on ``--second-op`` (its own circuit's heads), and the task
    arithmetic merge of the two experts into the base (``merging.merge``, λ = ``--merge-lambda``);
 6. the circuit after merging: ``circuit_shift(tuned, merged)``;
@@ -32,7 +32,7 @@ import torch
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
-from experiments.runtime.run_folder import write_text_atomic
+from circuits.atomic_files import write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def _stages(run: Run) -> None:
                                              cfg), cfg.n_heads, cfg.circuit_size)
         second, results["second_expert"] = _tune(base, cfg, cfg.second_op, second_heads, run.out, "second")
     with run.stage("merge", "task arithmetic of the two experts"):
-        from merging import TaskArithmeticConfig
+        from merging.methods import TaskArithmeticConfig
 
         merged = copy.deepcopy(base)
         state = merge("task_arithmetic", base.state_dict(), [tuned.state_dict(), second.state_dict()],

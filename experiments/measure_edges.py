@@ -4,7 +4,7 @@
 
 1. Samples two-shot one-digit addition prompts of one template and one token length, keeping
    those the model answers correctly (top-1 first answer token).
-2. Times ``patching.edge_patch`` over every ``--stride``-th edge in index order (``--stride 1``:
+2. Times ``patching.edges.edge_patch`` over every ``--stride``-th edge in index order (``--stride 1``:
    all 10,342 edges); with a stride > 1 the time for all edges is extrapolated linearly
    (every stride-th edge samples the layers in proportion) and marked as extrapolated.
 3. Scores every edge by a naive baseline, the product of the sizes of its sender's output

@@ -3,7 +3,7 @@
     python -m experiments.transfer [--ops + - * /] [--top-k 8] [--out runs/transfer-<timestamp>]
 
 1. for each operation: few-shot prompts, keep the correctly answered ones, path patching,
-   the top-k key heads (patching.rank_key_heads, combine="per-op");
+   the top-k key heads (patching.head_ranking.rank_key_heads, combine="per-op");
 2. the overlap of the key-head sets (shared heads and Jaccard index) per pair of operations;
 3. cross knockout: accuracy on operation Y with operation X's key heads mean-ablated,
    against k random heads, so a shared mechanism shows as a drop off the diagonal too;
@@ -21,7 +21,8 @@ import torch
 
 from circuits.nodes import all_heads
 from circuits.show.html_report import Report
-from experiments.runtime.run_folder import StageTimer, write_text_atomic
+from experiments.runtime.run_folder import StageTimer
+from circuits.atomic_files import write_text_atomic
 from circuits.tasks import TaskConfig, filter_correct, make_dataset
 from circuits.templates import resolve_operation
 from patching.head_ranking import KeyHeads, rank_key_heads

@@ -18,22 +18,19 @@ Modules: :mod:`finetune.masks` (which entries train), :mod:`finetune.optim`
 (the loop), :mod:`finetune.configs` (one config per method), :mod:`finetune.checkpoints` (small checkpoints, exact resume),
 :mod:`finetune.lora` (peft LoRA on TL parameters), :mod:`finetune.evaluate`
 (accuracy and drift), :mod:`finetune.expert_tasks` (the merge experts' task data).
+
+This face offers the entry points (``__all__``): :func:`train` with :class:`TrainConfig` and the
+method configs :class:`PreciseSFTConfig`, :class:`FullSFTConfig`, :class:`LoraSFTConfig`; the data
+(:class:`ArithmeticMix`, :func:`arithmetic_train_set`); the evaluation (:func:`evaluate`,
+:func:`math_suite`, :class:`MathSuiteConfig`); saved models (:func:`save_tuned`, :func:`load_tuned`).
+Everything else is imported from its module above (e.g. :func:`finetune.masks.precise_selection`).
 """
 
-from finetune.checkpoints import latest_checkpoint, load_tuned, save_tuned
-from finetune.data import ArithmeticMix, arithmetic_train_set, encode_pair, encode_pairs, split_templates
-from finetune.evaluate import MathSuiteConfig, drift, evaluate, general_texts, math_suite
-from finetune.lora import LoraSettings, attach_lora, merge_lora
-from finetune.masks import Selection, TunableSlice, apply_selection, full_selection, precise_selection
-from finetune.optim import SliceAdamW, lr_at
-from finetune.configs import FullSFTConfig, LoraSFTConfig, PreciseSFTConfig, SFTConfig, method_config
-from finetune.trainer import METHODS, TrainConfig, TrainResult, train
+from finetune.checkpoints import load_tuned, save_tuned
+from finetune.configs import FullSFTConfig, LoraSFTConfig, PreciseSFTConfig, TrainConfig
+from finetune.data import ArithmeticMix, arithmetic_train_set
+from finetune.evaluate import MathSuiteConfig, evaluate, math_suite
+from finetune.trainer import train
 
-__all__ = [
-    "ArithmeticMix", "LoraSettings", "METHODS", "MathSuiteConfig", "Selection", "SliceAdamW", "TrainConfig",
-    "TrainResult", "TunableSlice", "apply_selection", "arithmetic_train_set", "attach_lora", "drift",
-    "encode_pair", "encode_pairs", "evaluate", "full_selection", "general_texts", "latest_checkpoint",
-    "load_tuned", "lr_at", "math_suite", "merge_lora", "precise_selection", "save_tuned", "split_templates",
-    "train",
-]
-__all__ += ["FullSFTConfig", "LoraSFTConfig", "PreciseSFTConfig", "SFTConfig", "method_config"]
+__all__ = ["train", "TrainConfig", "PreciseSFTConfig", "FullSFTConfig", "LoraSFTConfig", "ArithmeticMix",
+           "arithmetic_train_set", "evaluate", "math_suite", "MathSuiteConfig", "save_tuned", "load_tuned"]

@@ -57,9 +57,7 @@ from finetune import checkpoints as ckpt
 from finetune.data import SFTDataError, check_token_rows, collate, epoch_order, targets
 from finetune.lora import attach_lora, lora_targets, merge_lora
 from finetune.masks import Selection, apply_selection, full_selection, named_selection, precise_selection
-from finetune.configs import (  # noqa: F401  (re-exported: finetune.trainer.TrainConfig is public)
-    METHOD_CONFIGS, METHODS, FullSFTConfig, LoraSFTConfig, Method, PreciseSFTConfig, SFTConfig, TrainConfig, _method_of, method_config,
-)
+from finetune.configs import Method, SFTConfig, TrainConfig, _method_of, method_config
 from finetune.optim import SliceAdamW, lr_at
 
 logger = logging.getLogger(__name__)

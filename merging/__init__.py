@@ -13,62 +13,22 @@
 * :mod:`merging.submodule`: Dai et al. (ICLR 2025) closed-form α per submodule.
 * :mod:`merging.linearity`: non-linearity scores of submodules vs the whole model.
 * :mod:`merging.circuit_aware`: head-level weights where the key heads are, coarser elsewhere.
+
+This face offers the entry points (``__all__``): :func:`merge` (a registry method on whole models),
+:func:`load_mergekit_config` (a mergekit YAML), :func:`task_vector`, :func:`merge_submodules` with
+:class:`SubmoduleMergeConfig` (the closed form), :func:`nonlinearity_scores` with
+:class:`LinearityConfig`, :func:`merge_circuit_aware`, and the sub-package :mod:`merging.methods`
+(the registry, each method's config class). Everything else is imported from its module above (e.g.
+:func:`merging.state_dicts.save_state_dict`, :class:`merging.lines.LinesConfig`).
 """
 
-from merging.circuit_aware import circuit_levels, merge_circuit_aware
-from merging.linearity import (
-    LinearityConfig,
-    LinearityResult,
-    alpha_grid,
-    nonlinearity_figure,
-    nonlinearity_scores,
-)
-from merging.lines import LinesConfig
+from merging import methods
 from merging.apply import merge
-from merging.mergekit_config import MergePlan, load_mergekit_config
-from merging.methods import CONFIGS, METHODS, REGISTRY, MergeMethod
-from merging.methods import (
-    AverageConfig,
-    BreadcrumbsConfig,
-    BreadcrumbsTiesConfig,
-    ConsensusConfig,
-    DareLinearConfig,
-    DareTiesConfig,
-    DellaConfig,
-    DellaLinearConfig,
-    IsoCConfig,
-    IsoCtsConfig,
-    KarcherConfig,
-    ModelStockConfig,
-    SceConfig,
-    TaskArithmeticConfig,
-    TiesConfig,
-    TsvConfig,
-)
-from merging.state_dicts import (
-    StateDictSource,
-    check_compatible,
-    iter_task_vectors,
-    load_state_dict,
-    save_state_dict,
-    task_vector,
-)
-from merging.submodule import (
-    AlphaTable,
-    SubmoduleMergeConfig,
-    SubmoduleMergeResult,
-    alpha_heatmap,
-    merge_submodules,
-)
+from merging.circuit_aware import merge_circuit_aware
+from merging.linearity import LinearityConfig, nonlinearity_scores
+from merging.mergekit_config import load_mergekit_config
+from merging.state_dicts import task_vector
+from merging.submodule import SubmoduleMergeConfig, merge_submodules
 
-__all__ = [
-    "circuit_levels",
-    "merge_circuit_aware",
-    "REGISTRY", "MergeMethod", "METHODS", "CONFIGS", "merge", "LinesConfig", "MergePlan", "load_mergekit_config",
-    "AverageConfig", "BreadcrumbsConfig", "BreadcrumbsTiesConfig", "ConsensusConfig", "DareLinearConfig",
-    "DareTiesConfig", "DellaConfig", "DellaLinearConfig", "IsoCConfig", "IsoCtsConfig", "KarcherConfig",
-    "ModelStockConfig", "SceConfig", "TaskArithmeticConfig", "TiesConfig", "TsvConfig", "StateDictSource", "check_compatible",
-    "iter_task_vectors", "load_state_dict", "save_state_dict", "task_vector", "AlphaTable",
-    "SubmoduleMergeConfig", "SubmoduleMergeResult", "alpha_heatmap", "merge_submodules",
-    "LinearityConfig", "LinearityResult", "alpha_grid", "nonlinearity_figure", "nonlinearity_scores",
-]
+__all__ = ["merge", "load_mergekit_config", "task_vector", "merge_submodules", "SubmoduleMergeConfig",
+           "nonlinearity_scores", "LinearityConfig", "merge_circuit_aware", "methods"]

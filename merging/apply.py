@@ -1,4 +1,4 @@
-"""Apply a weight-space merge of :data:`merging.REGISTRY` to whole models, streaming tensor by tensor.
+"""Apply a weight-space merge of :data:`merging.methods.REGISTRY` to whole models, streaming tensor by tensor.
 
 ``merge("ties", base, [expert_a, expert_b], TiesConfig(density=0.2))`` checks the
 sources (:func:`merging.state_dicts.check_compatible`), then walks the base's
@@ -29,7 +29,8 @@ from tqdm.auto import tqdm
 
 from circuits.errors import InputError
 from merging.lines import LinesConfig, apply_lines, layer_scale, n_layers_of
-from merging.methods import REGISTRY, ties_thresholds
+from merging.methods import REGISTRY
+from merging.methods.generalized import ties_thresholds
 from merging.methods.config_checks import check_weights
 from merging.state_dicts import NonFiniteMergeError, SourceLike, as_sources, check_compatible, is_buffer
 

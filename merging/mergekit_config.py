@@ -20,7 +20,7 @@ downloaded). Methods: every mergekit name in :data:`merging.methods.MERGEKIT_NAM
 (``consensus_ta``, ``tsv_m``, ``iso_c``, ``iso_cts``).
 
 What each method takes is declared next to it, on its registry record
-(``REGISTRY[name].mergekit_spec``, a :class:`merging.methods.MergekitSpec`), as
+(``REGISTRY[name].mergekit_spec``, a :class:`merging.methods.mergekit_spec.MergekitSpec`), as
 mergekit keeps it on each method: its parameters (YAML key, config field, type,
 per model or global) and its input rules (needs ``base_model``; takes, or
 requires, a per-model ``weight``; what an unlisted base means). This loader is

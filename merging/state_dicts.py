@@ -131,7 +131,7 @@ class StateDictSource:
         return key in (self._file.keys() if self._file is not None else self._dict)
 
 
-RESAVE_HINT = "Re-save it with merging.save_state_dict or circuits.save_model."
+RESAVE_HINT = "Re-save it with merging.state_dicts.save_state_dict or circuits.save_model."
 
 
 def _open_safetensors(path: Path, name: str):

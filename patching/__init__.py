@@ -1,5 +1,12 @@
 """Interventions through hook points: identify the arithmetic circuit, validate it, find its AF1 subgraph.
 
+This face offers the entry points (``__all__``): :func:`path_patch`, :func:`activation_patch`,
+:func:`attribution_patch`, :func:`key_heads`, :func:`knockout`, :func:`knockout_curve`,
+:func:`knockout_transfer`, :class:`SweepOptions`, and the sub-packages :mod:`patching.edges` (edge
+circuits) and :mod:`patching.all_for_one` (AF1). Everything else is imported from its module below
+(e.g. :class:`patching.results.NodeScores`, :func:`patching.knockout.knockout_correct`); docs/index.md
+maps each face's names.
+
 Node level (heads and MLPs):
 
 * :mod:`patching.path_patching`: exact path patching from every head and MLP to the answer logit
@@ -26,44 +33,13 @@ metric, batching, memory budget, prefix reuse, progress as one record) and
 :mod:`patching.results` (the result containers).
 """
 
+from patching import all_for_one, edges
 from patching.activation_patching import activation_patch
-from patching.edges.evaluate import ABLATIONS, CircuitEvaluation, MeanPoolError, evaluate_circuit, evaluate_circuits
-from patching.edges.patch import EdgeEffects, edge_patch
-from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, curve_areas, faithfulness_curve
-from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS, edge_attribution
-from patching.edges.learn import LearnConfig, LearnedCircuit, learn_circuit
-from patching.edges.shift import CircuitShift, ShiftSettings, circuit_shift
-from patching.edges.engine import UnsupportedModelError, edge_mode, receiver_hooks, sender_outputs
-from patching.all_for_one.search import AF1Config, AF1Runner, AF1SearchResult, af1_accuracy, search_af1
-from patching.all_for_one.template_prompts import authors_templates, make_template_dataset
-from patching.all_for_one.abp import abp_hooks, allowed_keys_mask, peek_mask
-from patching.attribution_patching import attribution_patch, rank_agreement
-from patching.all_for_one.cama import CamaConfig, CamaMeans, fit_cama
-from patching.knockout import (
-    LayoutMeans, PoolError, knockout, knockout_correct, knockout_curve, knockout_hooks, knockout_transfer, mean_activations,
-    pool_means,
-)
-from patching.metrics import METRICS, PatchMetric, get_metric
+from patching.attribution_patching import attribution_patch
+from patching.head_ranking import key_heads
+from patching.knockout import knockout, knockout_curve, knockout_transfer
 from patching.options import SweepOptions
-from patching.number_interventions import (
-    evaluate_end, fourier_filter, fraction_moved, frequency_band, frequency_filter_edit, neuron_attribution,
-    neuron_knockout_edit, subspace_patch_edit, top_neurons,
-)
 from patching.path_patching import path_patch
-from patching.head_ranking import KeyHeads, combine_key_heads, given_key_heads, key_heads, rank_key_heads
-from patching.results import ActivationScores, KnockoutCurve, NodeScores
 
-__all__ = [
-    "activation_patch", "AF1Config", "AF1Runner", "AF1SearchResult", "af1_accuracy", "authors_templates", "make_template_dataset",
-    "search_af1", "abp_hooks", "allowed_keys_mask", "peek_mask", "attribution_patch", "rank_agreement",
-    "CamaConfig", "CamaMeans", "fit_cama", "knockout", "knockout_curve", "knockout_hooks", "knockout_transfer",
-    "mean_activations", "LayoutMeans", "PoolError", "knockout_correct", "pool_means", "METRICS", "PatchMetric", "get_metric", "path_patch", "ActivationScores",
-    "KnockoutCurve", "NodeScores", "key_heads", "evaluate_end", "fourier_filter", "fraction_moved", "frequency_band",
-    "frequency_filter_edit", "neuron_attribution", "neuron_knockout_edit", "subspace_patch_edit", "top_neurons",
-]
-__all__ += ["ABLATIONS", "CircuitEvaluation", "MeanPoolError", "evaluate_circuit", "evaluate_circuits", "EdgeEffects",
-            "edge_patch", "MIB_FRACTIONS", "FaithfulnessCurve", "curve_areas", "faithfulness_curve",
-            "UnsupportedModelError", "edge_mode", "receiver_hooks", "sender_outputs"]
-__all__ += ["EDGE_ATTRIBUTION_METHODS", "edge_attribution", "LearnConfig", "LearnedCircuit", "learn_circuit",
-            "CircuitShift", "ShiftSettings", "circuit_shift"]
-__all__ += ["KeyHeads", "combine_key_heads", "given_key_heads", "rank_key_heads", "SweepOptions"]
+__all__ = ["path_patch", "activation_patch", "attribution_patch", "key_heads", "knockout", "knockout_curve",
+           "knockout_transfer", "SweepOptions", "edges", "all_for_one"]

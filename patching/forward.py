@@ -3,8 +3,8 @@
 * **Cached runs**: :func:`end_cache` / :func:`full_cache` keep chosen activations of one run
   (at END only, or everywhere) and the final END residual.
 * **Shared prefixes**: reference and counterfactual twins start with the same tokens (the
-  few-shot lines); every activation there is the same in both runs, so :func:`prefix_kv_cache`
-  runs the prefix once and :func:`suffix_cache` / :class:`TiledKVCache` run only what follows.
+  few-shot lines); every activation there is the same in both runs, so
+  :func:`circuits.prefix_cache.prefix_kv_cache` runs the prefix once and :func:`suffix_cache` / :class:`TiledKVCache` run only what follows.
 * **END-only block pieces**: :func:`attn_out_from_z` and :func:`mlp_out_rows` recompute what an
   attention layer or an MLP adds at one position, for fast paths that only need END.
 * **Memory budgets**: :func:`rows_per_chunk` and :func:`chunks` size batched forwards.
@@ -24,9 +24,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCache, TransformerLensKeyValueCacheEntry
 from transformer_lens import utils as tl_utils
 
-from circuits.prefix_cache import (  # noqa: F401  (re-exported)
-    PrefixCache, TiledKVCache, model_prefix_cache, prefix_kv_cache, run_after_shared_prefix,
-)
+from circuits.prefix_cache import TiledKVCache, run_after_shared_prefix
 
 @torch.no_grad()
 def end_cache(

@@ -79,7 +79,8 @@ def test_bf16_sweeps_are_finite():
 @pytest.mark.parametrize("method", ["precise", "full", "lora"])
 def test_training_step_matches_cpu(method):
     from finetune.data import ArithmeticMix, arithmetic_train_set
-    from finetune.trainer import TrainConfig, train
+    from finetune import TrainConfig
+    from finetune.trainer import train
 
     cpu, gpu = _pair("gemma", None)
     rows = arithmetic_train_set(cpu, ArithmeticMix(n_examples=16, n_shots=1, seed=3))
@@ -144,7 +145,7 @@ def test_af1_runner_matches_cpu(style, kv):
 
     from circuits.tasks import make_row
     from circuits.templates import Template
-    from patching.all_for_one.search import AF1Config, AF1Runner
+    from patching.all_for_one import AF1Config, AF1Runner
     from patching.all_for_one.template_prompts import split_fit_eval
 
     cpu, gpu = _pair(style, kv, n_layers=3)

@@ -69,7 +69,7 @@ def edge_circuit_figure(
     layout = graph.layout
     edges = (graph.in_graph & layout.real_edge_mask).cpu()
     if not edges.any():
-        raise InputError("The graph has no edge in the circuit: select one first (circuits.select_top_n, ...).")
+        raise InputError("The graph has no edge in the circuit: select one first (circuits.graph_selection.select_top_n, ...).")
     scores = _dense_scores(graph.scores)
     pairs = edges.nonzero().tolist()
     pairs.sort(key=lambda p: -abs(scores[p[0], p[1]]))

@@ -29,13 +29,16 @@ from circuits.show.static_export import StaticExportError, export_figures, parse
 from circuits.errors import InputError
 from circuits.nodes import Head
 from circuits.analyze.probes import ProbeConfig, ProbeResults, plot_top_tokens, probe_mlps, top_number_tokens
-from experiments.runtime.run_folder import StageTimer, write_text_atomic
+from experiments.runtime.run_folder import StageTimer
+from circuits.atomic_files import write_text_atomic
 from circuits.analyze.answer_scoring import first_and_whole
 from circuits.stats import proportion
 from circuits.tasks import TaskConfig, filter_correct, make_dataset, transfer_datasets
 from circuits.templates import resolve_operation
 from finetune import ArithmeticMix, MathSuiteConfig, TrainConfig, arithmetic_train_set, evaluate, math_suite, train
-from patching.all_for_one.search import AF1Config, AF1Runner, NoEvalPromptsError, faithfulness_heatmap, grid_faithfulness
+from patching.all_for_one import AF1Config, AF1Runner
+from patching.all_for_one.runner import NoEvalPromptsError
+from patching.all_for_one.search import faithfulness_heatmap, grid_faithfulness
 from patching.all_for_one.template_prompts import authors_templates, make_template_dataset
 from patching.head_ranking import combine_key_heads
 from patching.knockout import knockout_curve, knockout_transfer

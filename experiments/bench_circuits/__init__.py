@@ -12,9 +12,9 @@ threads (one gemma-3-270m block on 32x5 tokens took 0.90 s with 2 threads and 0.
    same prompts in this process and reports the largest score difference relative to the largest score
    (over all edges, and over the edges whose sender is not a head: on models with norms after attention
    the two tools' head outputs differ by design, see docs/methods.md). Otherwise the arm is skipped.
-4. Times ``patching.faithfulness_curve`` at MIB's ten sizes (top-n by |EAP-IG score|, pruned as MIB
+4. Times ``patching.edges.faithfulness_curve`` at MIB's ten sizes (top-n by |EAP-IG score|, pruned as MIB
    prunes) and, with EAP-IG, its ``evaluate_graph`` on the same circuits; reports both curves.
-5. Exact edge patching (``patching.edge_patch``) of ``--exact-edges`` edges (a seeded random sample, or
+5. Exact edge patching (``patching.edges.edge_patch``) of ``--exact-edges`` edges (a seeded random sample, or
    ``all``): time, and Spearman rank correlation of EAP and EAP-IG scores with the exact effects, over
    those edges and over the top 1% of them by |exact effect|. With ``all``, the exact effects are saved
    (``<out>/exact_edges.safetensors``: per-prompt effects and edge indices; ``<out>/exact_edges_eap.json``:

@@ -11,7 +11,7 @@ Stages (each timed into results.json ``seconds``):
    selection half (``patching.edges.attribute``; metric = the answer logit at END);
 3. curves: the faithfulness f = (m(C) − m(∅)) / (m(full) − m(∅)) of the top-n edges (|score|,
    pruned to input-to-logits paths, as MIB builds them) at MIB's ten sizes, on each half, with
-   95% bootstrap intervals over prompts; CPR and CMD (``patching.faithfulness_curve``);
+   95% bootstrap intervals over prompts; CPR and CMD (``patching.edges.faithfulness_curve``);
 4. smallest faithful circuit: the smallest size whose f reaches ``--threshold`` (0.8) is chosen
    on the selection half and its f is reported on the held-out half, so the number is not
    inflated by the choice (no winner's curse); the held-out curve, CPR and CMD are the
@@ -50,7 +50,7 @@ from experiments.circuit.compare import add_comparison_section, compare_stage, c
 from experiments.circuit.stage import add_report_section, edge_circuit_stage, summary
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
-from experiments.runtime.run_folder import write_text_atomic
+from circuits.atomic_files import write_text_atomic
 from experiments.runtime.settings import project
 from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS
 from patching.edges.evaluate import ABLATIONS
@@ -73,7 +73,7 @@ class CircuitConfig(RunSettings):
     method: str = option("EAP-IG-inputs", "edge attribution method (patching.edges.attribute)",
                          choices=sorted(EDGE_ATTRIBUTION_METHODS))
     ig_steps: int = option(5, "integration steps of the EAP-IG methods", type=cli.positive_int)
-    ablation: str = option("counterfactual", "how edges outside the circuit are ablated (patching.evaluate_circuit)",
+    ablation: str = option("counterfactual", "how edges outside the circuit are ablated (patching.edges.evaluate_circuit)",
                            choices=ABLATIONS)
     threshold: float = option(0.8, "the faithfulness the smallest circuit must reach", type=cli.fraction)
     top_k: int = option(8, "node-level key heads from path patching to relate the circuit to (0: skip path patching)",

@@ -11,7 +11,7 @@
    its validation accuracy beats the base's by that much (checked every ``--check-every``
    steps). Experts are saved as model directories under ``<out>/experts`` or
    ``--experts-dir``, where a later run finds and reuses them one by one (resumable).
-2. Merges all three with every data-free method in ``merging.REGISTRY`` (λ / density
+2. Merges all three with every data-free method in ``merging.methods.REGISTRY`` (λ / density
    tuned on the validation split, tiny grids; each method's time and peak
    memory of one merge recorded) and with closed-form submodule
    merging at every level (model, layer, attn_mlp, head), plus circuit-aware
@@ -55,8 +55,9 @@ from circuits.model_cache import save_model
 from circuits.tasks import make_dataset
 from finetune.evaluate import answer_accuracy
 from finetune.expert_tasks import EXPERT_TASKS, expert_task_data
-from merging import (CONFIGS, METHODS, LinearityConfig, SubmoduleMergeConfig, merge,
-                     merge_submodules, nonlinearity_figure, nonlinearity_scores)
+from merging.methods import CONFIGS, METHODS
+from merging import LinearityConfig, SubmoduleMergeConfig, merge, merge_submodules, nonlinearity_scores
+from merging.linearity import nonlinearity_figure
 from merging.circuit_aware import circuit_levels
 from merging.submodule import LEVELS
 from patching.head_ranking import KeyHeads, given_key_heads, rank_key_heads

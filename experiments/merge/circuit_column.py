@@ -3,7 +3,7 @@ keeping the task?
 
 For each arithmetic task (``add_word``: addition, ``mul``: multiplication; ``en_fr`` has no counterfactual twins
 and no circuit), the expert's EAP-IG edge circuit is found on prompts it answers correctly, and every merge of
-all three experts is looked at with :func:`patching.circuit_shift` (expert -> merged model):
+all three experts is looked at with :func:`patching.edges.circuit_shift` (expert -> merged model):
 
 * **preservation**: the expert's circuits inside the merged model (its own full and empty runs), as CPR of
   that curve, and the overlap of the merged model's own circuit with the expert's (Jaccard at 5% of the

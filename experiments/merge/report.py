@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from circuits.show.html_report import Report
-from merging import alpha_heatmap
+from merging.submodule import alpha_heatmap
 
 CIRCUIT_AWARE = "circuit-aware (head in key layers)"
 

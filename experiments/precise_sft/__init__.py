@@ -57,7 +57,8 @@ from circuits.file_reads import read_json
 from circuits.nodes import MLP, Head, parse_node
 from experiments.runtime.run_folder import read_marker, release_freed_memory, save_results
 from circuits.tasks import make_dataset
-from finetune import ArithmeticMix, load_tuned, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
+from finetune import ArithmeticMix, load_tuned, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
+from finetune.lora import LoraSettings
 from finetune.evaluate import (
     NON_MATH_SENTENCES, accuracy_estimate, answer_accuracy, evaluate, math_suite, paired_comparison, pydoc_passages,
     validation_suite,
@@ -136,7 +137,7 @@ class SFTComparisonConfig(RunSettings):
     n_rank_prompts: int = option(24, "prompts per operation for ranking heads", type=cli.positive_int)
     circuit_size: float = option(0.05, "precise_circuit: the edge-circuit size (fraction of edges) whose heads are "
                                        "tuned", type=cli.fraction)
-    shift_prompts: int = option(0, "also report each tuned model's circuit shift from the base (patching.circuit_shift) "
+    shift_prompts: int = option(0, "also report each tuned model's circuit shift from the base (patching.edges.circuit_shift) "
                                    "on this many addition prompts (0: skip)", type=cli.nonnegative_int)
     resume: bool = option(False, "add the --methods to an unfinished or finished folder of the same settings")
 

@@ -52,7 +52,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterator
 
-from circuits.atomic_files import write_text_atomic  # noqa: F401  (re-exported)
+from circuits.atomic_files import write_text_atomic
 from circuits.errors import ToolkitError
 
 

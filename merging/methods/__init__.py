@@ -16,6 +16,10 @@ merging is a record too, but runs models, has no YAML and is called through
 
 ``METHODS`` (name -> function) and ``CONFIGS`` (name -> config class) are views of
 the data-free records, kept for code that imports them.
+
+This face offers (``__all__``) the registry, its record class and each method's config class; the
+method functions are imported from their modules (e.g. :func:`merging.methods.generalized.generalized_task_arithmetic`,
+:func:`merging.methods.spectral.tsv_m`), ``METHODS``, ``CONFIGS`` and ``MERGEKIT_NAMES`` from here.
 """
 
 from __future__ import annotations
@@ -128,9 +132,7 @@ CONFIGS = {name: r.config for name, r in REGISTRY.items() if not r.needs_data}
 MERGEKIT_NAMES = {r.mergekit: r.name for r in _RECORDS if r.mergekit is not None}
 
 __all__ = [
-    "REGISTRY", "MergeMethod", "MergekitParameter", "MergekitSpec", "METHODS", "CONFIGS", "MERGEKIT_NAMES",
-    "AverageConfig", "BreadcrumbsConfig", "BreadcrumbsTiesConfig", "ConsensusConfig", "DareLinearConfig", "DareTiesConfig", "DellaConfig",
-    "DellaLinearConfig", "IsoCConfig", "IsoCtsConfig", "KarcherConfig", "ModelStockConfig", "SceConfig",
-    "TaskArithmeticConfig", "TiesConfig", "TsvConfig", "average", "consensus", "generalized_task_arithmetic",
-    "iso_c", "iso_cts", "karcher", "model_stock", "sce", "ties_thresholds", "tsv_m",
+    "REGISTRY", "MergeMethod", "AverageConfig", "BreadcrumbsConfig", "BreadcrumbsTiesConfig", "ConsensusConfig",
+    "DareLinearConfig", "DareTiesConfig", "DellaConfig", "DellaLinearConfig", "IsoCConfig", "IsoCtsConfig",
+    "KarcherConfig", "ModelStockConfig", "SceConfig", "TaskArithmeticConfig", "TiesConfig", "TsvConfig",
 ]

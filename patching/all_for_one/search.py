@@ -58,13 +58,7 @@ from circuits.errors import InputError
 from circuits.nodes import Head
 from patching.options import SweepOptions
 from circuits.stats import proportion
-from patching.all_for_one.runner import (  # noqa: F401  (re-exported: the AF1 API lives in patching.all_for_one.search)
-    AF1Config,
-    AF1Runner,
-    NoEvalPromptsError,
-    af1_masks,
-    check_setting,
-)
+from patching.all_for_one.runner import AF1Config, AF1Runner, NoEvalPromptsError, check_setting
 
 # ---------------------------------------------------------------------------- search
 

@@ -18,19 +18,22 @@ are, so that outputs add up to inputs on every supported model; everything else 
 * :mod:`patching.edges.positions`: position-aware edges over a span schema of the prompt layouts;
 * :mod:`patching.edges.shift`: what tuning or merging did to a circuit;
 * :mod:`patching.edges.distributed`: the same sweeps split over processes.
+
+This face offers the entry points (``__all__``): :func:`edge_attribution`, :func:`edge_patch`,
+:func:`evaluate_circuit`, :func:`evaluate_circuits`, :func:`faithfulness_curve`,
+:func:`find_faithful_circuit` (with its settings :class:`CircuitSearch`), :func:`learn_circuit`
+(:class:`LearnConfig`) and :func:`circuit_shift` (:class:`ShiftSettings`). Their results, constants
+and errors are imported from the modules above (e.g. :class:`patching.edges.patch.EdgeEffects`,
+:data:`patching.edges.curves.MIB_FRACTIONS`, :data:`patching.edges.attribute.EDGE_ATTRIBUTION_METHODS`).
 """
 
-from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS, edge_attribution
-from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, curve_areas, faithfulness_curve
-from patching.edges.engine import UnsupportedModelError, edge_mode, receiver_hooks, sender_outputs
-from patching.edges.evaluate import ABLATIONS, CircuitEvaluation, MeanPoolError, evaluate_circuit, evaluate_circuits
-from patching.edges.faithful_circuit import CircuitSearch, FaithfulCircuit, find_faithful_circuit
-from patching.edges.learn import LearnConfig, LearnedCircuit, learn_circuit
-from patching.edges.mixing import NORMS
-from patching.edges.shift import CircuitShift, ShiftSettings, circuit_shift
-from patching.edges.patch import EdgeEffects, edge_patch
+from patching.edges.attribute import edge_attribution
+from patching.edges.curves import faithfulness_curve
+from patching.edges.evaluate import evaluate_circuit, evaluate_circuits
+from patching.edges.faithful_circuit import CircuitSearch, find_faithful_circuit
+from patching.edges.learn import LearnConfig, learn_circuit
+from patching.edges.patch import edge_patch
+from patching.edges.shift import ShiftSettings, circuit_shift
 
-__all__ = ["ABLATIONS", "CircuitEvaluation", "CircuitSearch", "FaithfulCircuit", "find_faithful_circuit", "CircuitShift", "ShiftSettings", "circuit_shift", "LearnConfig", "LearnedCircuit", "learn_circuit", "NORMS", "EDGE_ATTRIBUTION_METHODS", "EdgeEffects", "FaithfulnessCurve",
-           "MIB_FRACTIONS", "MeanPoolError", "UnsupportedModelError", "curve_areas", "edge_attribution", "edge_mode",
-           "edge_patch", "evaluate_circuit", "evaluate_circuits", "faithfulness_curve", "receiver_hooks",
-           "sender_outputs"]
+__all__ = ["edge_attribution", "edge_patch", "evaluate_circuit", "evaluate_circuits", "faithfulness_curve",
+           "find_faithful_circuit", "CircuitSearch", "learn_circuit", "LearnConfig", "circuit_shift", "ShiftSettings"]

@@ -60,6 +60,7 @@ from transformer_lens import utils as tl_utils
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
+from circuits import prefix_cache
 from patching import forward, inputs
 from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, receiver_hooks, run_suffix
 from patching.metrics import PatchMetric, get_metric, score_end
@@ -146,7 +147,7 @@ EDGE_ATTRIBUTION_METHODS: dict[str, _Method] = {
 
 def _run_suffix(model: HookedTransformer, resid: Resid, prefix_kv, hooks: list) -> Float[Tensor, "rows suffix d_model"]:
     """Final residual of a run whose first-block input at the suffix positions is ``resid``."""
-    cache = None if prefix_kv is None else forward.TiledKVCache(prefix_kv, 1)
+    cache = None if prefix_kv is None else prefix_cache.TiledKVCache(prefix_kv, 1)
     return model.run_with_hooks(resid, start_at_layer=0, stop_at_layer=model.cfg.n_layers, fwd_hooks=hooks,
                                 past_kv_cache=cache)
 
@@ -232,13 +233,13 @@ def edge_attribution(
     budget (default 2048 MB: the backward keeps every layer's activations) and the progress bar.
     ``norm`` (models with norms after attention): a head sender's change is its output at each run's
     own scale (``"frozen"``, the toolkit's convention), its layer re-normalised with the head's pre-norm
-    result swapped (``"recompute"``, the change :func:`patching.evaluate_circuit` makes under that
+    result swapped (``"recompute"``, the change :func:`patching.edges.evaluate_circuit` makes under that
     convention), or its raw pre-norm ``hook_result`` difference (``"pre-norm"``, hannamw/EAP-IG's
     ``attribute``); elsewhere all three are the same. ``spans`` (a schema of :mod:`patching.edges.positions`):
     score every position-aware edge instead, summing each edge's terms over the positions of each span
     (needs a Dataset or TaskBatch); returns :class:`patching.edges.positions.PositionalScores`.
     Returns a :class:`circuits.graph.Graph` whose ``scores`` are the mean over prompts of each edge's
-    estimated effect on the metric (``level="edge"``), or :class:`patching.NodeScores` of heads and MLPs
+    estimated effect on the metric (``level="edge"``), or :class:`patching.results.NodeScores` of heads and MLPs
     (``level="node"``).
     """
     opts = sweep_options(options, "edge_attribution")

@@ -203,7 +203,7 @@ def ilp_select(layout: GraphLayout, scores: ScoresLike, n: int, *, absolute: boo
 
 def ilp_selector(layout: GraphLayout, *, absolute: bool = True, positive_ratio: Optional[float] = None,
                  time_limit: float = 60.0):
-    """``(scores, n) -> bool mask``: :func:`ilp_select`, for ``select=`` of :func:`patching.faithfulness_curve`.
+    """``(scores, n) -> bool mask``: :func:`ilp_select`, for ``select=`` of :func:`patching.edges.faithfulness_curve`.
 
     Solutions are remembered per (scores, n), so the curves of both halves of the prompts solve each size once.
     """

@@ -1,8 +1,8 @@
 """Faithfulness curves: how much of the model's behaviour the top-scored edges keep, at each circuit size.
 
-Given edge scores (from attribution, or exact :func:`patching.edge_patch` effects), the
+Given edge scores (from attribution, or exact :func:`patching.edges.edge_patch` effects), the
 circuit at fraction ``x`` keeps the ``int(x · n_edges)`` edges of largest ``|score|``
-(ties by index order) and ablates all others (:func:`patching.evaluate_circuit`). Its
+(ties by index order) and ablates all others (:func:`patching.edges.evaluate_circuit`). Its
 faithfulness, as in the Mechanistic Interpretability Benchmark (MIB, Mueller et al.
 2025, ``evaluate_area_under_curve`` in hannamw/MIB-circuit-track), is
 
@@ -162,17 +162,17 @@ def faithfulness_curve(
 
     Args:
         model: a HookedTransformer the edge graph can represent.
-        scores: a :class:`circuits.graph.Graph` (its ``scores``), :class:`patching.EdgeEffects`, a
+        scores: a :class:`circuits.graph.Graph` (its ``scores``), :class:`patching.edges.patch.EdgeEffects`, a
             ``[n_forward, n_backward]`` tensor, or :class:`patching.edges.positions.PositionalScores` (a
             position-aware curve: the sizes are fractions of every (edge, span); no pruning).
         reference, counterfactual, answer_ids, alt_ids: prompts, as in :func:`patching.path_patch`.
         fractions: increasing edge fractions in (0, 1] (default MIB's ten).
         ablation, means_from, norm: how edges outside the circuit are ablated, and the norm convention on models
-            with norms after attention (:func:`patching.evaluate_circuits`).
+            with norms after attention (:func:`patching.edges.evaluate_circuits`).
         absolute: rank edges by ``|score|`` (MIB's default) rather than by signed score.
         select: ``(scores, n) -> bool mask`` replacing the top-n choice (e.g. greedy selection with pruning).
         n_bootstrap, confidence, seed: the bootstrap over prompts.
-        evaluate: runs the circuits (default :func:`patching.evaluate_circuits`, or one with its signature);
+        evaluate: runs the circuits (default :func:`patching.edges.evaluate_circuits`, or one with its signature);
             :mod:`patching.edges.distributed` passes one that splits them over processes.
         options: :class:`patching.SweepOptions` (metric, batch_size, memory_mb, reuse_prefix,
             progress: a bar by default); None for its defaults.

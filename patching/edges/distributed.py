@@ -192,7 +192,7 @@ def edge_attribution(model: HookedTransformer, reference, counterfactual: Option
                      **kwargs) -> Union[Graph, NodeScores]:
     """:func:`patching.edges.attribute` with the prompts split over the processes (module docstring).
 
-    Keywords are those of :func:`patching.edge_attribution`; the progress bar shows on rank 0 only.
+    Keywords are those of :func:`patching.edges.edge_attribution`; the progress bar shows on rank 0 only.
     """
     if level not in ("edge", "node"):
         raise InputError(f"level must be 'edge' or 'node', got {level!r}.")
@@ -221,9 +221,9 @@ def edge_attribution(model: HookedTransformer, reference, counterfactual: Option
 
 def edge_patch(model: HookedTransformer, edges: EdgesInput, reference, counterfactual: Optional[Tensor] = None,
                *, shard: Optional[Shard] = None, **kwargs) -> EdgeEffects:
-    """:func:`patching.edge_patch` with the edges split over the processes (module docstring); edges in the order given.
+    """:func:`patching.edges.edge_patch` with the edges split over the processes (module docstring); edges in the order given.
 
-    Keywords are those of :func:`patching.edge_patch`; the progress bar shows on rank 0 only.
+    Keywords are those of :func:`patching.edges.edge_patch`; the progress bar shows on rank 0 only.
     """
     shard = _resolve(shard)
     kwargs = _on_rank(kwargs, shard, "edge_patch")
@@ -238,7 +238,7 @@ def edge_patch(model: HookedTransformer, edges: EdgesInput, reference, counterfa
 
 def evaluate_circuits(model: HookedTransformer, circuits: Sequence, reference, counterfactual: Optional[Tensor] = None,
                       *, shard: Optional[Shard] = None, **kwargs) -> list[CircuitEvaluation]:
-    """:func:`patching.evaluate_circuits` with the circuits split over the processes; one result per circuit, in order."""
+    """:func:`patching.edges.evaluate_circuits` with the circuits split over the processes; one result per circuit, in order."""
     shard = _resolve(shard)
     if shard.world_size == 1 or len(circuits) < shard.world_size:
         return evaluate.evaluate_circuits(model, circuits, reference, counterfactual, **kwargs)
@@ -255,7 +255,7 @@ def evaluate_circuits(model: HookedTransformer, circuits: Sequence, reference, c
 
 def faithfulness_curve(model: HookedTransformer, scores, reference, counterfactual: Optional[Tensor] = None, *,
                        shard: Optional[Shard] = None, **kwargs) -> curves.FaithfulnessCurve:
-    """:func:`patching.faithfulness_curve` with its circuits (points, full, empty) split over the processes.
+    """:func:`patching.edges.faithfulness_curve` with its circuits (points, full, empty) split over the processes.
 
     The per-prompt table is gathered before the bootstrap, so every rank returns the single-process curve.
     """

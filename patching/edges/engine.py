@@ -51,6 +51,7 @@ from transformer_lens import utils as tl_utils
 
 from circuits.errors import InputError
 from circuits.graph import QKV, GraphLayout
+from circuits import prefix_cache
 from patching import forward
 
 #: The config flags :func:`edge_mode` sets, mapped to TransformerLens' setter for each.
@@ -284,7 +285,7 @@ def ungroup_kv(model: HookedTransformer, entries: Sequence[TransformerLensKeyVal
 
 @torch.no_grad()
 def edge_prefix_kv(model: HookedTransformer, tokens: Int[Tensor, "batch prefix"]) -> list[TransformerLensKeyValueCacheEntry]:
-    """:func:`patching.forward.prefix_kv_cache`, with keys/values per query head when ``ungroup`` is on.
+    """:func:`circuits.prefix_cache.prefix_kv_cache`, with keys/values per query head when ``ungroup`` is on.
 
     TransformerLens allocates its cache per key/value head, so under :func:`edge_mode`
     (ungrouped GQA/MQA) the prefix is run grouped (:func:`plain_blocks`) and its keys/values
@@ -292,7 +293,7 @@ def edge_prefix_kv(model: HookedTransformer, tokens: Int[Tensor, "batch prefix"]
     """
     ungrouped = model.cfg.ungroup_grouped_query_attention
     with plain_blocks(model):
-        entries = forward.prefix_kv_cache(model, tokens)
+        entries = prefix_cache.prefix_kv_cache(model, tokens)
     return ungroup_kv(model, entries) if ungrouped else entries
 
 
@@ -302,7 +303,7 @@ def prefix_caches(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], st
     if not start:
         return None, None
     with plain_blocks(model):
-        plain = forward.prefix_kv_cache(model, tokens[:, :start])
+        plain = prefix_cache.prefix_kv_cache(model, tokens[:, :start])
     return plain, ungroup_kv(model, plain)
 
 
@@ -325,7 +326,7 @@ def run_suffix(
             raise InputError("Running from a position after 0 needs the prefix's keys/values (kv).")
         cache = None
     else:
-        embedded, cache = embedded[:, start:], forward.TiledKVCache(kv, times)
+        embedded, cache = embedded[:, start:], prefix_cache.TiledKVCache(kv, times)
     if times > 1:
         embedded = embedded.repeat(times, 1, 1)
     return model.run_with_hooks(embedded, start_at_layer=0, stop_at_layer=model.cfg.n_layers,

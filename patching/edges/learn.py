@@ -6,7 +6,7 @@ because what an edge does depends on which other edges are kept. The methods her
 
     in_r = Σ_s m_sr · o_s(this run) + (1 − m_sr) · ã_s,
 
-the decomposition and counterfactual ablation of :func:`patching.evaluate_circuit`, made
+the decomposition and counterfactual ablation of :func:`patching.edges.evaluate_circuit`, made
 differentiable: ``m = 1`` everywhere is the model, ``m = 0`` the empty circuit, a binary ``m`` an
 edge set. The loss compares the circuit with the full model at END:
 
@@ -15,8 +15,8 @@ edge set. The loss compares the circuit with the full model at END:
   answer logit (what MIB's faithfulness reads), in units of the root mean square of ``m(full) − m(∅)``
   over the training prompts.
 
-Methods (``method=``); each returns edge scores like :func:`patching.edge_attribution`, so
-:func:`patching.faithfulness_curve`, the selections, figures and EAP-IG / MIB files take them as they are:
+Methods (``method=``); each returns edge scores like :func:`patching.edges.edge_attribution`, so
+:func:`patching.edges.faithfulness_curve`, the selections, figures and EAP-IG / MIB files take them as they are:
 
 * ``"edge-pruning"`` (Bhaskar et al., NeurIPS 2024): a hard-concrete gate per edge (Louizos et al.
   2018: ``log α``, temperature β = 2/3, stretch (−0.1, 1.1)), sampled afresh each step; the expected

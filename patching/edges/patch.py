@@ -8,7 +8,7 @@ counterfactual twin, run the reference prompt with receiver ``r``'s input change
 (sender outputs under :mod:`patching.edges.engine`' convention) and everything else free:
 components after ``r`` are recomputed from the changed input. The edge's effect is
 ``m(patched) − m(reference)`` of the END metric, averaged over prompts. It equals
-:func:`patching.evaluate_circuit` of the full graph minus that one edge with
+:func:`patching.edges.evaluate_circuit` of the full graph minus that one edge with
 counterfactual ablation (nothing upstream of ``r`` changes, so ``s`` outputs its
 reference value in that run too).
 
@@ -43,6 +43,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
+from circuits import prefix_cache
 from patching import forward, inputs
 from patching.options import SweepOptions, sweep_options
 from patching.edges.patch_fast import end_residual_above, fast_path_problem, head_receiver_layer, mlp_receiver_layer, receiver_kind
@@ -342,7 +343,7 @@ def _plan(layout: GraphLayout, pairs, fast: bool) -> dict[Optional[tuple[int, bo
 
 
 def _tiled(entries, times: int):
-    return None if entries is None else forward.TiledKVCache(entries, times)
+    return None if entries is None else prefix_cache.TiledKVCache(entries, times)
 
 
 def _receiver_patch_hooks(chunk_pairs, hooks, delta, k: int, B: int):

@@ -1,4 +1,4 @@
-"""The fast path of :func:`patching.edge_patch`: a patched forward as a plain loop over block pieces.
+"""The fast path of :func:`patching.edges.edge_patch`: a patched forward as a plain loop over block pieces.
 
 The hook path runs each chunk of edges through TransformerLens' ``run_with_hooks``
 from the receiver's layer on, with per-head q/k/v inputs for every head of that layer
@@ -24,7 +24,7 @@ against a plain hook implementation):
   position, so rotating only the new positions and prepending the prefix's keys rotated
   once (untiled, then tiled) gives the same tensor bit for bit (:func:`prefix_rotary_once`).
 
-Only sequential pre-norm blocks qualify (:func:`fast_path_problem`); :func:`patching.edge_patch`
+Only sequential pre-norm blocks qualify (:func:`fast_path_problem`); :func:`patching.edges.edge_patch`
 uses the hook path otherwise.
 """
 
@@ -39,7 +39,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from circuits.graph import GraphLayout
-from patching import forward
+from circuits import prefix_cache
 from patching.edges.engine import plain_blocks
 
 
@@ -56,7 +56,7 @@ def fast_path_problem(model: HookedTransformer) -> Optional[str]:
 
 
 def _entry(kv, layer: int, times: int):
-    return None if kv is None else forward.TiledKVCache(kv, times)[layer]
+    return None if kv is None else prefix_cache.TiledKVCache(kv, times)[layer]
 
 
 ROTATE_PREFIX_ONCE = True  # False only to time the old behaviour side by side (experiments.bench_circuits)

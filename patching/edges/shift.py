@@ -15,7 +15,7 @@ a task's prompts, :func:`circuit_shift` reports
   logit) and their difference.
 
 Intervals: every faithfulness point, CPR and CMD carries a 95% bootstrap interval over prompts
-(:func:`patching.faithfulness_curve`); the overlap measures depend on scores averaged over all
+(:func:`patching.edges.faithfulness_curve`); the overlap measures depend on scores averaged over all
 prompts, so their intervals come from ``n_resamples`` prompt resamples on which both models are
 scored again (0 skips them: each resample costs two attribution passes).
 """

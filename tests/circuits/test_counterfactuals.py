@@ -2,7 +2,8 @@
 
 import pytest
 
-from circuits import counterfactuals, tasks
+from circuits import counterfactuals
+from circuits.errors import TaskDataError
 from circuits.templates import COUNTERFACTUAL_SYMBOLS, COUNTERFACTUAL_WORDS, template_by_id
 
 
@@ -26,12 +27,8 @@ def test_query_twins_keep_the_shots_and_all_twins_replace_every_operator():
 
 
 def test_bad_rules_and_foreign_shots_are_explained():
-    with pytest.raises(tasks.TaskDataError, match="corrupt must be one of \\('query', 'all'\\)"):
+    with pytest.raises(TaskDataError, match="corrupt must be one of \\('query', 'all'\\)"):
         counterfactuals.check_corrupt("shots")
-    with pytest.raises(tasks.TaskDataError, match="is not a solved 'add-equation-0' problem"):
+    with pytest.raises(TaskDataError, match="is not a solved 'add-equation-0' problem"):
         next(counterfactuals.twin_candidates(template_by_id("add-equation-0"), "5", "6", "7 times 2 = 14\n", "all"))
 
-
-def test_circuits_tasks_still_exports_the_rules():
-    assert tasks.CORRUPTIONS == counterfactuals.CORRUPTIONS == ("query", "all")
-    assert tasks.parse_shots is counterfactuals.parse_shots and tasks.TaskDataError is counterfactuals.TaskDataError

@@ -4,7 +4,8 @@ of their problems."""
 import pytest
 
 from circuits.pools import pool_dataset
-from circuits.tasks import TaskDataError, make_dataset
+from circuits.errors import TaskDataError
+from circuits.tasks import make_dataset
 from tests.tiny_models import char_tokenizer
 
 

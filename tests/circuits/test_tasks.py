@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from circuits import tasks
+from circuits.counterfactuals import parse_shots
+from circuits.errors import TaskDataError
 from circuits.templates import Template, resolve_operation
 from tests.tiny_models import char_tokenizer, tiny_model
 
@@ -84,7 +86,7 @@ def test_filter_correct_keeps_only_correct_rows():
     ds = tasks.make_dataset(model, n_prompts=16)
     mask = tasks.accuracy_mask(model, ds)
     if not any(mask):
-        with pytest.raises(tasks.TaskDataError, match="none of the 16 prompts"):
+        with pytest.raises(TaskDataError, match="none of the 16 prompts"):
             tasks.filter_correct(model, ds)
         return
     kept, acc = tasks.filter_correct(model, ds)
@@ -99,7 +101,7 @@ def test_filter_correct_on_a_model_that_always_answers():
     with torch.no_grad():
         model.unembed.b_U.fill_(0)
         model.unembed.b_U[0] = 1e4  # token 0 (<pad>) always wins: every answer is wrong
-    with pytest.raises(tasks.TaskDataError, match="answers none"):
+    with pytest.raises(TaskDataError, match="answers none"):
         tasks.filter_correct(model, ds)
     with torch.no_grad():
         model.unembed.b_U[0] = 0
@@ -125,9 +127,9 @@ def test_bad_specifications_raise_clear_errors(tok, kwargs, message):
 
 
 def test_division_with_remainder_is_an_error():
-    with pytest.raises(tasks.TaskDataError, match="not an integer"):
+    with pytest.raises(TaskDataError, match="not an integer"):
         tasks.format_answer("/", Fraction(7), Fraction(2))
-    with pytest.raises(tasks.TaskDataError, match="Division by zero"):
+    with pytest.raises(TaskDataError, match="Division by zero"):
         tasks.format_answer("/", Fraction(7), Fraction(0))
 
 
@@ -152,13 +154,13 @@ def test_operand_merged_with_neighbour_is_an_error(tok):
         def decode(self, ids):
             return tok.decode(ids)
 
-    with pytest.raises(tasks.TaskDataError, match="shares token"):
+    with pytest.raises(TaskDataError, match="shares token"):
         tasks.make_row(MergingTokenizer(), glued, Fraction(3), Fraction(4))
 
 
 def test_single_batch_refuses_mixed_lengths(tok):
     ds = tasks.make_dataset(tok, n_prompts=12)
-    with pytest.raises(tasks.TaskDataError, match="different token lengths"):
+    with pytest.raises(TaskDataError, match="different token lengths"):
         tasks.single_batch(ds)
 
 
@@ -194,7 +196,7 @@ def test_corrupt_all_changes_every_operator_and_nothing_else(tok, op):
     assert every["prompt"] == query["prompt"] and set(every["corrupt"]) == {"all"} and set(query["corrupt"]) == {"query"}
     for row in every:
         template = tasks.template_by_id(row["template_id"])
-        shots = tasks.parse_shots(template, row["prompt"].rsplit("\n", 1)[0] + "\n")
+        shots = parse_shots(template, row["prompt"].rsplit("\n", 1)[0] + "\n")
         assert len(shots) == 3 and len(row["cf_tokens"]) == len(row["tokens"])
 
         def written(operator_text):  # the prompt with every operator written as operator_text
@@ -208,7 +210,7 @@ def test_corrupt_all_changes_every_operator_and_nothing_else(tok, op):
 
 
 def test_corrupt_must_be_query_or_all(tok):
-    with pytest.raises(tasks.TaskDataError, match="corrupt must be one of"):
+    with pytest.raises(TaskDataError, match="corrupt must be one of"):
         tasks.make_dataset(tok, n_prompts=2, corrupt="shots")
 
 

@@ -3,7 +3,8 @@
 import json
 
 from experiments import af1 as af1_experiment
-from patching.all_for_one.search import AF1Runner, NoEvalPromptsError
+from patching.all_for_one import AF1Runner
+from patching.all_for_one.runner import NoEvalPromptsError
 
 ARGS = ["--n-prompts", "30", "--operand-max", "5", "--batch-size", "16"]
 

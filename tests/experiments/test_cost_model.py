@@ -21,7 +21,9 @@ from tests.tiny_models import tiny_model
 from circuits.errors import InputError
 from experiments.cost_model import SWEEPS, MeasureConfig, batch_prefix, main, patched_counts, shape_of
 from experiments.runtime import cli
-from patching import activation_patch, edge_attribution, edge_patch, faithfulness_curve, knockout_correct, path_patch
+from patching import activation_patch, path_patch
+from patching.edges import edge_attribution, edge_patch, faithfulness_curve
+from patching.knockout import knockout_correct
 from patching.forward import shared_prefix_length
 from patching.edges.engine import edge_mode
 from patching import SweepOptions

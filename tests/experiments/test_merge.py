@@ -50,7 +50,7 @@ def test_merge_experiment_writes_table_and_report(tiny_loader, tmp_path, capsys)
 
 
 def test_merge_experiment_runs_a_mergekit_yaml(tiny_loader, tmp_path):
-    from merging import save_state_dict
+    from merging.state_dicts import save_state_dict
 
     base = tiny_model(style="gemma", n_layers=2).state_dict()
     gen = torch.Generator().manual_seed(0)

@@ -15,7 +15,8 @@ from safetensors.torch import save_file
 from circuits.nodes import Head, MLP
 from tests.tiny_models import tiny_model
 from finetune.data import ArithmeticMix, arithmetic_train_set
-from finetune.trainer import TrainConfig, train
+from finetune import TrainConfig
+from finetune.trainer import train
 
 CONFIG = TrainConfig(lr=5e-3, batch_size=8, micro_batch_size=2, max_steps=4, progress=False, checkpoint_every=2)
 HEADS = [Head(0, 1), Head(1, 3)]

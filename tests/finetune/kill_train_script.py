@@ -22,7 +22,7 @@ from circuits.nodes import Head
 from tests.tiny_models import tiny_model
 from finetune import checkpoints
 from finetune.data import ArithmeticMix, arithmetic_train_set
-from finetune.trainer import TrainConfig
+from finetune import TrainConfig
 
 CONFIG = TrainConfig(lr=5e-3, batch_size=8, micro_batch_size=4, max_steps=6, checkpoint_every=2, progress=False)
 HEADS = {"precise": [Head(0, 1), Head(1, 2)], "full": None}

@@ -21,7 +21,8 @@ from tests.damaged_files import refresh_manifest
 from tests.tiny_models import tiny_model
 from finetune.checkpoints import CheckpointError, list_checkpoints, load_tuned, save_tuned
 from finetune.optim import SliceAdamW
-from finetune.trainer import TrainConfig, train
+from finetune import TrainConfig
+from finetune.trainer import train
 from tests.finetune.test_trainer import Interrupt, _interrupt_at
 
 

@@ -3,7 +3,8 @@
 import torch
 
 from tests.tiny_models import tiny_model
-from finetune.trainer import TrainConfig, train
+from finetune import TrainConfig
+from finetune.trainer import train
 
 
 CFG = TrainConfig(lr=5e-3, batch_size=8, micro_batch_size=4, max_steps=6, weight_decay=0.1, progress=False)

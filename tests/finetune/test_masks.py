@@ -87,7 +87,8 @@ def _expected_rows_without_kv(model, heads):
 
 @pytest.mark.parametrize("style, n_kv", [("gemma", None), ("llama", 2), ("llama", None)])
 def test_without_kv_only_query_and_output_slices_change(style, n_kv, sft_rows):
-    from finetune.trainer import TrainConfig, train
+    from finetune import TrainConfig
+    from finetune.trainer import train
 
     model = tiny_model(style=style, n_layers=2, n_key_value_heads=n_kv)
     heads = [Head(0, 1), Head(1, 0), Head(1, 3)]

@@ -22,7 +22,8 @@ from circuits.nodes import MLP, Head
 from tests.tiny_models import tiny_model
 from finetune.checkpoints import CheckpointError, list_checkpoints, load_tuned
 from finetune.data import collate
-from finetune.trainer import TrainConfig, answer_loss, train, NonFiniteLossError
+from finetune import TrainConfig
+from finetune.trainer import answer_loss, train, NonFiniteLossError
 from finetune import ArithmeticMix, arithmetic_train_set
 
 
@@ -251,7 +252,8 @@ def test_precise_sft_on_gemma_touches_only_the_key_heads(gemma, tmp_path):
 
 def test_rows_longer_than_the_context_are_refused_before_training():
     """A row longer than n_ctx was a raw RuntimeError (size mismatch 18 vs 8) in the positional embedding."""
-    from finetune import FullSFTConfig, encode_pairs
+    from finetune import FullSFTConfig
+    from finetune.data import encode_pairs
 
     short = tiny_model(n_ctx=8)
     rows = encode_pairs(short, [("1+2=", "3")] * 2 + [("1+2+3+4+5+6+7+8=", "36")] * 2)

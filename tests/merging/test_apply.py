@@ -5,7 +5,8 @@ gemma-3-270m."""
 import pytest
 import torch
 
-from merging import METHODS, merge
+from merging.methods import METHODS
+from merging import merge
 from merging.methods import DareLinearConfig, TaskArithmeticConfig
 from tests.tiny_models import tiny_model
 from merging.state_dicts import is_buffer

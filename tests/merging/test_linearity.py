@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from merging import LinearityConfig, alpha_grid, nonlinearity_figure, nonlinearity_scores
+from merging import LinearityConfig, nonlinearity_scores
+from merging.linearity import alpha_grid, nonlinearity_figure
 
 
 def test_alpha_grid():

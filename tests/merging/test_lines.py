@@ -2,7 +2,8 @@
 
 import torch
 
-from merging import LinesConfig, merge
+from merging.lines import LinesConfig
+from merging import merge
 from merging.methods import TaskArithmeticConfig
 
 

@@ -11,15 +11,9 @@ import torch
 from circuits.model_cache import save_model
 from circuits.errors import InputError, ToolkitError
 from tests.tiny_models import tiny_model
-from merging import (
-    ConsensusConfig,
-    DellaConfig,
-    SubmoduleMergeConfig,
-    TaskArithmeticConfig,
-    TiesConfig,
-    merge,
-    save_state_dict,
-)
+from merging.methods import ConsensusConfig, DellaConfig, TaskArithmeticConfig, TiesConfig
+from merging import SubmoduleMergeConfig, merge
+from merging.state_dicts import save_state_dict
 from merging.state_dicts import NonFiniteMergeError
 
 

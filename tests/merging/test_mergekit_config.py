@@ -9,7 +9,8 @@ import torch
 from circuits.model_cache import save_model
 from circuits.errors import InputError
 from tests.tiny_models import tiny_model
-from merging import load_mergekit_config, save_state_dict
+from merging import load_mergekit_config
+from merging.state_dicts import save_state_dict
 from merging.methods import DellaConfig, TiesConfig
 from merging.state_dicts import is_buffer
 

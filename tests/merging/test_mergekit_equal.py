@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from merging import METHODS
+from merging.methods import METHODS
 from merging.methods import (
     AverageConfig,
     BreadcrumbsConfig,

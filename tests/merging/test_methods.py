@@ -3,7 +3,7 @@ plus the task vector."""
 
 import torch
 
-from merging import CONFIGS, METHODS, REGISTRY
+from merging.methods import CONFIGS, METHODS, REGISTRY
 from merging.methods import (
     BreadcrumbsConfig, ConsensusConfig, DareLinearConfig, DellaLinearConfig, TaskArithmeticConfig, TiesConfig,
 )

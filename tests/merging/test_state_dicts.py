@@ -9,7 +9,9 @@ import torch
 from circuits.errors import InputError
 from tests.damaged_files import change_a_tensor, forge_safetensors_header
 from tests.tiny_models import tiny_model
-from merging import StateDictSource, TaskArithmeticConfig, load_state_dict, merge, save_state_dict, task_vector
+from merging.state_dicts import StateDictSource, load_state_dict, save_state_dict
+from merging.methods import TaskArithmeticConfig
+from merging import merge, task_vector
 from merging.primitives import combine
 from merging.state_dicts import as_sources, check_compatible, is_buffer
 

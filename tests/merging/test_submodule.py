@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from merging import AlphaTable, SubmoduleMergeConfig, alpha_heatmap, merge_submodules
+from merging.submodule import AlphaTable, alpha_heatmap
+from merging import SubmoduleMergeConfig, merge_submodules
 from merging.submodule import solve_alpha
 from merging.state_dicts import is_buffer
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from merging import CONFIGS, METHODS
+from merging.methods import CONFIGS, METHODS
 
 
 T = torch.tensor

@@ -17,7 +17,8 @@ def test_shared_prefix_length():
 
 
 def test_tiled_prefix_cache_and_its_memory_budget():
-    from patching.forward import TiledKVCache, prefix_kv_cache, rows_per_chunk
+    from circuits.prefix_cache import TiledKVCache, prefix_kv_cache
+    from patching.forward import rows_per_chunk
 
     model = tiny_model(style="llama", n_key_value_heads=2, n_layers=2)
     tokens = torch.randint(3, model.cfg.d_vocab, (2, 5))

@@ -12,9 +12,10 @@ import torch
 
 from circuits.errors import InputError
 from circuits.analyze.probes import ProbeConfig
-from circuits.tasks import TaskConfig, TaskDataError, accuracy, make_dataset
+from circuits.tasks import TaskConfig, accuracy, make_dataset
+from circuits.errors import TaskDataError
 from tests.tiny_models import tiny_model
-from patching.all_for_one.search import AF1Config
+from patching.all_for_one import AF1Config
 from patching.all_for_one.template_prompts import make_template_dataset
 from patching.attribution_patching import attribution_patch
 from patching.knockout import knockout

@@ -15,8 +15,8 @@ import torch
 
 from experiments.runtime.run_folder import (
     OutputExistsError, StageTimer, complete_run, fail_run, prepare_run_dir, read_status, write_json_atomic,
-    write_text_atomic,
 )
+from circuits.atomic_files import write_text_atomic
 
 
 def _status(path):
@@ -206,7 +206,7 @@ FAST = ["--n-prompts", "60", "--top-k", "2", "--knockout-prompts", "6", "--knock
 def test_a_failing_last_stage_keeps_earlier_results_and_nothing_stale(tiny_dir, tmp_path, monkeypatch):
     from experiments import arithmetic as _arithmetic
     from experiments.arithmetic import stages as _arithmetic_stages
-    from patching.all_for_one.search import NoEvalPromptsError
+    from patching.all_for_one.runner import NoEvalPromptsError
 
     out = tmp_path / "run"
     _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(out), *FAST])

@@ -4,7 +4,8 @@ worked out by hand; TIES over the whole model differs from TIES per tensor."""
 import pytest
 import torch
 
-from merging import METHODS, merge
+from merging.methods import METHODS
+from merging import merge
 from merging.methods import BreadcrumbsConfig, DareLinearConfig, TaskArithmeticConfig, TiesConfig
 from merging.primitives import outlier_mask, random_drop
 from tests.merging.worked_example import BASE, T, TAU_A, TAU_B, run

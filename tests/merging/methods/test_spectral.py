@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from merging.methods import IsoCConfig, IsoCtsConfig, TsvConfig, iso_c, iso_cts, tsv_m
+from merging.methods import IsoCConfig, IsoCtsConfig, TsvConfig
+from merging.methods.spectral import iso_c, iso_cts, tsv_m
 from merging.methods.spectral import matrix_view
 
 

@@ -8,12 +8,13 @@ import torch
 
 from circuits.errors import InputError
 from tests.tiny_models import tiny_model
-from patching.options import SweepOptions
+from patching import SweepOptions
+from patching.all_for_one import AF1Config, af1_accuracy, search_af1
 from patching.all_for_one.search import (
-    AF1Config, af1_accuracy, check_setting, faithfulness_heatmap, SELECTION_RULES, cell_estimate,
-    cross_fit_from_hits, grid_from_hits, grid_hits, held_out_selection, prune_transfer_heads, search_af1,
-    select_setting,
+    faithfulness_heatmap, SELECTION_RULES, cell_estimate, cross_fit_from_hits, grid_from_hits, grid_hits,
+    held_out_selection, prune_transfer_heads, select_setting,
 )
+from patching.all_for_one.runner import check_setting
 from tests.patching.all_for_one.af1_data import _data, _runner, _self_answered
 
 
