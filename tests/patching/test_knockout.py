@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from circuits.end_logits import end_logits
+from circuits.errors import InputError
 from circuits.nodes import MLP, Head, all_heads, all_mlps
 from circuits.pools import pool_dataset
 from circuits.tasks import accuracy, iter_batches, make_dataset
@@ -88,6 +89,17 @@ def test_fast_path_equals_plain_hooks(style, kv):
     plain = knockout_correct(model, data, sets, means=means, method="hooks")
     assert torch.equal(fast, plain)
     assert fast[0].all() and not fast[-1].all()  # the sets do change predictions
+    batched = knockout_correct(model, data, sets, means=means, options=SweepOptions(batch_size=5, progress=False))
+    assert torch.equal(batched, plain)
+
+
+def test_knockout_refuses_sweep_options_it_does_not_use(setup):
+    model, data, means = setup[:3]
+    with pytest.raises(InputError, match=r"knockout does not use the sweep option\(s\) metric \(it uses batch_size, "
+                                         r"memory_mb, progress\)"):
+        knockout(model, data, [Head(0, 0)], means=means, options=SweepOptions(metric="prob"))
+    with pytest.raises(InputError, match=r"knockout_curve does not use the sweep option\(s\) reuse_prefix"):
+        knockout_curve(model, data, [Head(0, 0)], ks=(1,), means=means, options=SweepOptions(reuse_prefix=False))
 
 
 def test_ks_as_fractions():
