@@ -126,7 +126,8 @@ def time_activation_patch(model, batch: TaskBatch, tl_layers: list[int], tl_head
                           seconds: dict) -> tuple[ActivationScores, float]:
     """``patching.activation_patch`` on the same heads as TransformerLens; the max |difference| from TL's."""
     start = time.perf_counter()
-    act = activation_patch(model, batch, component="z", positions="all", options=SweepOptions(metric="logit"), layers=tl_layers)
+    act = activation_patch(model, batch, component="z", positions="all",
+                           options=SweepOptions(metric="logit"), layers=tl_layers)
     seconds["activation_patch_heads"] = time.perf_counter() - start
     diff = float((act.patched[tl_layers] - tl_heads[tl_layers].to(act.patched.device)).abs().max())
     print(f"patching.activation_patch on the same heads: {seconds['activation_patch_heads']:.2f} s, "
@@ -166,7 +167,8 @@ def time_attribution_patch(model, batch: TaskBatch, act: ActivationScores, path:
     start = time.perf_counter()
     attr = attribution_patch(model, batch, options=SweepOptions(metric="logit"))
     seconds["attribution_patch"] = time.perf_counter() - start
-    act_all = act if len(tl_layers) == model.cfg.n_layers else activation_patch(model, batch, component="z", options=SweepOptions(metric="logit"))
+    act_all = act if len(tl_layers) == model.cfg.n_layers else activation_patch(model, batch, component="z",
+                                                                                options=SweepOptions(metric="logit"))
     agreement = {"vs_activation_patching_heads": rank_agreement(attr, act_all, kind="heads"),
                  "vs_path_patching_heads": rank_agreement(attr, path, kind="heads"),
                  "vs_path_patching_all": rank_agreement(attr, path, kind="all"),

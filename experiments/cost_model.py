@@ -252,7 +252,8 @@ def _sweeps(model, cfg: MeasureConfig) -> tuple[dict, dict, dict, Shape]:
 
     def af1():
         try:
-            runner = AF1Runner.from_dataset(model, af1_data, options=SweepOptions(batch_size=cfg.n_prompts, progress=False))
+            runner = AF1Runner.from_dataset(model, af1_data,
+                                            options=SweepOptions(batch_size=cfg.n_prompts, progress=False))
         except NoEvalPromptsError:  # a random model answers nothing right
             state["af1_eval"] = 0
             return
@@ -264,8 +265,10 @@ def _sweeps(model, cfg: MeasureConfig) -> tuple[dict, dict, dict, Shape]:
     runs = {
         "forward": lambda: model(tokens, stop_at_layer=shape.L),
         "path_patch": lambda: path_patch(model, data, options=SweepOptions(progress=False)),
-        "edge_attribution": lambda: state.update(graph=edge_attribution(model, data, ig_steps=5, options=SweepOptions(progress=False))),
-        "faithfulness_curve": lambda: faithfulness_curve(model, state["graph"], data, n_bootstrap=200, options=SweepOptions(progress=False)),
+        "edge_attribution": lambda: state.update(graph=edge_attribution(model, data, ig_steps=5,
+                                                                        options=SweepOptions(progress=False))),
+        "faithfulness_curve": lambda: faithfulness_curve(model, state["graph"], data, n_bootstrap=200,
+                                                         options=SweepOptions(progress=False)),
         "edge_patch": lambda: edge_patch(model, edges, data, options=SweepOptions(progress=False)),
         "knockout": lambda: knockout_correct(model, data, sets, n_pool=cfg.knockout_pool),
         "af1_grid": af1,

@@ -79,7 +79,8 @@ def time_edge_patch(model, cfg: MeasureEdgesConfig, data) -> dict:
     layout = GraphLayout.of(model)
     all_edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()]
     edges = all_edges[:: cfg.stride]
-    effects, wall, cpu = wall_and_cpu(lambda: edge_patch(model, edges, data, options=SweepOptions(memory_mb=cfg.memory_mb)))
+    effects, wall, cpu = wall_and_cpu(lambda: edge_patch(model, edges, data,
+                                                         options=SweepOptions(memory_mb=cfg.memory_mb)))
     scale = len(all_edges) / len(edges)
     print(f"edge_patch: {len(edges)} edges in {wall:.1f} s wall ({cpu:.1f} s CPU); all {len(all_edges)} edges: "
           f"{'' if cfg.stride == 1 else 'extrapolated '}{wall * scale / 60:.1f} min wall")
@@ -94,7 +95,8 @@ def baseline_curve(model, cfg: MeasureEdgesConfig, data) -> dict:
     """The faithfulness curve of the naive output x input change scores, timed."""
     scores = output_change_scores(model, data)
     curve_wall = time.perf_counter()
-    curve = faithfulness_curve(model, scores, data, n_bootstrap=cfg.n_bootstrap, options=SweepOptions(memory_mb=cfg.memory_mb))
+    curve = faithfulness_curve(model, scores, data, n_bootstrap=cfg.n_bootstrap,
+                               options=SweepOptions(memory_mb=cfg.memory_mb))
     curve_wall = time.perf_counter() - curve_wall
     print(f"faithfulness curve (output x input change scores): CPR {curve.cpr}, CMD {curve.cmd}, {curve_wall:.1f} s")
     for x, n, f in zip(curve.fractions, curve.n_edges, curve.faithfulness):

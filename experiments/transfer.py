@@ -82,12 +82,12 @@ def cross_knockout(model, cfg: TransferConfig, by_op: dict, samples: dict) -> di
     """``cross[y][x]``: accuracy on ``y`` with ``x``'s key heads ablated; also the base and random-head rows."""
     rng = random.Random(cfg.seed)
     random_sets = [rng.sample(all_heads(model), cfg.top_k) for _ in range(cfg.random_seeds)]
-    cross = {}
+    cross, options = {}, SweepOptions(batch_size=cfg.batch_size)
     for y, data in samples.items():
-        cross[y] = {"base": knockout(model, data, [], options=SweepOptions(batch_size=cfg.batch_size))}
+        cross[y] = {"base": knockout(model, data, [], options=options)}
         for x, heads in by_op.items():
-            cross[y][x] = knockout(model, data, heads, options=SweepOptions(batch_size=cfg.batch_size))
-        cross[y]["random"] = sum(knockout(model, data, r, options=SweepOptions(batch_size=cfg.batch_size)) for r in random_sets) / len(random_sets)
+            cross[y][x] = knockout(model, data, heads, options=options)
+        cross[y]["random"] = sum(knockout(model, data, r, options=options) for r in random_sets) / len(random_sets)
     return cross
 
 

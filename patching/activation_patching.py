@@ -39,7 +39,7 @@ from transformer_lens import utils as tl_utils
 
 from circuits.errors import InputError
 from circuits.arguments import check_option
-from circuits import prefix_cache
+from circuits.prefix_cache import TiledKVCache, prefix_kv_cache
 
 from patching import forward, inputs
 from patching.metrics import MetricLike, get_metric, score_end
@@ -114,7 +114,7 @@ def activation_patch(
     for group in groups:
         # Both runs share the prefix, so its keys/values are computed once and only later positions are cached.
         prefix = forward.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix else 0
-        prefix_kv = prefix_cache.prefix_kv_cache(model, group.tokens[:, :prefix]) if prefix else None
+        prefix_kv = prefix_kv_cache(model, group.tokens[:, :prefix]) if prefix else None
         ref, ref_final = forward.suffix_cache(model, group.tokens, forward.act_names("resid_pre", layers), prefix_kv)
         cf, _ = forward.suffix_cache(model, group.cf_tokens, forward.act_names(component, layers), prefix_kv)
         base = score_end(model, ref_final, group.answer_ids, group.alt_ids, metric)
@@ -175,7 +175,7 @@ def _patch_layer(model, group, layer, component, masks, ref, cf, metric, memory_
             act = act.view(k, B, *act.shape[1:])
             return torch.where(shaped, cf_act[None], act).flatten(0, 1)
 
-        kv = None if prefix_kv is None else prefix_cache.TiledKVCache(prefix_kv, k)
+        kv = None if prefix_kv is None else TiledKVCache(prefix_kv, k)
         resid = model.run_with_hooks(start.repeat(k, 1, 1), start_at_layer=layer, stop_at_layer=model.cfg.n_layers,
                                      fwd_hooks=[(name, swap)], past_kv_cache=kv)
         answers = group.answer_ids.repeat(k)

@@ -4,7 +4,8 @@
   (at END only, or everywhere) and the final END residual.
 * **Shared prefixes**: reference and counterfactual twins start with the same tokens (the
   few-shot lines); every activation there is the same in both runs, so
-  :func:`circuits.prefix_cache.prefix_kv_cache` runs the prefix once and :func:`suffix_cache` / :class:`TiledKVCache` run only what follows.
+  :func:`circuits.prefix_cache.prefix_kv_cache` runs the prefix once and :func:`suffix_cache` /
+  :class:`circuits.prefix_cache.TiledKVCache` run only what follows.
 * **END-only block pieces**: :func:`attn_out_from_z` and :func:`mlp_out_rows` recompute what an
   attention layer or an MLP adds at one position, for fast paths that only need END.
 * **Memory budgets**: :func:`rows_per_chunk` and :func:`chunks` size batched forwards.

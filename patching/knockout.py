@@ -52,7 +52,7 @@ from circuits.nodes import Head, Node, all_heads, validate_nodes
 from circuits.stats import bootstrap_two_way, paired_difference, proportion
 from circuits.pools import pool_dataset
 from circuits.tasks import TaskBatch, iter_batches
-from circuits import prefix_cache
+from circuits.prefix_cache import TiledKVCache, model_prefix_cache
 from patching import forward
 from patching import knockout_fast as _fast
 from patching.inputs import check_finite_weights, check_fits_context
@@ -310,7 +310,7 @@ def knockout_correct(
     selections = _selections(model, sets)
     layouts = _layouts(dataset)
     fast = {"screen": screen_argmax, "split": share_starts, "stats": stats if stats is not None else {},
-            "prefixes": prefix_cache.model_prefix_cache(model)}  # layouts of one template share their few-shot prefix
+            "prefixes": model_prefix_cache(model)}  # layouts of one template share their few-shot prefix
     bar = tqdm(total=len(layouts), desc="knockout", disable=not progress, leave=False)
     for layout, rows in layouts.items():
         # sets are stacked along the batch within memory_mb, and more rows per chunk widen the shared
@@ -415,7 +415,7 @@ def _suffix_run(model, x, prefix_kv, names) -> tuple[dict[str, Tensor], Tensor]:
     def keep(act, *, hook):
         store[hook.name] = act.clone()
 
-    kv = None if prefix_kv is None else prefix_cache.TiledKVCache(prefix_kv, x.shape[0])
+    kv = None if prefix_kv is None else TiledKVCache(prefix_kv, x.shape[0])
     resid = model.run_with_hooks(x, start_at_layer=0, stop_at_layer=model.cfg.n_layers, fwd_hooks=[(n, keep) for n in names],
                                  past_kv_cache=kv)
     return store, resid[:, -1]

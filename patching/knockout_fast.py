@@ -29,7 +29,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
 
 from circuits.end_logits import end_argmax
-from circuits import prefix_cache
+from circuits.prefix_cache import TiledKVCache
 from patching import forward
 
 
@@ -156,7 +156,7 @@ def ablated_end(
     """
     L, (B, S) = model.cfg.n_layers, resid.shape[:2]
     if split is None:
-        kv = None if prefix_kv is None else prefix_cache.TiledKVCache(prefix_kv, k * B)
+        kv = None if prefix_kv is None else TiledKVCache(prefix_kv, k * B)
         out = model.run_with_hooks(resid.repeat(k, 1, 1), start_at_layer=layer, stop_at_layer=L,
                                    fwd_hooks=hooks_at(slice(0, S)), past_kv_cache=kv)
         return out[:, -1]

@@ -73,7 +73,8 @@ def test_bf16_sweeps_are_finite():
     model.cfg.dtype = torch.bfloat16
     data = make_dataset(model, n_prompts=4, n_shots=2, template_ids=("add-equation-0",), seed=4)
     assert torch.isfinite(path_patch(model, data, options=SweepOptions(progress=False)).heads).all()
-    assert torch.isfinite(activation_patch(model, data, component="z", options=SweepOptions(progress=False)).patched).all()
+    assert torch.isfinite(activation_patch(model, data, component="z",
+                                           options=SweepOptions(progress=False)).patched).all()
 
 
 @pytest.mark.parametrize("method", ["precise", "full", "lora"])

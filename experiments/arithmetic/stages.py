@@ -187,7 +187,8 @@ def identify_key_heads(run: PipelineRun, prompts: Prompts) -> KeyHeadChoice:
     """Path patching of every head and MLP to the answer logit, under both twin rules; the top-k heads of one."""
     cfg = run.cfg
     with run.timer.stage("path patching"):
-        by_corrupt = {c: path_patch(run.model, prompts.twins[c], options=SweepOptions(batch_size=cfg.batch_size)) for c in ("query", "all")}
+        by_corrupt = {c: path_patch(run.model, prompts.twins[c],
+                                    options=SweepOptions(batch_size=cfg.batch_size)) for c in ("query", "all")}
         scores = by_corrupt[cfg.corrupt]
         heads, fraction = key_heads(scores, top_k=cfg.top_k)
         rule = combine_key_heads({cfg.op: scores}, top_k=cfg.top_k).rule | {"corrupt": cfg.corrupt}

@@ -234,7 +234,8 @@ def our_attribution(run: BenchRun) -> None:
     """This toolkit's EAP-IG-inputs and EAP over every edge, timed."""
     cfg = run.cfg
     run.scores["eap_ig_inputs"] = run.timed("edge_attribution_eap_ig_inputs", lambda: edge_attribution(
-        run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, options=SweepOptions(memory_mb=cfg.memory_mb)))
+        run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps,
+        options=SweepOptions(memory_mb=cfg.memory_mb)))
     run.scores["eap"] = run.timed("edge_attribution_eap", lambda: edge_attribution(
         run.model, run.batch, method="EAP", options=SweepOptions(memory_mb=cfg.memory_mb)))
     print(f"edge_attribution: EAP-IG-inputs ({cfg.ig_steps} steps) {run.seconds['edge_attribution_eap_ig_inputs']:.1f} s, "
@@ -395,11 +396,13 @@ def head_edge_verdict(run: BenchRun) -> None:
     g = torch.Generator().manual_seed(cfg.seed)
     edges = sorted(edges[i] for i in torch.randperm(len(edges), generator=g)[:cfg.head_edges].tolist())
     f_idx, b_idx = torch.tensor(edges).T
+    options = SweepOptions(memory_mb=cfg.memory_mb, progress=False)
     exact = {norm: run.timed(f"exact_head_edges_{norm}", lambda norm=norm: edge_patch(
-        run.model, edges, run.batch, norm=norm, options=SweepOptions(memory_mb=cfg.memory_mb, progress=False))).effects.float()
+        run.model, edges, run.batch, norm=norm, options=options)).effects.float()
         for norm in ("frozen", "recompute")}
     scores = {change: run.timed(f"attribution_head_change_{change}", lambda change=change: edge_attribution(
-        run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, norm=change, options=SweepOptions(memory_mb=cfg.memory_mb, progress=False))).scores[f_idx, b_idx] for change in ("frozen", "pre-norm", "recompute")}
+        run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, norm=change,
+        options=options)).scores[f_idx, b_idx] for change in ("frozen", "pre-norm", "recompute")}
     k = max(3, len(edges) // 100)
 
     def overlap(values, truth) -> float:

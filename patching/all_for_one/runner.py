@@ -24,7 +24,7 @@ from circuits.end_logits import end_argmax, unembed_end
 from circuits.nodes import Head
 from circuits.errors import InputError, ToolkitError
 from circuits.tasks import accuracy_mask
-from circuits import prefix_cache
+from circuits.prefix_cache import TiledKVCache, prefix_kv_cache
 from patching.all_for_one.abp import PeekRule, abp_hooks, layer_peek_masks
 from patching.all_for_one.template_prompts import cross_fit_folds, split_fit_eval
 from patching.all_for_one.cama import CamaConfig, CamaMeans, fit_cama, group_rows, residuals
@@ -384,13 +384,13 @@ class AF1Runner:
 
         Only BOS's entries are ever read (the ABP mask hides the others), and BOS is the
         same in every prompt and setting."""
-        return prefix_cache.prefix_kv_cache(self.model, group.tokens[:1, :-1])
+        return prefix_kv_cache(self.model, group.tokens[:1, :-1])
 
     def _run_end_only(self, end: Tensor, layer: int, end_row: Mapping[int, Tensor], prefix_cache) -> Tensor:
         size = self.config.tail_batch_size
         out = []
         for chunk in end.split(size):
-            entries = None if prefix_cache is None else prefix_cache.TiledKVCache(prefix_cache, len(chunk))
+            entries = None if prefix_cache is None else TiledKVCache(prefix_cache, len(chunk))
             with self.model.hooks(fwd_hooks=abp_hooks(self.model, {layer: end_row[layer]})):
                 out.append(self.model(chunk, start_at_layer=layer, stop_at_layer=layer + 1, past_kv_cache=entries))
         return torch.cat(out)

@@ -60,7 +60,7 @@ from transformer_lens import utils as tl_utils
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
-from circuits import prefix_cache
+from circuits.prefix_cache import TiledKVCache
 from patching import forward, inputs
 from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, receiver_hooks, run_suffix
 from patching.metrics import PatchMetric, get_metric, score_end
@@ -147,7 +147,7 @@ EDGE_ATTRIBUTION_METHODS: dict[str, _Method] = {
 
 def _run_suffix(model: HookedTransformer, resid: Resid, prefix_kv, hooks: list) -> Float[Tensor, "rows suffix d_model"]:
     """Final residual of a run whose first-block input at the suffix positions is ``resid``."""
-    cache = None if prefix_kv is None else prefix_cache.TiledKVCache(prefix_kv, 1)
+    cache = None if prefix_kv is None else TiledKVCache(prefix_kv, 1)
     return model.run_with_hooks(resid, start_at_layer=0, stop_at_layer=model.cfg.n_layers, fwd_hooks=hooks,
                                 past_kv_cache=cache)
 

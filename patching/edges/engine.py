@@ -51,7 +51,7 @@ from transformer_lens import utils as tl_utils
 
 from circuits.errors import InputError
 from circuits.graph import QKV, GraphLayout
-from circuits import prefix_cache
+from circuits.prefix_cache import TiledKVCache, prefix_kv_cache
 from patching import forward
 
 #: The config flags :func:`edge_mode` sets, mapped to TransformerLens' setter for each.
@@ -293,7 +293,7 @@ def edge_prefix_kv(model: HookedTransformer, tokens: Int[Tensor, "batch prefix"]
     """
     ungrouped = model.cfg.ungroup_grouped_query_attention
     with plain_blocks(model):
-        entries = prefix_cache.prefix_kv_cache(model, tokens)
+        entries = prefix_kv_cache(model, tokens)
     return ungroup_kv(model, entries) if ungrouped else entries
 
 
@@ -303,7 +303,7 @@ def prefix_caches(model: HookedTransformer, tokens: Int[Tensor, "batch pos"], st
     if not start:
         return None, None
     with plain_blocks(model):
-        plain = prefix_cache.prefix_kv_cache(model, tokens[:, :start])
+        plain = prefix_kv_cache(model, tokens[:, :start])
     return plain, ungroup_kv(model, plain)
 
 
@@ -326,7 +326,7 @@ def run_suffix(
             raise InputError("Running from a position after 0 needs the prefix's keys/values (kv).")
         cache = None
     else:
-        embedded, cache = embedded[:, start:], prefix_cache.TiledKVCache(kv, times)
+        embedded, cache = embedded[:, start:], TiledKVCache(kv, times)
     if times > 1:
         embedded = embedded.repeat(times, 1, 1)
     return model.run_with_hooks(embedded, start_at_layer=0, stop_at_layer=model.cfg.n_layers,

@@ -316,7 +316,8 @@ def compare_methods(model: HookedTransformer, prompts: Dataset, methods: Sequenc
                 computed[name] = scores
             curves = [faithfulness_curve(model, scores, part, ablation=search.ablation, means_from=pool,
                                          select=select or (None if name == "positional" else mib_selector(layout)),
-                                         n_bootstrap=search.n_bootstrap, seed=search.seed, options=search.options(False))
+                                         n_bootstrap=search.n_bootstrap, seed=search.seed,
+                                         options=search.options(False))
                       for part in (selection, heldout)]
             smallest = smallest_faithful(curves[0], curves[1], search.threshold)
             graph = scores if isinstance(scores, Graph) else scores.merged()

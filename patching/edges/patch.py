@@ -43,7 +43,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
-from circuits import prefix_cache
+from circuits.prefix_cache import TiledKVCache
 from patching import forward, inputs
 from patching.options import SweepOptions, sweep_options
 from patching.edges.patch_fast import end_residual_above, fast_path_problem, head_receiver_layer, mlp_receiver_layer, receiver_kind
@@ -343,7 +343,7 @@ def _plan(layout: GraphLayout, pairs, fast: bool) -> dict[Optional[tuple[int, bo
 
 
 def _tiled(entries, times: int):
-    return None if entries is None else prefix_cache.TiledKVCache(entries, times)
+    return None if entries is None else TiledKVCache(entries, times)
 
 
 def _receiver_patch_hooks(chunk_pairs, hooks, delta, k: int, B: int):

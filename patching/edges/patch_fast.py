@@ -39,7 +39,7 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from circuits.graph import GraphLayout
-from circuits import prefix_cache
+from circuits.prefix_cache import TiledKVCache
 from patching.edges.engine import plain_blocks
 
 
@@ -56,7 +56,7 @@ def fast_path_problem(model: HookedTransformer) -> Optional[str]:
 
 
 def _entry(kv, layer: int, times: int):
-    return None if kv is None else prefix_cache.TiledKVCache(kv, times)[layer]
+    return None if kv is None else TiledKVCache(kv, times)[layer]
 
 
 ROTATE_PREFIX_ONCE = True  # False only to time the old behaviour side by side (experiments.bench_circuits)

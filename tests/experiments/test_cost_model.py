@@ -58,10 +58,12 @@ def test_formulas_count_the_flops_the_sweeps_run(style):
         "activation_patch": (lambda: activation_patch(model, data, options=SweepOptions(progress=False)), {}),
         "knockout": (lambda: knockout_correct(model, data, [[Head(0, 1), Head(2, 3)], [Head(1, 0)]], n_pool=16),
                      {"pool": 16, "sets": 2}),
-        "edge_attribution": (lambda: edge_attribution(model, data, ig_steps=5, options=SweepOptions(progress=False)), {"steps": 5}),
+        "edge_attribution": (lambda: edge_attribution(model, data, ig_steps=5,
+                                                      options=SweepOptions(progress=False)), {"steps": 5}),
         "edge_patch": (lambda: edge_patch(model, edges, data, options=SweepOptions(progress=False)),
                        patched_counts(layout, edges)),
-        "faithfulness_curve": (lambda: faithfulness_curve(model, scores, data, n_bootstrap=10, options=SweepOptions(progress=False)),
+        "faithfulness_curve": (lambda: faithfulness_curve(model, scores, data, n_bootstrap=10,
+                                                          options=SweepOptions(progress=False)),
                                {"circuits": 12}),
     }
     for name, (run, extra) in sweeps.items():

@@ -68,8 +68,10 @@ def test_shared_prefix_reuse_equals_transformer_lens(few_shot, component, positi
     _, cf_cache = model.run_with_cache(batch.cf_tokens)
     answers = batch.answer_ids
     expected = tl_fn(model, batch.tokens, cf_cache, lambda lg: lg[torch.arange(len(answers)), -1, answers].mean())
-    fast = activation_patch(model, batch, component=component, positions=positions, options=SweepOptions(progress=False))
-    plain = activation_patch(model, batch, component=component, positions=positions, options=SweepOptions(reuse_prefix=False, progress=False))
+    fast = activation_patch(model, batch, component=component, positions=positions,
+                            options=SweepOptions(progress=False))
+    plain = activation_patch(model, batch, component=component, positions=positions,
+                             options=SweepOptions(reuse_prefix=False, progress=False))
     torch.testing.assert_close(fast.patched, expected.float(), atol=1e-5, rtol=0)
     torch.testing.assert_close(fast.patched, plain.patched, atol=1e-5, rtol=0)
     assert (fast.effect.abs() > 1e-6).any()
@@ -85,7 +87,8 @@ def test_end_position_is_last_column_of_each(setup):
 def test_small_memory_budget_and_layer_subset_agree(setup):
     model, batch, _, _ = setup
     full = activation_patch(model, batch, component="z", options=SweepOptions(progress=False))
-    tiny_chunks = activation_patch(model, batch, component="z", options=SweepOptions(memory_mb=0.001, progress=False), layers=[1])
+    tiny_chunks = activation_patch(model, batch, component="z",
+                                   options=SweepOptions(memory_mb=0.001, progress=False), layers=[1])
     assert torch.isnan(tiny_chunks.patched[0]).all()
     torch.testing.assert_close(tiny_chunks.patched[1], full.patched[1], atol=1e-5, rtol=0)
 

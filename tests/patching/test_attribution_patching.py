@@ -35,7 +35,8 @@ def test_ranks_agree_with_exact_patching(setup):
     agreement = rank_agreement(attr, exact)
     assert agreement["n_nodes"] == 12 + 3
     assert agreement["spearman"] > 0.7
-    assert -1 <= rank_agreement(attr, path_patch(model, data, options=SweepOptions(progress=False)), kind="heads")["spearman"] <= 1
+    assert -1 <= rank_agreement(attr, path_patch(model, data,
+                                                 options=SweepOptions(progress=False)), kind="heads")["spearman"] <= 1
 
 
 def test_no_parameter_gradients_and_subset(setup):

@@ -66,5 +66,6 @@ def test_rank_key_heads_path_patches_each_operation(tiny):
     data = {op: make_dataset(tiny, op=op, n_prompts=6, n_shots=0, seed=i) for i, op in enumerate(("+", "*"))}
     chosen = rank_key_heads(tiny, data, top_k=2, combine="union")
     for op in ("+", "*"):
-        assert chosen.by_op[op] == key_heads(path_patch(tiny, data[op], options=SweepOptions(progress=False)), top_k=2)[0]
+        assert chosen.by_op[op] == key_heads(path_patch(tiny, data[op],
+                                                        options=SweepOptions(progress=False)), top_k=2)[0]
     assert chosen.rule["n_prompts"] == {"+": 6, "*": 6}

@@ -53,7 +53,8 @@ def test_metric_of_the_wrong_shape_is_refused_by_attribution_patching(setup):
 def test_nan_metric_is_an_error_not_an_empty_circuit(setup):
     model, data = setup
     with pytest.raises(InputError, match="returned NaN/Inf"):
-        path_patch(model, data, options=SweepOptions(metric=lambda lg, a, alt: torch.full((len(a),), float("nan")), progress=False))
+        path_patch(model, data,
+                   options=SweepOptions(metric=lambda lg, a, alt: torch.full((len(a),), float("nan")), progress=False))
     scores = path_patch(model, data, options=SweepOptions(progress=False))
     broken = dataclasses.replace(scores, heads=torch.full_like(scores.heads, float("nan")), baseline=float("nan"))
     with pytest.raises(InputError, match="no key heads can be chosen"):

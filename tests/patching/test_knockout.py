@@ -85,7 +85,8 @@ def test_fast_path_equals_plain_hooks(style, kv):
     every = all_heads(model) + all_mlps(model)
     means = pool_means(model, data, every, n_pool=96)
     sets = [[], [Head(0, 1)], [Head(1, 0), Head(0, 3)], [MLP(1)], all_heads(model)[::2], every]
-    fast = knockout_correct(model, data, sets, means=means, options=SweepOptions(memory_mb=0.05))  # tiny budget: several set chunks
+    fast = knockout_correct(model, data, sets, means=means,
+                            options=SweepOptions(memory_mb=0.05))  # tiny budget: several set chunks
     plain = knockout_correct(model, data, sets, means=means, method="hooks")
     assert torch.equal(fast, plain)
     assert fast[0].all() and not fast[-1].all()  # the sets do change predictions
@@ -125,9 +126,11 @@ def test_curve_and_transfer(setup):
     draw = [Head(int(h[1:h.index("H")]), int(h[h.index("H") + 1:])) for h in curve.random_sets[1][3]]
     assert curve.random_per_seed[1][3] == pytest.approx(knockout(model, data, draw, means=means))
     assert sum(curve.random_per_seed[0]) / 10 == pytest.approx(curve.random_rank[0])
-    explicit = knockout_curve(model, data, [Head(1, 0), Head(0, 3)], ks=(1, 2), n_seeds=1, means=means, options=SweepOptions(progress=False))
+    explicit = knockout_curve(model, data, [Head(1, 0), Head(0, 3)], ks=(1, 2), n_seeds=1, means=means,
+                              options=SweepOptions(progress=False))
     assert explicit.heads == ["L1H0", "L0H3"]
-    curve.transfer = knockout_transfer(model, {"same": data}, [Head(1, 0)], n_pool=96, options=SweepOptions(progress=False))
+    curve.transfer = knockout_transfer(model, {"same": data}, [Head(1, 0)], n_pool=96,
+                                       options=SweepOptions(progress=False))
     same = curve.transfer["same"]
     assert same["base"] == pytest.approx(1.0) and same["n_pool"] == 96 and same["drop"]["n"] == 12
     assert len(curve.figure().data) == 2 and len(curve.transfer_figure().data) == 2
@@ -159,7 +162,9 @@ def test_knockout_refuses_nan_weights_and_prompts_beyond_the_context():
     with torch.no_grad():
         broken.unembed.b_U[0] = float("nan")  # gave base accuracy 0 and effects 0, silently
     with pytest.raises(InputError, match=r"NaN or Inf weights in 1 tensors \(unembed\.b_U\)"):
-        knockout_curve(broken, data, [Head(0, 0)], ks=[1], n_seeds=1, n_pool=8, min_pool=1, options=SweepOptions(progress=False))
+        knockout_curve(broken, data, [Head(0, 0)], ks=[1], n_seeds=1, n_pool=8, min_pool=1,
+                       options=SweepOptions(progress=False))
     short = tiny_model(n_layers=1, n_ctx=8)  # gave a raw size-mismatch RuntimeError
     with pytest.raises(InputError, match=r"longer than the model's context \(8 positions\)"):
-        knockout_curve(short, data, [Head(0, 0)], ks=[1], n_seeds=1, n_pool=8, min_pool=1, options=SweepOptions(progress=False))
+        knockout_curve(short, data, [Head(0, 0)], ks=[1], n_seeds=1, n_pool=8, min_pool=1,
+                       options=SweepOptions(progress=False))

@@ -129,7 +129,8 @@ def test_the_rebuilt_forward_is_the_model(setup):
 def test_path_patch_equals_the_rebuilt_forward_for_every_sender(setup, freeze_mlps, method):
     model, data = setup
     assert len(set(data["end_pos"])) > 1  # several prompt lengths: the per-length groups are averaged too
-    result = path_patch(model, data, receivers="logits", freeze_mlps=freeze_mlps, method=method, options=SweepOptions(progress=False))
+    result = path_patch(model, data, receivers="logits", freeze_mlps=freeze_mlps, method=method,
+                        options=SweepOptions(progress=False))
     expected = oracle_scores(model, data, freeze_mlps)
     for node, value in expected.items():
         assert result.score(node) == pytest.approx(value, rel=1e-4, abs=1e-5), node
@@ -174,8 +175,10 @@ def test_input_forms_agree():
     b = single_batch(data)
     from_ds = path_patch(model, data, options=SweepOptions(progress=False))
     from_batch = path_patch(model, b, options=SweepOptions(progress=False))
-    from_tensors = path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids, options=SweepOptions(progress=False))
-    chunked = path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids, options=SweepOptions(batch_size=4, progress=False))
+    from_tensors = path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids,
+                              options=SweepOptions(progress=False))
+    chunked = path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids,
+                         options=SweepOptions(batch_size=4, progress=False))
     for other in (from_batch, from_tensors, chunked):
         torch.testing.assert_close(from_ds.heads, other.heads, atol=1e-6, rtol=0)
     assert from_ds.baseline == pytest.approx(float(end_logits(model, b.tokens).gather(1, b.answer_ids[:, None]).mean()), abs=1e-5)
@@ -189,10 +192,12 @@ def test_receiver_heads_two_step():
     res = path_patch(model, data, senders=senders, receivers=receivers, options=SweepOptions(progress=False))
     assert res.info["computation"] == "hooks"
     assert abs(res.score(Head(0, 0))) > 1e-6
-    by_default = path_patch(model, data, receivers=receivers, options=SweepOptions(progress=False))  # only nodes that can reach layer 2
+    by_default = path_patch(model, data, receivers=receivers,
+                            options=SweepOptions(progress=False))  # only nodes that can reach layer 2
     assert torch.isnan(by_default.heads[2]).all() and not torch.isnan(by_default.heads[:2]).any()
     assert by_default.score(Head(0, 0)) == pytest.approx(res.score(Head(0, 0)), abs=1e-6)
-    only_v = path_patch(model, data, senders=senders, receivers=receivers, receiver_input="v", options=SweepOptions(progress=False))
+    only_v = path_patch(model, data, senders=senders, receivers=receivers, receiver_input="v",
+                        options=SweepOptions(progress=False))
     assert only_v.score(Head(0, 0)) != pytest.approx(res.score(Head(0, 0)), abs=1e-7)
 
 
@@ -200,7 +205,8 @@ def test_metrics_and_custom_callable():
     model = tiny_model(style="gpt2", n_layers=2)
     data = make_dataset(model, n_prompts=4, n_shots=0)
     logit = path_patch(model, data, options=SweepOptions(metric="logit", progress=False))
-    custom = path_patch(model, data, options=SweepOptions(metric=lambda lg, a, alt: lg.gather(-1, a[:, None])[:, 0], progress=False))
+    custom = path_patch(model, data,
+                        options=SweepOptions(metric=lambda lg, a, alt: lg.gather(-1, a[:, None])[:, 0], progress=False))
     torch.testing.assert_close(logit.heads, custom.heads, atol=1e-5, rtol=0)
     diff = path_patch(model, data, options=SweepOptions(metric="logit_diff", progress=False), alt_ids=5)
     assert diff.metric == "logit_diff"
@@ -248,7 +254,8 @@ def test_senders_at_or_after_the_receivers_are_refused():
     data = make_dataset(model, n_prompts=4, n_shots=0, template_ids=("add-equation-0",))
     with pytest.raises(ValueError, match=r"Senders \['L2H0', 'MLP2'\] come at or after the last receiver's layer 2 "
                                          r"\(L2H1\).*only from an earlier layer, so their effect is 0 by construction"):
-        path_patch(model, data, senders=[Head(0, 0), Head(2, 0), MLP(2)], receivers=[Head(2, 1)], options=SweepOptions(progress=False))
+        path_patch(model, data, senders=[Head(0, 0), Head(2, 0), MLP(2)], receivers=[Head(2, 1)],
+                   options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match="No senders to score"):
         path_patch(model, data, senders=[], options=SweepOptions(progress=False))
 
@@ -266,7 +273,8 @@ def test_tokens_outside_the_vocabulary_or_of_float_dtype_are_refused():
     with pytest.raises(ValueError, match=r"reference tokens have dtype torch.float32; token ids must be an integer tensor"):
         path_patch(model, b.tokens.float(), b.cf_tokens, answer_ids=b.answer_ids, options=SweepOptions(progress=False))
     with pytest.raises(ValueError, match=r"answer_ids must be integer token ids .*got torch.float32"):
-        path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids.float() + 0.5, options=SweepOptions(progress=False))
+        path_patch(model, b.tokens, b.cf_tokens, answer_ids=b.answer_ids.float() + 0.5,
+                   options=SweepOptions(progress=False))
 
 
 def test_every_bad_argument_is_a_toolkit_error_a_command_line_shows_in_one_line():

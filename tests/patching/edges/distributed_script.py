@@ -32,7 +32,8 @@ def setup():
 def run(out: Path) -> None:
     model, data, alt_ids = setup()
     shard = distributed.current_shard()  # set up from the launch's environment
-    graph = distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=3, options=SweepOptions(metric="logit_diff"),
+    graph = distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=3,
+                                         options=SweepOptions(metric="logit_diff"),
                                          alt_ids=alt_ids)
     nodes = distributed.edge_attribution(model, data, method="EAP", level="node")
     layout = GraphLayout.of(model)

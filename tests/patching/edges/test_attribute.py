@@ -124,7 +124,8 @@ def test_eap_equals_plain_per_edge_reference(style, n_kv):
     model = make_model(style, n_kv)
     tokens, cf, answers = prompts(model)
     for metric in ("logit", "logprob"):
-        graph = edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP", options=SweepOptions(metric=metric, progress=False))
+        graph = edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP",
+                                 options=SweepOptions(metric=metric, progress=False))
         close(graph.scores, plain_scores(model, tokens, cf, answers, metric, per_receiver=metric == "logit"))
     assert graph.meta["n_prompts"] == 4 and graph.meta["method"] == "EAP"
     assert not any(hp._forward_hooks or hp._backward_hooks for hp in model.hook_dict.values())
@@ -151,10 +152,12 @@ def test_eap_ig_inputs_follows_eap_igs_path(style, n_kv):
                             options=SweepOptions(progress=False))
     close(ours.scores, ref)
     # one step: the gradient at the counterfactual run; clean-corrupted: the mean of that and EAP's
-    one = edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP-IG-inputs", ig_steps=1, options=SweepOptions(progress=False))
+    one = edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP-IG-inputs", ig_steps=1,
+                           options=SweepOptions(progress=False))
     close(one.scores, plain_scores(model, tokens, cf, answers, grad_tokens=cf))
     eap = edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP", options=SweepOptions(progress=False))
-    both = edge_attribution(model, tokens, cf, answer_ids=answers, method="clean-corrupted", options=SweepOptions(progress=False))
+    both = edge_attribution(model, tokens, cf, answer_ids=answers, method="clean-corrupted",
+                            options=SweepOptions(progress=False))
     close(both.scores, (eap.scores + one.scores) / 2)
 
 
@@ -185,7 +188,8 @@ def test_eap_ig_activations_interpolates_each_component(style, n_kv):
 def test_node_level_sums_each_senders_edges():
     model = make_model("llama", 2)
     tokens, cf, answers = prompts(model, seed=4)
-    graph = edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP-IG-inputs", ig_steps=2, options=SweepOptions(progress=False))
+    graph = edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP-IG-inputs", ig_steps=2,
+                             options=SweepOptions(progress=False))
     nodes = edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP-IG-inputs", ig_steps=2, level="node",
                              options=SweepOptions(progress=False))
     layout = graph.layout
@@ -201,18 +205,21 @@ def test_chunking_no_shared_prefix_and_groups_give_the_same_scores():
     model = make_model("gemma", 1)
     tokens, cf, answers = prompts(model, n=6, seed=5)
     whole = edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP", options=SweepOptions(progress=False))
-    small = edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP", options=SweepOptions(memory_mb=0.01, batch_size=4, progress=False))
+    small = edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP",
+                             options=SweepOptions(memory_mb=0.01, batch_size=4, progress=False))
     close(small.scores, whole.scores)
     cf0 = cf.clone()
     cf0[:, 0] = (tokens[:, 0] % (model.cfg.d_vocab - 1)) + 1  # differs from position 0: no prefix to share
-    close(edge_attribution(model, tokens, cf0, answer_ids=answers, method="EAP", options=SweepOptions(progress=False)).scores,
+    close(edge_attribution(model, tokens, cf0, answer_ids=answers, method="EAP",
+                           options=SweepOptions(progress=False)).scores,
           plain_scores(model, tokens, cf0, answers))
 
 
 def test_identical_counterfactual_scores_zero_and_bad_arguments():
     model = make_model("gpt2", None)
     tokens, _, answers = prompts(model)
-    graph = edge_attribution(model, tokens, tokens, answer_ids=answers, method="EAP", options=SweepOptions(progress=False))
+    graph = edge_attribution(model, tokens, tokens, answer_ids=answers, method="EAP",
+                             options=SweepOptions(progress=False))
     assert torch.nan_to_num(graph.scores).abs().max() == 0
     with pytest.raises(InputError, match="Unknown method"):
         edge_attribution(model, tokens, tokens, answer_ids=answers, method="EAP-IG")
@@ -228,14 +235,16 @@ def test_a_metric_that_does_not_depend_on_the_run_is_refused():
     tokens, cf, answers = prompts(model)
     with pytest.raises(InputError, match=r"Metric 'constant' does not depend on the run \(its values do not depend on "
                                          r"the logits it is given\), so every edge would score 0"):
-        edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP", options=SweepOptions(metric=constant, progress=False))
+        edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP",
+                         options=SweepOptions(metric=constant, progress=False))
 
     def ignores_the_logits(logits, answer_ids, alt_ids):
         return logits[:, 0] * 0.0  # depends on the graph of the run, but its gradient is exactly zero
 
     with pytest.raises(InputError, match=r"'ignores_the_logits' does not depend on the run \(every receiver's gradient is "
                                          r"exactly zero on the first 4 prompts\).*\(e\.g\. 'logit' or 'logit_diff'\)"):
-        edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP-IG-inputs", options=SweepOptions(metric=ignores_the_logits, progress=False))
+        edge_attribution(model, tokens, cf, answer_ids=answers, method="EAP-IG-inputs",
+                         options=SweepOptions(metric=ignores_the_logits, progress=False))
 
 
 def constant(logits, answer_ids, alt_ids):

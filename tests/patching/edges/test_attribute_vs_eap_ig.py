@@ -42,7 +42,8 @@ def test_scores_match_eap_ig(style, n_kv, method):
     tokens, cf = torch.tensor(data["tokens"]), torch.tensor(data["cf_tokens"])
     assert torch.equal(model.to_tokens(list(data["prompt"])), tokens)  # EAP-IG tokenizes the strings itself
     theirs = eap_ig_scores(model, dataloader(data["prompt"], data["counterfactual"], answers, 4), method, ig_steps=3)
-    ours = edge_attribution(model, tokens, cf, answer_ids=answers, method=method, ig_steps=3, options=SweepOptions(batch_size=4, progress=False)).scores
+    ours = edge_attribution(model, tokens, cf, answer_ids=answers, method=method, ig_steps=3,
+                            options=SweepOptions(batch_size=4, progress=False)).scores
     layout = GraphLayout.of(model)
     real = layout.real_edge_mask
     compared = real & ~head_sender_rows(layout)[:, None] if style == "gemma" else real

@@ -56,7 +56,8 @@ def setup():
 def test_curve_points_are_ratios_of_evaluated_circuits(setup):
     model, data, layout, graph = setup
     fractions = (0.05, 0.2, 0.5, 1.0)
-    curve = faithfulness_curve(model, graph, data, fractions=fractions, n_bootstrap=200, options=SweepOptions(progress=False))
+    curve = faithfulness_curve(model, graph, data, fractions=fractions, n_bootstrap=200,
+                               options=SweepOptions(progress=False))
     full = evaluate_circuit(model, layout.real_edge_mask, data).mean
     empty = evaluate_circuit(model, torch.zeros_like(layout.real_edge_mask), data).mean
     expected = []
@@ -104,7 +105,8 @@ def test_bad_fractions_are_refused(setup):
 def test_bootstrap_intervals_use_the_same_resamples_for_every_point(setup):
     """The top point (the full graph) is 1 in every resample, so its interval is degenerate at 1."""
     model, data, _, graph = setup
-    curve = faithfulness_curve(model, graph, data, fractions=(0.1, 1.0), n_bootstrap=100, options=SweepOptions(progress=False))
+    curve = faithfulness_curve(model, graph, data, fractions=(0.1, 1.0), n_bootstrap=100,
+                               options=SweepOptions(progress=False))
     top = curve.faithfulness[-1]
     assert np.isclose([top.low, top.high], 1.0, atol=1e-5).all()
 
@@ -115,7 +117,8 @@ def test_an_unscored_edge_is_refused_by_the_default_selection(setup):
     f, b = layout.edge_index("a0.h0->m0")
     scores[f, b] = float("nan")
     with pytest.raises(InputError, match="without a score"):
-        faithfulness_curve(model, scores, data, fractions=(0.5, 1.0), n_bootstrap=20, options=SweepOptions(progress=False))
+        faithfulness_curve(model, scores, data, fractions=(0.5, 1.0), n_bootstrap=20,
+                           options=SweepOptions(progress=False))
 
 
 def test_an_identical_counterfactual_is_refused_before_anything_runs(setup):
@@ -140,7 +143,8 @@ def test_a_zero_denominator_after_the_runs_is_refused(setup):
     model, data, _, graph = setup
     with pytest.raises(InputError, match=r"The model and the empty circuit score the same mean metric \(1 and 1 with "
                                          r"ablation='counterfactual'\): m\(full\) − m\(∅\) is 0"):
-        faithfulness_curve(model, graph, data, fractions=(0.5, 1.0), options=SweepOptions(metric=lambda lg, a, b: lg[:, 0] * 0 + 1, progress=False))
+        faithfulness_curve(model, graph, data, fractions=(0.5, 1.0),
+                           options=SweepOptions(metric=lambda lg, a, b: lg[:, 0] * 0 + 1, progress=False))
 
 
 def test_a_graph_of_another_model_size_is_refused(setup):
@@ -156,9 +160,11 @@ def test_paired_differences_of_curves_on_the_same_prompts(setup):
 
     model, batch, layout, scores = setup
     fractions = (0.1, 0.5, 1.0)
-    a = faithfulness_curve(model, scores, batch, fractions=fractions, n_bootstrap=100, options=SweepOptions(progress=False))
+    a = faithfulness_curve(model, scores, batch, fractions=fractions, n_bootstrap=100,
+                           options=SweepOptions(progress=False))
     flipped = Graph(layout, torch.where(layout.real_edge_mask, 1 / (1 + scores.scores.abs()), torch.nan))  # reversed
-    b = faithfulness_curve(model, flipped, batch, fractions=fractions, n_bootstrap=100, options=SweepOptions(progress=False))
+    b = faithfulness_curve(model, flipped, batch, fractions=fractions, n_bootstrap=100,
+                           options=SweepOptions(progress=False))
     same = paired_difference(a, a, n_bootstrap=100)
     assert all(same[k]["value"] == 0 and same[k]["low"] == same[k]["high"] == 0 for k in same)
     diff = paired_difference(a, b, n_bootstrap=100)
@@ -182,8 +188,10 @@ def test_scores_with_nothing_finite_are_refused_and_infinite_ones_warn():
     layout = GraphLayout.of(model)
     hopeless = torch.where(layout.real_edge_mask, torch.inf, torch.nan)  # all tie: any top-n is arbitrary
     with pytest.raises(InputError, match="None of the .* edge scores is finite .*rescore the edges"):
-        faithfulness_curve(model, hopeless, data, fractions=(0.5, 1.0), n_bootstrap=10, options=SweepOptions(progress=False))
+        faithfulness_curve(model, hopeless, data, fractions=(0.5, 1.0), n_bootstrap=10,
+                           options=SweepOptions(progress=False))
     some = torch.where(layout.real_edge_mask, torch.rand(layout.n_forward, layout.n_backward), torch.nan)
     some[tuple(layout.real_edge_mask.nonzero()[0].tolist())] = torch.inf
     with pytest.warns(UserWarning, match="1 of the .* edge scores are infinite; they rank before every finite score"):
-        faithfulness_curve(model, some, data, fractions=(0.5, 1.0), n_bootstrap=10, options=SweepOptions(progress=False))
+        faithfulness_curve(model, some, data, fractions=(0.5, 1.0), n_bootstrap=10,
+                           options=SweepOptions(progress=False))

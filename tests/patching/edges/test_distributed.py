@@ -43,12 +43,14 @@ def test_two_processes_give_the_one_process_results(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
 
     model, data, alt_ids = script.setup()
-    graph = edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=3, options=SweepOptions(metric="logit_diff", progress=False), alt_ids=alt_ids)
+    graph = edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=3,
+                             options=SweepOptions(metric="logit_diff", progress=False), alt_ids=alt_ids)
     nodes = edge_attribution(model, data, method="EAP", level="node", options=SweepOptions(progress=False))
     layout = GraphLayout.of(model)
     edges = layout.real_edge_mask.nonzero().tolist()[::3]
     effects = edge_patch(model, edges, data, options=SweepOptions(progress=False))
-    curve = faithfulness_curve(model, graph, data, fractions=script.FRACTIONS, n_bootstrap=200, options=SweepOptions(progress=False))
+    curve = faithfulness_curve(model, graph, data, fractions=script.FRACTIONS, n_bootstrap=200,
+                               options=SweepOptions(progress=False))
     scale = float(torch.nan_to_num(graph.scores).abs().max())
     for rank in (0, 1):  # every rank holds the gathered results
         info = json.loads((tmp_path / f"rank{rank}.json").read_text())

@@ -75,7 +75,8 @@ def test_random_circuits_equal_the_plain_replacement(setup, ablation):
     masks = [torch.rand(layout.n_forward, layout.n_backward, generator=g) < p for p in (0.3, 0.7, 0.9)]
     masks.append(torch.zeros(layout.n_forward, layout.n_backward, dtype=torch.bool))
     means_from = pool if ablation.endswith("mean") else None
-    got = evaluate_circuits(model, masks, data, ablation=ablation, means_from=means_from, options=SweepOptions(memory_mb=0.05))
+    got = evaluate_circuits(model, masks, data, ablation=ablation, means_from=means_from,
+                            options=SweepOptions(memory_mb=0.05))
     if ablation == "counterfactual":
         ablated = plain.outputs(model, batch.cf_tokens)
     elif ablation == "zero":
@@ -146,7 +147,8 @@ def test_no_hook_or_flag_survives_an_exception(call):
 
     runs = {
         "edge_patch": lambda: edge_patch(model, None, data, options=SweepOptions(metric=raising, progress=False)),
-        "evaluate": lambda: evaluate_circuits(model, [_full(model)] * 2, data, options=SweepOptions(metric=raising, memory_mb=1e-4)),
+        "evaluate": lambda: evaluate_circuits(model, [_full(model)] * 2, data,
+                                              options=SweepOptions(metric=raising, memory_mb=1e-4)),
         "evaluate_mean": lambda: evaluate_circuits(model, [_full(model)] * 2, data, ablation="mean", means_from=pool,
                                                    options=SweepOptions(metric=raising, memory_mb=1e-4)),
     }
@@ -160,13 +162,15 @@ def test_no_hook_or_flag_survives_an_exception(call):
 def test_gemma_full_graph_reproduces_the_model_and_empty_graph_the_counterfactual(gemma):
     data = make_dataset(gemma, n_prompts=3, n_shots=2, template_ids=["add-equation-0"], seed=0)
     batch = single_batch(data)
-    full, empty = evaluate_circuits(gemma, [_full(gemma), torch.zeros_like(_full(gemma))], data, options=SweepOptions(metric="logit"))
+    full, empty = evaluate_circuits(gemma, [_full(gemma), torch.zeros_like(_full(gemma))], data,
+                                    options=SweepOptions(metric="logit"))
     ref = gemma(batch.tokens)[:, -1].gather(-1, batch.answer_ids[:, None])[:, 0]
     cf = gemma(batch.cf_tokens)[:, -1].gather(-1, batch.answer_ids[:, None])[:, 0]
     torch.testing.assert_close(full.per_prompt.float(), ref, atol=1e-3, rtol=1e-4)
     torch.testing.assert_close(empty.per_prompt.float(), cf, atol=1e-3, rtol=1e-4)
     assert full.n_edges == 10342
-    logprob = evaluate_circuit(gemma, Graph.from_model(gemma), data, options=SweepOptions(metric="logprob"))  # reads the whole vocabulary
+    logprob = evaluate_circuit(gemma, Graph.from_model(gemma), data,
+                               options=SweepOptions(metric="logprob"))  # reads the whole vocabulary
     expected = gemma(batch.tokens)[:, -1].log_softmax(-1).gather(-1, batch.answer_ids[:, None])[:, 0]
     torch.testing.assert_close(logprob.per_prompt.float(), expected, atol=1e-3, rtol=1e-4)
 

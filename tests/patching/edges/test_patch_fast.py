@@ -24,7 +24,8 @@ def test_fast_path_equals_the_hook_path_and_the_plain_patch_with_layers_in_betwe
     data = make_dataset(model, n_prompts=4, n_shots=1, template_ids=["add-equation-0"], seed=2)
     batch = single_batch(data)
     layout = GraphLayout.of(model)
-    fast = edge_patch(model, None, data, options=SweepOptions(memory_mb=0.02, progress=False))  # several chunks per receiver layer
+    fast = edge_patch(model, None, data,
+                      options=SweepOptions(memory_mb=0.02, progress=False))  # several chunks per receiver layer
     hooked = edge_patch(model, None, data, fast=False, options=SweepOptions(progress=False))
     assert fast.edges == hooked.edges and len(fast.edges) == layout.n_edges
     torch.testing.assert_close(fast.per_prompt, hooked.per_prompt, atol=2e-5, rtol=1e-4)

@@ -80,12 +80,15 @@ def test_the_curve_with_every_span_merged_is_the_position_free_curve(setup):
     plain = edge_attribution(model, data, method="EAP", options=SweepOptions(progress=False))
     merged = edge_attribution(model, data, method="EAP", spans=MERGED, options=SweepOptions(progress=False))
     fractions = (0.05, 0.2, 0.5, 1.0)
-    a = faithfulness_curve(model, plain, data, fractions=fractions, n_bootstrap=50, options=SweepOptions(progress=False))
-    b = faithfulness_curve(model, merged, data, fractions=fractions, n_bootstrap=50, options=SweepOptions(progress=False))
+    a = faithfulness_curve(model, plain, data, fractions=fractions, n_bootstrap=50,
+                           options=SweepOptions(progress=False))
+    b = faithfulness_curve(model, merged, data, fractions=fractions, n_bootstrap=50,
+                           options=SweepOptions(progress=False))
     assert a.n_edges == b.n_edges and b.spans == MERGED
     for x, y in zip(a.faithfulness, b.faithfulness):
         assert x.value == pytest.approx(y.value, rel=1e-4, abs=1e-5)
-    positional = faithfulness_curve(model, edge_attribution(model, data, method="EAP", spans=SPANS, options=SweepOptions(progress=False)),
+    positional = faithfulness_curve(model, edge_attribution(model, data, method="EAP", spans=SPANS,
+                                                            options=SweepOptions(progress=False)),
                                     data, fractions=fractions, n_bootstrap=50, options=SweepOptions(progress=False))
     assert positional.n_total_edges == len(SPANS) * plain.layout.n_edges
     assert positional.faithfulness[-1].value == pytest.approx(1.0)
@@ -95,4 +98,5 @@ def test_token_tensors_cannot_be_position_aware(setup):
     model, data = setup
     tokens = torch.tensor(data["tokens"])
     with pytest.raises(ValueError, match="positions of the prompts' parts"):
-        edge_attribution(model, tokens, torch.tensor(data["cf_tokens"]), answer_ids=0, spans=SPANS, options=SweepOptions(progress=False))
+        edge_attribution(model, tokens, torch.tensor(data["cf_tokens"]), answer_ids=0, spans=SPANS,
+                         options=SweepOptions(progress=False))
