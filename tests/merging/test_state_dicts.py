@@ -169,7 +169,7 @@ def test_forged_state_dict_headers_name_the_file(tmp_path):
     for read in (load_state_dict, lambda p: merge("task_arithmetic", {"a": torch.ones(2, 3), "b": torch.zeros(4)}, [p],
                                                   progress=False)):
         with pytest.raises(InputError, match=r"forged\.safetensors is not a readable safetensors file \(.*\)\. "
-                                             r"Re-save it with merging\.save_state_dict or circuits\.save_model\."):
+                                             r"Re-save it with merging\.state_dicts\.save_state_dict or circuits\.save_model\."):
             read(path)
 
 
