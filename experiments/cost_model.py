@@ -41,18 +41,17 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from circuits.errors import InputError
-from circuits.graph import GraphLayout
-from circuits.nodes import Head
 from circuits.peak_memory import peak_rss, reset_peak_rss
 from experiments.runtime.run_folder import RESULTS_FILE, RUN_MARKER, write_text_atomic
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
+
+if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
+    from circuits.graph import GraphLayout
 
 GPU_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (NVIDIA's datasheet, without sparsity)
 GPU_EFFICIENCY = 0.35  # assumed fraction of peak a plain forward reaches at these batch sizes
@@ -79,6 +78,8 @@ class Shape:
 
     @property
     def layout(self) -> GraphLayout:
+        from circuits.graph import GraphLayout
+
         return GraphLayout(n_layers=self.L, n_heads=self.H)
 
     @property
@@ -108,6 +109,8 @@ def batch_prefix(tokens) -> int:
 
 
 def shape_of(model) -> Shape:
+    import torch
+
     cfg = model.cfg
     gated = cfg.gated_mlp if hasattr(cfg, "gated_mlp") else cfg.act_fn in ("silu", "gelu_pytorch_tanh")
     return Shape(L=cfg.n_layers, H=cfg.n_heads, G=cfg.n_key_value_heads or cfg.n_heads, d=cfg.d_model, dh=cfg.d_head,
@@ -116,6 +119,8 @@ def shape_of(model) -> Shape:
 
 def patched_counts(layout: GraphLayout, edges) -> dict:
     """``edge_patch``'s sizes: Σ blocks run, edges that run any (not into the logits), edges into an MLP."""
+    import torch
+
     per_layer = 3 * layout.n_heads + 1
     receivers = torch.as_tensor(edges, dtype=torch.long).reshape(-1, 2)[:, 1]
     patched = receivers[receivers != layout.logits_backward]
@@ -125,6 +130,8 @@ def patched_counts(layout: GraphLayout, edges) -> dict:
 
 def patched_layers(layout: GraphLayout, edges) -> int:
     """Σ over edges of the blocks a patched forward runs: from the receiver's layer up (0 for edges into the logits)."""
+    import torch
+
     per_layer = 3 * layout.n_heads + 1
     receivers = torch.as_tensor(edges, dtype=torch.long).reshape(-1, 2)[:, 1]
     blocks = layout.n_layers - torch.div(receivers, per_layer, rounding_mode="floor")
@@ -222,6 +229,10 @@ def _measure_model(run: Run):
 
 def _sweeps(model, cfg: MeasureConfig) -> tuple[dict, dict, dict, Shape]:
     """Every sweep as a callable, the per-sweep extra facts for the fit, the shared state and the prompts' shape."""
+    import torch
+
+    from circuits.graph import GraphLayout
+    from circuits.nodes import Head
     from circuits.tasks import make_dataset
     from circuits.templates import get_templates
     from patching import (activation_patch, edge_attribution, edge_patch, faithfulness_curve, knockout_correct,
@@ -273,6 +284,8 @@ def _sweeps(model, cfg: MeasureConfig) -> tuple[dict, dict, dict, Shape]:
 
 def _measure(run: Run) -> None:
     """Time every sweep once on the model; results.json is saved after each sweep (atomically)."""
+    import torch
+
     cfg, results = run.settings, run.results
     model = _measure_model(run)
     with run.stage("prompts"):

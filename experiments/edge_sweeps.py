@@ -26,19 +26,18 @@ from __future__ import annotations
 import dataclasses
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, ContextManager
+from typing import TYPE_CHECKING, Callable, ContextManager
 
-import torch
-from scipy.stats import spearmanr
-
-from circuits.graph import Graph, GraphLayout
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
 from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.timing import wall_and_cpu
-from patching.edges import distributed
-from patching.edges.patch import EdgeEffects
-from patching.edges.curves import FaithfulnessCurve
+
+if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
+    from circuits.graph import Graph, GraphLayout
+    from patching.edges import distributed
+    from patching.edges.patch import EdgeEffects
+    from patching.edges.curves import FaithfulnessCurve
 
 
 @dataclass(frozen=True)
@@ -59,6 +58,8 @@ parser = cli.config_parser(EdgeSweepsConfig, "edge_sweeps", __doc__)
 
 
 def _device(requested: str, shard: distributed.Shard) -> str:
+    import torch
+
     if shard.world_size > 1 and requested in ("auto", "cuda") and torch.cuda.is_available():
         from accelerate import PartialState
 
@@ -84,6 +85,9 @@ def sweep(model, data, cfg: EdgeSweepsConfig,
 
     ``stage(name)`` wraps each sweep (:meth:`experiments.runtime.Run.stage` in a run).
     """
+    from circuits.graph import GraphLayout
+    from patching.edges import distributed
+
     layout = GraphLayout.of(model)
     edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()][:: cfg.stride]
     times = {}
@@ -103,6 +107,9 @@ def sweep(model, data, cfg: EdgeSweepsConfig,
 
 def summarize(cfg: EdgeSweepsConfig, shard: distributed.Shard, model, data, sweeps: Sweeps) -> dict:
     """results.json: wall times, processes, Spearman of EAP-IG against the exact effects, the top edges, the curve."""
+    import torch
+    from scipy.stats import spearmanr
+
     effects, curve, times, layout = sweeps.effects, sweeps.curve, sweeps.seconds, sweeps.layout
     f, b = torch.tensor(effects.edges).T
     attributed = sweeps.graph.scores[f, b].double()
@@ -123,6 +130,8 @@ def summarize(cfg: EdgeSweepsConfig, shard: distributed.Shard, model, data, swee
 
 def run(cfg: EdgeSweepsConfig, *, loader: ModelLoader | None = None) -> dict | None:
     """Run the sweeps on this process's share; the main process writes and returns the results (others: None)."""
+    from patching.edges import distributed
+
     shard = distributed.current_shard()  # sets up the launch's process group
     results = run_experiment("edge_sweeps", cfg, lambda run: _stages(run, shard), loader=loader,
                              main_process=shard.rank == 0)

@@ -28,8 +28,6 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
-import torch
-
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
 from experiments.runtime.run_folder import write_text_atomic
@@ -69,6 +67,8 @@ def run(cfg: LoopConfig, *, loader: ModelLoader | None = None) -> dict:
 
 
 def _tune(model, cfg: LoopConfig, op: str, heads, out, name: str):
+    import torch
+
     from finetune import ArithmeticMix, TrainConfig, arithmetic_train_set, train
 
     expert = copy.deepcopy(model)
@@ -87,8 +87,10 @@ def _scores(model, data, cfg: LoopConfig):
     return edge_attribution(model, data, batch_size=cfg.batch_size, progress=False)
 
 
-@torch.no_grad()
+@cli.no_grad
 def _stages(run: Run) -> None:
+    import torch
+
     from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset
     from circuits.stats import proportion
     from finetune import MathSuiteConfig, evaluate, math_suite

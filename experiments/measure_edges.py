@@ -20,19 +20,15 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from circuits.graph import GraphLayout
-from circuits.tasks import single_batch
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.timing import wall_and_cpu
 from experiments.runtime.cli import option
-from patching import forward
-from patching.edges.patch import edge_patch
-from patching.edges.engine import edge_mode, edge_prefix_kv, sender_outputs
-from patching.edges.curves import faithfulness_curve
+
+if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
+    import torch
 
 
 @dataclass(frozen=True)
@@ -51,6 +47,13 @@ parser = cli.config_parser(MeasureEdgesConfig, "measure_edges", __doc__)
 
 def output_change_scores(model, data) -> torch.Tensor:
     """Naive edge scores [n_forward, n_backward]: each sender's summed output-change norm, copied to its edges."""
+    import torch
+
+    from circuits.graph import GraphLayout
+    from circuits.tasks import single_batch
+    from patching import forward
+    from patching.edges.engine import edge_mode, edge_prefix_kv, sender_outputs
+
     batch = single_batch(data, device=model.cfg.device)
     layout = GraphLayout.of(model)
     with edge_mode(model):
@@ -75,6 +78,9 @@ def correct_prompts(model, cfg: MeasureEdgesConfig):
 
 def time_edge_patch(model, cfg: MeasureEdgesConfig, data) -> dict:
     """``edge_patch`` of every ``stride``-th edge, timed (wall and CPU), extrapolated to all edges when strided."""
+    from circuits.graph import GraphLayout
+    from patching.edges.patch import edge_patch
+
     layout = GraphLayout.of(model)
     all_edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()]
     edges = all_edges[:: cfg.stride]
@@ -91,6 +97,8 @@ def time_edge_patch(model, cfg: MeasureEdgesConfig, data) -> dict:
 
 def baseline_curve(model, cfg: MeasureEdgesConfig, data) -> dict:
     """The faithfulness curve of the naive output x input change scores, timed."""
+    from patching.edges.curves import faithfulness_curve
+
     scores = output_change_scores(model, data)
     curve_wall = time.perf_counter()
     curve = faithfulness_curve(model, scores, data, n_bootstrap=cfg.n_bootstrap, memory_mb=cfg.memory_mb)
@@ -107,6 +115,12 @@ def run(cfg: MeasureEdgesConfig, *, loader: ModelLoader | None = None) -> dict:
 
 
 def _stages(run: Run) -> None:
+    import torch
+
+    from circuits.graph import GraphLayout
+    from circuits.tasks import single_batch
+    from patching import forward
+
     cfg, results = run.settings, run.results
     model = run.load_model()
     model.eval()

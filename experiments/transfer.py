@@ -15,20 +15,19 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import plotly.graph_objects as go
-import torch
-
-from circuits.nodes import all_heads
 from circuits.show.html_report import Report
 from experiments.runtime.run_folder import StageTimer, write_text_atomic
-from circuits.tasks import TaskConfig, filter_correct, make_dataset
 from circuits.templates import resolve_operation
-from patching.head_ranking import KeyHeads, rank_key_heads
-from patching.knockout import knockout
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
+
+if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
+    import plotly.graph_objects as go
+
+    from patching.head_ranking import KeyHeads
 
 
 @dataclass(frozen=True)
@@ -54,6 +53,9 @@ def jaccard(a: set, b: set) -> float:
 
 def identify(model, cfg: TransferConfig, ops: list[str], timer: StageTimer) -> tuple[KeyHeads, dict, dict]:
     """Per operation: correctly answered prompts, their path-patching key heads, a knockout sample, base accuracy."""
+    from circuits.tasks import TaskConfig, filter_correct, make_dataset
+    from patching.head_ranking import rank_key_heads
+
     kept, base = {}, {}
     with timer.stage("identify"):
         for op in ops:
@@ -77,6 +79,9 @@ def overlaps(by_op: dict) -> list[dict]:
 
 def cross_knockout(model, cfg: TransferConfig, by_op: dict, samples: dict) -> dict:
     """``cross[y][x]``: accuracy on ``y`` with ``x``'s key heads ablated; also the base and random-head rows."""
+    from circuits.nodes import all_heads
+    from patching.knockout import knockout
+
     rng = random.Random(cfg.seed)
     random_sets = [rng.sample(all_heads(model), cfg.top_k) for _ in range(cfg.random_seeds)]
     cross = {}
@@ -90,6 +95,8 @@ def cross_knockout(model, cfg: TransferConfig, by_op: dict, samples: dict) -> di
 
 def cross_figure(cross: dict, ops: list[str], top_k: int) -> go.Figure:
     """Heatmap: rows = whose key heads are ablated, columns = evaluated operation."""
+    import plotly.graph_objects as go
+
     matrix = go.Figure(go.Heatmap(
         z=[[cross[y][x] for y in ops] for x in ops], x=[_name(y) for y in ops], y=[_name(x) for x in ops],
         text=[[f"{cross[y][x]:.0%}" for y in ops] for x in ops], texttemplate="%{text}", colorscale="RdBu", zmin=0, zmax=1))
@@ -118,7 +125,7 @@ def run(cfg: TransferConfig, *, loader: ModelLoader | None = None) -> dict:
     return run_experiment("transfer", cfg, _stages, loader=loader, results={"settings": dataclasses.asdict(cfg)})
 
 
-@torch.no_grad()
+@cli.no_grad
 def _stages(run: Run) -> None:
     cfg, out, timer = run.settings, run.out, run.timer
     ops = [resolve_operation(op).symbol for op in cfg.ops]

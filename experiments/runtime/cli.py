@@ -28,6 +28,7 @@ import re
 import sys
 import time
 from contextlib import contextmanager
+from functools import wraps
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from circuits.errors import ToolkitError
@@ -290,3 +291,19 @@ def set_threads(threads: int) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+def no_grad(stages: Callable[..., Any]) -> Callable[..., Any]:
+    """``@torch.no_grad()`` for an experiment's stages, importing torch when they run, not when the module loads.
+
+    An experiment module imports nothing heavy at its top, so ``--help`` and flag errors answer before torch loads.
+    """
+
+    @wraps(stages)
+    def without_gradients(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return stages(*args, **kwargs)
+
+    return without_gradients
