@@ -37,47 +37,35 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from circuits.errors import InputError
 from circuits.show.html_report import Report
 from experiments.runtime.run_folder import StageTimer, write_text_atomic
-from circuits.stats import paired_difference, proportion
 from circuits.templates import template_by_id
-from patching.all_for_one.search import (
-    AF1Config,
-    AF1Runner,
-    AF1SearchResult,
-    NoEvalPromptsError,
-    cell_estimate,
-    check_setting,
-    faithfulness_heatmap,
-    grid_hits,
-    held_out_selection,
-    search_af1,
-)
-from patching.all_for_one.template_prompts import authors_templates, make_template_dataset
-from patching.all_for_one.cama import CamaConfig
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option
+from experiments.runtime.cli import option, override
+from experiments.runtime.settings import BatchSettings, PromptSettings
+
+if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
+    from patching.all_for_one.search import AF1Config, AF1Runner, AF1SearchResult
 
 
 @dataclass(frozen=True)
-class AF1ExperimentConfig(RunSettings):
+class AF1ExperimentConfig(BatchSettings, PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.af1`` beyond :class:`RunSettings`, with its default."""
 
     op: str = option("+", "operation: +, -, * or / (or its name)")
     templates: tuple[str, ...] = option(("af1-equation", "af1-verbal", "af1-question"), "templates of the grid search")
-    n_prompts: int = option(100, "operand pairs per template (at most all pairs: 100 for + on 0..9; with --means "
-                            "split, at most the pairs with a one-token answer: 55)", type=cli.positive_int)
+    n_prompts: int = override(PromptSettings, "n_prompts", 100, "operand pairs per template (at most all pairs: 100 for "
+                              "+ on 0..9; with --means split, at most the pairs with a one-token answer: 55)")
     means: str = option("cross-fit", "CAMA means cross-fitted over folds of all pairs (default) or fitted on a fixed "
                         "half of the one-token prompts (the earlier scheme)", choices=("cross-fit", "split"))
     n_folds: int = option(2, "folds of the cross-fitted CAMA means", type=cli.positive_int)
     operand_max: int = option(9, "operands are drawn from 0..operand-max", type=cli.nonnegative_int)
-    n_shots: int = option(0, "solved examples of the same template before each prompt (the paper is zero-shot; "
-                          "gemma-3-270m answers few one-token sums zero-shot)", type=cli.nonnegative_int)
+    n_shots: int = override(PromptSettings, "n_shots", 0, "solved examples of the same template before each prompt (the "
+                            "paper is zero-shot; gemma-3-270m answers few one-token sums zero-shot)")
     min_count: int = option(2, "CAMA: prompts needed for a token-conditioned mean", type=cli.positive_int)
     min_faithfulness: float = option(0.9, "faithfulness an (L_wait, L_transfer) setting must reach to be selected",
                                      type=cli.fraction)
@@ -87,10 +75,12 @@ class AF1ExperimentConfig(RunSettings):
     isolate: tuple[str, ...] | None = option(None, "instead of the search: score these pre-specified (L_wait, "
                                              "L_transfer) cells, as W,T, under each isolation variant on the same "
                                              "eval prompts (paired), to find what limits faithfulness", nargs="+")
-    batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
 
     def af1_config(self) -> AF1Config:
         """The :class:`patching.all_for_one.search.AF1Config` these flags describe."""
+        from patching.all_for_one.cama import CamaConfig
+        from patching.all_for_one.search import AF1Config
+
         return AF1Config(cama=CamaConfig(min_count=self.min_count), batch_size=self.batch_size,
                          min_faithfulness=self.min_faithfulness, prune_keep=self.prune_keep, seed=self.seed)
 
@@ -127,6 +117,9 @@ def _one_token(data) -> list[bool]:
 
 def build_runner(model, templates, cfg: AF1ExperimentConfig, config: AF1Config) -> tuple[AF1Runner, dict]:
     """The AF1 runner for ``templates`` (``--means``) and how many prompts each template gave."""
+    from patching.all_for_one.search import AF1Runner
+    from patching.all_for_one.template_prompts import make_template_dataset
+
     cross_fit = cfg.means == "cross-fit"
     data = make_template_dataset(model, templates, cfg.n_prompts, operand_range=(0, cfg.operand_max),
                                  n_shots=cfg.n_shots, seed=cfg.seed, single_token_answers=not cross_fit)
@@ -149,6 +142,8 @@ def build_runner(model, templates, cfg: AF1ExperimentConfig, config: AF1Config) 
 
 def _variant_runners(model, runner: AF1Runner, templates, cfg: AF1ExperimentConfig, config: AF1Config):
     """The isolation variants: each changes one thing of the main (cross-fitted) AF1 model."""
+    from patching.all_for_one.cama import CamaConfig
+
     return {
         "main": lambda: runner,
         # CAMA skipped: only the ABP restrictions (what the attention masks alone cost)
@@ -164,6 +159,8 @@ def _variant_runners(model, runner: AF1Runner, templates, cfg: AF1ExperimentConf
 
 
 def _isolation_cells(model, cfg: AF1ExperimentConfig) -> list[tuple[int, int]]:
+    from patching.all_for_one.search import check_setting
+
     try:
         cells = [tuple(int(x) for x in cell.split(",")) for cell in cfg.isolate]
     except ValueError:
@@ -175,6 +172,10 @@ def _isolation_cells(model, cfg: AF1ExperimentConfig) -> list[tuple[int, int]]:
 
 def _score_variant(variant: AF1Runner, runner: AF1Runner, cells, main_hits) -> tuple[dict, dict]:
     """One variant's hits in the main runner's prompt order, and its cells paired against the main model."""
+    import torch
+
+    from circuits.stats import paired_difference, proportion
+
     order = {p: i for i, p in enumerate(variant.prompts)}
     align = torch.tensor([order[p] for p in runner.prompts])  # the main runner's prompt order
     rows = {w: [h[align] for h in variant.sweep_transfer_hits(w)] for w in sorted({w for w, _ in cells})}
@@ -213,6 +214,8 @@ def isolate(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, timer
 
 def grid_search(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, timer):
     """Data, grid and the selected (pruned) setting on all eval prompts: (runner, counts, hits, search)."""
+    from patching.all_for_one.search import grid_hits, search_af1
+
     with timer.stage("data, CAMA means and cached residuals"):
         runner, counts = build_runner(model, templates, cfg, config)
     fallback = runner.cama_counts()["fallback_fraction"]
@@ -232,6 +235,8 @@ def grid_search(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, t
 
 def held_out(runner: AF1Runner, hits, cfg: AF1ExperimentConfig) -> dict:
     """The winner's curse: the cell chosen on one half of the eval prompts, reported on the other (and swapped)."""
+    from patching.all_for_one.search import held_out_selection
+
     if runner.n_eval < 2:
         return {"skipped": f"{runner.n_eval} evaluation prompt(s): nothing to hold out"}
     result = held_out_selection(runner, min_faithfulness=cfg.min_faithfulness, seed=cfg.seed, hits=hits)
@@ -250,6 +255,8 @@ def held_out(runner: AF1Runner, hits, cfg: AF1ExperimentConfig) -> dict:
 
 def paper_cells(hits, n_layers: int) -> dict:
     """The paper's cell in our convention and its depth-scaled twin, on all eval prompts (no selection)."""
+    from patching.all_for_one.search import cell_estimate
+
     cells = {}
     for name, (w, t) in {"paper_cell_ours": (PAPER_CELL["l_wait_ours"], PAPER_CELL["l_transfer"]),
                          "depth_scaled": _depth_scaled_cell(n_layers)}.items():
@@ -262,6 +269,9 @@ def paper_cells(hits, n_layers: int) -> dict:
 
 def _format_row(model, template, cfg: AF1ExperimentConfig, config: AF1Config, search: AF1SearchResult) -> dict:
     """One author format at the selected setting: faithfulness (all and pruned heads), and along L_wait."""
+    from circuits.stats import proportion
+    from patching.all_for_one.search import NoEvalPromptsError
+
     try:
         t_runner, counts = build_runner(model, [template], cfg, config)
     except NoEvalPromptsError as err:  # e.g. a format the model never answers: report it, go on
@@ -287,6 +297,8 @@ def _format_row(model, template, cfg: AF1ExperimentConfig, config: AF1Config, se
 
 def authors_formats(model, cfg: AF1ExperimentConfig, config: AF1Config, search: AF1SearchResult, timer) -> list[dict]:
     """The authors' five formats at the selected setting (``--no-authors``: none)."""
+    from patching.all_for_one.template_prompts import authors_templates
+
     if cfg.no_authors:
         return []
     with timer.stage("authors' templates"):
@@ -340,8 +352,12 @@ def run(cfg: AF1ExperimentConfig, *, loader: ModelLoader | None = None) -> dict:
                           results={"model": cfg.model, "op": cfg.op, "settings": dataclasses.asdict(cfg)})
 
 
-@torch.no_grad()
+@cli.no_grad
 def _stages(run: Run) -> None:
+    from circuits.stats import proportion
+    from patching.all_for_one.search import faithfulness_heatmap
+    from patching.all_for_one.template_prompts import authors_templates
+
     cfg, results = run.settings, run.results
     config = cfg.af1_config()
     authors = {t.id: t for t in authors_templates(cfg.op)}

@@ -31,16 +31,15 @@ from dataclasses import dataclass
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
 from experiments.runtime.run_folder import write_text_atomic
+from experiments.runtime.settings import BatchSettings, PromptSettings, project
 
 
 @dataclass(frozen=True)
-class LoopConfig(RunSettings):
+class LoopConfig(BatchSettings, PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.loop`` beyond :class:`RunSettings`, with its default."""
 
     op: str = option("+", "the operation whose circuit is found, tuned and merged")
     second_op: str = option("*", "the second expert's operation (merged with the first)")
-    n_prompts: int = option(200, "prompts sampled before keeping the correctly answered ones", type=cli.positive_int)
-    n_shots: int = option(3, "solved examples before each prompt", type=cli.nonnegative_int)
     circuit_prompts: int = option(32, "correct prompts every circuit is scored and evaluated on", type=cli.positive_int)
     circuit_size: float = option(0.05, "the circuit size (fraction of edges) whose heads are tuned and whose edges "
                                        "are compared", type=cli.fraction)
@@ -54,7 +53,6 @@ class LoopConfig(RunSettings):
     drift_tokens: int = option(128, "tokens per general text for the drift KL (every position scores the whole "
                                     "vocabulary, so drift costs in proportion)", type=cli.positive_int)
     n_bootstrap: int = option(500, "bootstrap resamples for every faithfulness interval", type=cli.positive_int)
-    batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
 
 
 parser = cli.config_parser(LoopConfig, "loop", __doc__)
@@ -104,7 +102,7 @@ def _stages(run: Run) -> None:
     for p in base.parameters():
         p.requires_grad_(False)
     with run.stage("data", f"{cfg.n_prompts} {cfg.op} prompts, keeping the correct ones"):
-        dataset = make_dataset(base, TaskConfig(op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed))
+        dataset = make_dataset(base, project(cfg, TaskConfig))
         kept, base_accuracy = filter_correct(base, dataset, mask=accuracy_mask(base, dataset, cfg.batch_size))
         circuit_data = kept.shuffle(seed=cfg.seed).select(range(min(cfg.circuit_prompts, len(kept))))
         suite = math_suite(base.tokenizer, MathSuiteConfig(ops=(cfg.op, cfg.second_op), n_heldout=cfg.n_heldout,
@@ -137,8 +135,7 @@ def _stages(run: Run) -> None:
     results["shift_tuned"] = shift_tuned.to_dict()
     run.save()
     with run.stage("second expert", f"precise SFT on {cfg.second_op}, on its own circuit's heads"):
-        second_data = make_dataset(base, TaskConfig(op=cfg.second_op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
-                                                    seed=cfg.seed))
+        second_data = make_dataset(base, project(cfg, TaskConfig, op=cfg.second_op))
         second_kept, _ = filter_correct(base, second_data, mask=accuracy_mask(base, second_data, cfg.batch_size))
         second_heads = circuit_heads(_scores(base, second_kept.select(range(min(cfg.circuit_prompts, len(second_kept)))),
                                              cfg), cfg.n_heads, cfg.circuit_size)

@@ -25,18 +25,19 @@ from typing import TYPE_CHECKING
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.timing import wall_and_cpu
-from experiments.runtime.cli import option
+from experiments.runtime.cli import option, override
+from experiments.runtime.settings import PromptSettings
 
 if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
     import torch
 
 
 @dataclass(frozen=True)
-class MeasureEdgesConfig(RunSettings):
+class MeasureEdgesConfig(PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.measure_edges`` beyond :class:`RunSettings`, with its default."""
 
-    n_prompts: int = option(32, "prompts (one token length, answered correctly)", type=cli.positive_int)
-    n_shots: int = option(2, "few-shot examples before each prompt", type=cli.nonnegative_int)
+    n_prompts: int = override(PromptSettings, "n_prompts", 32, "prompts (one token length, answered correctly)")
+    n_shots: int = override(PromptSettings, "n_shots", 2)
     stride: int = option(1, "patch every stride-th edge (1: all edges)", type=cli.positive_int)
     memory_mb: float = option(512.0, "activation budget per batched forward", type=cli.positive_float)
     n_bootstrap: int = option(1000, "bootstrap resamples", type=cli.positive_int)

@@ -22,7 +22,8 @@ from experiments.runtime.run_folder import StageTimer, write_text_atomic
 from circuits.templates import resolve_operation
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option
+from experiments.runtime.cli import option, override
+from experiments.runtime.settings import BatchSettings, PromptSettings, project
 
 if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
     import plotly.graph_objects as go
@@ -31,16 +32,15 @@ if TYPE_CHECKING:  # the library loads torch: imported where used, so --help ans
 
 
 @dataclass(frozen=True)
-class TransferConfig(RunSettings):
+class TransferConfig(BatchSettings, PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.transfer``, with its default (model, device, dtype, threads, seed,
     out and overwrite: :class:`experiments.runtime.RunSettings`; the seed draws the data and the random heads)."""
 
     ops: tuple[str, ...] = option(("+", "-", "*", "/"), "operations to compare")
-    n_prompts: int = option(96, "prompts per operation before filtering", type=cli.positive_int)
+    n_prompts: int = override(PromptSettings, "n_prompts", 96, "prompts per operation before filtering")
     knockout_prompts: int = option(48, "prompts per operation for the cross knockout", type=cli.positive_int)
     top_k: int = option(8, "key heads per operation", type=cli.positive_int)
     random_seeds: int = option(2, "random head sets per operation (baseline)", type=cli.positive_int)
-    batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
 
 
 parser = cli.config_parser(TransferConfig, "transfer", __doc__)
@@ -59,7 +59,7 @@ def identify(model, cfg: TransferConfig, ops: list[str], timer: StageTimer) -> t
     kept, base = {}, {}
     with timer.stage("identify"):
         for op in ops:
-            dataset = make_dataset(model, TaskConfig(op=op, n_prompts=cfg.n_prompts, seed=cfg.seed))
+            dataset = make_dataset(model, project(cfg, TaskConfig, op=op))
             kept[op], base[op] = filter_correct(model, dataset, cfg.batch_size)
         chosen = rank_key_heads(model, kept, top_k=cfg.top_k, combine="per-op", batch_size=cfg.batch_size)
     samples = {op: data.shuffle(seed=cfg.seed).select(range(min(cfg.knockout_prompts, len(data))))

@@ -134,7 +134,7 @@ def prepare_prompts(run: PipelineRun) -> Prompts:
     """Few-shot prompts, base accuracy (first token, whole answer, per style), the correctly answered ones."""
     cfg, model = run.cfg, run.model
     with run.timer.stage("data"):
-        task = TaskConfig(op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
+        task = project(cfg, TaskConfig, corrupt="query")  # the twins of kept; "all" is built below
         with cli.progress(f"building {cfg.n_prompts} {run.name} prompts"):
             dataset = make_dataset(model, task)
         with cli.progress(f"base accuracy on {len(dataset)} prompts (first token and whole answer, one pass)"):

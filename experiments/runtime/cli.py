@@ -230,6 +230,17 @@ def option(default: Any, help: str, *, type: Callable[[str], Any] | None = None,
     return dataclasses.field(default=default, metadata=meta)
 
 
+def override(config: type, name: str, default: Any, help: str | None = None) -> Any:
+    """Field ``name`` of the settings record ``config`` with another default (and help text), its check kept.
+
+    For a config that inherits a shared record but samples, say, fewer prompts::
+
+        n_prompts: int = override(PromptSettings, "n_prompts", 32, "prompts (one template, one token length)")
+    """
+    inherited = {f.name: f for f in dataclasses.fields(config)}[name]
+    return dataclasses.field(default=default, metadata={**inherited.metadata, **({"help": help} if help else {})})
+
+
 def check_choices(config) -> None:
     """Raise :class:`circuits.errors.InputError` when a field declared with ``choices`` holds another value.
 

@@ -102,6 +102,21 @@ def test_help_lists_every_flag(capsys):
         assert "--" + name.replace("_", "-") in text
 
 
+def test_the_light_config_names_what_the_edge_library_has():
+    """experiments/circuit/config.py writes the library's names and defaults out (it may not import torch)."""
+    import dataclasses
+
+    from experiments.circuit import config
+    from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS
+    from patching.edges.evaluate import ABLATIONS
+    from patching.edges.faithful_circuit import method_names
+    from patching.edges.learn import LearnConfig
+
+    assert config.EDGE_ATTRIBUTION_METHODS == tuple(EDGE_ATTRIBUTION_METHODS)
+    assert config.ABLATIONS == ABLATIONS and config.CIRCUIT_METHODS == method_names()
+    assert dataclasses.asdict(config.CircuitConfig().learn()) == dataclasses.asdict(LearnConfig(progress=False))
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--method", "bogus"], "--method: invalid choice"),
     (["--threshold", "1.5"], "--threshold: must be in [0, 1]"),
