@@ -27,86 +27,19 @@ import json
 import logging
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-
-from circuits.analyze.heuristic_neurons import census, classify_grids
+# only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
 from circuits.errors import InputError
-from circuits.analyze.number_geometry import HELIX_PERIODS, fit_helix, fourier_spectrum, mod_probe, orthonormal_columns, pca_subspace
-from circuits.analyze.number_tokens import (
-    COMPONENTS,
-    arithmetic_activations,
-    arithmetic_prompts,
-    group_mean,
-    number_activations,
-    number_token_vectors,
-    pairs_by_result,
-    single_token_numbers,
-)
+from experiments.numbers.config import HELIX_PERIODS, NumbersConfig
 from experiments.runtime.run_folder import StageTimer
-from circuits.stats import paired_difference, proportion
-from experiments.numbers.report import write_report
-from patching.number_interventions import (
-    evaluate_end,
-    fraction_moved,
-    frequency_band,
-    frequency_filter_edit,
-    neuron_attribution,
-    neuron_knockout_edit,
-    subspace_patch_edit,
-    top_neurons,
-)
 
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option
+from experiments.runtime import ModelLoader, Run, cli, run_experiment
+
+if TYPE_CHECKING:
+    import torch
 
 MODULI = (2, 5, 10)
-HELD_OUT = 0.2  # fit_helix's default test_fraction, which analyse() uses
-HELIX_BASIS = 1 + 2 * len(HELIX_PERIODS)  # n/scale, then cos and sin per period (helix_basis)
-# Fewest numbers 0..n-1 the analyses take: more training numbers than helix basis functions (12 for 4 periods).
-MIN_NUMBERS = next(n for n in range(4, 10_000) if n - round(HELD_OUT * n) > HELIX_BASIS)
-
-
-@dataclass(frozen=True)
-class NumbersConfig(RunSettings):
-    """Every flag of ``python -m experiments.numbers``, with its default (model, device, dtype, threads, seed,
-    out and overwrite: :class:`experiments.runtime.RunSettings`; the seed draws the data and the shuffled null)."""
-
-    n_numbers: int = option(400, "numbers 0..n-1 (a multiple of 100 puts T=2,5,10,100 on exact frequencies)",
-                            type=cli.positive_int)
-    template: str = option("{n}", "context of a number alone; {n} is the number")
-    components: tuple[str, ...] = option(("resid_post", "attn_out", "mlp_out"), "resid_pre (= the previous layer's "
-                                         "resid_post) and resid_mid are available too", choices=COMPONENTS)
-    n_shuffles: int = option(50, "shuffled-n spectra for the null", type=cli.positive_int)
-    alpha: float = option(0.05, "family-wise level of the spectrum null", type=cli.fraction)
-    operand_max: int = option(99, "operands of the sum prompts are drawn from 0..operand-max", type=cli.nonnegative_int)
-    per_result: int = option(1, "sum prompts per result value", type=cli.positive_int)
-    prefix: str = option("", "text before every arithmetic prompt (e.g. solved examples)")
-    low_min_period: float = option(20.0, "Fourier periods at least this long count as low-frequency", type=cli.positive_float)
-    high_max_period: float = option(10.0, "Fourier periods at most this long count as high-frequency",
-                                    type=cli.positive_float)
-    patch_layers: tuple[int, ...] | None = option(None, "default: 4 evenly spaced layers", type=int, nargs="+")
-    n_pairs: int = option(32, "prompt pairs of the patching experiment", type=cli.positive_int)
-    top_neurons: int = option(100, "MLP neurons classified into heuristics", type=cli.positive_int)
-    heuristic_threshold: float = option(0.7, "share a neuron's pattern must explain to get a heuristic label",
-                                        type=cli.fraction)
-    batch_size: int = option(64, "prompts per forward pass", type=cli.positive_int)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.n_numbers < MIN_NUMBERS:
-            raise InputError(
-                f"--n-numbers must be at least {MIN_NUMBERS}, got {self.n_numbers}: the helix fit needs more "
-                f"numbers than its {HELIX_BASIS} basis functions once {HELD_OUT:.0%} are held out for testing. "
-                f"Give --n-numbers {MIN_NUMBERS} or more (a multiple of 100, such as the default 400, puts "
-                "T=2,5,10,100 on exact frequencies).")
-        if not self.high_max_period < self.low_min_period:
-            raise InputError(
-                f"--high-max-period {self.high_max_period:g} is not below --low-min-period {self.low_min_period:g}: the "
-                "low band (periods >= the low minimum) and the high band (periods <= the high maximum) would share "
-                "frequencies, and the mid control band between them would be empty. Give a high maximum below the "
-                "low minimum (the defaults are 10 and 20).")
 
 
 parser = cli.config_parser(NumbersConfig, "numbers", __doc__)
@@ -144,6 +77,8 @@ def _key(layer: int, component: str) -> str:
 
 def analyse(h: torch.Tensor, values: list[int], cfg: NumbersConfig, *, spectrum_rows: torch.Tensor | None = None) -> dict:
     """Spectrum (over ``spectrum_rows``, consecutive values), helix vs PCA and mod-T probes of one representation."""
+    from circuits.analyze.number_geometry import fit_helix, fourier_spectrum, mod_probe
+
     spectrum = fourier_spectrum(h if spectrum_rows is None else spectrum_rows, n_shuffles=cfg.n_shuffles,
                                 alpha=cfg.alpha, seed=cfg.seed)
     row = {"spectrum": spectrum.to_dict(), "helix": fit_helix(h, values, seed=cfg.seed).to_dict(), "probes": {}}
@@ -157,6 +92,9 @@ def analyse(h: torch.Tensor, values: list[int], cfg: NumbersConfig, *, spectrum_
 
 def numbers_alone(model, cfg: NumbersConfig, keys: list, timer: StageTimer) -> dict:
     """Stage 1: every number's representation at its last token, and the embedding / unembedding rows."""
+    from circuits.analyze.number_geometry import fourier_spectrum
+    from circuits.analyze.number_tokens import number_activations, number_token_vectors
+
     numbers = list(range(cfg.n_numbers))
     with timer.stage("number activations"):
         acts = number_activations(model, numbers, keys, template=cfg.template, batch_size=cfg.batch_size)
@@ -172,6 +110,10 @@ def numbers_alone(model, cfg: NumbersConfig, keys: list, timer: StageTimer) -> d
 
 def sums_at_end(model, cfg: NumbersConfig, keys: list, timer: StageTimer) -> tuple[SumPrompts, dict]:
     """Stage 2: the sum prompts' END representations, analysed per (layer, component), and the base accuracy."""
+    from circuits.analyze.number_tokens import arithmetic_activations, arithmetic_prompts, group_mean, pairs_by_result
+    from circuits.stats import proportion
+    from patching.number_interventions import evaluate_end
+
     pairs = pairs_by_result(cfg.operand_max, cfg.per_result, seed=cfg.seed)
     prompts = arithmetic_prompts(model, pairs, prefix=cfg.prefix)
     sums, answer_ids = prompts.results, [r["answer_token_ids"][0] for r in prompts.rows]
@@ -196,6 +138,8 @@ def frequency_bands(n_values: int, cfg: NumbersConfig) -> dict[str, list[int]]:
     The mid band (periods strictly between the two) is the control: removing about as many
     frequencies as the low band, but ones neither paper assigns to MLPs or attention.
     """
+    from patching.number_interventions import frequency_band
+
     bands = {"low": frequency_band(n_values, min_period=cfg.low_min_period),
              "mid": [k for k in frequency_band(n_values, min_period=cfg.high_max_period, max_period=cfg.low_min_period)
                      if cfg.high_max_period < n_values / k < cfg.low_min_period],
@@ -205,6 +149,9 @@ def frequency_bands(n_values: int, cfg: NumbersConfig) -> dict[str, list[int]]:
 
 def frequency_filter(model, cfg: NumbersConfig, data: SumPrompts, timer: StageTimer) -> dict:
     """Stage 3: remove one band of every MLP's (or attention layer's) output over the sum; first-token accuracy."""
+    from circuits.stats import paired_difference, proportion
+    from patching.number_interventions import evaluate_end, frequency_filter_edit
+
     n_values = max(data.sums) - min(data.sums) + 1
     bands, rows = frequency_bands(n_values, cfg), []
     with timer.stage("frequency filter"):
@@ -243,6 +190,12 @@ def patch_pairs(data: SumPrompts, cfg: NumbersConfig) -> list[tuple[int, int]]:
 
 def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, timer: StageTimer) -> dict:
     """Stage 4: patch the helix / PCA / random subspace (or the whole layer) of resid_post at END; fraction moved."""
+    import numpy as np
+    import torch
+
+    from circuits.analyze.number_geometry import fit_helix, orthonormal_columns, pca_subspace
+    from patching.number_interventions import evaluate_end, fraction_moved, subspace_patch_edit
+
     n_layers = model.cfg.n_layers
     layers = list(cfg.patch_layers or sorted(set(np.linspace(0, n_layers - 1, 4).round().astype(int).tolist())))
     pairs = patch_pairs(data, cfg)
@@ -280,6 +233,10 @@ def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, timer: StageT
 def neuron_knockouts(model, cfg: NumbersConfig, grid, grid_answers, chosen, labels, means,
                      pool) -> tuple[list[dict], torch.Tensor]:
     """Mean-ablate each heuristic type's neurons (and as many random ones); the rows and the unablated correctness."""
+    from circuits.analyze.heuristic_neurons import census
+    from circuits.stats import paired_difference, proportion
+    from patching.number_interventions import evaluate_end, neuron_knockout_edit
+
     grid_base = evaluate_end(model, grid.tokens(), grid_answers)["correct"]
     groups = {kind: [n for n, l in zip(chosen, labels) if l.type == kind] for kind in census(labels)}
     groups["all top neurons"] = list(chosen)
@@ -301,6 +258,13 @@ def neuron_knockouts(model, cfg: NumbersConfig, grid, grid_answers, chosen, labe
 
 def heuristic_neurons(model, cfg: NumbersConfig, timer: StageTimer) -> tuple[dict, torch.Tensor, list]:
     """Stage 5: the top END MLP neurons by attribution on a, b in 0..9, their heuristic types, knockout per type."""
+    import torch
+
+    from circuits.analyze.heuristic_neurons import census, classify_grids
+    from circuits.analyze.number_tokens import arithmetic_prompts, single_token_numbers
+    from circuits.stats import proportion
+    from patching.number_interventions import neuron_attribution, top_neurons
+
     grid_pairs = [(a, b) for a in range(10) for b in range(10)]
     grid = arithmetic_prompts(model, grid_pairs, prefix=cfg.prefix)
     grid_answers = [r["answer_token_ids"][0] for r in grid.rows]
@@ -333,7 +297,10 @@ def run(cfg: NumbersConfig, *, loader: ModelLoader | None = None) -> dict:
                           results={"model": cfg.model, "settings": dataclasses.asdict(cfg)})
 
 
+@cli.no_grad
 def _stages(run: Run) -> None:
+    from experiments.numbers.report import write_report
+
     cfg, out, timer, results = run.settings, run.out, run.timer, run.results
     model = run.load_model()
     check_settings_against_model(cfg, model)

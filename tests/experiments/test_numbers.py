@@ -77,3 +77,12 @@ def test_too_few_numbers_are_refused_when_the_flags_are_parsed(tiny_dir, tmp_pat
     with pytest.raises(InputError, match=r"^--n-numbers must be at least 12, got 11: "):  # 11 failed in fit_helix
         numbers_experiment.NumbersConfig(n_numbers=11)
     assert numbers_experiment.NumbersConfig(n_numbers=12).n_numbers == 12  # 12 runs end to end
+
+
+def test_the_light_config_names_what_the_library_has():
+    """experiments/numbers/config.py writes the library's names out (it may not import torch)."""
+    from circuits.analyze.number_geometry import HELIX_PERIODS
+    from circuits.analyze.number_tokens import COMPONENTS
+    from experiments.numbers import config
+
+    assert config.COMPONENTS == tuple(COMPONENTS) and config.HELIX_PERIODS == HELIX_PERIODS
