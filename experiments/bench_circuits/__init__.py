@@ -29,65 +29,20 @@ threads (one gemma-3-270m block on 32x5 tokens took 0.90 s with 2 threads and 0.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import torch
-from safetensors.torch import save_file
-from scipy.stats import spearmanr
-
-from circuits.atomic_files import atomic_path
-from circuits.graph import GraphLayout
-from circuits.graph_selection import mib_selector
-from circuits.tasks import single_batch
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
+# only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
+from experiments.bench_circuits.config import BenchCircuitsConfig
+from experiments.runtime import ModelLoader, Run, cli, run_experiment
 from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.timing import wall_and_cpu
-from experiments.bench_circuits import eap_ig_arm as _eap_ig_arm
-from experiments.runtime.cli import option
-from patching.edges import patch_fast as _edge_fast
-from patching.edges.attribute import edge_attribution
-from patching.edges.patch_fast import receiver_kind
-from patching.edges.patch import EdgeEffects, edge_patch
-from patching.edges.curves import MIB_FRACTIONS, faithfulness_curve
 
-
-def edge_count(text: str) -> str:
-    """``all`` or an integer >= 0 (returned as given)."""
-    if text != "all" and not (text.isdigit() and int(text) >= 0):
-        raise argparse.ArgumentTypeError(f"expected 'all' or an integer >= 0, got {text!r}")
-    return text
-
-
-@dataclass(frozen=True)
-class BenchCircuitsConfig(RunSettings):
-    """Every flag of ``python -m experiments.bench_circuits`` beyond :class:`RunSettings`, with its default."""
-
-    n_prompts: int = option(32, "prompts (one template, one token length)", type=cli.positive_int)
-    n_shots: int = option(2, "few-shot examples before each prompt", type=cli.nonnegative_int)
-    op: str = option("+", "arithmetic operation")
-    ig_steps: int = option(5, "EAP-IG integration steps", type=cli.positive_int)
-    eap_ig_batch_size: int = option(8, "batch size of the EAP-IG arm", type=cli.positive_int)
-    exact_edges: str = option("300", "edges patched exactly: a count (seeded random sample), 'all', or 0 for none",
-                              type=edge_count)
-    time_prefix_rotary: bool = option(False, "also patch the exact edges with the fast path's old rotary (prefix "
-                                             "keys rotated at every call) first, timed side by side")
-    compare_per_stratum: int = option(2, "edges per (receiver layer, q/k/v/mlp/logits) stratum timed on edge_patch's "
-                                         "fast and hook paths side by side (0: skip)", type=cli.nonnegative_int)
-    no_eap_ig: bool = option(False, "skip the hannamw/EAP-IG arm even if importable")
-    no_curve: bool = option(False, "skip the faithfulness curves")
-    no_attribution: bool = option(False, "skip edge attribution (and with it the EAP-IG arm, the curves and the "
-                                         "Spearman against exact effects): time exact patching only")
-    memory_mb: float = option(2048.0, "activation budget per batched forward", type=cli.positive_float)
-    head_edges: int = option(0, "which head-edge scores are right on post-norm models: this many edges out of heads "
-                                "(a seeded sample) patched exactly under both norm conventions, against the EAP-IG "
-                                "scores with each head change (0: skip)", type=cli.nonnegative_int)
-    learn_steps: int = option(0, "also time this many steps of a learned mask (matryoshka, warm-started from EAP-IG) "
-                                 "beside one EAP-IG pass, with the memory peak (0: skip)", type=cli.nonnegative_int)
-
+if TYPE_CHECKING:
+    from circuits.graph import GraphLayout
+    from patching.edges.patch import EdgeEffects
 
 parser = cli.config_parser(BenchCircuitsConfig, "bench_circuits", __doc__)
 
@@ -133,6 +88,8 @@ class BenchRun:
 
 
 def _relative_differences(layout: GraphLayout, ours, theirs) -> dict:
+    import torch
+
     real = layout.real_edge_mask
     head_rows = torch.zeros(layout.n_forward, dtype=torch.bool)
     head_rows[[layout.head_forward(l, h) for l in range(layout.n_layers) for h in range(layout.n_heads)]] = True
@@ -145,6 +102,8 @@ def _relative_differences(layout: GraphLayout, ours, theirs) -> dict:
 
 
 def _spearman(a, b) -> float:
+    from scipy.stats import spearmanr
+
     return float(spearmanr(a.numpy(), b.numpy())[0])
 
 
@@ -160,6 +119,10 @@ def _rank_agreement(scores: dict, truth) -> dict:
 
 def _strata(layout: GraphLayout, per_stratum: int, seed: int) -> list[tuple[int, int]]:
     """A seeded sample of ``per_stratum`` edges per (receiver layer, receiver kind) stratum, in index order."""
+    import torch
+
+    from patching.edges.patch_fast import receiver_kind
+
     strata: dict = {}
     for f, b in layout.real_edge_mask.nonzero().tolist():
         key = "logits" if b == layout.logits_backward else receiver_kind(layout, b)[:2]
@@ -172,6 +135,11 @@ def _strata(layout: GraphLayout, per_stratum: int, seed: int) -> list[tuple[int,
 def _exact_in_parts(run: BenchRun, edges) -> EdgeEffects:
     """``edge_patch`` of ``edges`` in parts of three receiver layers, last layers first, noting progress in
     ``<out>/results.json`` after each part (a run stopped by a time limit still says how far it got)."""
+    import torch
+
+    from patching.edges.patch import edge_patch
+    from patching.edges.patch_fast import receiver_kind
+
     layout = run.layout
     part_of = {}
     for f, b in edges:
@@ -195,6 +163,10 @@ def _exact_in_parts(run: BenchRun, edges) -> EdgeEffects:
 
 def _save_scores(out, scores: dict) -> None:
     """Every method's edge scores ``[n_forward, n_backward]`` side by side (safetensors, atomic), for later analysis."""
+    from safetensors.torch import save_file
+
+    from circuits.atomic_files import atomic_path
+
     with atomic_path(out / "edge_scores.safetensors") as tmp:
         save_file({name: value.detach().float().cpu().contiguous() for name, value in scores.items()}, str(tmp))
 
@@ -204,6 +176,11 @@ def _save_scores(out, scores: dict) -> None:
 
 def setup(run: Run) -> BenchRun:
     """Model, the prompts as one batch, and the graph layout (the run folder, threads and seed are set)."""
+    import torch
+
+    from circuits.graph import GraphLayout
+    from circuits.tasks import single_batch
+
     cfg = run.settings
     model = run.load_model()
     model.eval()
@@ -220,9 +197,11 @@ def setup(run: Run) -> BenchRun:
     return BenchRun(run, model, data, batch, layout)
 
 
-@torch.no_grad()
+@cli.no_grad
 def model_metrics(run: BenchRun) -> None:
     """The model itself: what the full graph must give, and the empty graph (counterfactual ablation)."""
+    import torch
+
     rows = torch.arange(len(run.data), device=run.batch.tokens.device)
     run.results["model_metric"] = {
         name: float(run.model(tokens)[rows, -1, run.batch.answer_ids].double().mean())
@@ -231,6 +210,8 @@ def model_metrics(run: BenchRun) -> None:
 
 def our_attribution(run: BenchRun) -> None:
     """This toolkit's EAP-IG-inputs and EAP over every edge, timed."""
+    from patching.edges.attribute import edge_attribution
+
     cfg = run.cfg
     run.scores["eap_ig_inputs"] = run.timed("edge_attribution_eap_ig_inputs", lambda: edge_attribution(
         run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, memory_mb=cfg.memory_mb))
@@ -242,6 +223,8 @@ def our_attribution(run: BenchRun) -> None:
 
 def eap_ig_attribution(run: BenchRun) -> None:
     """hannamw/EAP-IG's ``attribute`` on the same prompts (when importable), timed; agreement with ours."""
+    from experiments.bench_circuits import eap_ig_arm as _eap_ig_arm
+
     cfg, results = run.cfg, run.results
     missing = "skipped by --no-eap-ig" if cfg.no_eap_ig else _eap_ig_arm.eap_ig_missing()
     results["eap_ig_arm"] = missing or "ran"
@@ -270,6 +253,9 @@ def eap_ig_attribution(run: BenchRun) -> None:
 
 def our_curve(run: BenchRun):
     """``faithfulness_curve`` at MIB's ten sizes (top-n by |EAP-IG score|, pruned as MIB prunes), timed."""
+    from circuits.graph_selection import mib_selector
+    from patching.edges.curves import MIB_FRACTIONS, faithfulness_curve
+
     ig = run.scores["eap_ig_inputs"]
     curve = run.timed("faithfulness_curve", lambda: faithfulness_curve(
         run.model, ig, run.batch, select=mib_selector(run.layout), memory_mb=run.cfg.memory_mb))
@@ -283,6 +269,9 @@ def our_curve(run: BenchRun):
 
 def eap_ig_curve(run: BenchRun, curve) -> None:
     """hannamw/EAP-IG's ``evaluate_graph`` on the same circuits, timed; both curves and their largest difference."""
+    from experiments.bench_circuits import eap_ig_arm as _eap_ig_arm
+    from patching.edges.curves import MIB_FRACTIONS
+
     counts = [int(x * run.layout.n_edges) for x in MIB_FRACTIONS]
     evals = run.timed("eap_ig_evaluate_curve", lambda: _eap_ig_arm.eap_ig_evaluate(
         run.model, run.eap_ig_batches, run.scores["eap_ig_inputs"].scores, counts))
@@ -303,6 +292,8 @@ def eap_ig_curve(run: BenchRun, curve) -> None:
 
 def fast_vs_hook_path(run: BenchRun) -> None:
     """``edge_patch``'s hook path and fast path on the same stratified sample, side by side."""
+    from patching.edges.patch import edge_patch
+
     cfg = run.cfg
     sample = _strata(run.layout, cfg.compare_per_stratum, cfg.seed)
     hooked = run.timed("edge_patch_sample_hook_path", lambda: edge_patch(
@@ -321,6 +312,8 @@ def fast_vs_hook_path(run: BenchRun) -> None:
 
 
 def _exact_sample(run: BenchRun) -> list[tuple[int, int]]:
+    import torch
+
     layout = run.layout
     n_exact = layout.n_edges if run.cfg.exact_edges == "all" else min(int(run.cfg.exact_edges), layout.n_edges)
     pairs = layout.real_edge_mask.nonzero()
@@ -330,6 +323,8 @@ def _exact_sample(run: BenchRun) -> list[tuple[int, int]]:
 
 def old_rotary_exact(run: BenchRun, edges) -> EdgeEffects:
     """The same edges with the fast path rotating the prefix's keys at every call (before this toolkit cached them)."""
+    from patching.edges import patch_fast as _edge_fast
+
     _edge_fast.ROTATE_PREFIX_ONCE = False
     try:
         return run.timed("edge_patch_rotary_every_call", lambda: _exact_in_parts(run, edges))
@@ -339,6 +334,8 @@ def old_rotary_exact(run: BenchRun, edges) -> EdgeEffects:
 
 def exact_patching(run: BenchRun) -> None:
     """Exact ``edge_patch`` of the sampled (or all) edges, timed; Spearman of every method's scores against it."""
+    import torch
+
     edges = _exact_sample(run)
     if not edges:
         return
@@ -386,6 +383,12 @@ def head_edge_verdict(run: BenchRun) -> None:
     hannamw/EAP-IG's ``"pre-norm"``, and ``"recompute"``); Spearman over the sample and the overlap of the
     top 1% by |score| with the top 1% by |exact effect|, each with a 95% bootstrap interval over edges.
     """
+    import torch
+    from scipy.stats import spearmanr
+
+    from patching.edges.attribute import edge_attribution
+    from patching.edges.patch import edge_patch
+
     from circuits.stats import bootstrap
 
     cfg, layout = run.cfg, run.layout
