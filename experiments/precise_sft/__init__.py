@@ -40,7 +40,6 @@ math datasets; scale with ``--n-train``, ``--steps``, ``--batch-size``.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import gc
@@ -49,113 +48,25 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
+# only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
 from circuits.errors import InputError
 from circuits.file_reads import read_json
-from circuits.nodes import MLP, Head, parse_node
 from experiments.runtime.run_folder import read_marker, release_freed_memory, save_results
-from circuits.tasks import make_dataset
-from finetune import ArithmeticMix, load_tuned, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
-from finetune.evaluate import (
-    NON_MATH_SENTENCES, accuracy_estimate, answer_accuracy, evaluate, math_suite, paired_comparison, pydoc_passages,
-    validation_suite,
-)
-from patching.path_patching import path_patch
+from experiments.precise_sft.config import DEFAULT_METHODS, DEFAULT_OUT, METHOD_SPECS, SFTComparisonConfig
 
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.precise_sft.summary import claim, preservation_comparisons, print_table, score_summary, write_report
-from experiments.runtime.cli import option
+from experiments.runtime import ModelLoader, Run, cli, run_experiment
 
-# method -> (train() method, TrainConfig overrides, lr-grid flag)
-METHOD_SPECS = {
-    "precise": ("precise", {"tune_kv": True}, "precise_lrs"),
-    "precise_nokv": ("precise", {"tune_kv": False}, "precise_lrs"),
-    "full": ("full", {}, "full_lrs"),
-    "lora": ("lora", {}, "lora_lrs"),
-    # the same precise SFT, of the heads holding the most in-circuit edge score of the EAP-IG edge circuit
-    "precise_circuit": ("precise", {"tune_kv": True}, "precise_lrs"),
-}
-DEFAULT_METHODS = ("precise", "precise_nokv", "full", "lora")
+if TYPE_CHECKING:
+    import torch
+
+    from circuits.nodes import MLP, Head
+    from finetune import TrainConfig
+
 # flags that may differ between the commands of one --resume'd folder
 RESUMABLE = {"methods", "resume", "overwrite", "threads", "out", "debug", "ablation_k", "ablation_mlps"}
 OPS = ("+", "-", "*", "/")
-DEFAULT_OUT = "runs/precise_sft"  # one folder, not runs/<name>-<timestamp>: --resume without --out continues it
-
-
-def lr_list(text: str) -> list[float]:
-    """Comma-separated learning rates > 0, e.g. ``1e-5,3e-5``."""
-    lrs = sorted({cli.positive_float(t.strip()) for t in text.split(",") if t.strip()})
-    if not lrs:
-        raise argparse.ArgumentTypeError(f"expected comma-separated learning rates such as 1e-5,3e-5, got {text!r}")
-    return lrs
-
-
-def method_list(text: str) -> list[str]:
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [n for n in names if n not in METHOD_SPECS]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(METHOD_SPECS)}")
-    return names
-
-
-@dataclass(frozen=True)
-class SFTComparisonConfig(RunSettings):
-    """Every flag of ``python -m experiments.precise_sft``, with its default (model, device, dtype, threads,
-    seed, out and overwrite: :class:`experiments.runtime.RunSettings`; ``out`` None means ``runs/precise_sft``).
-
-    ``methods`` and the lr grids are typed as comma-separated text on the command line and held as
-    tuples here (a string given in Python is parsed the same way). Not to be confused with
-    :class:`finetune.PreciseSFTConfig`, the training settings of one precise SFT run.
-    """
-
-    methods: tuple[str, ...] = option(",".join(DEFAULT_METHODS), "comma-separated methods to run: "
-                                      + ", ".join(METHOD_SPECS) + " (default: the first four)", type=method_list)
-    heads: str | None = option(None, "key heads, e.g. L9H1,L11H0 (default: path patching)")
-    mlps: str | None = option(None, "top MLPs for the ablation, e.g. MLP15,MLP16 (default: path patching)")
-    k: int = option(8, "key heads in the precise runs", type=cli.positive_int)
-    ablation_k: str = option("", "head counts of the Table-2 ablation, e.g. 4,8,16,32 (default: none, no ablation)")
-    ablation_mlps: int = option(0, "top MLPs added in the ablation's second arm (0: skip)", type=cli.nonnegative_int)
-    n_train: int = option(256, "training examples (all four operations)", type=cli.positive_int)
-    steps: int = option(16, "optimizer steps per run", type=cli.positive_int)
-    batch_size: int = option(16, "examples per optimizer step", type=cli.positive_int)
-    micro_batch_size: int = option(8, "examples per forward/backward pass", type=cli.positive_int)
-    precise_lrs: tuple[float, ...] = option("3e-5,1e-4,3e-4", "lr grid of both precise arms", type=lr_list)
-    full_lrs: tuple[float, ...] = option("3e-6,1e-5,3e-5", "lr grid of full SFT", type=lr_list)
-    lora_lrs: tuple[float, ...] = option("1e-4,3e-4,1e-3", "lr grid of LoRA", type=lr_list)
-    lora_rank: int = option(8, "LoRA rank on every attention and MLP weight", type=cli.positive_int)
-    n_val: int = option(24, "validation prompts per operation (choose the lr)", type=cli.positive_int)
-    n_heldout: int = option(48, "held-out-template test prompts per operation", type=cli.positive_int)
-    n_transfer: int = option(16, "test prompts per operation and transfer format", type=cli.positive_int)
-    n_shots: int = option(2, "few-shot examples before each training/eval prompt", type=cli.nonnegative_int)
-    n_pydoc: int = option(8, "pydoc passages in the drift text", type=cli.nonnegative_int)
-    n_sentences: int = option(30, "project sentences in the drift text (at most 30)", type=cli.positive_int)
-    drift_tokens: int = option(96, "tokens per drift passage (KL and LM loss on non-math text)", type=cli.positive_int)
-    n_rank_prompts: int = option(24, "prompts per operation for ranking heads", type=cli.positive_int)
-    circuit_size: float = option(0.05, "precise_circuit: the edge-circuit size (fraction of edges) whose heads are "
-                                       "tuned", type=cli.fraction)
-    shift_prompts: int = option(0, "also report each tuned model's circuit shift from the base (patching.circuit_shift) "
-                                   "on this many addition prompts (0: skip)", type=cli.nonnegative_int)
-    resume: bool = option(False, "add the --methods to an unfinished or finished folder of the same settings")
-
-    def __post_init__(self):
-        for name, parse in (("methods", method_list), ("precise_lrs", lr_list), ("full_lrs", lr_list),
-                            ("lora_lrs", lr_list)):
-            value = getattr(self, name)
-            try:
-                parsed = parse(value) if isinstance(value, str) else value
-            except argparse.ArgumentTypeError as err:
-                raise InputError(f"SFTComparisonConfig.{name}: {err}") from None
-            object.__setattr__(self, name, tuple(parsed))
-        super().__post_init__()
-
-    def lr_grid(self, method_key: str) -> list[float]:
-        """The learning rates tried for ``method_key``."""
-        return list(getattr(self, METHOD_SPECS[method_key][2]))
-
-    def ablation_ks(self) -> list[int]:
-        return [int(k) for k in self.ablation_k.split(",") if k.strip()]
 
 
 parser = cli.config_parser(SFTComparisonConfig, "precise_sft", __doc__, help_texts={"out": f"output folder (default: {DEFAULT_OUT})"})
@@ -181,6 +92,8 @@ class SFTRun:
 
     @property
     def train_config(self) -> TrainConfig:
+        from finetune import LoraSettings, TrainConfig
+
         c = self.cfg
         return TrainConfig(batch_size=c.batch_size, micro_batch_size=c.micro_batch_size, max_steps=c.steps,
                            seed=c.seed, lora=LoraSettings(r=c.lora_rank), progress=False)
@@ -241,6 +154,9 @@ def load_base(run: SFTRun, lifecycle: Run) -> None:
 
 def build_data(run: SFTRun) -> None:
     """Training mix, test suite, validation split (disjoint from both) and the drift texts."""
+    from finetune import ArithmeticMix, MathSuiteConfig, arithmetic_train_set
+    from finetune.evaluate import NON_MATH_SENTENCES, math_suite, pydoc_passages, validation_suite
+
     cfg, base = run.cfg, run.base
     run.train_set = arithmetic_train_set(base, ArithmeticMix(ops=OPS, n_examples=cfg.n_train, n_shots=cfg.n_shots,
                                                              seed=cfg.seed))
@@ -256,12 +172,16 @@ def build_data(run: SFTRun) -> None:
 
 def evaluate_test(run: SFTRun, model) -> dict:
     """Test accuracy per family (per prompt) and drift on the non-math texts."""
+    from finetune.evaluate import evaluate
+
     return evaluate(model, run.base, run.suite, run.texts, drift_tokens=run.cfg.drift_tokens, progress=False,
                     per_prompt=True)
 
 
 def evaluate_val(run: SFTRun, model) -> dict:
     """Validation exact accuracy (Wilson), the score that chooses the lr."""
+    from finetune.evaluate import accuracy_estimate, answer_accuracy
+
     model.eval()
     scores = {name: answer_accuracy(model, ds, per_prompt=True) for name, ds in run.val_suite.items()}
     return accuracy_estimate(scores, "heldout").to_dict()
@@ -272,6 +192,10 @@ def evaluate_val(run: SFTRun, model) -> dict:
 
 def _rank_nodes(base, cfg: SFTComparisonConfig) -> tuple[str, list[Head], list[MLP]]:
     """Key heads and MLPs: from the flags, else by path patching summed (as % of baseline) over the operations."""
+    from circuits.nodes import MLP, Head, parse_node
+    from circuits.tasks import make_dataset
+    from patching.path_patching import path_patch
+
     ranked_heads = [parse_node(h) for h in cfg.heads.split(",")] if cfg.heads else []
     ranked_mlps = [parse_node(m) for m in cfg.mlps.split(",")] if cfg.mlps else []
     if ranked_heads and (ranked_mlps or not cfg.ablation_mlps):
@@ -292,6 +216,8 @@ def _rank_nodes(base, cfg: SFTComparisonConfig) -> tuple[str, list[Head], list[M
 def _circuit_heads(base, cfg: SFTComparisonConfig) -> list[Head]:
     """The ``k`` heads with the most in-circuit edge score: EAP-IG on the ranking prompts of every operation, each
     operation's scores scaled to a largest |score| of 1 and summed, then the top ``circuit_size`` circuit."""
+    from circuits.tasks import make_dataset
+
     from circuits.graph import Graph
     from patching.edges.attribute import edge_attribution
     from patching.edges.faithful_circuit import circuit_heads
@@ -312,6 +238,8 @@ def _circuit_heads(base, cfg: SFTComparisonConfig) -> list[Head]:
 
 def choose_nodes(run: SFTRun) -> None:
     """Ranked heads and MLPs (kept from an earlier command of a resumed folder), recorded in the results."""
+    from circuits.nodes import parse_node
+
     cfg, results = run.cfg, run.results
     if "ranked_heads" in results:
         head_source = results["head_source"]
@@ -341,6 +269,8 @@ def choose_nodes(run: SFTRun) -> None:
 
 def score_base(run: SFTRun) -> None:
     """Test and validation scores of the untrained model (once per folder)."""
+    from experiments.precise_sft.summary import score_summary
+
     if "base" in run.results:
         return
     print("evaluating the base model")
@@ -354,6 +284,8 @@ def score_base(run: SFTRun) -> None:
 
 def train_copy(run: SFTRun, method_key: str, lr: float, heads=None, mlps=None, out_dir: Path | None = None):
     """Train a copy of the base model with ``method_key`` at ``lr``: (tuned model, train result)."""
+    from finetune import train
+
     method, overrides, _ = METHOD_SPECS[method_key]
     release_freed_memory()  # so each run's peak RSS is its own
     model = copy.deepcopy(run.base)
@@ -389,6 +321,8 @@ def search_lr(run: SFTRun, method_key: str):
     (runs/<method>_lr<lr>/final), so a command stopped by its time limit resumes at the next trial.
     Returns (validation estimate, lr, tuned model, trial entry) of the best trial.
     """
+    from finetune import load_tuned
+
     grid = run.cfg.lr_grid(method_key)
     search = run.results["lr_search"].setdefault(method_key, {
         "grid": grid, "chosen_lr": None, "by_lr": {}, "rule": "best validation exact accuracy; ties: smaller lr"})
@@ -422,6 +356,8 @@ def search_lr(run: SFTRun, method_key: str):
 
 def run_method(run: SFTRun, method_key: str) -> None:
     """The lr search on validation, then the test scores at the chosen lr only."""
+    from experiments.precise_sft.summary import score_summary
+
     val, lr, model, entry = search_lr(run, method_key)
     scores = evaluate_test(run, model)
     is_precise = METHOD_SPECS[method_key][0] == "precise"
@@ -448,6 +384,8 @@ def run_method(run: SFTRun, method_key: str) -> None:
 
 def _shift_summary(run: SFTRun, model) -> dict:
     """The base model's addition circuit inside ``model``, and ``model``'s own: CPR, CMD, Jaccard, Spearman."""
+    from circuits.tasks import make_dataset
+
     from patching.edges.shift import ShiftSettings, circuit_shift
 
     if "shift_data" not in run.cache:
@@ -490,6 +428,8 @@ def run_methods(run: SFTRun) -> None:
 
 def run_ablation(run: SFTRun) -> None:
     """Precise SFT of the top k heads (and, if asked, the top MLPs) at the lr chosen for ``precise``."""
+    from experiments.precise_sft.summary import score_summary
+
     ablation_k, top_mlps = run.cfg.ablation_ks(), run.ranked_mlps[: run.cfg.ablation_mlps]
     if not (ablation_k or top_mlps):
         return
@@ -518,6 +458,9 @@ def run_ablation(run: SFTRun) -> None:
 def finish(run: SFTRun) -> None:
     """The claims (once full SFT is in), wall time over commands, the table and report; the run stays ``running``
     (for ``--resume``) unless every method ran."""
+    from experiments.precise_sft.summary import claim, preservation_comparisons, print_table, write_report
+    from finetune.evaluate import paired_comparison
+
     results, lifecycle = run.results, run.lifecycle
     if "full" in results["runs"]:
         results["claims"] = {arm: claim(results["runs"][arm], results["runs"]["full"])

@@ -91,7 +91,9 @@ def test_precise_sft_resumes_inside_the_lr_grid(tiny_loader, monkeypatch, tmp_pa
     exp.main([*common, "--out", str(tmp_path / "whole")], loader=tiny_loader)
     whole = json.loads((tmp_path / "whole" / "results.json").read_text())
 
-    real_train, calls = exp.train, []
+    import finetune  # the experiment imports finetune.train when a trial starts
+
+    real_train, calls = finetune.train, []
 
     def stop_at_the_third_trial(*args, **kwargs):
         calls.append(kwargs["method"])
@@ -99,12 +101,12 @@ def test_precise_sft_resumes_inside_the_lr_grid(tiny_loader, monkeypatch, tmp_pa
             raise KeyboardInterrupt  # as a time limit would
         return real_train(*args, **kwargs)
 
-    monkeypatch.setattr(exp, "train", stop_at_the_third_trial)
+    monkeypatch.setattr(finetune, "train", stop_at_the_third_trial)
     with pytest.raises(KeyboardInterrupt):
         exp.main([*common, "--out", str(tmp_path / "cut")], loader=tiny_loader)
     cut = json.loads((tmp_path / "cut" / "results.json").read_text())
     assert set(cut["lr_search"]["full"]["by_lr"]) == {"0.001", "0.03"} and not cut["runs"]
-    monkeypatch.setattr(exp, "train", real_train)
+    monkeypatch.setattr(finetune, "train", real_train)
     exp.main([*common, "--out", str(tmp_path / "cut"), "--resume"], loader=tiny_loader)
     resumed = json.loads((tmp_path / "cut" / "results.json").read_text())
     for method in ("full", "precise_nokv"):
