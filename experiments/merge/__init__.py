@@ -44,90 +44,19 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
+# only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
 from circuits.errors import InputError
 from circuits.file_reads import read_json
-from circuits.stats import proportion
 from experiments.runtime.run_folder import StageTimer, save_results, write_json_atomic
-from circuits.model_cache import save_model
-from circuits.tasks import make_dataset
-from finetune.evaluate import answer_accuracy
-from finetune.expert_tasks import EXPERT_TASKS, expert_task_data
-from merging import (CONFIGS, METHODS, LinearityConfig, SubmoduleMergeConfig, merge,
-                     merge_submodules, nonlinearity_figure, nonlinearity_scores)
-from merging.circuit_aware import circuit_levels
-from merging.submodule import LEVELS
-from patching.head_ranking import KeyHeads, given_key_heads, rank_key_heads
 
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.merge import stats
-from experiments.merge.report import CIRCUIT_AWARE, write_report
-from experiments.merge.yaml_recipe import run_mergekit_yaml
-from experiments.merge.experts import given_heads, measured, padded_rows, task_config, train_expert
-from experiments.runtime.cli import option
+from experiments.runtime import ModelLoader, Run, cli, run_experiment
+from experiments.merge.config import METHODS, TASKS, MergeConfig
 
-TASKS = EXPERT_TASKS
-
-
-@dataclass(frozen=True)
-class MergeConfig(RunSettings):
-    """Every flag of ``python -m experiments.merge``, with its default (model (the base), device, dtype,
-    threads, seed, out and overwrite: :class:`experiments.runtime.RunSettings`; the seed draws the data splits
-    and the training)."""
-
-    experts_dir: str | None = option(None, "folder of the experts (<task>/ model dirs): those there are loaded, "
-                                     "the missing ones trained and saved there (default: <out>/experts)")
-    expert_method: str = option("full", "finetune method", choices=("full", "precise", "lora"))
-    steps: int = option(16, "optimizer steps per expert", type=cli.positive_int)
-    batch_size: int = option(8, "examples per optimizer step", type=cli.positive_int)
-    micro_batch_size: int = option(8, "examples per forward/backward pass (gradients accumulate up to --batch-size)",
-                                   type=cli.positive_int)
-    lr: float = option(1e-5, "expert learning rate (full SFT with Adam: higher values blow up the loss at batch 8)",
-                       type=cli.positive_float)
-    n_train: int = option(128, "training examples per task", type=cli.positive_int)
-    n_val: int = option(12, "validation prompts per task (baseline tuning)", type=cli.positive_int)
-    n_test: int = option(24, "test prompts per task", type=cli.positive_int)
-    n_shots: int = option(1, "few-shot examples per prompt", type=cli.nonnegative_int)
-    mul_operands: str = option("1,9", "operand range of the mul task, 'lo,hi' (two-digit: '10,99')")
-    max_number: int = option(30, "en_fr translates the numbers 0..max_number", type=cli.positive_int)
-    n_test_numbers: int = option(9, "en_fr test numbers (disjoint from validation and training numbers)",
-                                 type=cli.positive_int)
-    n_val_numbers: int = option(6, "en_fr validation numbers", type=cli.positive_int)
-    target_gain: float = option(0.0, "train each expert until its validation exact accuracy is >= the base's + this "
-                                "(checked every --check-every steps, at most --steps steps; 0: train --steps steps)",
-                                type=cli.fraction)
-    check_every: int = option(8, "optimizer steps between validation checks of --target-gain", type=cli.positive_int)
-    n_samples: int = option(16, "samples per task for the closed form (paper: 30)", type=cli.positive_int)
-    cf_seeds: int = option(1, "closed-form repeats, each fitted on --n-samples training prompts drawn with its own seed",
-                           type=cli.positive_int)
-    cf_positions: str = option("all", "positions the closed-form least squares runs over: 'all' (every prompt token), "
-                               "'answer' (the positions that predict an answer token) or 'all,answer'")
-    cf_batch_size: int = option(4, "batch of the closed-form fit", type=cli.positive_int)
-    levels: str = option(",".join(LEVELS), "closed-form levels to run ('': no closed form, circuit-aware included)")
-    ta_lambdas: str = option("0.5,1.0", "task-arithmetic λ grid (val)")
-    ties_densities: str = option("0.2,0.5", "TIES density grid (val)")
-    heads: str | None = option(None, "key heads, e.g. L5H0,L9H1 (default: path patching)")
-    k: int = option(4, "key heads per operation from path patching (their union over + and * is used)",
-                    type=cli.positive_int)
-    n_patch: int = option(12, "prompts per operation for path patching", type=cli.positive_int)
-    linearity_samples: int = option(6, "samples per task for the linearity figure (0: skip)", type=cli.nonnegative_int)
-    circuit_prompts: int = option(0, "the circuit column: each arithmetic expert's edge circuit on this many prompts, "
-                                     "looked at inside every merge of all three (0: skip)", type=cli.nonnegative_int)
-    linearity_alphas: str = option("0.5,1.0", "uniform α values of the linearity figure")
-    pairs: bool = option(False, "also merge every pair of experts")
-    eval_batch_size: int = option(12, "prompts per forward pass when scoring", type=cli.positive_int)
-    config: str | None = option(None, "run this mergekit merge YAML instead (merge and save only)")
-    markdown: str | None = option(None, "print the results tables of this run folder (its results.json) as markdown")
-    methods: str = option(",".join(METHODS), "data-free merge methods to run (comma-separated)")
-    no_circuit_aware: bool = option(False, "skip circuit-aware merging (and the path patching that finds its key heads)")
-    cf_repeat_levels: str = option("attn_mlp", "levels fitted for every --cf-seeds seed and --cf-positions choice; "
-                                   "the other levels are fitted once (all positions, seed 0)")
-    no_save_best: bool = option(False, "skip saving (and reloading) the best merge")
-    no_base_test: bool = option(False, "score the base on the validation split only (it is the experts' reference)")
-    late_methods: str = option("", "data-free methods (of --methods) run after the closed form, not before "
-                               "(what matters first finishes first when a run may be cut short)")
+if TYPE_CHECKING:
+    from merging import SubmoduleMergeConfig
+    from patching.head_ranking import KeyHeads
 
 
 parser = cli.config_parser(MergeConfig, "merge", __doc__)
@@ -162,6 +91,8 @@ class MergeRun:
     def cf_inputs(self, names, seed: int, positions: str) -> dict:
         """The closed form's data for experts ``names``: ``n_samples`` training rows per task drawn with ``seed``
         (seed 0: the first rows), as token tensors with attention masks and, for ``positions="answer"``, fit masks."""
+        from experiments.merge.experts import padded_rows
+
         tasks, masks, fits = [], [], []
         for t in names:
             rows = self.data[(t, "train")]
@@ -175,6 +106,9 @@ class MergeRun:
 
     def score(self, model, split: str = "test", tasks=TASKS) -> dict:
         """Accuracy per task on ``split`` (with per-prompt hits and a Wilson interval) and pooled over tasks."""
+        from circuits.stats import proportion
+        from finetune.evaluate import answer_accuracy
+
         model.eval()
         per = {t: answer_accuracy(model, self.data[(t, split)], self.cfg.eval_batch_size, per_prompt=True)
                for t in tasks}
@@ -212,6 +146,9 @@ class MergeRun:
 
 def start_run(lifecycle: Run) -> MergeRun:
     """The frozen base model, the task data (one example per task printed), the base's scores."""
+    from experiments.merge.experts import task_config
+    from finetune.expert_tasks import expert_task_data
+
     cfg, out, timer = lifecycle.settings, lifecycle.out, lifecycle.timer  # results.json after every stage
     base = lifecycle.load_model(stage="load")
     base.eval()
@@ -229,6 +166,9 @@ def start_run(lifecycle: Run) -> MergeRun:
 
 def train_experts(run: MergeRun) -> None:
     """One expert per task, trained from the base (or loaded from ``--experts-dir``), saved, scored (val and test)."""
+    from circuits.model_cache import save_model
+    from experiments.merge.experts import train_expert
+
     cfg = run.cfg
     experts_dir = cfg.experts_dir or run.out / "experts"
     for t in TASKS:
@@ -255,6 +195,10 @@ def train_experts(run: MergeRun) -> None:
 
 def choose_key_heads(run: MergeRun) -> KeyHeads:
     """``--heads``, or the union over + and * of each operation's top ``--k`` heads by path patching on the base."""
+    from circuits.tasks import make_dataset
+    from experiments.merge.experts import given_heads
+    from patching.head_ranking import given_key_heads, rank_key_heads
+
     if run.cfg.heads:
         chosen = given_key_heads(given_heads(run.cfg))
     else:
@@ -269,6 +213,8 @@ def choose_key_heads(run: MergeRun) -> KeyHeads:
 
 def baseline_grid(cfg: MergeConfig) -> dict[str, list]:
     """Configs per data-free method: tiny λ / density grids; the papers' sparsity where mergekit's default is none."""
+    from merging import CONFIGS
+
     grid = {m: [CONFIGS[m]()] for m in cfg.methods.split(",") if m}
     papers = {"dare_linear": dict(density=0.1, rescale_norm="inverse_density"), "dare_ties": dict(density=0.1),
               "breadcrumbs": dict(density=0.9), "breadcrumbs_ties": dict(density=0.9),
@@ -287,6 +233,9 @@ def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs:
                     skip=(), only=None) -> dict:
     """Merge the experts ``names`` with every data-free method (its grid tuned on val, unless ``configs`` fixes it),
     leaving out the methods in ``skip`` (or all but those in ``only``)."""
+    from experiments.merge.experts import measured
+    from merging import merge
+
     srcs = [run.experts[n] for n in names]
     chosen = {}
     grids = baseline_grid(run.cfg) if configs is None else {m: [c] for m, c in configs.items()}
@@ -315,6 +264,9 @@ def closed_form_plans(run: MergeRun, levels: list, key_heads: KeyHeads | None, s
                       seeds: int, positions: list[str]) -> list[tuple[str, object, str, int]]:
     """``(name, level spec, positions, seed)`` per closed-form merge: every level x positions x seed, then
     circuit-aware (all positions, seed 0) if ``key_heads``. Names carry the positions and seed only when varied."""
+    from experiments.merge.report import CIRCUIT_AWARE
+    from merging.circuit_aware import circuit_levels
+
     plans = []
     repeated = run.cfg.cf_repeat_levels.split(",")
     for seed in range(seeds):  # seed-major: every level and positions choice of seed 0 first
@@ -331,6 +283,8 @@ def closed_form_plans(run: MergeRun, levels: list, key_heads: KeyHeads | None, s
 def closed_form_state(run: MergeRun, names, spec, positions: str, seed: int):
     """The closed-form merge of experts ``names`` at level ``spec``, fitted over ``positions`` of seed ``seed``'s
     samples: ``merge_submodules``'s result."""
+    from merging import merge_submodules
+
     return merge_submodules(run.base, [run.experts[n] for n in names], config=_closed_form_config(run.cfg),
                             levels=spec, expert_names=list(names), progress=False,
                             **run.cf_inputs(names, seed, positions))
@@ -368,6 +322,8 @@ def merge_everything(run: MergeRun, key_heads: KeyHeads) -> None:
 
 def expert_bar(run: MergeRun) -> dict:
     """Per task: does its expert beat the base by ``--target-gain`` and the weight average on its validation split?"""
+    from experiments.merge import stats
+
     run.results["expert_bar"] = bar = stats.expert_bar(run.results["models"], TASKS, run.cfg.target_gain)
     run.save()
     return bar
@@ -375,6 +331,8 @@ def expert_bar(run: MergeRun) -> dict:
 
 def compare(run: MergeRun) -> dict:
     """Paired bootstrap intervals of the attn/MLP closed form against task arithmetic, weight averaging and TIES."""
+    from experiments.merge import stats
+
     run.results["comparisons"] = out = stats.compare(run.results["models"], TASKS)
     run.save()
     return out
@@ -382,6 +340,8 @@ def compare(run: MergeRun) -> dict:
 
 def rebuild_state(run: MergeRun, name: str) -> dict:
     """The state dict of the merge of all three experts recorded as ``name``, made again from its recipe."""
+    from merging import merge
+
     recipe = run.recipes[name]
     if recipe[0] == "closed form":
         return closed_form_state(run, TASKS, *recipe[1:]).state_dict
@@ -403,6 +363,10 @@ def circuits_of_merges(run: MergeRun) -> None:
 
 def save_best(run: MergeRun) -> None:
     """Merge the best merge of all three again, save it, reload it and check its logits are unchanged."""
+    import torch
+
+    from circuits.model_cache import save_model
+
     best_name = max(_triple_merges(run.results), key=lambda k: run.results["models"][k]["test"]["avg"])  # noqa
     with run.timer.stage("save best"):
         run.work.load_state_dict(rebuild_state(run, best_name))
@@ -417,6 +381,8 @@ def save_best(run: MergeRun) -> None:
 
 def measure_linearity(run: MergeRun):
     """How far attention, MLPs and the whole model are from linear in the experts' weights; its figure (or None)."""
+    from merging import LinearityConfig, nonlinearity_figure, nonlinearity_scores
+
     if not run.cfg.linearity_samples:
         return None
     with run.timer.stage("linearity"):
@@ -434,6 +400,9 @@ def measure_linearity(run: MergeRun):
 
 def summarize(run: MergeRun) -> None:
     """The table of every model's test accuracy and cost, and the verdict: closed form vs TA, circuit-aware vs not."""
+    from experiments.merge import stats
+    from experiments.merge.report import CIRCUIT_AWARE
+
     models, merged = run.results["models"], _triple_merges(run.results)
     names = [f"expert {t}" for t in TASKS] + ["base"] + [m for m in METHODS if m in models]
     names += [k for k in merged if k not in names]
@@ -470,6 +439,8 @@ def run(cfg: MergeConfig, *, loader: ModelLoader | None = None) -> dict:
 
 
 def _stages(lifecycle: Run) -> None:
+    from experiments.merge.report import write_report
+
     cfg = lifecycle.settings
     run = start_run(lifecycle)
     train_experts(run)
@@ -491,7 +462,10 @@ def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) ->
 
     ``--markdown RUN`` only prints the tables of an earlier run (no run folder); ``--config`` runs a mergekit YAML.
     """
-    cfg = cli.parse_config(parser, MergeConfig, argv)
+    cfg = cli.parse_config(parser, MergeConfig, argv)  # flags first: --help answers before torch loads
+    from experiments.merge import stats
+    from experiments.merge.yaml_recipe import run_mergekit_yaml
+
     if cfg.markdown:
         print(stats.markdown_summary(read_json(Path(cfg.markdown) / "results.json", "the results.json of a merge run",
                                                error=InputError), TASKS))
@@ -500,6 +474,8 @@ def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) ->
 
 
 def _closed_form_config(cfg: MergeConfig) -> SubmoduleMergeConfig:
+    from merging import SubmoduleMergeConfig
+
     return SubmoduleMergeConfig(n_samples=cfg.n_samples, batch_size=cfg.cf_batch_size)
 
 

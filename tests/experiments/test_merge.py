@@ -151,7 +151,7 @@ def test_experts_stop_once_the_validation_target_is_met(tiny_loader, monkeypatch
 
 
 def test_padded_rows_mark_the_positions_that_predict_answer_tokens():
-    from experiments.merge import padded_rows
+    from experiments.merge.experts import padded_rows
 
     model = tiny_model(style="gemma", n_layers=1)
     rows = [{"input_ids": [2, 5, 6, 7, 8], "n_prompt": 3}, {"input_ids": [2, 9, 10], "n_prompt": 2}]
@@ -266,3 +266,14 @@ def test_a_rank_correlation_over_equal_accuracies_is_undefined_not_a_warning():
         warnings.simplefilter("error")
         rank = _rank_correlation(run, "+", rows, n_bootstrap=10)
     assert rank["undefined"] == "accuracy equal across the 3 merged models" and rank["spearman"] != rank["spearman"]
+
+
+def test_the_light_config_names_what_the_library_has():
+    """experiments/merge/config.py writes the library's names out (it may not import torch)."""
+    from experiments.merge import config
+    from finetune.expert_tasks import EXPERT_TASKS
+    from merging import METHODS
+    from merging.submodule import LEVELS
+
+    assert config.TASKS == tuple(EXPERT_TASKS) and config.LEVELS == tuple(LEVELS)
+    assert config.METHODS == tuple(METHODS)
