@@ -48,7 +48,7 @@ from circuits.peak_memory import peak_rss, reset_peak_rss
 from experiments.runtime.run_folder import RESULTS_FILE, RUN_MARKER, write_text_atomic
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option
+from experiments.runtime.cli import option, override
 
 if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
     from circuits.graph import GraphLayout
@@ -335,15 +335,22 @@ def _extra_for(shape: Shape, name: str) -> dict:
 
 
 @dataclass(frozen=True)
-class FitConfig(RunSettings):
-    """The flags of ``python -m experiments.cost_model fit`` beyond :class:`RunSettings` (``files``: its arguments)."""
+class FitConfig:
+    """The flags of ``python -m experiments.cost_model fit`` (``files``: its arguments).
+
+    ``fit`` loads no model and draws nothing at random, so of :class:`RunSettings` it takes the run folder's flags
+    only; ``threads`` and ``seed`` are there for the run lifecycle, which sets both, and are no flags.
+    """
 
     files: tuple[str, ...] = ()  # the positional arguments: measure run folders (or their results.json)
     markdown: str | None = option(None, "also write the tables for docs/gpu.md to this file (an existing file is "
                                         "replaced only with --overwrite)")
+    out: str | None = override(RunSettings, "out", None)
+    overwrite: bool = override(RunSettings, "overwrite", False)
+    threads: int = 0
+    seed: int = 0
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.markdown:
             check_markdown_path(self.markdown, self.out, overwrite=self.overwrite)
 
