@@ -129,6 +129,12 @@ class MergeConfig(RunSettings):
     late_methods: str = option("", "data-free methods (of --methods) run after the closed form, not before "
                                "(what matters first finishes first when a run may be cut short)")
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.config and self.markdown:
+            raise InputError(f"--config {self.config} runs a mergekit YAML and --markdown {self.markdown} prints the "
+                             "tables of an earlier run: give one of them.")
+
 
 parser = cli.config_parser(MergeConfig, "merge", __doc__)
 
@@ -493,8 +499,10 @@ def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) ->
     """
     cfg = cli.parse_config(parser, MergeConfig, argv)
     if cfg.markdown:
-        print(stats.markdown_summary(read_json(Path(cfg.markdown) / "results.json", "the results.json of a merge run",
-                                               error=InputError), TASKS))
+        path = Path(cfg.markdown) / "results.json"
+        results = read_json(path, "the results.json of a merge run", error=InputError)
+        stats.check_tables_of(results, path)
+        print(stats.markdown_summary(results, TASKS))
         return None
     return run_mergekit_yaml(cfg, loader=loader) if cfg.config else run(cfg, loader=loader)
 

@@ -266,3 +266,40 @@ def test_a_rank_correlation_over_equal_accuracies_is_undefined_not_a_warning():
         warnings.simplefilter("error")
         rank = _rank_correlation(run, "+", rows, n_bootstrap=10)
     assert rank["undefined"] == "accuracy equal across the 3 merged models" and rank["spearman"] != rank["spearman"]
+
+
+def test_config_and_markdown_together_are_refused_when_the_flags_are_parsed(tiny_loader, tmp_path, capsys):
+    """--markdown won silently over --config; with the results of a --config run it ended in KeyError: 'models'."""
+    from circuits.errors import InputError
+    from experiments.merge import MergeConfig
+
+    with pytest.raises(InputError, match=r"--config m\.yml runs a mergekit YAML and --markdown .* prints the tables of "
+                                         r"an earlier run: give one of them"):
+        MergeConfig(config="m.yml", markdown=str(tmp_path))
+    with pytest.raises(SystemExit) as exit:
+        _run(["--config", "m.yml", "--markdown", str(tmp_path)], tiny_loader)
+    assert exit.value.code == 2 and "give one of them" in capsys.readouterr().err
+    (tmp_path / "results.json").write_text(json.dumps({"status": "failed: merge: boom", "settings": {}}))
+    with pytest.raises(SystemExit) as exit:
+        _run(["--markdown", str(tmp_path)], tiny_loader)
+    assert exit.value.code == 2
+    assert "holds no 'models' table: it is not the results of a merge experiment run" in capsys.readouterr().err
+
+
+def test_a_yaml_of_another_architecture_is_refused_before_the_merge(tmp_path, capsys):
+    """The merge ran first, then loading failed listing buffers (attn.mask, rotary tables) as the missing keys."""
+    from merging import save_state_dict
+
+    three_layers = tiny_model(style="gemma", n_layers=3).state_dict()
+    for name in ("a", "base"):
+        save_state_dict(three_layers, tmp_path / f"{name}.safetensors")
+    (tmp_path / "m.yml").write_text("models:\n  - {model: a.safetensors, parameters: {weight: 1.0}}\n"
+                                    "base_model: base.safetensors\nmerge_method: task_arithmetic\n")
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit:
+        _run(["--config", str(tmp_path / "m.yml"), "--out", str(out)],
+             lambda name, **kw: tiny_model(style="gemma", n_layers=2))
+    err = capsys.readouterr().err
+    assert exit.value.code == 2
+    assert "m.yml: its models do not have the architecture of --model" in err
+    assert "blocks.2." in err and "nothing was merged" in err and "mask" not in err and "rotary" not in err
