@@ -89,6 +89,12 @@ class AF1ExperimentConfig(RunSettings):
                                              "eval prompts (paired), to find what limits faithfulness", nargs="+")
     batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.means == "cross-fit" and self.n_folds < 2:
+            raise InputError(f"--n-folds {self.n_folds} with --means cross-fit: cross-fitting fits the means on the "
+                             "other folds and evaluates on one, so it needs --n-folds 2 or more (or --means split).")
+
     def af1_config(self) -> AF1Config:
         """The :class:`patching.all_for_one.search.AF1Config` these flags describe."""
         return AF1Config(cama=CamaConfig(min_count=self.min_count), batch_size=self.batch_size,

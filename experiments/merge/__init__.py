@@ -134,6 +134,19 @@ class MergeConfig(RunSettings):
         if self.config and self.markdown:
             raise InputError(f"--config {self.config} runs a mergekit YAML and --markdown {self.markdown} prints the "
                              "tables of an earlier run: give one of them.")
+        for flag, given, allowed in (("--methods", self.methods, METHODS), ("--late-methods", self.late_methods,
+                                     self.methods.split(",")), ("--levels", self.levels, LEVELS),
+                                     ("--cf-repeat-levels", self.cf_repeat_levels, LEVELS)):
+            unknown = [x for x in given.split(",") if x and x not in allowed]
+            if unknown:
+                raise InputError(f"{flag} {given}: {unknown} {'is' if len(unknown) == 1 else 'are'} not among "
+                                 f"{','.join(allowed)}; give a comma-separated subset of them.")
+        n_train_numbers = self.max_number + 1 - self.n_test_numbers - self.n_val_numbers
+        if n_train_numbers < self.n_shots + 1:  # the en_fr expert's numbers, split before any model loads
+            raise InputError(f"--max-number {self.max_number} leaves {n_train_numbers} en_fr training numbers after "
+                             f"--n-test-numbers {self.n_test_numbers} and --n-val-numbers {self.n_val_numbers}, but "
+                             f"--n-shots {self.n_shots} needs {self.n_shots + 1}: give --max-number "
+                             f"{self.n_test_numbers + self.n_val_numbers + self.n_shots} or more.")
 
 
 parser = cli.config_parser(MergeConfig, "merge", __doc__)

@@ -303,3 +303,21 @@ def test_a_yaml_of_another_architecture_is_refused_before_the_merge(tmp_path, ca
     assert exit.value.code == 2
     assert "m.yml: its models do not have the architecture of --model" in err
     assert "blocks.2." in err and "nothing was merged" in err and "mask" not in err and "rotary" not in err
+
+
+@pytest.mark.parametrize("flags,match", [
+    # a KeyError after the experts were trained
+    ({"methods": "ties,tie"}, r"--methods ties,tie: \['tie'\] is not among weight_average,.*give a comma-separated subset"),
+    # silently never run
+    ({"methods": "ties", "late_methods": "della"}, r"--late-methods della: \['della'\] is not among ties"),
+    ({"levels": "attn-mlp"}, r"--levels attn-mlp: \['attn-mlp'\] is not among model,layer,attn_mlp,head"),
+    # ExpertTaskConfig's error after the base model had loaded
+    ({"max_number": 12}, r"--max-number 12 leaves -2 en_fr training numbers after --n-test-numbers 9 and "
+                         r"--n-val-numbers 6, but --n-shots 1 needs 2: give --max-number 16 or more"),
+])
+def test_flags_that_depend_on_each_other_are_checked_when_parsed(flags, match):
+    from circuits.errors import InputError
+    from experiments.merge import MergeConfig
+
+    with pytest.raises(InputError, match=match):
+        MergeConfig(**flags)
