@@ -448,7 +448,11 @@ def print_table(run: BenchRun) -> None:
         if ours_key in sec:
             t_theirs = sec.get(theirs_key)
             ratio = f"{t_theirs / sec[ours_key]:.1f}x" if t_theirs else "-"
-            print(f"{name:34s} {sec[ours_key]:16.1f}   {t_theirs or float('nan'):18.1f}   {ratio}")
+            theirs = f"{t_theirs:18.1f}" if t_theirs else f"{'not run':>18}"
+            print(f"{name:34s} {sec[ours_key]:16.1f}   {theirs}   {ratio}")
+    arm = run.results.get("eap_ig_arm")
+    if arm not in (None, "ran"):
+        print(f"(hannamw/EAP-IG not run: {arm})")
     print(f"wrote {run.out / 'results.json'}")
 
 
