@@ -286,7 +286,7 @@ def test_config_and_markdown_together_are_refused_when_the_flags_are_parsed(tiny
     assert "holds no 'models' table: it is not the results of a merge experiment run" in capsys.readouterr().err
 
 
-def test_a_yaml_of_another_architecture_is_refused_before_the_merge(tmp_path, capsys):
+def test_a_yaml_of_another_architecture_is_refused_before_the_merge(tmp_path):
     """The merge ran first, then loading failed listing buffers (attn.mask, rotary tables) as the missing keys."""
     from merging import save_state_dict
 
@@ -295,14 +295,17 @@ def test_a_yaml_of_another_architecture_is_refused_before_the_merge(tmp_path, ca
         save_state_dict(three_layers, tmp_path / f"{name}.safetensors")
     (tmp_path / "m.yml").write_text("models:\n  - {model: a.safetensors, parameters: {weight: 1.0}}\n"
                                     "base_model: base.safetensors\nmerge_method: task_arithmetic\n")
+    from circuits.errors import InputError
+    from experiments.merge import main
+
     out = tmp_path / "run"
-    with pytest.raises(SystemExit) as exit:
-        _run(["--config", str(tmp_path / "m.yml"), "--out", str(out)],
-             lambda name, **kw: tiny_model(style="gemma", n_layers=2))
-    err = capsys.readouterr().err
-    assert exit.value.code == 2
-    assert "m.yml: its models do not have the architecture of --model" in err
-    assert "blocks.2." in err and "nothing was merged" in err and "mask" not in err and "rotary" not in err
+    with pytest.raises(InputError, match=r"m\.yml: its models do not have the architecture of --model .*: the base "
+                                         r"\(base\) has \d+ parameters it lacks, e\.g\. \['blocks\.2\..*\]\. Give "
+                                         r"--model the architecture of the YAML's models \(nothing was merged\)") as err:
+        main(["--config", str(tmp_path / "m.yml"), "--out", str(out)],
+             loader=lambda name, **kw: tiny_model(style="gemma", n_layers=2))
+    assert "mask" not in str(err.value) and "rotary" not in str(err.value)
+    assert json.loads((out / "results.json").read_text())["status"].startswith("failed: merge: ")
 
 
 @pytest.mark.parametrize("flags,match", [
