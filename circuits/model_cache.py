@@ -22,6 +22,11 @@ name next to their destination and renamed into place, so a reader never sees
 a half-written one, and two processes building the same directory at once
 cannot mix their files (the second rename loses and its copy is discarded).
 
+The config is checked before a model is built from it (a manifest can be refreshed after an edit):
+every size a whole number in a sane range, ``act_fn`` and the other options among the allowed values,
+and the sizes equal to the weights' shapes in the safetensors header (`check_config`,
+`check_config_fits_weights`), so a damaged number is named instead of allocated.
+
 Weights are stored with safetensors only: no pickle is ever read or written.
 """
 
