@@ -25,7 +25,7 @@ from circuits.analyze.attention import classes_table
 from circuits.analyze.probes import plot_logit_lens, plot_probe_cosines
 from circuits.show.html_report import Report
 from experiments.arithmetic.config import MIN_READABLE
-from experiments.circuit.stage import add_report_section
+from experiments.runtime.edge_circuit import add_report_section
 
 if TYPE_CHECKING:
     from experiments.arithmetic.config import PipelineConfig

@@ -45,8 +45,8 @@ from patching.results import KnockoutCurve, NodeScores
 
 from experiments.runtime import cli
 from experiments.arithmetic.config import MIN_READABLE
-from experiments.circuit.stage import edge_circuit_stage
-from experiments.circuit.stage import summary as circuit_summary
+from experiments.runtime.edge_circuit import edge_circuit_stage
+from experiments.runtime.edge_circuit import summary as circuit_summary
 from experiments.runtime.settings import project
 from patching.edges.faithful_circuit import MIN_PROMPTS as MIN_CIRCUIT_PROMPTS
 from patching.edges.faithful_circuit import CircuitSearch

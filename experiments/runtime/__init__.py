@@ -8,6 +8,8 @@
   its status (running -> complete / failed: <stage>: <why>), threads, seeds, the injected model
   loader, timed stages that save results.json as they end;
 * :mod:`experiments.runtime.run_folder`: run folders that never lose a file the toolkit did not write;
+* :mod:`experiments.runtime.edge_circuit`: the edge-circuit stage ``experiments.circuit`` and the
+  arithmetic pipeline share (an experiment never imports another: what two share lives here);
 * :mod:`experiments.runtime.timing`, :mod:`experiments.runtime.bench_prompts`: what the benchmarks share.
 """
 

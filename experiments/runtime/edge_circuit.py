@@ -1,5 +1,5 @@
 """The edge-circuit stage that ``experiments.circuit`` and the arithmetic pipeline share: the search, its files,
-figures, report section and summary line.
+figures, report section and summary line (here, in the runtime, so that neither experiment imports the other).
 
 :func:`edge_circuit_stage` runs :func:`patching.edges.faithful_circuit.find_faithful_circuit` on the correctly
 answered prompts, relates the circuit to the node-level key heads, writes the circuit as hannamw/EAP-IG
