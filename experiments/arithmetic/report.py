@@ -185,7 +185,7 @@ def _probes_section(report: Report, probes, top_tokens_figure: go.Figure | None,
 
 def write_run_report(run: PipelineRun, prompts: Prompts, roles: HeadRoles, probes) -> None:
     """report.html of an arithmetic pipeline run: the standard sections, then transfer, AF1, edge circuit, SFT, times."""
-    cfg, results, figures = run.cfg, run.results, run.figures
+    cfg, results, figures = run.cfg, run.results, run.state.figures
     report = run_report(
         f"The {run.name} circuit of {cfg.model}",
         dataset=prompts.dataset, base_accuracy=prompts.base_accuracy, n_kept=len(prompts.kept),

@@ -164,7 +164,7 @@ def _stages(run: Run) -> None:
     from circuits.show.html_report import Report
     from patching.edges.faithful_circuit import split_halves
 
-    cfg, results = run.settings, run.results
+    cfg, results = run.cfg, run.results
     name = resolve_operation(cfg.op).name
     model = run.load_model()
     with run.stage("data", f"{cfg.n_prompts} {name} prompts, keeping the correct ones"):

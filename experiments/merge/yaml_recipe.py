@@ -25,10 +25,10 @@ def run_mergekit_yaml(cfg, *, loader: ModelLoader | None = None) -> dict:
 
 
 def _merge_and_save(run: Run) -> None:
-    cfg, out = run.settings, run.out
+    cfg, out = run.cfg, run.out
     plan = load_mergekit_config(cfg.config)
     merged, seconds, peak_mb = measured(plan.run)
-    model = run.loader(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    model = run.load_model(stage=None)
     missing, unexpected = model.load_state_dict(merged, strict=False)
     if unexpected or any(not k.endswith(("IGNORE", "mask", "rotary_sin", "rotary_cos")) for k in missing):
         raise InputError(f"The merged weights do not fit {cfg.model}: missing {missing[:5]}, unexpected {unexpected[:5]}; "

@@ -26,9 +26,7 @@ import argparse
 import dataclasses
 import re
 import sys
-import time
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 from circuits.errors import ToolkitError
 
@@ -203,15 +201,6 @@ def run_cli(main: Callable[[list[str] | None], object], name: str, argv: Sequenc
         sys.exit(130)
 
 
-@contextmanager
-def progress(message: str) -> Iterator[None]:
-    """``message ...`` on stderr, then ``done in N s``: for a stage that shows no bar of its own."""
-    print(f"{message} ...", file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    yield
-    print(f"  done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-
-
 # ---------------------------------------------------------------------------- flags from a config dataclass
 
 Config = TypeVar("Config")
@@ -282,11 +271,3 @@ def parse_config(parser: argparse.ArgumentParser, config: type[Config], argv: Se
     args = vars(parser.parse_args(argv))
     args.pop("debug", None)
     return config(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}, **fixed)
-
-
-def set_threads(threads: int) -> None:
-    """``--threads N``: torch CPU threads (0 keeps torch's default)."""
-    if threads > 0:
-        import torch
-
-        torch.set_num_threads(threads)

@@ -29,7 +29,7 @@ def edge_circuit_stage(model, kept: Dataset, heads: list[Head], roles: dict[Head
     """The search on ``kept`` (correctly answered prompts): ``(results["edge_circuit"], figures)``.
 
     ``heads`` are the node-level key heads to relate the circuit to, ``roles`` each head's
-    attention-read class (for the figure's colours), ``stage`` the run's stage timer (``Run.stage``).
+    attention-read class (for the figure's colours), ``stage`` the run's stage opener (``Run.stage``).
     Files go to ``out/edge_circuit``.
     """
     found = find_faithful_circuit(model, kept, search, stage=stage)
