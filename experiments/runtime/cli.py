@@ -14,7 +14,8 @@ A researcher meets the toolkit through ``python -m experiments.<name>``; three r
 * **Flags come from a config**: an experiment declares a frozen dataclass whose fields are its settings
   (:func:`option` adds the help text and the parse-time check); :func:`parse_config` builds the parser
   from it, so the defaults live in one place and ``results.json`` records ``dataclasses.asdict(config)``.
-  ``device``/``dtype`` fields become the shared :func:`add_device_flags` (``auto`` = CUDA when present).
+  ``--device`` and ``--dtype`` are fields of :class:`experiments.runtime.settings.RunSettings`, checked by
+  :func:`device` (``auto`` = CUDA when present) and :data:`DTYPES`, the same in every experiment.
 * **``--help`` reads like a man page**: ``python -m experiments.<name>`` as the program name, the module
   docstring with its line breaks (reStructuredText double backticks dropped), every flag described, and
   its default shown once (not when the help text already states it, nor when it is ``None``/off).
@@ -161,15 +162,6 @@ def device(text: str) -> str:
     elif dev.type != "cpu":
         raise argparse.ArgumentTypeError(f"unsupported device {text!r}; use auto, cpu, cuda, cuda:N or mps")
     return text
-
-
-def add_device_flags(parser: argparse.ArgumentParser, *, dtype: bool = True) -> None:
-    """``--device`` (default auto) and, if asked, ``--dtype``: the same meaning in every experiment."""
-    parser.add_argument("--device", type=device, default="auto",
-                        help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps")
-    if dtype:
-        parser.add_argument("--dtype", choices=DTYPES, default=None,
-                            help="weights' dtype (default: float32 on CPU, bfloat16 on CUDA)")
 
 
 # ---------------------------------------------------------------------------- running and reporting errors
