@@ -125,7 +125,7 @@ def run(cfg: BenchFinetuneConfig, *, loader: ModelLoader | None = None) -> dict:
 
 
 def _stages(run: Run) -> None:
-    cfg = run.settings
+    cfg = run.cfg
     model = run.load_model()
     with run.stage("data and key heads"):
         data = arithmetic_train_set(model, ArithmeticMix(n_examples=cfg.batch_size * cfg.steps, seed=1))

@@ -154,7 +154,7 @@ def run(cfg: EdgeSweepsConfig, *, loader: ModelLoader | None = None) -> dict | N
 
 
 def _stages(run: Run, shard: distributed.Shard) -> None:
-    cfg = run.settings
+    cfg = run.cfg
     with run.stage("load model", f"loading {cfg.model}"):
         model = run.loader(cfg.model, device=_device(cfg.device, shard), dtype=cfg.dtype)
     model.eval()

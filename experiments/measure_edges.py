@@ -107,7 +107,7 @@ def run(cfg: MeasureEdgesConfig, *, loader: ModelLoader | None = None) -> dict:
 
 
 def _stages(run: Run) -> None:
-    cfg, results = run.settings, run.results
+    cfg, results = run.cfg, run.results
     model = run.load_model()
     model.eval()
     with run.stage("prompts"):

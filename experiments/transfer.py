@@ -52,10 +52,11 @@ def jaccard(a: set, b: set) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
 
 
-def identify(model, cfg: TransferConfig, ops: list[str], timer: StageTimer) -> tuple[KeyHeads, dict, dict]:
-    """Per operation: correctly answered prompts, their path-patching key heads, a knockout sample, base accuracy."""
+def identify(model, cfg: TransferConfig, ops: list[str], stage) -> tuple[KeyHeads, dict, dict]:
+    """Per operation: correctly answered prompts, their path-patching key heads, a knockout sample, base accuracy
+    (timed as the run's stage ``identify``; ``stage``: its ``Run.stage``)."""
     kept, base = {}, {}
-    with timer.stage("identify"):
+    with stage("identify"):
         for op in ops:
             dataset = make_dataset(model, TaskConfig(op=op, n_prompts=cfg.n_prompts, seed=cfg.seed))
             kept[op], base[op] = filter_correct(model, dataset, cfg.batch_size)
@@ -120,11 +121,11 @@ def run(cfg: TransferConfig, *, loader: ModelLoader | None = None) -> dict:
 
 @torch.no_grad()
 def _stages(run: Run) -> None:
-    cfg, out, timer = run.settings, run.out, run.timer
+    cfg, out, timer = run.cfg, run.out, run.timer
     ops = [resolve_operation(op).symbol for op in cfg.ops]
     model = run.load_model()
-    chosen, samples, base = identify(model, cfg, ops, timer)
-    with timer.stage("cross knockout"):
+    chosen, samples, base = identify(model, cfg, ops, run.stage)
+    with run.stage("cross knockout"):
         cross = cross_knockout(model, cfg, chosen.by_op, samples)
     matrix = cross_figure(cross, ops, cfg.top_k)
     write_text_atomic(out / "figures" / "cross_knockout.json", matrix.to_json())

@@ -26,9 +26,9 @@ def run_mergekit_yaml(cfg, *, loader: ModelLoader | None = None) -> dict:
 
 
 def _merge_and_save(run: Run) -> None:
-    cfg, out = run.settings, run.out
+    cfg, out = run.cfg, run.out
     plan = load_mergekit_config(cfg.config)
-    model = run.loader(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    model = run.load_model(stage=None)
     check_architecture(plan.base, model, cfg)
     merged, seconds, peak_mb = measured(plan.run)
     missing, unexpected = model.load_state_dict(merged, strict=False)
