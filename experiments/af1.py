@@ -76,6 +76,12 @@ class AF1ExperimentConfig(BatchSettings, PromptSettings, RunSettings):
                                              "L_transfer) cells, as W,T, under each isolation variant on the same "
                                              "eval prompts (paired), to find what limits faithfulness", nargs="+")
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.means == "cross-fit" and self.n_folds < 2:
+            raise InputError(f"--n-folds {self.n_folds} with --means cross-fit: cross-fitting fits the means on the "
+                             "other folds and evaluates on one, so it needs --n-folds 2 or more (or --means split).")
+
     def af1_config(self) -> AF1Config:
         """The :class:`patching.all_for_one.search.AF1Config` these flags describe."""
         from patching.all_for_one.cama import CamaConfig
@@ -191,14 +197,15 @@ def _score_variant(variant: AF1Runner, runner: AF1Runner, cells, main_hits) -> t
     return result, rows
 
 
-def isolate(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, timer) -> dict:
-    """Score pre-specified cells under each variant on the same eval prompts, paired against the main model."""
+def isolate(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, stage) -> dict:
+    """Score pre-specified cells under each variant on the same eval prompts, paired against the main model
+    (``stage``: the run's ``Run.stage``)."""
     cells = _isolation_cells(model, cfg)
-    with timer.stage("data, CAMA means and cached residuals"):
+    with stage("data, CAMA means and cached residuals"):
         runner, counts = build_runner(model, templates, cfg, config)
     out, main_hits = {"cells": [list(c) for c in cells], "search_counts": counts, "variants": {}}, None
     for name, make in _variant_runners(model, runner, templates, cfg, config).items():
-        with timer.stage(f"isolation: {name}"):
+        with stage(f"isolation: {name}"):
             result, rows = _score_variant(make(), runner, cells, main_hits)
         main_hits = main_hits or rows
         out["variants"][name] = result
@@ -212,19 +219,20 @@ def isolate(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, timer
 # ---------------------------------------------------------------------------- stages of the search
 
 
-def grid_search(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, timer):
-    """Data, grid and the selected (pruned) setting on all eval prompts: (runner, counts, hits, search)."""
+def grid_search(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, stage):
+    """Data, grid and the selected (pruned) setting on all eval prompts: (runner, counts, hits, search); each step
+    timed as a stage of the run (``stage``: its ``Run.stage``)."""
     from patching.all_for_one.search import grid_hits, search_af1
 
-    with timer.stage("data, CAMA means and cached residuals"):
+    with stage("data, CAMA means and cached residuals"):
         runner, counts = build_runner(model, templates, cfg, config)
     fallback = runner.cama_counts()["fallback_fraction"]
     print(f"search data: eval candidates {runner.n_eval_total}, full-model accuracy {runner.base_accuracy:.1%}, "
           f"{runner.n_eval} correct prompts kept ({counts}); CAMA fallback fraction "
           f"{fallback:.1%}; a constant answer would score {runner.constant_baseline:.1%}")
-    with timer.stage("grid"):
+    with stage("grid"):
         hits = grid_hits(runner)
-    with timer.stage("selection and pruning"):
+    with stage("selection and pruning"):
         search = search_af1(model, None, config, runner=runner, hits=hits)
     print(f"selected (all eval prompts, in-sample) L_wait={search.l_wait} L_transfer={search.l_transfer}: "
           f"faithfulness {search.faithfulness:.1%}{'' if search.meets_threshold else ' (below the threshold: best cell)'}; "
@@ -295,13 +303,14 @@ def _format_row(model, template, cfg: AF1ExperimentConfig, config: AF1Config, se
     return row
 
 
-def authors_formats(model, cfg: AF1ExperimentConfig, config: AF1Config, search: AF1SearchResult, timer) -> list[dict]:
+def authors_formats(model, cfg: AF1ExperimentConfig, config: AF1Config, search: AF1SearchResult,
+                    stage) -> list[dict]:
     """The authors' five formats at the selected setting (``--no-authors``: none)."""
     from patching.all_for_one.template_prompts import authors_templates
 
     if cfg.no_authors:
         return []
-    with timer.stage("authors' templates"):
+    with stage("authors' templates"):
         return [_format_row(model, template, cfg, config, search) for template in authors_templates(cfg.op)]
 
 
@@ -358,23 +367,23 @@ def _stages(run: Run) -> None:
     from patching.all_for_one.search import faithfulness_heatmap
     from patching.all_for_one.template_prompts import authors_templates
 
-    cfg, results = run.settings, run.results
+    cfg, results = run.cfg, run.results
     config = cfg.af1_config()
     authors = {t.id: t for t in authors_templates(cfg.op)}
     templates = [authors[t] if t in authors else template_by_id(t) for t in cfg.templates]
     model = run.load_model()
     if cfg.isolate:  # the isolation variants instead of the search; results.json only
         results |= {"search_templates": list(cfg.templates), "layer_convention": LAYER_CONVENTION,
-                    "isolation": isolate(model, cfg, config, templates, run.timer)}
+                    "isolation": isolate(model, cfg, config, templates, run.stage)}
         return
 
-    runner, search_counts, hits, search = grid_search(model, cfg, config, templates, run.timer)
+    runner, search_counts, hits, search = grid_search(model, cfg, config, templates, run.stage)
     held = held_out(runner, hits, cfg)
     paper = paper_cells(hits, model.cfg.n_layers)
     heatmap = faithfulness_heatmap(search.grid, f"AF1 faithfulness, {cfg.model}, {', '.join(cfg.templates)}",
                                    best=(search.l_wait, search.l_transfer))
     write_text_atomic(run.out / "heatmap.html", heatmap.to_html(include_plotlyjs=True, full_html=True))
-    per_template = authors_formats(model, cfg, config, search, run.timer)
+    per_template = authors_formats(model, cfg, config, search, run.stage)
 
     counts = runner.cama_counts()
     results |= {

@@ -133,7 +133,7 @@ def _stages(run: Run) -> None:
 
     from finetune import ArithmeticMix, arithmetic_train_set
 
-    cfg = run.settings
+    cfg = run.cfg
     model = run.load_model()
     with run.stage("data and key heads"):
         data = arithmetic_train_set(model, ArithmeticMix(n_examples=cfg.batch_size * cfg.steps, seed=1))

@@ -307,7 +307,7 @@ def _stages(run: Run) -> None:
     from circuits.nodes import all_nodes
     from patching.path_patching import path_patch
 
-    cfg, results = run.settings, run.results
+    cfg, results = run.cfg, run.results
     model = run.load_model()
     model.eval()
     with run.stage("prompts"):

@@ -218,7 +218,7 @@ class MeasureConfig(RunSettings):
 
 def _measure_model(run: Run):
     """The model to time: the named one, or a random tiny one (``tiny-gpt2`` etc.) to try the script quickly."""
-    name = run.settings.model
+    name = run.cfg.model
     if not name.startswith("tiny-"):
         return run.load_model().eval()
     from circuits.random_models import tiny_model
@@ -286,7 +286,7 @@ def _measure(run: Run) -> None:
     """Time every sweep once on the model; results.json is saved after each sweep (atomically)."""
     import torch
 
-    cfg, results = run.settings, run.results
+    cfg, results = run.cfg, run.results
     model = _measure_model(run)
     with run.stage("prompts"):
         runs, extra, state, shape = _sweeps(model, cfg)
@@ -300,7 +300,7 @@ def _measure(run: Run) -> None:
         if cfg.only and name not in cfg.only:
             continue
         with run.stage(name):
-            torch.manual_seed(cfg.seed)
+            torch.manual_seed(cfg.seed)  # each sweep draws the same numbers whichever ran before it (--only)
             exact = reset_peak_rss()
             before = peak_rss(exact)
             began = time.perf_counter()
@@ -479,7 +479,7 @@ def fit_and_predict(runs: list[dict]) -> dict:
 
 def _fit(run: Run, runs: list[dict]) -> None:
     """Fit, predict, print the tables; ``--markdown``: also the tables of docs/gpu.md."""
-    cfg, results = run.settings, run.results
+    cfg, results = run.cfg, run.results
     with run.stage("fit and predictions"):
         fit = fit_and_predict(runs)
         results |= fit

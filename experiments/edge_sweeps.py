@@ -24,10 +24,12 @@ edges, and the curve with CPR/CMD; and the exact effects (``exact_edges.safetens
 from __future__ import annotations
 
 import dataclasses
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ContextManager
 
+from circuits.errors import InputError
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
 from experiments.runtime.bench_prompts import one_length_prompts
@@ -105,6 +107,23 @@ def sweep(model, data, cfg: EdgeSweepsConfig,
     return Sweeps(layout, edges, graph, effects, curve, times)
 
 
+#: The fewest exactly patched edges a rank correlation with the EAP-IG scores is computed over.
+MIN_RANKED_EDGES = 3
+
+
+def check_stride(cfg: EdgeSweepsConfig, model) -> None:
+    """Right after the model loads (its edge count bounds ``--stride``): refuse a stride that leaves too few edges
+    for the Spearman correlation, before any sweep runs."""
+    from circuits.graph import GraphLayout
+
+    n_edges = GraphLayout.of(model).n_edges
+    n_patched = len(range(0, n_edges, cfg.stride))
+    if n_patched < MIN_RANKED_EDGES:
+        raise InputError(f"--stride {cfg.stride} patches {n_patched} of the {n_edges} edges of {cfg.model} exactly; "
+                         f"their Spearman correlation with EAP-IG needs at least {MIN_RANKED_EDGES}: give --stride "
+                         f"{max(1, n_edges // MIN_RANKED_EDGES)} or less.")
+
+
 def summarize(cfg: EdgeSweepsConfig, shard: distributed.Shard, model, data, sweeps: Sweeps) -> dict:
     """results.json: wall times, processes, Spearman of EAP-IG against the exact effects, the top edges, the curve."""
     import torch
@@ -114,14 +133,21 @@ def summarize(cfg: EdgeSweepsConfig, shard: distributed.Shard, model, data, swee
     f, b = torch.tensor(effects.edges).T
     attributed = sweeps.graph.scores[f, b].double()
     rho = float(spearmanr(attributed.numpy(), effects.effects.numpy()).statistic)
+    undefined = None
+    if not math.isfinite(rho):  # constant scores or effects: no ranking to correlate
+        undefined = ("the EAP-IG scores" if bool((attributed == attributed[0]).all()) else "the exact effects") + \
+            f" of the {len(sweeps.edges)} patched edges are all equal, so they rank nothing"
+        rho = None
     top = effects.effects.abs().argsort(descending=True)[:20].tolist()
     print(f"{shard.world_size} process(es), {len(data)} prompts: attribution {times['edge_attribution_s']:.1f} s, "
           f"{len(sweeps.edges)} exact edges {times['edge_patch_s']:.1f} s, curve {times['faithfulness_curve_s']:.1f} s; "
-          f"Spearman(EAP-IG, exact) = {rho:.3f}; CPR {curve.cpr}, CMD {curve.cmd}")
+          f"Spearman(EAP-IG, exact) = {f'{rho:.3f}' if undefined is None else f'undefined ({undefined})'}; "
+          f"CPR {curve.cpr}, CMD {curve.cmd}")
     return {
         "model": cfg.model, "settings": dataclasses.asdict(cfg), "n_processes": shard.world_size, "n_prompts": len(data),
         "threads": torch.get_num_threads(), "device": str(model.cfg.device), **times,
         "n_edges_patched": len(sweeps.edges), "stride": cfg.stride, "spearman_eap_ig_vs_exact": rho,
+        **({"spearman_undefined": undefined} if undefined else {}),
         "n_edges_total": layout.n_edges,
         "top_exact_edges": {layout.edge_name(*effects.edges[i]): float(effects.effects[i]) for i in top},
         "curve": curve.to_dict(),
@@ -139,10 +165,11 @@ def run(cfg: EdgeSweepsConfig, *, loader: ModelLoader | None = None) -> dict | N
 
 
 def _stages(run: Run, shard: distributed.Shard) -> None:
-    cfg = run.settings
+    cfg = run.cfg
     with run.stage("load model", f"loading {cfg.model}"):
         model = run.loader(cfg.model, device=_device(cfg.device, shard), dtype=cfg.dtype)
     model.eval()
+    check_stride(cfg, model)
     with run.stage("prompts"):
         # bench_circuits' prompts: one template and one token length, so the shared prefix is long
         data = one_length_prompts(model, op="+", n_prompts=cfg.n_prompts, n_shots=2, seed=cfg.seed)

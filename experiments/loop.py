@@ -97,7 +97,7 @@ def _stages(run: Run) -> None:
     from patching.edges.faithful_circuit import circuit_heads
     from patching.edges.shift import ShiftSettings, circuit_shift
 
-    cfg, results = run.settings, run.results
+    cfg, results = run.cfg, run.results
     base = run.load_model()
     for p in base.parameters():
         p.requires_grad_(False)
@@ -183,7 +183,7 @@ def _fmt(estimate: dict) -> str:
 def _report(run: Run, figures: dict) -> None:
     from circuits.show.html_report import Report
 
-    results, cfg = run.results, run.settings
+    results, cfg = run.results, run.cfg
     report = Report(f"Identify, tune, merge, look again: {cfg.op} on {cfg.model}", summary(results))
     rows = []
     for name, step in results["steps"].items():

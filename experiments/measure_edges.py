@@ -122,7 +122,7 @@ def _stages(run: Run) -> None:
     from circuits.tasks import single_batch
     from patching import forward
 
-    cfg, results = run.settings, run.results
+    cfg, results = run.cfg, run.results
     model = run.load_model()
     model.eval()
     with run.stage("prompts"):

@@ -51,13 +51,14 @@ def jaccard(a: set, b: set) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
 
 
-def identify(model, cfg: TransferConfig, ops: list[str], timer: StageTimer) -> tuple[KeyHeads, dict, dict]:
-    """Per operation: correctly answered prompts, their path-patching key heads, a knockout sample, base accuracy."""
+def identify(model, cfg: TransferConfig, ops: list[str], stage) -> tuple[KeyHeads, dict, dict]:
+    """Per operation: correctly answered prompts, their path-patching key heads, a knockout sample, base accuracy
+    (timed as the run's stage ``identify``; ``stage``: its ``Run.stage``)."""
     from circuits.tasks import TaskConfig, filter_correct, make_dataset
     from patching.head_ranking import rank_key_heads
 
     kept, base = {}, {}
-    with timer.stage("identify"):
+    with stage("identify"):
         for op in ops:
             dataset = make_dataset(model, project(cfg, TaskConfig, op=op))
             kept[op], base[op] = filter_correct(model, dataset, cfg.batch_size)
@@ -127,11 +128,11 @@ def run(cfg: TransferConfig, *, loader: ModelLoader | None = None) -> dict:
 
 @cli.no_grad
 def _stages(run: Run) -> None:
-    cfg, out, timer = run.settings, run.out, run.timer
+    cfg, out, timer = run.cfg, run.out, run.timer
     ops = [resolve_operation(op).symbol for op in cfg.ops]
     model = run.load_model()
-    chosen, samples, base = identify(model, cfg, ops, timer)
-    with timer.stage("cross knockout"):
+    chosen, samples, base = identify(model, cfg, ops, run.stage)
+    with run.stage("cross knockout"):
         cross = cross_knockout(model, cfg, chosen.by_op, samples)
     matrix = cross_figure(cross, ops, cfg.top_k)
     write_text_atomic(out / "figures" / "cross_knockout.json", matrix.to_json())

@@ -33,7 +33,7 @@ smallest faithful size and the time of each method (``patching.edges.faithful_ci
 The search is :func:`patching.edges.faithful_circuit.find_faithful_circuit` with its settings in one
 record (:class:`patching.edges.faithful_circuit.CircuitSearch`, built from these flags); the same stage
 runs inside ``python -m experiments.addition`` (and the other operations) with the key heads and head
-classes that pipeline has already found (:func:`experiments.circuit.stage.edge_circuit_stage`).
+classes that pipeline has already found (:func:`experiments.runtime.edge_circuit.edge_circuit_stage`).
 """
 
 from __future__ import annotations
@@ -110,10 +110,10 @@ def run(cfg: CircuitConfig, *, loader: ModelLoader | None = None) -> dict:
 def _stages(run: Run) -> None:
     from circuits.show.html_report import Report
     from experiments.circuit.compare import add_comparison_section, compare_stage, comparison_summary
-    from experiments.circuit.stage import add_report_section, edge_circuit_stage, summary
+    from experiments.runtime.edge_circuit import add_report_section, edge_circuit_stage, summary
     from patching.edges.faithful_circuit import split_halves
 
-    cfg, results = run.settings, run.results
+    cfg, results = run.cfg, run.results
     name = resolve_operation(cfg.op).name
     model = run.load_model()
     with run.stage("data", f"{cfg.n_prompts} {name} prompts, keeping the correct ones"):

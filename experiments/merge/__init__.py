@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 # only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
 from circuits.errors import InputError
 from circuits.file_reads import read_json
-from experiments.runtime.run_folder import StageTimer, save_results, write_json_atomic
+from experiments.runtime.run_folder import write_json_atomic
 
 from experiments.runtime import ModelLoader, Run, cli, run_experiment
 from experiments.merge.config import METHODS, TASKS, MergeConfig
@@ -63,79 +63,74 @@ parser = cli.config_parser(MergeConfig, "merge", __doc__)
 
 
 @dataclass
-class MergeRun:
-    """What the stages share: the settings, the base model, the task data, and what has been measured so far."""
+class MergeState:
+    """What the stages carry beside the run's settings and results: the base model, the task data, the experts and
+    what has been merged so far."""
 
-    cfg: MergeConfig
-    out: object
     base: object
     data: dict
-    timer: StageTimer
-    results: dict
     experts: dict = field(default_factory=dict)  # task -> state dict
     recipes: dict = field(default_factory=dict)  # merged model name -> how to make it again (for the best one)
     alpha_tables: dict = field(default_factory=dict)
     work: object = None  # the model merged state dicts are loaded into for scoring
-    loader: ModelLoader | None = None  # loads the experts of --experts-dir and the saved best merge
 
-    def load(self, path):
-        """The model saved in ``path``, through the run's loader, on the run's device and dtype."""
-        return self.loader(str(path), device=self.cfg.device, dtype=self.cfg.dtype)
 
-    @property
-    def cf_tasks(self) -> list[list[str]]:
-        """Per task, the first ``n_samples`` training prompts with their answers (the linearity figure's samples)."""
-        return [[r["prompt"] + r["answer"] for r in self.data[(t, "train")].select(range(self.cfg.n_samples))]
-                for t in TASKS]
+MergeRun = Run[MergeConfig, MergeState]
 
-    def cf_inputs(self, names, seed: int, positions: str) -> dict:
-        """The closed form's data for experts ``names``: ``n_samples`` training rows per task drawn with ``seed``
-        (seed 0: the first rows), as token tensors with attention masks and, for ``positions="answer"``, fit masks."""
-        from experiments.merge.experts import padded_rows
 
-        tasks, masks, fits = [], [], []
-        for t in names:
-            rows = self.data[(t, "train")]
-            picked = range(self.cfg.n_samples) if seed == 0 else \
-                sorted(random.Random(seed).sample(range(len(rows)), min(self.cfg.n_samples, len(rows))))
-            tokens, attention, answer_side = padded_rows(rows.select(picked).to_list(), self.base)
-            tasks.append(tokens)
-            masks.append(attention)
-            fits.append(answer_side if positions == "answer" else None)
-        return {"tasks": tasks, "attention_masks": masks, "fit_masks": fits}
+def cf_tasks(run: MergeRun) -> list[list[str]]:
+    """Per task, the first ``n_samples`` training prompts with their answers (the linearity figure's samples)."""
+    return [[r["prompt"] + r["answer"] for r in run.state.data[(t, "train")].select(range(run.cfg.n_samples))]
+            for t in TASKS]
 
-    def score(self, model, split: str = "test", tasks=TASKS) -> dict:
-        """Accuracy per task on ``split`` (with per-prompt hits and a Wilson interval) and pooled over tasks."""
-        from circuits.stats import proportion
-        from finetune.evaluate import answer_accuracy
 
-        model.eval()
-        per = {t: answer_accuracy(model, self.data[(t, split)], self.cfg.eval_batch_size, per_prompt=True)
-               for t in tasks}
-        for s in per.values():
-            s["exact_ci"] = proportion(s["exact_hits"]).to_dict()
-        pooled = proportion([h for s in per.values() for h in s["exact_hits"]])
-        return {"tasks": per, "avg": sum(s["exact"] for s in per.values()) / len(per), "pooled": pooled.to_dict()}
+def cf_inputs(run: MergeRun, names, seed: int, positions: str) -> dict:
+    """The closed form's data for experts ``names``: ``n_samples`` training rows per task drawn with ``seed``
+    (seed 0: the first rows), as token tensors with attention masks and, for ``positions="answer"``, fit masks."""
+    from experiments.merge.experts import padded_rows
 
-    def record(self, name: str, model, seconds: float, val: bool = False, tasks=TASKS, **extra) -> dict:
-        """Score ``model`` on the test split of ``tasks`` (and val if ``val``), store it under ``name``, print a line,
-        save results.json."""
-        entry = {"test": self.score(model, "test", tasks) if tasks else None, "seconds": round(seconds, 2), **extra}
-        if val:
-            entry["val"] = self.score(model, "val", tasks or TASKS)
-        if not tasks:
-            self.results["models"][name] = entry
-            print(f"{name:28s} (validation only) avg={entry['val']['avg']:.3f} ({seconds:.0f} s)", flush=True)
-            self.save()
-            return entry
-        self.results["models"][name] = entry
-        accs = " ".join(f"{t}={entry['test']['tasks'][t]['exact']:.3f}" for t in tasks)
-        print(f"{name:28s} {accs} avg={entry['test']['avg']:.3f} ({seconds:.0f} s)", flush=True)
-        self.save()
+    tasks, masks, fits = [], [], []
+    for t in names:
+        rows = run.state.data[(t, "train")]
+        picked = range(run.cfg.n_samples) if seed == 0 else \
+            sorted(random.Random(seed).sample(range(len(rows)), min(run.cfg.n_samples, len(rows))))
+        tokens, attention, answer_side = padded_rows(rows.select(picked).to_list(), run.state.base)
+        tasks.append(tokens)
+        masks.append(attention)
+        fits.append(answer_side if positions == "answer" else None)
+    return {"tasks": tasks, "attention_masks": masks, "fit_masks": fits}
+
+
+def score(run: MergeRun, model, split: str = "test", tasks=TASKS) -> dict:
+    """Accuracy per task on ``split`` (with per-prompt hits and a Wilson interval) and pooled over tasks."""
+    from circuits.stats import proportion
+    from finetune.evaluate import answer_accuracy
+
+    model.eval()
+    per = {t: answer_accuracy(model, run.state.data[(t, split)], run.cfg.eval_batch_size, per_prompt=True)
+           for t in tasks}
+    for s in per.values():
+        s["exact_ci"] = proportion(s["exact_hits"]).to_dict()
+    pooled = proportion([h for s in per.values() for h in s["exact_hits"]])
+    return {"tasks": per, "avg": sum(s["exact"] for s in per.values()) / len(per), "pooled": pooled.to_dict()}
+
+
+def record(run: MergeRun, name: str, model, seconds: float, val: bool = False, tasks=TASKS, **extra) -> dict:
+    """Score ``model`` on the test split of ``tasks`` (and val if ``val``), store it under ``name``, print a line,
+    save results.json."""
+    entry = {"test": score(run, model, "test", tasks) if tasks else None, "seconds": round(seconds, 2), **extra}
+    if val:
+        entry["val"] = score(run, model, "val", tasks or TASKS)
+    if not tasks:
+        run.results["models"][name] = entry
+        print(f"{name:28s} (validation only) avg={entry['val']['avg']:.3f} ({seconds:.0f} s)", flush=True)
+        run.save()
         return entry
-
-    def save(self) -> None:
-        save_results(self.out, self.results)
+    run.results["models"][name] = entry
+    accs = " ".join(f"{t}={entry['test']['tasks'][t]['exact']:.3f}" for t in tasks)
+    print(f"{name:28s} {accs} avg={entry['test']['avg']:.3f} ({seconds:.0f} s)", flush=True)
+    run.save()
+    return entry
 
 
 # ---------------------------------------------------------------------------- measuring time and memory
@@ -144,13 +139,13 @@ class MergeRun:
 # ---------------------------------------------------------------------------- stages
 
 
-def start_run(lifecycle: Run) -> MergeRun:
+def start_run(run: MergeRun) -> None:
     """The frozen base model, the task data (one example per task printed), the base's scores."""
     from experiments.merge.experts import task_config
     from finetune.expert_tasks import expert_task_data
 
-    cfg, out, timer = lifecycle.settings, lifecycle.out, lifecycle.timer  # results.json after every stage
-    base = lifecycle.load_model(stage="load")
+    cfg = run.cfg
+    base = run.load_model(stage="load")
     base.eval()
     for p in base.parameters():
         p.requires_grad_(False)
@@ -158,10 +153,9 @@ def start_run(lifecycle: Run) -> MergeRun:
     for t in TASKS:
         row = data[(t, "test")][0]
         print(f"{t}: {row['prompt'][-70:]!r} -> {row['answer']!r}")
-    run = MergeRun(cfg, out, base, data, timer, lifecycle.results, loader=lifecycle.loader)
-    with timer.stage("eval base"):
-        run.record("base", base, 0.0, val=True, tasks=() if cfg.no_base_test else TASKS)
-    return run
+    run.state = MergeState(base, data)
+    with run.stage("eval base"):
+        record(run, "base", base, 0.0, val=True, tasks=() if cfg.no_base_test else TASKS)
 
 
 def train_experts(run: MergeRun) -> None:
@@ -175,7 +169,7 @@ def train_experts(run: MergeRun) -> None:
         path = f"{experts_dir}/{t}"
         start = time.perf_counter()
         if os.path.isdir(path):  # saved by an earlier (perhaps interrupted) run: resume from it
-            model = run.load(path)
+            model = run.load_model(path, stage=None)
             trained = read_json(f"{path}.train.json", "an expert's training record", error=InputError,
                                 hint="Delete it to reload the expert without it.") \
                 if os.path.isfile(f"{path}.train.json") else {}
@@ -186,11 +180,11 @@ def train_experts(run: MergeRun) -> None:
             write_json_atomic(f"{path}.train.json", info)
         train_seconds = time.perf_counter() - start
         run.timer.seconds[f"expert {t}"] = round(train_seconds, 2)
-        run.experts[t] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        with run.timer.stage("eval experts"):
-            run.record(f"expert {t}", model, train_seconds, val=True, tasks=(t,), **info)
+        run.state.experts[t] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        with run.stage("eval experts"):
+            record(run, f"expert {t}", model, train_seconds, val=True, tasks=(t,), **info)
         del model
-    run.work = copy.deepcopy(run.base)
+    run.state.work = copy.deepcopy(run.state.base)
 
 
 def choose_key_heads(run: MergeRun) -> KeyHeads:
@@ -202,10 +196,10 @@ def choose_key_heads(run: MergeRun) -> KeyHeads:
     if run.cfg.heads:
         chosen = given_key_heads(given_heads(run.cfg))
     else:
-        with run.timer.stage("path patching"):
-            probes = {op: make_dataset(run.base, op=op, n_prompts=run.cfg.n_patch, n_shots=run.cfg.n_shots, seed=100 + i)
+        with run.stage("path patching"):
+            probes = {op: make_dataset(run.state.base, op=op, n_prompts=run.cfg.n_patch, n_shots=run.cfg.n_shots, seed=100 + i)
                       for i, op in enumerate(("+", "*"))}
-            chosen = rank_key_heads(run.base, probes, top_k=run.cfg.k, combine="union")
+            chosen = rank_key_heads(run.state.base, probes, top_k=run.cfg.k, combine="union")
     run.results |= {"key_heads": [str(h) for h in chosen.heads], "key_heads_rule": chosen.rule}
     print("key heads:", ", ".join(run.results["key_heads"]))
     return chosen
@@ -236,7 +230,7 @@ def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs:
     from experiments.merge.experts import measured
     from merging import merge
 
-    srcs = [run.experts[n] for n in names]
+    srcs = [run.state.experts[n] for n in names]
     chosen = {}
     grids = baseline_grid(run.cfg) if configs is None else {m: [c] for m, c in configs.items()}
     for method, grid in grids.items():
@@ -244,17 +238,17 @@ def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs:
             continue
         start, best = time.perf_counter(), None
         for config in grid:
-            state, secs, peak = measured(merge, method, run.base, srcs, config, progress=False)
-            run.work.load_state_dict(state)
+            state, secs, peak = measured(merge, method, run.state.base, srcs, config, progress=False)
+            run.state.work.load_state_dict(state)
             del state
-            val = run.score(run.work, "val", names)["avg"] if len(grid) > 1 else None
+            val = score(run, run.state.work, "val", names)["avg"] if len(grid) > 1 else None
             if best is None or val > best[0]:
-                best = (val, config, copy.deepcopy(run.work.state_dict()) if len(grid) > 1 else None, secs, peak)
+                best = (val, config, copy.deepcopy(run.state.work.state_dict()) if len(grid) > 1 else None, secs, peak)
         if best[2] is not None:
-            run.work.load_state_dict(best[2])
+            run.state.work.load_state_dict(best[2])
         chosen[method] = best[1]
-        run.recipes[f"{method}{suffix}"] = ("method", method, best[1])
-        run.record(f"{method}{suffix}", run.work, time.perf_counter() - start, val=method == "weight_average" and
+        run.state.recipes[f"{method}{suffix}"] = ("method", method, best[1])
+        record(run, f"{method}{suffix}", run.state.work, time.perf_counter() - start, val=method == "weight_average" and
                    not suffix, config=best[1], val_avg=best[0],
                    grid=[str(c) for c in grid], merge_seconds=round(best[3], 2), peak_mb=round(best[4], 1))
     return chosen
@@ -276,7 +270,7 @@ def closed_form_plans(run: MergeRun, levels: list, key_heads: KeyHeads | None, s
                     (f", seed {seed}" if seeds > 1 and lv in repeated else "") + f"){suffix}"
                 plans.append((name, lv, pos, seed))
     if key_heads is not None and levels:  # --levels "" runs no closed form at all
-        plans.append((f"{CIRCUIT_AWARE}{suffix}", circuit_levels(key_heads.heads, run.base.cfg.n_layers), "all", 0))
+        plans.append((f"{CIRCUIT_AWARE}{suffix}", circuit_levels(key_heads.heads, run.state.base.cfg.n_layers), "all", 0))
     return plans
 
 
@@ -285,9 +279,9 @@ def closed_form_state(run: MergeRun, names, spec, positions: str, seed: int):
     samples: ``merge_submodules``'s result."""
     from merging import merge_submodules
 
-    return merge_submodules(run.base, [run.experts[n] for n in names], config=_closed_form_config(run.cfg),
+    return merge_submodules(run.state.base, [run.state.experts[n] for n in names], config=_closed_form_config(run.cfg),
                             levels=spec, expert_names=list(names), progress=False,
-                            **run.cf_inputs(names, seed, positions))
+                            **cf_inputs(run, names, seed, positions))
 
 
 def merge_closed_form(run: MergeRun, names: tuple[str, ...], suffix: str, levels: list, key_heads: KeyHeads | None,
@@ -296,23 +290,23 @@ def merge_closed_form(run: MergeRun, names: tuple[str, ...], suffix: str, levels
     for name, spec, pos, seed in closed_form_plans(run, levels, key_heads, suffix, seeds, list(positions)):
         start = time.perf_counter()
         res = closed_form_state(run, names, spec, pos, seed)
-        run.work.load_state_dict(res.state_dict)
-        run.recipes[name] = ("closed form", spec, pos, seed)
-        run.record(name, run.work, time.perf_counter() - start, alphas=res.alphas.to_dict(), positions=pos,
+        run.state.work.load_state_dict(res.state_dict)
+        run.state.recipes[name] = ("closed form", spec, pos, seed)
+        record(run, name, run.state.work, time.perf_counter() - start, alphas=res.alphas.to_dict(), positions=pos,
                    sample_seed=seed)
-        run.alpha_tables[name] = res.alphas
+        run.state.alpha_tables[name] = res.alphas
 
 
 def merge_everything(run: MergeRun, key_heads: KeyHeads) -> None:
     """All three experts with every method and level; with ``--pairs`` each pair too (the triple's configs, attn_mlp)."""
     late = [m for m in run.cfg.late_methods.split(",") if m]
-    with run.timer.stage("merge all three"):
+    with run.stage("merge all three"):
         chosen = merge_baselines(run, TASKS, "", skip=late)
         merge_closed_form(run, TASKS, "", [lv for lv in run.cfg.levels.split(",") if lv], key_heads,
                           run.cfg.cf_seeds, tuple(run.cfg.cf_positions.split(",")))
         chosen |= merge_baselines(run, TASKS, "", only=late) if late else {}
     if run.cfg.pairs:
-        with run.timer.stage("merge pairs"):
+        with run.stage("merge pairs"):
             for i in range(len(TASKS)):
                 for j in range(i + 1, len(TASKS)):
                     names, suffix = (TASKS[i], TASKS[j]), f" [{TASKS[i]}+{TASKS[j]}]"
@@ -342,10 +336,10 @@ def rebuild_state(run: MergeRun, name: str) -> dict:
     """The state dict of the merge of all three experts recorded as ``name``, made again from its recipe."""
     from merging import merge
 
-    recipe = run.recipes[name]
+    recipe = run.state.recipes[name]
     if recipe[0] == "closed form":
         return closed_form_state(run, TASKS, *recipe[1:]).state_dict
-    return merge(recipe[1], run.base, list(run.experts.values()), recipe[2], progress=False)
+    return merge(recipe[1], run.state.base, list(run.state.experts.values()), recipe[2], progress=False)
 
 
 def circuits_of_merges(run: MergeRun) -> None:
@@ -354,8 +348,8 @@ def circuits_of_merges(run: MergeRun) -> None:
         return
     from experiments.merge.circuit_column import circuit_column
 
-    names = [n for n in _triple_merges(run.results) if n in run.recipes]
-    with run.timer.stage("circuit column"):
+    names = [n for n in _triple_merges(run.results) if n in run.state.recipes]
+    with run.stage("circuit column"):
         run.results["circuit_column"] = circuit_column(run, names, lambda name: rebuild_state(run, name),
                                                        run.cfg.circuit_prompts)
     run.save()
@@ -368,13 +362,13 @@ def save_best(run: MergeRun) -> None:
     from circuits.model_cache import save_model
 
     best_name = max(_triple_merges(run.results), key=lambda k: run.results["models"][k]["test"]["avg"])  # noqa
-    with run.timer.stage("save best"):
-        run.work.load_state_dict(rebuild_state(run, best_name))
-        best_dir = save_model(run.work, run.out / "merged_best", overwrite=run.cfg.overwrite)
-        reloaded = run.load(best_dir)
-        probe = run.base.to_tokens(run.data[("en_fr", "test")][0]["prompt"])
+    with run.stage("save best"):
+        run.state.work.load_state_dict(rebuild_state(run, best_name))
+        best_dir = save_model(run.state.work, run.out / "merged_best", overwrite=run.cfg.overwrite)
+        reloaded = run.load_model(best_dir, stage=None)
+        probe = run.state.base.to_tokens(run.state.data[("en_fr", "test")][0]["prompt"])
         with torch.no_grad():
-            same = torch.equal(run.work(probe), reloaded(probe))
+            same = torch.equal(run.state.work(probe), reloaded(probe))
     run.results["best_merge"] = {"name": best_name, "path": str(best_dir), "reload_logits_equal": same}
     print(f"best merge {best_name!r} saved to {best_dir}; reloaded logits equal: {same}")
 
@@ -385,9 +379,9 @@ def measure_linearity(run: MergeRun):
 
     if not run.cfg.linearity_samples:
         return None
-    with run.timer.stage("linearity"):
+    with run.stage("linearity"):
         alphas = [(float(v),) * len(TASKS) for v in run.cfg.linearity_alphas.split(",")]
-        lin = nonlinearity_scores(run.base, list(run.experts.values()), run.cf_tasks, alphas,
+        lin = nonlinearity_scores(run.state.base, list(run.state.experts.values()), cf_tasks(run), alphas,
                                   LinearityConfig(level="attn_mlp", n_samples=run.cfg.linearity_samples,
                                                   batch_size=run.cfg.cf_batch_size), progress=False)
     run.results["linearity"] = lin.records
@@ -438,11 +432,11 @@ def run(cfg: MergeConfig, *, loader: ModelLoader | None = None) -> dict:
     return run_experiment("merge", cfg, _stages, loader=loader, results={"settings": dataclasses.asdict(cfg), "models": {}})
 
 
-def _stages(lifecycle: Run) -> None:
+def _stages(run: MergeRun) -> None:
     from experiments.merge.report import write_report
 
-    cfg = lifecycle.settings
-    run = start_run(lifecycle)
+    cfg = run.cfg
+    start_run(run)
     train_experts(run)
     key_heads = None if cfg.no_circuit_aware else choose_key_heads(run)
     merge_everything(run, key_heads)
@@ -467,8 +461,10 @@ def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) ->
     from experiments.merge.yaml_recipe import run_mergekit_yaml
 
     if cfg.markdown:
-        print(stats.markdown_summary(read_json(Path(cfg.markdown) / "results.json", "the results.json of a merge run",
-                                               error=InputError), TASKS))
+        path = Path(cfg.markdown) / "results.json"
+        results = read_json(path, "the results.json of a merge run", error=InputError)
+        stats.check_tables_of(results, path)
+        print(stats.markdown_summary(results, TASKS))
         return None
     return run_mergekit_yaml(cfg, loader=loader) if cfg.config else run(cfg, loader=loader)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option
 from experiments.runtime.settings import RunSettings
@@ -79,3 +80,22 @@ class MergeConfig(RunSettings):
     no_base_test: bool = option(False, "score the base on the validation split only (it is the experts' reference)")
     late_methods: str = option("", "data-free methods (of --methods) run after the closed form, not before "
                                "(what matters first finishes first when a run may be cut short)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.config and self.markdown:
+            raise InputError(f"--config {self.config} runs a mergekit YAML and --markdown {self.markdown} prints the "
+                             "tables of an earlier run: give one of them.")
+        for flag, given, allowed in (("--methods", self.methods, METHODS), ("--late-methods", self.late_methods,
+                                     self.methods.split(",")), ("--levels", self.levels, LEVELS),
+                                     ("--cf-repeat-levels", self.cf_repeat_levels, LEVELS)):
+            unknown = [x for x in given.split(",") if x and x not in allowed]
+            if unknown:
+                raise InputError(f"{flag} {given}: {unknown} {'is' if len(unknown) == 1 else 'are'} not among "
+                                 f"{','.join(allowed)}; give a comma-separated subset of them.")
+        n_train_numbers = self.max_number + 1 - self.n_test_numbers - self.n_val_numbers
+        if n_train_numbers < self.n_shots + 1:  # the en_fr expert's numbers, split before any model loads
+            raise InputError(f"--max-number {self.max_number} leaves {n_train_numbers} en_fr training numbers after "
+                             f"--n-test-numbers {self.n_test_numbers} and --n-val-numbers {self.n_val_numbers}, but "
+                             f"--n-shots {self.n_shots} needs {self.n_shots + 1}: give --max-number "
+                             f"{self.n_test_numbers + self.n_val_numbers + self.n_shots} or more.")

@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING
 
 # only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
 from circuits.errors import InputError
-from experiments.numbers.config import HELIX_PERIODS, NumbersConfig
-from experiments.runtime.run_folder import StageTimer
+from experiments.numbers.config import NumbersConfig
 
 from experiments.runtime import ModelLoader, Run, cli, run_experiment
 
@@ -90,15 +89,15 @@ def analyse(h: torch.Tensor, values: list[int], cfg: NumbersConfig, *, spectrum_
     return row
 
 
-def numbers_alone(model, cfg: NumbersConfig, keys: list, timer: StageTimer) -> dict:
+def numbers_alone(model, cfg: NumbersConfig, keys: list, stage) -> dict:
     """Stage 1: every number's representation at its last token, and the embedding / unembedding rows."""
     from circuits.analyze.number_geometry import fourier_spectrum
     from circuits.analyze.number_tokens import number_activations, number_token_vectors
 
     numbers = list(range(cfg.n_numbers))
-    with timer.stage("number activations"):
+    with stage("number activations"):
         acts = number_activations(model, numbers, keys, template=cfg.template, batch_size=cfg.batch_size)
-    with timer.stage("number analyses"):
+    with stage("number analyses"):
         section = {_key(*k): analyse(acts[k], numbers, cfg) for k in keys}
         tokens = {}
         for which in ("embed", "unembed"):
@@ -108,7 +107,7 @@ def numbers_alone(model, cfg: NumbersConfig, keys: list, timer: StageTimer) -> d
     return {"numbers": section, "token_vectors": tokens}
 
 
-def sums_at_end(model, cfg: NumbersConfig, keys: list, timer: StageTimer) -> tuple[SumPrompts, dict]:
+def sums_at_end(model, cfg: NumbersConfig, keys: list, stage) -> tuple[SumPrompts, dict]:
     """Stage 2: the sum prompts' END representations, analysed per (layer, component), and the base accuracy."""
     from circuits.analyze.number_tokens import arithmetic_activations, arithmetic_prompts, group_mean, pairs_by_result
     from circuits.stats import proportion
@@ -117,14 +116,14 @@ def sums_at_end(model, cfg: NumbersConfig, keys: list, timer: StageTimer) -> tup
     pairs = pairs_by_result(cfg.operand_max, cfg.per_result, seed=cfg.seed)
     prompts = arithmetic_prompts(model, pairs, prefix=cfg.prefix)
     sums, answer_ids = prompts.results, [r["answer_token_ids"][0] for r in prompts.rows]
-    with timer.stage("sum activations"):
+    with stage("sum activations"):
         end_acts = arithmetic_activations(model, prompts, keys, batch_size=cfg.batch_size)
-    with timer.stage("sum analyses"):
+    with stage("sum analyses"):
         section = {}
         for k in keys:
             _, means = group_mean(end_acts[k], sums)
             section[_key(*k)] = analyse(end_acts[k], sums, cfg, spectrum_rows=means)
-    with timer.stage("sum accuracy"):
+    with stage("sum accuracy"):
         correct = evaluate_end(model, prompts.tokens(), answer_ids, batch_size=cfg.batch_size)["correct"]
     print(f"sum prompts: {len(pairs)}, first-token accuracy {proportion(correct)}")
     info = {"n": len(pairs), "operand_max": cfg.operand_max, "per_result": cfg.per_result,
@@ -147,14 +146,14 @@ def frequency_bands(n_values: int, cfg: NumbersConfig) -> dict[str, list[int]]:
     return {band: ks for band, ks in bands.items() if ks}  # an empty band is listed in empty_bands by the stage
 
 
-def frequency_filter(model, cfg: NumbersConfig, data: SumPrompts, timer: StageTimer) -> dict:
+def frequency_filter(model, cfg: NumbersConfig, data: SumPrompts, stage) -> dict:
     """Stage 3: remove one band of every MLP's (or attention layer's) output over the sum; first-token accuracy."""
     from circuits.stats import paired_difference, proportion
     from patching.number_interventions import evaluate_end, frequency_filter_edit
 
     n_values = max(data.sums) - min(data.sums) + 1
     bands, rows = frequency_bands(n_values, cfg), []
-    with timer.stage("frequency filter"):
+    with stage("frequency filter"):
         for component in ("mlp_out", "attn_out"):
             if component not in cfg.components:
                 continue
@@ -188,7 +187,7 @@ def patch_pairs(data: SumPrompts, cfg: NumbersConfig) -> list[tuple[int, int]]:
     return pairs
 
 
-def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, timer: StageTimer) -> dict:
+def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, stage) -> dict:
     """Stage 4: patch the helix / PCA / random subspace (or the whole layer) of resid_post at END; fraction moved."""
     import numpy as np
     import torch
@@ -207,7 +206,7 @@ def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, timer: StageT
         return section
     clean_tokens = [data.prompts.rows[i]["tokens"] for i, _ in pairs]
     clean_ans, cf_ans = [data.answer_ids[i] for i, _ in pairs], [data.answer_ids[j] for _, j in pairs]
-    with timer.stage("subspace patching"):
+    with stage("subspace patching"):
         ld_clean = evaluate_end(model, clean_tokens, clean_ans, alt_ids=cf_ans)["logit_diff"]
         ld_cf = evaluate_end(model, [data.prompts.rows[j]["tokens"] for _, j in pairs], clean_ans,
                              alt_ids=cf_ans)["logit_diff"]
@@ -256,7 +255,7 @@ def neuron_knockouts(model, cfg: NumbersConfig, grid, grid_answers, chosen, labe
     return knockouts, grid_base
 
 
-def heuristic_neurons(model, cfg: NumbersConfig, timer: StageTimer) -> tuple[dict, torch.Tensor, list]:
+def heuristic_neurons(model, cfg: NumbersConfig, stage) -> tuple[dict, torch.Tensor, list]:
     """Stage 5: the top END MLP neurons by attribution on a, b in 0..9, their heuristic types, knockout per type."""
     import torch
 
@@ -270,7 +269,7 @@ def heuristic_neurons(model, cfg: NumbersConfig, timer: StageTimer) -> tuple[dic
     grid_answers = [r["answer_token_ids"][0] for r in grid.rows]
     digits = list(single_token_numbers(model, 9).values())
     layers = list(range(model.cfg.n_layers))
-    with timer.stage("neuron attribution"):
+    with stage("neuron attribution"):
         scores, neuron_acts = neuron_attribution(model, grid.tokens(), grid_answers, layers, candidate_ids=digits,
                                                  batch_size=cfg.batch_size)
     chosen = top_neurons(scores, layers, min(cfg.top_neurons, scores.numel()))
@@ -278,7 +277,7 @@ def heuristic_neurons(model, cfg: NumbersConfig, timer: StageTimer) -> tuple[dic
     labels = classify_grids(grids, threshold=cfg.heuristic_threshold)
     means = {layer: neuron_acts[:, layer].mean(0) for layer in layers}
     pool = [(layer, i) for layer in layers for i in range(model.cfg.d_mlp) if (layer, i) not in set(chosen)]
-    with timer.stage("neuron knockout"):
+    with stage("neuron knockout"):
         knockouts, grid_base = neuron_knockouts(model, cfg, grid, grid_answers, chosen, labels, means, pool)
     section = {
         "grid": "a + b, a and b in 0..9", "n_prompts": len(grid_pairs), "base_accuracy": proportion(grid_base).to_dict(),
@@ -299,21 +298,22 @@ def run(cfg: NumbersConfig, *, loader: ModelLoader | None = None) -> dict:
 
 @cli.no_grad
 def _stages(run: Run) -> None:
+    from circuits.analyze.number_geometry import HELIX_PERIODS
     from experiments.numbers.report import write_report
 
-    cfg, out, timer, results = run.settings, run.out, run.timer, run.results
+    cfg, out, results = run.cfg, run.out, run.results
     model = run.load_model()
     check_settings_against_model(cfg, model)
     keys = [(layer, c) for layer in range(model.cfg.n_layers) for c in cfg.components]
     results |= {"n_layers": model.cfg.n_layers, "moduli": list(MODULI), "helix_periods": list(HELIX_PERIODS)}
-    results |= numbers_alone(model, cfg, keys, timer)
-    data, sums_section = sums_at_end(model, cfg, keys, timer)
+    results |= numbers_alone(model, cfg, keys, run.stage)
+    data, sums_section = sums_at_end(model, cfg, keys, run.stage)
     results |= sums_section
-    results["frequency_filter"] = frequency_filter(model, cfg, data, timer)
-    results["subspace_patching"] = subspace_patching(model, cfg, data, timer)
+    results["frequency_filter"] = frequency_filter(model, cfg, data, run.stage)
+    results["subspace_patching"] = subspace_patching(model, cfg, data, run.stage)
     del data
-    results["heuristic_neurons"], grids, labels = heuristic_neurons(model, cfg, timer)
-    results |= {"seconds": timer.seconds, "wall_seconds": run.wall_seconds}
+    results["heuristic_neurons"], grids, labels = heuristic_neurons(model, cfg, run.stage)
+    results |= {"seconds": run.timer.seconds, "wall_seconds": run.wall_seconds}
     run.save()
     # The report reads what results.json holds (JSON keys are strings), not the in-memory dict.
     write_report(json.loads((out / "results.json").read_text()), out, grids=grids[:12], grid_labels=labels[:12])

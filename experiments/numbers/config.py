@@ -24,6 +24,15 @@ HELIX_BASIS = 1 + 2 * len(HELIX_PERIODS)  # n/scale, then cos and sin per period
 MIN_NUMBERS = next(n for n in range(4, 10_000) if n - round(HELD_OUT * n) > HELIX_BASIS)
 
 
+def fewest_training_sum_prompts(operand_max: int, per_result: int) -> int:
+    """The sum prompts left to fit the helix on when the held-out sums are those with the most prompts (no seed
+    leaves fewer): :func:`circuits.analyze.number_tokens.pairs_by_result` gives each sum 0..2·operand_max
+    ``per_result`` prompts, or as many as it has operand pairs."""
+    per_sum = sorted((min(per_result, min(s, operand_max) - max(0, s - operand_max) + 1)
+                      for s in range(2 * operand_max + 1)), reverse=True)
+    return sum(per_sum[round(HELD_OUT * len(per_sum)):])
+
+
 @dataclass(frozen=True)
 class NumbersConfig(BatchSettings, RunSettings):
     """Every flag of ``python -m experiments.numbers``, with its default (model, device, dtype, threads, seed,
@@ -57,6 +66,14 @@ class NumbersConfig(BatchSettings, RunSettings):
                 f"numbers than its {HELIX_BASIS} basis functions once {HELD_OUT:.0%} are held out for testing. "
                 f"Give --n-numbers {MIN_NUMBERS} or more (a multiple of 100, such as the default 400, puts "
                 "T=2,5,10,100 on exact frequencies).")
+        if fewest_training_sum_prompts(self.operand_max, self.per_result) <= HELIX_BASIS:
+            enough = next(m for m in range(1, 10_000) if fewest_training_sum_prompts(m, self.per_result) > HELIX_BASIS)
+            raise InputError(
+                f"--operand-max {self.operand_max} with --per-result {self.per_result} leaves as few as "
+                f"{fewest_training_sum_prompts(self.operand_max, self.per_result)} sum prompts to fit the helix on once "
+                f"{HELD_OUT:.0%} of the sums are held out for testing; the fit needs more than its {HELIX_BASIS} basis "
+                f"functions. Give --operand-max {enough} or more (with --per-result {self.per_result}), or a larger "
+                "--per-result.")
         if not self.high_max_period < self.low_min_period:
             raise InputError(
                 f"--high-max-period {self.high_max_period:g} is not below --low-min-period {self.low_min_period:g}: the "

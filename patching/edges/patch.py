@@ -43,6 +43,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
+from circuits.graph_io import check_graph_fits
 from patching import forward, inputs
 from patching.options import SweepOptions, sweep_options
 from patching.edges.patch_fast import end_residual_above, fast_path_problem, head_receiver_layer, mlp_receiver_layer, receiver_kind
@@ -167,6 +168,8 @@ def edge_patch(
     check_norm(norm)
     metric = get_metric(opts.metric)
     layout = GraphLayout.of(model)
+    if isinstance(edges, Graph):  # another model's graph: refused naming what differs, not a tensor size mismatch
+        check_graph_fits(edges, model, "edges (a Graph)")
     pairs = resolve_edges(layout, edges)
     if not pairs:
         raise InputError("No edges to patch.")

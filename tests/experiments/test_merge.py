@@ -268,6 +268,64 @@ def test_a_rank_correlation_over_equal_accuracies_is_undefined_not_a_warning():
     assert rank["undefined"] == "accuracy equal across the 3 merged models" and rank["spearman"] != rank["spearman"]
 
 
+def test_config_and_markdown_together_are_refused_when_the_flags_are_parsed(tiny_loader, tmp_path, capsys):
+    """--markdown won silently over --config; with the results of a --config run it ended in KeyError: 'models'."""
+    from circuits.errors import InputError
+    from experiments.merge import MergeConfig
+
+    with pytest.raises(InputError, match=r"--config m\.yml runs a mergekit YAML and --markdown .* prints the tables of "
+                                         r"an earlier run: give one of them"):
+        MergeConfig(config="m.yml", markdown=str(tmp_path))
+    with pytest.raises(SystemExit) as exit:
+        _run(["--config", "m.yml", "--markdown", str(tmp_path)], tiny_loader)
+    assert exit.value.code == 2 and "give one of them" in capsys.readouterr().err
+    (tmp_path / "results.json").write_text(json.dumps({"status": "failed: merge: boom", "settings": {}}))
+    with pytest.raises(SystemExit) as exit:
+        _run(["--markdown", str(tmp_path)], tiny_loader)
+    assert exit.value.code == 2
+    assert "holds no 'models' table: it is not the results of a merge experiment run" in capsys.readouterr().err
+
+
+def test_a_yaml_of_another_architecture_is_refused_before_the_merge(tmp_path):
+    """The merge ran first, then loading failed listing buffers (attn.mask, rotary tables) as the missing keys."""
+    from merging import save_state_dict
+
+    three_layers = tiny_model(style="gemma", n_layers=3).state_dict()
+    for name in ("a", "base"):
+        save_state_dict(three_layers, tmp_path / f"{name}.safetensors")
+    (tmp_path / "m.yml").write_text("models:\n  - {model: a.safetensors, parameters: {weight: 1.0}}\n"
+                                    "base_model: base.safetensors\nmerge_method: task_arithmetic\n")
+    from circuits.errors import InputError
+    from experiments.merge import main
+
+    out = tmp_path / "run"
+    with pytest.raises(InputError, match=r"m\.yml: its models do not have the architecture of --model .*: the base "
+                                         r"\(base\) has \d+ parameters it lacks, e\.g\. \['blocks\.2\..*\]\. Give "
+                                         r"--model the architecture of the YAML's models \(nothing was merged\)") as err:
+        main(["--config", str(tmp_path / "m.yml"), "--out", str(out)],
+             loader=lambda name, **kw: tiny_model(style="gemma", n_layers=2))
+    assert "mask" not in str(err.value) and "rotary" not in str(err.value)
+    assert json.loads((out / "results.json").read_text())["status"].startswith("failed: merge: ")
+
+
+@pytest.mark.parametrize("flags,match", [
+    # a KeyError after the experts were trained
+    ({"methods": "ties,tie"}, r"--methods ties,tie: \['tie'\] is not among weight_average,.*give a comma-separated subset"),
+    # silently never run
+    ({"methods": "ties", "late_methods": "della"}, r"--late-methods della: \['della'\] is not among ties"),
+    ({"levels": "attn-mlp"}, r"--levels attn-mlp: \['attn-mlp'\] is not among model,layer,attn_mlp,head"),
+    # ExpertTaskConfig's error after the base model had loaded
+    ({"max_number": 12}, r"--max-number 12 leaves -2 en_fr training numbers after --n-test-numbers 9 and "
+                         r"--n-val-numbers 6, but --n-shots 1 needs 2: give --max-number 16 or more"),
+])
+def test_flags_that_depend_on_each_other_are_checked_when_parsed(flags, match):
+    from circuits.errors import InputError
+    from experiments.merge import MergeConfig
+
+    with pytest.raises(InputError, match=match):
+        MergeConfig(**flags)
+
+
 def test_the_light_config_names_what_the_library_has():
     """experiments/merge/config.py writes the library's names out (it may not import torch)."""
     from experiments.merge import config

@@ -187,3 +187,10 @@ def test_scores_with_nothing_finite_are_refused_and_infinite_ones_warn():
     some[tuple(layout.real_edge_mask.nonzero()[0].tolist())] = torch.inf
     with pytest.warns(UserWarning, match="1 of the .* edge scores are infinite; they rank before every finite score"):
         faithfulness_curve(model, some, data, fractions=(0.5, 1.0), n_bootstrap=10, progress=False)
+
+
+def test_a_bootstrap_of_no_resamples_names_the_argument(setup):
+    """It used to say 'n_resamples must be >= 1', the name of an argument faithfulness_curve does not have."""
+    model, data, _, graph = setup
+    with pytest.raises(InputError, match=r"n_bootstrap must be an integer >= 1, got 0"):
+        faithfulness_curve(model, graph, data, n_bootstrap=0, progress=False)
