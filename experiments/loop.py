@@ -89,7 +89,8 @@ def _scores(model, data, cfg: LoopConfig):
 
 @torch.no_grad()
 def _stages(run: Run) -> None:
-    from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset
+    from circuits.answer_scoring import first_token_hits
+    from circuits.tasks import TaskConfig, filter_correct, make_dataset
     from circuits.stats import proportion
     from finetune import MathSuiteConfig, evaluate, math_suite
     from finetune.evaluate import drift_estimates
@@ -103,7 +104,7 @@ def _stages(run: Run) -> None:
         p.requires_grad_(False)
     with run.stage("data", f"{cfg.n_prompts} {cfg.op} prompts, keeping the correct ones"):
         dataset = make_dataset(base, TaskConfig(op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed))
-        kept, base_accuracy = filter_correct(base, dataset, mask=accuracy_mask(base, dataset, cfg.batch_size))
+        kept, base_accuracy = filter_correct(base, dataset, mask=first_token_hits(base, dataset, cfg.batch_size))
         circuit_data = kept.shuffle(seed=cfg.seed).select(range(min(cfg.circuit_prompts, len(kept))))
         suite = math_suite(base.tokenizer, MathSuiteConfig(ops=(cfg.op, cfg.second_op), n_heldout=cfg.n_heldout,
                                                            transfer=(), seed=cfg.seed + 1))
@@ -137,7 +138,7 @@ def _stages(run: Run) -> None:
     with run.stage("second expert", f"precise SFT on {cfg.second_op}, on its own circuit's heads"):
         second_data = make_dataset(base, TaskConfig(op=cfg.second_op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
                                                     seed=cfg.seed))
-        second_kept, _ = filter_correct(base, second_data, mask=accuracy_mask(base, second_data, cfg.batch_size))
+        second_kept, _ = filter_correct(base, second_data, mask=first_token_hits(base, second_data, cfg.batch_size))
         second_heads = circuit_heads(_scores(base, second_kept.select(range(min(cfg.circuit_prompts, len(second_kept)))),
                                              cfg), cfg.n_heads, cfg.circuit_size)
         second, results["second_expert"] = _tune(base, cfg, cfg.second_op, second_heads, run.out, "second")

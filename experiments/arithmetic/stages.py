@@ -30,7 +30,7 @@ from circuits.errors import InputError
 from circuits.nodes import Head
 from circuits.analyze.probes import ProbeConfig, ProbeResults, plot_top_tokens, probe_mlps, top_number_tokens
 from experiments.runtime.run_folder import StageTimer, write_text_atomic
-from circuits.analyze.answer_scoring import first_and_whole
+from circuits.answer_scoring import first_and_whole
 from circuits.stats import proportion
 from circuits.tasks import TaskConfig, filter_correct, make_dataset, transfer_datasets
 from circuits.templates import resolve_operation

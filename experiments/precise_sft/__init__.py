@@ -451,10 +451,11 @@ def _shift_summary(run: SFTRun, model) -> dict:
     from patching.edges.shift import ShiftSettings, circuit_shift
 
     if "shift_data" not in run.cache:
-        from circuits.tasks import accuracy_mask, filter_correct
+        from circuits.answer_scoring import first_token_hits
+        from circuits.tasks import filter_correct
 
         data = make_dataset(run.base, op="+", n_prompts=4 * run.cfg.shift_prompts, seed=2024)
-        mask = accuracy_mask(run.base, data)
+        mask = first_token_hits(run.base, data)
         if sum(mask) >= 2:  # the base model's circuit of the prompts it answers (as MIB evaluates)
             data, _ = filter_correct(run.base, data, mask=mask)
         run.cache["shift_correct_only"] = sum(mask) >= 2
