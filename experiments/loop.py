@@ -92,7 +92,7 @@ def _stages(run: Run) -> None:
     from circuits.answer_scoring import first_token_hits
     from circuits.tasks import TaskConfig, filter_correct, make_dataset
     from circuits.stats import proportion
-    from finetune import MathSuiteConfig, evaluate, math_suite
+    from finetune import MathSuiteConfig, evaluate_suite, math_suite
     from finetune.evaluate import drift_estimates
     from merging import merge
     from patching.edges.faithful_circuit import circuit_heads
@@ -116,7 +116,7 @@ def _stages(run: Run) -> None:
 
     def score_model(name, model):
         with run.stage(f"evaluate {name}", f"accuracy and drift of the {name} model"):
-            scored = evaluate(model, base, suite, progress=False, per_prompt=True, drift_tokens=cfg.drift_tokens)
+            scored = evaluate_suite(model, base, suite, progress=False, per_prompt=True, drift_tokens=cfg.drift_tokens)
             steps[name] = {"accuracy": {s: proportion(torch.tensor(v["exact_hits"], dtype=torch.float64)).to_dict()
                                         for s, v in scored["math"].items()},
                            "drift_kl": drift_estimates(scored["drift"]["per_text"])["kl"].to_dict()}

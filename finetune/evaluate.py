@@ -303,7 +303,7 @@ def summarize_math(per_set: dict[str, dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def evaluate(
+def evaluate_suite(
     model: HookedTransformer,
     base: HookedTransformer,
     suite: dict[str, Dataset],
@@ -327,7 +327,7 @@ def evaluate(
 
 
 def paired_comparison(scores: dict, reference: dict, *, family: str = "heldout", seed: int = 0) -> dict[str, Estimate]:
-    """``scores`` minus ``reference`` (two :func:`evaluate` results with ``per_prompt=True``, same suite and texts).
+    """``scores`` minus ``reference`` (two :func:`evaluate_suite` results with ``per_prompt=True``, same suite and texts).
 
     ``accuracy``: the paired bootstrap of the exact-accuracy difference over the
     same prompts (:func:`circuits.stats.paired_difference`); ``kl`` and

@@ -1,6 +1,6 @@
 """The knockout fast path: shared prefix once, shared suffix starts once, many sets per forward, pruned top-1.
 
-:func:`patching.knockout.knockout_correct` asks, for many knockout sets and prompts, whether
+:func:`patching.knockout_curves.knockout_correct` asks, for many knockout sets and prompts, whether
 the answer token is still the top-1 prediction at END. Three savings make that cheap, each
 exact (the same hits as the plain hook implementation, up to float rounding at exact ties):
 

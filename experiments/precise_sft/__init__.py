@@ -59,7 +59,7 @@ from experiments.runtime.run_folder import read_marker, release_freed_memory, sa
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, load_tuned, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
 from finetune.evaluate import (
-    NON_MATH_SENTENCES, accuracy_estimate, answer_accuracy, evaluate, math_suite, paired_comparison, pydoc_passages,
+    NON_MATH_SENTENCES, accuracy_estimate, answer_accuracy, evaluate_suite, math_suite, paired_comparison, pydoc_passages,
     validation_suite,
 )
 from patching.path_patching import path_patch
@@ -256,7 +256,7 @@ def build_data(run: SFTRun) -> None:
 
 def evaluate_test(run: SFTRun, model) -> dict:
     """Test accuracy per family (per prompt) and drift on the non-math texts."""
-    return evaluate(model, run.base, run.suite, run.texts, drift_tokens=run.cfg.drift_tokens, progress=False,
+    return evaluate_suite(model, run.base, run.suite, run.texts, drift_tokens=run.cfg.drift_tokens, progress=False,
                     per_prompt=True)
 
 

@@ -7,7 +7,7 @@ from circuits.answer_scoring import first_and_whole, first_token_accuracy
 from circuits.tasks import make_dataset
 from finetune.data import from_task_dataset, split_templates
 from finetune.evaluate import (
-    NON_MATH_SENTENCES, MathSuiteConfig, answer_accuracy, drift, evaluate, general_texts, math_suite, pydoc_passages,
+    NON_MATH_SENTENCES, MathSuiteConfig, answer_accuracy, drift, evaluate_suite, general_texts, math_suite, pydoc_passages,
 )
 
 
@@ -58,7 +58,7 @@ def test_first_token_accuracy_agrees_with_circuits_and_bounds_exact(tiny):
     assert scores["exact"] <= scores["first_token"]
     suite = math_suite(tiny, MathSuiteConfig(ops=("+",), n_heldout=12, n_transfer=4, n_shots=0))
     assert scores["exact"] <= scores["first_token"]
-    result = evaluate(tiny, copy.deepcopy(tiny), suite, texts=NON_MATH_SENTENCES[:3], progress=False)
+    result = evaluate_suite(tiny, copy.deepcopy(tiny), suite, texts=NON_MATH_SENTENCES[:3], progress=False)
     assert set(result) == {"math", "math_summary", "drift"}
     assert "transfer/exact" in result["math_summary"]
 
@@ -96,7 +96,7 @@ def test_per_prompt_hits_and_drift_intervals(tiny_gemma):
     suite = math_suite(tiny_gemma, MathSuiteConfig(ops=("+",), n_heldout=8, n_transfer=2, n_shots=0))
     with torch.no_grad():
         tiny_gemma.blocks[1].mlp.W_out.add_(0.3)
-    scores = evaluate(tiny_gemma, base, suite, texts=NON_MATH_SENTENCES[:6], progress=False, per_prompt=True)
+    scores = evaluate_suite(tiny_gemma, base, suite, texts=NON_MATH_SENTENCES[:6], progress=False, per_prompt=True)
     held = scores["math"]["heldout/+"]
     assert len(held["exact_hits"]) == 8 and sum(held["exact_hits"]) / 8 == held["exact"]
     est = accuracy_estimate(scores["math"], "heldout")

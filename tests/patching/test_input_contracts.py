@@ -18,7 +18,7 @@ from tests.tiny_models import tiny_model
 from patching.all_for_one.search import AF1Config
 from patching.all_for_one.template_prompts import make_template_dataset
 from patching.attribution_patching import attribution_patch
-from patching.knockout import knockout
+from patching.knockout_curves import knockout
 from patching.path_patching import path_patch
 from patching.head_ranking import key_heads
 from circuits.templates import template_by_id

@@ -11,7 +11,7 @@ from circuits.pools import pool_dataset
 from circuits.answer_scoring import first_token_accuracy
 from circuits.tasks import iter_batches, make_dataset
 from tests.tiny_models import tiny_model
-from patching.knockout import (
+from patching.knockout_curves import (
     PoolError, check_means, knockout, knockout_correct, knockout_curve, knockout_hooks, knockout_transfer,
     mean_activations, pool_means, resolve_ks,
 )
