@@ -25,7 +25,7 @@ from experiments.runtime.run_folder import StageTimer, write_text_atomic
 from circuits.tasks import TaskConfig, filter_correct, make_dataset
 from circuits.templates import resolve_operation
 from patching.head_ranking import KeyHeads, rank_key_heads
-from patching.knockout import knockout
+from patching.knockout_curves import knockout
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option

@@ -123,11 +123,12 @@ def parse_config(argv: list[str] | None = None) -> CircuitConfig:
 
 def correct_prompts(model, cfg: CircuitConfig) -> tuple[Dataset, float]:
     """The sampled prompts the model answers correctly (top-1 first answer token), and the base accuracy."""
-    from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset
+    from circuits.answer_scoring import first_token_hits
+    from circuits.tasks import TaskConfig, filter_correct, make_dataset
 
     task = TaskConfig(op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
     dataset = make_dataset(model, task)
-    kept, accuracy = filter_correct(model, dataset, mask=accuracy_mask(model, dataset, cfg.batch_size))
+    kept, accuracy = filter_correct(model, dataset, mask=first_token_hits(model, dataset, cfg.batch_size))
     return kept, accuracy
 
 

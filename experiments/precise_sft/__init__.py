@@ -59,7 +59,7 @@ from experiments.runtime.run_folder import read_marker, release_freed_memory
 from circuits.tasks import make_dataset
 from finetune import ArithmeticMix, load_tuned, LoraSettings, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
 from finetune.evaluate import (
-    NON_MATH_SENTENCES, accuracy_estimate, answer_accuracy, evaluate, math_suite, paired_comparison, pydoc_passages,
+    NON_MATH_SENTENCES, accuracy_estimate, answer_accuracy, evaluate_suite, math_suite, paired_comparison, pydoc_passages,
     validation_suite,
 )
 from patching.path_patching import path_patch
@@ -255,7 +255,7 @@ def build_data(run: SFTRun) -> None:
 def evaluate_test(run: SFTRun, model) -> dict:
     """Test accuracy per family (per prompt) and drift on the non-math texts."""
     state = run.state
-    return evaluate(model, state.base, state.suite, state.texts, drift_tokens=run.cfg.drift_tokens, progress=False,
+    return evaluate_suite(model, state.base, state.suite, state.texts, drift_tokens=run.cfg.drift_tokens, progress=False,
                     per_prompt=True)
 
 
@@ -452,10 +452,11 @@ def _shift_summary(run: SFTRun, model) -> dict:
     state = run.state
 
     if "shift_data" not in state.cache:
-        from circuits.tasks import accuracy_mask, filter_correct
+        from circuits.answer_scoring import first_token_hits
+        from circuits.tasks import filter_correct
 
         data = make_dataset(state.base, op="+", n_prompts=4 * run.cfg.shift_prompts, seed=2024)
-        mask = accuracy_mask(state.base, data)
+        mask = first_token_hits(state.base, data)
         if sum(mask) >= 2:  # the base model's circuit of the prompts it answers (as MIB evaluates)
             data, _ = filter_correct(state.base, data, mask=mask)
         state.cache["shift_correct_only"] = sum(mask) >= 2
