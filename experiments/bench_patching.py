@@ -12,7 +12,7 @@
 5. Times ``patching.attribution_patch`` (every head and MLP from one backward) and reports its
    Spearman rank agreement with exact activation patching (every head) and path patching.
 6. Times the knockout curve's sets (top-k heads by path patching and k random heads,
-   ``--knockout-seeds`` per k, means over a pool of other prompts) with ``patching.knockout``'s
+   ``--knockout-seeds`` per k, means over a pool of other prompts) with ``patching.knockout_curves``'s
    fast path, with the fast path minus its screened top-1 (float32 argmax) and shared suffix starts, and with the
    plain hook implementation (one full forward per knockout set) on the same prompts and means,
    and checks that every per-prompt hit is equal (``--knockout-only`` runs just this arm).
@@ -230,7 +230,7 @@ def knockout_arm(model, data, path, n_seeds: int) -> dict:
     import torch
 
     from circuits.nodes import all_heads
-    from patching.knockout import knockout_correct, pool_means
+    from patching.knockout_curves import knockout_correct, pool_means
 
     start = time.perf_counter()
     means = pool_means(model, data, all_heads(model))

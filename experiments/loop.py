@@ -89,9 +89,10 @@ def _scores(model, data, cfg: LoopConfig):
 def _stages(run: Run) -> None:
     import torch
 
-    from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset
+    from circuits.answer_scoring import first_token_hits
+    from circuits.tasks import TaskConfig, filter_correct, make_dataset
     from circuits.stats import proportion
-    from finetune import MathSuiteConfig, evaluate, math_suite
+    from finetune import MathSuiteConfig, evaluate_suite, math_suite
     from finetune.evaluate import drift_estimates
     from merging import merge
     from patching.edges.faithful_circuit import circuit_heads
@@ -103,7 +104,7 @@ def _stages(run: Run) -> None:
         p.requires_grad_(False)
     with run.stage("data", f"{cfg.n_prompts} {cfg.op} prompts, keeping the correct ones"):
         dataset = make_dataset(base, project(cfg, TaskConfig))
-        kept, base_accuracy = filter_correct(base, dataset, mask=accuracy_mask(base, dataset, cfg.batch_size))
+        kept, base_accuracy = filter_correct(base, dataset, mask=first_token_hits(base, dataset, cfg.batch_size))
         circuit_data = kept.shuffle(seed=cfg.seed).select(range(min(cfg.circuit_prompts, len(kept))))
         suite = math_suite(base.tokenizer, MathSuiteConfig(ops=(cfg.op, cfg.second_op), n_heldout=cfg.n_heldout,
                                                            transfer=(), seed=cfg.seed + 1))
@@ -115,7 +116,7 @@ def _stages(run: Run) -> None:
 
     def score_model(name, model):
         with run.stage(f"evaluate {name}", f"accuracy and drift of the {name} model"):
-            scored = evaluate(model, base, suite, progress=False, per_prompt=True, drift_tokens=cfg.drift_tokens)
+            scored = evaluate_suite(model, base, suite, progress=False, per_prompt=True, drift_tokens=cfg.drift_tokens)
             steps[name] = {"accuracy": {s: proportion(torch.tensor(v["exact_hits"], dtype=torch.float64)).to_dict()
                                         for s, v in scored["math"].items()},
                            "drift_kl": drift_estimates(scored["drift"]["per_text"])["kl"].to_dict()}
@@ -136,7 +137,7 @@ def _stages(run: Run) -> None:
     run.save()
     with run.stage("second expert", f"precise SFT on {cfg.second_op}, on its own circuit's heads"):
         second_data = make_dataset(base, project(cfg, TaskConfig, op=cfg.second_op))
-        second_kept, _ = filter_correct(base, second_data, mask=accuracy_mask(base, second_data, cfg.batch_size))
+        second_kept, _ = filter_correct(base, second_data, mask=first_token_hits(base, second_data, cfg.batch_size))
         second_heads = circuit_heads(_scores(base, second_kept.select(range(min(cfg.circuit_prompts, len(second_kept)))),
                                              cfg), cfg.n_heads, cfg.circuit_size)
         second, results["second_expert"] = _tune(base, cfg, cfg.second_op, second_heads, run.out, "second")

@@ -81,7 +81,7 @@ def overlaps(by_op: dict) -> list[dict]:
 def cross_knockout(model, cfg: TransferConfig, by_op: dict, samples: dict) -> dict:
     """``cross[y][x]``: accuracy on ``y`` with ``x``'s key heads ablated; also the base and random-head rows."""
     from circuits.nodes import all_heads
-    from patching.knockout import knockout
+    from patching.knockout_curves import knockout
 
     rng = random.Random(cfg.seed)
     random_sets = [rng.sample(all_heads(model), cfg.top_k) for _ in range(cfg.random_seeds)]

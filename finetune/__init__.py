@@ -22,7 +22,7 @@ Modules: :mod:`finetune.masks` (which entries train), :mod:`finetune.optim`
 
 from finetune.checkpoints import latest_checkpoint, load_tuned, save_tuned
 from finetune.data import ArithmeticMix, arithmetic_train_set, encode_pair, encode_pairs, split_templates
-from finetune.evaluate import MathSuiteConfig, drift, evaluate, general_texts, math_suite
+from finetune.evaluate import MathSuiteConfig, drift, evaluate_suite, general_texts, math_suite
 from finetune.lora import LoraSettings, attach_lora, merge_lora
 from finetune.masks import Selection, TunableSlice, apply_selection, full_selection, precise_selection
 from finetune.optim import SliceAdamW, lr_at
@@ -32,7 +32,7 @@ from finetune.trainer import METHODS, TrainConfig, TrainResult, train
 __all__ = [
     "ArithmeticMix", "LoraSettings", "METHODS", "MathSuiteConfig", "Selection", "SliceAdamW", "TrainConfig",
     "TrainResult", "TunableSlice", "apply_selection", "arithmetic_train_set", "attach_lora", "drift",
-    "encode_pair", "encode_pairs", "evaluate", "full_selection", "general_texts", "latest_checkpoint",
+    "encode_pair", "encode_pairs", "evaluate_suite", "full_selection", "general_texts", "latest_checkpoint",
     "load_tuned", "lr_at", "math_suite", "merge_lora", "precise_selection", "save_tuned", "split_templates",
     "train",
 ]

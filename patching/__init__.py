@@ -9,7 +9,7 @@ Node level (heads and MLPs):
 * :mod:`patching.attribution_patching`: attribution patching, and its rank agreement with exact patching;
 * :mod:`patching.head_ranking`: which heads are "the key heads" (top-k of one ranking, or combined
   over operations);
-* :mod:`patching.knockout`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
+* :mod:`patching.knockout_curves`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
 * :mod:`patching.number_interventions`: frequency filters, helix-subspace patching and
   heuristic-neuron knockout on number representations.
 
@@ -39,7 +39,7 @@ from patching.all_for_one.template_prompts import authors_templates, make_templa
 from patching.all_for_one.abp import abp_hooks, allowed_keys_mask, peek_mask
 from patching.attribution_patching import attribution_patch, rank_agreement
 from patching.all_for_one.cama import CamaConfig, CamaMeans, fit_cama
-from patching.knockout import (
+from patching.knockout_curves import (
     LayoutMeans, PoolError, knockout, knockout_correct, knockout_curve, knockout_hooks, knockout_transfer, mean_activations,
     pool_means,
 )

@@ -28,15 +28,15 @@ from circuits.errors import InputError
 from circuits.nodes import Head
 from circuits.analyze.probes import ProbeConfig, ProbeResults, plot_top_tokens, probe_mlps, top_number_tokens
 from experiments.runtime.run_folder import write_text_atomic
-from circuits.analyze.answer_scoring import first_and_whole
+from circuits.answer_scoring import first_and_whole
 from circuits.stats import proportion
 from circuits.tasks import TaskConfig, filter_correct, make_dataset, transfer_datasets
 from circuits.templates import resolve_operation
-from finetune import ArithmeticMix, MathSuiteConfig, TrainConfig, arithmetic_train_set, evaluate, math_suite, train
+from finetune import ArithmeticMix, MathSuiteConfig, TrainConfig, arithmetic_train_set, evaluate_suite, math_suite, train
 from patching.all_for_one.search import AF1Config, AF1Runner, NoEvalPromptsError, faithfulness_heatmap, grid_faithfulness
 from patching.all_for_one.template_prompts import authors_templates, make_template_dataset
 from patching.head_ranking import combine_key_heads
-from patching.knockout import knockout_curve, knockout_transfer
+from patching.knockout_curves import knockout_curve, knockout_transfer
 from patching.path_patching import path_patch
 from patching.head_ranking import key_heads
 from patching.results import KnockoutCurve, NodeScores
@@ -351,13 +351,13 @@ def tune_key_heads(run: PipelineRun, heads: list[Head]) -> None:
     with run.stage("precise SFT"):
         base = copy.deepcopy(model)  # the reference for drift; the model itself is tuned in place
         suite = math_suite(model, MathSuiteConfig(ops=(cfg.op,), n_heldout=40, n_transfer=16, seed=cfg.seed + 1))
-        before = evaluate(base, base, suite, progress=False)
+        before = evaluate_suite(base, base, suite, progress=False)
         data = arithmetic_train_set(model, ArithmeticMix(ops=(cfg.op,), n_examples=cfg.finetune_steps * FINETUNE_BATCH,
                                                          seed=cfg.seed))
         with torch.enable_grad():
             train_cfg = TrainConfig(lr=1e-4, batch_size=FINETUNE_BATCH, max_steps=cfg.finetune_steps, seed=cfg.seed)
             result = train(model, data, train_cfg, method="precise", heads=heads, out_dir=run.out / "precise_sft")
-        after = evaluate(model, base, suite, progress=False)
+        after = evaluate_suite(model, base, suite, progress=False)
         table = [{"set": name, "before": before["math"][name], "after": after["math"][name]} for name in suite]
         run.results["finetune"] = {"heads": [str(h) for h in heads], "steps": result.steps,
                                    "n_trainable": result.n_trainable, "seconds_per_step": result.seconds_per_step,

@@ -70,11 +70,12 @@ def parse_config(argv: list[str] | None = None) -> CircuitConfig:
 
 def correct_prompts(model, cfg: CircuitConfig) -> tuple[Dataset, float]:
     """The sampled prompts the model answers correctly (top-1 first answer token), and the base accuracy."""
-    from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset
+    from circuits.answer_scoring import first_token_hits
+    from circuits.tasks import TaskConfig, filter_correct, make_dataset
 
     task = project(cfg, TaskConfig)
     dataset = make_dataset(model, task)
-    kept, accuracy = filter_correct(model, dataset, mask=accuracy_mask(model, dataset, cfg.batch_size))
+    kept, accuracy = filter_correct(model, dataset, mask=first_token_hits(model, dataset, cfg.batch_size))
     return kept, accuracy
 
 

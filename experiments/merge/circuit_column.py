@@ -62,7 +62,8 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
     """
     import torch
 
-    from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset
+    from circuits.answer_scoring import first_token_hits
+    from circuits.tasks import TaskConfig, filter_correct, make_dataset
     from patching.edges.shift import ShiftSettings, circuit_shift
 
     settings = ShiftSettings(n_bootstrap=n_bootstrap, seed=run.cfg.seed, batch_size=run.cfg.eval_batch_size)
@@ -73,7 +74,7 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
             continue
         run.state.work.load_state_dict(run.state.experts[task])
         data = make_dataset(run.state.work, TaskConfig(op=op, n_prompts=4 * n_prompts, n_shots=2, seed=run.cfg.seed + 7))
-        mask = accuracy_mask(run.state.work, data, run.cfg.eval_batch_size)
+        mask = first_token_hits(run.state.work, data, run.cfg.eval_batch_size)
         if sum(mask) < 4:
             out["tasks"][task] = {"skipped": f"the {task} expert answers {sum(mask)} of {len(data)} circuit prompts"}
             continue

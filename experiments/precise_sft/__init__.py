@@ -170,10 +170,10 @@ def build_data(run: SFTRun) -> None:
 
 def evaluate_test(run: SFTRun, model) -> dict:
     """Test accuracy per family (per prompt) and drift on the non-math texts."""
-    from finetune.evaluate import evaluate
+    from finetune.evaluate import evaluate_suite
 
     state = run.state
-    return evaluate(model, state.base, state.suite, state.texts, drift_tokens=run.cfg.drift_tokens, progress=False,
+    return evaluate_suite(model, state.base, state.suite, state.texts, drift_tokens=run.cfg.drift_tokens, progress=False,
                     per_prompt=True)
 
 
@@ -390,10 +390,11 @@ def _shift_summary(run: SFTRun, model) -> dict:
     state = run.state
 
     if "shift_data" not in state.cache:
-        from circuits.tasks import accuracy_mask, filter_correct
+        from circuits.answer_scoring import first_token_hits
+        from circuits.tasks import filter_correct
 
         data = make_dataset(state.base, op="+", n_prompts=4 * run.cfg.shift_prompts, seed=2024)
-        mask = accuracy_mask(state.base, data)
+        mask = first_token_hits(state.base, data)
         if sum(mask) >= 2:  # the base model's circuit of the prompts it answers (as MIB evaluates)
             data, _ = filter_correct(state.base, data, mask=mask)
         state.cache["shift_correct_only"] = sum(mask) >= 2

@@ -31,11 +31,11 @@ from merging.methods.average import (
     AverageConfig,
     KarcherConfig,
     ModelStockConfig,
-    average,
     karcher,
     model_stock,
+    weight_average,
 )
-from merging.methods.consensus import CONSENSUS_MERGEKIT, ConsensusConfig, consensus
+from merging.methods.consensus import CONSENSUS_MERGEKIT, ConsensusConfig, consensus_task_arithmetic
 from merging.methods.generalized import (
     GTA_MERGEKIT,
     BreadcrumbsConfig,
@@ -50,7 +50,7 @@ from merging.methods.generalized import (
     ties_thresholds,
 )
 from merging.methods.mergekit_spec import MergekitParameter, MergekitSpec
-from merging.methods.sce import SCE_MERGEKIT, SceConfig, sce
+from merging.methods.sce import SCE_MERGEKIT, SceConfig, select_calculate_erase
 from merging.methods.spectral import (
     ISO_CTS_MERGEKIT,
     TSV_MERGEKIT,
@@ -86,7 +86,7 @@ class MergeMethod:
 
 _GTA = generalized_task_arithmetic
 _RECORDS = (
-    MergeMethod("weight_average", average, AverageConfig, "Wortsman et al. 2022, Model soups (arXiv 2203.05482)",
+    MergeMethod("weight_average", weight_average, AverageConfig, "Wortsman et al. 2022, Model soups (arXiv 2203.05482)",
                 "linear", mergekit_spec=AVERAGE_MERGEKIT),
     MergeMethod("task_arithmetic", _GTA, TaskArithmeticConfig, "Ilharco et al. 2023 (arXiv 2212.04089)",
                 "task_arithmetic", mergekit_spec=GTA_MERGEKIT),
@@ -104,13 +104,13 @@ _RECORDS = (
                 mergekit_spec=GTA_MERGEKIT),
     MergeMethod("della_linear", _GTA, DellaLinearConfig, "Deep et al. 2024, DELLA-Merging (arXiv 2406.11617)",
                 "della_linear", mergekit_spec=GTA_MERGEKIT),
-    MergeMethod("sce", sce, SceConfig, "Wan et al. 2024, FuseChat (arXiv 2408.07990)", "sce",
+    MergeMethod("sce", select_calculate_erase, SceConfig, "Wan et al. 2024, FuseChat (arXiv 2408.07990)", "sce",
                 mergekit_spec=SCE_MERGEKIT),
     MergeMethod("model_stock", model_stock, ModelStockConfig, "Jang et al. 2024, Model Stock (arXiv 2403.19522)",
                 "model_stock", mergekit_spec=MODEL_STOCK_MERGEKIT),
     MergeMethod("karcher", karcher, KarcherConfig, "Karcher mean (mergekit; arXiv 2603.04972)", "karcher",
                 mergekit_spec=KARCHER_MERGEKIT),
-    MergeMethod("consensus_ta", consensus, ConsensusConfig, "Wang et al. 2024, Localizing Task Information (TALL)",
+    MergeMethod("consensus_ta", consensus_task_arithmetic, ConsensusConfig, "Wang et al. 2024, Localizing Task Information (TALL)",
                 None, mergekit_spec=CONSENSUS_MERGEKIT),
     MergeMethod("tsv_m", tsv_m, TsvConfig, "Gargiulo et al. 2025, Task Singular Vectors (CVPR)", None,
                 mergekit_spec=TSV_MERGEKIT),
@@ -131,6 +131,6 @@ __all__ = [
     "REGISTRY", "MergeMethod", "MergekitParameter", "MergekitSpec", "METHODS", "CONFIGS", "MERGEKIT_NAMES",
     "AverageConfig", "BreadcrumbsConfig", "BreadcrumbsTiesConfig", "ConsensusConfig", "DareLinearConfig", "DareTiesConfig", "DellaConfig",
     "DellaLinearConfig", "IsoCConfig", "IsoCtsConfig", "KarcherConfig", "ModelStockConfig", "SceConfig",
-    "TaskArithmeticConfig", "TiesConfig", "TsvConfig", "average", "consensus", "generalized_task_arithmetic",
-    "iso_c", "iso_cts", "karcher", "model_stock", "sce", "ties_thresholds", "tsv_m",
+    "TaskArithmeticConfig", "TiesConfig", "TsvConfig", "consensus_task_arithmetic", "generalized_task_arithmetic",
+    "iso_c", "iso_cts", "karcher", "model_stock", "select_calculate_erase", "ties_thresholds", "tsv_m", "weight_average",
 ]

@@ -23,7 +23,7 @@ from circuits.arguments import check_positive_int
 from circuits.end_logits import end_argmax, unembed_end
 from circuits.nodes import Head
 from circuits.errors import InputError, ToolkitError
-from circuits.tasks import accuracy_mask
+from circuits.answer_scoring import first_token_hits
 from patching import forward
 from patching.all_for_one.abp import PeekRule, abp_hooks, layer_peek_masks
 from patching.all_for_one.template_prompts import cross_fit_folds, split_fit_eval
@@ -175,7 +175,7 @@ class AF1Runner:
             raise InputError("AF1 got an empty dataset.")
         if fit_data is None:
             fit_data, data = split_fit_eval(data, config.fit_fraction, config.seed)
-        correct = accuracy_mask(model, data, config.batch_size)
+        correct = first_token_hits(model, data, config.batch_size)
         runner = cls(model, fit_data, data.select([i for i, ok in enumerate(correct) if ok]), config, layers)
         runner.base_accuracy = sum(correct) / len(correct)
         runner.n_eval_total = len(correct)
@@ -202,7 +202,7 @@ class AF1Runner:
         candidates = [i for i, ok in enumerate(eligible) if ok]
         if not candidates:
             raise NoEvalPromptsError("No row of the data is eligible for evaluation.")
-        correct = dict(zip(candidates, accuracy_mask(model, data.select(candidates), config.batch_size)))
+        correct = dict(zip(candidates, first_token_hits(model, data.select(candidates), config.batch_size)))
         runner = cls.__new__(cls)
         runner._setup(model, config, layers)
         for fold in range(n_folds):
