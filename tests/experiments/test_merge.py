@@ -256,7 +256,7 @@ def test_a_rank_correlation_over_equal_accuracies_is_undefined_not_a_warning():
     assert rank["undefined"] == "accuracy equal across the 3 merged models" and rank["spearman"] != rank["spearman"]
 
 
-def test_config_and_markdown_together_are_refused_when_the_flags_are_parsed(tiny_loader, tmp_path, capsys):
+def test_config_and_markdown_together_are_refused_when_the_flags_are_parsed(tiny_loader, run_main, tmp_path, capsys):
     """--markdown won silently over --config; with the results of a --config run it ended in KeyError: 'models'."""
     from circuits.errors import InputError
     from experiments.merge import MergeConfig
@@ -265,11 +265,11 @@ def test_config_and_markdown_together_are_refused_when_the_flags_are_parsed(tiny
                                          r"an earlier run: give one of them"):
         MergeConfig(config="m.yml", markdown=str(tmp_path))
     with pytest.raises(SystemExit) as exit:
-        _run(["--config", "m.yml", "--markdown", str(tmp_path)], tiny_loader)
+        run_main("experiments.merge", ["--config", "m.yml", "--markdown", str(tmp_path)], tiny_loader)
     assert exit.value.code == 2 and "give one of them" in capsys.readouterr().err
     (tmp_path / "results.json").write_text(json.dumps({"status": "failed: merge: boom", "settings": {}}))
     with pytest.raises(SystemExit) as exit:
-        _run(["--markdown", str(tmp_path)], tiny_loader)
+        run_main("experiments.merge", ["--markdown", str(tmp_path)], tiny_loader)
     assert exit.value.code == 2
     assert "holds no 'models' table: it is not the results of a merge experiment run" in capsys.readouterr().err
 
