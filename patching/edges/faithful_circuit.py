@@ -33,7 +33,7 @@ from circuits.graph_selection import mib_selector, nodes_in_graph, select_fracti
 from circuits.nodes import Head
 from circuits.pools import pool_dataset
 from patching.edges.attribute import edge_attribution
-from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, faithfulness_curve, paired_difference
+from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, faithfulness_curve, paired_curve_difference
 
 MIN_PROMPTS = 4  # two per half: the fewest a bootstrap interval can be drawn from
 TOP_EDGES_LISTED = 20
@@ -329,9 +329,10 @@ def compare_methods(model: HookedTransformer, prompts: Dataset, methods: Sequenc
                 seconds, cpu_seconds = seconds + cost[reused][0], cpu_seconds + cost[reused][1]
             result = MethodResult(name, found, seconds, cpu_seconds, info)
         if results and name != "positional":  # paired against the first method, on the same held-out prompts
-            result.info["minus_" + results[0].name] = paired_difference(result.found.curve_heldout,
-                                                                         results[0].found.curve_heldout,
-                                                                         n_bootstrap=search.n_bootstrap, seed=search.seed)
+            result.info["minus_" + results[0].name] = paired_curve_difference(result.found.curve_heldout,
+                                                                               results[0].found.curve_heldout,
+                                                                               n_bootstrap=search.n_bootstrap,
+                                                                               seed=search.seed)
         results.append(result)
         row = result.row()
         log(f"{name:20s} CPR {row['cpr']['value']:.3f}  CMD {row['cmd']['value']:.3f}  "
