@@ -48,7 +48,6 @@ from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.timing import wall_and_cpu
 from experiments.bench_circuits import eap_ig_arm as _eap_ig_arm
 from experiments.runtime.cli import option
-from patching.edges import patch_fast as _edge_fast
 from patching.edges.attribute import edge_attribution
 from patching.edges.patch_fast import receiver_kind
 from patching.edges.patch import EdgeEffects, edge_patch
@@ -154,7 +153,7 @@ def _strata(layout: GraphLayout, per_stratum: int, seed: int) -> list[tuple[int,
     return sorted(picked)
 
 
-def _exact_in_parts(run: BenchRun, edges) -> EdgeEffects:
+def _exact_in_parts(run: BenchRun, edges, *, rotate_prefix_once: bool = True) -> EdgeEffects:
     """``edge_patch`` of ``edges`` in parts of three receiver layers, last layers first, noting progress in
     ``<out>/results.json`` after each part (a run stopped by a time limit still says how far it got)."""
     layout = run.state.layout
@@ -164,7 +163,8 @@ def _exact_in_parts(run: BenchRun, edges) -> EdgeEffects:
         part_of.setdefault((layout.n_layers - layer) // 3, []).append((f, b))
     parts, done, clock = [], 0, time.perf_counter()
     for key in sorted(part_of):
-        parts.append(edge_patch(run.state.model, part_of[key], run.state.batch, memory_mb=run.cfg.memory_mb))
+        parts.append(edge_patch(run.state.model, part_of[key], run.state.batch, memory_mb=run.cfg.memory_mb,
+                                rotate_prefix_once=rotate_prefix_once))
         done += len(part_of[key])
         run.results["exact_progress"] = {"n_edges_done": done, "n_edges": len(edges),
                                          "seconds": time.perf_counter() - clock}
@@ -320,11 +320,7 @@ def _exact_sample(run: BenchRun) -> list[tuple[int, int]]:
 
 def old_rotary_exact(run: BenchRun, edges) -> EdgeEffects:
     """The same edges with the fast path rotating the prefix's keys at every call (before this toolkit cached them)."""
-    _edge_fast.ROTATE_PREFIX_ONCE = False
-    try:
-        return timed(run, "edge_patch_rotary_every_call", lambda: _exact_in_parts(run, edges))
-    finally:
-        _edge_fast.ROTATE_PREFIX_ONCE = True
+    return timed(run, "edge_patch_rotary_every_call", lambda: _exact_in_parts(run, edges, rotate_prefix_once=False))
 
 
 def exact_patching(run: BenchRun) -> None:

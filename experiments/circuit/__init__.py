@@ -28,7 +28,7 @@ Stages (each timed into results.json ``seconds``):
 learned masks, ensembles, bootstrapped scores, the ILP, position-aware edges) scores the same
 selection half and is curved on the same held-out half; results.json key ``comparison``, one
 figure with every held-out curve and its band, the table of CPR, CMD, f at 1-20% of the edges, the
-smallest faithful size and the time of each method (``patching.edges.faithful_circuit.compare_methods``).
+smallest faithful size and the time of each method (``patching.edges.circuit_methods.compare_methods``).
 
 The search is :func:`patching.edges.faithful_circuit.find_faithful_circuit` with its settings in one
 record (:class:`patching.edges.faithful_circuit.CircuitSearch`, built from these flags); the same stage
@@ -54,10 +54,14 @@ from experiments.runtime.run_folder import write_text_atomic
 from experiments.runtime.settings import project
 from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS
 from patching.edges.evaluate import ABLATIONS
-from patching.edges.faithful_circuit import CircuitSearch, method_names
+from patching.edges.faithful_circuit import CircuitSearch
 from patching.edges.learn import LearnConfig
 
 logger = logging.getLogger("experiments")
+
+#: the names of patching.edges.circuit_methods.REGISTRY, in its order (the --methods choices; a test keeps them equal)
+CIRCUIT_METHOD_NAMES = ("EAP", "EAP-IG-inputs", "EAP-IG-activations", "clean-corrupted", "edge-pruning", "ugs",
+                        "matryoshka", "exact", "ensemble", "bootstrap", "ilp", "positional")
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ class CircuitConfig(RunSettings):
     memory_mb: float = option(1024.0, "activation budget of one batched forward or backward (MB)",
                               type=cli.positive_float)
     methods: tuple[str, ...] = option((), "compare these circuit methods on the same halves instead of --method alone: "
-                                          + ", ".join(method_names()), nargs="+", choices=method_names())
+                                          + ", ".join(CIRCUIT_METHOD_NAMES), nargs="+", choices=CIRCUIT_METHOD_NAMES)
     warm_start: str = option("EAP-IG-inputs", "scores the learned methods start from ('none': a cold start)",
                              choices=tuple(EDGE_ATTRIBUTION_METHODS) + ("none",))
     bootstrap_resamples: int = option(10, "prompt resamples of the 'bootstrap' method", type=cli.positive_int)

@@ -107,8 +107,16 @@ def test_help_lists_every_flag(capsys):
     (["--threshold", "1.5"], "--threshold: must be in [0, 1]"),
     (["--circuit-prompts", "0"], "--circuit-prompts: must be an integer >= 1"),
     (["--ablation", "resample"], "--ablation: invalid choice"),
+    (["--methods", "EAP", "bogus"], "--methods: invalid choice"),
 ])
 def test_bad_flags_fail_before_the_model_loads(argv, message, capsys):
     with pytest.raises(SystemExit) as exit:
         circuit_experiment.parse_config(argv)
     assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_methods_flag_offers_every_registered_circuit_method_in_order():
+    from patching.edges.circuit_methods import REGISTRY
+
+    assert circuit_experiment.CIRCUIT_METHOD_NAMES == tuple(REGISTRY)
+    assert circuit_experiment.parse_config(["--methods", "exact", "ilp"]).methods == ("exact", "ilp")
