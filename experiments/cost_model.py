@@ -102,9 +102,9 @@ class Shape:
 def batch_prefix(tokens) -> int:
     """``P``: the positions every prompt of the batch shares, as :func:`circuits.prefix_cache.run_after_shared_prefix`
     runs them once (0 where it would not: fewer than its minimum, or one prompt)."""
-    from circuits.prefix_cache import MIN_SHARED_PREFIX, shared_prefix_length as rows_prefix
+    from circuits.prefix_cache import MIN_SHARED_PREFIX, batch_common_prefix_length
 
-    shared = rows_prefix(tokens) if tokens.shape[0] > 1 else 0
+    shared = batch_common_prefix_length(tokens) if tokens.shape[0] > 1 else 0
     return shared if shared >= MIN_SHARED_PREFIX else 0
 
 

@@ -95,15 +95,15 @@ def sweep(model, data, cfg: EdgeSweepsConfig,
     times = {}
     with stage("edge attribution"):
         graph, times["edge_attribution_s"], times["edge_attribution_cpu_s"] = wall_and_cpu(
-            lambda: distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=cfg.ig_steps,
-                                                 memory_mb=cfg.memory_mb))
+            lambda: distributed.distributed_edge_attribution(model, data, method="EAP-IG-inputs",
+                                                             ig_steps=cfg.ig_steps, memory_mb=cfg.memory_mb))
     with stage("exact edge patching"):
         effects, times["edge_patch_s"], times["edge_patch_cpu_s"] = wall_and_cpu(
-            lambda: distributed.edge_patch(model, edges, data, memory_mb=cfg.memory_mb))
+            lambda: distributed.distributed_edge_patch(model, edges, data, memory_mb=cfg.memory_mb))
     with stage("faithfulness curve"):
         curve, times["faithfulness_curve_s"], times["faithfulness_curve_cpu_s"] = wall_and_cpu(
-            lambda: distributed.faithfulness_curve(model, graph, data, n_bootstrap=cfg.n_bootstrap,
-                                                   memory_mb=cfg.memory_mb))
+            lambda: distributed.distributed_faithfulness_curve(model, graph, data, n_bootstrap=cfg.n_bootstrap,
+                                                               memory_mb=cfg.memory_mb))
     return Sweeps(layout, edges, graph, effects, curve, times)
 
 

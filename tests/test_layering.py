@@ -1,5 +1,6 @@
 """The packages' layering (docs/index.md, "The packages"): who may import whom, no import cycles, no library
-module importing the tests, no experiment importing another.
+module importing the tests, no experiment importing another, no library module importing another module's private
+names.
 
 Cross-cutting: one contract over every module of every package. It reads the source with ``ast`` (imports
 inside functions included, relative imports resolved) and imports nothing from the toolkit.
@@ -158,6 +159,35 @@ def import_cycles(imports) -> list[list[str]]:
     return cycles
 
 
+def private_imports(modules: dict[str, Path]) -> list[str]:
+    """Every import of a private name (``_x``, not ``__x__``) from another project module: ``importer:line ...``.
+
+    A leading underscore says "this module's own"; what another module needs is public where it belongs.
+    """
+    tops = {name.split(".")[0] for name in modules}
+    found = []
+    for importer, path in modules.items():
+        package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    module = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    module = node.module or ""
+                names = [module + "." + a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                private = [p for p in parts if p.startswith("_") and not (p.startswith("__") and p.endswith("__"))]
+                if parts[0] in tops and private:
+                    found.append(f"{importer}:{node.lineno} imports {name}")
+    return found
+
+
 @pytest.fixture(scope="module")
 def imports():
     found = imports_of(project_modules(ROOT))
@@ -179,6 +209,26 @@ def test_no_experiment_imports_another(imports):
 def test_no_import_cycle_among_the_modules(imports):
     cycles = import_cycles(imports)
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """The library's modules only (the tests may reach into a module's private helpers to test them)."""
+    problems = private_imports(project_modules(ROOT))
+    assert not problems, "private names imported across modules (make them public where they belong):\n" + \
+        "\n".join(problems)
+
+
+def test_the_private_import_check_finds_them(tmp_path):
+    root = _tree(tmp_path, {
+        "circuits/__init__.py": "from circuits.graph import Graph, __version__\n",  # public and dunder: fine
+        "circuits/graph.py": "Graph = 1\n__version__ = '0'\ndef _owner():\n    pass\n",
+        "circuits/selection.py": "def f():\n    from circuits.graph import _owner\n",  # lazily, still private
+        "circuits/show/__init__.py": "from .. import graph\nfrom ..graph import _owner as owner\n",  # relative
+        "circuits/other.py": "import circuits._hidden\nfrom os import _exit\n",  # a private module; not ours
+    })
+    found = private_imports(project_modules(root, ("circuits",)))
+    assert found == ["circuits.other:1 imports circuits._hidden", "circuits.selection:2 imports circuits.graph._owner",
+                     "circuits.show:2 imports circuits.graph._owner"], found
 
 
 def test_every_package_of_the_toolkit_has_its_layer():

@@ -117,7 +117,7 @@ def _strata(layout: GraphLayout, per_stratum: int, seed: int) -> list[tuple[int,
     return sorted(picked)
 
 
-def _exact_in_parts(run: BenchRun, edges) -> EdgeEffects:
+def _exact_in_parts(run: BenchRun, edges, *, rotate_prefix_once: bool = True) -> EdgeEffects:
     """``edge_patch`` of ``edges`` in parts of three receiver layers, last layers first, noting progress in
     ``<out>/results.json`` after each part (a run stopped by a time limit still says how far it got)."""
     import torch
@@ -132,7 +132,8 @@ def _exact_in_parts(run: BenchRun, edges) -> EdgeEffects:
         part_of.setdefault((layout.n_layers - layer) // 3, []).append((f, b))
     parts, done, clock = [], 0, time.perf_counter()
     for key in sorted(part_of):
-        parts.append(edge_patch(run.state.model, part_of[key], run.state.batch, memory_mb=run.cfg.memory_mb))
+        parts.append(edge_patch(run.state.model, part_of[key], run.state.batch, memory_mb=run.cfg.memory_mb,
+                                rotate_prefix_once=rotate_prefix_once))
         done += len(part_of[key])
         run.results["exact_progress"] = {"n_edges_done": done, "n_edges": len(edges),
                                          "seconds": time.perf_counter() - clock}
@@ -313,13 +314,7 @@ def _exact_sample(run: BenchRun) -> list[tuple[int, int]]:
 
 def old_rotary_exact(run: BenchRun, edges) -> EdgeEffects:
     """The same edges with the fast path rotating the prefix's keys at every call (before this toolkit cached them)."""
-    from patching.edges import patch_fast as _edge_fast
-
-    _edge_fast.ROTATE_PREFIX_ONCE = False
-    try:
-        return timed(run, "edge_patch_rotary_every_call", lambda: _exact_in_parts(run, edges))
-    finally:
-        _edge_fast.ROTATE_PREFIX_ONCE = True
+    return timed(run, "edge_patch_rotary_every_call", lambda: _exact_in_parts(run, edges, rotate_prefix_once=False))
 
 
 def exact_patching(run: BenchRun) -> None:

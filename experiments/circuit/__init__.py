@@ -28,7 +28,7 @@ Stages (each timed into results.json ``seconds``):
 learned masks, ensembles, bootstrapped scores, the ILP, position-aware edges) scores the same
 selection half and is curved on the same held-out half; results.json key ``comparison``, one
 figure with every held-out curve and its band, the table of CPR, CMD, f at 1-20% of the edges, the
-smallest faithful size and the time of each method (``patching.edges.faithful_circuit.compare_methods``).
+smallest faithful size and the time of each method (``patching.edges.circuit_methods.compare_methods``).
 
 The search is :func:`patching.edges.faithful_circuit.find_faithful_circuit` with its settings in one
 record (:class:`patching.edges.faithful_circuit.CircuitSearch`, built from these flags); the same stage
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 # only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
 from circuits.templates import resolve_operation
-from experiments.circuit.config import CircuitConfig
+from experiments.circuit.config import CIRCUIT_METHOD_NAMES, CircuitConfig  # noqa: F401  (the --methods choices)
 from experiments.runtime import ModelLoader, Run, cli, run_experiment
 from experiments.runtime.run_folder import write_text_atomic
 from experiments.runtime.settings import project
@@ -55,6 +55,10 @@ if TYPE_CHECKING:
     from circuits.nodes import Head
 
 logger = logging.getLogger("experiments")
+
+#: the names of patching.edges.circuit_methods.REGISTRY, in its order (the --methods choices; a test keeps them equal)
+CIRCUIT_METHOD_NAMES = ("EAP", "EAP-IG-inputs", "EAP-IG-activations", "clean-corrupted", "edge-pruning", "ugs",
+                        "matryoshka", "exact", "ensemble", "bootstrap", "ilp", "positional")
 
 
 parser = cli.config_parser(CircuitConfig, "circuit", __doc__)

@@ -22,9 +22,9 @@ if TYPE_CHECKING:
 EDGE_ATTRIBUTION_METHODS = ("EAP", "EAP-IG-inputs", "EAP-IG-activations", "clean-corrupted")
 #: ``patching.edges.evaluate.ABLATIONS``
 ABLATIONS = ("counterfactual", "mean", "positional-mean", "zero")
-#: ``patching.edges.faithful_circuit.method_names()``
-CIRCUIT_METHODS = EDGE_ATTRIBUTION_METHODS + ("edge-pruning", "ugs", "matryoshka", "exact", "ensemble", "bootstrap",
-                                             "ilp", "positional")
+#: the names of ``patching.edges.circuit_methods.REGISTRY``, in its order (the --methods choices)
+CIRCUIT_METHOD_NAMES = EDGE_ATTRIBUTION_METHODS + ("edge-pruning", "ugs", "matryoshka", "exact", "ensemble",
+                                                  "bootstrap", "ilp", "positional")
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class CircuitConfig(BatchSettings, PromptSettings, RunSettings):
     memory_mb: float = option(1024.0, "activation budget of one batched forward or backward (MB)",
                               type=cli.positive_float)
     methods: tuple[str, ...] = option((), "compare these circuit methods on the same halves instead of --method alone: "
-                                          + ", ".join(CIRCUIT_METHODS), nargs="+", choices=CIRCUIT_METHODS)
+                                          + ", ".join(CIRCUIT_METHOD_NAMES), nargs="+", choices=CIRCUIT_METHOD_NAMES)
     warm_start: str = option("EAP-IG-inputs", "scores the learned methods start from ('none': a cold start)",
                              choices=EDGE_ATTRIBUTION_METHODS + ("none",))
     bootstrap_resamples: int = option(10, "prompt resamples of the 'bootstrap' method", type=cli.positive_int)

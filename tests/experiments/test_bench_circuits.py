@@ -121,8 +121,8 @@ def test_a_peer_timing_that_did_not_run_reads_not_run_with_the_reason(tmp_path, 
     """The table printed 'nan' in hannamw/EAP-IG's column when its arm was skipped, without saying why."""
     from types import SimpleNamespace
 
-    run = SimpleNamespace(seconds={"edge_attribution_eap_ig_inputs": 2.0, "faithfulness_curve": 3.0}, out=tmp_path,
-                          results={"eap_ig_arm": "skipped by --no-eap-ig"})
+    timer = SimpleNamespace(seconds={"edge_attribution_eap_ig_inputs": 2.0, "faithfulness_curve": 3.0})
+    run = SimpleNamespace(timer=timer, out=tmp_path, results={"eap_ig_arm": "skipped by --no-eap-ig"})
     bench_circuits.print_table(run)
     printed = capsys.readouterr().out
     assert "nan" not in printed and printed.count("not run") == 3

@@ -109,11 +109,10 @@ def test_the_light_config_names_what_the_edge_library_has():
     from experiments.circuit import config
     from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS
     from patching.edges.evaluate import ABLATIONS
-    from patching.edges.faithful_circuit import method_names
     from patching.edges.learn import LearnConfig
 
     assert config.EDGE_ATTRIBUTION_METHODS == tuple(EDGE_ATTRIBUTION_METHODS)
-    assert config.ABLATIONS == ABLATIONS and config.CIRCUIT_METHODS == method_names()
+    assert config.ABLATIONS == ABLATIONS  # CIRCUIT_METHOD_NAMES: the test of the --methods flag
     assert dataclasses.asdict(config.CircuitConfig().learn()) == dataclasses.asdict(LearnConfig(progress=False))
 
 
@@ -122,8 +121,16 @@ def test_the_light_config_names_what_the_edge_library_has():
     (["--threshold", "1.5"], "--threshold: must be in [0, 1]"),
     (["--circuit-prompts", "0"], "--circuit-prompts: must be an integer >= 1"),
     (["--ablation", "resample"], "--ablation: invalid choice"),
+    (["--methods", "EAP", "bogus"], "--methods: invalid choice"),
 ])
 def test_bad_flags_fail_before_the_model_loads(argv, message, capsys):
     with pytest.raises(SystemExit) as exit:
         circuit_experiment.parse_config(argv)
     assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_methods_flag_offers_every_registered_circuit_method_in_order():
+    from patching.edges.circuit_methods import REGISTRY
+
+    assert circuit_experiment.CIRCUIT_METHOD_NAMES == tuple(REGISTRY)
+    assert circuit_experiment.parse_config(["--methods", "exact", "ilp"]).methods == ("exact", "ilp")

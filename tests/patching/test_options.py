@@ -18,7 +18,7 @@ def test_keywords_replace_the_records_fields_and_defaults_are_the_methods():
 
 def test_split_sweep_keywords_takes_only_the_sweep_options():
     opts, rest = split_sweep_keywords({"options": SweepOptions(reuse_prefix=False), "metric": "logprob",
-                                       "shard": 3, "ig_steps": 5}, "distributed.edge_attribution")
+                                       "shard": 3, "ig_steps": 5}, "distributed.distributed_edge_attribution")
     assert (opts.metric, opts.reuse_prefix) == ("logprob", False) and rest == {"shard": 3, "ig_steps": 5}
 
 

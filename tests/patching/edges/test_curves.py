@@ -152,21 +152,21 @@ def test_a_graph_of_another_model_size_is_refused(setup):
 
 
 def test_paired_differences_of_curves_on_the_same_prompts(setup):
-    from patching.edges.curves import paired_difference
+    from patching.edges.curves import paired_curve_difference
 
     model, batch, layout, scores = setup
     fractions = (0.1, 0.5, 1.0)
     a = faithfulness_curve(model, scores, batch, fractions=fractions, n_bootstrap=100, progress=False)
     flipped = Graph(layout, torch.where(layout.real_edge_mask, 1 / (1 + scores.scores.abs()), torch.nan))  # reversed
     b = faithfulness_curve(model, flipped, batch, fractions=fractions, n_bootstrap=100, progress=False)
-    same = paired_difference(a, a, n_bootstrap=100)
+    same = paired_curve_difference(a, a, n_bootstrap=100)
     assert all(same[k]["value"] == 0 and same[k]["low"] == same[k]["high"] == 0 for k in same)
-    diff = paired_difference(a, b, n_bootstrap=100)
+    diff = paired_curve_difference(a, b, n_bootstrap=100)
     assert diff["cpr"]["value"] == pytest.approx(a.cpr.value - b.cpr.value, abs=1e-9)
     assert diff["f@10%"]["value"] == pytest.approx(a.faithfulness[0].value - b.faithfulness[0].value, abs=1e-9)
     assert diff["cpr"]["low"] <= diff["cpr"]["value"] <= diff["cpr"]["high"]
     with pytest.raises(InputError, match="same prompts"):
-        paired_difference(a, faithfulness_curve(model, scores, batch, fractions=(0.5, 1.0), n_bootstrap=10,
+        paired_curve_difference(a, faithfulness_curve(model, scores, batch, fractions=(0.5, 1.0), n_bootstrap=10,
                                                 progress=False))
     # the tables as results.json keeps them (lists) give the same numbers; a table of other prompts is refused
     from patching.edges.curves import paired_table_difference
