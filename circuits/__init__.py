@@ -13,13 +13,14 @@ The core modules:
   :mod:`circuits.pools`: prompts, their counterfactual twins, prompt pools for ablation means;
 * :mod:`circuits.nodes`, :mod:`circuits.graph`, :mod:`circuits.graph_selection`,
   :mod:`circuits.graph_io`: heads and MLPs, the edge graph, choosing a circuit, its files;
-* :mod:`circuits.end_logits`, :mod:`circuits.stats`: the answer's logit at END, intervals;
+* :mod:`circuits.end_logits`, :mod:`circuits.answer_scoring`, :mod:`circuits.stats`: the answer's logit at
+  END, accuracy (first token, whole answer), intervals;
 * :mod:`circuits.errors`, :mod:`circuits.arguments`, :mod:`circuits.atomic_files`: bad input,
   argument checks, files written atomically;
 * :mod:`circuits.random_models`: tiny random models of each supported architecture.
 
 Two sub-packages serve the experiments: :mod:`circuits.analyze` (attention reads, probes, number
-representations, heuristic neurons, whole-answer scoring) and :mod:`circuits.show` (figures,
+representations, heuristic neurons) and :mod:`circuits.show` (figures,
 the HTML report, static export).
 
 This face offers the entry points (``__all__``): :func:`load_model`, :func:`save_model`, :class:`Head`,

@@ -180,17 +180,3 @@ def end_argmax(
         out[index] = torch.cat([unembed_end(model, chunk).argmax(-1) for chunk in resid_end[index].split(SCREEN_ROWS)])
     stats["full"] = stats.get("full", 0) + len(full_rows)
     return out
-
-
-@torch.no_grad()
-def top1_correct(
-    model: HookedTransformer,
-    tokens: Int[Tensor, "batch pos"],
-    answer_ids: Int[Tensor, "batch"],
-    fwd_hooks: HookList = (),
-    *,
-    screen: bool = True,
-) -> torch.Tensor:
-    """Boolean per prompt: is the answer token the top-1 prediction at END? (``screen``: see :func:`end_argmax`)"""
-    predicted = end_argmax(model, end_residual(model, tokens, fwd_hooks), screen=screen)
-    return predicted == answer_ids.to(predicted.device)

@@ -93,6 +93,16 @@ class GraphLayout:
         is_mlp = offset == 3 * self.n_heads
         return start + self.n_heads if is_mlp and not self.parallel_attn_mlp else start
 
+    def receiver_owner(self) -> Tensor:
+        """For each backward index, the forward index of the node it belongs to (``-1`` for logits)."""
+        owner = torch.full((self.n_backward,), -1, dtype=torch.long)
+        for layer in range(self.n_layers):
+            for head in range(self.n_heads):
+                for qkv in QKV:
+                    owner[self.head_backward(layer, head, qkv)] = self.head_forward(layer, head)
+            owner[self.mlp_backward(layer)] = self.mlp_forward(layer)
+        return owner
+
     # --- names ----------------------------------------------------------------------
     @cached_property
     def forward_names(self) -> list[str]:

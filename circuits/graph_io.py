@@ -144,6 +144,24 @@ def _layout_of(cfg: dict, source: str) -> GraphLayout:
     return layout
 
 
+def _flag_blamed(layout: GraphLayout, edge: str) -> Optional[str]:
+    """Why ``edge``, not an edge of ``layout``, is one of the other block layout: ``cfg.parallel_attn_mlp`` is wrong."""
+    other = GraphLayout(layout.n_layers, layout.n_heads, not layout.parallel_attn_mlp)
+    try:
+        other.edge_index(edge)
+    except InputError:
+        return None
+    meaning = ("parallel blocks: attention and MLP read the same residual" if layout.parallel_attn_mlp
+               else "sequential blocks: each MLP reads its own layer's attention")
+    return (f"cfg.parallel_attn_mlp is {str(layout.parallel_attn_mlp).lower()} ({meaning}), but edge {edge!r} exists "
+            f"only when it is {str(other.parallel_attn_mlp).lower()}: the flag disagrees with the edges. Set "
+            "cfg.parallel_attn_mlp to the block layout of the model the graph was scored on.")
+
+
+def _parallel_mask(layout: GraphLayout) -> torch.Tensor:
+    return GraphLayout(layout.n_layers, layout.n_heads, True).real_edge_mask
+
+
 def check_graph_fits(graph: Graph, model, source: str = "the graph") -> None:
     """Raise :class:`GraphFileError` unless ``graph`` is the edge graph of ``model``'s size.
 
@@ -194,7 +212,7 @@ def graph_from_eap_dict(data: Any, source: str = "the circuit", *, model=None) -
         try:
             f, b = layout.edge_index(name)
         except InputError as err:
-            raise GraphFileError(f"{source}: {err}") from None
+            raise GraphFileError(f"{source}: {_flag_blamed(layout, name) or err}") from None
         if not isinstance(info, dict):
             raise GraphFileError(f"{source}: edge {name!r} is {_kind(info)}; an edge is an object such as "
                                  '{"score": 0.1, "in_graph": true}.')
@@ -213,6 +231,11 @@ def graph_from_eap_dict(data: Any, source: str = "the circuit", *, model=None) -
         warnings.warn(f"{source} gives no score for any of its {layout.n_edges} edges: it ranks nothing (a "
                       f"faithfulness curve refuses it), and names a circuit of {int(in_graph.sum())} in-graph "
                       "edges. Check that it is the file you meant.", stacklevel=2)
+    elif n_missing and not layout.parallel_attn_mlp and torch.equal(
+            torch.isnan(scores) & layout.real_edge_mask, layout.real_edge_mask & ~_parallel_mask(layout)):
+        warnings.warn(f"{source} gives no score for exactly the {n_missing} edges from a layer's heads to its own "
+                      "MLP, the edges parallel blocks lack: its cfg.parallel_attn_mlp (false) is probably wrong. Set "
+                      "it to the block layout of the model the graph was scored on.", stacklevel=2)
     elif n_missing:
         warnings.warn(f"{source} gives no score for {n_missing} of {layout.n_edges} edges; they are NaN.", stacklevel=2)
     n_inf = int(torch.isinf(real).sum())
@@ -269,6 +292,9 @@ def write_mib_submission(graph: Graph, out_dir: str | Path, task: str, model_nam
     if "_" in task:
         raise InputError(f"task {task!r} contains '_', which MIB uses to split task from model: "
                          f"write it with '-' (e.g. 'arithmetic-addition').")
+    if isinstance(model_name, str) and "_" in model_name:
+        raise InputError(f"model_name {model_name!r} contains '_', which MIB uses to split task from model: "
+                         f"write it with '-' (e.g. 'gemma-3').")
     for what, name in (("task", task), ("model_name", model_name)):
         _check_folder_part(what, name)
     folder = Path(out_dir) / f"{task}_{model_name}"

@@ -40,19 +40,8 @@ __all__ = ["nodes_in_graph", "prune", "select_top_n", "select_threshold", "selec
            "mib_selector"]
 
 
-def _receiver_owner(layout: GraphLayout) -> Tensor:
-    """For each backward index, the forward index of the node it belongs to (``-1`` for logits)."""
-    owner = torch.full((layout.n_backward,), -1, dtype=torch.long)
-    for layer in range(layout.n_layers):
-        for head in range(layout.n_heads):
-            for qkv in "qkv":
-                owner[layout.head_backward(layer, head, qkv)] = layout.head_forward(layer, head)
-        owner[layout.mlp_backward(layer)] = layout.mlp_forward(layer)
-    return owner
-
-
 def _forward_to_backward(layout: GraphLayout) -> Bool[Tensor, "n_forward n_backward"]:
-    owner = _receiver_owner(layout)
+    owner = layout.receiver_owner()
     matrix = torch.zeros(layout.n_forward, layout.n_backward, dtype=torch.bool)
     has_owner = owner >= 0
     matrix[owner[has_owner], torch.arange(layout.n_backward)[has_owner]] = True
@@ -139,7 +128,7 @@ def select_greedy(graph: Graph, n: int, *, absolute: bool = True, prune: bool = 
         raise InputError(f"n={n} edges requested, but the graph has {graph.n_edges}: choose 0 <= n <= {graph.n_edges}.")
     ranked = _ranked_scores(graph, absolute)
     real = layout.real_edge_mask
-    owner = _receiver_owner(layout)
+    owner = layout.receiver_owner()
     receivers_of = {f: (owner == f).nonzero().flatten().tolist() for f in range(layout.n_forward)}
     heap: list[tuple[float, int, int]] = []  # (-score, backward, forward): max-heap, ties in index order
 

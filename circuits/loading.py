@@ -341,6 +341,11 @@ def _remote_code_reason(official_name: str) -> str | None:
         if "trust_remote_code" in str(err):
             return "its config needs remote code"
         raise
+    except OSError as err:  # the hub did not answer (behind a proxy, a probe cannot tell beforehand)
+        raise _not_available(official_name, f"its config could not be read from the Hugging Face hub ({type(err).__name__}: "
+                                            f"{str(err).splitlines()[0] if str(err) else 'no message'}), and the config "
+                                            "says whether loading it runs remote code; connect to the hub and retry"
+                             ) from err
     return "TransformerLens' config for its architecture turns remote code on" if cfg.trust_remote_code else None
 
 
@@ -371,6 +376,32 @@ def _load_from_hub(
         )
     except OSError as err:  # connection errors and missing local files surface as OSError subclasses
         raise _not_available(name, f"downloading it failed ({type(err).__name__}: {err})") from err
+
+
+def _is_tl_model_name(text: str) -> bool:
+    from transformer_lens.loading_from_pretrained import get_official_model_name
+
+    try:
+        get_official_model_name(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _refuse_a_folder_shadowing_a_model_name(text: str) -> None:
+    """A folder that is no saved model, whose path is also a TransformerLens model name (``gpt2``, ``org/model``):
+    say that it hides the model, rather than only that it is not a saved model folder."""
+    directory = Path(text).expanduser()
+    try:
+        model_cache.check_is_model_dir(directory)
+    except model_cache.NotAModelDirError as err:
+        if not _is_tl_model_name(text):
+            raise
+        raise model_cache.NotAModelDirError(
+            f"{directory.resolve()} is a local folder that is not a saved model, and its path {text!r} is also the "
+            "name of a TransformerLens model: the folder shadows the model name. To load the hub model, run from "
+            "another directory or rename the folder; to load a saved model, pass the folder circuits.save_model "
+            "wrote.", err.problems) from None
 
 
 # --------------------------------------------------------------------------- entry point
@@ -423,6 +454,7 @@ def load_model(
         root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         model = _load_offline(entry, root, device, dtype)
     elif Path(text).expanduser().is_dir():
+        _refuse_a_folder_shadowing_a_model_name(text)
         model = model_cache.load_model_dir(Path(text).expanduser(), device=device, dtype=dtype)
     elif Path(text).expanduser().exists():
         raise _not_available(text, "it is a file, not a directory; pass the model directory written by "

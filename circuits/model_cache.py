@@ -22,6 +22,11 @@ name next to their destination and renamed into place, so a reader never sees
 a half-written one, and two processes building the same directory at once
 cannot mix their files (the second rename loses and its copy is discarded).
 
+The config is checked before a model is built from it (a manifest can be refreshed after an edit):
+every size a whole number in a sane range, ``act_fn`` and the other options among the allowed values,
+and the sizes equal to the weights' shapes in the safetensors header (`check_config`,
+`check_config_fits_weights`), so a damaged number is named instead of allocated.
+
 Weights are stored with safetensors only: no pickle is ever read or written.
 """
 
@@ -47,7 +52,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 from circuits.arguments import check_finite_weights
 from circuits.atomic_files import write_text_atomic
 from circuits.errors import ToolkitError
-from circuits.file_reads import load_safetensors, read_json
+from circuits.file_reads import load_safetensors, open_safetensors, read_json
 
 FORMAT_NAME = "arith-circuits-model"
 FORMAT_VERSION = 1
@@ -427,12 +432,107 @@ def _corrupt_message(directory: Path, problems: list[str]) -> str:
     )
 
 
+# --------------------------------------------------------------------------- config checks (before any allocation)
+
+#: The largest size a config may give (vocabulary, widths, context): beyond it the file is damaged, not a model.
+MAX_SIZE = 2**31 - 1
+_SIZES = ("n_layers", "d_model", "n_ctx", "d_head", "n_heads", "d_vocab")
+_OPTIONAL_SIZES = ("d_mlp", "n_key_value_heads", "rotary_dim", "window_size", "num_experts", "experts_per_token")
+_OPTIONS = {"normalization_type": (None, "LN", "LNPre", "RMS", "RMSPre"),
+            "positional_embedding_type": ("standard", "rotary", "shortformer", "alibi", "relative_positional_bias"),
+            "attention_dir": ("causal", "bidirectional")}
+_RESAVE = "Save the model again (circuits.save_model)."
+
+
+def check_config(data: dict[str, Any], source: str | Path) -> None:
+    """Raise :class:`CorruptModelDirError` naming ``source`` unless every field TransformerLens builds a model from is
+    sane: sizes whole numbers in 1..:data:`MAX_SIZE`, ``act_fn`` and the other options among the allowed values,
+    flags true or false. TransformerLens would otherwise allocate what a damaged number asks for, or fail an
+    assertion that names no file."""
+    from transformer_lens.utilities.activation_functions import SUPPORTED_ACTIVATIONS
+
+    def refuse(key: str, wanted: str) -> None:
+        raise CorruptModelDirError(f"{source}: {key} is {data.get(key)!r}; {wanted}. {_RESAVE}",
+                                   [f"{CONFIG_FILE}: {key} is {data.get(key)!r}"])
+
+    def is_size(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_SIZE
+
+    for key in _SIZES:
+        if not is_size(data.get(key)):
+            refuse(key, f"a saved config gives a whole number in 1..{MAX_SIZE}")
+    for key in _OPTIONAL_SIZES:
+        if data.get(key) is not None and not is_size(data[key]):
+            refuse(key, f"it must be null or a whole number in 1..{MAX_SIZE}")
+    if data.get("d_vocab_out", -1) != -1 and not is_size(data["d_vocab_out"]):
+        refuse("d_vocab_out", f"it must be -1 (same as d_vocab) or a whole number in 1..{MAX_SIZE}")
+    attn_only = data.get("attn_only", False)
+    if not attn_only and data.get("act_fn") not in SUPPORTED_ACTIVATIONS:
+        refuse("act_fn", f"it must be one of {sorted(SUPPORTED_ACTIVATIONS)}")
+    for key, allowed in _OPTIONS.items():
+        if key in data and data[key] not in allowed:
+            refuse(key, f"it must be one of {list(allowed)}")
+    flags = {f.name for f in dataclasses.fields(HookedTransformerConfig) if isinstance(f.default, bool)}
+    for key in sorted(flags & data.keys()):
+        if not isinstance(data[key], bool):
+            refuse(key, "it must be true or false")
+
+
+def _expected_shapes(data: dict[str, Any], key: str) -> tuple[tuple[int, ...], str] | None:
+    """The shape ``config`` implies for the TransformerLens weight ``key`` (and its dimensions' names), if it implies one."""
+    d_model, d_head, n_heads, d_mlp = data["d_model"], data["d_head"], data["n_heads"], data.get("d_mlp")
+    n_kv = data.get("n_key_value_heads") or n_heads
+    d_vocab_out = data["d_vocab"] if data.get("d_vocab_out", -1) == -1 else data["d_vocab_out"]
+    name = key.split(".", 2)[-1] if key.startswith("blocks.") else key
+    table = {
+        "embed.W_E": ((data["d_vocab"], d_model), "d_vocab, d_model"),
+        "unembed.W_U": ((d_model, d_vocab_out), "d_model, d_vocab_out"),
+        "pos_embed.W_pos": ((data["n_ctx"], d_model), "n_ctx, d_model"),
+        "attn.W_Q": ((n_heads, d_model, d_head), "n_heads, d_model, d_head"),
+        "attn.W_K": ((n_heads, d_model, d_head), "n_heads, d_model, d_head"),
+        "attn.W_V": ((n_heads, d_model, d_head), "n_heads, d_model, d_head"),
+        "attn._W_K": ((n_kv, d_model, d_head), "n_key_value_heads, d_model, d_head"),
+        "attn._W_V": ((n_kv, d_model, d_head), "n_key_value_heads, d_model, d_head"),
+        "attn.W_O": ((n_heads, d_head, d_model), "n_heads, d_head, d_model"),
+        "mlp.W_in": ((d_model, d_mlp), "d_model, d_mlp"),
+        "mlp.W_gate": ((d_model, d_mlp), "d_model, d_mlp"),
+        "mlp.W_out": ((d_mlp, d_model), "d_mlp, d_model"),
+    }
+    return table.get(name)
+
+
+def check_config_fits_weights(data: dict[str, Any], config_file: Path, weights_file: Path) -> None:
+    """Raise :class:`CorruptModelDirError` unless the sizes of ``data`` (a checked config) are those of the weights
+    in ``weights_file``'s header: the layers, the embedding, every attention and MLP matrix. Only the header is
+    read, so a damaged config is named before a model of its sizes is allocated."""
+    header = open_safetensors(weights_file, error=CorruptModelDirError, hint=_RESAVE)
+    shapes = {key: tuple(header.get_slice(key).get_shape()) for key in header.keys()}
+    layers = {int(key.split(".")[1]) for key in shapes if key.startswith("blocks.") and key.split(".")[1].isdigit()}
+    if layers != set(range(data["n_layers"])):
+        raise CorruptModelDirError(
+            f"{config_file} gives n_layers {data['n_layers']}, but {weights_file} holds the blocks "
+            f"{sorted(layers)[:3]}{'...' if len(layers) > 3 else ''} ({len(layers)} layers): the config does not fit "
+            f"the weights. {_RESAVE}", [f"{CONFIG_FILE} does not fit {WEIGHTS_FILE}"])
+    if "embed.W_E" not in shapes:
+        raise CorruptModelDirError(f"{weights_file} holds no embed.W_E: it is not a TransformerLens model's state "
+                                   f"dict. {_RESAVE}", [f"{WEIGHTS_FILE} holds no embed.W_E"])
+    for key, shape in shapes.items():
+        expected = _expected_shapes(data, key)
+        if expected is not None and shape != expected[0]:
+            raise CorruptModelDirError(
+                f"{config_file} implies {key} of shape {expected[0]} ({expected[1]}), but {weights_file} holds one of "
+                f"shape {shape}: the config does not fit the weights. {_RESAVE}",
+                [f"{CONFIG_FILE} does not fit {WEIGHTS_FILE}"])
+
+
 def _build_model(directory: Path, device: str | torch.device, dtype: torch.dtype) -> HookedTransformer:
     data = read_json(directory / CONFIG_FILE, "a HookedTransformerConfig saved as JSON", error=CorruptModelDirError,
                      hint="Save the model again (circuits.save_model).")
     if not isinstance(data, dict):
         raise CorruptModelDirError(f"{directory / CONFIG_FILE} holds a JSON {type(data).__name__}, not a config object. "
                                    "Save the model again (circuits.save_model).")
+    check_config(data, directory / CONFIG_FILE)
+    check_config_fits_weights(data, directory / CONFIG_FILE, directory / WEIGHTS_FILE)
     tokenizer = None
     if (directory / TOKENIZER_DIR).is_dir():
         tokenizer = _load_tokenizer(directory / TOKENIZER_DIR)

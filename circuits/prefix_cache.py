@@ -112,7 +112,7 @@ class TiledKVCache:
 MIN_SHARED_PREFIX = 4  # shorter shared prefixes are run per row: the saving would not pay for the extra forward
 
 
-def shared_prefix_length(tokens: Int[Tensor, "batch pos"], limit: int | None = None) -> int:
+def batch_common_prefix_length(tokens: Int[Tensor, "batch pos"], limit: int | None = None) -> int:
     """Leading positions (at most ``limit``, at most all but the last) where every row has the same token."""
     limit = tokens.shape[1] - 1 if limit is None else min(limit, tokens.shape[1] - 1)
     differs = (tokens[:, :limit] != tokens[:1, :limit]).any(0)
@@ -135,7 +135,7 @@ def run_after_shared_prefix(
     ``prefixes`` (default: the model's :func:`model_prefix_cache`) keeps keys/values across calls. Values
     equal the plain run's up to float rounding.
     """
-    shared = shared_prefix_length(tokens, limit) if tokens.shape[0] > 1 else 0
+    shared = batch_common_prefix_length(tokens, limit) if tokens.shape[0] > 1 else 0
     if shared < MIN_SHARED_PREFIX:
         return model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), stop_at_layer=model.cfg.n_layers), 0
     kv = (prefixes or model_prefix_cache(model))(tokens[:1, :shared])

@@ -414,35 +414,18 @@ def single_batch(dataset: Dataset, device: str | torch.device | None = None) -> 
 # ---------------------------------------------------------------------------- filtering
 
 
-@torch.no_grad()
-def accuracy_mask(model, dataset: Dataset, batch_size: int = 32, fwd_hooks=()) -> list[bool]:
-    """Per row: does ``model`` put the first answer token at top-1 (optionally under ``fwd_hooks``)?"""
-    from circuits.end_logits import top1_correct
-
-    correct = [False] * len(dataset)
-    for batch in iter_batches(dataset, batch_size, device=model.cfg.device):
-        hits = top1_correct(model, batch.tokens, batch.answer_ids, fwd_hooks=fwd_hooks).tolist()
-        for index, hit in zip(batch.indices, hits):
-            correct[index] = hit
-    return correct
-
-
-def accuracy(model, dataset: Dataset, batch_size: int = 32, fwd_hooks=()) -> float:
-    """Top-1 accuracy of the first answer token over ``dataset``."""
-    mask = accuracy_mask(model, dataset, batch_size, fwd_hooks)
-    return sum(mask) / len(mask)
-
-
 def filter_correct(model, dataset: Dataset, batch_size: int = 32, mask: Sequence[bool] | None = None) -> tuple[Dataset, float]:
     """Keep the rows the model answers correctly (top-1 first answer token); return them and the base accuracy.
 
-    ``mask`` (from :func:`accuracy_mask`) skips the forward passes when it was computed already.
+    ``mask`` (from :func:`circuits.answer_scoring.first_token_hits`) skips the forward passes when it was computed already.
     """
     if len(dataset) == 0:
         raise TaskDataError("filter_correct got an empty dataset.")
     check_finite_weights(model)  # NaN weights answer nothing, which would read as "cannot do the task"
     if mask is None:
-        mask = accuracy_mask(model, dataset, batch_size)
+        from circuits.answer_scoring import first_token_hits  # scoring needs TransformerLens; the data does not
+
+        mask = first_token_hits(model, dataset, batch_size)
     elif len(mask) != len(dataset):
         raise TaskDataError(f"mask has {len(mask)} entries for {len(dataset)} rows.")
     base_accuracy = sum(mask) / len(mask)

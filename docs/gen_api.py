@@ -55,10 +55,10 @@ def signature(obj) -> str:
 
 def render() -> str:
     lines = ["# API reference", "", "Generated from the docstrings by `python docs/gen_api.py`; do not edit by hand.", ""]
-    for module in iter_modules():
-        members = list(public_members(module))
-        if not members:
-            continue
+    documented = [(module, members) for module in iter_modules() if (members := list(public_members(module)))]
+    # GitHub's anchor of a heading `a.b_c` drops the backticks and the dots
+    lines += ["Contents:", ""] + [f"- [`{m.__name__}`](#{m.__name__.replace('.', '')})" for m, _ in documented] + [""]
+    for module, members in documented:
         lines += [f"## `{module.__name__}`", "", summary(module), ""]
         for name, member in members:
             kind = "class" if inspect.isclass(member) else "def"

@@ -37,42 +37,37 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from circuits.errors import InputError
 from circuits.show.html_report import Report
 from experiments.runtime.run_folder import StageTimer
 from circuits.atomic_files import write_text_atomic
-from circuits.stats import paired_difference, proportion
 from circuits.templates import template_by_id
-from patching.all_for_one import AF1Config, AF1Runner
-from patching.all_for_one.search import (
-    AF1SearchResult, cell_estimate, faithfulness_heatmap, grid_hits, held_out_selection, search_af1,
-)
-from patching.all_for_one.runner import NoEvalPromptsError, check_setting
-from patching.all_for_one.template_prompts import authors_templates, make_template_dataset
-from patching.all_for_one.cama import CamaConfig
-from patching import SweepOptions
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option
+from experiments.runtime.cli import option, override
+from experiments.runtime.settings import BatchSettings, PromptSettings
+
+if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
+    from patching.all_for_one import AF1Config, AF1Runner
+    from patching.all_for_one.search import AF1SearchResult
 
 
 @dataclass(frozen=True)
-class AF1ExperimentConfig(RunSettings):
+class AF1ExperimentConfig(BatchSettings, PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.af1`` beyond :class:`RunSettings`, with its default."""
 
     op: str = option("+", "operation: +, -, * or / (or its name)")
     templates: tuple[str, ...] = option(("af1-equation", "af1-verbal", "af1-question"), "templates of the grid search")
-    n_prompts: int = option(100, "operand pairs per template (at most all pairs: 100 for + on 0..9; with --means "
-                            "split, at most the pairs with a one-token answer: 55)", type=cli.positive_int)
+    n_prompts: int = override(PromptSettings, "n_prompts", 100, "operand pairs per template (at most all pairs: 100 for "
+                              "+ on 0..9; with --means split, at most the pairs with a one-token answer: 55)")
     means: str = option("cross-fit", "CAMA means cross-fitted over folds of all pairs (default) or fitted on a fixed "
                         "half of the one-token prompts (the earlier scheme)", choices=("cross-fit", "split"))
     n_folds: int = option(2, "folds of the cross-fitted CAMA means", type=cli.positive_int)
     operand_max: int = option(9, "operands are drawn from 0..operand-max", type=cli.nonnegative_int)
-    n_shots: int = option(0, "solved examples of the same template before each prompt (the paper is zero-shot; "
-                          "gemma-3-270m answers few one-token sums zero-shot)", type=cli.nonnegative_int)
+    n_shots: int = override(PromptSettings, "n_shots", 0, "solved examples of the same template before each prompt (the "
+                            "paper is zero-shot; gemma-3-270m answers few one-token sums zero-shot)")
     min_count: int = option(2, "CAMA: prompts needed for a token-conditioned mean", type=cli.positive_int)
     min_faithfulness: float = option(0.9, "faithfulness an (L_wait, L_transfer) setting must reach to be selected",
                                      type=cli.fraction)
@@ -82,11 +77,19 @@ class AF1ExperimentConfig(RunSettings):
     isolate: tuple[str, ...] | None = option(None, "instead of the search: score these pre-specified (L_wait, "
                                              "L_transfer) cells, as W,T, under each isolation variant on the same "
                                              "eval prompts (paired), to find what limits faithfulness", nargs="+")
-    batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.means == "cross-fit" and self.n_folds < 2:
+            raise InputError(f"--n-folds {self.n_folds} with --means cross-fit: cross-fitting fits the means on the "
+                             "other folds and evaluates on one, so it needs --n-folds 2 or more (or --means split).")
 
     def af1_config(self) -> AF1Config:
         """The :class:`patching.all_for_one.AF1Config` these flags describe."""
-        return AF1Config(cama=CamaConfig(min_count=self.min_count),
+        from patching.all_for_one.cama import CamaConfig
+        from patching.all_for_one import AF1Config
+
+        return AF1Config(cama=CamaConfig(min_count=self.min_count), batch_size=self.batch_size,
                          min_faithfulness=self.min_faithfulness, prune_keep=self.prune_keep, seed=self.seed)
 
 
@@ -122,6 +125,10 @@ def _one_token(data) -> list[bool]:
 
 def build_runner(model, templates, cfg: AF1ExperimentConfig, config: AF1Config) -> tuple[AF1Runner, dict]:
     """The AF1 runner for ``templates`` (``--means``) and how many prompts each template gave."""
+    from patching.options import SweepOptions
+    from patching.all_for_one import AF1Runner
+    from patching.all_for_one.template_prompts import make_template_dataset
+
     cross_fit = cfg.means == "cross-fit"
     data = make_template_dataset(model, templates, cfg.n_prompts, operand_range=(0, cfg.operand_max),
                                  n_shots=cfg.n_shots, seed=cfg.seed, single_token_answers=not cross_fit)
@@ -146,6 +153,8 @@ def build_runner(model, templates, cfg: AF1ExperimentConfig, config: AF1Config) 
 
 def _variant_runners(model, runner: AF1Runner, templates, cfg: AF1ExperimentConfig, config: AF1Config):
     """The isolation variants: each changes one thing of the main (cross-fitted) AF1 model."""
+    from patching.all_for_one.cama import CamaConfig
+
     return {
         "main": lambda: runner,
         # CAMA skipped: only the ABP restrictions (what the attention masks alone cost)
@@ -161,6 +170,8 @@ def _variant_runners(model, runner: AF1Runner, templates, cfg: AF1ExperimentConf
 
 
 def _isolation_cells(model, cfg: AF1ExperimentConfig) -> list[tuple[int, int]]:
+    from patching.all_for_one.runner import check_setting
+
     try:
         cells = [tuple(int(x) for x in cell.split(",")) for cell in cfg.isolate]
     except ValueError:
@@ -172,6 +183,10 @@ def _isolation_cells(model, cfg: AF1ExperimentConfig) -> list[tuple[int, int]]:
 
 def _score_variant(variant: AF1Runner, runner: AF1Runner, cells, main_hits) -> tuple[dict, dict]:
     """One variant's hits in the main runner's prompt order, and its cells paired against the main model."""
+    import torch
+
+    from circuits.stats import paired_difference, proportion
+
     order = {p: i for i, p in enumerate(variant.prompts)}
     align = torch.tensor([order[p] for p in runner.prompts])  # the main runner's prompt order
     rows = {w: [h[align] for h in variant.sweep_transfer_hits(w)] for w in sorted({w for w, _ in cells})}
@@ -187,14 +202,15 @@ def _score_variant(variant: AF1Runner, runner: AF1Runner, cells, main_hits) -> t
     return result, rows
 
 
-def isolate(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, timer) -> dict:
-    """Score pre-specified cells under each variant on the same eval prompts, paired against the main model."""
+def isolate(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, stage) -> dict:
+    """Score pre-specified cells under each variant on the same eval prompts, paired against the main model
+    (``stage``: the run's ``Run.stage``)."""
     cells = _isolation_cells(model, cfg)
-    with timer.stage("data, CAMA means and cached residuals"):
+    with stage("data, CAMA means and cached residuals"):
         runner, counts = build_runner(model, templates, cfg, config)
     out, main_hits = {"cells": [list(c) for c in cells], "search_counts": counts, "variants": {}}, None
     for name, make in _variant_runners(model, runner, templates, cfg, config).items():
-        with timer.stage(f"isolation: {name}"):
+        with stage(f"isolation: {name}"):
             result, rows = _score_variant(make(), runner, cells, main_hits)
         main_hits = main_hits or rows
         out["variants"][name] = result
@@ -208,17 +224,20 @@ def isolate(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, timer
 # ---------------------------------------------------------------------------- stages of the search
 
 
-def grid_search(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, timer):
-    """Data, grid and the selected (pruned) setting on all eval prompts: (runner, counts, hits, search)."""
-    with timer.stage("data, CAMA means and cached residuals"):
+def grid_search(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, stage):
+    """Data, grid and the selected (pruned) setting on all eval prompts: (runner, counts, hits, search); each step
+    timed as a stage of the run (``stage``: its ``Run.stage``)."""
+    from patching.all_for_one.search import grid_hits, search_af1
+
+    with stage("data, CAMA means and cached residuals"):
         runner, counts = build_runner(model, templates, cfg, config)
     fallback = runner.cama_counts()["fallback_fraction"]
     print(f"search data: eval candidates {runner.n_eval_total}, full-model accuracy {runner.base_accuracy:.1%}, "
           f"{runner.n_eval} correct prompts kept ({counts}); CAMA fallback fraction "
           f"{fallback:.1%}; a constant answer would score {runner.constant_baseline:.1%}")
-    with timer.stage("grid"):
+    with stage("grid"):
         hits = grid_hits(runner)
-    with timer.stage("selection and pruning"):
+    with stage("selection and pruning"):
         search = search_af1(model, None, config, runner=runner, hits=hits)
     print(f"selected (all eval prompts, in-sample) L_wait={search.l_wait} L_transfer={search.l_transfer}: "
           f"faithfulness {search.faithfulness:.1%}{'' if search.meets_threshold else ' (below the threshold: best cell)'}; "
@@ -229,6 +248,8 @@ def grid_search(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, t
 
 def held_out(runner: AF1Runner, hits, cfg: AF1ExperimentConfig) -> dict:
     """The winner's curse: the cell chosen on one half of the eval prompts, reported on the other (and swapped)."""
+    from patching.all_for_one.search import held_out_selection
+
     if runner.n_eval < 2:
         return {"skipped": f"{runner.n_eval} evaluation prompt(s): nothing to hold out"}
     result = held_out_selection(runner, min_faithfulness=cfg.min_faithfulness, seed=cfg.seed, hits=hits)
@@ -247,6 +268,8 @@ def held_out(runner: AF1Runner, hits, cfg: AF1ExperimentConfig) -> dict:
 
 def paper_cells(hits, n_layers: int) -> dict:
     """The paper's cell in our convention and its depth-scaled twin, on all eval prompts (no selection)."""
+    from patching.all_for_one.search import cell_estimate
+
     cells = {}
     for name, (w, t) in {"paper_cell_ours": (PAPER_CELL["l_wait_ours"], PAPER_CELL["l_transfer"]),
                          "depth_scaled": _depth_scaled_cell(n_layers)}.items():
@@ -259,6 +282,9 @@ def paper_cells(hits, n_layers: int) -> dict:
 
 def _format_row(model, template, cfg: AF1ExperimentConfig, config: AF1Config, search: AF1SearchResult) -> dict:
     """One author format at the selected setting: faithfulness (all and pruned heads), and along L_wait."""
+    from circuits.stats import proportion
+    from patching.all_for_one.runner import NoEvalPromptsError
+
     try:
         t_runner, counts = build_runner(model, [template], cfg, config)
     except NoEvalPromptsError as err:  # e.g. a format the model never answers: report it, go on
@@ -282,11 +308,14 @@ def _format_row(model, template, cfg: AF1ExperimentConfig, config: AF1Config, se
     return row
 
 
-def authors_formats(model, cfg: AF1ExperimentConfig, config: AF1Config, search: AF1SearchResult, timer) -> list[dict]:
+def authors_formats(model, cfg: AF1ExperimentConfig, config: AF1Config, search: AF1SearchResult,
+                    stage) -> list[dict]:
     """The authors' five formats at the selected setting (``--no-authors``: none)."""
+    from patching.all_for_one.template_prompts import authors_templates
+
     if cfg.no_authors:
         return []
-    with timer.stage("authors' templates"):
+    with stage("authors' templates"):
         return [_format_row(model, template, cfg, config, search) for template in authors_templates(cfg.op)]
 
 
@@ -337,25 +366,29 @@ def run(cfg: AF1ExperimentConfig, *, loader: ModelLoader | None = None) -> dict:
                           results={"model": cfg.model, "op": cfg.op, "settings": dataclasses.asdict(cfg)})
 
 
-@torch.no_grad()
+@cli.no_grad
 def _stages(run: Run) -> None:
-    cfg, results = run.settings, run.results
+    from circuits.stats import proportion
+    from patching.all_for_one.search import faithfulness_heatmap
+    from patching.all_for_one.template_prompts import authors_templates
+
+    cfg, results = run.cfg, run.results
     config = cfg.af1_config()
     authors = {t.id: t for t in authors_templates(cfg.op)}
     templates = [authors[t] if t in authors else template_by_id(t) for t in cfg.templates]
     model = run.load_model()
     if cfg.isolate:  # the isolation variants instead of the search; results.json only
         results |= {"search_templates": list(cfg.templates), "layer_convention": LAYER_CONVENTION,
-                    "isolation": isolate(model, cfg, config, templates, run.timer)}
+                    "isolation": isolate(model, cfg, config, templates, run.stage)}
         return
 
-    runner, search_counts, hits, search = grid_search(model, cfg, config, templates, run.timer)
+    runner, search_counts, hits, search = grid_search(model, cfg, config, templates, run.stage)
     held = held_out(runner, hits, cfg)
     paper = paper_cells(hits, model.cfg.n_layers)
     heatmap = faithfulness_heatmap(search.grid, f"AF1 faithfulness, {cfg.model}, {', '.join(cfg.templates)}",
                                    best=(search.l_wait, search.l_transfer))
     write_text_atomic(run.out / "heatmap.html", heatmap.to_html(include_plotlyjs=True, full_html=True))
-    per_template = authors_formats(model, cfg, config, search, run.timer)
+    per_template = authors_formats(model, cfg, config, search, run.stage)
 
     counts = runner.cama_counts()
     results |= {

@@ -26,17 +26,15 @@ import dataclasses
 import os
 import statistics
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from experiments.runtime.run_folder import release_freed_memory
-from circuits.nodes import parse_node
-from circuits.tasks import make_dataset
-from finetune import ArithmeticMix, FullSFTConfig, PreciseSFTConfig, arithmetic_train_set, train
-from patching.head_ranking import KeyHeads, given_key_heads, rank_key_heads
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
+
+if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
+    from patching.head_ranking import KeyHeads
 
 DEFAULT_OUT = "runs/bench_finetune"  # one folder, not runs/<name>-<timestamp>
 
@@ -61,6 +59,10 @@ parser = cli.config_parser(BenchFinetuneConfig, "bench_finetune", __doc__, help_
 
 def choose_heads(model, cfg: BenchFinetuneConfig) -> KeyHeads:
     """``--heads``, or the top ``--k`` heads by path patching on 32 addition prompts."""
+    from circuits.nodes import parse_node
+    from circuits.tasks import make_dataset
+    from patching.head_ranking import given_key_heads, rank_key_heads
+
     if cfg.heads:
         return given_key_heads([parse_node(h) for h in cfg.heads.split(",")])
     probe = make_dataset(model, op="+", n_prompts=32, styles=("equation",), seed=7)
@@ -69,6 +71,8 @@ def choose_heads(model, cfg: BenchFinetuneConfig) -> KeyHeads:
 
 def run_arms(model, data, heads, cfg: BenchFinetuneConfig) -> dict[str, list[dict]]:
     """``--rounds`` rounds of each arm in turn on the same model object; each run's ``TrainResult.summary()``."""
+    from finetune import FullSFTConfig, PreciseSFTConfig, train
+
     shared = dict(lr=1e-5, batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size, max_steps=cfg.steps,
                   progress=False)
     arms = {"precise": PreciseSFTConfig(**shared), "full": FullSFTConfig(**shared)}
@@ -125,7 +129,11 @@ def run(cfg: BenchFinetuneConfig, *, loader: ModelLoader | None = None) -> dict:
 
 
 def _stages(run: Run) -> None:
-    cfg = run.settings
+    import torch
+
+    from finetune import ArithmeticMix, arithmetic_train_set
+
+    cfg = run.cfg
     model = run.load_model()
     with run.stage("data and key heads"):
         data = arithmetic_train_set(model, ArithmeticMix(n_examples=cfg.batch_size * cfg.steps, seed=1))

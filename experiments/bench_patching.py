@@ -12,7 +12,7 @@
 5. Times ``patching.attribution_patch`` (every head and MLP from one backward) and reports its
    Spearman rank agreement with exact activation patching (every head) and path patching.
 6. Times the knockout curve's sets (top-k heads by path patching and k random heads,
-   ``--knockout-seeds`` per k, means over a pool of other prompts) with ``patching.knockout``'s
+   ``--knockout-seeds`` per k, means over a pool of other prompts) with ``patching.knockout_curves``'s
    fast path, with the fast path minus its screened top-1 (float32 argmax) and shared suffix starts, and with the
    plain hook implementation (one full forward per knockout set) on the same prompts and means,
    and checks that every per-prompt hit is equal (``--knockout-only`` runs just this arm).
@@ -27,24 +27,19 @@ import dataclasses
 import random
 import time
 from dataclasses import dataclass
-
-import pandas as pd
-import torch
-from transformer_lens import HookedTransformer
-from transformer_lens import patching as tl_patching
-
-from circuits.nodes import all_heads, all_nodes
-from circuits.tasks import TaskBatch, single_batch
-from patching.activation_patching import activation_patch
-from patching.attribution_patching import attribution_patch, rank_agreement
-from patching.knockout import knockout_correct, pool_means
-from patching.path_patching import path_patch
-from patching.results import ActivationScores, NodeScores
-from patching import SweepOptions
+from typing import TYPE_CHECKING
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.bench_prompts import one_length_prompts
-from experiments.runtime.cli import option
+from experiments.runtime.cli import option, override
+from experiments.runtime.settings import PromptSettings
+
+if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
+    import torch
+    from transformer_lens import HookedTransformer
+
+    from circuits.tasks import TaskBatch
+    from patching.results import ActivationScores, NodeScores
 
 
 def layer_spec(text: str) -> str:
@@ -56,11 +51,11 @@ def layer_spec(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class BenchPatchingConfig(RunSettings):
+class BenchPatchingConfig(PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.bench_patching`` beyond :class:`RunSettings`, with its default."""
 
-    n_prompts: int = option(64, "prompts in the batch", type=cli.positive_int)
-    n_shots: int = option(2, "few-shot examples before each prompt", type=cli.nonnegative_int)
+    n_prompts: int = override(PromptSettings, "n_prompts", 64, "prompts in the batch")
+    n_shots: int = override(PromptSettings, "n_shots", 2)
     op: str = option("+", "arithmetic operation")
     check_senders: int = option(18, "senders checked with plain hook path patching (0: none, -1: all)")
     tl_layers: str = option("4", "layers of the TransformerLens baseline sweep: 'all', a count of evenly spaced layers "
@@ -76,6 +71,8 @@ parser = cli.config_parser(BenchPatchingConfig, "bench_patching", __doc__)
 
 def same_length_prompts(model: HookedTransformer, cfg: BenchPatchingConfig):
     """``n_prompts`` few-shot prompts of one template and one token length (one batch, no padding); the batch."""
+    from circuits.tasks import single_batch
+
     data = one_length_prompts(model, op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
     batch = single_batch(data, device=model.cfg.device)
     print(f"{cfg.n_prompts} prompts of {batch.tokens.shape[1]} tokens, e.g. {batch.prompts[0]!r}")
@@ -94,6 +91,10 @@ def tl_layer_subset(spec: str, n_layers: int) -> list[int]:
 
 def time_transformer_lens(model: HookedTransformer, batch: TaskBatch, tl_layers: list[int], seconds: dict) -> torch.Tensor:
     """TransformerLens' activation patching of each head of ``tl_layers`` at all positions (the baseline): [layer, head]."""
+    import pandas as pd
+    import torch
+    from transformer_lens import patching as tl_patching
+
     answers = batch.answer_ids
 
     def tl_metric(logits):
@@ -125,6 +126,9 @@ def time_transformer_lens(model: HookedTransformer, batch: TaskBatch, tl_layers:
 def time_activation_patch(model, batch: TaskBatch, tl_layers: list[int], tl_heads: torch.Tensor,
                           seconds: dict) -> tuple[ActivationScores, float]:
     """``patching.activation_patch`` on the same heads as TransformerLens; the max |difference| from TL's."""
+    from patching.options import SweepOptions
+    from patching.activation_patching import activation_patch
+
     start = time.perf_counter()
     act = activation_patch(model, batch, component="z", positions="all",
                            options=SweepOptions(metric="logit"), layers=tl_layers)
@@ -137,6 +141,10 @@ def time_activation_patch(model, batch: TaskBatch, tl_layers: list[int], tl_head
 
 def time_path_patch(model, batch: TaskBatch, seconds: dict) -> NodeScores:
     """The full path-patching sweep (every head and MLP -> logits) on the fast path."""
+    from patching.options import SweepOptions
+    from circuits.nodes import all_nodes
+    from patching.path_patching import path_patch
+
     start = time.perf_counter()
     path = path_patch(model, batch, options=SweepOptions(metric="logit"))
     seconds["path_patch_full"] = time.perf_counter() - start
@@ -146,6 +154,10 @@ def time_path_patch(model, batch: TaskBatch, seconds: dict) -> NodeScores:
 
 def check_path_patch(model, batch: TaskBatch, path: NodeScores, n_senders: int, seconds: dict) -> tuple[list, float | None]:
     """Plain hook path patching on ``n_senders`` evenly spread senders (-1: all); the max |difference| from the fast path."""
+    from patching.options import SweepOptions
+    from circuits.nodes import all_nodes
+    from patching.path_patching import path_patch
+
     senders = all_nodes(model)
     if n_senders >= 0:
         step = max(1, len(senders) // max(1, n_senders))
@@ -164,6 +176,10 @@ def check_path_patch(model, batch: TaskBatch, path: NodeScores, n_senders: int, 
 def time_attribution_patch(model, batch: TaskBatch, act: ActivationScores, path: NodeScores, tl_layers: list[int],
                            seconds: dict) -> dict:
     """``patching.attribution_patch`` (one backward) and its Spearman agreement with exact activation and path patching."""
+    from patching.options import SweepOptions
+    from patching.activation_patching import activation_patch
+    from patching.attribution_patching import attribution_patch, rank_agreement
+
     start = time.perf_counter()
     attr = attribution_patch(model, batch, options=SweepOptions(metric="logit"))
     seconds["attribution_patch"] = time.perf_counter() - start
@@ -217,6 +233,11 @@ def knockout_arm(model, data, path, n_seeds: int) -> dict:
 
     Same prompts, same pooled means; every per-prompt hit of each variant is compared with the hooks'.
     """
+    import torch
+
+    from circuits.nodes import all_heads
+    from patching.knockout_curves import knockout_correct, pool_means
+
     start = time.perf_counter()
     means = pool_means(model, data, all_heads(model))
     t_means = time.perf_counter() - start
@@ -261,6 +282,8 @@ def counted_work(model, data, sets, means) -> dict:
     with the pool, shared suffix starts once; its top-1 is screened in bfloat16 (not counted: the
     float32 rows it falls back to are under 1%). One layout, as :func:`same_length_prompts` gives.
     """
+    import torch
+
     from patching.knockout_fast import choose_split
 
     L, (B, n_pos) = model.cfg.n_layers, torch.tensor(data["tokens"]).shape
@@ -287,7 +310,11 @@ def run(cfg: BenchPatchingConfig, *, loader: ModelLoader | None = None) -> dict:
 
 
 def _stages(run: Run) -> None:
-    cfg, results = run.settings, run.results
+    from patching.options import SweepOptions
+    from circuits.nodes import all_nodes
+    from patching.path_patching import path_patch
+
+    cfg, results = run.cfg, run.results
     model = run.load_model()
     model.eval()
     with run.stage("prompts"):

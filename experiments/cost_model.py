@@ -41,19 +41,18 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Callable
 
 from circuits.errors import InputError
-from circuits.graph import GraphLayout
-from circuits.nodes import Head
 from circuits.peak_memory import peak_rss, reset_peak_rss
 from experiments.runtime.run_folder import RESULTS_FILE, RUN_MARKER
 from circuits.atomic_files import write_text_atomic
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option
+from experiments.runtime.cli import option, override
+
+if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
+    from circuits.graph import GraphLayout
 
 GPU_PEAK_FLOPS = 989e12  # H100 SXM dense bf16 (NVIDIA's datasheet, without sparsity)
 GPU_EFFICIENCY = 0.35  # assumed fraction of peak a plain forward reaches at these batch sizes
@@ -80,6 +79,8 @@ class Shape:
 
     @property
     def layout(self) -> GraphLayout:
+        from circuits.graph import GraphLayout
+
         return GraphLayout(n_layers=self.L, n_heads=self.H)
 
     @property
@@ -102,13 +103,15 @@ class Shape:
 def batch_prefix(tokens) -> int:
     """``P``: the positions every prompt of the batch shares, as :func:`circuits.prefix_cache.run_after_shared_prefix`
     runs them once (0 where it would not: fewer than its minimum, or one prompt)."""
-    from circuits.prefix_cache import MIN_SHARED_PREFIX, shared_prefix_length as rows_prefix
+    from circuits.prefix_cache import MIN_SHARED_PREFIX, batch_common_prefix_length
 
-    shared = rows_prefix(tokens) if tokens.shape[0] > 1 else 0
+    shared = batch_common_prefix_length(tokens) if tokens.shape[0] > 1 else 0
     return shared if shared >= MIN_SHARED_PREFIX else 0
 
 
 def shape_of(model) -> Shape:
+    import torch
+
     cfg = model.cfg
     gated = cfg.gated_mlp if hasattr(cfg, "gated_mlp") else cfg.act_fn in ("silu", "gelu_pytorch_tanh")
     return Shape(L=cfg.n_layers, H=cfg.n_heads, G=cfg.n_key_value_heads or cfg.n_heads, d=cfg.d_model, dh=cfg.d_head,
@@ -117,6 +120,8 @@ def shape_of(model) -> Shape:
 
 def patched_counts(layout: GraphLayout, edges) -> dict:
     """``edge_patch``'s sizes: Σ blocks run, edges that run any (not into the logits), edges into an MLP."""
+    import torch
+
     per_layer = 3 * layout.n_heads + 1
     receivers = torch.as_tensor(edges, dtype=torch.long).reshape(-1, 2)[:, 1]
     patched = receivers[receivers != layout.logits_backward]
@@ -126,6 +131,8 @@ def patched_counts(layout: GraphLayout, edges) -> dict:
 
 def patched_layers(layout: GraphLayout, edges) -> int:
     """Σ over edges of the blocks a patched forward runs: from the receiver's layer up (0 for edges into the logits)."""
+    import torch
+
     per_layer = 3 * layout.n_heads + 1
     receivers = torch.as_tensor(edges, dtype=torch.long).reshape(-1, 2)[:, 1]
     blocks = layout.n_layers - torch.div(receivers, per_layer, rounding_mode="floor")
@@ -212,7 +219,7 @@ class MeasureConfig(RunSettings):
 
 def _measure_model(run: Run):
     """The model to time: the named one, or a random tiny one (``tiny-gpt2`` etc.) to try the script quickly."""
-    name = run.settings.model
+    name = run.cfg.model
     if not name.startswith("tiny-"):
         return run.load_model().eval()
     from circuits.random_models import tiny_model
@@ -223,6 +230,10 @@ def _measure_model(run: Run):
 
 def _sweeps(model, cfg: MeasureConfig) -> tuple[dict, dict, dict, Shape]:
     """Every sweep as a callable, the per-sweep extra facts for the fit, the shared state and the prompts' shape."""
+    import torch
+
+    from circuits.graph import GraphLayout
+    from circuits.nodes import Head
     from circuits.tasks import make_dataset
     from circuits.templates import get_templates
     from patching import SweepOptions, activation_patch, path_patch
@@ -279,7 +290,9 @@ def _sweeps(model, cfg: MeasureConfig) -> tuple[dict, dict, dict, Shape]:
 
 def _measure(run: Run) -> None:
     """Time every sweep once on the model; results.json is saved after each sweep (atomically)."""
-    cfg, results = run.settings, run.results
+    import torch
+
+    cfg, results = run.cfg, run.results
     model = _measure_model(run)
     with run.stage("prompts"):
         runs, extra, state, shape = _sweeps(model, cfg)
@@ -293,7 +306,7 @@ def _measure(run: Run) -> None:
         if cfg.only and name not in cfg.only:
             continue
         with run.stage(name):
-            torch.manual_seed(cfg.seed)
+            torch.manual_seed(cfg.seed)  # each sweep draws the same numbers whichever ran before it (--only)
             exact = reset_peak_rss()
             before = peak_rss(exact)
             began = time.perf_counter()
@@ -328,15 +341,22 @@ def _extra_for(shape: Shape, name: str) -> dict:
 
 
 @dataclass(frozen=True)
-class FitConfig(RunSettings):
-    """The flags of ``python -m experiments.cost_model fit`` beyond :class:`RunSettings` (``files``: its arguments)."""
+class FitConfig:
+    """The flags of ``python -m experiments.cost_model fit`` (``files``: its arguments).
+
+    ``fit`` loads no model and draws nothing at random, so of :class:`RunSettings` it takes the run folder's flags
+    only; ``threads`` and ``seed`` are there for the run lifecycle, which sets both, and are no flags.
+    """
 
     files: tuple[str, ...] = ()  # the positional arguments: measure run folders (or their results.json)
     markdown: str | None = option(None, "also write the tables for docs/gpu.md to this file (an existing file is "
                                         "replaced only with --overwrite)")
+    out: str | None = override(RunSettings, "out", None)
+    overwrite: bool = override(RunSettings, "overwrite", False)
+    threads: int = 0
+    seed: int = 0
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.markdown:
             check_markdown_path(self.markdown, self.out, overwrite=self.overwrite)
 
@@ -465,7 +485,7 @@ def fit_and_predict(runs: list[dict]) -> dict:
 
 def _fit(run: Run, runs: list[dict]) -> None:
     """Fit, predict, print the tables; ``--markdown``: also the tables of docs/gpu.md."""
-    cfg, results = run.settings, run.results
+    cfg, results = run.cfg, run.results
     with run.stage("fit and predictions"):
         fit = fit_and_predict(runs)
         results |= fit

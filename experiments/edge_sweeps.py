@@ -24,22 +24,22 @@ edges, and the curve with CPR/CMD; and the exact effects (``exact_edges.safetens
 from __future__ import annotations
 
 import dataclasses
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable, ContextManager
+from typing import TYPE_CHECKING, Callable, ContextManager
 
-import torch
-from scipy.stats import spearmanr
-
-from circuits.graph import Graph, GraphLayout
+from circuits.errors import InputError
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
 from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.timing import wall_and_cpu
-from patching.edges import distributed
-from patching.edges.patch import EdgeEffects
-from patching.edges.curves import FaithfulnessCurve
-from patching import SweepOptions
+
+if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
+    from circuits.graph import Graph, GraphLayout
+    from patching.edges import distributed
+    from patching.edges.patch import EdgeEffects
+    from patching.edges.curves import FaithfulnessCurve
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ parser = cli.config_parser(EdgeSweepsConfig, "edge_sweeps", __doc__)
 
 
 def _device(requested: str, shard: distributed.Shard) -> str:
+    import torch
+
     if shard.world_size > 1 and requested in ("auto", "cuda") and torch.cuda.is_available():
         from accelerate import PartialState
 
@@ -85,37 +87,69 @@ def sweep(model, data, cfg: EdgeSweepsConfig,
 
     ``stage(name)`` wraps each sweep (:meth:`experiments.runtime.Run.stage` in a run).
     """
+    from circuits.graph import GraphLayout
+    from patching.edges import distributed
+    from patching.options import SweepOptions
+
+    options = SweepOptions(memory_mb=cfg.memory_mb)
     layout = GraphLayout.of(model)
     edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()][:: cfg.stride]
     times = {}
     with stage("edge attribution"):
         graph, times["edge_attribution_s"], times["edge_attribution_cpu_s"] = wall_and_cpu(
-            lambda: distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=cfg.ig_steps,
-                                                 options=SweepOptions(memory_mb=cfg.memory_mb)))
+            lambda: distributed.distributed_edge_attribution(model, data, method="EAP-IG-inputs",
+                                                             ig_steps=cfg.ig_steps, options=options))
     with stage("exact edge patching"):
         effects, times["edge_patch_s"], times["edge_patch_cpu_s"] = wall_and_cpu(
-            lambda: distributed.edge_patch(model, edges, data, options=SweepOptions(memory_mb=cfg.memory_mb)))
+            lambda: distributed.distributed_edge_patch(model, edges, data, options=options))
     with stage("faithfulness curve"):
         curve, times["faithfulness_curve_s"], times["faithfulness_curve_cpu_s"] = wall_and_cpu(
-            lambda: distributed.faithfulness_curve(model, graph, data, n_bootstrap=cfg.n_bootstrap,
-                                                   options=SweepOptions(memory_mb=cfg.memory_mb)))
+            lambda: distributed.distributed_faithfulness_curve(model, graph, data, n_bootstrap=cfg.n_bootstrap,
+                                                               options=options))
     return Sweeps(layout, edges, graph, effects, curve, times)
+
+
+#: The fewest exactly patched edges a rank correlation with the EAP-IG scores is computed over.
+MIN_RANKED_EDGES = 3
+
+
+def check_stride(cfg: EdgeSweepsConfig, model) -> None:
+    """Right after the model loads (its edge count bounds ``--stride``): refuse a stride that leaves too few edges
+    for the Spearman correlation, before any sweep runs."""
+    from circuits.graph import GraphLayout
+
+    n_edges = GraphLayout.of(model).n_edges
+    n_patched = len(range(0, n_edges, cfg.stride))
+    if n_patched < MIN_RANKED_EDGES:
+        raise InputError(f"--stride {cfg.stride} patches {n_patched} of the {n_edges} edges of {cfg.model} exactly; "
+                         f"their Spearman correlation with EAP-IG needs at least {MIN_RANKED_EDGES}: give --stride "
+                         f"{max(1, n_edges // MIN_RANKED_EDGES)} or less.")
 
 
 def summarize(cfg: EdgeSweepsConfig, shard: distributed.Shard, model, data, sweeps: Sweeps) -> dict:
     """results.json: wall times, processes, Spearman of EAP-IG against the exact effects, the top edges, the curve."""
+    import torch
+    from scipy.stats import spearmanr
+
     effects, curve, times, layout = sweeps.effects, sweeps.curve, sweeps.seconds, sweeps.layout
     f, b = torch.tensor(effects.edges).T
     attributed = sweeps.graph.scores[f, b].double()
     rho = float(spearmanr(attributed.numpy(), effects.effects.numpy()).statistic)
+    undefined = None
+    if not math.isfinite(rho):  # constant scores or effects: no ranking to correlate
+        undefined = ("the EAP-IG scores" if bool((attributed == attributed[0]).all()) else "the exact effects") + \
+            f" of the {len(sweeps.edges)} patched edges are all equal, so they rank nothing"
+        rho = None
     top = effects.effects.abs().argsort(descending=True)[:20].tolist()
     print(f"{shard.world_size} process(es), {len(data)} prompts: attribution {times['edge_attribution_s']:.1f} s, "
           f"{len(sweeps.edges)} exact edges {times['edge_patch_s']:.1f} s, curve {times['faithfulness_curve_s']:.1f} s; "
-          f"Spearman(EAP-IG, exact) = {rho:.3f}; CPR {curve.cpr}, CMD {curve.cmd}")
+          f"Spearman(EAP-IG, exact) = {f'{rho:.3f}' if undefined is None else f'undefined ({undefined})'}; "
+          f"CPR {curve.cpr}, CMD {curve.cmd}")
     return {
         "model": cfg.model, "settings": dataclasses.asdict(cfg), "n_processes": shard.world_size, "n_prompts": len(data),
         "threads": torch.get_num_threads(), "device": str(model.cfg.device), **times,
         "n_edges_patched": len(sweeps.edges), "stride": cfg.stride, "spearman_eap_ig_vs_exact": rho,
+        **({"spearman_undefined": undefined} if undefined else {}),
         "n_edges_total": layout.n_edges,
         "top_exact_edges": {layout.edge_name(*effects.edges[i]): float(effects.effects[i]) for i in top},
         "curve": curve.to_dict(),
@@ -124,6 +158,8 @@ def summarize(cfg: EdgeSweepsConfig, shard: distributed.Shard, model, data, swee
 
 def run(cfg: EdgeSweepsConfig, *, loader: ModelLoader | None = None) -> dict | None:
     """Run the sweeps on this process's share; the main process writes and returns the results (others: None)."""
+    from patching.edges import distributed
+
     shard = distributed.current_shard()  # sets up the launch's process group
     results = run_experiment("edge_sweeps", cfg, lambda run: _stages(run, shard), loader=loader,
                              main_process=shard.rank == 0)
@@ -131,10 +167,11 @@ def run(cfg: EdgeSweepsConfig, *, loader: ModelLoader | None = None) -> dict | N
 
 
 def _stages(run: Run, shard: distributed.Shard) -> None:
-    cfg = run.settings
+    cfg = run.cfg
     with run.stage("load model", f"loading {cfg.model}"):
         model = run.loader(cfg.model, device=_device(cfg.device, shard), dtype=cfg.dtype)
     model.eval()
+    check_stride(cfg, model)
     with run.stage("prompts"):
         # bench_circuits' prompts: one template and one token length, so the shared prefix is long
         data = one_length_prompts(model, op="+", n_prompts=cfg.n_prompts, n_shots=2, seed=cfg.seed)

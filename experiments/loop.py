@@ -28,21 +28,18 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
-import torch
-
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
 from circuits.atomic_files import write_text_atomic
+from experiments.runtime.settings import BatchSettings, PromptSettings, project
 
 
 @dataclass(frozen=True)
-class LoopConfig(RunSettings):
+class LoopConfig(BatchSettings, PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.loop`` beyond :class:`RunSettings`, with its default."""
 
     op: str = option("+", "the operation whose circuit is found, tuned and merged")
     second_op: str = option("*", "the second expert's operation (merged with the first)")
-    n_prompts: int = option(200, "prompts sampled before keeping the correctly answered ones", type=cli.positive_int)
-    n_shots: int = option(3, "solved examples before each prompt", type=cli.nonnegative_int)
     circuit_prompts: int = option(32, "correct prompts every circuit is scored and evaluated on", type=cli.positive_int)
     circuit_size: float = option(0.05, "the circuit size (fraction of edges) whose heads are tuned and whose edges "
                                        "are compared", type=cli.fraction)
@@ -56,7 +53,6 @@ class LoopConfig(RunSettings):
     drift_tokens: int = option(128, "tokens per general text for the drift KL (every position scores the whole "
                                     "vocabulary, so drift costs in proportion)", type=cli.positive_int)
     n_bootstrap: int = option(500, "bootstrap resamples for every faithfulness interval", type=cli.positive_int)
-    batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
 
 
 parser = cli.config_parser(LoopConfig, "loop", __doc__)
@@ -69,6 +65,8 @@ def run(cfg: LoopConfig, *, loader: ModelLoader | None = None) -> dict:
 
 
 def _tune(model, cfg: LoopConfig, op: str, heads, out, name: str):
+    import torch
+
     from finetune import ArithmeticMix, TrainConfig, arithmetic_train_set, train
 
     expert = copy.deepcopy(model)
@@ -88,23 +86,26 @@ def _scores(model, data, cfg: LoopConfig):
     return edge_attribution(model, data, options=SweepOptions(batch_size=cfg.batch_size, progress=False))
 
 
-@torch.no_grad()
+@cli.no_grad
 def _stages(run: Run) -> None:
-    from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset
+    import torch
+
+    from circuits.answer_scoring import first_token_hits
+    from circuits.tasks import TaskConfig, filter_correct, make_dataset
     from circuits.stats import proportion
-    from finetune import MathSuiteConfig, evaluate, math_suite
+    from finetune import MathSuiteConfig, evaluate_suite, math_suite
     from finetune.evaluate import drift_estimates
     from merging import merge
     from patching.edges.faithful_circuit import circuit_heads
     from patching.edges.shift import ShiftSettings, circuit_shift
 
-    cfg, results = run.settings, run.results
+    cfg, results = run.cfg, run.results
     base = run.load_model()
     for p in base.parameters():
         p.requires_grad_(False)
     with run.stage("data", f"{cfg.n_prompts} {cfg.op} prompts, keeping the correct ones"):
-        dataset = make_dataset(base, TaskConfig(op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed))
-        kept, base_accuracy = filter_correct(base, dataset, mask=accuracy_mask(base, dataset, cfg.batch_size))
+        dataset = make_dataset(base, project(cfg, TaskConfig))
+        kept, base_accuracy = filter_correct(base, dataset, mask=first_token_hits(base, dataset, cfg.batch_size))
         circuit_data = kept.shuffle(seed=cfg.seed).select(range(min(cfg.circuit_prompts, len(kept))))
         suite = math_suite(base.tokenizer, MathSuiteConfig(ops=(cfg.op, cfg.second_op), n_heldout=cfg.n_heldout,
                                                            transfer=(), seed=cfg.seed + 1))
@@ -116,7 +117,7 @@ def _stages(run: Run) -> None:
 
     def score_model(name, model):
         with run.stage(f"evaluate {name}", f"accuracy and drift of the {name} model"):
-            scored = evaluate(model, base, suite, progress=False, per_prompt=True, drift_tokens=cfg.drift_tokens)
+            scored = evaluate_suite(model, base, suite, progress=False, per_prompt=True, drift_tokens=cfg.drift_tokens)
             steps[name] = {"accuracy": {s: proportion(torch.tensor(v["exact_hits"], dtype=torch.float64)).to_dict()
                                         for s, v in scored["math"].items()},
                            "drift_kl": drift_estimates(scored["drift"]["per_text"])["kl"].to_dict()}
@@ -136,9 +137,8 @@ def _stages(run: Run) -> None:
     results["shift_tuned"] = shift_tuned.to_dict()
     run.save()
     with run.stage("second expert", f"precise SFT on {cfg.second_op}, on its own circuit's heads"):
-        second_data = make_dataset(base, TaskConfig(op=cfg.second_op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots,
-                                                    seed=cfg.seed))
-        second_kept, _ = filter_correct(base, second_data, mask=accuracy_mask(base, second_data, cfg.batch_size))
+        second_data = make_dataset(base, project(cfg, TaskConfig, op=cfg.second_op))
+        second_kept, _ = filter_correct(base, second_data, mask=first_token_hits(base, second_data, cfg.batch_size))
         second_heads = circuit_heads(_scores(base, second_kept.select(range(min(cfg.circuit_prompts, len(second_kept)))),
                                              cfg), cfg.n_heads, cfg.circuit_size)
         second, results["second_expert"] = _tune(base, cfg, cfg.second_op, second_heads, run.out, "second")
@@ -185,7 +185,7 @@ def _fmt(estimate: dict) -> str:
 def _report(run: Run, figures: dict) -> None:
     from circuits.show.html_report import Report
 
-    results, cfg = run.results, run.settings
+    results, cfg = run.results, run.cfg
     report = Report(f"Identify, tune, merge, look again: {cfg.op} on {cfg.model}", summary(results))
     rows = []
     for name, step in results["steps"].items():

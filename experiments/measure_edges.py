@@ -20,28 +20,24 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from circuits.graph import GraphLayout
-from circuits.tasks import single_batch
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.timing import wall_and_cpu
-from experiments.runtime.cli import option
-from patching import forward
-from patching.edges.patch import edge_patch
-from patching.edges.engine import edge_mode, edge_prefix_kv, sender_outputs
-from patching.edges.curves import faithfulness_curve
-from patching import SweepOptions
+from experiments.runtime.cli import option, override
+from experiments.runtime.settings import PromptSettings
+
+if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
+    import torch
 
 
 @dataclass(frozen=True)
-class MeasureEdgesConfig(RunSettings):
+class MeasureEdgesConfig(PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.measure_edges`` beyond :class:`RunSettings`, with its default."""
 
-    n_prompts: int = option(32, "prompts (one token length, answered correctly)", type=cli.positive_int)
-    n_shots: int = option(2, "few-shot examples before each prompt", type=cli.nonnegative_int)
+    n_prompts: int = override(PromptSettings, "n_prompts", 32, "prompts (one token length, answered correctly)")
+    n_shots: int = override(PromptSettings, "n_shots", 2)
     stride: int = option(1, "patch every stride-th edge (1: all edges)", type=cli.positive_int)
     memory_mb: float = option(512.0, "activation budget per batched forward", type=cli.positive_float)
     n_bootstrap: int = option(1000, "bootstrap resamples", type=cli.positive_int)
@@ -52,6 +48,13 @@ parser = cli.config_parser(MeasureEdgesConfig, "measure_edges", __doc__)
 
 def output_change_scores(model, data) -> torch.Tensor:
     """Naive edge scores [n_forward, n_backward]: each sender's summed output-change norm, copied to its edges."""
+    import torch
+
+    from circuits.graph import GraphLayout
+    from circuits.tasks import single_batch
+    from patching import forward
+    from patching.edges.engine import edge_mode, edge_prefix_kv, sender_outputs
+
     batch = single_batch(data, device=model.cfg.device)
     layout = GraphLayout.of(model)
     with edge_mode(model):
@@ -76,6 +79,10 @@ def correct_prompts(model, cfg: MeasureEdgesConfig):
 
 def time_edge_patch(model, cfg: MeasureEdgesConfig, data) -> dict:
     """``edge_patch`` of every ``stride``-th edge, timed (wall and CPU), extrapolated to all edges when strided."""
+    from patching.options import SweepOptions
+    from circuits.graph import GraphLayout
+    from patching.edges.patch import edge_patch
+
     layout = GraphLayout.of(model)
     all_edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()]
     edges = all_edges[:: cfg.stride]
@@ -93,6 +100,9 @@ def time_edge_patch(model, cfg: MeasureEdgesConfig, data) -> dict:
 
 def baseline_curve(model, cfg: MeasureEdgesConfig, data) -> dict:
     """The faithfulness curve of the naive output x input change scores, timed."""
+    from patching.options import SweepOptions
+    from patching.edges.curves import faithfulness_curve
+
     scores = output_change_scores(model, data)
     curve_wall = time.perf_counter()
     curve = faithfulness_curve(model, scores, data, n_bootstrap=cfg.n_bootstrap,
@@ -110,7 +120,13 @@ def run(cfg: MeasureEdgesConfig, *, loader: ModelLoader | None = None) -> dict:
 
 
 def _stages(run: Run) -> None:
-    cfg, results = run.settings, run.results
+    import torch
+
+    from circuits.graph import GraphLayout
+    from circuits.tasks import single_batch
+    from patching import forward
+
+    cfg, results = run.cfg, run.results
     model = run.load_model()
     model.eval()
     with run.stage("prompts"):

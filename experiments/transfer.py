@@ -15,35 +15,33 @@ from __future__ import annotations
 import dataclasses
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import plotly.graph_objects as go
-import torch
-
-from circuits.nodes import all_heads
 from circuits.show.html_report import Report
 from experiments.runtime.run_folder import StageTimer
 from circuits.atomic_files import write_text_atomic
-from circuits.tasks import TaskConfig, filter_correct, make_dataset
 from circuits.templates import resolve_operation
-from patching.head_ranking import KeyHeads, rank_key_heads
-from patching.knockout import knockout
-from patching import SweepOptions
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option
+from experiments.runtime.cli import option, override
+from experiments.runtime.settings import BatchSettings, PromptSettings, project
+
+if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
+    import plotly.graph_objects as go
+
+    from patching.head_ranking import KeyHeads
 
 
 @dataclass(frozen=True)
-class TransferConfig(RunSettings):
+class TransferConfig(BatchSettings, PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.transfer``, with its default (model, device, dtype, threads, seed,
     out and overwrite: :class:`experiments.runtime.RunSettings`; the seed draws the data and the random heads)."""
 
     ops: tuple[str, ...] = option(("+", "-", "*", "/"), "operations to compare")
-    n_prompts: int = option(96, "prompts per operation before filtering", type=cli.positive_int)
+    n_prompts: int = override(PromptSettings, "n_prompts", 96, "prompts per operation before filtering")
     knockout_prompts: int = option(48, "prompts per operation for the cross knockout", type=cli.positive_int)
     top_k: int = option(8, "key heads per operation", type=cli.positive_int)
     random_seeds: int = option(2, "random head sets per operation (baseline)", type=cli.positive_int)
-    batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
 
 
 parser = cli.config_parser(TransferConfig, "transfer", __doc__)
@@ -54,12 +52,17 @@ def jaccard(a: set, b: set) -> float:
     return len(a & b) / len(a | b) if a | b else 1.0
 
 
-def identify(model, cfg: TransferConfig, ops: list[str], timer: StageTimer) -> tuple[KeyHeads, dict, dict]:
-    """Per operation: correctly answered prompts, their path-patching key heads, a knockout sample, base accuracy."""
+def identify(model, cfg: TransferConfig, ops: list[str], stage) -> tuple[KeyHeads, dict, dict]:
+    """Per operation: correctly answered prompts, their path-patching key heads, a knockout sample, base accuracy
+    (timed as the run's stage ``identify``; ``stage``: its ``Run.stage``)."""
+    from patching.options import SweepOptions
+    from circuits.tasks import TaskConfig, filter_correct, make_dataset
+    from patching.head_ranking import rank_key_heads
+
     kept, base = {}, {}
-    with timer.stage("identify"):
+    with stage("identify"):
         for op in ops:
-            dataset = make_dataset(model, TaskConfig(op=op, n_prompts=cfg.n_prompts, seed=cfg.seed))
+            dataset = make_dataset(model, project(cfg, TaskConfig, op=op))
             kept[op], base[op] = filter_correct(model, dataset, cfg.batch_size)
         chosen = rank_key_heads(model, kept, top_k=cfg.top_k, combine="per-op",
                                 options=SweepOptions(batch_size=cfg.batch_size))
@@ -80,6 +83,10 @@ def overlaps(by_op: dict) -> list[dict]:
 
 def cross_knockout(model, cfg: TransferConfig, by_op: dict, samples: dict) -> dict:
     """``cross[y][x]``: accuracy on ``y`` with ``x``'s key heads ablated; also the base and random-head rows."""
+    from patching.options import SweepOptions
+    from circuits.nodes import all_heads
+    from patching.knockout_curves import knockout
+
     rng = random.Random(cfg.seed)
     random_sets = [rng.sample(all_heads(model), cfg.top_k) for _ in range(cfg.random_seeds)]
     cross, options = {}, SweepOptions(batch_size=cfg.batch_size)
@@ -93,6 +100,8 @@ def cross_knockout(model, cfg: TransferConfig, by_op: dict, samples: dict) -> di
 
 def cross_figure(cross: dict, ops: list[str], top_k: int) -> go.Figure:
     """Heatmap: rows = whose key heads are ablated, columns = evaluated operation."""
+    import plotly.graph_objects as go
+
     matrix = go.Figure(go.Heatmap(
         z=[[cross[y][x] for y in ops] for x in ops], x=[_name(y) for y in ops], y=[_name(x) for x in ops],
         text=[[f"{cross[y][x]:.0%}" for y in ops] for x in ops], texttemplate="%{text}", colorscale="RdBu", zmin=0, zmax=1))
@@ -121,13 +130,13 @@ def run(cfg: TransferConfig, *, loader: ModelLoader | None = None) -> dict:
     return run_experiment("transfer", cfg, _stages, loader=loader, results={"settings": dataclasses.asdict(cfg)})
 
 
-@torch.no_grad()
+@cli.no_grad
 def _stages(run: Run) -> None:
-    cfg, out, timer = run.settings, run.out, run.timer
+    cfg, out, timer = run.cfg, run.out, run.timer
     ops = [resolve_operation(op).symbol for op in cfg.ops]
     model = run.load_model()
-    chosen, samples, base = identify(model, cfg, ops, timer)
-    with timer.stage("cross knockout"):
+    chosen, samples, base = identify(model, cfg, ops, run.stage)
+    with run.stage("cross knockout"):
         cross = cross_knockout(model, cfg, chosen.by_op, samples)
     matrix = cross_figure(cross, ops, cfg.top_k)
     write_text_atomic(out / "figures" / "cross_knockout.json", matrix.to_json())

@@ -21,7 +21,7 @@ Modules: :mod:`finetune.masks` (which entries train), :mod:`finetune.optim`
 
 This face offers the entry points (``__all__``): :func:`train` with :class:`TrainConfig` and the
 method configs :class:`PreciseSFTConfig`, :class:`FullSFTConfig`, :class:`LoraSFTConfig`; the data
-(:class:`ArithmeticMix`, :func:`arithmetic_train_set`); the evaluation (:func:`evaluate`,
+(:class:`ArithmeticMix`, :func:`arithmetic_train_set`); the evaluation (:func:`evaluate_suite`,
 :func:`math_suite`, :class:`MathSuiteConfig`); saved models (:func:`save_tuned`, :func:`load_tuned`).
 Everything else is imported from its module above (e.g. :func:`finetune.masks.precise_selection`).
 """
@@ -29,8 +29,8 @@ Everything else is imported from its module above (e.g. :func:`finetune.masks.pr
 from finetune.checkpoints import load_tuned, save_tuned
 from finetune.configs import FullSFTConfig, LoraSFTConfig, PreciseSFTConfig, TrainConfig
 from finetune.data import ArithmeticMix, arithmetic_train_set
-from finetune.evaluate import MathSuiteConfig, evaluate, math_suite
+from finetune.evaluate import MathSuiteConfig, evaluate_suite, math_suite
 from finetune.trainer import train
 
 __all__ = ["train", "TrainConfig", "PreciseSFTConfig", "FullSFTConfig", "LoraSFTConfig", "ArithmeticMix",
-           "arithmetic_train_set", "evaluate", "math_suite", "MathSuiteConfig", "save_tuned", "load_tuned"]
+           "arithmetic_train_set", "evaluate_suite", "math_suite", "MathSuiteConfig", "save_tuned", "load_tuned"]

@@ -234,6 +234,10 @@ def load_tuned(model: nn.Module, path: str | os.PathLike, *, optimizer=None) -> 
     ``optimizer`` are unchanged and a `CheckpointError` names the file.
     """
     path = Path(path)
+    if not path.is_dir():  # nothing is damaged: the path is wrong
+        what = "is a file, not a checkpoint folder" if path.exists() else "does not exist"
+        raise CheckpointError(f"{path} {what}: pass the folder save_tuned or train wrote (the one holding {MANIFEST}, "
+                              "e.g. <out_dir>/final or <out_dir>/checkpoints/step-<N>).")
     if problems := verify_checkpoint(path):
         raise CheckpointError(f"Checkpoint {path} is damaged: {'; '.join(problems)}.")
     state = read_state(path)
@@ -248,6 +252,12 @@ def load_tuned(model: nn.Module, path: str | os.PathLike, *, optimizer=None) -> 
         if s.name not in params or s.name not in tensors:
             raise CheckpointError(f"{path}: tensor {s.name!r} is missing from the model or the checkpoint.")
         p, t = params[s.name], tensors[s.name]
+        bad_rows = [] if s.index is None else \
+            [i for i in s.index if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < p.shape[0]]
+        if bad_rows:
+            raise CheckpointError(f"{path / 'state.json'}: the rows of {s.name} include {bad_rows[:5]}, but the model's "
+                                  f"{s.name} has rows 0..{p.shape[0] - 1}: the checkpoint was written for another "
+                                  "model, or its state was edited.")
         expected = p.shape if s.index is None else (len(s.index), *p.shape[1:])
         if tuple(t.shape) != tuple(expected):
             raise CheckpointError(f"{path}: {s.name} has shape {tuple(t.shape)}, the model needs {tuple(expected)}.")

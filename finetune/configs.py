@@ -114,7 +114,7 @@ def method_config(config: SFTConfig, method: Method) -> SFTConfig:
     return kind(**{f.name: getattr(config, f.name) for f in fields(config) if f.name in names})
 
 
-def _method_of(config: SFTConfig, method: str | None) -> str:
+def method_of(config: SFTConfig, method: str | None) -> str:
     """The method a call trains: ``method``, else the one ``config``'s type names, else ``"precise"``."""
     if method is not None:
         return check_option("method", method, Method)

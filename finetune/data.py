@@ -209,6 +209,18 @@ def check_token_rows(rows: Sequence[dict], vocab_size: int, what: str = "train_d
                                "this model's tokenizer.")
 
 
+def _check_answer_split(i: int, row: dict) -> None:
+    if not 0 < row["n_prompt"] < len(row["input_ids"]):
+        raise SFTDataError(f"Row {i}: n_prompt={row['n_prompt']} leaves no answer in {len(row['input_ids'])} tokens.")
+
+
+def prompts_and_answers(rows: Sequence[dict]) -> tuple[list[list[int]], list[list[int]]]:
+    """Each SFT row's prompt token ids (``input_ids[:n_prompt]``) and answer token ids (the rest)."""
+    for i, r in enumerate(rows):
+        _check_answer_split(i, r)
+    return [list(r["input_ids"][:r["n_prompt"]]) for r in rows], [list(r["input_ids"][r["n_prompt"]:]) for r in rows]
+
+
 def collate(
     rows: Sequence[dict], pad_id: int, device: str | torch.device = "cpu"
 ) -> tuple[Int[Tensor, "batch pos"], Bool[Tensor, "batch pos"]]:
@@ -226,8 +238,7 @@ def collate(
     predicts_answer = torch.zeros(len(rows), width, dtype=torch.bool)
     for i, r in enumerate(rows):
         ids = r["input_ids"]
-        if not 0 < r["n_prompt"] < len(ids):
-            raise SFTDataError(f"Row {i}: n_prompt={r['n_prompt']} leaves no answer in {len(ids)} tokens.")
+        _check_answer_split(i, r)
         tokens[i, : lengths[i]] = torch.tensor(ids[:-1])
         predicts_answer[i, r["n_prompt"] - 1 : lengths[i]] = True
     return tokens.to(device), predicts_answer.to(device)

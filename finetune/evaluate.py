@@ -33,12 +33,14 @@ from datasets import Dataset
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from circuits.answer_scoring import token_hits
 from circuits.arguments import check_positive_int
 from circuits.errors import InputError
 from circuits.end_logits import unembed_end
 from circuits.stats import Estimate, bootstrap, proportion
 from circuits.templates import resolve_operation, template_by_id
-from finetune.data import SFTDataError, arithmetic_pairs, arithmetic_rows, collate, from_task_dataset, rows_from_pairs, split_templates, targets
+from finetune.data import (SFTDataError, arithmetic_pairs, arithmetic_rows, collate, from_task_dataset, prompts_and_answers,
+                           rows_from_pairs, split_templates, targets)
 
 NON_MATH_SENTENCES = (
     "The old lighthouse keeper climbed the spiral stairs every evening to light the lamp.",
@@ -266,29 +268,19 @@ def accuracy_estimate(per_set: dict[str, dict], family: str, key: str = "exact_h
     return proportion(pooled_hits(per_set, family, key))
 
 
-@torch.no_grad()
 def answer_accuracy(model: HookedTransformer, task_ds: Dataset, batch_size: int = 16, *,
                     per_prompt: bool = False) -> dict:
     """``first_token`` and ``exact`` (every answer token argmax under teacher forcing) accuracy.
 
-    ``task_ds`` holds SFT rows (``input_ids``, ``n_prompt``) or is a :mod:`circuits.tasks` dataset.
+    ``task_ds`` holds SFT rows (``input_ids``, ``n_prompt``) or is a :mod:`circuits.tasks` dataset;
+    both are scored by the one teacher-forced pass of :func:`circuits.answer_scoring.token_hits`.
     ``per_prompt=True`` adds ``first_token_hits`` and ``exact_hits`` (0/1 per prompt, in order),
     for intervals and paired comparisons between models on the same prompts.
     """
     check_positive_int(batch_size, "batch_size")
     rows = task_ds.to_list() if "input_ids" in task_ds.column_names else from_task_dataset(task_ds).to_list()
-    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
-    first_hits: list[int] = []
-    exact_hits: list[int] = []
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
-        tokens, mask = collate(chunk, pad_id, model.cfg.device)
-        hits = unembed_end(model, model(tokens, stop_at_layer=model.cfg.n_layers)[mask]).argmax(-1) == targets(chunk, mask)
-        row_of = mask.nonzero()[:, 0]
-        for i in range(len(chunk)):
-            row_hits = hits[row_of == i]
-            first_hits.append(int(row_hits[0]))
-            exact_hits.append(int(row_hits.all()))
+    first, whole = token_hits(model, *prompts_and_answers(rows), batch_size)
+    first_hits, exact_hits = [int(hit) for hit in first], [int(hit) for hit in whole]
     out = {"first_token": sum(first_hits) / len(rows), "exact": sum(exact_hits) / len(rows), "n": len(rows)}
     if per_prompt:
         out |= {"first_token_hits": first_hits, "exact_hits": exact_hits}
@@ -311,7 +303,7 @@ def summarize_math(per_set: dict[str, dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def evaluate(
+def evaluate_suite(
     model: HookedTransformer,
     base: HookedTransformer,
     suite: dict[str, Dataset],
@@ -335,7 +327,7 @@ def evaluate(
 
 
 def paired_comparison(scores: dict, reference: dict, *, family: str = "heldout", seed: int = 0) -> dict[str, Estimate]:
-    """``scores`` minus ``reference`` (two :func:`evaluate` results with ``per_prompt=True``, same suite and texts).
+    """``scores`` minus ``reference`` (two :func:`evaluate_suite` results with ``per_prompt=True``, same suite and texts).
 
     ``accuracy``: the paired bootstrap of the exact-accuracy difference over the
     same prompts (:func:`circuits.stats.paired_difference`); ``kl`` and

@@ -57,7 +57,7 @@ from finetune import checkpoints as ckpt
 from finetune.data import SFTDataError, check_token_rows, collate, epoch_order, targets
 from finetune.lora import attach_lora, lora_targets, merge_lora
 from finetune.masks import Selection, apply_selection, full_selection, named_selection, precise_selection
-from finetune.configs import Method, SFTConfig, TrainConfig, _method_of, method_config
+from finetune.configs import Method, SFTConfig, TrainConfig, method_of, method_config
 from finetune.optim import SliceAdamW, lr_at
 
 logger = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ def train(
     Returns:
         a :class:`TrainResult`; ``result.model`` is ``model``, trained (LoRA merged in).
     """
-    method = _method_of(config, method)
+    method = method_of(config, method)
     config = method_config(config, method)
     rows, steps_per_epoch, total = _training_rows(train_dataset, config)
     check_token_rows(rows, model.cfg.d_vocab)

@@ -127,7 +127,7 @@ class _Piece(nn.Module):
         return b.apply_mlp(normed)
 
 
-def evaluate(
+def submodule_output(
     model: HookedTransformer,
     layer: int,
     kind: str,

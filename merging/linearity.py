@@ -135,13 +135,13 @@ def nonlinearity_scores(
                     mask = blocks.position_mask(tok, m)
                     x = cache[hook]
                     with torch.no_grad():
-                        y0 = blocks.evaluate(model, layer, kind, theta0, x, m)
+                        y0 = blocks.submodule_output(model, layer, kind, theta0, x, m)
                         deltas = [
-                            blocks.evaluate(model, layer, kind, {**theta0, **{k: th[k] for k in swap}}, x, m) - y0
+                            blocks.submodule_output(model, layer, kind, {**theta0, **{k: th[k] for k in swap}}, x, m) - y0
                             for th in thetas
                         ]
                         for ai, (a, params) in enumerate(zip(alphas, merged)):
-                            big = blocks.evaluate(model, layer, kind, params, x, m) - y0
+                            big = blocks.submodule_output(model, layer, kind, params, x, m) - y0
                             lin = sum(c * d for c, d in zip(a, deltas))
                             for s in (s for s in plan if s.kind == kind):
                                 sl = (lambda v: v) if s.head is None else (lambda v, h=s.head: v[:, :, h])

@@ -307,9 +307,9 @@ def _fit_layer(model, layer: int, plan: list[Submodule], theta0, thetas, task_ba
             for (tok, m, fit), cache in zip(task_batches[t], inputs[t]):
                 mask = _fit_positions(tok, m, fit)
                 with torch.no_grad():
-                    y0 = blocks.evaluate(model, layer, kind, theta0, cache[hook], m)
+                    y0 = blocks.submodule_output(model, layer, kind, theta0, cache[hook], m)
                     deltas = [
-                        blocks.evaluate(model, layer, kind, {**theta0, **{k: th[k] for k in swap}}, cache[hook], m) - y0
+                        blocks.submodule_output(model, layer, kind, {**theta0, **{k: th[k] for k in swap}}, cache[hook], m) - y0
                         for th in thetas
                     ]
                 for s in (s for s in plan if s.kind == kind):

@@ -16,7 +16,7 @@ Node level (heads and MLPs):
 * :mod:`patching.attribution_patching`: attribution patching, and its rank agreement with exact patching;
 * :mod:`patching.head_ranking`: which heads are "the key heads" (top-k of one ranking, or combined
   over operations);
-* :mod:`patching.knockout`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
+* :mod:`patching.knockout_curves`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
 * :mod:`patching.number_interventions`: frequency filters, helix-subspace patching and
   heuristic-neuron knockout on number representations.
 
@@ -37,7 +37,7 @@ from patching import all_for_one, edges
 from patching.activation_patching import activation_patch
 from patching.attribution_patching import attribution_patch
 from patching.head_ranking import key_heads
-from patching.knockout import knockout, knockout_curve, knockout_transfer
+from patching.knockout_curves import knockout, knockout_curve, knockout_transfer
 from patching.options import SweepOptions
 from patching.path_patching import path_patch
 

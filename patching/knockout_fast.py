@@ -1,6 +1,6 @@
 """The knockout fast path: shared prefix once, shared suffix starts once, many sets per forward, pruned top-1.
 
-:func:`patching.knockout.knockout_correct` asks, for many knockout sets and prompts, whether
+:func:`patching.knockout_curves.knockout_correct` asks, for many knockout sets and prompts, whether
 the answer token is still the top-1 prediction at END. Three savings make that cheap, each
 exact (the same hits as the plain hook implementation, up to float rounding at exact ties):
 
@@ -28,9 +28,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
 
-from circuits.end_logits import end_argmax
+from circuits.answer_scoring import answer_is_top1
 from circuits.prefix_cache import TiledKVCache
-from patching import forward
 
 
 # ---------------------------------------------------------------------------- top-1 at END
@@ -41,7 +40,7 @@ class Top1Anchor:
 
     ``hits(resid_end)`` takes ``[k * B, d_model]`` final END residuals (set-major: row ``j * B + b``
     is prompt ``b``) and returns whether each answer is the full-vocabulary argmax, as
-    ``unembed_end(...).argmax(-1) == answer`` would (:func:`circuits.end_logits.end_argmax`; ``screen=False``:
+    ``unembed_end(...).argmax(-1) == answer`` would (:func:`circuits.answer_scoring.answer_is_top1`; ``screen=False``:
     the plain float32 unembedding). ``stats`` counts the rows scored and those that needed the full
     float32 unembedding.
     """
@@ -49,13 +48,13 @@ class Top1Anchor:
     def __init__(self, model: HookedTransformer, clean_end: Float[Tensor, "batch d_model"], answers: Int[Tensor, "batch"],
                  *, screen: bool = True):
         self.model, self.answers, self.screen = model, answers, screen
-        self.clean_hits = end_argmax(model, clean_end, screen=screen) == answers
+        self.clean_hits = answer_is_top1(model, clean_end, answers, screen=screen)
         self.stats = {"rows": 0, "full": 0}
 
     @torch.no_grad()
     def hits(self, resid_end: Float[Tensor, "rows d_model"]) -> Bool[Tensor, "rows"]:
         k = resid_end.shape[0] // self.answers.shape[0]
-        return end_argmax(self.model, resid_end, screen=self.screen, stats=self.stats) == self.answers.repeat(k)
+        return answer_is_top1(self.model, resid_end, self.answers.repeat(k), screen=self.screen, stats=self.stats)
 
 
 # ---------------------------------------------------------------------------- shared suffix starts

@@ -52,7 +52,7 @@ def test_activation_patching_with_prefix_reuse(style, kv):
 @pytest.mark.parametrize("style,kv", STYLES, ids=[s for s, _ in STYLES])
 def test_path_attribution_knockout(style, kv):
     from patching.attribution_patching import attribution_patch
-    from patching.knockout import knockout
+    from patching.knockout_curves import knockout
     from patching.path_patching import path_patch
 
     cpu, gpu = _pair(style, kv)

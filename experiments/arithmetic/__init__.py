@@ -59,7 +59,7 @@ def parse_config(op: str, argv: list[str] | None = None) -> PipelineConfig:
 def run(cfg: PipelineConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the pipeline; return the results dict that is also written to results.json."""
     name = resolve_operation(cfg.op).name
-    return run_experiment(name, cfg, _stages, loader=loader,
+    return run_experiment(name, cfg, _stages, loader=loader, plan=plan(cfg),
                           results={"experiment": name, "settings": dataclasses.asdict(cfg)})
 
 
@@ -74,30 +74,29 @@ def _run_stages(run: Run) -> None:
     from experiments.arithmetic import stages
     from experiments.arithmetic.report import summary, write_run_report
 
-    cfg = run.settings
-    run.timer.plan = plan(cfg)
+    cfg = run.cfg
     model = run.load_model()
     stages.check_settings_against_model(cfg, model)                   # 0. flags only the model can check
-    pipeline = stages.PipelineRun(cfg, model, run.out, run.timer, run.results)
+    run.state = stages.PipelineState(model)
 
-    prompts = stages.prepare_prompts(pipeline)                        # 1. data
-    chosen = stages.identify_key_heads(pipeline, prompts)             # 2. identify
-    curve = stages.knock_out(pipeline, prompts, chosen)               # 3. validate
-    formats = stages.knock_out_on_transfer_formats(pipeline, chosen, curve)
-    roles = stages.read_attention(pipeline, prompts, chosen, formats)  # 4. analyze
-    probes = stages.probe_mlps_and_lens(pipeline, prompts)
-    stages.draw_node_circuit(pipeline, chosen, roles)
+    prompts = stages.prepare_prompts(run)                             # 1. data
+    chosen = stages.identify_key_heads(run, prompts)                  # 2. identify
+    curve = stages.knock_out(run, prompts, chosen)                    # 3. validate
+    formats = stages.knock_out_on_transfer_formats(run, chosen, curve)
+    roles = stages.read_attention(run, prompts, chosen, formats)      # 4. analyze
+    probes = stages.probe_mlps_and_lens(run, prompts)
+    stages.draw_node_circuit(run, chosen, roles)
     if cfg.circuit_prompts > 0:                                       # 4b. edge circuit
-        stages.find_edge_circuit(pipeline, prompts, chosen, roles)
+        stages.find_edge_circuit(run, prompts, chosen, roles)
     if cfg.af1_stride > 0:                                            # 5. AF1
-        stages.af1_grid(pipeline)
+        stages.af1_grid(run)
     if cfg.finetune:                                                  # 6. precise SFT
-        stages.tune_key_heads(pipeline, chosen.heads)
+        stages.tune_key_heads(run, chosen.heads)
 
-    stages.write_figures(pipeline)                                    # 7. outputs
+    stages.write_figures(run)                                         # 7. outputs
     run.results["wall_seconds"] = run.wall_seconds
     with run.stage("report"):  # a failure here is recorded as failed: report: <why>, the stages' results kept
-        write_run_report(pipeline, prompts, roles, probes)
+        write_run_report(run, prompts, roles, probes)
     print(summary(run.results))
     print(f"stage times:\n{run.timer.table()}", file=sys.stderr)
     print(f"report: {run.out / 'report.html'}")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from circuits.counterfactuals import CORRUPTIONS
 from experiments.runtime import cli
 from experiments.runtime.cli import option
-from experiments.runtime.settings import RunSettings
+from experiments.runtime.settings import BatchSettings, PromptSettings, RunSettings
 
 MIN_READABLE = 20  # fewer prompts than this and a stage's numbers are noise: the report says so instead
 
@@ -20,12 +20,10 @@ QUICK = {"n_prompts": 48, "knockout_prompts": 16, "knockout_ks": "1,4", "knockou
 
 
 @dataclass(frozen=True)
-class PipelineConfig(RunSettings):
-    """Every flag of the experiment beyond :class:`RunSettings`, with its default (``op`` is fixed by the command)."""
+class PipelineConfig(BatchSettings, PromptSettings, RunSettings):
+    """Every flag of the experiment beyond the shared settings records, with its default (``op`` is fixed by the command)."""
 
     op: str = "+"
-    n_prompts: int = option(200, "prompts sampled before keeping the correctly answered ones", type=cli.positive_int)
-    n_shots: int = option(3, "solved examples before each prompt", type=cli.nonnegative_int)
     top_k: int = option(8, "number of key heads (by path-patching effect)", type=cli.positive_int)
     knockout_prompts: int = option(64, "prompts for the knockout curves", type=cli.positive_int)
     knockout_ks: str = option("1,2,4,8", "comma-separated numbers of heads to knock out", type=cli.int_list)
@@ -44,7 +42,6 @@ class PipelineConfig(RunSettings):
         f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items()) + "); the report says its numbers are a preview")
     finetune: bool = option(False, "also tune the key heads with precise SFT and report accuracy before/after")
     finetune_steps: int = option(30, "optimizer steps of that precise SFT run", type=cli.positive_int)
-    batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
     figures: str = option("", "also write each figure as static files next to its JSON, sized for a two-column paper: a "
                               "comma-separated subset of svg,pdf,png; needs kaleido and Chrome/Chromium (default: none)",
                           type=cli.figure_formats)

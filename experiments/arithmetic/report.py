@@ -25,7 +25,7 @@ from circuits.analyze.attention import classes_table
 from circuits.analyze.probes import plot_logit_lens, plot_probe_cosines
 from circuits.show.html_report import Report
 from experiments.arithmetic.config import MIN_READABLE
-from experiments.circuit.stage import add_report_section
+from experiments.runtime.edge_circuit import add_report_section
 
 if TYPE_CHECKING:
     from experiments.arithmetic.config import PipelineConfig
@@ -185,7 +185,7 @@ def _probes_section(report: Report, probes, top_tokens_figure: go.Figure | None,
 
 def write_run_report(run: PipelineRun, prompts: Prompts, roles: HeadRoles, probes) -> None:
     """report.html of an arithmetic pipeline run: the standard sections, then transfer, AF1, edge circuit, SFT, times."""
-    cfg, results, figures = run.cfg, run.results, run.figures
+    cfg, results, figures = run.cfg, run.results, run.state.figures
     report = run_report(
         f"The {run.name} circuit of {cfg.model}",
         dataset=prompts.dataset, base_accuracy=prompts.base_accuracy, n_kept=len(prompts.kept),

@@ -1,10 +1,10 @@
 """The stages of the arithmetic pipeline (``experiments.arithmetic``), one function each, in the order they run.
 
-Every stage takes the :class:`PipelineRun` (model, settings, run folder, stage timer, the results
-dict that becomes results.json, the figures) and what earlier stages found; it times its work
-under its own name, adds its keys to ``results`` and its figures to ``figures``, and returns what
-later stages read. The stage timer saves results.json after every stage, so a run that fails late
-keeps what the earlier stages found.
+Every stage takes the run (:data:`PipelineRun`: settings ``run.cfg``, run folder, the results dict
+that becomes results.json, and the pipeline's own :class:`PipelineState`: the model and the figures)
+and what earlier stages found; it times its work under its own name (``run.stage``), adds its keys to
+``results`` and its figures to ``run.state.figures``, and returns what later stages read. Each stage
+saves results.json as it ends, so a run that fails late keeps what the earlier stages found.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import torch
@@ -29,34 +27,30 @@ from circuits.show.static_export import StaticExportError, export_figures, parse
 from circuits.errors import InputError
 from circuits.nodes import Head
 from circuits.analyze.probes import ProbeConfig, ProbeResults, plot_top_tokens, probe_mlps, top_number_tokens
-from experiments.runtime.run_folder import StageTimer
 from circuits.atomic_files import write_text_atomic
-from circuits.analyze.answer_scoring import first_and_whole
+from circuits.answer_scoring import first_and_whole
 from circuits.stats import proportion
 from circuits.tasks import TaskConfig, filter_correct, make_dataset, transfer_datasets
 from circuits.templates import resolve_operation
-from finetune import ArithmeticMix, MathSuiteConfig, TrainConfig, arithmetic_train_set, evaluate, math_suite, train
+from finetune import ArithmeticMix, MathSuiteConfig, TrainConfig, arithmetic_train_set, evaluate_suite, math_suite, train
 from patching.all_for_one import AF1Config, AF1Runner
 from patching.all_for_one.runner import NoEvalPromptsError
 from patching.all_for_one.search import faithfulness_heatmap, grid_faithfulness
 from patching.all_for_one.template_prompts import authors_templates, make_template_dataset
 from patching.head_ranking import combine_key_heads
-from patching.knockout import knockout_curve, knockout_transfer
+from patching.knockout_curves import knockout_curve, knockout_transfer
 from patching.path_patching import path_patch
 from patching.head_ranking import key_heads
 from patching.results import KnockoutCurve, NodeScores
 
-from experiments.runtime import cli
-from experiments.arithmetic.config import MIN_READABLE
-from experiments.circuit.stage import edge_circuit_stage
-from experiments.circuit.stage import summary as circuit_summary
+from experiments.arithmetic.config import MIN_READABLE, PipelineConfig
+from experiments.runtime import Run
+from experiments.runtime.edge_circuit import edge_circuit_stage
+from experiments.runtime.edge_circuit import summary as circuit_summary
 from experiments.runtime.settings import project
 from patching.edges.faithful_circuit import MIN_PROMPTS as MIN_CIRCUIT_PROMPTS
 from patching.edges.faithful_circuit import CircuitSearch
 from patching import SweepOptions
-
-if TYPE_CHECKING:
-    from experiments.arithmetic.config import PipelineConfig
 
 AF1_TEMPLATES = ("af1-equation", "af1-verbal", "af1-question")  # experiments.af1's default search templates
 CASE_PROBLEMS = {"+": "4 + 3 = ", "-": "7 - 3 = ", "*": "4 * 2 = ", "/": "8 / 2 = "}
@@ -65,20 +59,15 @@ FINETUNE_BATCH = 16  # prompts per step of the short precise SFT run
 
 
 @dataclass
-class PipelineRun:
-    """One run in progress: what every stage reads (model, settings) and writes (results.json, figures)."""
+class PipelineState:
+    """What the pipeline's stages carry beside the run's settings and results: the model and the figures drawn."""
 
-    cfg: PipelineConfig
     model: HookedTransformer
-    out: Path
-    timer: StageTimer  # saves ``results`` (status running) after every stage
-    results: dict
     figures: dict[str, go.Figure] = field(default_factory=dict)
 
-    @property
-    def name(self) -> str:
-        """The operation's name: ``addition``, ``subtraction``, ..."""
-        return resolve_operation(self.cfg.op).name
+
+#: a pipeline run; its ``name`` is the operation's name (``addition``, ``subtraction``, ...)
+PipelineRun = Run[PipelineConfig, PipelineState]
 
 
 @dataclass
@@ -136,12 +125,12 @@ def check_settings_against_model(cfg: PipelineConfig, model: HookedTransformer) 
 
 def prepare_prompts(run: PipelineRun) -> Prompts:
     """Few-shot prompts, base accuracy (first token, whole answer, per style), the correctly answered ones."""
-    cfg, model = run.cfg, run.model
-    with run.timer.stage("data"):
-        task = TaskConfig(op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
-        with cli.progress(f"building {cfg.n_prompts} {run.name} prompts"):
+    cfg, model = run.cfg, run.state.model
+    with run.stage("data"):
+        task = project(cfg, TaskConfig, corrupt="query")  # the twins of kept; "all" is built below
+        with run.step(f"building {cfg.n_prompts} {run.name} prompts"):
             dataset = make_dataset(model, task)
-        with cli.progress(f"base accuracy on {len(dataset)} prompts (first token and whole answer, one pass)"):
+        with run.step(f"base accuracy on {len(dataset)} prompts (first token and whole answer, one pass)"):
             mask, whole = first_and_whole(model, dataset, cfg.batch_size)
         kept, base_accuracy = filter_correct(model, dataset, mask=mask)
         # the same prompts with every operator corrupted in their twins (shots included)
@@ -186,13 +175,13 @@ def _accuracy_estimates(dataset, mask, whole) -> dict:
 def identify_key_heads(run: PipelineRun, prompts: Prompts) -> KeyHeadChoice:
     """Path patching of every head and MLP to the answer logit, under both twin rules; the top-k heads of one."""
     cfg = run.cfg
-    with run.timer.stage("path patching"):
-        by_corrupt = {c: path_patch(run.model, prompts.twins[c],
-                                    options=SweepOptions(batch_size=cfg.batch_size)) for c in ("query", "all")}
+    with run.stage("path patching"):
+        by_corrupt = {c: path_patch(run.state.model, prompts.twins[c], options=SweepOptions(batch_size=cfg.batch_size))
+                      for c in ("query", "all")}
         scores = by_corrupt[cfg.corrupt]
         heads, fraction = key_heads(scores, top_k=cfg.top_k)
         rule = combine_key_heads({cfg.op: scores}, top_k=cfg.top_k).rule | {"corrupt": cfg.corrupt}
-    run.figures["path_patching"] = scores.figure(title=f"Path patching, {run.name}: effect on the answer logit (%), "
+    run.state.figures["path_patching"] = scores.figure(title=f"Path patching, {run.name}: effect on the answer logit (%), "
                                                        f"twins corrupt={cfg.corrupt!r}", key_heads=heads)
     run.results |= {"path_patching": scores.to_dict(), "key_heads": [str(h) for h in heads], "key_head_fraction": fraction,
                     "key_heads_rule": rule, "corrupt": cfg.corrupt,
@@ -219,25 +208,25 @@ def _by_corrupt(by_corrupt: dict, top_k: int) -> dict:
 
 def knock_out(run: PipelineRun, prompts: Prompts, chosen: KeyHeadChoice) -> KnockoutCurve:
     """Knockout curves: the top-k heads mean-ablated against k random heads, on correctly answered prompts."""
-    cfg, model, kept = run.cfg, run.model, prompts.kept
-    with run.timer.stage("knockout"):
+    cfg, model, kept = run.cfg, run.state.model, prompts.kept
+    with run.stage("knockout"):
         knock_data = kept.shuffle(seed=cfg.seed).select(range(min(cfg.knockout_prompts, len(kept))))
         ks = [int(k) for k in cfg.knockout_ks.split(",") if k.strip()]  # checked against the model at load
         curve = knockout_curve(model, knock_data, chosen.scores, ks=ks, n_seeds=cfg.knockout_seeds,
                                n_pool=cfg.knockout_pool, seed=cfg.seed, options=SweepOptions(batch_size=cfg.batch_size))
         run.results["knockout"] = curve.to_dict()  # saved with this stage, before the (slower) transfer formats
-    run.figures["knockout"] = curve.figure(title=f"Knockout, {run.name}: effect-rank vs random-rank heads")
+    run.state.figures["knockout"] = curve.figure(title=f"Knockout, {run.name}: effect-rank vs random-rank heads")
     return curve
 
 
 def knock_out_on_transfer_formats(run: PipelineRun, chosen: KeyHeadChoice, curve: KnockoutCurve) -> dict[str, Dataset]:
     """The key heads knocked out on other formats (multi-digit, decimals, word problems, zero-shot); the formats."""
-    cfg, model = run.cfg, run.model
-    with run.timer.stage("knockout on transfer formats"):
+    cfg, model = run.cfg, run.state.model
+    with run.stage("knockout on transfer formats"):
         formats = transfer_datasets(model, cfg.op, n_prompts=cfg.transfer_prompts, seed=cfg.seed, n_shots=cfg.n_shots)
         curve.transfer = knockout_transfer(model, formats, chosen.heads, n_pool=cfg.knockout_pool, drop_uncovered=True,
                                            seed=cfg.seed, options=SweepOptions(batch_size=cfg.batch_size))
-    run.figures["knockout_transfer"] = curve.transfer_figure(title=f"Key heads of {run.name} knocked out on other formats")
+    run.state.figures["knockout_transfer"] = curve.transfer_figure(title=f"Key heads of {run.name} knocked out on other formats")
     run.results["knockout"] = curve.to_dict()
     return formats
 
@@ -247,8 +236,8 @@ def knock_out_on_transfer_formats(run: PipelineRun, chosen: KeyHeadChoice, curve
 
 def read_attention(run: PipelineRun, prompts: Prompts, chosen: KeyHeadChoice, formats: dict[str, Dataset]) -> HeadRoles:
     """Every head's END-query attention, classified into operand / operator heads; views of the top key heads."""
-    model, heads = run.model, chosen.heads
-    with run.timer.stage("attention reads"):
+    model, heads = run.state.model, chosen.heads
+    with run.stage("attention reads"):
         reads = attention_reads(model, prompts.kept, batch_size=run.cfg.batch_size)  # every head: cheap, END query only
         classes = classify_heads(reads, HeadClassConfig())
         key_classes = [c for c in classes if c.head in set(heads)]
@@ -259,9 +248,9 @@ def read_attention(run: PipelineRun, prompts: Prompts, chosen: KeyHeadChoice, fo
             views += _views_per_head(attention_views(model, formats[format_name], heads[:1], max_prompts=1,
                                                      last_tokens=MAX_VIEW_TOKENS),
                                      heads[:1], role, format_name.replace("_", "-"))
-    run.figures["attention_roles"] = plot_role_distribution(reads, heads, key_classes,
+    run.state.figures["attention_roles"] = plot_role_distribution(reads, heads, key_classes,
                                                             title=f"END-query attention of the key heads, {run.name}")
-    run.figures["attention_all_heads"] = plot_role_heatmap(reads, model.cfg.n_layers, model.cfg.n_heads)
+    run.state.figures["attention_all_heads"] = plot_role_heatmap(reads, model.cfg.n_layers, model.cfg.n_heads)
     run.results |= {"head_classes": classes_table(key_classes), "all_head_classes": classes_table(classes, only_labelled=True),
                     "operand_heads": [str(c.head) for c in classes if c.label == "operand"],
                     "operator_heads": [str(c.head) for c in classes if c.label == "operator"]}
@@ -287,12 +276,12 @@ def _views_per_head(views: list, heads: list, role: dict, label: str) -> list:
 def probe_mlps_and_lens(run: PipelineRun, prompts: Prompts) -> ProbeResults:
     """MLP probes (similarity to operands and answer), the logit lens, the top number tokens of one worked case."""
     cfg = run.cfg
-    with run.timer.stage("MLP probes and logit lens"):
-        probes = probe_mlps(run.model, prompts.kept, ProbeConfig(batch_size=cfg.batch_size))
+    with run.stage("MLP probes and logit lens"):
+        probes = probe_mlps(run.state.model, prompts.kept, ProbeConfig(batch_size=cfg.batch_size))
         problem = CASE_PROBLEMS[resolve_operation(cfg.op).symbol]
         case = prompts.kept[0]["prompt"].rsplit("\n", 1)[0] + "\n" + problem if cfg.n_shots else problem
-        top = top_number_tokens(run.model, case)
-    run.figures["top_tokens"] = plot_top_tokens(top, case.splitlines()[-1])
+        top = top_number_tokens(run.state.model, case)
+    run.state.figures["top_tokens"] = plot_top_tokens(top, case.splitlines()[-1])
     run.results |= {"logit_lens": probes.lens_table(), "first_top1_layer": probes.first_top1_layer(),
                     "c_rise_range": probes.rise_range("mlp_out", "C")}
     return probes
@@ -300,7 +289,7 @@ def probe_mlps_and_lens(run: PipelineRun, prompts: Prompts) -> ProbeResults:
 
 def draw_node_circuit(run: PipelineRun, chosen: KeyHeadChoice, roles: HeadRoles) -> None:
     """The node circuit figure: key heads coloured by role, the top MLPs, the logits."""
-    run.figures["circuit"] = circuit_figure(chosen.scores.heads, chosen.scores.mlps, {c.head: c.label for c in roles.classes},
+    run.state.figures["circuit"] = circuit_figure(chosen.scores.heads, chosen.scores.mlps, {c.head: c.label for c in roles.classes},
                                             top_heads=len(chosen.heads), top_mlps=3, rank_by="negative")
 
 
@@ -313,11 +302,11 @@ def find_edge_circuit(run: PipelineRun, prompts: Prompts, chosen: KeyHeadChoice,
             "skipped": f"only {n} correctly answered prompts for the edge circuit (needs >= {MIN_CIRCUIT_PROMPTS}, "
                        f"two per half); raise --n-prompts or --circuit-prompts."}
         return
-    stage, figures = edge_circuit_stage(run.model, prompts.kept, chosen.heads, roles.role, project(cfg, CircuitSearch),
-                                        out=run.out, op=cfg.op, model_name=cfg.model, stage=run.timer.stage)
+    stage, figures = edge_circuit_stage(run.state.model, prompts.kept, chosen.heads, roles.role, project(cfg, CircuitSearch),
+                                        out=run.out, op=cfg.op, model_name=cfg.model, stage=run.stage)
     print(circuit_summary(stage))
     run.results["edge_circuit"] = stage
-    run.figures |= figures
+    run.state.figures |= figures
 
 
 # ---------------------------------------------------------------------------- 5. AF1
@@ -330,10 +319,10 @@ def af1_grid(run: PipelineRun) -> None:
     would answer a different question. When fewer than ``MIN_READABLE`` prompts are answered
     correctly, no grid is drawn (its cells would be noise): the reason goes to the report instead.
     """
-    with run.timer.stage("AF1 grid"):
-        run.results["af1"], figure = _af1_grid(run.model, run.cfg)
+    with run.stage("AF1 grid"):
+        run.results["af1"], figure = _af1_grid(run.state.model, run.cfg)
     if figure is not None:
-        run.figures["af1"] = figure
+        run.state.figures["af1"] = figure
 
 
 def _af1_grid(model, cfg: PipelineConfig) -> tuple[dict, go.Figure | None]:
@@ -363,17 +352,17 @@ def _af1_grid(model, cfg: PipelineConfig) -> tuple[dict, go.Figure | None]:
 
 def tune_key_heads(run: PipelineRun, heads: list[Head]) -> None:
     """A short precise SFT of the key heads on training templates; held-out accuracy and drift before/after."""
-    cfg, model = run.cfg, run.model
-    with run.timer.stage("precise SFT"):
+    cfg, model = run.cfg, run.state.model
+    with run.stage("precise SFT"):
         base = copy.deepcopy(model)  # the reference for drift; the model itself is tuned in place
         suite = math_suite(model, MathSuiteConfig(ops=(cfg.op,), n_heldout=40, n_transfer=16, seed=cfg.seed + 1))
-        before = evaluate(base, base, suite, progress=False)
+        before = evaluate_suite(base, base, suite, progress=False)
         data = arithmetic_train_set(model, ArithmeticMix(ops=(cfg.op,), n_examples=cfg.finetune_steps * FINETUNE_BATCH,
                                                          seed=cfg.seed))
         with torch.enable_grad():
             train_cfg = TrainConfig(lr=1e-4, batch_size=FINETUNE_BATCH, max_steps=cfg.finetune_steps, seed=cfg.seed)
             result = train(model, data, train_cfg, method="precise", heads=heads, out_dir=run.out / "precise_sft")
-        after = evaluate(model, base, suite, progress=False)
+        after = evaluate_suite(model, base, suite, progress=False)
         table = [{"set": name, "before": before["math"][name], "after": after["math"][name]} for name in suite]
         run.results["finetune"] = {"heads": [str(h) for h in heads], "steps": result.steps,
                                    "n_trainable": result.n_trainable, "seconds_per_step": result.seconds_per_step,
@@ -386,13 +375,13 @@ def tune_key_heads(run: PipelineRun, heads: list[Head]) -> None:
 def write_figures(run: PipelineRun) -> None:
     """figures/<key>.json (plotly) for every figure; with ``--figures``, static copies sized for a paper."""
     figures_dir = run.out / "figures"  # created by the first figure written, so an interrupted run leaves none
-    for key, fig in run.figures.items():
+    for key, fig in run.state.figures.items():
         write_text_atomic(figures_dir / f"{key}.json", fig.to_json())
     if not run.cfg.figures:
         return
-    with run.timer.stage("static figures"), cli.progress(f"writing {run.cfg.figures} figures"):
+    with run.stage("static figures"), run.step(f"writing {run.cfg.figures} figures"):
         try:  # the run's results matter more than its static copies: a failure is recorded, not fatal
-            written = export_figures(run.figures, figures_dir, parse_formats(run.cfg.figures))
+            written = export_figures(run.state.figures, figures_dir, parse_formats(run.cfg.figures))
             run.results["static_figures"] = [str(p.relative_to(run.out)) for p in written]
         except StaticExportError as err:
             run.results["static_figures_error"] = str(err)

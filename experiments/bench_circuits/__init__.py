@@ -29,76 +29,29 @@ threads (one gemma-3-270m block on 32x5 tokens took 0.90 s with 2 threads and 0.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import torch
-from safetensors.torch import save_file
-from scipy.stats import spearmanr
-
-from circuits.atomic_files import atomic_path
-from circuits.graph import GraphLayout
-from circuits.graph_selection import mib_selector
-from circuits.tasks import single_batch
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
+# only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
+from experiments.bench_circuits.config import BenchCircuitsConfig
+from experiments.runtime import ModelLoader, Run, cli, run_experiment
 from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.timing import wall_and_cpu
-from experiments.bench_circuits import eap_ig_arm as _eap_ig_arm
-from experiments.runtime.cli import option
-from patching.edges import patch_fast as _edge_fast
-from patching.edges.attribute import edge_attribution
-from patching.edges.patch_fast import receiver_kind
-from patching.edges.patch import EdgeEffects, edge_patch
-from patching.edges.curves import MIB_FRACTIONS, faithfulness_curve
-from patching import SweepOptions
 
-
-def edge_count(text: str) -> str:
-    """``all`` or an integer >= 0 (returned as given)."""
-    if text != "all" and not (text.isdigit() and int(text) >= 0):
-        raise argparse.ArgumentTypeError(f"expected 'all' or an integer >= 0, got {text!r}")
-    return text
-
-
-@dataclass(frozen=True)
-class BenchCircuitsConfig(RunSettings):
-    """Every flag of ``python -m experiments.bench_circuits`` beyond :class:`RunSettings`, with its default."""
-
-    n_prompts: int = option(32, "prompts (one template, one token length)", type=cli.positive_int)
-    n_shots: int = option(2, "few-shot examples before each prompt", type=cli.nonnegative_int)
-    op: str = option("+", "arithmetic operation")
-    ig_steps: int = option(5, "EAP-IG integration steps", type=cli.positive_int)
-    eap_ig_batch_size: int = option(8, "batch size of the EAP-IG arm", type=cli.positive_int)
-    exact_edges: str = option("300", "edges patched exactly: a count (seeded random sample), 'all', or 0 for none",
-                              type=edge_count)
-    time_prefix_rotary: bool = option(False, "also patch the exact edges with the fast path's old rotary (prefix "
-                                             "keys rotated at every call) first, timed side by side")
-    compare_per_stratum: int = option(2, "edges per (receiver layer, q/k/v/mlp/logits) stratum timed on edge_patch's "
-                                         "fast and hook paths side by side (0: skip)", type=cli.nonnegative_int)
-    no_eap_ig: bool = option(False, "skip the hannamw/EAP-IG arm even if importable")
-    no_curve: bool = option(False, "skip the faithfulness curves")
-    no_attribution: bool = option(False, "skip edge attribution (and with it the EAP-IG arm, the curves and the "
-                                         "Spearman against exact effects): time exact patching only")
-    memory_mb: float = option(2048.0, "activation budget per batched forward", type=cli.positive_float)
-    head_edges: int = option(0, "which head-edge scores are right on post-norm models: this many edges out of heads "
-                                "(a seeded sample) patched exactly under both norm conventions, against the EAP-IG "
-                                "scores with each head change (0: skip)", type=cli.nonnegative_int)
-    learn_steps: int = option(0, "also time this many steps of a learned mask (matryoshka, warm-started from EAP-IG) "
-                                 "beside one EAP-IG pass, with the memory peak (0: skip)", type=cli.nonnegative_int)
-
+if TYPE_CHECKING:
+    from circuits.graph import GraphLayout
+    from patching.edges.patch import EdgeEffects
 
 parser = cli.config_parser(BenchCircuitsConfig, "bench_circuits", __doc__)
 
 
 @dataclass
-class BenchRun:
-    """What the stages share: the run (settings, folder, results so far), model, prompts, graph layout, and each
+class BenchState:
+    """What the stages carry beside the run's settings and results: model, prompts, graph layout, and each
     method's scores."""
 
-    run: Run
     model: Any
     data: Any
     batch: Any
@@ -106,34 +59,22 @@ class BenchRun:
     scores: dict = field(default_factory=dict)  # method -> EdgeScores (ours) or [n_forward, n_backward] (EAP-IG's)
     eap_ig_batches: Optional[list] = None  # set when the EAP-IG arm runs
 
-    @property
-    def cfg(self) -> BenchCircuitsConfig:
-        return self.run.settings
 
-    @property
-    def out(self):
-        return self.run.out
+BenchRun = Run[BenchCircuitsConfig, BenchState]
 
-    @property
-    def results(self) -> dict:
-        return self.run.results
 
-    @property
-    def seconds(self) -> dict:
-        """Each timed call's wall and CPU time, beside the stage times (``results["seconds"]``)."""
-        return self.results["seconds"]
-
-    def save(self) -> None:
-        self.run.save()
-
-    def timed(self, key: str, fn):
-        """``fn()``, its wall time recorded as ``results["seconds"][key]`` and its CPU time as ``[key + "_cpu"]``
-        (on a shared machine the CPU time is the fairer comparison: the load changes between arms)."""
-        value, self.seconds[key], self.seconds[f"{key}_cpu"] = wall_and_cpu(fn)
-        return value
+def timed(run: BenchRun, key: str, fn):
+    """``fn()``, its wall time recorded as ``results["seconds"][key]`` and its CPU time as ``[key + "_cpu"]``
+    (on a shared machine the CPU time is the fairer comparison: the load changes between arms); each timed
+    call's times sit beside the stage times."""
+    seconds = run.timer.seconds
+    value, seconds[key], seconds[f"{key}_cpu"] = wall_and_cpu(fn)
+    return value
 
 
 def _relative_differences(layout: GraphLayout, ours, theirs) -> dict:
+    import torch
+
     real = layout.real_edge_mask
     head_rows = torch.zeros(layout.n_forward, dtype=torch.bool)
     head_rows[[layout.head_forward(l, h) for l in range(layout.n_layers) for h in range(layout.n_heads)]] = True
@@ -146,6 +87,8 @@ def _relative_differences(layout: GraphLayout, ours, theirs) -> dict:
 
 
 def _spearman(a, b) -> float:
+    from scipy.stats import spearmanr
+
     return float(spearmanr(a.numpy(), b.numpy())[0])
 
 
@@ -161,6 +104,10 @@ def _rank_agreement(scores: dict, truth) -> dict:
 
 def _strata(layout: GraphLayout, per_stratum: int, seed: int) -> list[tuple[int, int]]:
     """A seeded sample of ``per_stratum`` edges per (receiver layer, receiver kind) stratum, in index order."""
+    import torch
+
+    from patching.edges.patch_fast import receiver_kind
+
     strata: dict = {}
     for f, b in layout.real_edge_mask.nonzero().tolist():
         key = "logits" if b == layout.logits_backward else receiver_kind(layout, b)[:2]
@@ -170,17 +117,24 @@ def _strata(layout: GraphLayout, per_stratum: int, seed: int) -> list[tuple[int,
     return sorted(picked)
 
 
-def _exact_in_parts(run: BenchRun, edges) -> EdgeEffects:
+def _exact_in_parts(run: BenchRun, edges, *, rotate_prefix_once: bool = True) -> EdgeEffects:
     """``edge_patch`` of ``edges`` in parts of three receiver layers, last layers first, noting progress in
     ``<out>/results.json`` after each part (a run stopped by a time limit still says how far it got)."""
-    layout = run.layout
+    from patching.options import SweepOptions
+    import torch
+
+    from patching.edges.patch import EdgeEffects, edge_patch
+    from patching.edges.patch_fast import receiver_kind
+
+    layout = run.state.layout
     part_of = {}
     for f, b in edges:
         layer = layout.n_layers if b == layout.logits_backward else receiver_kind(layout, b)[0]
         part_of.setdefault((layout.n_layers - layer) // 3, []).append((f, b))
     parts, done, clock = [], 0, time.perf_counter()
     for key in sorted(part_of):
-        parts.append(edge_patch(run.model, part_of[key], run.batch, options=SweepOptions(memory_mb=run.cfg.memory_mb)))
+        parts.append(edge_patch(run.state.model, part_of[key], run.state.batch, rotate_prefix_once=rotate_prefix_once,
+                                options=SweepOptions(memory_mb=run.cfg.memory_mb)))
         done += len(part_of[key])
         run.results["exact_progress"] = {"n_edges_done": done, "n_edges": len(edges),
                                          "seconds": time.perf_counter() - clock}
@@ -196,6 +150,10 @@ def _exact_in_parts(run: BenchRun, edges) -> EdgeEffects:
 
 def _save_scores(out, scores: dict) -> None:
     """Every method's edge scores ``[n_forward, n_backward]`` side by side (safetensors, atomic), for later analysis."""
+    from safetensors.torch import save_file
+
+    from circuits.atomic_files import atomic_path
+
     with atomic_path(out / "edge_scores.safetensors") as tmp:
         save_file({name: value.detach().float().cpu().contiguous() for name, value in scores.items()}, str(tmp))
 
@@ -203,9 +161,15 @@ def _save_scores(out, scores: dict) -> None:
 # ---------------------------------------------------------------------------- stages
 
 
-def setup(run: Run) -> BenchRun:
-    """Model, the prompts as one batch, and the graph layout (the run folder, threads and seed are set)."""
-    cfg = run.settings
+def setup(run: BenchRun) -> None:
+    """Model, the prompts as one batch, and the graph layout into ``run.state`` (the run folder, threads and seed
+    are set)."""
+    import torch
+
+    from circuits.graph import GraphLayout
+    from circuits.tasks import single_batch
+
+    cfg = run.cfg
     model = run.load_model()
     model.eval()
     with run.stage("prompts"):
@@ -218,53 +182,63 @@ def setup(run: Run) -> BenchRun:
                     "n_shots": cfg.n_shots, "ig_steps": cfg.ig_steps, "n_edges": layout.n_edges, "metric": "logit",
                     "device": str(model.cfg.device), "dtype": str(model.cfg.dtype),
                     "threads": torch.get_num_threads(), "settings": dataclasses.asdict(cfg)}
-    return BenchRun(run, model, data, batch, layout)
+    run.state = BenchState(model, data, batch, layout)
 
 
-@torch.no_grad()
+@cli.no_grad
 def model_metrics(run: BenchRun) -> None:
     """The model itself: what the full graph must give, and the empty graph (counterfactual ablation)."""
-    rows = torch.arange(len(run.data), device=run.batch.tokens.device)
+    import torch
+
+    rows = torch.arange(len(run.state.data), device=run.state.batch.tokens.device)
     run.results["model_metric"] = {
-        name: float(run.model(tokens)[rows, -1, run.batch.answer_ids].double().mean())
-        for name, tokens in (("reference", run.batch.tokens), ("counterfactual", run.batch.cf_tokens))}
+        name: float(run.state.model(tokens)[rows, -1, run.state.batch.answer_ids].double().mean())
+        for name, tokens in (("reference", run.state.batch.tokens), ("counterfactual", run.state.batch.cf_tokens))}
 
 
 def our_attribution(run: BenchRun) -> None:
     """This toolkit's EAP-IG-inputs and EAP over every edge, timed."""
+    from patching.options import SweepOptions
+    from patching.edges.attribute import edge_attribution
+
     cfg = run.cfg
-    run.scores["eap_ig_inputs"] = run.timed("edge_attribution_eap_ig_inputs", lambda: edge_attribution(
-        run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps,
-        options=SweepOptions(memory_mb=cfg.memory_mb)))
-    run.scores["eap"] = run.timed("edge_attribution_eap", lambda: edge_attribution(
-        run.model, run.batch, method="EAP", options=SweepOptions(memory_mb=cfg.memory_mb)))
-    print(f"edge_attribution: EAP-IG-inputs ({cfg.ig_steps} steps) {run.seconds['edge_attribution_eap_ig_inputs']:.1f} s, "
-          f"EAP {run.seconds['edge_attribution_eap']:.1f} s")
+    options = SweepOptions(memory_mb=cfg.memory_mb)
+    run.state.scores["eap_ig_inputs"] = timed(run, "edge_attribution_eap_ig_inputs", lambda: edge_attribution(
+        run.state.model, run.state.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, options=options))
+    run.state.scores["eap"] = timed(run, "edge_attribution_eap", lambda: edge_attribution(
+        run.state.model, run.state.batch, method="EAP", options=options))
+    sec = run.timer.seconds
+    print(f"edge_attribution: EAP-IG-inputs ({cfg.ig_steps} steps) {sec['edge_attribution_eap_ig_inputs']:.1f} s, "
+          f"EAP {sec['edge_attribution_eap']:.1f} s")
 
 
 def eap_ig_attribution(run: BenchRun) -> None:
     """hannamw/EAP-IG's ``attribute`` on the same prompts (when importable), timed; agreement with ours."""
+    from experiments.bench_circuits import eap_ig_arm as _eap_ig_arm
+
     cfg, results = run.cfg, run.results
     missing = "skipped by --no-eap-ig" if cfg.no_eap_ig else _eap_ig_arm.eap_ig_missing()
     results["eap_ig_arm"] = missing or "ran"
-    ours = {"ours_eap_ig_inputs": run.scores["eap_ig_inputs"].scores, "ours_eap": run.scores["eap"].scores}
+    ours = {"ours_eap_ig_inputs": run.state.scores["eap_ig_inputs"].scores, "ours_eap": run.state.scores["eap"].scores}
     if missing:
         print(f"EAP-IG arm skipped: {missing}")
         _save_scores(run.out, ours)
         return
-    run.eap_ig_batches = batches = _eap_ig_arm.dataloader(
-        run.data["prompt"], run.data["counterfactual"], run.batch.answer_ids.cpu(), cfg.eap_ig_batch_size)
-    theirs = run.timed("eap_ig_attribute_eap_ig_inputs", lambda: _eap_ig_arm.eap_ig_scores(
-        run.model, batches, "EAP-IG-inputs", cfg.ig_steps))
-    run.scores["eap_ig_tool_eap_ig_inputs"] = theirs
-    results["agreement_eap_ig_inputs"] = _relative_differences(run.layout, ours["ours_eap_ig_inputs"], theirs)
-    results["speedup_attribution"] = run.seconds["eap_ig_attribute_eap_ig_inputs"] / run.seconds["edge_attribution_eap_ig_inputs"]
+    run.state.eap_ig_batches = batches = _eap_ig_arm.dataloader(
+        run.state.data["prompt"], run.state.data["counterfactual"], run.state.batch.answer_ids.cpu(),
+        cfg.eap_ig_batch_size)
+    theirs = timed(run, "eap_ig_attribute_eap_ig_inputs", lambda: _eap_ig_arm.eap_ig_scores(
+        run.state.model, batches, "EAP-IG-inputs", cfg.ig_steps))
+    run.state.scores["eap_ig_tool_eap_ig_inputs"] = theirs
+    results["agreement_eap_ig_inputs"] = _relative_differences(run.state.layout, ours["ours_eap_ig_inputs"], theirs)
+    sec = run.timer.seconds
+    results["speedup_attribution"] = sec["eap_ig_attribute_eap_ig_inputs"] / sec["edge_attribution_eap_ig_inputs"]
     run.save()  # each arm's result survives a timeout in the next
-    theirs_eap = run.timed("eap_ig_attribute_eap", lambda: _eap_ig_arm.eap_ig_scores(run.model, batches, "EAP"))
-    results["agreement_eap"] = _relative_differences(run.layout, ours["ours_eap"], theirs_eap)
+    theirs_eap = timed(run, "eap_ig_attribute_eap", lambda: _eap_ig_arm.eap_ig_scores(run.state.model, batches, "EAP"))
+    results["agreement_eap"] = _relative_differences(run.state.layout, ours["ours_eap"], theirs_eap)
     _save_scores(run.out, {**ours, "eap_ig_tool_eap_ig_inputs": theirs, "eap_ig_tool_eap": theirs_eap})
     agreement = results["agreement_eap_ig_inputs"]
-    print(f"EAP-IG attribute: EAP-IG-inputs {run.seconds['eap_ig_attribute_eap_ig_inputs']:.1f} s "
+    print(f"EAP-IG attribute: EAP-IG-inputs {sec['eap_ig_attribute_eap_ig_inputs']:.1f} s "
           f"({results['speedup_attribution']:.1f}x slower); max |diff| / max |score|: "
           f"{agreement['max_rel_diff_all_edges']:.1e} (all), {agreement['max_rel_diff_non_head_senders']:.1e} "
           f"(non-head senders)")
@@ -272,12 +246,18 @@ def eap_ig_attribution(run: BenchRun) -> None:
 
 def our_curve(run: BenchRun):
     """``faithfulness_curve`` at MIB's ten sizes (top-n by |EAP-IG score|, pruned as MIB prunes), timed."""
-    ig = run.scores["eap_ig_inputs"]
-    curve = run.timed("faithfulness_curve", lambda: faithfulness_curve(
-        run.model, ig, run.batch, select=mib_selector(run.layout), options=SweepOptions(memory_mb=run.cfg.memory_mb)))
+    from patching.options import SweepOptions
+    from circuits.graph_selection import mib_selector
+    from patching.edges.curves import MIB_FRACTIONS, faithfulness_curve
+
+    ig = run.state.scores["eap_ig_inputs"]
+    curve = timed(run, "faithfulness_curve", lambda: faithfulness_curve(
+        run.state.model, ig, run.state.batch, select=mib_selector(run.state.layout),
+        options=SweepOptions(memory_mb=run.cfg.memory_mb)))
     run.results["curve"] = curve.to_dict()
     run.save()
-    print(f"faithfulness_curve ({len(MIB_FRACTIONS)} sizes + full + empty): {run.seconds['faithfulness_curve']:.1f} s; "
+    print(f"faithfulness_curve ({len(MIB_FRACTIONS)} sizes + full + empty): "
+          f"{run.timer.seconds['faithfulness_curve']:.1f} s; "
           f"CPR {curve.cpr.value:.3f} [{curve.cpr.low:.3f}, {curve.cpr.high:.3f}], "
           f"CMD {curve.cmd.value:.3f} [{curve.cmd.low:.3f}, {curve.cmd.high:.3f}]")
     return curve
@@ -285,9 +265,12 @@ def our_curve(run: BenchRun):
 
 def eap_ig_curve(run: BenchRun, curve) -> None:
     """hannamw/EAP-IG's ``evaluate_graph`` on the same circuits, timed; both curves and their largest difference."""
-    counts = [int(x * run.layout.n_edges) for x in MIB_FRACTIONS]
-    evals = run.timed("eap_ig_evaluate_curve", lambda: _eap_ig_arm.eap_ig_evaluate(
-        run.model, run.eap_ig_batches, run.scores["eap_ig_inputs"].scores, counts))
+    from experiments.bench_circuits import eap_ig_arm as _eap_ig_arm
+    from patching.edges.curves import MIB_FRACTIONS
+
+    counts = [int(x * run.state.layout.n_edges) for x in MIB_FRACTIONS]
+    evals = timed(run, "eap_ig_evaluate_curve", lambda: _eap_ig_arm.eap_ig_evaluate(
+        run.state.model, run.state.eap_ig_batches, run.state.scores["eap_ig_inputs"].scores, counts))
     full, empty = float(evals["full"].mean()), float(evals["empty"].mean())
     theirs_f = [(float(evals[n].mean()) - empty) / (full - empty) for n in counts]
     ours_f = [p.value for p in curve.faithfulness]
@@ -297,33 +280,39 @@ def eap_ig_curve(run: BenchRun, curve) -> None:
                                    # which convention reproduces the counterfactual run with every edge ablated
                                    "empty_minus_model_counterfactual": empty - model_cf,
                                    "ours_empty_minus_model_counterfactual": curve.empty.value - model_cf}
-    run.results["speedup_curve"] = run.seconds["eap_ig_evaluate_curve"] / run.seconds["faithfulness_curve"]
-    print(f"EAP-IG evaluate_graph on the same circuits: {run.seconds['eap_ig_evaluate_curve']:.1f} s "
+    run.results["speedup_curve"] = run.timer.seconds["eap_ig_evaluate_curve"] / run.timer.seconds["faithfulness_curve"]
+    print(f"EAP-IG evaluate_graph on the same circuits: {run.timer.seconds['eap_ig_evaluate_curve']:.1f} s "
           f"({run.results['speedup_curve']:.1f}x slower); max |f diff| "
           f"{run.results['curve_eap_ig']['max_abs_diff_faithfulness']:.2e}")
 
 
 def fast_vs_hook_path(run: BenchRun) -> None:
     """``edge_patch``'s hook path and fast path on the same stratified sample, side by side."""
-    cfg = run.cfg
-    sample = _strata(run.layout, cfg.compare_per_stratum, cfg.seed)
-    hooked = run.timed("edge_patch_sample_hook_path", lambda: edge_patch(
-        run.model, sample, run.batch, options=SweepOptions(memory_mb=cfg.memory_mb), fast=False))
-    fast = run.timed("edge_patch_sample_fast_path", lambda: edge_patch(run.model, sample, run.batch,
-                                                                       options=SweepOptions(memory_mb=cfg.memory_mb)))
+    from patching.options import SweepOptions
+    from patching.edges.patch import edge_patch
+
+    cfg, sec = run.cfg, run.timer.seconds
+    options = SweepOptions(memory_mb=cfg.memory_mb)
+    sample = _strata(run.state.layout, cfg.compare_per_stratum, cfg.seed)
+    hooked = timed(run, "edge_patch_sample_hook_path", lambda: edge_patch(
+        run.state.model, sample, run.state.batch, options=options, fast=False))
+    fast = timed(run, "edge_patch_sample_fast_path", lambda: edge_patch(run.state.model, sample, run.state.batch,
+                                                                       options=options))
     compared = run.results["edge_patch_fast_vs_hook_path"] = {
         "n_edges": len(sample), "per_stratum": cfg.compare_per_stratum,
-        "speedup": run.seconds["edge_patch_sample_hook_path"] / run.seconds["edge_patch_sample_fast_path"],
+        "speedup": sec["edge_patch_sample_hook_path"] / sec["edge_patch_sample_fast_path"],
         "max_abs_diff": float((fast.per_prompt - hooked.per_prompt).abs().max()),
         "max_abs_effect": float(hooked.per_prompt.abs().max()),
         "seconds_by_stage_hook_path": hooked.seconds, "seconds_by_stage_fast_path": fast.seconds}
-    print(f"edge_patch on {len(sample)} stratified edges: hook path {run.seconds['edge_patch_sample_hook_path']:.1f} s, "
-          f"fast path {run.seconds['edge_patch_sample_fast_path']:.1f} s ({compared['speedup']:.1f}x); "
+    print(f"edge_patch on {len(sample)} stratified edges: hook path {sec['edge_patch_sample_hook_path']:.1f} s, "
+          f"fast path {sec['edge_patch_sample_fast_path']:.1f} s ({compared['speedup']:.1f}x); "
           f"max |diff| {compared['max_abs_diff']:.1e}")
 
 
 def _exact_sample(run: BenchRun) -> list[tuple[int, int]]:
-    layout = run.layout
+    import torch
+
+    layout = run.state.layout
     n_exact = layout.n_edges if run.cfg.exact_edges == "all" else min(int(run.cfg.exact_edges), layout.n_edges)
     pairs = layout.real_edge_mask.nonzero()
     pick = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(run.cfg.seed))[:n_exact]
@@ -332,21 +321,19 @@ def _exact_sample(run: BenchRun) -> list[tuple[int, int]]:
 
 def old_rotary_exact(run: BenchRun, edges) -> EdgeEffects:
     """The same edges with the fast path rotating the prefix's keys at every call (before this toolkit cached them)."""
-    _edge_fast.ROTATE_PREFIX_ONCE = False
-    try:
-        return run.timed("edge_patch_rotary_every_call", lambda: _exact_in_parts(run, edges))
-    finally:
-        _edge_fast.ROTATE_PREFIX_ONCE = True
+    return timed(run, "edge_patch_rotary_every_call", lambda: _exact_in_parts(run, edges, rotate_prefix_once=False))
 
 
 def exact_patching(run: BenchRun) -> None:
     """Exact ``edge_patch`` of the sampled (or all) edges, timed; Spearman of every method's scores against it."""
+    import torch
+
     edges = _exact_sample(run)
     if not edges:
         return
     old = old_rotary_exact(run, edges) if run.cfg.time_prefix_rotary else None
-    exact = run.timed("edge_patch", lambda: _exact_in_parts(run, edges))
-    sec, layout, n_exact = run.seconds, run.layout, len(edges)
+    exact = timed(run, "edge_patch", lambda: _exact_in_parts(run, edges))
+    sec, layout, n_exact = run.timer.seconds, run.state.layout, len(edges)
     if old is not None:
         run.results["exact_prefix_rotary_once"] = {
             "n_edges": n_exact, "speedup_wall": sec["edge_patch_rotary_every_call"] / sec["edge_patch"],
@@ -354,7 +341,7 @@ def exact_patching(run: BenchRun) -> None:
             "max_abs_diff": float((old.per_prompt - exact.per_prompt).abs().max())}
     edges = exact.edges
     if n_exact == layout.n_edges:
-        exact.save(run.out, run.model.cfg.d_model, overwrite=True)  # the run folder is this run's own
+        exact.save(run.out, run.state.model.cfg.d_model, overwrite=True)  # the run folder is this run's own
     f_idx, b_idx = torch.tensor([e[0] for e in edges]), torch.tensor([e[1] for e in edges])
     truth = exact.scores[f_idx, b_idx].float()
     run.results["exact_seconds_per_edge"] = sec["edge_patch"] / n_exact
@@ -363,7 +350,7 @@ def exact_patching(run: BenchRun) -> None:
                                             for i in truth.abs().argsort(descending=True)[:10].tolist()}
     print(f"edge_patch of {n_exact} edges: {sec['edge_patch']:.1f} s wall, {sec['edge_patch_cpu']:.1f} s CPU "
           f"({sec['edge_patch'] / n_exact * layout.n_edges / 60:.1f} min for all {layout.n_edges})")
-    if "eap" in run.scores:
+    if "eap" in run.state.scores:
         _spearman_vs_exact(run, f_idx, b_idx, truth)
     if old is not None:
         print(f"  with the prefix keys rotated at every call: {sec['edge_patch_rotary_every_call']:.1f} s wall, "
@@ -372,9 +359,9 @@ def exact_patching(run: BenchRun) -> None:
 
 
 def _spearman_vs_exact(run: BenchRun, f_idx, b_idx, truth) -> None:
-    methods = {name: run.scores[name].scores[f_idx, b_idx] for name in ("eap_ig_inputs", "eap")}
-    if "eap_ig_tool_eap_ig_inputs" in run.scores:
-        methods["eap_ig_tool_eap_ig_inputs"] = run.scores["eap_ig_tool_eap_ig_inputs"][f_idx, b_idx]
+    methods = {name: run.state.scores[name].scores[f_idx, b_idx] for name in ("eap_ig_inputs", "eap")}
+    if "eap_ig_tool_eap_ig_inputs" in run.state.scores:
+        methods["eap_ig_tool_eap_ig_inputs"] = run.state.scores["eap_ig_tool_eap_ig_inputs"][f_idx, b_idx]
     rank = run.results["spearman_vs_exact"] = _rank_agreement(methods, truth)
     print(f"  Spearman vs exact: EAP-IG {rank['eap_ig_inputs']:.3f} (top 1%: {rank['eap_ig_inputs_top_1pct']:.3f}), "
           f"EAP {rank['eap']:.3f} (top 1%: {rank['eap_top_1pct']:.3f})")
@@ -388,20 +375,27 @@ def head_edge_verdict(run: BenchRun) -> None:
     hannamw/EAP-IG's ``"pre-norm"``, and ``"recompute"``); Spearman over the sample and the overlap of the
     top 1% by |score| with the top 1% by |exact effect|, each with a 95% bootstrap interval over edges.
     """
+    from patching.options import SweepOptions
+    import torch
+    from scipy.stats import spearmanr
+
+    from patching.edges.attribute import edge_attribution
+    from patching.edges.patch import edge_patch
+
     from circuits.stats import bootstrap
 
-    cfg, layout = run.cfg, run.layout
+    cfg, layout = run.cfg, run.state.layout
     heads = {layout.head_forward(l, h) for l in range(layout.n_layers) for h in range(layout.n_heads)}
     edges = [(f, b) for f, b in layout.real_edge_mask.nonzero().tolist() if f in heads]
     g = torch.Generator().manual_seed(cfg.seed)
     edges = sorted(edges[i] for i in torch.randperm(len(edges), generator=g)[:cfg.head_edges].tolist())
     f_idx, b_idx = torch.tensor(edges).T
     options = SweepOptions(memory_mb=cfg.memory_mb, progress=False)
-    exact = {norm: run.timed(f"exact_head_edges_{norm}", lambda norm=norm: edge_patch(
-        run.model, edges, run.batch, norm=norm, options=options)).effects.float()
+    exact = {norm: timed(run, f"exact_head_edges_{norm}", lambda norm=norm: edge_patch(
+        run.state.model, edges, run.state.batch, norm=norm, options=options)).effects.float()
         for norm in ("frozen", "recompute")}
-    scores = {change: run.timed(f"attribution_head_change_{change}", lambda change=change: edge_attribution(
-        run.model, run.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, norm=change,
+    scores = {change: timed(run, f"attribution_head_change_{change}", lambda change=change: edge_attribution(
+        run.state.model, run.state.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, norm=change,
         options=options)).scores[f_idx, b_idx] for change in ("frozen", "pre-norm", "recompute")}
     k = max(3, len(edges) // 100)
 
@@ -429,20 +423,20 @@ def learned_mask_speed(run: BenchRun) -> None:
     from patching.edges.learn import learn_circuit
 
     cfg = run.cfg
-    warm = run.scores.get("eap_ig_inputs")
+    warm = run.state.scores.get("eap_ig_inputs")
     reset = reset_peak_rss()
-    learned = run.timed("learned_mask", lambda: learn_circuit(run.model, run.batch, method="matryoshka",
+    learned = timed(run, "learned_mask", lambda: learn_circuit(run.state.model, run.state.batch, method="matryoshka",
                                                              steps=cfg.learn_steps, init=warm, progress=False))
     run.results["learned_mask"] = {"steps": cfg.learn_steps, "seconds_per_step": learned.seconds_per_step,
                                    "cpu_seconds": learned.cpu_seconds,
                                    "peak_rss_mb": round(peak_rss(reset) / 2**20, 1), "peak_since_reset": reset,
-                                   "eap_ig_pass_seconds": run.seconds.get("edge_attribution_eap_ig_inputs"),
-                                   "n_prompts": len(run.data)}
+                                   "eap_ig_pass_seconds": run.timer.seconds.get("edge_attribution_eap_ig_inputs"),
+                                   "n_prompts": len(run.state.data)}
 
 
 def print_table(run: BenchRun) -> None:
     """Each stage's time here and in hannamw/EAP-IG, and the ratio."""
-    sec = run.seconds
+    sec = run.timer.seconds
     print("\nstage                              this toolkit (s)   hannamw/EAP-IG (s)   speed-up")
     for name, ours_key, theirs_key in (("EAP-IG-inputs, every edge", "edge_attribution_eap_ig_inputs",
                                         "eap_ig_attribute_eap_ig_inputs"),
@@ -451,7 +445,11 @@ def print_table(run: BenchRun) -> None:
         if ours_key in sec:
             t_theirs = sec.get(theirs_key)
             ratio = f"{t_theirs / sec[ours_key]:.1f}x" if t_theirs else "-"
-            print(f"{name:34s} {sec[ours_key]:16.1f}   {t_theirs or float('nan'):18.1f}   {ratio}")
+            theirs = f"{t_theirs:18.1f}" if t_theirs else f"{'not run':>18}"
+            print(f"{name:34s} {sec[ours_key]:16.1f}   {theirs}   {ratio}")
+    arm = run.results.get("eap_ig_arm")
+    if arm not in (None, "ran"):
+        print(f"(hannamw/EAP-IG not run: {arm})")
     print(f"wrote {run.out / 'results.json'}")
 
 
@@ -463,32 +461,31 @@ def run(cfg: BenchCircuitsConfig, *, loader: ModelLoader | None = None) -> dict:
 run_bench = run  # the earlier name
 
 
-def _stages(lifecycle: Run) -> None:
-    cfg = lifecycle.settings
-    run = setup(lifecycle)
-    stage = lifecycle.stage
-    with stage("model metrics"):
+def _stages(run: BenchRun) -> None:
+    cfg = run.cfg
+    setup(run)
+    with run.stage("model metrics"):
         model_metrics(run)
     if not cfg.no_attribution:
-        with stage("attribution"):
+        with run.stage("attribution"):
             our_attribution(run)
-        with stage("EAP-IG arm"):
+        with run.stage("EAP-IG arm"):
             eap_ig_attribution(run)
     if not (cfg.no_curve or cfg.no_attribution):
-        with stage("curves"):
+        with run.stage("curves"):
             curve = our_curve(run)
-            if run.eap_ig_batches is not None:
+            if run.state.eap_ig_batches is not None:
                 eap_ig_curve(run, curve)
     if cfg.compare_per_stratum:
-        with stage("fast vs hook path"):
+        with run.stage("fast vs hook path"):
             fast_vs_hook_path(run)
-    with stage("exact patching"):
+    with run.stage("exact patching"):
         exact_patching(run)
     if cfg.head_edges:
-        with stage("head-edge verdict"):
+        with run.stage("head-edge verdict"):
             head_edge_verdict(run)
     if cfg.learn_steps:
-        with stage("learned mask"):
+        with run.stage("learned mask"):
             learned_mask_speed(run)
     print_table(run)
 

@@ -28,88 +28,33 @@ Stages (each timed into results.json ``seconds``):
 learned masks, ensembles, bootstrapped scores, the ILP, position-aware edges) scores the same
 selection half and is curved on the same held-out half; results.json key ``comparison``, one
 figure with every held-out curve and its band, the table of CPR, CMD, f at 1-20% of the edges, the
-smallest faithful size and the time of each method (``patching.edges.faithful_circuit.compare_methods``).
+smallest faithful size and the time of each method (``patching.edges.circuit_methods.compare_methods``).
 
 The search is :func:`patching.edges.faithful_circuit.find_faithful_circuit` with its settings in one
 record (:class:`patching.edges.faithful_circuit.CircuitSearch`, built from these flags); the same stage
 runs inside ``python -m experiments.addition`` (and the other operations) with the key heads and head
-classes that pipeline has already found (:func:`experiments.circuit.stage.edge_circuit_stage`).
+classes that pipeline has already found (:func:`experiments.runtime.edge_circuit.edge_circuit_stage`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from datasets import Dataset
-
-from circuits.nodes import Head
+# only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
 from circuits.templates import resolve_operation
-from experiments.circuit.compare import add_comparison_section, compare_stage, comparison_summary
-from experiments.circuit.stage import add_report_section, edge_circuit_stage, summary
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option
+from experiments.circuit.config import CIRCUIT_METHOD_NAMES, CircuitConfig  # noqa: F401  (the --methods choices)
+from experiments.runtime import ModelLoader, Run, cli, run_experiment
 from circuits.atomic_files import write_text_atomic
 from experiments.runtime.settings import project
-from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS
-from patching.edges.evaluate import ABLATIONS
-from patching.edges.faithful_circuit import CircuitSearch, method_names
-from patching.edges.learn import LearnConfig
-from patching import SweepOptions
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+    from circuits.nodes import Head
 
 logger = logging.getLogger("experiments")
-
-
-@dataclass(frozen=True)
-class CircuitConfig(RunSettings):
-    """Every flag of ``python -m experiments.circuit`` beyond :class:`RunSettings`, with its default."""
-
-    op: str = option("+", "the operation: + - * / (or addition, subtraction, ...)")
-    n_prompts: int = option(200, "prompts sampled before keeping the correctly answered ones", type=cli.positive_int)
-    circuit_prompts: int = option(64, "correct prompts used, split in half: scores and size chosen on one half, "
-                                      "reported on the other", type=cli.positive_int)
-    n_shots: int = option(3, "solved examples before each prompt", type=cli.nonnegative_int)
-    method: str = option("EAP-IG-inputs", "edge attribution method (patching.edges.attribute)",
-                         choices=sorted(EDGE_ATTRIBUTION_METHODS))
-    ig_steps: int = option(5, "integration steps of the EAP-IG methods", type=cli.positive_int)
-    ablation: str = option("counterfactual", "how edges outside the circuit are ablated (patching.edges.evaluate_circuit)",
-                           choices=ABLATIONS)
-    threshold: float = option(0.8, "the faithfulness the smallest circuit must reach", type=cli.fraction)
-    top_k: int = option(8, "node-level key heads from path patching to relate the circuit to (0: skip path patching)",
-                        type=cli.nonnegative_int)
-    pool_prompts: int = option(256, "prompts (none of them evaluated) the mean ablations average over; unused by "
-                                    "counterfactual", type=cli.positive_int)
-    n_bootstrap: int = option(1000, "bootstrap resamples over prompts for every interval", type=cli.positive_int)
-    batch_size: int = option(32, "prompts per forward pass", type=cli.positive_int)
-    memory_mb: float = option(1024.0, "activation budget of one batched forward or backward (MB)",
-                              type=cli.positive_float)
-    methods: tuple[str, ...] = option((), "compare these circuit methods on the same halves instead of --method alone: "
-                                          + ", ".join(method_names()), nargs="+", choices=method_names())
-    warm_start: str = option("EAP-IG-inputs", "scores the learned methods start from ('none': a cold start)",
-                             choices=tuple(EDGE_ATTRIBUTION_METHODS) + ("none",))
-    bootstrap_resamples: int = option(10, "prompt resamples of the 'bootstrap' method", type=cli.positive_int)
-    learn_objective: str = option(LearnConfig.objective, "what the learned masks match: 'metric' (the answer logit) or "
-                                                         "'kl' (the END distribution)", choices=("metric", "kl"))
-    learn_steps: int = option(LearnConfig.steps, "optimisation steps of a learned mask", type=cli.positive_int)
-    learn_lr: float | None = option(None, "learning rate of a learned mask (Adam; default: the method's own, "
-                                          "patching.edges.learn.DEFAULT_LR)", type=cli.positive_float)
-    learn_batch_size: int = option(LearnConfig.batch_size, "prompts per step of a learned mask", type=cli.positive_int)
-    learn_samples: int = option(LearnConfig.samples, "masks per prompt per step (gates, UGS samples or budgets)",
-                                type=cli.positive_int)
-    learn_target_fraction: float = option(LearnConfig.target_fraction, "edge-pruning: the fraction of edges to keep",
-                                          type=cli.fraction)
-    learn_min_fraction: float = option(LearnConfig.min_fraction, "matryoshka: the smallest budget drawn, as a "
-                                                                 "fraction of the edges", type=cli.fraction)
-
-    def search(self) -> CircuitSearch:
-        """The settings of :func:`patching.edges.faithful_circuit.find_faithful_circuit` these flags describe."""
-        return project(self, CircuitSearch)
-
-    def learn(self) -> LearnConfig:
-        """The learned methods' settings (:class:`patching.edges.learn.LearnConfig`) these flags describe."""
-        return project(self, LearnConfig, prefix="learn_", seed=self.seed, progress=False)
-
 
 parser = cli.config_parser(CircuitConfig, "circuit", __doc__)
 
@@ -124,16 +69,18 @@ def parse_config(argv: list[str] | None = None) -> CircuitConfig:
 
 def correct_prompts(model, cfg: CircuitConfig) -> tuple[Dataset, float]:
     """The sampled prompts the model answers correctly (top-1 first answer token), and the base accuracy."""
-    from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset
+    from circuits.answer_scoring import first_token_hits
+    from circuits.tasks import TaskConfig, filter_correct, make_dataset
 
-    task = TaskConfig(op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
+    task = project(cfg, TaskConfig)
     dataset = make_dataset(model, task)
-    kept, accuracy = filter_correct(model, dataset, mask=accuracy_mask(model, dataset, cfg.batch_size))
+    kept, accuracy = filter_correct(model, dataset, mask=first_token_hits(model, dataset, cfg.batch_size))
     return kept, accuracy
 
 
 def path_patching_key_heads(model, prompts: Dataset, cfg: CircuitConfig) -> list[Head]:
     """The top ``cfg.top_k`` heads by path-patching effect on the answer logit (none when top_k is 0)."""
+    from patching.options import SweepOptions
     from patching.head_ranking import key_heads
     from patching.path_patching import path_patch
 
@@ -163,9 +110,11 @@ def run(cfg: CircuitConfig, *, loader: ModelLoader | None = None) -> dict:
 
 def _stages(run: Run) -> None:
     from circuits.show.html_report import Report
+    from experiments.circuit.compare import add_comparison_section, compare_stage, comparison_summary
+    from experiments.runtime.edge_circuit import add_report_section, edge_circuit_stage, summary
     from patching.edges.faithful_circuit import split_halves
 
-    cfg, results = run.settings, run.results
+    cfg, results = run.cfg, run.results
     name = resolve_operation(cfg.op).name
     model = run.load_model()
     with run.stage("data", f"{cfg.n_prompts} {name} prompts, keeping the correct ones"):

@@ -7,7 +7,8 @@ from datasets import Dataset
 
 from circuits.show.edge_figures import faithfulness_figure
 from circuits.show.html_report import Report
-from patching.edges.faithful_circuit import CircuitSearch, compare_methods
+from patching.edges.circuit_methods import compare_methods
+from patching.edges.faithful_circuit import CircuitSearch
 
 ROW_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2)
 

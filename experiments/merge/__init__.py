@@ -44,165 +44,93 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
+# only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
 from circuits.errors import InputError
 from circuits.file_reads import read_json
-from circuits.stats import proportion
-from experiments.runtime.run_folder import StageTimer, save_results, write_json_atomic
-from circuits.model_cache import save_model
-from circuits.tasks import make_dataset
-from finetune.evaluate import answer_accuracy
-from finetune.expert_tasks import EXPERT_TASKS, expert_task_data
-from merging.methods import CONFIGS, METHODS
-from merging import LinearityConfig, SubmoduleMergeConfig, merge, merge_submodules, nonlinearity_scores
-from merging.linearity import nonlinearity_figure
-from merging.circuit_aware import circuit_levels
-from merging.submodule import LEVELS
-from patching.head_ranking import KeyHeads, given_key_heads, rank_key_heads
+from experiments.runtime.run_folder import write_json_atomic
 
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.merge import stats
-from experiments.merge.report import CIRCUIT_AWARE, write_report
-from experiments.merge.yaml_recipe import run_mergekit_yaml
-from experiments.merge.experts import given_heads, measured, padded_rows, task_config, train_expert
-from experiments.runtime.cli import option
+from experiments.runtime import ModelLoader, Run, cli, run_experiment
+from experiments.merge.config import METHODS, TASKS, MergeConfig
 
-TASKS = EXPERT_TASKS
-
-
-@dataclass(frozen=True)
-class MergeConfig(RunSettings):
-    """Every flag of ``python -m experiments.merge``, with its default (model (the base), device, dtype,
-    threads, seed, out and overwrite: :class:`experiments.runtime.RunSettings`; the seed draws the data splits
-    and the training)."""
-
-    experts_dir: str | None = option(None, "folder of the experts (<task>/ model dirs): those there are loaded, "
-                                     "the missing ones trained and saved there (default: <out>/experts)")
-    expert_method: str = option("full", "finetune method", choices=("full", "precise", "lora"))
-    steps: int = option(16, "optimizer steps per expert", type=cli.positive_int)
-    batch_size: int = option(8, "examples per optimizer step", type=cli.positive_int)
-    micro_batch_size: int = option(8, "examples per forward/backward pass (gradients accumulate up to --batch-size)",
-                                   type=cli.positive_int)
-    lr: float = option(1e-5, "expert learning rate (full SFT with Adam: higher values blow up the loss at batch 8)",
-                       type=cli.positive_float)
-    n_train: int = option(128, "training examples per task", type=cli.positive_int)
-    n_val: int = option(12, "validation prompts per task (baseline tuning)", type=cli.positive_int)
-    n_test: int = option(24, "test prompts per task", type=cli.positive_int)
-    n_shots: int = option(1, "few-shot examples per prompt", type=cli.nonnegative_int)
-    mul_operands: str = option("1,9", "operand range of the mul task, 'lo,hi' (two-digit: '10,99')")
-    max_number: int = option(30, "en_fr translates the numbers 0..max_number", type=cli.positive_int)
-    n_test_numbers: int = option(9, "en_fr test numbers (disjoint from validation and training numbers)",
-                                 type=cli.positive_int)
-    n_val_numbers: int = option(6, "en_fr validation numbers", type=cli.positive_int)
-    target_gain: float = option(0.0, "train each expert until its validation exact accuracy is >= the base's + this "
-                                "(checked every --check-every steps, at most --steps steps; 0: train --steps steps)",
-                                type=cli.fraction)
-    check_every: int = option(8, "optimizer steps between validation checks of --target-gain", type=cli.positive_int)
-    n_samples: int = option(16, "samples per task for the closed form (paper: 30)", type=cli.positive_int)
-    cf_seeds: int = option(1, "closed-form repeats, each fitted on --n-samples training prompts drawn with its own seed",
-                           type=cli.positive_int)
-    cf_positions: str = option("all", "positions the closed-form least squares runs over: 'all' (every prompt token), "
-                               "'answer' (the positions that predict an answer token) or 'all,answer'")
-    cf_batch_size: int = option(4, "batch of the closed-form fit", type=cli.positive_int)
-    levels: str = option(",".join(LEVELS), "closed-form levels to run ('': no closed form, circuit-aware included)")
-    ta_lambdas: str = option("0.5,1.0", "task-arithmetic λ grid (val)")
-    ties_densities: str = option("0.2,0.5", "TIES density grid (val)")
-    heads: str | None = option(None, "key heads, e.g. L5H0,L9H1 (default: path patching)")
-    k: int = option(4, "key heads per operation from path patching (their union over + and * is used)",
-                    type=cli.positive_int)
-    n_patch: int = option(12, "prompts per operation for path patching", type=cli.positive_int)
-    linearity_samples: int = option(6, "samples per task for the linearity figure (0: skip)", type=cli.nonnegative_int)
-    circuit_prompts: int = option(0, "the circuit column: each arithmetic expert's edge circuit on this many prompts, "
-                                     "looked at inside every merge of all three (0: skip)", type=cli.nonnegative_int)
-    linearity_alphas: str = option("0.5,1.0", "uniform α values of the linearity figure")
-    pairs: bool = option(False, "also merge every pair of experts")
-    eval_batch_size: int = option(12, "prompts per forward pass when scoring", type=cli.positive_int)
-    config: str | None = option(None, "run this mergekit merge YAML instead (merge and save only)")
-    markdown: str | None = option(None, "print the results tables of this run folder (its results.json) as markdown")
-    methods: str = option(",".join(METHODS), "data-free merge methods to run (comma-separated)")
-    no_circuit_aware: bool = option(False, "skip circuit-aware merging (and the path patching that finds its key heads)")
-    cf_repeat_levels: str = option("attn_mlp", "levels fitted for every --cf-seeds seed and --cf-positions choice; "
-                                   "the other levels are fitted once (all positions, seed 0)")
-    no_save_best: bool = option(False, "skip saving (and reloading) the best merge")
-    no_base_test: bool = option(False, "score the base on the validation split only (it is the experts' reference)")
-    late_methods: str = option("", "data-free methods (of --methods) run after the closed form, not before "
-                               "(what matters first finishes first when a run may be cut short)")
+if TYPE_CHECKING:
+    from merging import SubmoduleMergeConfig
+    from patching.head_ranking import KeyHeads
 
 
 parser = cli.config_parser(MergeConfig, "merge", __doc__)
 
 
 @dataclass
-class MergeRun:
-    """What the stages share: the settings, the base model, the task data, and what has been measured so far."""
+class MergeState:
+    """What the stages carry beside the run's settings and results: the base model, the task data, the experts and
+    what has been merged so far."""
 
-    cfg: MergeConfig
-    out: object
     base: object
     data: dict
-    timer: StageTimer
-    results: dict
     experts: dict = field(default_factory=dict)  # task -> state dict
     recipes: dict = field(default_factory=dict)  # merged model name -> how to make it again (for the best one)
     alpha_tables: dict = field(default_factory=dict)
     work: object = None  # the model merged state dicts are loaded into for scoring
-    loader: ModelLoader | None = None  # loads the experts of --experts-dir and the saved best merge
 
-    def load(self, path):
-        """The model saved in ``path``, through the run's loader, on the run's device and dtype."""
-        return self.loader(str(path), device=self.cfg.device, dtype=self.cfg.dtype)
 
-    @property
-    def cf_tasks(self) -> list[list[str]]:
-        """Per task, the first ``n_samples`` training prompts with their answers (the linearity figure's samples)."""
-        return [[r["prompt"] + r["answer"] for r in self.data[(t, "train")].select(range(self.cfg.n_samples))]
-                for t in TASKS]
+MergeRun = Run[MergeConfig, MergeState]
 
-    def cf_inputs(self, names, seed: int, positions: str) -> dict:
-        """The closed form's data for experts ``names``: ``n_samples`` training rows per task drawn with ``seed``
-        (seed 0: the first rows), as token tensors with attention masks and, for ``positions="answer"``, fit masks."""
-        tasks, masks, fits = [], [], []
-        for t in names:
-            rows = self.data[(t, "train")]
-            picked = range(self.cfg.n_samples) if seed == 0 else \
-                sorted(random.Random(seed).sample(range(len(rows)), min(self.cfg.n_samples, len(rows))))
-            tokens, attention, answer_side = padded_rows(rows.select(picked).to_list(), self.base)
-            tasks.append(tokens)
-            masks.append(attention)
-            fits.append(answer_side if positions == "answer" else None)
-        return {"tasks": tasks, "attention_masks": masks, "fit_masks": fits}
 
-    def score(self, model, split: str = "test", tasks=TASKS) -> dict:
-        """Accuracy per task on ``split`` (with per-prompt hits and a Wilson interval) and pooled over tasks."""
-        model.eval()
-        per = {t: answer_accuracy(model, self.data[(t, split)], self.cfg.eval_batch_size, per_prompt=True)
-               for t in tasks}
-        for s in per.values():
-            s["exact_ci"] = proportion(s["exact_hits"]).to_dict()
-        pooled = proportion([h for s in per.values() for h in s["exact_hits"]])
-        return {"tasks": per, "avg": sum(s["exact"] for s in per.values()) / len(per), "pooled": pooled.to_dict()}
+def cf_tasks(run: MergeRun) -> list[list[str]]:
+    """Per task, the first ``n_samples`` training prompts with their answers (the linearity figure's samples)."""
+    return [[r["prompt"] + r["answer"] for r in run.state.data[(t, "train")].select(range(run.cfg.n_samples))]
+            for t in TASKS]
 
-    def record(self, name: str, model, seconds: float, val: bool = False, tasks=TASKS, **extra) -> dict:
-        """Score ``model`` on the test split of ``tasks`` (and val if ``val``), store it under ``name``, print a line,
-        save results.json."""
-        entry = {"test": self.score(model, "test", tasks) if tasks else None, "seconds": round(seconds, 2), **extra}
-        if val:
-            entry["val"] = self.score(model, "val", tasks or TASKS)
-        if not tasks:
-            self.results["models"][name] = entry
-            print(f"{name:28s} (validation only) avg={entry['val']['avg']:.3f} ({seconds:.0f} s)", flush=True)
-            self.save()
-            return entry
-        self.results["models"][name] = entry
-        accs = " ".join(f"{t}={entry['test']['tasks'][t]['exact']:.3f}" for t in tasks)
-        print(f"{name:28s} {accs} avg={entry['test']['avg']:.3f} ({seconds:.0f} s)", flush=True)
-        self.save()
+
+def cf_inputs(run: MergeRun, names, seed: int, positions: str) -> dict:
+    """The closed form's data for experts ``names``: ``n_samples`` training rows per task drawn with ``seed``
+    (seed 0: the first rows), as token tensors with attention masks and, for ``positions="answer"``, fit masks."""
+    from experiments.merge.experts import padded_rows
+
+    tasks, masks, fits = [], [], []
+    for t in names:
+        rows = run.state.data[(t, "train")]
+        picked = range(run.cfg.n_samples) if seed == 0 else \
+            sorted(random.Random(seed).sample(range(len(rows)), min(run.cfg.n_samples, len(rows))))
+        tokens, attention, answer_side = padded_rows(rows.select(picked).to_list(), run.state.base)
+        tasks.append(tokens)
+        masks.append(attention)
+        fits.append(answer_side if positions == "answer" else None)
+    return {"tasks": tasks, "attention_masks": masks, "fit_masks": fits}
+
+
+def score(run: MergeRun, model, split: str = "test", tasks=TASKS) -> dict:
+    """Accuracy per task on ``split`` (with per-prompt hits and a Wilson interval) and pooled over tasks."""
+    from circuits.stats import proportion
+    from finetune.evaluate import answer_accuracy
+
+    model.eval()
+    per = {t: answer_accuracy(model, run.state.data[(t, split)], run.cfg.eval_batch_size, per_prompt=True)
+           for t in tasks}
+    for s in per.values():
+        s["exact_ci"] = proportion(s["exact_hits"]).to_dict()
+    pooled = proportion([h for s in per.values() for h in s["exact_hits"]])
+    return {"tasks": per, "avg": sum(s["exact"] for s in per.values()) / len(per), "pooled": pooled.to_dict()}
+
+
+def record(run: MergeRun, name: str, model, seconds: float, val: bool = False, tasks=TASKS, **extra) -> dict:
+    """Score ``model`` on the test split of ``tasks`` (and val if ``val``), store it under ``name``, print a line,
+    save results.json."""
+    entry = {"test": score(run, model, "test", tasks) if tasks else None, "seconds": round(seconds, 2), **extra}
+    if val:
+        entry["val"] = score(run, model, "val", tasks or TASKS)
+    if not tasks:
+        run.results["models"][name] = entry
+        print(f"{name:28s} (validation only) avg={entry['val']['avg']:.3f} ({seconds:.0f} s)", flush=True)
+        run.save()
         return entry
-
-    def save(self) -> None:
-        save_results(self.out, self.results)
+    run.results["models"][name] = entry
+    accs = " ".join(f"{t}={entry['test']['tasks'][t]['exact']:.3f}" for t in tasks)
+    print(f"{name:28s} {accs} avg={entry['test']['avg']:.3f} ({seconds:.0f} s)", flush=True)
+    run.save()
+    return entry
 
 
 # ---------------------------------------------------------------------------- measuring time and memory
@@ -211,10 +139,13 @@ class MergeRun:
 # ---------------------------------------------------------------------------- stages
 
 
-def start_run(lifecycle: Run) -> MergeRun:
+def start_run(run: MergeRun) -> None:
     """The frozen base model, the task data (one example per task printed), the base's scores."""
-    cfg, out, timer = lifecycle.settings, lifecycle.out, lifecycle.timer  # results.json after every stage
-    base = lifecycle.load_model(stage="load")
+    from experiments.merge.experts import task_config
+    from finetune.expert_tasks import expert_task_data
+
+    cfg = run.cfg
+    base = run.load_model(stage="load")
     base.eval()
     for p in base.parameters():
         p.requires_grad_(False)
@@ -222,21 +153,23 @@ def start_run(lifecycle: Run) -> MergeRun:
     for t in TASKS:
         row = data[(t, "test")][0]
         print(f"{t}: {row['prompt'][-70:]!r} -> {row['answer']!r}")
-    run = MergeRun(cfg, out, base, data, timer, lifecycle.results, loader=lifecycle.loader)
-    with timer.stage("eval base"):
-        run.record("base", base, 0.0, val=True, tasks=() if cfg.no_base_test else TASKS)
-    return run
+    run.state = MergeState(base, data)
+    with run.stage("eval base"):
+        record(run, "base", base, 0.0, val=True, tasks=() if cfg.no_base_test else TASKS)
 
 
 def train_experts(run: MergeRun) -> None:
     """One expert per task, trained from the base (or loaded from ``--experts-dir``), saved, scored (val and test)."""
+    from circuits.model_cache import save_model
+    from experiments.merge.experts import train_expert
+
     cfg = run.cfg
     experts_dir = cfg.experts_dir or run.out / "experts"
     for t in TASKS:
         path = f"{experts_dir}/{t}"
         start = time.perf_counter()
         if os.path.isdir(path):  # saved by an earlier (perhaps interrupted) run: resume from it
-            model = run.load(path)
+            model = run.load_model(path, stage=None)
             trained = read_json(f"{path}.train.json", "an expert's training record", error=InputError,
                                 hint="Delete it to reload the expert without it.") \
                 if os.path.isfile(f"{path}.train.json") else {}
@@ -247,22 +180,26 @@ def train_experts(run: MergeRun) -> None:
             write_json_atomic(f"{path}.train.json", info)
         train_seconds = time.perf_counter() - start
         run.timer.seconds[f"expert {t}"] = round(train_seconds, 2)
-        run.experts[t] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        with run.timer.stage("eval experts"):
-            run.record(f"expert {t}", model, train_seconds, val=True, tasks=(t,), **info)
+        run.state.experts[t] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        with run.stage("eval experts"):
+            record(run, f"expert {t}", model, train_seconds, val=True, tasks=(t,), **info)
         del model
-    run.work = copy.deepcopy(run.base)
+    run.state.work = copy.deepcopy(run.state.base)
 
 
 def choose_key_heads(run: MergeRun) -> KeyHeads:
     """``--heads``, or the union over + and * of each operation's top ``--k`` heads by path patching on the base."""
+    from circuits.tasks import make_dataset
+    from experiments.merge.experts import given_heads
+    from patching.head_ranking import given_key_heads, rank_key_heads
+
     if run.cfg.heads:
         chosen = given_key_heads(given_heads(run.cfg))
     else:
-        with run.timer.stage("path patching"):
-            probes = {op: make_dataset(run.base, op=op, n_prompts=run.cfg.n_patch, n_shots=run.cfg.n_shots, seed=100 + i)
+        with run.stage("path patching"):
+            probes = {op: make_dataset(run.state.base, op=op, n_prompts=run.cfg.n_patch, n_shots=run.cfg.n_shots, seed=100 + i)
                       for i, op in enumerate(("+", "*"))}
-            chosen = rank_key_heads(run.base, probes, top_k=run.cfg.k, combine="union")
+            chosen = rank_key_heads(run.state.base, probes, top_k=run.cfg.k, combine="union")
     run.results |= {"key_heads": [str(h) for h in chosen.heads], "key_heads_rule": chosen.rule}
     print("key heads:", ", ".join(run.results["key_heads"]))
     return chosen
@@ -270,6 +207,8 @@ def choose_key_heads(run: MergeRun) -> KeyHeads:
 
 def baseline_grid(cfg: MergeConfig) -> dict[str, list]:
     """Configs per data-free method: tiny λ / density grids; the papers' sparsity where mergekit's default is none."""
+    from merging.methods import CONFIGS
+
     grid = {m: [CONFIGS[m]()] for m in cfg.methods.split(",") if m}
     papers = {"dare_linear": dict(density=0.1, rescale_norm="inverse_density"), "dare_ties": dict(density=0.1),
               "breadcrumbs": dict(density=0.9), "breadcrumbs_ties": dict(density=0.9),
@@ -288,7 +227,10 @@ def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs:
                     skip=(), only=None) -> dict:
     """Merge the experts ``names`` with every data-free method (its grid tuned on val, unless ``configs`` fixes it),
     leaving out the methods in ``skip`` (or all but those in ``only``)."""
-    srcs = [run.experts[n] for n in names]
+    from experiments.merge.experts import measured
+    from merging import merge
+
+    srcs = [run.state.experts[n] for n in names]
     chosen = {}
     grids = baseline_grid(run.cfg) if configs is None else {m: [c] for m, c in configs.items()}
     for method, grid in grids.items():
@@ -296,17 +238,17 @@ def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs:
             continue
         start, best = time.perf_counter(), None
         for config in grid:
-            state, secs, peak = measured(merge, method, run.base, srcs, config, progress=False)
-            run.work.load_state_dict(state)
+            state, secs, peak = measured(merge, method, run.state.base, srcs, config, progress=False)
+            run.state.work.load_state_dict(state)
             del state
-            val = run.score(run.work, "val", names)["avg"] if len(grid) > 1 else None
+            val = score(run, run.state.work, "val", names)["avg"] if len(grid) > 1 else None
             if best is None or val > best[0]:
-                best = (val, config, copy.deepcopy(run.work.state_dict()) if len(grid) > 1 else None, secs, peak)
+                best = (val, config, copy.deepcopy(run.state.work.state_dict()) if len(grid) > 1 else None, secs, peak)
         if best[2] is not None:
-            run.work.load_state_dict(best[2])
+            run.state.work.load_state_dict(best[2])
         chosen[method] = best[1]
-        run.recipes[f"{method}{suffix}"] = ("method", method, best[1])
-        run.record(f"{method}{suffix}", run.work, time.perf_counter() - start, val=method == "weight_average" and
+        run.state.recipes[f"{method}{suffix}"] = ("method", method, best[1])
+        record(run, f"{method}{suffix}", run.state.work, time.perf_counter() - start, val=method == "weight_average" and
                    not suffix, config=best[1], val_avg=best[0],
                    grid=[str(c) for c in grid], merge_seconds=round(best[3], 2), peak_mb=round(best[4], 1))
     return chosen
@@ -316,6 +258,9 @@ def closed_form_plans(run: MergeRun, levels: list, key_heads: KeyHeads | None, s
                       seeds: int, positions: list[str]) -> list[tuple[str, object, str, int]]:
     """``(name, level spec, positions, seed)`` per closed-form merge: every level x positions x seed, then
     circuit-aware (all positions, seed 0) if ``key_heads``. Names carry the positions and seed only when varied."""
+    from experiments.merge.report import CIRCUIT_AWARE
+    from merging.circuit_aware import circuit_levels
+
     plans = []
     repeated = run.cfg.cf_repeat_levels.split(",")
     for seed in range(seeds):  # seed-major: every level and positions choice of seed 0 first
@@ -325,16 +270,18 @@ def closed_form_plans(run: MergeRun, levels: list, key_heads: KeyHeads | None, s
                     (f", seed {seed}" if seeds > 1 and lv in repeated else "") + f"){suffix}"
                 plans.append((name, lv, pos, seed))
     if key_heads is not None and levels:  # --levels "" runs no closed form at all
-        plans.append((f"{CIRCUIT_AWARE}{suffix}", circuit_levels(key_heads.heads, run.base.cfg.n_layers), "all", 0))
+        plans.append((f"{CIRCUIT_AWARE}{suffix}", circuit_levels(key_heads.heads, run.state.base.cfg.n_layers), "all", 0))
     return plans
 
 
 def closed_form_state(run: MergeRun, names, spec, positions: str, seed: int):
     """The closed-form merge of experts ``names`` at level ``spec``, fitted over ``positions`` of seed ``seed``'s
     samples: ``merge_submodules``'s result."""
-    return merge_submodules(run.base, [run.experts[n] for n in names], config=_closed_form_config(run.cfg),
+    from merging import merge_submodules
+
+    return merge_submodules(run.state.base, [run.state.experts[n] for n in names], config=_closed_form_config(run.cfg),
                             levels=spec, expert_names=list(names), progress=False,
-                            **run.cf_inputs(names, seed, positions))
+                            **cf_inputs(run, names, seed, positions))
 
 
 def merge_closed_form(run: MergeRun, names: tuple[str, ...], suffix: str, levels: list, key_heads: KeyHeads | None,
@@ -343,23 +290,23 @@ def merge_closed_form(run: MergeRun, names: tuple[str, ...], suffix: str, levels
     for name, spec, pos, seed in closed_form_plans(run, levels, key_heads, suffix, seeds, list(positions)):
         start = time.perf_counter()
         res = closed_form_state(run, names, spec, pos, seed)
-        run.work.load_state_dict(res.state_dict)
-        run.recipes[name] = ("closed form", spec, pos, seed)
-        run.record(name, run.work, time.perf_counter() - start, alphas=res.alphas.to_dict(), positions=pos,
+        run.state.work.load_state_dict(res.state_dict)
+        run.state.recipes[name] = ("closed form", spec, pos, seed)
+        record(run, name, run.state.work, time.perf_counter() - start, alphas=res.alphas.to_dict(), positions=pos,
                    sample_seed=seed)
-        run.alpha_tables[name] = res.alphas
+        run.state.alpha_tables[name] = res.alphas
 
 
 def merge_everything(run: MergeRun, key_heads: KeyHeads) -> None:
     """All three experts with every method and level; with ``--pairs`` each pair too (the triple's configs, attn_mlp)."""
     late = [m for m in run.cfg.late_methods.split(",") if m]
-    with run.timer.stage("merge all three"):
+    with run.stage("merge all three"):
         chosen = merge_baselines(run, TASKS, "", skip=late)
         merge_closed_form(run, TASKS, "", [lv for lv in run.cfg.levels.split(",") if lv], key_heads,
                           run.cfg.cf_seeds, tuple(run.cfg.cf_positions.split(",")))
         chosen |= merge_baselines(run, TASKS, "", only=late) if late else {}
     if run.cfg.pairs:
-        with run.timer.stage("merge pairs"):
+        with run.stage("merge pairs"):
             for i in range(len(TASKS)):
                 for j in range(i + 1, len(TASKS)):
                     names, suffix = (TASKS[i], TASKS[j]), f" [{TASKS[i]}+{TASKS[j]}]"
@@ -369,6 +316,8 @@ def merge_everything(run: MergeRun, key_heads: KeyHeads) -> None:
 
 def expert_bar(run: MergeRun) -> dict:
     """Per task: does its expert beat the base by ``--target-gain`` and the weight average on its validation split?"""
+    from experiments.merge import stats
+
     run.results["expert_bar"] = bar = stats.expert_bar(run.results["models"], TASKS, run.cfg.target_gain)
     run.save()
     return bar
@@ -376,6 +325,8 @@ def expert_bar(run: MergeRun) -> dict:
 
 def compare(run: MergeRun) -> dict:
     """Paired bootstrap intervals of the attn/MLP closed form against task arithmetic, weight averaging and TIES."""
+    from experiments.merge import stats
+
     run.results["comparisons"] = out = stats.compare(run.results["models"], TASKS)
     run.save()
     return out
@@ -383,10 +334,12 @@ def compare(run: MergeRun) -> dict:
 
 def rebuild_state(run: MergeRun, name: str) -> dict:
     """The state dict of the merge of all three experts recorded as ``name``, made again from its recipe."""
-    recipe = run.recipes[name]
+    from merging import merge
+
+    recipe = run.state.recipes[name]
     if recipe[0] == "closed form":
         return closed_form_state(run, TASKS, *recipe[1:]).state_dict
-    return merge(recipe[1], run.base, list(run.experts.values()), recipe[2], progress=False)
+    return merge(recipe[1], run.state.base, list(run.state.experts.values()), recipe[2], progress=False)
 
 
 def circuits_of_merges(run: MergeRun) -> None:
@@ -395,8 +348,8 @@ def circuits_of_merges(run: MergeRun) -> None:
         return
     from experiments.merge.circuit_column import circuit_column
 
-    names = [n for n in _triple_merges(run.results) if n in run.recipes]
-    with run.timer.stage("circuit column"):
+    names = [n for n in _triple_merges(run.results) if n in run.state.recipes]
+    with run.stage("circuit column"):
         run.results["circuit_column"] = circuit_column(run, names, lambda name: rebuild_state(run, name),
                                                        run.cfg.circuit_prompts)
     run.save()
@@ -404,25 +357,32 @@ def circuits_of_merges(run: MergeRun) -> None:
 
 def save_best(run: MergeRun) -> None:
     """Merge the best merge of all three again, save it, reload it and check its logits are unchanged."""
+    import torch
+
+    from circuits.model_cache import save_model
+
     best_name = max(_triple_merges(run.results), key=lambda k: run.results["models"][k]["test"]["avg"])  # noqa
-    with run.timer.stage("save best"):
-        run.work.load_state_dict(rebuild_state(run, best_name))
-        best_dir = save_model(run.work, run.out / "merged_best", overwrite=run.cfg.overwrite)
-        reloaded = run.load(best_dir)
-        probe = run.base.to_tokens(run.data[("en_fr", "test")][0]["prompt"])
+    with run.stage("save best"):
+        run.state.work.load_state_dict(rebuild_state(run, best_name))
+        best_dir = save_model(run.state.work, run.out / "merged_best", overwrite=run.cfg.overwrite)
+        reloaded = run.load_model(best_dir, stage=None)
+        probe = run.state.base.to_tokens(run.state.data[("en_fr", "test")][0]["prompt"])
         with torch.no_grad():
-            same = torch.equal(run.work(probe), reloaded(probe))
+            same = torch.equal(run.state.work(probe), reloaded(probe))
     run.results["best_merge"] = {"name": best_name, "path": str(best_dir), "reload_logits_equal": same}
     print(f"best merge {best_name!r} saved to {best_dir}; reloaded logits equal: {same}")
 
 
 def measure_linearity(run: MergeRun):
     """How far attention, MLPs and the whole model are from linear in the experts' weights; its figure (or None)."""
+    from merging import LinearityConfig, nonlinearity_scores
+    from merging.linearity import nonlinearity_figure
+
     if not run.cfg.linearity_samples:
         return None
-    with run.timer.stage("linearity"):
+    with run.stage("linearity"):
         alphas = [(float(v),) * len(TASKS) for v in run.cfg.linearity_alphas.split(",")]
-        lin = nonlinearity_scores(run.base, list(run.experts.values()), run.cf_tasks, alphas,
+        lin = nonlinearity_scores(run.state.base, list(run.state.experts.values()), cf_tasks(run), alphas,
                                   LinearityConfig(level="attn_mlp", n_samples=run.cfg.linearity_samples,
                                                   batch_size=run.cfg.cf_batch_size), progress=False)
     run.results["linearity"] = lin.records
@@ -435,6 +395,9 @@ def measure_linearity(run: MergeRun):
 
 def summarize(run: MergeRun) -> None:
     """The table of every model's test accuracy and cost, and the verdict: closed form vs TA, circuit-aware vs not."""
+    from experiments.merge import stats
+    from experiments.merge.report import CIRCUIT_AWARE
+
     models, merged = run.results["models"], _triple_merges(run.results)
     names = [f"expert {t}" for t in TASKS] + ["base"] + [m for m in METHODS if m in models]
     names += [k for k in merged if k not in names]
@@ -470,9 +433,11 @@ def run(cfg: MergeConfig, *, loader: ModelLoader | None = None) -> dict:
     return run_experiment("merge", cfg, _stages, loader=loader, results={"settings": dataclasses.asdict(cfg), "models": {}})
 
 
-def _stages(lifecycle: Run) -> None:
-    cfg = lifecycle.settings
-    run = start_run(lifecycle)
+def _stages(run: MergeRun) -> None:
+    from experiments.merge.report import write_report
+
+    cfg = run.cfg
+    start_run(run)
     train_experts(run)
     key_heads = None if cfg.no_circuit_aware else choose_key_heads(run)
     merge_everything(run, key_heads)
@@ -492,15 +457,22 @@ def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) ->
 
     ``--markdown RUN`` only prints the tables of an earlier run (no run folder); ``--config`` runs a mergekit YAML.
     """
-    cfg = cli.parse_config(parser, MergeConfig, argv)
+    cfg = cli.parse_config(parser, MergeConfig, argv)  # flags first: --help answers before torch loads
+    from experiments.merge import stats
+    from experiments.merge.yaml_recipe import run_mergekit_yaml
+
     if cfg.markdown:
-        print(stats.markdown_summary(read_json(Path(cfg.markdown) / "results.json", "the results.json of a merge run",
-                                               error=InputError), TASKS))
+        path = Path(cfg.markdown) / "results.json"
+        results = read_json(path, "the results.json of a merge run", error=InputError)
+        stats.check_tables_of(results, path)
+        print(stats.markdown_summary(results, TASKS))
         return None
     return run_mergekit_yaml(cfg, loader=loader) if cfg.config else run(cfg, loader=loader)
 
 
 def _closed_form_config(cfg: MergeConfig) -> SubmoduleMergeConfig:
+    from merging import SubmoduleMergeConfig
+
     return SubmoduleMergeConfig(n_samples=cfg.n_samples, batch_size=cfg.cf_batch_size)
 
 

@@ -58,34 +58,35 @@ PREDICTORS = (Predictor("preservation_predicts_accuracy", "preserved_cpr", "pres
 def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_bootstrap: int = 500) -> dict:
     """Every merged model of ``merged_names`` (rebuilt by ``rebuild(name) -> state dict``) against each expert's circuit.
 
-    ``run`` is the experiment's :class:`experiments.merge.MergeRun` (base model, experts, results).
+    ``run`` is the experiment's run (``experiments.merge.MergeRun``: base model and experts in ``run.state``, results).
     """
     import torch
 
-    from circuits.tasks import TaskConfig, accuracy_mask, filter_correct, make_dataset
+    from circuits.answer_scoring import first_token_hits
+    from circuits.tasks import TaskConfig, filter_correct, make_dataset
     from patching.edges.shift import ShiftSettings, circuit_shift
 
     settings = ShiftSettings(n_bootstrap=n_bootstrap, seed=run.cfg.seed, batch_size=run.cfg.eval_batch_size)
     out: dict = {"tasks": {}, "n_prompts": n_prompts, "size": settings.size}
-    prompts_of = {}  # the prompts each expert answers, chosen with the expert's weights in run.work
+    prompts_of = {}  # the prompts each expert answers, chosen with the expert's weights in run.state.work
     for task, op in TASK_OPS.items():
-        if task not in run.experts:
+        if task not in run.state.experts:
             continue
-        run.work.load_state_dict(run.experts[task])
-        data = make_dataset(run.work, TaskConfig(op=op, n_prompts=4 * n_prompts, n_shots=2, seed=run.cfg.seed + 7))
-        mask = accuracy_mask(run.work, data, run.cfg.eval_batch_size)
+        run.state.work.load_state_dict(run.state.experts[task])
+        data = make_dataset(run.state.work, TaskConfig(op=op, n_prompts=4 * n_prompts, n_shots=2, seed=run.cfg.seed + 7))
+        mask = first_token_hits(run.state.work, data, run.cfg.eval_batch_size)
         if sum(mask) < 4:
             out["tasks"][task] = {"skipped": f"the {task} expert answers {sum(mask)} of {len(data)} circuit prompts"}
             continue
-        kept, _ = filter_correct(run.work, data, mask=mask)
+        kept, _ = filter_correct(run.state.work, data, mask=mask)
         prompts_of[task] = kept.select(range(min(n_prompts, len(kept))))
     for task, prompts in prompts_of.items():
-        expert = copy.deepcopy(run.base)  # one expert model at a time: each is a full copy of the weights
-        expert.load_state_dict(run.experts[task])
+        expert = copy.deepcopy(run.state.base)  # one expert model at a time: each is a full copy of the weights
+        expert.load_state_dict(run.state.experts[task])
         rows, reference = {}, None
         for name in merged_names:
-            run.work.load_state_dict(rebuild(name))
-            shift = circuit_shift(expert, run.work, prompts, settings, reference_scores=reference, path_patching=False)
+            run.state.work.load_state_dict(rebuild(name))
+            shift = circuit_shift(expert, run.state.work, prompts, settings, reference_scores=reference, path_patching=False)
             reference = shift.reference_scores
             full = shift.to_dict()
             full["transferred_curve"]["table"] = shift.transferred_curve.table.tolist()
@@ -129,7 +130,7 @@ def _submodule_vs_baselines(run, task: str, rows: dict, fractions, n_bootstrap: 
     beside test accuracy (paired over the test prompts), so that preservation is compared at known accuracy."""
     from circuits.stats import paired_difference
 
-    submodule = [n for n in rows if run.recipes[n][0] == "closed form"]  # circuit-aware is a closed form too
+    submodule = [n for n in rows if run.state.recipes[n][0] == "closed form"]  # circuit-aware is a closed form too
     out = {}
     for a in submodule:
         for b in (b for b in BASELINES if b in rows):

@@ -59,14 +59,14 @@ class _TargetReached(Exception):
 def train_expert(run, task: str):
     """A copy of the base trained on ``task`` for ``--steps`` steps, or until its validation accuracy reaches the
     base's + ``--target-gain`` (checked every ``--check-every`` steps); returns it with what training recorded."""
-    cfg, model = run.cfg, copy.deepcopy(run.base)
+    cfg, model = run.cfg, copy.deepcopy(run.state.base)
     target = run.results["models"]["base"]["val"]["tasks"][task]["exact"] + cfg.target_gain
     losses, checks = [], []
 
     def on_step(step: int, loss: float) -> None:
         losses.append(loss)
         if cfg.target_gain and (step % cfg.check_every == 0 or step == cfg.steps):
-            val = answer_accuracy(model, run.data[(task, "val")], cfg.eval_batch_size)["exact"]
+            val = answer_accuracy(model, run.state.data[(task, "val")], cfg.eval_batch_size)["exact"]
             model.train()
             checks.append({"step": step, "val_exact": val})
             print(f"  {task} step {step}: val {val:.3f} (target {target:.3f})", flush=True)
@@ -77,7 +77,7 @@ def train_expert(run, task: str):
                             max_steps=cfg.steps, seed=cfg.seed, progress=False)
     heads = given_heads(cfg) or None if cfg.expert_method == "precise" else None
     try:
-        train(model, run.data[(task, "train")], train_cfg, method=cfg.expert_method, heads=heads, on_step=on_step)
+        train(model, run.state.data[(task, "train")], train_cfg, method=cfg.expert_method, heads=heads, on_step=on_step)
     except _TargetReached:
         pass  # trained in place; the steps taken are len(losses)
     info = {"steps": len(losses), "losses": losses, "val_checks": checks, "target_val": target if cfg.target_gain

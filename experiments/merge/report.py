@@ -25,8 +25,8 @@ def write_report(run, linearity_figure) -> None:
             f"path patching on the base, the union of the top {rule['top_k']} of + and of *"
         report.add_text(f"Key heads ({how}): " + ", ".join(run.results["key_heads"]))
     for name in ("closed form (attn_mlp)", CIRCUIT_AWARE):
-        if name in run.alpha_tables:
-            report.add_figure(alpha_heatmap(run.alpha_tables[name], f"α: {name}"), heading=f"α ({name})")
+        if name in run.state.alpha_tables:
+            report.add_figure(alpha_heatmap(run.state.alpha_tables[name], f"α: {name}"), heading=f"α ({name})")
     if linearity_figure is not None:
         report.add_figure(linearity_figure, heading="Non-linearity of attention/MLP vs the whole model")
     column = run.results.get("circuit_column")

@@ -80,6 +80,25 @@ def _pct(estimate: dict) -> str:
     return f"{100 * estimate['value']:.1f} ({100 * estimate['low']:.1f} to {100 * estimate['high']:.1f})"
 
 
+def check_tables_of(results, path) -> None:
+    """Raise :class:`circuits.errors.InputError` naming ``path`` unless ``results`` holds the models table that
+    :func:`markdown_summary` reads: a ``--config`` run, a failed run or another experiment's results.json does not."""
+    from circuits.errors import InputError
+
+    models = results.get("models") if isinstance(results, dict) else None
+    if not isinstance(models, dict) or not all(isinstance(e, dict) for e in models.values()):
+        what = "no 'models' table" if models is None else f"'models' as a {type(models).__name__}, not a table"
+        raise InputError(f"{path} holds {what}: it is not the results of a merge experiment run (a --config run "
+                         "merges one YAML and has no tables; a failed run may stop before any). Pass the --out folder "
+                         "of a `python -m experiments.merge` run without --config.")
+    for name, entry in models.items():
+        test = entry.get("test")
+        if test is not None and not (isinstance(test, dict) and isinstance(test.get("tasks"), dict)
+                                     and isinstance(test.get("pooled"), dict)):
+            raise InputError(f"{path}: models[{name!r}].test lacks its 'tasks' and 'pooled' accuracies; the file "
+                             "was edited or written by another version. Run the experiment again.")
+
+
 def markdown_summary(results: dict, tasks) -> str:
     """docs/results.md tables of a run's results.json: the experts' validation bar, test accuracy per model with
     Wilson intervals, the closed form over seeds, the paired differences, and the claim row (Dai et al.)."""

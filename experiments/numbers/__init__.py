@@ -27,86 +27,18 @@ import json
 import logging
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-
-from circuits.analyze.heuristic_neurons import census, classify_grids
+# only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
 from circuits.errors import InputError
-from circuits.analyze.number_geometry import HELIX_PERIODS, fit_helix, fourier_spectrum, mod_probe, orthonormal_columns, pca_subspace
-from circuits.analyze.number_tokens import (
-    COMPONENTS,
-    arithmetic_activations,
-    arithmetic_prompts,
-    group_mean,
-    number_activations,
-    number_token_vectors,
-    pairs_by_result,
-    single_token_numbers,
-)
-from experiments.runtime.run_folder import StageTimer
-from circuits.stats import paired_difference, proportion
-from experiments.numbers.report import write_report
-from patching.number_interventions import (
-    evaluate_end,
-    fraction_moved,
-    frequency_band,
-    frequency_filter_edit,
-    neuron_attribution,
-    neuron_knockout_edit,
-    subspace_patch_edit,
-    top_neurons,
-)
+from experiments.numbers.config import NumbersConfig
 
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option
+from experiments.runtime import ModelLoader, Run, cli, run_experiment
+
+if TYPE_CHECKING:
+    import torch
 
 MODULI = (2, 5, 10)
-HELD_OUT = 0.2  # fit_helix's default test_fraction, which analyse() uses
-HELIX_BASIS = 1 + 2 * len(HELIX_PERIODS)  # n/scale, then cos and sin per period (helix_basis)
-# Fewest numbers 0..n-1 the analyses take: more training numbers than helix basis functions (12 for 4 periods).
-MIN_NUMBERS = next(n for n in range(4, 10_000) if n - round(HELD_OUT * n) > HELIX_BASIS)
-
-
-@dataclass(frozen=True)
-class NumbersConfig(RunSettings):
-    """Every flag of ``python -m experiments.numbers``, with its default (model, device, dtype, threads, seed,
-    out and overwrite: :class:`experiments.runtime.RunSettings`; the seed draws the data and the shuffled null)."""
-
-    n_numbers: int = option(400, "numbers 0..n-1 (a multiple of 100 puts T=2,5,10,100 on exact frequencies)",
-                            type=cli.positive_int)
-    template: str = option("{n}", "context of a number alone; {n} is the number")
-    components: tuple[str, ...] = option(("resid_post", "attn_out", "mlp_out"), "resid_pre (= the previous layer's "
-                                         "resid_post) and resid_mid are available too", choices=COMPONENTS)
-    n_shuffles: int = option(50, "shuffled-n spectra for the null", type=cli.positive_int)
-    alpha: float = option(0.05, "family-wise level of the spectrum null", type=cli.fraction)
-    operand_max: int = option(99, "operands of the sum prompts are drawn from 0..operand-max", type=cli.nonnegative_int)
-    per_result: int = option(1, "sum prompts per result value", type=cli.positive_int)
-    prefix: str = option("", "text before every arithmetic prompt (e.g. solved examples)")
-    low_min_period: float = option(20.0, "Fourier periods at least this long count as low-frequency", type=cli.positive_float)
-    high_max_period: float = option(10.0, "Fourier periods at most this long count as high-frequency",
-                                    type=cli.positive_float)
-    patch_layers: tuple[int, ...] | None = option(None, "default: 4 evenly spaced layers", type=int, nargs="+")
-    n_pairs: int = option(32, "prompt pairs of the patching experiment", type=cli.positive_int)
-    top_neurons: int = option(100, "MLP neurons classified into heuristics", type=cli.positive_int)
-    heuristic_threshold: float = option(0.7, "share a neuron's pattern must explain to get a heuristic label",
-                                        type=cli.fraction)
-    batch_size: int = option(64, "prompts per forward pass", type=cli.positive_int)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.n_numbers < MIN_NUMBERS:
-            raise InputError(
-                f"--n-numbers must be at least {MIN_NUMBERS}, got {self.n_numbers}: the helix fit needs more "
-                f"numbers than its {HELIX_BASIS} basis functions once {HELD_OUT:.0%} are held out for testing. "
-                f"Give --n-numbers {MIN_NUMBERS} or more (a multiple of 100, such as the default 400, puts "
-                "T=2,5,10,100 on exact frequencies).")
-        if not self.high_max_period < self.low_min_period:
-            raise InputError(
-                f"--high-max-period {self.high_max_period:g} is not below --low-min-period {self.low_min_period:g}: the "
-                "low band (periods >= the low minimum) and the high band (periods <= the high maximum) would share "
-                "frequencies, and the mid control band between them would be empty. Give a high maximum below the "
-                "low minimum (the defaults are 10 and 20).")
 
 
 parser = cli.config_parser(NumbersConfig, "numbers", __doc__)
@@ -144,6 +76,8 @@ def _key(layer: int, component: str) -> str:
 
 def analyse(h: torch.Tensor, values: list[int], cfg: NumbersConfig, *, spectrum_rows: torch.Tensor | None = None) -> dict:
     """Spectrum (over ``spectrum_rows``, consecutive values), helix vs PCA and mod-T probes of one representation."""
+    from circuits.analyze.number_geometry import fit_helix, fourier_spectrum, mod_probe
+
     spectrum = fourier_spectrum(h if spectrum_rows is None else spectrum_rows, n_shuffles=cfg.n_shuffles,
                                 alpha=cfg.alpha, seed=cfg.seed)
     row = {"spectrum": spectrum.to_dict(), "helix": fit_helix(h, values, seed=cfg.seed).to_dict(), "probes": {}}
@@ -155,12 +89,15 @@ def analyse(h: torch.Tensor, values: list[int], cfg: NumbersConfig, *, spectrum_
     return row
 
 
-def numbers_alone(model, cfg: NumbersConfig, keys: list, timer: StageTimer) -> dict:
+def numbers_alone(model, cfg: NumbersConfig, keys: list, stage) -> dict:
     """Stage 1: every number's representation at its last token, and the embedding / unembedding rows."""
+    from circuits.analyze.number_geometry import fourier_spectrum
+    from circuits.analyze.number_tokens import number_activations, number_token_vectors
+
     numbers = list(range(cfg.n_numbers))
-    with timer.stage("number activations"):
+    with stage("number activations"):
         acts = number_activations(model, numbers, keys, template=cfg.template, batch_size=cfg.batch_size)
-    with timer.stage("number analyses"):
+    with stage("number analyses"):
         section = {_key(*k): analyse(acts[k], numbers, cfg) for k in keys}
         tokens = {}
         for which in ("embed", "unembed"):
@@ -170,19 +107,23 @@ def numbers_alone(model, cfg: NumbersConfig, keys: list, timer: StageTimer) -> d
     return {"numbers": section, "token_vectors": tokens}
 
 
-def sums_at_end(model, cfg: NumbersConfig, keys: list, timer: StageTimer) -> tuple[SumPrompts, dict]:
+def sums_at_end(model, cfg: NumbersConfig, keys: list, stage) -> tuple[SumPrompts, dict]:
     """Stage 2: the sum prompts' END representations, analysed per (layer, component), and the base accuracy."""
+    from circuits.analyze.number_tokens import arithmetic_activations, arithmetic_prompts, group_mean, pairs_by_result
+    from circuits.stats import proportion
+    from patching.number_interventions import evaluate_end
+
     pairs = pairs_by_result(cfg.operand_max, cfg.per_result, seed=cfg.seed)
     prompts = arithmetic_prompts(model, pairs, prefix=cfg.prefix)
     sums, answer_ids = prompts.results, [r["answer_token_ids"][0] for r in prompts.rows]
-    with timer.stage("sum activations"):
+    with stage("sum activations"):
         end_acts = arithmetic_activations(model, prompts, keys, batch_size=cfg.batch_size)
-    with timer.stage("sum analyses"):
+    with stage("sum analyses"):
         section = {}
         for k in keys:
             _, means = group_mean(end_acts[k], sums)
             section[_key(*k)] = analyse(end_acts[k], sums, cfg, spectrum_rows=means)
-    with timer.stage("sum accuracy"):
+    with stage("sum accuracy"):
         correct = evaluate_end(model, prompts.tokens(), answer_ids, batch_size=cfg.batch_size)["correct"]
     print(f"sum prompts: {len(pairs)}, first-token accuracy {proportion(correct)}")
     info = {"n": len(pairs), "operand_max": cfg.operand_max, "per_result": cfg.per_result,
@@ -196,6 +137,8 @@ def frequency_bands(n_values: int, cfg: NumbersConfig) -> dict[str, list[int]]:
     The mid band (periods strictly between the two) is the control: removing about as many
     frequencies as the low band, but ones neither paper assigns to MLPs or attention.
     """
+    from patching.number_interventions import frequency_band
+
     bands = {"low": frequency_band(n_values, min_period=cfg.low_min_period),
              "mid": [k for k in frequency_band(n_values, min_period=cfg.high_max_period, max_period=cfg.low_min_period)
                      if cfg.high_max_period < n_values / k < cfg.low_min_period],
@@ -203,11 +146,14 @@ def frequency_bands(n_values: int, cfg: NumbersConfig) -> dict[str, list[int]]:
     return {band: ks for band, ks in bands.items() if ks}  # an empty band is listed in empty_bands by the stage
 
 
-def frequency_filter(model, cfg: NumbersConfig, data: SumPrompts, timer: StageTimer) -> dict:
+def frequency_filter(model, cfg: NumbersConfig, data: SumPrompts, stage) -> dict:
     """Stage 3: remove one band of every MLP's (or attention layer's) output over the sum; first-token accuracy."""
+    from circuits.stats import paired_difference, proportion
+    from patching.number_interventions import evaluate_end, frequency_filter_edit
+
     n_values = max(data.sums) - min(data.sums) + 1
     bands, rows = frequency_bands(n_values, cfg), []
-    with timer.stage("frequency filter"):
+    with stage("frequency filter"):
         for component in ("mlp_out", "attn_out"):
             if component not in cfg.components:
                 continue
@@ -241,8 +187,14 @@ def patch_pairs(data: SumPrompts, cfg: NumbersConfig) -> list[tuple[int, int]]:
     return pairs
 
 
-def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, timer: StageTimer) -> dict:
+def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, stage) -> dict:
     """Stage 4: patch the helix / PCA / random subspace (or the whole layer) of resid_post at END; fraction moved."""
+    import numpy as np
+    import torch
+
+    from circuits.analyze.number_geometry import fit_helix, orthonormal_columns, pca_subspace
+    from patching.number_interventions import evaluate_end, fraction_moved, subspace_patch_edit
+
     n_layers = model.cfg.n_layers
     layers = list(cfg.patch_layers or sorted(set(np.linspace(0, n_layers - 1, 4).round().astype(int).tolist())))
     pairs = patch_pairs(data, cfg)
@@ -254,7 +206,7 @@ def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, timer: StageT
         return section
     clean_tokens = [data.prompts.rows[i]["tokens"] for i, _ in pairs]
     clean_ans, cf_ans = [data.answer_ids[i] for i, _ in pairs], [data.answer_ids[j] for _, j in pairs]
-    with timer.stage("subspace patching"):
+    with stage("subspace patching"):
         ld_clean = evaluate_end(model, clean_tokens, clean_ans, alt_ids=cf_ans)["logit_diff"]
         ld_cf = evaluate_end(model, [data.prompts.rows[j]["tokens"] for _, j in pairs], clean_ans,
                              alt_ids=cf_ans)["logit_diff"]
@@ -280,6 +232,10 @@ def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, timer: StageT
 def neuron_knockouts(model, cfg: NumbersConfig, grid, grid_answers, chosen, labels, means,
                      pool) -> tuple[list[dict], torch.Tensor]:
     """Mean-ablate each heuristic type's neurons (and as many random ones); the rows and the unablated correctness."""
+    from circuits.analyze.heuristic_neurons import census
+    from circuits.stats import paired_difference, proportion
+    from patching.number_interventions import evaluate_end, neuron_knockout_edit
+
     grid_base = evaluate_end(model, grid.tokens(), grid_answers)["correct"]
     groups = {kind: [n for n, l in zip(chosen, labels) if l.type == kind] for kind in census(labels)}
     groups["all top neurons"] = list(chosen)
@@ -299,14 +255,21 @@ def neuron_knockouts(model, cfg: NumbersConfig, grid, grid_answers, chosen, labe
     return knockouts, grid_base
 
 
-def heuristic_neurons(model, cfg: NumbersConfig, timer: StageTimer) -> tuple[dict, torch.Tensor, list]:
+def heuristic_neurons(model, cfg: NumbersConfig, stage) -> tuple[dict, torch.Tensor, list]:
     """Stage 5: the top END MLP neurons by attribution on a, b in 0..9, their heuristic types, knockout per type."""
+    import torch
+
+    from circuits.analyze.heuristic_neurons import census, classify_grids
+    from circuits.analyze.number_tokens import arithmetic_prompts, single_token_numbers
+    from circuits.stats import proportion
+    from patching.number_interventions import neuron_attribution, top_neurons
+
     grid_pairs = [(a, b) for a in range(10) for b in range(10)]
     grid = arithmetic_prompts(model, grid_pairs, prefix=cfg.prefix)
     grid_answers = [r["answer_token_ids"][0] for r in grid.rows]
     digits = list(single_token_numbers(model, 9).values())
     layers = list(range(model.cfg.n_layers))
-    with timer.stage("neuron attribution"):
+    with stage("neuron attribution"):
         scores, neuron_acts = neuron_attribution(model, grid.tokens(), grid_answers, layers, candidate_ids=digits,
                                                  batch_size=cfg.batch_size)
     chosen = top_neurons(scores, layers, min(cfg.top_neurons, scores.numel()))
@@ -314,7 +277,7 @@ def heuristic_neurons(model, cfg: NumbersConfig, timer: StageTimer) -> tuple[dic
     labels = classify_grids(grids, threshold=cfg.heuristic_threshold)
     means = {layer: neuron_acts[:, layer].mean(0) for layer in layers}
     pool = [(layer, i) for layer in layers for i in range(model.cfg.d_mlp) if (layer, i) not in set(chosen)]
-    with timer.stage("neuron knockout"):
+    with stage("neuron knockout"):
         knockouts, grid_base = neuron_knockouts(model, cfg, grid, grid_answers, chosen, labels, means, pool)
     section = {
         "grid": "a + b, a and b in 0..9", "n_prompts": len(grid_pairs), "base_accuracy": proportion(grid_base).to_dict(),
@@ -333,20 +296,24 @@ def run(cfg: NumbersConfig, *, loader: ModelLoader | None = None) -> dict:
                           results={"model": cfg.model, "settings": dataclasses.asdict(cfg)})
 
 
+@cli.no_grad
 def _stages(run: Run) -> None:
-    cfg, out, timer, results = run.settings, run.out, run.timer, run.results
+    from circuits.analyze.number_geometry import HELIX_PERIODS
+    from experiments.numbers.report import write_report
+
+    cfg, out, results = run.cfg, run.out, run.results
     model = run.load_model()
     check_settings_against_model(cfg, model)
     keys = [(layer, c) for layer in range(model.cfg.n_layers) for c in cfg.components]
     results |= {"n_layers": model.cfg.n_layers, "moduli": list(MODULI), "helix_periods": list(HELIX_PERIODS)}
-    results |= numbers_alone(model, cfg, keys, timer)
-    data, sums_section = sums_at_end(model, cfg, keys, timer)
+    results |= numbers_alone(model, cfg, keys, run.stage)
+    data, sums_section = sums_at_end(model, cfg, keys, run.stage)
     results |= sums_section
-    results["frequency_filter"] = frequency_filter(model, cfg, data, timer)
-    results["subspace_patching"] = subspace_patching(model, cfg, data, timer)
+    results["frequency_filter"] = frequency_filter(model, cfg, data, run.stage)
+    results["subspace_patching"] = subspace_patching(model, cfg, data, run.stage)
     del data
-    results["heuristic_neurons"], grids, labels = heuristic_neurons(model, cfg, timer)
-    results |= {"seconds": timer.seconds, "wall_seconds": run.wall_seconds}
+    results["heuristic_neurons"], grids, labels = heuristic_neurons(model, cfg, run.stage)
+    results |= {"seconds": run.timer.seconds, "wall_seconds": run.wall_seconds}
     run.save()
     # The report reads what results.json holds (JSON keys are strings), not the in-memory dict.
     write_report(json.loads((out / "results.json").read_text()), out, grids=grids[:12], grid_labels=labels[:12])

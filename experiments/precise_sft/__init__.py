@@ -40,7 +40,6 @@ math datasets; scale with ``--n-train``, ``--steps``, ``--batch-size``.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import dataclasses
 import gc
@@ -49,128 +48,35 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
+# only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
 from circuits.errors import InputError
 from circuits.file_reads import read_json
-from circuits.nodes import MLP, Head, parse_node
-from experiments.runtime.run_folder import read_marker, release_freed_memory, save_results
-from circuits.tasks import make_dataset
-from finetune import ArithmeticMix, load_tuned, MathSuiteConfig, TrainConfig, arithmetic_train_set, train
-from finetune.lora import LoraSettings
-from finetune.evaluate import (
-    NON_MATH_SENTENCES, accuracy_estimate, answer_accuracy, evaluate, math_suite, paired_comparison, pydoc_passages,
-    validation_suite,
-)
-from patching.path_patching import path_patch
-from patching import SweepOptions
+from experiments.runtime.run_folder import read_marker, release_freed_memory
+from experiments.precise_sft.config import DEFAULT_METHODS, DEFAULT_OUT, METHOD_SPECS, SFTComparisonConfig
 
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.precise_sft.summary import claim, preservation_comparisons, print_table, score_summary, write_report
-from experiments.runtime.cli import option
+from experiments.runtime import ModelLoader, Run, cli, run_experiment
 
-# method -> (train() method, TrainConfig overrides, lr-grid flag)
-METHOD_SPECS = {
-    "precise": ("precise", {"tune_kv": True}, "precise_lrs"),
-    "precise_nokv": ("precise", {"tune_kv": False}, "precise_lrs"),
-    "full": ("full", {}, "full_lrs"),
-    "lora": ("lora", {}, "lora_lrs"),
-    # the same precise SFT, of the heads holding the most in-circuit edge score of the EAP-IG edge circuit
-    "precise_circuit": ("precise", {"tune_kv": True}, "precise_lrs"),
-}
-DEFAULT_METHODS = ("precise", "precise_nokv", "full", "lora")
+if TYPE_CHECKING:
+    import torch
+
+    from circuits.nodes import MLP, Head
+    from finetune import TrainConfig
+
 # flags that may differ between the commands of one --resume'd folder
 RESUMABLE = {"methods", "resume", "overwrite", "threads", "out", "debug", "ablation_k", "ablation_mlps"}
 OPS = ("+", "-", "*", "/")
-DEFAULT_OUT = "runs/precise_sft"  # one folder, not runs/<name>-<timestamp>: --resume without --out continues it
-
-
-def lr_list(text: str) -> list[float]:
-    """Comma-separated learning rates > 0, e.g. ``1e-5,3e-5``."""
-    lrs = sorted({cli.positive_float(t.strip()) for t in text.split(",") if t.strip()})
-    if not lrs:
-        raise argparse.ArgumentTypeError(f"expected comma-separated learning rates such as 1e-5,3e-5, got {text!r}")
-    return lrs
-
-
-def method_list(text: str) -> list[str]:
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [n for n in names if n not in METHOD_SPECS]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(f"unknown method(s) {unknown or text!r}; choose from {', '.join(METHOD_SPECS)}")
-    return names
-
-
-@dataclass(frozen=True)
-class SFTComparisonConfig(RunSettings):
-    """Every flag of ``python -m experiments.precise_sft``, with its default (model, device, dtype, threads,
-    seed, out and overwrite: :class:`experiments.runtime.RunSettings`; ``out`` None means ``runs/precise_sft``).
-
-    ``methods`` and the lr grids are typed as comma-separated text on the command line and held as
-    tuples here (a string given in Python is parsed the same way). Not to be confused with
-    :class:`finetune.PreciseSFTConfig`, the training settings of one precise SFT run.
-    """
-
-    methods: tuple[str, ...] = option(",".join(DEFAULT_METHODS), "comma-separated methods to run: "
-                                      + ", ".join(METHOD_SPECS) + " (default: the first four)", type=method_list)
-    heads: str | None = option(None, "key heads, e.g. L9H1,L11H0 (default: path patching)")
-    mlps: str | None = option(None, "top MLPs for the ablation, e.g. MLP15,MLP16 (default: path patching)")
-    k: int = option(8, "key heads in the precise runs", type=cli.positive_int)
-    ablation_k: str = option("", "head counts of the Table-2 ablation, e.g. 4,8,16,32 (default: none, no ablation)")
-    ablation_mlps: int = option(0, "top MLPs added in the ablation's second arm (0: skip)", type=cli.nonnegative_int)
-    n_train: int = option(256, "training examples (all four operations)", type=cli.positive_int)
-    steps: int = option(16, "optimizer steps per run", type=cli.positive_int)
-    batch_size: int = option(16, "examples per optimizer step", type=cli.positive_int)
-    micro_batch_size: int = option(8, "examples per forward/backward pass", type=cli.positive_int)
-    precise_lrs: tuple[float, ...] = option("3e-5,1e-4,3e-4", "lr grid of both precise arms", type=lr_list)
-    full_lrs: tuple[float, ...] = option("3e-6,1e-5,3e-5", "lr grid of full SFT", type=lr_list)
-    lora_lrs: tuple[float, ...] = option("1e-4,3e-4,1e-3", "lr grid of LoRA", type=lr_list)
-    lora_rank: int = option(8, "LoRA rank on every attention and MLP weight", type=cli.positive_int)
-    n_val: int = option(24, "validation prompts per operation (choose the lr)", type=cli.positive_int)
-    n_heldout: int = option(48, "held-out-template test prompts per operation", type=cli.positive_int)
-    n_transfer: int = option(16, "test prompts per operation and transfer format", type=cli.positive_int)
-    n_shots: int = option(2, "few-shot examples before each training/eval prompt", type=cli.nonnegative_int)
-    n_pydoc: int = option(8, "pydoc passages in the drift text", type=cli.nonnegative_int)
-    n_sentences: int = option(30, "project sentences in the drift text (at most 30)", type=cli.positive_int)
-    drift_tokens: int = option(96, "tokens per drift passage (KL and LM loss on non-math text)", type=cli.positive_int)
-    n_rank_prompts: int = option(24, "prompts per operation for ranking heads", type=cli.positive_int)
-    circuit_size: float = option(0.05, "precise_circuit: the edge-circuit size (fraction of edges) whose heads are "
-                                       "tuned", type=cli.fraction)
-    shift_prompts: int = option(0, "also report each tuned model's circuit shift from the base (patching.edges.circuit_shift) "
-                                   "on this many addition prompts (0: skip)", type=cli.nonnegative_int)
-    resume: bool = option(False, "add the --methods to an unfinished or finished folder of the same settings")
-
-    def __post_init__(self):
-        for name, parse in (("methods", method_list), ("precise_lrs", lr_list), ("full_lrs", lr_list),
-                            ("lora_lrs", lr_list)):
-            value = getattr(self, name)
-            try:
-                parsed = parse(value) if isinstance(value, str) else value
-            except argparse.ArgumentTypeError as err:
-                raise InputError(f"SFTComparisonConfig.{name}: {err}") from None
-            object.__setattr__(self, name, tuple(parsed))
-        super().__post_init__()
-
-    def lr_grid(self, method_key: str) -> list[float]:
-        """The learning rates tried for ``method_key``."""
-        return list(getattr(self, METHOD_SPECS[method_key][2]))
-
-    def ablation_ks(self) -> list[int]:
-        return [int(k) for k in self.ablation_k.split(",") if k.strip()]
 
 
 parser = cli.config_parser(SFTComparisonConfig, "precise_sft", __doc__, help_texts={"out": f"output folder (default: {DEFAULT_OUT})"})
 
 
 @dataclass
-class SFTRun:
-    """What every stage shares: the flags, the run folder and its results, the frozen base model and the data."""
+class SFTState:
+    """What the stages carry beside the run's settings and results: the frozen base model and the data."""
 
-    cfg: SFTComparisonConfig
-    out: Path
-    results: dict
-    base: torch.nn.Module | None = None
+    base: torch.nn.Module
     train_set: object = None
     suite: dict = field(default_factory=dict)
     val_suite: dict = field(default_factory=dict)
@@ -178,17 +84,19 @@ class SFTRun:
     ranked_heads: list[Head] = field(default_factory=list)
     circuit_heads: list[Head] = field(default_factory=list)  # precise_circuit's heads
     ranked_mlps: list[MLP] = field(default_factory=list)
-    lifecycle: Run | None = None  # the run of experiments.runtime: its timed stages
     cache: dict = field(default_factory=dict)  # the circuit-shift prompts and the base model's scores on them
 
-    @property
-    def train_config(self) -> TrainConfig:
-        c = self.cfg
-        return TrainConfig(batch_size=c.batch_size, micro_batch_size=c.micro_batch_size, max_steps=c.steps,
-                           seed=c.seed, lora=LoraSettings(r=c.lora_rank), progress=False)
 
-    def save(self) -> None:
-        save_results(self.out, self.results)
+SFTRun = Run[SFTComparisonConfig, SFTState]
+
+
+def train_config(cfg: SFTComparisonConfig) -> TrainConfig:
+    """The training settings every method shares (its lr and method overrides are set per trial)."""
+    from finetune.lora import LoraSettings
+    from finetune import TrainConfig
+
+    return TrainConfig(batch_size=cfg.batch_size, micro_batch_size=cfg.micro_batch_size, max_steps=cfg.steps,
+                       seed=cfg.seed, lora=LoraSettings(r=cfg.lora_rank), progress=False)
 
 
 # ---------------------------------------------------------------------------- stage: run folder, model, data
@@ -233,39 +141,49 @@ def resumed_results(cfg: SFTComparisonConfig) -> dict | None:
     return results
 
 
-def load_base(run: SFTRun, lifecycle: Run) -> None:
+def load_base(run: SFTRun) -> None:
     """The base model, frozen and in eval mode: every method trains a copy of it."""
-    run.base = lifecycle.load_model()
-    run.base.eval()
-    for p in run.base.parameters():
+    base = run.load_model()
+    base.eval()
+    for p in base.parameters():
         p.requires_grad_(False)
+    run.state = SFTState(base)
 
 
 def build_data(run: SFTRun) -> None:
     """Training mix, test suite, validation split (disjoint from both) and the drift texts."""
-    cfg, base = run.cfg, run.base
-    run.train_set = arithmetic_train_set(base, ArithmeticMix(ops=OPS, n_examples=cfg.n_train, n_shots=cfg.n_shots,
-                                                             seed=cfg.seed))
+    from finetune import arithmetic_train_set, ArithmeticMix, MathSuiteConfig
+    from finetune.evaluate import math_suite, NON_MATH_SENTENCES, pydoc_passages, validation_suite
+
+    cfg, state = run.cfg, run.state
+    base = state.base
+    state.train_set = arithmetic_train_set(base, ArithmeticMix(ops=OPS, n_examples=cfg.n_train, n_shots=cfg.n_shots,
+                                                               seed=cfg.seed))
     suite_config = MathSuiteConfig(ops=OPS, n_heldout=cfg.n_heldout, n_transfer=cfg.n_transfer,
                                    n_shots=cfg.n_shots, seed=12345 + cfg.seed)
-    run.suite = math_suite(base, suite_config)
-    run.val_suite = validation_suite(base, suite_config, cfg.n_val, exclude=[*run.suite.values(), run.train_set],
-                                     seed=777 + cfg.seed)
-    run.texts = (pydoc_passages(cfg.n_pydoc) if cfg.n_pydoc else []) + list(NON_MATH_SENTENCES[: cfg.n_sentences])
-    example = run.train_set[0]
-    print(f"{len(run.train_set)} training examples, e.g. {example['prompt'][-60:]!r} -> {example['answer']!r}")
+    state.suite = math_suite(base, suite_config)
+    state.val_suite = validation_suite(base, suite_config, cfg.n_val, exclude=[*state.suite.values(), state.train_set],
+                                       seed=777 + cfg.seed)
+    state.texts = (pydoc_passages(cfg.n_pydoc) if cfg.n_pydoc else []) + list(NON_MATH_SENTENCES[: cfg.n_sentences])
+    example = state.train_set[0]
+    print(f"{len(state.train_set)} training examples, e.g. {example['prompt'][-60:]!r} -> {example['answer']!r}")
 
 
 def evaluate_test(run: SFTRun, model) -> dict:
     """Test accuracy per family (per prompt) and drift on the non-math texts."""
-    return evaluate(model, run.base, run.suite, run.texts, drift_tokens=run.cfg.drift_tokens, progress=False,
+    from finetune.evaluate import evaluate_suite
+
+    state = run.state
+    return evaluate_suite(model, state.base, state.suite, state.texts, drift_tokens=run.cfg.drift_tokens, progress=False,
                     per_prompt=True)
 
 
 def evaluate_val(run: SFTRun, model) -> dict:
     """Validation exact accuracy (Wilson), the score that chooses the lr."""
+    from finetune.evaluate import accuracy_estimate, answer_accuracy
+
     model.eval()
-    scores = {name: answer_accuracy(model, ds, per_prompt=True) for name, ds in run.val_suite.items()}
+    scores = {name: answer_accuracy(model, ds, per_prompt=True) for name, ds in run.state.val_suite.items()}
     return accuracy_estimate(scores, "heldout").to_dict()
 
 
@@ -274,6 +192,11 @@ def evaluate_val(run: SFTRun, model) -> dict:
 
 def _rank_nodes(base, cfg: SFTComparisonConfig) -> tuple[str, list[Head], list[MLP]]:
     """Key heads and MLPs: from the flags, else by path patching summed (as % of baseline) over the operations."""
+    from patching.options import SweepOptions
+    from circuits.nodes import Head, MLP, parse_node
+    from circuits.tasks import make_dataset
+    from patching.path_patching import path_patch
+
     ranked_heads = [parse_node(h) for h in cfg.heads.split(",")] if cfg.heads else []
     ranked_mlps = [parse_node(m) for m in cfg.mlps.split(",")] if cfg.mlps else []
     if ranked_heads and (ranked_mlps or not cfg.ablation_mlps):
@@ -294,6 +217,9 @@ def _rank_nodes(base, cfg: SFTComparisonConfig) -> tuple[str, list[Head], list[M
 def _circuit_heads(base, cfg: SFTComparisonConfig) -> list[Head]:
     """The ``k`` heads with the most in-circuit edge score: EAP-IG on the ranking prompts of every operation, each
     operation's scores scaled to a largest |score| of 1 and summed, then the top ``circuit_size`` circuit."""
+    from patching.options import SweepOptions
+    from circuits.tasks import make_dataset
+
     from circuits.graph import Graph
     from patching.edges.attribute import edge_attribution
     from patching.edges.faithful_circuit import circuit_heads
@@ -314,28 +240,30 @@ def _circuit_heads(base, cfg: SFTComparisonConfig) -> list[Head]:
 
 def choose_nodes(run: SFTRun) -> None:
     """Ranked heads and MLPs (kept from an earlier command of a resumed folder), recorded in the results."""
-    cfg, results = run.cfg, run.results
+    from circuits.nodes import parse_node
+
+    cfg, results, state = run.cfg, run.results, run.state
     if "ranked_heads" in results:
         head_source = results["head_source"]
-        run.ranked_heads = [parse_node(h) for h in results["ranked_heads"]]
-        run.ranked_mlps = [parse_node(m) for m in results["ranked_mlps"]]
+        state.ranked_heads = [parse_node(h) for h in results["ranked_heads"]]
+        state.ranked_mlps = [parse_node(m) for m in results["ranked_mlps"]]
     else:
-        head_source, run.ranked_heads, run.ranked_mlps = _rank_nodes(run.base, cfg)
-    if max([cfg.k, *cfg.ablation_ks()]) > len(run.ranked_heads):
-        raise InputError(f"Only {len(run.ranked_heads)} ranked heads; lower --k / --ablation-k or pass more --heads.")
-    heads, top_mlps = run.ranked_heads[: cfg.k], run.ranked_mlps[: cfg.ablation_mlps]
+        head_source, state.ranked_heads, state.ranked_mlps = _rank_nodes(state.base, cfg)
+    if max([cfg.k, *cfg.ablation_ks()]) > len(state.ranked_heads):
+        raise InputError(f"Only {len(state.ranked_heads)} ranked heads; lower --k / --ablation-k or pass more --heads.")
+    heads, top_mlps = state.ranked_heads[: cfg.k], state.ranked_mlps[: cfg.ablation_mlps]
     print(f"key heads ({head_source}): {', '.join(map(str, heads))}; top MLPs: {', '.join(map(str, top_mlps)) or '-'}")
     if "precise_circuit" in cfg.methods or "circuit_heads" in results:
         if "circuit_heads" not in results:
-            results["circuit_heads"] = [str(h) for h in _circuit_heads(run.base, cfg)]
-        run.circuit_heads = [parse_node(h) for h in results["circuit_heads"]]
+            results["circuit_heads"] = [str(h) for h in _circuit_heads(state.base, cfg)]
+        state.circuit_heads = [parse_node(h) for h in results["circuit_heads"]]
         overlap = sorted(set(map(str, heads)) & set(results["circuit_heads"]))
         results["head_choice_overlap"] = {"n": len(overlap), "heads": overlap}
         print(f"edge-circuit heads: {', '.join(results['circuit_heads'])} ({len(overlap)} shared with the key heads)")
     results.setdefault("args", recorded_args(cfg))
-    results.update({"head_source": head_source, "ranked_heads": [str(h) for h in run.ranked_heads[:32]],
-                    "ranked_mlps": [str(m) for m in run.ranked_mlps[:8]], "key_heads": [str(h) for h in heads],
-                    "n_train": len(run.train_set), "n_val_prompts": sum(len(d) for d in run.val_suite.values()),
+    results.update({"head_source": head_source, "ranked_heads": [str(h) for h in state.ranked_heads[:32]],
+                    "ranked_mlps": [str(m) for m in state.ranked_mlps[:8]], "key_heads": [str(h) for h in heads],
+                    "n_train": len(state.train_set), "n_val_prompts": sum(len(d) for d in state.val_suite.values()),
                     "validation": "held-out templates; asked problems disjoint from the test suite and the training set"})
     results.setdefault("runs", {})
     results.setdefault("lr_search", {})
@@ -343,10 +271,12 @@ def choose_nodes(run: SFTRun) -> None:
 
 def score_base(run: SFTRun) -> None:
     """Test and validation scores of the untrained model (once per folder)."""
+    from experiments.precise_sft.summary import score_summary
+
     if "base" in run.results:
         return
     print("evaluating the base model")
-    run.results["base"] = evaluate_test(run, run.base) | {"validation_exact": evaluate_val(run, run.base)}
+    run.results["base"] = evaluate_test(run, run.state.base) | {"validation_exact": evaluate_val(run, run.state.base)}
     run.results["base"]["summary"] = score_summary(run.results["base"], None)
     run.save()
 
@@ -356,11 +286,13 @@ def score_base(run: SFTRun) -> None:
 
 def train_copy(run: SFTRun, method_key: str, lr: float, heads=None, mlps=None, out_dir: Path | None = None):
     """Train a copy of the base model with ``method_key`` at ``lr``: (tuned model, train result)."""
+    from finetune import train
+
     method, overrides, _ = METHOD_SPECS[method_key]
     release_freed_memory()  # so each run's peak RSS is its own
-    model = copy.deepcopy(run.base)
-    run_config = dataclasses.replace(run.train_config, lr=lr, **overrides)
-    result = train(model, run.train_set, run_config, method=method, heads=heads, mlps=mlps, out_dir=out_dir)
+    model = copy.deepcopy(run.state.base)
+    run_config = dataclasses.replace(train_config(run.cfg), lr=lr, **overrides)
+    result = train(model, run.state.train_set, run_config, method=method, heads=heads, mlps=mlps, out_dir=out_dir)
     return model, result
 
 
@@ -380,8 +312,8 @@ def _trial(run: SFTRun, method_key: str, lr: float, trial_dir: Path):
 def _heads_of(run: SFTRun, method_key: str):
     """The heads a method tunes: the edge circuit's for precise_circuit, the key heads for the other precise arms."""
     if method_key == "precise_circuit":
-        return run.circuit_heads
-    return run.ranked_heads[: run.cfg.k] if METHOD_SPECS[method_key][0] == "precise" else None
+        return run.state.circuit_heads
+    return run.state.ranked_heads[: run.cfg.k] if METHOD_SPECS[method_key][0] == "precise" else None
 
 
 def search_lr(run: SFTRun, method_key: str):
@@ -391,6 +323,8 @@ def search_lr(run: SFTRun, method_key: str):
     (runs/<method>_lr<lr>/final), so a command stopped by its time limit resumes at the next trial.
     Returns (validation estimate, lr, tuned model, trial entry) of the best trial.
     """
+    from finetune import load_tuned
+
     grid = run.cfg.lr_grid(method_key)
     search = run.results["lr_search"].setdefault(method_key, {
         "grid": grid, "chosen_lr": None, "by_lr": {}, "rule": "best validation exact accuracy; ties: smaller lr"})
@@ -400,7 +334,7 @@ def search_lr(run: SFTRun, method_key: str):
         entry = search["by_lr"].get(key)
         if entry is not None:  # done by an earlier command
             if entry["kept"]:
-                model = copy.deepcopy(run.base)
+                model = copy.deepcopy(run.state.base)
                 load_tuned(model, trial_dir / "final")
                 best = (entry["validation_exact"], lr, model, entry)
             continue
@@ -424,6 +358,8 @@ def search_lr(run: SFTRun, method_key: str):
 
 def run_method(run: SFTRun, method_key: str) -> None:
     """The lr search on validation, then the test scores at the chosen lr only."""
+    from experiments.precise_sft.summary import score_summary
+
     val, lr, model, entry = search_lr(run, method_key)
     scores = evaluate_test(run, model)
     is_precise = METHOD_SPECS[method_key][0] == "precise"
@@ -450,24 +386,29 @@ def run_method(run: SFTRun, method_key: str) -> None:
 
 def _shift_summary(run: SFTRun, model) -> dict:
     """The base model's addition circuit inside ``model``, and ``model``'s own: CPR, CMD, Jaccard, Spearman."""
+    from circuits.tasks import make_dataset
+
     from patching.edges.shift import ShiftSettings, circuit_shift
 
-    if "shift_data" not in run.cache:
-        from circuits.tasks import accuracy_mask, filter_correct
+    state = run.state
 
-        data = make_dataset(run.base, op="+", n_prompts=4 * run.cfg.shift_prompts, seed=2024)
-        mask = accuracy_mask(run.base, data)
+    if "shift_data" not in state.cache:
+        from circuits.answer_scoring import first_token_hits
+        from circuits.tasks import filter_correct
+
+        data = make_dataset(state.base, op="+", n_prompts=4 * run.cfg.shift_prompts, seed=2024)
+        mask = first_token_hits(state.base, data)
         if sum(mask) >= 2:  # the base model's circuit of the prompts it answers (as MIB evaluates)
-            data, _ = filter_correct(run.base, data, mask=mask)
-        run.cache["shift_correct_only"] = sum(mask) >= 2
-        run.cache["shift_data"] = data.select(range(min(run.cfg.shift_prompts, len(data))))
+            data, _ = filter_correct(state.base, data, mask=mask)
+        state.cache["shift_correct_only"] = sum(mask) >= 2
+        state.cache["shift_data"] = data.select(range(min(run.cfg.shift_prompts, len(data))))
     settings = ShiftSettings(n_bootstrap=500, seed=run.cfg.seed)
-    shift = circuit_shift(run.base, model, run.cache["shift_data"], settings,
-                          reference_scores=run.cache.get("shift_base_scores"), path_patching=False)
-    run.cache["shift_base_scores"] = shift.reference_scores
+    shift = circuit_shift(state.base, model, state.cache["shift_data"], settings,
+                          reference_scores=state.cache.get("shift_base_scores"), path_patching=False)
+    state.cache["shift_base_scores"] = shift.reference_scores
     full = shift.to_dict()
     size = f"{100 * settings.size:g}%"
-    return {"n_prompts": len(run.cache["shift_data"]), "correct_only": run.cache["shift_correct_only"], "reference_cpr": full["reference_curve"]["cpr"],
+    return {"n_prompts": len(state.cache["shift_data"]), "correct_only": state.cache["shift_correct_only"], "reference_cpr": full["reference_curve"]["cpr"],
             "transferred_cpr": full["transferred_curve"]["cpr"], "transferred_cmd": full["transferred_curve"]["cmd"],
             "own_cpr": full["changed_curve"]["cpr"], "jaccard_at_size": full["jaccard"][size], "size": settings.size,
             "spearman": full["spearman"], "edges": full["edges"], "node_mass": full["node_mass"][:10],
@@ -483,7 +424,7 @@ def run_methods(run: SFTRun) -> None:
         if method_key in run.results["runs"]:
             print(f"--- {method_key}: already in {run.out}, skipped")
             continue
-        with run.lifecycle.stage(f"method {method_key}"):
+        with run.stage(f"method {method_key}"):
             run_method(run, method_key)
 
 
@@ -492,7 +433,9 @@ def run_methods(run: SFTRun) -> None:
 
 def run_ablation(run: SFTRun) -> None:
     """Precise SFT of the top k heads (and, if asked, the top MLPs) at the lr chosen for ``precise``."""
-    ablation_k, top_mlps = run.cfg.ablation_ks(), run.ranked_mlps[: run.cfg.ablation_mlps]
+    from experiments.precise_sft.summary import score_summary
+
+    ablation_k, top_mlps = run.cfg.ablation_ks(), run.state.ranked_mlps[: run.cfg.ablation_mlps]
     if not (ablation_k or top_mlps):
         return
     if "precise" not in run.results["lr_search"]:
@@ -503,7 +446,7 @@ def run_ablation(run: SFTRun) -> None:
             name = f"ablation_k{k}" + (f"_mlp{len(mlps)}" if mlps else "")
             if name in run.results["runs"]:
                 continue
-            model, result = train_copy(run, "precise", lr, run.ranked_heads[:k], mlps or None,
+            model, result = train_copy(run, "precise", lr, run.state.ranked_heads[:k], mlps or None,
                                        out_dir=run.out / "runs" / name)
             scores = evaluate_test(run, model)
             run.results["runs"][name] = {"method": "precise", "lr": lr, "k": k, "mlps": [str(m) for m in mlps],
@@ -520,7 +463,10 @@ def run_ablation(run: SFTRun) -> None:
 def finish(run: SFTRun) -> None:
     """The claims (once full SFT is in), wall time over commands, the table and report; the run stays ``running``
     (for ``--resume``) unless every method ran."""
-    results, lifecycle = run.results, run.lifecycle
+    from experiments.precise_sft.summary import claim, preservation_comparisons, print_table, write_report
+    from finetune.evaluate import paired_comparison
+
+    results = run.results
     if "full" in results["runs"]:
         results["claims"] = {arm: claim(results["runs"][arm], results["runs"]["full"])
                              for arm in ("precise", "precise_nokv", "precise_circuit") if arm in results["runs"]}
@@ -535,12 +481,12 @@ def finish(run: SFTRun) -> None:
         results["circuit_preservation"] = preservation
     write_report(run.out, results, run.cfg.model, dataclasses.asdict(run.cfg))
     # last, so that it matches the wall_seconds the lifecycle records as the run ends (which adds up over commands)
-    results.setdefault("wall_seconds_by_command", []).append(time.perf_counter() - lifecycle.started)
+    results.setdefault("wall_seconds_by_command", []).append(time.perf_counter() - run.started)
     results["wall_seconds"] = sum(results["wall_seconds_by_command"])
     print_table(results)
     missing = [m for m in dict.fromkeys(DEFAULT_METHODS + tuple(run.cfg.methods)) if m not in results["runs"]]
     if missing:
-        lifecycle.complete = False  # results saved with status running: --resume adds the rest
+        run.complete = False  # results saved with status running: --resume adds the rest
         print(f"methods still to run (--resume --methods {','.join(missing)}): {', '.join(missing)}")
 
 
@@ -553,20 +499,19 @@ def run(cfg: SFTComparisonConfig, *, loader: ModelLoader | None = None) -> dict:
                           resume=earlier is not None)
 
 
-def _stages(lifecycle: Run) -> None:
-    sft = SFTRun(lifecycle.settings, lifecycle.out, lifecycle.results, lifecycle=lifecycle)
-    load_base(sft, lifecycle)
-    with lifecycle.stage("data"):
-        build_data(sft)
-    with lifecycle.stage("key heads"):
-        choose_nodes(sft)
-    with lifecycle.stage("base scores"):
-        score_base(sft)
-    run_methods(sft)
-    with lifecycle.stage("ablation"):
-        run_ablation(sft)
-    with lifecycle.stage("report"):
-        finish(sft)
+def _stages(run: SFTRun) -> None:
+    load_base(run)
+    with run.stage("data"):
+        build_data(run)
+    with run.stage("key heads"):
+        choose_nodes(run)
+    with run.stage("base scores"):
+        score_base(run)
+    run_methods(run)
+    with run.stage("ablation"):
+        run_ablation(run)
+    with run.stage("report"):
+        finish(run)
 
 
 def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:

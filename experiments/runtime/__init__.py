@@ -6,8 +6,11 @@
   errors as one line and a hint (exit status 2);
 * :func:`run_experiment` and :class:`Run` (:mod:`experiments.runtime.lifecycle`): the run folder with
   its status (running -> complete / failed: <stage>: <why>), threads, seeds, the injected model
-  loader, timed stages that save results.json as they end;
+  loader, timed stages that save results.json as they end and print one kind of progress line,
+  and a typed slot (``run.state``) for what an experiment carries from stage to stage;
 * :mod:`experiments.runtime.run_folder`: run folders that never lose a file the toolkit did not write;
+* :mod:`experiments.runtime.edge_circuit`: the edge-circuit stage ``experiments.circuit`` and the
+  arithmetic pipeline share (an experiment never imports another: what two share lives here);
 * :mod:`experiments.runtime.timing`, :mod:`experiments.runtime.bench_prompts`: what the benchmarks share.
 """
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from circuits.errors import InputError
-from circuits.tasks import accuracy_mask, make_dataset
 from circuits.templates import get_templates
 
 
@@ -14,10 +13,13 @@ def one_length_prompts(model, *, op: str, n_prompts: int, n_shots: int, seed: in
     length kept (with ``correct_only``, only those the model answers correctly). Raises ``InputError``
     when fewer than ``n_prompts`` remain, rather than returning a smaller batch than asked for.
     """
+    from circuits.answer_scoring import first_token_hits  # torch: not at import, so a benchmark's --help stays light
+    from circuits.tasks import make_dataset
+
     template = get_templates(op, ("equation",))[0]
     data = make_dataset(model, op=op, n_prompts=4 * n_prompts, template_ids=(template.id,), n_shots=n_shots,
                         seed=seed)
-    ok = accuracy_mask(model, data) if correct_only else [True] * len(data)
+    ok = first_token_hits(model, data) if correct_only else [True] * len(data)
     lengths = data["end_pos"]
     common = max(set(lengths), key=lengths.count)
     keep = [i for i, (n, good) in enumerate(zip(lengths, ok)) if n == common and good][:n_prompts]

@@ -14,7 +14,8 @@ A researcher meets the toolkit through ``python -m experiments.<name>``; three r
 * **Flags come from a config**: an experiment declares a frozen dataclass whose fields are its settings
   (:func:`option` adds the help text and the parse-time check); :func:`parse_config` builds the parser
   from it, so the defaults live in one place and ``results.json`` records ``dataclasses.asdict(config)``.
-  ``device``/``dtype`` fields become the shared :func:`add_device_flags` (``auto`` = CUDA when present).
+  ``--device`` and ``--dtype`` are fields of :class:`experiments.runtime.settings.RunSettings`, checked by
+  :func:`device` (``auto`` = CUDA when present) and :data:`DTYPES`, the same in every experiment.
 * **``--help`` reads like a man page**: ``python -m experiments.<name>`` as the program name, the module
   docstring with its line breaks (reStructuredText double backticks dropped), every flag described, and
   its default shown once (not when the help text already states it, nor when it is ``None``/off).
@@ -26,9 +27,8 @@ import argparse
 import dataclasses
 import re
 import sys
-import time
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from functools import wraps
+from typing import Any, Callable, Sequence, TypeVar
 
 from circuits.errors import ToolkitError
 
@@ -165,15 +165,6 @@ def device(text: str) -> str:
     return text
 
 
-def add_device_flags(parser: argparse.ArgumentParser, *, dtype: bool = True) -> None:
-    """``--device`` (default auto) and, if asked, ``--dtype``: the same meaning in every experiment."""
-    parser.add_argument("--device", type=device, default="auto",
-                        help="auto (CUDA when present, else CPU), cpu, cuda, cuda:N or mps")
-    if dtype:
-        parser.add_argument("--dtype", choices=DTYPES, default=None,
-                            help="weights' dtype (default: float32 on CPU, bfloat16 on CUDA)")
-
-
 # ---------------------------------------------------------------------------- running and reporting errors
 
 
@@ -203,15 +194,6 @@ def run_cli(main: Callable[[list[str] | None], object], name: str, argv: Sequenc
         sys.exit(130)
 
 
-@contextmanager
-def progress(message: str) -> Iterator[None]:
-    """``message ...`` on stderr, then ``done in N s``: for a stage that shows no bar of its own."""
-    print(f"{message} ...", file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    yield
-    print(f"  done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
-
-
 # ---------------------------------------------------------------------------- flags from a config dataclass
 
 Config = TypeVar("Config")
@@ -227,6 +209,17 @@ def option(default: Any, help: str, *, type: Callable[[str], Any] | None = None,
     """
     meta = {"help": help, "type": type, "choices": tuple(choices) if choices is not None else None, "nargs": nargs}
     return dataclasses.field(default=default, metadata=meta)
+
+
+def override(config: type, name: str, default: Any, help: str | None = None) -> Any:
+    """Field ``name`` of the settings record ``config`` with another default (and help text), its check kept.
+
+    For a config that inherits a shared record but samples, say, fewer prompts::
+
+        n_prompts: int = override(PromptSettings, "n_prompts", 32, "prompts (one template, one token length)")
+    """
+    inherited = {f.name: f for f in dataclasses.fields(config)}[name]
+    return dataclasses.field(default=default, metadata={**inherited.metadata, **({"help": help} if help else {})})
 
 
 def check_choices(config) -> None:
@@ -284,9 +277,17 @@ def parse_config(parser: argparse.ArgumentParser, config: type[Config], argv: Se
     return config(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()}, **fixed)
 
 
-def set_threads(threads: int) -> None:
-    """``--threads N``: torch CPU threads (0 keeps torch's default)."""
-    if threads > 0:
+def no_grad(stages: Callable[..., Any]) -> Callable[..., Any]:
+    """``@torch.no_grad()`` for an experiment's stages, importing torch when they run, not when the module loads.
+
+    An experiment module imports nothing heavy at its top, so ``--help`` and flag errors answer before torch loads.
+    """
+
+    @wraps(stages)
+    def without_gradients(*args: Any, **kwargs: Any) -> Any:
         import torch
 
-        torch.set_num_threads(threads)
+        with torch.no_grad():
+            return stages(*args, **kwargs)
+
+    return without_gradients

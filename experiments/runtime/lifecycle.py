@@ -6,10 +6,22 @@ function of a :class:`Run` that does the work in named stages::
     def run(cfg: CircuitConfig, *, loader: ModelLoader | None = None) -> dict:
         return run_experiment("circuit", cfg, _stages, loader=loader)
 
-    def _stages(run: Run) -> None:
+    def _stages(run: Run[CircuitConfig, None]) -> None:
         model = run.load_model()
-        with run.stage("data"):
-            run.results["n_kept"] = ...
+        with run.stage("data", "building the prompts"):
+            with run.step("scoring them"):
+                run.results["n_kept"] = ...
+
+:class:`Run` is the one record every stage reads: the settings (``run.cfg``), the folder
+(``run.out``), ``run.results`` (results.json), ``run.save()``, the model through the injected loader
+(``run.load_model()``), the stages (``run.stage``) and their sub-steps (``run.step``). What an
+experiment carries from stage to stage (its model, data, scores so far) is its own dataclass in
+``run.state``, typed by the second parameter: ``Run[PipelineConfig, PipelineState]``.
+
+Progress goes to stderr through one printer (:class:`experiments.runtime.run_folder.StageTimer`):
+given a ``plan`` (the stage names in order), every planned stage prints ``[3/10] knockout ...`` as
+it starts and its time as it ends; an unplanned stage prints its ``message`` (if any) and
+``done in N s``; ``run.step(message)`` prints a sub-step the same way.
 
 :func:`run_experiment` does the rest, the same way for every experiment:
 
@@ -17,7 +29,8 @@ function of a :class:`Run` that does the work in named stages::
    ``runs/<name>-<timestamp>``, marked as the toolkit's, ``results.json`` with status ``running``;
    a folder the toolkit did not write is refused, an earlier run is replaced only with ``--overwrite``
    and only once this run completes;
-2. torch's CPU threads (``--threads``) and every random generator seeded from ``--seed``;
+2. torch's CPU threads (``--threads``) and every random generator seeded from ``--seed``, here and
+   nowhere else;
 3. the stages: each ``with run.stage(name)`` is timed into ``results["seconds"]`` and saves
    ``results.json`` when it ends, so a failure late in a run keeps what the earlier stages found;
 4. the status: ``complete`` after the last write, ``failed: <stage>: <why>`` when anything raises
@@ -49,14 +62,11 @@ at the end only, and a failure is recorded as ``failed: <name>: <why>``.
 from __future__ import annotations
 
 import random
-import sys
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, ContextManager, Generic, Optional, TypeVar
 
-from experiments.runtime import cli
 from experiments.runtime.run_folder import (
     StageTimer, complete_run, default_run_dir, fail_run, prepare_run_dir, read_marker, read_status, save_results,
 )
@@ -64,6 +74,8 @@ from experiments.runtime.settings import RunSettings
 
 #: ``loader(name_or_folder, *, device, dtype) -> HookedTransformer``; :func:`circuits.loading.load_model` by default.
 ModelLoader = Callable[..., Any]
+ConfigT = TypeVar("ConfigT", bound=RunSettings)
+StateT = TypeVar("StateT")
 
 
 def default_loader(name: str, *, device: str = "auto", dtype: Optional[str] = None):
@@ -71,6 +83,14 @@ def default_loader(name: str, *, device: str = "auto", dtype: Optional[str] = No
     from circuits.loading import load_model
 
     return load_model(name, device=device, dtype=dtype)
+
+
+def set_threads(threads: int) -> None:
+    """``--threads N``: torch CPU threads (0 keeps torch's default)."""
+    if threads > 0:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def seed_everything(seed: int) -> None:
@@ -84,17 +104,19 @@ def seed_everything(seed: int) -> None:
 
 
 @dataclass
-class Run:
-    """One experiment run in progress: its settings, folder, results (``results.json``) and stage timer."""
+class Run(Generic[ConfigT, StateT]):
+    """One experiment run in progress: its settings, folder, results (``results.json``), stage timer and the
+    experiment's own state (``state``: what its stages carry from one to the next, set by the experiment)."""
 
     name: str
-    settings: RunSettings
+    cfg: ConfigT
     out: Path
     loader: ModelLoader
     results: dict = field(default_factory=dict)
     timer: StageTimer = field(default_factory=StageTimer)
+    #: the experiment's own dataclass (model, data, scores so far); None until its first stage sets it
+    state: StateT = None  # type: ignore[assignment]
     started: float = field(default_factory=time.perf_counter)
-    log: Callable[[str], None] = field(default=lambda text: print(text, file=sys.stderr, flush=True))
     #: False on the other processes of a launch: the folder ``out`` is the main process's, never written here
     main_process: bool = True
     #: set False by stages that did only part of the work: the run ends ``running`` (resumable), not ``complete``
@@ -102,26 +124,26 @@ class Run:
     #: the wall time of the earlier commands of a resumed run (``resume=True``), counted in :attr:`wall_seconds`
     earlier_wall_seconds: float = 0.0
 
-    @contextmanager
-    def stage(self, name: str, message: Optional[str] = None) -> Iterator[None]:
+    def stage(self, name: str, message: Optional[str] = None) -> ContextManager[None]:
         """Time ``name`` into ``results["seconds"]``; save results.json after it; on an error, mark the run failed.
 
-        ``message`` (what the stage does, for the terminal) is printed before it starts and its time after.
+        A planned stage prints its number and time; otherwise ``message`` (what the stage does, for the
+        terminal), if given, is printed before it starts and its time after.
         """
-        message = None if self.timer.plan and name in self.timer.plan else message  # the timer numbers it instead
-        if message:
-            self.log(f"{message} ...")
-        start = time.perf_counter()
-        with self.timer.stage(name):
-            yield
-        if message:
-            self.log(f"  done in {time.perf_counter() - start:.0f} s")
+        return self.timer.stage(name, message)
 
-    def load_model(self, name: Optional[str] = None, *, stage: str = "load model"):
-        """The model ``name`` (default ``settings.model``) through the injected loader, on the run's device and dtype."""
-        name = name or self.settings.model
+    def step(self, message: str) -> ContextManager[None]:
+        """A sub-step of a stage on the terminal: ``message ...`` before it, its time after (not recorded)."""
+        return self.timer.step(message)
+
+    def load_model(self, name: Optional[str | Path] = None, *, stage: Optional[str] = "load model"):
+        """The model ``name`` (default ``cfg.model``) through the injected loader, on the run's device and dtype,
+        timed as the stage ``stage`` (None: no stage of its own, e.g. a model loaded inside a stage)."""
+        name = str(name or self.cfg.model)
+        if stage is None:
+            return self.loader(name, device=self.cfg.device, dtype=self.cfg.dtype)
         with self.stage(stage, f"loading {name}"):
-            return self.loader(name, device=self.settings.device, dtype=self.settings.dtype)
+            return self.loader(name, device=self.cfg.device, dtype=self.cfg.dtype)
 
     def save(self) -> None:
         """Write results.json now (status ``running``); on a process that is not the main one, nothing."""
@@ -137,7 +159,7 @@ class Run:
 def run_experiment(name: str, settings: RunSettings, stages: Callable[[Run], Any], *,
                    loader: Optional[ModelLoader] = None, results: Optional[dict] = None,
                    default_out: Optional[str] = None, main_process: bool = True, resume: bool = False,
-                   stage_seconds: bool = True) -> dict:
+                   stage_seconds: bool = True, plan: Optional[list[str]] = None) -> dict:
     """Run ``stages(run)`` under the lifecycle of the module docstring; return the final results (as results.json
     holds them, ``status`` first).
 
@@ -147,7 +169,8 @@ def run_experiment(name: str, settings: RunSettings, stages: Callable[[Run], Any
     writes the folder (``run.out`` is where the main process writes: with the default ``--out``, this
     process's own timestamp, which may differ by a second), records no status and saves nothing;
     ``resume``: continue ``--out`` if the toolkit wrote it, ``results`` being what it holds;
-    ``stage_seconds``: false leaves ``results["seconds"]`` to the stages (both: see the module docstring).
+    ``stage_seconds``: false leaves ``results["seconds"]`` to the stages (both: see the module docstring);
+    ``plan``: the stage names in the order they will run, numbered on the terminal as they start.
     """
     folder = settings.out or default_run_dir(default_out or name)
     continuing = resume and main_process and read_marker(folder) is not None
@@ -157,7 +180,7 @@ def run_experiment(name: str, settings: RunSettings, stages: Callable[[Run], Any
         out = prepare_run_dir(folder, overwrite=settings.overwrite)
     run = Run(name, settings, out, loader or default_loader,
               results=dict(results) if results is not None else {"settings": asdict(settings)},
-              main_process=main_process)
+              timer=StageTimer(plan=plan), main_process=main_process)
     run.results.pop("status", None)  # results read back from a run folder carry its old status; the lifecycle owns it
     if continuing:
         run.earlier_wall_seconds = float(run.results.get("wall_seconds") or 0.0)
@@ -169,7 +192,7 @@ def run_experiment(name: str, settings: RunSettings, stages: Callable[[Run], Any
     if stage_seconds:
         run.results["seconds"] = run.timer.seconds
     try:
-        cli.set_threads(settings.threads)
+        set_threads(settings.threads)
         seed_everything(settings.seed)
         stages(run)
     except BaseException as err:

@@ -221,8 +221,11 @@ class StageTimer:
     Given ``run_dir`` and the run's ``results`` dict, it also saves the results (status
     ``running``, with ``seconds``) after every stage, and marks the run ``failed: <stage>: <why>``
     when a stage raises, so an error late in a run keeps what the earlier stages found.
-    Given a ``plan`` (the stage names in the order they will run), every planned stage prints a
-    lasting line as it starts (``[3/10] knockout ...``) and its time as it ends, to stderr.
+
+    It is also the run's one progress printer, on stderr. Given a ``plan`` (the stage names in the
+    order they will run), every planned stage prints a lasting line as it starts (``[3/10] knockout ...``)
+    and its time as it ends; a stage that is not planned prints its ``message`` if it has one
+    (``message ...``, then ``done in N s``), and :meth:`step` prints a sub-step of a stage the same way.
     """
 
     seconds: dict[str, float] = field(default_factory=dict)
@@ -231,10 +234,12 @@ class StageTimer:
     plan: list[str] | None = None
 
     @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
+    def stage(self, name: str, message: str | None = None) -> Iterator[None]:
         number = f"[{self.plan.index(name) + 1}/{len(self.plan)}] " if self.plan and name in self.plan else None
         if number:
-            print(f"{number}{name} ...", file=sys.stderr, flush=True)
+            _progress(f"{number}{name} ...")
+        elif message:
+            _progress(f"{message} ...")
         start = time.perf_counter()
         try:
             yield
@@ -246,9 +251,19 @@ class StageTimer:
             raise
         self._add(name, start)
         if number:
-            print(f"{' ' * len(number)}{name}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+            _progress(f"{' ' * len(number)}{name}: {time.perf_counter() - start:.0f} s")
+        elif message:
+            _progress(f"  done in {time.perf_counter() - start:.0f} s")
         if self.run_dir is not None:
             save_results(self.run_dir, {**(self.results or {}), "seconds": self.seconds})
+
+    @contextmanager
+    def step(self, message: str) -> Iterator[None]:
+        """``message ...``, then ``done in N s``: a sub-step of a stage, shown but not recorded in ``seconds``."""
+        _progress(f"{message} ...")
+        start = time.perf_counter()
+        yield
+        _progress(f"  done in {time.perf_counter() - start:.0f} s")
 
     def _add(self, name: str, start: float) -> None:
         self.seconds[name] = round(self.seconds.get(name, 0.0) + time.perf_counter() - start, 2)
@@ -262,6 +277,10 @@ class StageTimer:
         width = max((len(k) for k in self.seconds), default=5)
         lines = [f"  {k:<{width}}  {v:7.1f} s" for k, v in sorted(self.seconds.items(), key=lambda kv: -kv[1])]
         return "\n".join(lines + [f"  {'total':<{width}}  {self.total:7.1f} s"])
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def release_freed_memory() -> None:

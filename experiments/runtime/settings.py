@@ -2,10 +2,12 @@
 
 An experiment's config is a frozen dataclass that extends :class:`RunSettings` with its own
 fields; each field is also a command-line flag (:func:`experiments.runtime.cli.option`), so the
-defaults and help texts live here, once, for every experiment:
+defaults and help texts live here, once, for every experiment. The prompts an experiment samples
+(:class:`PromptSettings`) and its forward batch (:class:`BatchSettings`) are records of their own that a
+config inherits where it has them:
 
     @dataclass(frozen=True)
-    class CircuitConfig(RunSettings):
+    class CircuitConfig(BatchSettings, PromptSettings, RunSettings):
         op: str = option("+", "the operation: + - * / (or addition, subtraction, ...)")
 
 This module imports neither torch nor TransformerLens, so a parser can be built (and ``--help``
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments.runtime.cli import DTYPES, check_choices, device, nonnegative_int, option
+from experiments.runtime.cli import DTYPES, check_choices, device, nonnegative_int, option, positive_int
 
 DEFAULT_MODEL = "gemma-3-270m"  # circuits.loading.DEFAULT_MODEL, without importing it
 
@@ -39,6 +41,27 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         check_choices(self)
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """How many task prompts an experiment samples and how many solved examples precede each.
+
+    A config inherits it beside :class:`RunSettings` (``class LoopConfig(BatchSettings, PromptSettings,
+    RunSettings)``), so the flags, their checks and their help are declared here once; an experiment whose
+    prompts differ changes a default with :func:`experiments.runtime.cli.override`. :func:`project` hands
+    these fields (with ``op`` and ``seed``) on to :class:`circuits.tasks.TaskConfig`.
+    """
+
+    n_prompts: int = option(200, "prompts sampled before keeping the correctly answered ones", type=positive_int)
+    n_shots: int = option(3, "solved examples before each prompt", type=nonnegative_int)
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """How many prompts one forward pass takes (a training step's examples are another setting)."""
+
+    batch_size: int = option(32, "prompts per forward pass", type=positive_int)
 
 
 def project(source, target: type, *, prefix: str = "", **overrides):

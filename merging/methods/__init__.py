@@ -35,11 +35,11 @@ from merging.methods.average import (
     AverageConfig,
     KarcherConfig,
     ModelStockConfig,
-    average,
     karcher,
     model_stock,
+    weight_average,
 )
-from merging.methods.consensus import CONSENSUS_MERGEKIT, ConsensusConfig, consensus
+from merging.methods.consensus import CONSENSUS_MERGEKIT, ConsensusConfig, consensus_task_arithmetic
 from merging.methods.generalized import (
     GTA_MERGEKIT,
     BreadcrumbsConfig,
@@ -54,7 +54,7 @@ from merging.methods.generalized import (
     ties_thresholds,
 )
 from merging.methods.mergekit_spec import MergekitParameter, MergekitSpec
-from merging.methods.sce import SCE_MERGEKIT, SceConfig, sce
+from merging.methods.sce import SCE_MERGEKIT, SceConfig, select_calculate_erase
 from merging.methods.spectral import (
     ISO_CTS_MERGEKIT,
     TSV_MERGEKIT,
@@ -90,7 +90,7 @@ class MergeMethod:
 
 _GTA = generalized_task_arithmetic
 _RECORDS = (
-    MergeMethod("weight_average", average, AverageConfig, "Wortsman et al. 2022, Model soups (arXiv 2203.05482)",
+    MergeMethod("weight_average", weight_average, AverageConfig, "Wortsman et al. 2022, Model soups (arXiv 2203.05482)",
                 "linear", mergekit_spec=AVERAGE_MERGEKIT),
     MergeMethod("task_arithmetic", _GTA, TaskArithmeticConfig, "Ilharco et al. 2023 (arXiv 2212.04089)",
                 "task_arithmetic", mergekit_spec=GTA_MERGEKIT),
@@ -108,13 +108,13 @@ _RECORDS = (
                 mergekit_spec=GTA_MERGEKIT),
     MergeMethod("della_linear", _GTA, DellaLinearConfig, "Deep et al. 2024, DELLA-Merging (arXiv 2406.11617)",
                 "della_linear", mergekit_spec=GTA_MERGEKIT),
-    MergeMethod("sce", sce, SceConfig, "Wan et al. 2024, FuseChat (arXiv 2408.07990)", "sce",
+    MergeMethod("sce", select_calculate_erase, SceConfig, "Wan et al. 2024, FuseChat (arXiv 2408.07990)", "sce",
                 mergekit_spec=SCE_MERGEKIT),
     MergeMethod("model_stock", model_stock, ModelStockConfig, "Jang et al. 2024, Model Stock (arXiv 2403.19522)",
                 "model_stock", mergekit_spec=MODEL_STOCK_MERGEKIT),
     MergeMethod("karcher", karcher, KarcherConfig, "Karcher mean (mergekit; arXiv 2603.04972)", "karcher",
                 mergekit_spec=KARCHER_MERGEKIT),
-    MergeMethod("consensus_ta", consensus, ConsensusConfig, "Wang et al. 2024, Localizing Task Information (TALL)",
+    MergeMethod("consensus_ta", consensus_task_arithmetic, ConsensusConfig, "Wang et al. 2024, Localizing Task Information (TALL)",
                 None, mergekit_spec=CONSENSUS_MERGEKIT),
     MergeMethod("tsv_m", tsv_m, TsvConfig, "Gargiulo et al. 2025, Task Singular Vectors (CVPR)", None,
                 mergekit_spec=TSV_MERGEKIT),

@@ -47,7 +47,7 @@ AVERAGE_MERGEKIT = MergekitSpec(
 )
 
 
-def average(
+def weight_average(
     base: Tensor,
     experts: Sequence[Tensor],
     config: AverageConfig = AverageConfig(),

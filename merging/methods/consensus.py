@@ -50,7 +50,7 @@ CONSENSUS_MERGEKIT = MergekitSpec(
 )
 
 
-def consensus(
+def consensus_task_arithmetic(
     base: Tensor,
     experts: Sequence[Tensor],
     config: ConsensusConfig = ConsensusConfig(),

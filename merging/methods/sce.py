@@ -56,7 +56,7 @@ def sce_weights(tvs: Tensor) -> Tensor:
     return torch.ones_like(w) / w.shape[0] if abs(total) < 1e-6 else w / total
 
 
-def sce(
+def select_calculate_erase(
     base: Tensor,
     experts: Sequence[Tensor],
     config: SceConfig = SceConfig(),

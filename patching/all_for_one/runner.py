@@ -23,7 +23,7 @@ from circuits.arguments import check_positive_int
 from circuits.end_logits import end_argmax, unembed_end
 from circuits.nodes import Head
 from circuits.errors import InputError, ToolkitError
-from circuits.tasks import accuracy_mask
+from circuits.answer_scoring import first_token_hits
 from circuits.prefix_cache import TiledKVCache, prefix_kv_cache
 from patching.all_for_one.abp import PeekRule, abp_hooks, layer_peek_masks
 from patching.all_for_one.template_prompts import cross_fit_folds, split_fit_eval
@@ -182,7 +182,7 @@ class AF1Runner:
             raise InputError("AF1 got an empty dataset.")
         if fit_data is None:
             fit_data, data = split_fit_eval(data, config.fit_fraction, config.seed)
-        correct = accuracy_mask(model, data, sweep_options(options, "AF1Runner", AF1_OPTIONS).batch(32))
+        correct = first_token_hits(model, data, sweep_options(options, "AF1Runner", AF1_OPTIONS).batch(32))
         runner = cls(model, fit_data, data.select([i for i, ok in enumerate(correct) if ok]), config, layers, options)
         runner.base_accuracy = sum(correct) / len(correct)
         runner.n_eval_total = len(correct)
@@ -211,7 +211,7 @@ class AF1Runner:
             raise NoEvalPromptsError("No row of the data is eligible for evaluation.")
         runner = cls.__new__(cls)
         runner._setup(model, config, layers, options)
-        correct = dict(zip(candidates, accuracy_mask(model, data.select(candidates), runner.batch_size)))
+        correct = dict(zip(candidates, first_token_hits(model, data.select(candidates), runner.batch_size)))
         for fold in range(n_folds):
             fit_rows = [i for i, f in enumerate(folds) if f != fold]
             eval_rows = [i for i in candidates if folds[i] == fold and correct[i]]

@@ -303,7 +303,7 @@ def edge_attribution(
                                 "recompute": "layer re-normalised with the head's result swapped",
                                 "pre-norm": "pre-norm hook_result difference (hannamw/EAP-IG attribute)"}[norm]}
     if level == "node":
-        return _node_scores(layout, scores, meta)
+        return node_scores_of_edges(layout, scores, meta)
     if schema is not None:
         return PositionalScores(layout, schema, scores, meta)
     return Graph(layout, scores, meta=meta)
@@ -347,7 +347,8 @@ def _reference_metric(model, chunk: _Chunk, metric: PatchMetric) -> Tensor:
     return score_end(model, final[:, -1], chunk.answer_ids, chunk.alt_ids, metric)
 
 
-def _node_scores(layout: GraphLayout, scores: Tensor, meta: dict) -> NodeScores:
+def node_scores_of_edges(layout: GraphLayout, scores: Tensor, meta: dict) -> NodeScores:
+    """Each sender's edge scores summed over its receivers (``level="node"``), as node scores."""
     per_sender = torch.nan_to_num(scores).sum(dim=1)
     heads = torch.stack([per_sender[[layout.head_forward(l, h) for h in range(layout.n_heads)]]
                          for l in range(layout.n_layers)])

@@ -32,7 +32,6 @@ from torch import Tensor
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
-from circuits.graph_selection import _receiver_owner
 
 HOWS = ("mean", "min", "max")
 NORMALISATIONS = ("rank", "scale")
@@ -133,7 +132,7 @@ def bootstrap_scores(score: Callable[[Sequence[int]], ScoresLike], n_prompts: in
 def _incidence(layout: GraphLayout):
     """Edges as (sender node, receiver node) indices; nodes are the forward nodes plus ``logits`` (last)."""
     real = layout.real_edge_mask
-    owner = _receiver_owner(layout)  # backward -> forward node, -1 for logits
+    owner = layout.receiver_owner()  # backward -> forward node, -1 for logits
     logits = layout.n_forward
     f_idx, b_idx = real.nonzero(as_tuple=True)
     receiver_node = owner[b_idx]

@@ -45,6 +45,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
+from circuits.arguments import check_positive_int
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_io import check_graph_fits
@@ -179,6 +180,7 @@ def faithfulness_curve(
     """
     opts = sweep_options(options, "faithfulness_curve")
     opts = dataclasses.replace(opts, progress=opts.shows_progress())
+    check_positive_int(n_bootstrap, "n_bootstrap")
     layout = GraphLayout.of(model)
     fractions = [float(x) for x in fractions]
     if not fractions or any(not 0 < x <= 1 for x in fractions) or any(b <= a for a, b in zip(fractions, fractions[1:])):
@@ -248,8 +250,8 @@ def _refuse_zero_denominator(full: float, empty: float, ablation: str) -> None:
             "another ablation.")
 
 
-def paired_difference(a: FaithfulnessCurve, b: FaithfulnessCurve, *, n_bootstrap: int = 1000, seed: int = 0,
-                      confidence: float = 0.95) -> dict:
+def paired_curve_difference(a: FaithfulnessCurve, b: FaithfulnessCurve, *, n_bootstrap: int = 1000, seed: int = 0,
+                            confidence: float = 0.95) -> dict:
     """``a − b`` of two curves measured on the same prompts (in the same order): CPR, CMD and f at each fraction,
     each with a paired bootstrap interval (the same prompts drawn for both curves in every resample)."""
     if a.table is None or b.table is None or a.fractions != b.fractions:
@@ -260,8 +262,9 @@ def paired_difference(a: FaithfulnessCurve, b: FaithfulnessCurve, *, n_bootstrap
 
 def paired_table_difference(fractions: Sequence[float], a_table, b_table, *, n_bootstrap: int = 1000, seed: int = 0,
                             confidence: float = 0.95) -> dict:
-    """:func:`paired_difference` from two curves' per-prompt tables (``FaithfulnessCurve.table``, or the lists that
-    results.json keeps of them): rows are prompts, columns each fraction's circuit, then the full and empty runs."""
+    """:func:`paired_curve_difference` from two curves' per-prompt tables (``FaithfulnessCurve.table``, or the lists
+    that results.json keeps of them): rows are prompts, columns each fraction's circuit, then the full and empty runs."""
+    check_positive_int(n_bootstrap, "n_bootstrap")
     a_table, b_table = np.asarray(a_table, dtype=np.float64), np.asarray(b_table, dtype=np.float64)
     n = len(fractions)
     if a_table.ndim != 2 or a_table.shape != b_table.shape or a_table.shape[1] != n + 2:

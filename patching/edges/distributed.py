@@ -4,13 +4,13 @@ Each sweep of the edge graph is a sum of independent pieces, so it splits withou
 approximation; every process computes its share with the ordinary single-process
 function and the shares are combined, the same on every rank:
 
-* :func:`edge_attribution`: the prompts are split. A score is a mean over prompts, so
+* :func:`distributed_edge_attribution`: the prompts are split. A score is a mean over prompts, so
   the combined score is ``Σ_r n_r · score_r / Σ_r n_r`` (each shard weighted by its
   prompt count; the reference metric likewise).
-* :func:`edge_patch`: the edges are split (every ``world``-th edge to a rank, so each
+* :func:`distributed_edge_patch`: the edges are split (every ``world``-th edge to a rank, so each
   rank gets receivers of every layer and the same work); each rank runs all prompts on
   its edges, and the per-prompt effects are gathered back into the order given.
-* :func:`evaluate_circuits` and :func:`faithfulness_curve`: the circuits (the curve's
+* :func:`distributed_evaluate_circuits` and :func:`distributed_faithfulness_curve`: the circuits (the curve's
   points plus the full and empty circuits) are split; the per-prompt metrics are
   gathered and the curve, CPR, CMD and their bootstrap intervals are computed from the
   whole table on every rank, so they equal the single-process ones.
@@ -45,14 +45,13 @@ from circuits.process_group import rank_and_world_size
 from circuits.tasks import TaskBatch
 from patching.edges import curves, evaluate
 from patching.edges.evaluate import CircuitEvaluation
-# the package namespace holds the functions under the module names: import from the modules themselves
-from patching.edges.attribute import _node_scores, edge_attribution as _edge_attribution
-from patching.edges.patch import EdgeEffects, EdgesInput, edge_patch as _edge_patch, resolve_edges
+from patching.edges.attribute import edge_attribution, node_scores_of_edges
+from patching.edges.patch import EdgeEffects, EdgesInput, edge_patch, resolve_edges
 from patching.options import sweep_options
 from patching.results import NodeScores
 
-__all__ = ["Shard", "current_shard", "edge_attribution", "edge_patch", "evaluate_circuits", "faithfulness_curve",
-           "shard_prompts"]
+__all__ = ["Shard", "current_shard", "distributed_edge_attribution", "distributed_edge_patch",
+           "distributed_evaluate_circuits", "distributed_faithfulness_curve", "shard_prompts"]
 
 
 @dataclass(frozen=True)
@@ -187,9 +186,9 @@ def _on_rank(kwargs: dict, shard: Shard, where: str) -> dict:
     return {**kwargs, "options": options}
 
 
-def edge_attribution(model: HookedTransformer, reference, counterfactual: Optional[Tensor] = None, *,
-                     level: str = "edge", answer_ids=None, alt_ids=None, shard: Optional[Shard] = None,
-                     **kwargs) -> Union[Graph, NodeScores]:
+def distributed_edge_attribution(model: HookedTransformer, reference, counterfactual: Optional[Tensor] = None, *,
+                                 level: str = "edge", answer_ids=None, alt_ids=None, shard: Optional[Shard] = None,
+                                 **kwargs) -> Union[Graph, NodeScores]:
     """:func:`patching.edges.attribute` with the prompts split over the processes (module docstring).
 
     Keywords are those of :func:`patching.edges.edge_attribution`; the progress bar shows on rank 0 only.
@@ -197,13 +196,12 @@ def edge_attribution(model: HookedTransformer, reference, counterfactual: Option
     if level not in ("edge", "node"):
         raise InputError(f"level must be 'edge' or 'node', got {level!r}.")
     shard = _resolve(shard)
-    kwargs = _on_rank(kwargs, shard, "edge_attribution")
+    kwargs = _on_rank(kwargs, shard, "distributed_edge_attribution")
     if shard.world_size == 1 or _n_prompts(reference) < shard.world_size:  # too few prompts to split: all run all
-        return _edge_attribution(model, reference, counterfactual, level=level, answer_ids=answer_ids,
-                                             alt_ids=alt_ids, **kwargs)
+        return edge_attribution(model, reference, counterfactual, level=level, answer_ids=answer_ids,
+                                alt_ids=alt_ids, **kwargs)
     part = shard_prompts(shard, reference, counterfactual, answer_ids, alt_ids)
-    local = _edge_attribution(model, part[0], part[1], answer_ids=part[2], alt_ids=part[3], level="edge",
-                                          **kwargs)
+    local = edge_attribution(model, part[0], part[1], answer_ids=part[2], alt_ids=part[3], level="edge", **kwargs)
     n = local.meta["n_prompts"]
     sums = torch.cat([torch.nan_to_num(local.scores.double()).flatten() * n,
                       torch.tensor([local.meta["reference_metric"] * n, n], dtype=torch.float64)])
@@ -215,29 +213,31 @@ def edge_attribution(model: HookedTransformer, reference, counterfactual: Option
     meta = dict(local.meta, n_prompts=int(n_total), reference_metric=float(sums[-2]) / n_total,
                 n_processes=shard.world_size)
     if level == "node":
-        return _node_scores(layout, scores, meta)
+        return node_scores_of_edges(layout, scores, meta)
     return Graph(layout, scores, meta=meta)
 
 
-def edge_patch(model: HookedTransformer, edges: EdgesInput, reference, counterfactual: Optional[Tensor] = None,
-               *, shard: Optional[Shard] = None, **kwargs) -> EdgeEffects:
+def distributed_edge_patch(model: HookedTransformer, edges: EdgesInput, reference,
+                           counterfactual: Optional[Tensor] = None, *, shard: Optional[Shard] = None,
+                           **kwargs) -> EdgeEffects:
     """:func:`patching.edges.edge_patch` with the edges split over the processes (module docstring); edges in the order given.
 
     Keywords are those of :func:`patching.edges.edge_patch`; the progress bar shows on rank 0 only.
     """
     shard = _resolve(shard)
-    kwargs = _on_rank(kwargs, shard, "edge_patch")
+    kwargs = _on_rank(kwargs, shard, "distributed_edge_patch")
     pairs = resolve_edges(GraphLayout.of(model), edges)
     if shard.world_size == 1 or len(pairs) < shard.world_size:
-        return _edge_patch(model, pairs, reference, counterfactual, **kwargs)
+        return edge_patch(model, pairs, reference, counterfactual, **kwargs)
     mine = [pairs[i] for i in shard.strided(len(pairs))]
-    local = _edge_patch(model, mine, reference, counterfactual, **kwargs)
+    local = edge_patch(model, mine, reference, counterfactual, **kwargs)
     per_prompt = _unstride(_all_gather_rows(local.per_prompt), len(pairs))
     return replace(local, edges=pairs, per_prompt=per_prompt)
 
 
-def evaluate_circuits(model: HookedTransformer, circuits: Sequence, reference, counterfactual: Optional[Tensor] = None,
-                      *, shard: Optional[Shard] = None, **kwargs) -> list[CircuitEvaluation]:
+def distributed_evaluate_circuits(model: HookedTransformer, circuits: Sequence, reference,
+                                  counterfactual: Optional[Tensor] = None, *, shard: Optional[Shard] = None,
+                                  **kwargs) -> list[CircuitEvaluation]:
     """:func:`patching.edges.evaluate_circuits` with the circuits split over the processes; one result per circuit, in order."""
     shard = _resolve(shard)
     if shard.world_size == 1 or len(circuits) < shard.world_size:
@@ -253,16 +253,16 @@ def evaluate_circuits(model: HookedTransformer, circuits: Sequence, reference, c
             for i, c in enumerate(circuits)]
 
 
-def faithfulness_curve(model: HookedTransformer, scores, reference, counterfactual: Optional[Tensor] = None, *,
-                       shard: Optional[Shard] = None, **kwargs) -> curves.FaithfulnessCurve:
+def distributed_faithfulness_curve(model: HookedTransformer, scores, reference, counterfactual: Optional[Tensor] = None,
+                                   *, shard: Optional[Shard] = None, **kwargs) -> curves.FaithfulnessCurve:
     """:func:`patching.edges.faithfulness_curve` with its circuits (points, full, empty) split over the processes.
 
     The per-prompt table is gathered before the bootstrap, so every rank returns the single-process curve.
     """
     shard = _resolve(shard)
-    kwargs = _on_rank(kwargs, shard, "faithfulness_curve")
+    kwargs = _on_rank(kwargs, shard, "distributed_faithfulness_curve")
 
     def evaluate_sharded(*args, **kw):
-        return evaluate_circuits(*args, shard=shard, **kw)
+        return distributed_evaluate_circuits(*args, shard=shard, **kw)
 
     return curves.faithfulness_curve(model, scores, reference, counterfactual, evaluate=evaluate_sharded, **kwargs)

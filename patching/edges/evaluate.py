@@ -199,6 +199,13 @@ def evaluate_circuits(
 
 
 def _pool_groups(model, pool, batch_size) -> list[Tensor]:
+    empty = len(pool) == 0 if isinstance(pool, (Dataset, TaskBatch)) else \
+        isinstance(pool, Tensor) and pool.ndim == 2 and pool.numel() == 0
+    if empty:
+        what = f"token ids of shape {tuple(pool.shape)}" if isinstance(pool, Tensor) else f"a {type(pool).__name__} of 0 rows"
+        raise MeanPoolError(f"means_from is empty ({what}): a mean ablation averages the senders' outputs over the "
+                            "pool's prompts. Pass a non-empty pool of prompts that are not the evaluated ones "
+                            "(e.g. make_dataset(model, n_prompts=..., seed=<another seed>)).")
     if isinstance(pool, Dataset):
         return [b.tokens.to(model.cfg.device) for b in iter_batches(pool, batch_size or len(pool))]
     if isinstance(pool, TaskBatch):
@@ -221,6 +228,8 @@ def _pool_means(model, ablation, pool, groups, batch_size, recompute: bool = Fal
             f"(e.g. make_dataset(model, n_prompts=..., seed=<another seed>))."
         )
     pool_tokens = _pool_groups(model, pool, batch_size)
+    for tokens in pool_tokens:
+        inputs.check_token_ids(model, tokens, "means_from's tokens")
     evaluated = {tuple(row.tolist()) for g in groups for row in g.tokens}
     shared = sum(tuple(row.tolist()) in evaluated for tokens in pool_tokens for row in tokens)
     if shared:

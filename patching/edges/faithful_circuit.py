@@ -13,9 +13,9 @@
    on the held-out half, so the reported number is not inflated by the choice.
 
 :func:`key_head_relation` and :func:`key_heads_by_size` relate the circuit to node-level key heads
-(which of them it holds, at each size). :func:`compare_methods` runs the procedure for several methods
-(attribution, exact patching, learned masks, ensembles, bootstrapped scores, the ILP, position-aware
-edges) on the same two halves, with each method's time.
+(which of them it holds, at each size). :func:`patching.edges.circuit_methods.compare_methods` runs the
+procedure for several methods (attribution, exact patching, learned masks, ensembles, bootstrapped scores,
+the ILP, position-aware edges) on the same two halves, with each method's time.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from circuits.graph_selection import mib_selector, nodes_in_graph, select_fracti
 from circuits.nodes import Head
 from circuits.pools import pool_dataset
 from patching.edges.attribute import edge_attribution
-from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, faithfulness_curve, paired_difference
+from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, faithfulness_curve
 from patching.options import SweepOptions
 
 MIN_PROMPTS = 4  # two per half: the fewest a bootstrap interval can be drawn from
@@ -190,157 +190,6 @@ def key_heads_by_size(scores: Graph, heads: Sequence[Head], fractions: Sequence[
         rows.append({"fraction": fraction, "n_edges": int(circuit.in_graph.sum()), "n_heads": len(circuit_heads),
                      "key_heads": [names[n] for n in circuit_heads if n in names]})
     return rows
-
-
-# ---------------------------------------------------------------------------- several methods side by side
-
-#: methods that score edges on the selection half (besides edge attribution's own, EDGE_ATTRIBUTION_METHODS)
-LEARNED_METHODS = ("edge-pruning", "ugs", "matryoshka")
-OTHER_METHODS = ("exact", "ensemble", "bootstrap", "ilp", "positional")
-
-
-def method_names() -> tuple[str, ...]:
-    """Every method :func:`compare_methods` knows."""
-    from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS
-
-    return tuple(EDGE_ATTRIBUTION_METHODS) + LEARNED_METHODS + OTHER_METHODS
-
-
-@dataclass
-class MethodResult:
-    """One method of a comparison: its circuit search and its cost (wall and this process's CPU seconds)."""
-
-    name: str
-    found: FaithfulCircuit
-    seconds: float
-    cpu_seconds: float
-    info: dict = field(default_factory=dict)
-
-    def row(self, fractions: Sequence[float] = (0.01, 0.02, 0.05, 0.1, 0.2)) -> dict:
-        """The comparison table's row: held-out CPR, CMD, f at ``fractions``, the smallest faithful size, time."""
-        held = self.found.curve_heldout
-        f_at = {}
-        for x in fractions:
-            if x in held.fractions:
-                f_at[f"f@{100 * x:g}%"] = held.faithfulness[held.fractions.index(x)].to_dict()
-        smallest = self.found.smallest
-        return {"method": self.name, "cpr": held.cpr.to_dict(), "cmd": held.cmd.to_dict(), **f_at,
-                "smallest_fraction": None if smallest is None else smallest["fraction"],
-                "smallest_f_heldout": None if smallest is None else smallest["f_heldout"],
-                "n_heldout": held.n_prompts, "seconds": round(self.seconds, 1), "cpu_seconds": round(self.cpu_seconds, 1),
-                **self.info}
-
-
-def compare_methods(model: HookedTransformer, prompts: Dataset, methods: Sequence[str],
-                    search: CircuitSearch = CircuitSearch(), *, learn=None, warm_start: Optional[str] = "EAP-IG-inputs",
-                    bootstrap_resamples: int = 10, stage=None, log=print) -> list[MethodResult]:
-    """Every method in ``methods`` scored on the same selection half and curved on the same held-out half.
-
-    Attribution methods (:data:`patching.edges.attribute.EDGE_ATTRIBUTION_METHODS`) and ``"exact"`` (every
-    edge patched) score edges directly; the learned ones (:data:`LEARNED_METHODS`, with ``learn``, a
-    :class:`patching.edges.learn.LearnConfig`) start from ``warm_start``'s scores (None: cold);
-    ``"ensemble"`` is the mean-rank ensemble of the methods before it; ``"bootstrap"`` the sign-stable
-    ``search.method`` scores over ``bootstrap_resamples`` prompt resamples; ``"ilp"`` chooses each size's
-    circuit by the ILP over ``search.method``'s scores; ``"positional"`` scores position-aware edges
-    (:mod:`patching.edges.positions`) by ``search.method``. Time is counted per method, warm starts and
-    the scores an ensemble reuses excluded.
-    """
-    import time
-
-    from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS
-    from patching.edges.combine import bootstrap_scores, ensemble, ilp_selector
-    from patching.edges.learn import LearnConfig, learn_circuit
-    from patching.edges.patch import edge_patch
-    from patching.edges.positions import SPANS
-
-    unknown = [m for m in methods if m not in method_names()]
-    if unknown:
-        raise InputError(f"Unknown circuit method(s) {unknown}: use any of {', '.join(method_names())}.")
-    learn = learn or LearnConfig()
-    stage = stage or (lambda name: __import__("contextlib").nullcontext())
-    selection, heldout = split_halves(prompts, search.circuit_prompts, search.seed)
-    pool = pool_dataset(model, prompts, search.pool_prompts, seed=search.seed + 1) if search.ablation.endswith("mean") \
-        else None
-    layout = Graph.from_model(model).layout
-    computed: dict[str, object] = {}  # scores by method, for warm starts and ensembles
-    cost: dict[str, tuple[float, float]] = {}  # (wall, CPU) seconds of each attribution when it was computed
-
-    def attribution(name: str, rows: Optional[Sequence[int]] = None, **kw):
-        data = selection if rows is None else selection.select(rows)
-        return edge_attribution(model, data, method=name, ig_steps=search.ig_steps, options=search.options(False), **kw)
-
-    def cached_attribution(name: str):
-        if name not in computed:
-            wall, cpu = time.perf_counter(), time.process_time()
-            computed[name] = attribution(name)
-            cost[name] = (time.perf_counter() - wall, time.process_time() - cpu)
-        return computed[name]
-
-    results = []
-    for name in methods:
-        info: dict = {}
-        with stage(f"circuit method {name}"):
-            init = cached_attribution(warm_start) if name in LEARNED_METHODS and warm_start else None
-            wall, cpu = time.perf_counter(), time.process_time()
-            select, reused = None, None
-            if name in EDGE_ATTRIBUTION_METHODS:
-                reused = name if name in computed else None
-                scores = cached_attribution(name)
-            elif name == "exact":
-                scores = edge_patch(model, None, selection, options=search.options(False)).graph()
-            elif name in LEARNED_METHODS:
-                learned = learn_circuit(model, selection, config=learn, method=name, init=init, progress=False)
-                scores = learned.graph
-                info = {"warm_start": warm_start, "warm_start_seconds": round(cost[warm_start][0], 1) if warm_start else 0.0,
-                        "steps": learned.config.steps,
-                        "seconds_per_step": learned.seconds_per_step,
-                        "losses": learned.losses[::max(1, len(learned.losses) // 50)]}
-            elif name == "ensemble":
-                members = list(computed)
-                if len(members) < 2:
-                    raise InputError("'ensemble' combines the methods listed before it: list at least two first.")
-                scores = ensemble(layout, [computed[m] for m in members], "mean", "rank")
-                info = {"members": members}
-            elif name == "bootstrap":
-                boot = bootstrap_scores(lambda rows: attribution(search.method, rows), len(selection), layout,
-                                        n_resamples=bootstrap_resamples, seed=search.seed)
-                scores = boot.graph()
-                info = {"n_resamples": bootstrap_resamples, "n_stable": int(boot.stable.sum())}
-            elif name == "ilp":
-                reused = search.method if search.method in computed else None
-                scores = cached_attribution(search.method)
-                select = ilp_selector(layout)
-            else:  # positional
-                scores = attribution(search.method, spans=SPANS)
-            if name not in ("positional", "ilp"):
-                computed[name] = scores
-            curves = [faithfulness_curve(model, scores, part, ablation=search.ablation, means_from=pool,
-                                         select=select or (None if name == "positional" else mib_selector(layout)),
-                                         n_bootstrap=search.n_bootstrap, seed=search.seed,
-                                         options=search.options(False))
-                      for part in (selection, heldout)]
-            smallest = smallest_faithful(curves[0], curves[1], search.threshold)
-            graph = scores if isinstance(scores, Graph) else scores.merged()
-            circuit = None
-            if smallest and name != "positional":
-                n = int(smallest["fraction"] * layout.n_edges)
-                circuit = (select_fraction(graph, smallest["fraction"]) if select is None
-                           else Graph(layout, graph.scores, in_graph=select(graph.scores, n)))
-            found = FaithfulCircuit(search, graph, selection, heldout, curves[0], curves[1], smallest, circuit)
-            seconds, cpu_seconds = time.perf_counter() - wall, time.process_time() - cpu
-            if reused is not None:  # the scores came from an earlier method: count the time they took then
-                seconds, cpu_seconds = seconds + cost[reused][0], cpu_seconds + cost[reused][1]
-            result = MethodResult(name, found, seconds, cpu_seconds, info)
-        if results and name != "positional":  # paired against the first method, on the same held-out prompts
-            result.info["minus_" + results[0].name] = paired_difference(result.found.curve_heldout,
-                                                                         results[0].found.curve_heldout,
-                                                                         n_bootstrap=search.n_bootstrap, seed=search.seed)
-        results.append(result)
-        row = result.row()
-        log(f"{name:20s} CPR {row['cpr']['value']:.3f}  CMD {row['cmd']['value']:.3f}  "
-            f"f@5% {row.get('f@5%', {}).get('value', float('nan')):.3f}  smallest f>={search.threshold:g}: "
-            f"{row['smallest_fraction']}  ({row['seconds']:.0f} s)")
-    return results
 
 
 def circuit_heads(scores: Graph, n_heads: int, fraction: float = 0.05) -> list[Head]:

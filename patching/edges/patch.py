@@ -43,6 +43,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
+from circuits.graph_io import check_graph_fits
 from circuits.prefix_cache import TiledKVCache
 from patching import forward, inputs
 from patching.options import SweepOptions, sweep_options
@@ -143,6 +144,7 @@ def edge_patch(
     answer_ids=None,
     alt_ids=None,
     fast: bool = True,
+    rotate_prefix_once: bool = True,
     norm: str = "frozen",
     options: Optional[SweepOptions] = None,
 ) -> EdgeEffects:
@@ -155,6 +157,9 @@ def edge_patch(
         reference, counterfactual, answer_ids, alt_ids: prompts, as in :func:`patching.path_patch`.
         fast: patched forwards as plain loops over block pieces (:mod:`patching.edges.patch_fast`) where the
             architecture allows; False runs them through hooks (slower, same numbers; for comparisons).
+        rotate_prefix_once: on the fast path, rotary rotates the prefix's cached keys once per layer
+            (:func:`patching.edges.patch_fast.prefix_rotary_once`); False rotates them at every call, as
+            TransformerLens does (slower, same numbers; for timing the two).
         norm: on models with norms after attention, ``"frozen"`` patches a head's output at its own run's
             scale; ``"recompute"`` re-normalises the receiver's view of the sender's layer with the sender's
             pre-norm result swapped (hannamw/EAP-IG's and MIB's convention, :mod:`patching.edges.mixing`).
@@ -167,6 +172,8 @@ def edge_patch(
     check_norm(norm)
     metric = get_metric(opts.metric)
     layout = GraphLayout.of(model)
+    if isinstance(edges, Graph):  # another model's graph: refused naming what differs, not a tensor size mismatch
+        check_graph_fits(edges, model, "edges (a Graph)")
     pairs = resolve_edges(layout, edges)
     if not pairs:
         raise InputError("No edges to patch.")
@@ -179,7 +186,7 @@ def edge_patch(
         for group in groups:
             clock = _Clock(seconds)
             runs = _ReferenceRuns.record(model, layout, group, metric, reuse_prefix=opts.reuse_prefix, fast=fast,
-                                         norm=norm)
+                                         norm=norm, rotate_prefix_once=rotate_prefix_once)
             clock.lap("reference runs")
             patched = runs.patch(pairs, opts.budget(), bar, clock)
             per_group.append((patched - runs.base[None]).double().cpu())
@@ -226,10 +233,11 @@ class _ReferenceRuns:
     resid_pre: dict[int, Tensor]
     resid_mid: dict[int, Tensor]
     receivers: Optional[list]  # receiver_hooks(model), for the hook path
+    rotate_prefix_once: bool = True  # the fast path's rotary of the prefix's keys (edge_patch)
 
     @classmethod
     def record(cls, model, layout, group, metric, *, reuse_prefix: bool, fast: bool,
-               norm: str = "frozen") -> "_ReferenceRuns":
+               norm: str = "frozen", rotate_prefix_once: bool = True) -> "_ReferenceRuns":
         start = forward.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix else 0
         # Only the receiver's own block needs per-head q/k/v inputs (and ungrouped K/V): every other
         # block runs plain, with the prefix's grouped keys/values.
@@ -249,7 +257,8 @@ class _ReferenceRuns:
             delta = _recomputed_head_changes(model, layout, group, start, kv_plain, delta)
         base = score_end(model, final[:, -1], group.answer_ids, group.alt_ids, metric)
         return cls(model, layout, group, metric, fast, start, kv_plain, kv_split, delta, final, base,
-                   resid["resid_pre"], resid["resid_mid"], None if fast else receiver_hooks(model))
+                   resid["resid_pre"], resid["resid_mid"], None if fast else receiver_hooks(model),
+                   rotate_prefix_once=rotate_prefix_once)
 
     def score(self, end: Tensor, k: int) -> Tensor:
         """The metric of ``k`` stacked copies of the group (rows ``j * batch + b``), as ``[k, batch]``."""
@@ -295,8 +304,8 @@ class _ReferenceRuns:
             else:
                 receivers = [receiver_kind(layout, b)[1:] for _, b in chunk_pairs]
                 out = head_receiver_layer(model, layer, self.resid_pre[layer], receivers, change, self.kv_split,
-                                          end_only=last)
-            return end_residual_above(model, layer, out, self.kv_plain)
+                                          end_only=last, rotate_prefix_once=self.rotate_prefix_once)
+            return end_residual_above(model, layer, out, self.kv_plain, rotate_prefix_once=self.rotate_prefix_once)
         k, B = len(chunk_pairs), len(self.group)
         fwd_hooks = _receiver_patch_hooks(chunk_pairs, self.receivers, self.delta, k, B)
         end = model.run_with_hooks(self.resid_pre[layer].repeat(k, 1, 1), start_at_layer=layer,

@@ -23,6 +23,8 @@ against a plain hook implementation):
   whole key sequence), i.e. once per patched row per layer. Rotary is elementwise per
   position, so rotating only the new positions and prepending the prefix's keys rotated
   once (untiled, then tiled) gives the same tensor bit for bit (:func:`prefix_rotary_once`).
+  ``rotate_prefix_once=False`` (an argument of :func:`patching.edges.edge_patch`) keeps TransformerLens' way,
+  to time the two side by side.
 
 Only sequential pre-norm blocks qualify (:func:`fast_path_problem`); :func:`patching.edges.edge_patch`
 uses the hook path otherwise.
@@ -59,18 +61,16 @@ def _entry(kv, layer: int, times: int):
     return None if kv is None else TiledKVCache(kv, times)[layer]
 
 
-ROTATE_PREFIX_ONCE = True  # False only to time the old behaviour side by side (experiments.bench_circuits)
-
-
 @contextmanager
-def prefix_rotary_once(attn, kv, layer: int, times: int):
+def prefix_rotary_once(attn, kv, layer: int, times: int, *, enabled: bool = True):
     """While ``attn`` runs with layer ``layer``'s prefix cache of ``kv`` tiled ``times``, rotary of its keys
     rotates only the new positions and prepends the prefix's keys rotated once (same values, bit for bit).
 
     TransformerLens' attention calls ``self.apply_rotary(k, 0, mask)`` on the cached prefix keys plus the
-    new ones; this shadows that method on the instance for the duration of the call only.
+    new ones; this shadows that method on the instance for the duration of the call only. ``enabled=False``
+    leaves TransformerLens' rotary as it is.
     """
-    if kv is None or not ROTATE_PREFIX_ONCE or attn.cfg.positional_embedding_type != "rotary":
+    if kv is None or not enabled or attn.cfg.positional_embedding_type != "rotary":
         yield
         return
     original = attn.apply_rotary
@@ -115,7 +115,7 @@ def mlp_receiver_layer(
 def head_receiver_layer(
     model: HookedTransformer, layer: int, resid_pre: Float[Tensor, "batch pos d_model"],
     receivers: Sequence[tuple[str, int]], change: Float[Tensor, "edge batch pos d_model"],
-    kv_split, end_only: bool,
+    kv_split, end_only: bool, *, rotate_prefix_once: bool = True,
 ) -> Float[Tensor, "rows pos d_model"]:
     """Layer ``layer``'s output when edge j adds ``change[j]`` to the ``receivers[j] = (kind, head)`` input only.
 
@@ -124,7 +124,8 @@ def head_receiver_layer(
     query head); at ``attn.hook_{q,k,v}``, right after the projection (before any q/k norm
     and rotary), each patched row's receiving head gets the projection of its own
     normalized patched input instead. That is what per-head inputs compute, without
-    normalizing and projecting a copy of the residual for every head.
+    normalizing and projecting a copy of the residual for every head. ``rotate_prefix_once``: see
+    :func:`prefix_rotary_once`.
     """
     block, cfg = model.blocks[layer], model.cfg
     attn = block.attn
@@ -145,7 +146,7 @@ def head_receiver_layer(
     split_before = cfg.use_split_qkv_input
     model.set_use_split_qkv_input(False)
     try:
-        with model.hooks(fwd_hooks=hooks), prefix_rotary_once(attn, kv_split, layer, k):
+        with model.hooks(fwd_hooks=hooks), prefix_rotary_once(attn, kv_split, layer, k, enabled=rotate_prefix_once):
             out = attn(query_input=normed, key_input=normed, value_input=normed,
                        past_kv_cache_entry=_entry(kv_split, layer, k))
     finally:
@@ -168,20 +169,22 @@ def _replace_heads(rows: Tensor, heads: Tensor, projected: Tensor, k: int):
 
 
 def end_residual_above(
-    model: HookedTransformer, layer: int, resid: Float[Tensor, "rows pos d_model"], kv_plain,
+    model: HookedTransformer, layer: int, resid: Float[Tensor, "rows pos d_model"], kv_plain, *,
+    rotate_prefix_once: bool = True,
 ) -> Float[Tensor, "rows d_model"]:
-    """Final residual at END after running layers ``layer + 1 ..`` on ``resid`` (layer ``layer``'s output)."""
+    """Final residual at END after running layers ``layer + 1 ..`` on ``resid`` (layer ``layer``'s output);
+    ``rotate_prefix_once``: see :func:`prefix_rotary_once`."""
     n_layers = model.cfg.n_layers
     if layer == n_layers - 1:
         return resid[:, -1]
     times = resid.shape[0] // (kv_plain[0].past_keys.shape[0] if kv_plain is not None else 1)
     with plain_blocks(model):
         for above in range(layer + 1, n_layers - 1):
-            with prefix_rotary_once(model.blocks[above].attn, kv_plain, above, times):
+            with prefix_rotary_once(model.blocks[above].attn, kv_plain, above, times, enabled=rotate_prefix_once):
                 resid = model.blocks[above](resid, past_kv_cache_entry=_entry(kv_plain, above, times))
         block = model.blocks[n_layers - 1]
         normed = block.ln1(resid)
-        with prefix_rotary_once(block.attn, kv_plain, n_layers - 1, times):
+        with prefix_rotary_once(block.attn, kv_plain, n_layers - 1, times, enabled=rotate_prefix_once):
             attn = block.attn(query_input=normed, key_input=normed, value_input=normed,
                               past_kv_cache_entry=_entry(kv_plain, n_layers - 1, times))
         resid_mid = resid[:, -1:] + _attn_added(model, block, attn[:, -1:])

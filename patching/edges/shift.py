@@ -140,11 +140,9 @@ def _spearman(layout: GraphLayout, a: Graph, b: Graph) -> float:
 
 def _node_mass(layout: GraphLayout, graph: Graph, mask: Tensor) -> Tensor:
     """Each forward node's in-circuit edge mass: |score| of its in-circuit edges out plus into its inputs."""
-    from circuits.graph_selection import _receiver_owner
-
     weights = graph.scores.abs().nan_to_num(0.0) * mask
     out = weights.sum(1)
-    owner = _receiver_owner(layout)
+    owner = layout.receiver_owner()
     into = torch.zeros(layout.n_forward).index_add_(0, owner.clamp_min(0), weights.sum(0) * (owner >= 0))
     return out + into
 

@@ -56,6 +56,14 @@ def test_named_indices_and_bad_names():
         layout.edge_index("a0.h0 -> logits")
 
 
+def test_each_receiver_belongs_to_the_node_of_its_name():
+    layout = GraphLayout(3, 2)
+    owner = layout.receiver_owner()
+    for b, name in enumerate(layout.backward_names):
+        expected = -1 if name == "logits" else layout.forward_index(name.split("<")[0])
+        assert int(owner[b]) == expected, name
+
+
 def test_graph_sizes_of_a_model_and_of_gemma_3_270m():
     model = tiny_model(style="gemma", n_layers=2)
     graph = Graph.from_model(model)

@@ -215,3 +215,25 @@ def test_a_file_with_no_score_at_all_warns(tmp_path, in_graph):
     with pytest.warns(UserWarning, match=rf"gives no score for any of its {n} edges: it ranks nothing .*a circuit of "
                                          rf"{n if in_graph else 0} in-graph edges"):
         load_eap_json(tmp_path / "empty.json")
+
+
+def test_a_parallel_flag_that_disagrees_with_the_edges_names_the_flag(tmp_path):
+    """It used to blame the edge ('its sender does not come before its receiver') and never name the flag."""
+    data = graph_to_eap_dict(scored_graph(parallel=False), d_model=16)
+    data["cfg"]["parallel_attn_mlp"] = True
+    path = _eap_file(tmp_path, "parallel.json", data)
+    with pytest.raises(GraphFileError, match=r"parallel\.json: cfg\.parallel_attn_mlp is true \(parallel blocks.*"
+                                             r"but edge 'a0\.h0->m0' exists only when it is false: the flag disagrees"):
+        load_eap_json(path)
+    data = graph_to_eap_dict(scored_graph(parallel=True), d_model=16)
+    data["cfg"]["parallel_attn_mlp"] = False  # every edge fits, but the within-layer head -> MLP edges are absent
+    with pytest.warns(UserWarning, match=r"exactly the \d+ edges from a layer's heads to its own MLP.*"
+                                         r"cfg\.parallel_attn_mlp \(false\) is probably wrong"):
+        load_eap_json(_eap_file(tmp_path, "sequential.json", data))
+
+
+def test_a_model_name_with_an_underscore_is_refused_like_the_task(tmp_path):
+    """It used to write arith-add_gemma_3, which MIB splits into task 'arith-add' and model 'gemma'."""
+    with pytest.raises(InputError, match=r"model_name 'gemma_3' contains '_', which MIB uses to split task from model"):
+        write_mib_submission(scored_graph(), tmp_path, "arith-add", "gemma_3")
+    assert list(tmp_path.iterdir()) == []

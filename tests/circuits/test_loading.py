@@ -12,7 +12,7 @@ import torch
 from transformer_lens import HookedTransformer
 
 from circuits import loading, model_cache as cache
-from circuits.model_cache import save_model, verify_model_dir
+from circuits.model_cache import NotAModelDirError, save_model, verify_model_dir
 from circuits.loading import ModelNotAvailableError, OfflineModel, load_model, RemoteCodeError
 from tests.tiny_models import tiny_model
 from circuits.errors import InputError
@@ -236,3 +236,35 @@ def test_architectures_whose_tl_config_turns_remote_code_on_are_refused(fake_hub
     assert fake_hub == []
     load_model("gpt2", device="cpu")  # an architecture without remote code loads as before
     assert fake_hub[-1][0] == "gpt2" and "trust_remote_code" not in fake_hub[-1][1]
+
+
+def test_a_config_the_hub_cannot_serve_is_a_clear_error_not_the_raw_connection_error(fake_hub, monkeypatch):
+    """Behind a proxy on an offline machine, phi-1_5's config (which says it runs remote code) raised the hub's raw
+    OSError, while names TransformerLens lists got the remote-code refusal without the hub."""
+    from transformer_lens import loading_from_pretrained as tl_loading
+
+    def no_connection(name, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find them "
+                      "in the cached files.\nCheck your internet connection.")
+
+    monkeypatch.setattr(tl_loading, "get_pretrained_model_config", no_connection)
+    with pytest.raises(ModelNotAvailableError, match=r"Cannot load 'microsoft/phi-1_5': its config could not be read "
+                                                     r"from the Hugging Face hub \(OSError: We couldn't connect.*\), and "
+                                                     r"the config says whether loading it runs remote code"):
+        load_model("microsoft/phi-1_5", device="cpu")
+    assert fake_hub == []
+    with pytest.raises(RemoteCodeError, match="allow_remote_code=True"):  # listed: refused without the hub, as before
+        load_model("microsoft/phi-2", device="cpu")
+
+
+def test_an_empty_folder_named_like_a_model_says_that_it_shadows_the_name(tmp_path, monkeypatch):
+    """It said only '... is not a saved model folder', and the user saw no reason why 'gpt2' was read as a folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpt2").mkdir()
+    with pytest.raises(NotAModelDirError, match=r"gpt2 is a local folder that is not a saved model, and its path 'gpt2' "
+                                                r"is also the name of a TransformerLens model: the folder shadows the "
+                                                r"model name\. To load the hub model, run from another directory"):
+        load_model("gpt2", device="cpu")
+    (tmp_path / "my-run").mkdir()  # not a model name: the plain message
+    with pytest.raises(NotAModelDirError, match=r"my-run is not a saved model folder"):
+        load_model("my-run", device="cpu")

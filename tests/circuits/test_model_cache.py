@@ -206,3 +206,33 @@ def test_a_model_with_nan_weights_is_not_saved(tmp_path):
     with pytest.raises(InputError, match=r"NaN or Inf weights in 1 tensors \(blocks\.0\.attn\.W_Q\)"):
         save_model(model, tmp_path / "m")
     assert not (tmp_path / "m").exists()
+
+
+def _edit_config(saved, **changes):
+    config = json.loads((saved / cache.CONFIG_FILE).read_text())
+    config.update(changes)
+    (saved / cache.CONFIG_FILE).write_text(json.dumps(config))
+    refresh_manifest(saved)  # only the reader can notice
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    # a raw allocator error naming no file, before the config was checked
+    ({"d_vocab": 10**12}, r"config\.json: d_vocab is 1000000000000; a saved config gives a whole number in "
+                          r"1\.\.2147483647\. Save the model again"),
+    # TransformerLens' raw AssertionError naming no file
+    ({"act_fn": "__import__('os').system('true')"}, r"config\.json: act_fn is \"__import__\('os'\).*\"; it must be "
+                                                    r"one of \[.*'gelu_new'.*\]"),
+    ({"n_heads": "4"}, r"config\.json: n_heads is '4'; a saved config gives a whole number"),
+    ({"gated_mlp": "false"}, r"config\.json: gated_mlp is 'false'; it must be true or false"),
+    ({"normalization_type": "BatchNorm"}, r"normalization_type is 'BatchNorm'; it must be one of \[None, 'LN'"),
+    # sane numbers that do not fit the weights: named before a model of those sizes is allocated
+    ({"d_vocab": 50_000}, r"config\.json implies embed\.W_E of shape \(50000, 32\) \(d_vocab, d_model\), but "
+                          r".*model\.safetensors holds one of shape \(\d+, 32\): the config does not fit the weights"),
+    ({"n_layers": 7}, r"config\.json gives n_layers 7, but .*model\.safetensors holds the blocks \[0, 1\] \(2 layers\)"),
+    ({"d_mlp": 4096}, r"implies blocks\.0\.mlp\.W_in of shape \(32, 4096\) \(d_model, d_mlp\)"),
+])
+def test_a_config_is_checked_against_its_weights_before_the_model_is_built(saved, changes, message):
+    _edit_config(saved, **changes)
+    assert verify_model_dir(saved) == []
+    with pytest.raises(CorruptModelDirError, match=message):
+        load_model(saved, device="cpu")

@@ -49,3 +49,12 @@ def test_hooks_attached_to_the_model_are_not_baked_into_a_cached_prefix():
         shared, n = run_after_shared_prefix(model, tokens)
         plain = model(tokens, stop_at_layer=model.cfg.n_layers)[:, n:]
     assert n == 8 and torch.allclose(shared, plain, atol=1e-4) and not torch.allclose(shared, plain_shared, atol=1e-4)
+
+
+def test_the_batch_common_prefix_is_where_every_row_agrees():
+    from circuits.prefix_cache import batch_common_prefix_length
+
+    tokens = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 9, 5], [1, 2, 3, 4, 6]])
+    assert batch_common_prefix_length(tokens) == 3  # the rows part at position 3
+    assert batch_common_prefix_length(tokens, limit=2) == 2
+    assert batch_common_prefix_length(tokens[:1]) == 4  # one row: all but the last position

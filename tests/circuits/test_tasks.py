@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from circuits import tasks
+from circuits.answer_scoring import first_token_hits
 from circuits.counterfactuals import parse_shots
 from circuits.errors import TaskDataError
 from circuits.templates import Template, resolve_operation
@@ -84,7 +85,7 @@ def test_batches_group_equal_lengths_and_masks_mark_roles(tok):
 def test_filter_correct_keeps_only_correct_rows():
     model = tiny_model()
     ds = tasks.make_dataset(model, n_prompts=16)
-    mask = tasks.accuracy_mask(model, ds)
+    mask = first_token_hits(model, ds)
     if not any(mask):
         with pytest.raises(TaskDataError, match="none of the 16 prompts"):
             tasks.filter_correct(model, ds)

@@ -1,9 +1,13 @@
-"""A tiny random model saved as a model directory, so experiments run end to end in seconds."""
+"""Experiments run end to end in seconds on tiny random models: a model directory (``tiny_dir``), a model loader to
+inject (``tiny_loader``), and ``run_main``, which runs an experiment's command line with that loader."""
+
+import importlib
 
 import pytest
 import torch
 
 from circuits.loading import save_model
+from experiments.runtime import cli
 from tests.tiny_models import tiny_model
 
 
@@ -16,3 +20,24 @@ def tiny_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("models") / "tiny"
     save_model(model, path)
     return path
+
+
+@pytest.fixture
+def tiny_loader():
+    """A model loader (``main(argv, loader=...)``) that returns a fresh tiny gemma-style model; an experiment may set
+    torch's thread count (``--threads``), so it is restored afterwards."""
+    before = torch.get_num_threads()
+    yield lambda name, **kw: tiny_model(style="gemma", n_layers=2)
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def run_main():
+    """``run_main(module, argv, loader)``: ``python -m <module> <argv>`` with the model loader ``loader``; the command
+    line's errors come out as one line with exit status 2, as from a shell."""
+
+    def run(module: str, argv: list[str], loader) -> None:
+        main = importlib.import_module(module).main
+        cli.run_cli(lambda a: main(a, loader=loader), module.rsplit(".", 1)[1], argv)
+
+    return run

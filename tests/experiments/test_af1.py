@@ -73,3 +73,15 @@ def test_af1_isolation_rejects_bad_cells(tiny_dir, tmp_path):
         af1_experiment.main(["--model", str(tiny_dir), *ARGS, "--isolate", "7-6", "--out", str(tmp_path / "a")])
     with pytest.raises(ValueError, match="at most n_layers"):
         af1_experiment.main(["--model", str(tiny_dir), *ARGS, "--isolate", "1,5", "--out", str(tmp_path / "b")])
+
+
+def test_one_fold_of_cross_fitted_means_is_refused_when_the_flags_are_parsed():
+    """--n-folds 1 passed the flag check and failed in cross_fit_folds only after the model had loaded."""
+    import pytest
+
+    from circuits.errors import InputError
+
+    with pytest.raises(InputError, match=r"--n-folds 1 with --means cross-fit: .* needs --n-folds 2 or more "
+                                         r"\(or --means split\)"):
+        af1_experiment.AF1ExperimentConfig(n_folds=1)
+    assert af1_experiment.AF1ExperimentConfig(n_folds=1, means="split").n_folds == 1  # unused by split means

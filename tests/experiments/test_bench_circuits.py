@@ -115,3 +115,15 @@ def test_the_head_edge_verdict_and_the_learned_mask_timing(tiny_dir, tmp_path):
         assert -1 <= row["spearman"]["value"] <= 1 and 0 <= row["top_1pct_overlap"] <= 1
     learned = results["learned_mask"]
     assert learned["steps"] == 2 and learned["seconds_per_step"] > 0 and learned["peak_rss_mb"] > 0
+
+
+def test_a_peer_timing_that_did_not_run_reads_not_run_with_the_reason(tmp_path, capsys):
+    """The table printed 'nan' in hannamw/EAP-IG's column when its arm was skipped, without saying why."""
+    from types import SimpleNamespace
+
+    timer = SimpleNamespace(seconds={"edge_attribution_eap_ig_inputs": 2.0, "faithfulness_curve": 3.0})
+    run = SimpleNamespace(timer=timer, out=tmp_path, results={"eap_ig_arm": "skipped by --no-eap-ig"})
+    bench_circuits.print_table(run)
+    printed = capsys.readouterr().out
+    assert "nan" not in printed and printed.count("not run") == 3
+    assert "(hannamw/EAP-IG not run: skipped by --no-eap-ig)" in printed

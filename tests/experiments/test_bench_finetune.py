@@ -1,13 +1,9 @@
 """experiments.bench_finetune end to end on a tiny random model: memory and trainable-parameter ratios."""
 
-import importlib
 import json
 
 import pytest
 import torch
-
-from experiments.runtime import cli
-from tests.tiny_models import tiny_model
 
 
 @pytest.fixture(autouse=True)
@@ -19,20 +15,9 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture
-def tiny_loader():
-    return lambda name, **kw: tiny_model(style="gemma", n_layers=2)
-
-
-def _run(module, argv, loader):
-    """``python -m <module> <argv>`` with the model loader ``loader``: the command line's errors, exit status 2."""
-    main = importlib.import_module(module).main
-    cli.run_cli(lambda a: main(a, loader=loader), module.rsplit(".", 1)[1], argv)
-
-
-def test_bench_finetune_writes_ratios(tiny_loader, tmp_path):
-    _run("experiments.bench_finetune", ["--out", str(tmp_path), "--heads", "L1H0", "--steps", "2", "--rounds", "1",
-                                        "--batch-size", "4", "--micro-batch-size", "4"], tiny_loader)
+def test_bench_finetune_writes_ratios(run_main, tiny_loader, tmp_path):
+    run_main("experiments.bench_finetune", ["--out", str(tmp_path), "--heads", "L1H0", "--steps", "2", "--rounds", "1",
+                                            "--batch-size", "4", "--micro-batch-size", "4"], tiny_loader)
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["ratios"]) == {"full", "full_all"}
     for arm in ("full", "full_all"):
@@ -42,10 +27,10 @@ def test_bench_finetune_writes_ratios(tiny_loader, tmp_path):
     assert "precise_nokv" not in results["methods"]
 
 
-def test_bench_finetune_nokv_arm(tiny_loader, tmp_path):
-    _run("experiments.bench_finetune", ["--out", str(tmp_path), "--heads", "L1H0", "--steps", "2", "--rounds", "1",
-                                        "--batch-size", "4", "--micro-batch-size", "4", "--no-full-all", "--nokv"],
-         tiny_loader)
+def test_bench_finetune_nokv_arm(run_main, tiny_loader, tmp_path):
+    run_main("experiments.bench_finetune", ["--out", str(tmp_path), "--heads", "L1H0", "--steps", "2", "--rounds", "1",
+                                            "--batch-size", "4", "--micro-batch-size", "4", "--no-full-all", "--nokv"],
+             tiny_loader)
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results["ratios"]) == {"full"}
     methods = results["methods"]

@@ -102,13 +102,35 @@ def test_help_lists_every_flag(capsys):
         assert "--" + name.replace("_", "-") in text
 
 
+def test_the_light_config_names_what_the_edge_library_has():
+    """experiments/circuit/config.py writes the library's names and defaults out (it may not import torch)."""
+    import dataclasses
+
+    from experiments.circuit import config
+    from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS
+    from patching.edges.evaluate import ABLATIONS
+    from patching.edges.learn import LearnConfig
+
+    assert config.EDGE_ATTRIBUTION_METHODS == tuple(EDGE_ATTRIBUTION_METHODS)
+    assert config.ABLATIONS == ABLATIONS  # CIRCUIT_METHOD_NAMES: the test of the --methods flag
+    assert dataclasses.asdict(config.CircuitConfig().learn()) == dataclasses.asdict(LearnConfig(progress=False))
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--method", "bogus"], "--method: invalid choice"),
     (["--threshold", "1.5"], "--threshold: must be in [0, 1]"),
     (["--circuit-prompts", "0"], "--circuit-prompts: must be an integer >= 1"),
     (["--ablation", "resample"], "--ablation: invalid choice"),
+    (["--methods", "EAP", "bogus"], "--methods: invalid choice"),
 ])
 def test_bad_flags_fail_before_the_model_loads(argv, message, capsys):
     with pytest.raises(SystemExit) as exit:
         circuit_experiment.parse_config(argv)
     assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_methods_flag_offers_every_registered_circuit_method_in_order():
+    from patching.edges.circuit_methods import REGISTRY
+
+    assert circuit_experiment.CIRCUIT_METHOD_NAMES == tuple(REGISTRY)
+    assert circuit_experiment.parse_config(["--methods", "exact", "ilp"]).methods == ("exact", "ilp")

@@ -7,6 +7,7 @@ patched layer). Tiny random models, a few seconds each.
 """
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -178,3 +179,16 @@ def test_fit_refuses_a_markdown_path_the_run_itself_writes(tmp_path, capsys):
     main(["fit", "--out", str(out), "--markdown", str(out / "sub" / "tables.md")])  # inside --out, a new name: fine
     assert (out / "sub" / "tables.md").read_text().startswith("| model | B | sweep |")
     assert json.loads((out / "results.json").read_text())["status"] == "complete"
+
+
+def test_fit_lists_only_the_flags_it_uses(capsys):
+    """``fit`` loads no model: no --model, --device, --dtype, --threads or --seed that would do nothing."""
+    from experiments.cost_model import parse_config
+
+    with pytest.raises(SystemExit):
+        parse_config(["fit", "--help"])
+    flags = set(re.findall(r"(--[a-z-]+)", capsys.readouterr().out))
+    assert flags == {"--help", "--debug", "--markdown", "--out", "--overwrite"}
+    with pytest.raises(SystemExit) as exit:
+        parse_config(["fit", "--model", "gemma-3-270m"])
+    assert exit.value.code == 2

@@ -30,3 +30,38 @@ def test_one_process_run_writes_its_results(tmp_path):
     graph = load_eap_json(tmp_path / "run" / "exact_edges_eap.json")
     f, b = saved["edges"].T
     assert torch.allclose(graph.scores[f, b], saved["per_prompt"].double().mean(1).float(), atol=1e-6)
+
+
+def test_a_stride_that_leaves_too_few_edges_is_refused_before_the_sweeps(tmp_path):
+    """--stride beyond the edge count patched one edge, and the run printed 'Spearman = nan' without a word."""
+    from circuits.errors import InputError
+
+    save_model(tiny_model(style="gemma", n_layers=2, seed=5), tmp_path / "model")
+    with pytest.raises(InputError, match=r"--stride 100000 patches 1 of the \d+ edges of .*model exactly; their "
+                                         r"Spearman correlation with EAP-IG needs at least 3: give --stride \d+ or less"):
+        edge_sweeps.main(["--model", str(tmp_path / "model"), "--stride", "100000", "--device", "cpu",
+                          "--threads", "1", "--out", str(tmp_path / "run")])
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert "edge_attribution_s" not in results  # no sweep ran
+
+
+def test_an_undefined_spearman_says_why_instead_of_printing_nan(capsys):
+    """Equal EAP-IG scores over the patched edges gave 'Spearman(EAP-IG, exact) = nan' and NaN in results.json."""
+    from types import SimpleNamespace
+
+    from circuits.graph import Graph, GraphLayout
+    from patching.edges.distributed import Shard
+    from patching.edges.patch import EdgeEffects
+
+    model = tiny_model(style="gemma", n_layers=1)
+    layout = GraphLayout.of(model)
+    edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()][:4]
+    effects = EdgeEffects(layout, edges, torch.arange(8.0).reshape(4, 2), "logit", 0.0)
+    graph = Graph(layout, torch.where(layout.real_edge_mask, 0.5, torch.nan))
+    curve = SimpleNamespace(cpr=None, cmd=None, to_dict=lambda: {})
+    times = {"edge_attribution_s": 1.0, "edge_patch_s": 1.0, "faithfulness_curve_s": 1.0}
+    sweeps = edge_sweeps.Sweeps(layout, edges, graph, effects, curve, times)
+    results = edge_sweeps.summarize(edge_sweeps.EdgeSweepsConfig(), Shard(), model, [0, 1], sweeps)
+    assert results["spearman_eap_ig_vs_exact"] is None
+    assert results["spearman_undefined"] == "the EAP-IG scores of the 4 patched edges are all equal, so they rank nothing"
+    assert "Spearman(EAP-IG, exact) = undefined (the EAP-IG scores" in capsys.readouterr().out

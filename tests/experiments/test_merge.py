@@ -7,30 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.runtime import cli
 from tests.tiny_models import tiny_model
 
-
-@pytest.fixture
-def tiny_loader():
-    before = torch.get_num_threads()
-    yield lambda name, **kw: tiny_model(style="gemma", n_layers=2)
-    torch.set_num_threads(before)
+MERGE = "experiments.merge"
 
 
-def _run(argv, loader):
-    """``python -m experiments.merge <argv>`` with the model loader ``loader``: errors as one line, exit status 2."""
-    from experiments.merge import main
-
-    cli.run_cli(lambda a: main(a, loader=loader), "merge", argv)
-
-
-def test_merge_experiment_writes_table_and_report(tiny_loader, tmp_path, capsys):
+def test_merge_experiment_writes_table_and_report(run_main, tiny_loader, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["--out", str(out), "--steps", "1", "--batch-size", "4", "--micro-batch-size", "4", "--n-train", "8",
             "--n-val", "2", "--n-test", "2", "--n-samples", "2", "--cf-batch-size", "2", "--heads", "L1H0",
             "--linearity-samples", "1", "--linearity-alphas", "1.0", "--pairs", "--threads", "1"]
-    _run(argv, tiny_loader)
+    run_main(MERGE, argv, tiny_loader)
     results = json.loads((out / "results.json").read_text())
     rows = {r["model"] for r in results["table"]}
     assert {"weight_average", "task_arithmetic", "ties", "dare_linear", "breadcrumbs", "consensus_ta", "della", "sce",
@@ -45,11 +32,11 @@ def test_merge_experiment_writes_table_and_report(tiny_loader, tmp_path, capsys)
     assert results["key_heads"] == ["L1H0"] and results["key_heads_rule"]["source"] == "--heads"
     assert results["best_merge"]["name"] in results["models"] and results["settings"]["pairs"] is True
     with pytest.raises(SystemExit) as exit:  # the command line prints the error as one line, exit status 2
-        _run(argv, tiny_loader)
+        run_main(MERGE, argv, tiny_loader)
     assert exit.value.code == 2 and "--overwrite" in capsys.readouterr().err
 
 
-def test_merge_experiment_runs_a_mergekit_yaml(tiny_loader, tmp_path):
+def test_merge_experiment_runs_a_mergekit_yaml(run_main, tiny_loader, tmp_path):
     from merging.state_dicts import save_state_dict
 
     base = tiny_model(style="gemma", n_layers=2).state_dict()
@@ -63,16 +50,17 @@ def test_merge_experiment_runs_a_mergekit_yaml(tiny_loader, tmp_path):
                                     "  - {model: b.safetensors, parameters: {weight: 0.5}}\n"
                                     "base_model: base.safetensors\nmerge_method: ties\n")
     out = tmp_path / "run"
-    _run(["--config", str(tmp_path / "m.yml"), "--out", str(out)], tiny_loader)
+    run_main(MERGE, ["--config", str(tmp_path / "m.yml"), "--out", str(out)], tiny_loader)
     results = json.loads((out / "results.json").read_text())
     assert results["method"] == "ties" and results["seconds"] > 0 and (out / "merged").is_dir()
 
 
-def test_merge_experiment_chooses_key_heads_by_path_patching(tiny_loader, tmp_path):
+def test_merge_experiment_chooses_key_heads_by_path_patching(run_main, tiny_loader, tmp_path):
     out = tmp_path / "run"
-    _run(["--out", str(out), "--steps", "1", "--batch-size", "4", "--micro-batch-size", "4", "--n-train", "8",
-          "--n-val", "2", "--n-test", "2", "--n-samples", "2", "--cf-batch-size", "2", "--methods", "task_arithmetic",
-          "--levels", "layer", "--k", "1", "--n-patch", "4", "--linearity-samples", "0", "--threads", "1"], tiny_loader)
+    run_main(MERGE, ["--out", str(out), "--steps", "1", "--batch-size", "4", "--micro-batch-size", "4",
+                     "--n-train", "8", "--n-val", "2", "--n-test", "2", "--n-samples", "2", "--cf-batch-size", "2",
+                     "--methods", "task_arithmetic", "--levels", "layer", "--k", "1", "--n-patch", "4",
+                     "--linearity-samples", "0", "--threads", "1"], tiny_loader)
     results = json.loads((out / "results.json").read_text())
     rule = results["key_heads_rule"]
     assert rule["source"] == "path_patching" and rule["combine"] == "union" and rule["ops"] == ["+", "*"]
@@ -89,10 +77,10 @@ PAPER_REGIME = ["--steps", "2", "--batch-size", "4", "--micro-batch-size", "4", 
                 "--late-methods", "ties", "--threads", "1"]
 
 
-def test_paper_regime_options_seeds_positions_and_paired_intervals(tiny_loader, tmp_path, capsys):
+def test_paper_regime_options_seeds_positions_and_paired_intervals(run_main, tiny_loader, tmp_path, capsys):
     out = tmp_path / "run"
     # an unreachable validation target: every expert trains all --steps, checked after each step
-    _run(["--out", str(out), "--target-gain", "1.0", "--check-every", "1", *PAPER_REGIME], tiny_loader)
+    run_main(MERGE, ["--out", str(out), "--target-gain", "1.0", "--check-every", "1", *PAPER_REGIME], tiny_loader)
     results = json.loads((out / "results.json").read_text())
     models = results["models"]
     for t in ("add_word", "mul", "en_fr"):
@@ -122,19 +110,19 @@ def test_paper_regime_options_seeds_positions_and_paired_intervals(tiny_loader, 
     assert order.index("closed form (model)") < order.index(names[1]) < order.index("ties")
 
     capsys.readouterr()
-    _run(["--markdown", str(out)], tiny_loader)
+    run_main(MERGE, ["--markdown", str(out)], tiny_loader)
     table = capsys.readouterr().out
     assert "| closed-form attn/MLP merge beats task arithmetic | 51.05 vs 48.24" in table
     assert "| task_arithmetic ({'lam':" in table and "| add_word |" in table and "n = 9 |" in table
 
     # resume: the experts are loaded from --experts-dir (with what their training recorded), not retrained
     again = tmp_path / "again"
-    _run(["--out", str(again), "--experts-dir", str(out / "experts"), *PAPER_REGIME], tiny_loader)
+    run_main(MERGE, ["--out", str(again), "--experts-dir", str(out / "experts"), *PAPER_REGIME], tiny_loader)
     loaded = json.loads((again / "results.json").read_text())["models"]["expert mul"]
     assert loaded["loaded_from"].endswith("mul") and loaded["steps"] == 2
 
 
-def test_experts_stop_once_the_validation_target_is_met(tiny_loader, monkeypatch, tmp_path):
+def test_experts_stop_once_the_validation_target_is_met(run_main, tiny_loader, monkeypatch, tmp_path):
     experts = importlib.import_module("experiments.merge.experts")
     real = experts.answer_accuracy
 
@@ -144,14 +132,14 @@ def test_experts_stop_once_the_validation_target_is_met(tiny_loader, monkeypatch
 
     monkeypatch.setattr(experts, "answer_accuracy", validated)
     out = tmp_path / "run"
-    _run(["--out", str(out), "--target-gain", "0.5", "--check-every", "1", *PAPER_REGIME[2:]] + ["--steps", "5"],
-         tiny_loader)
+    run_main(MERGE, ["--out", str(out), "--target-gain", "0.5", "--check-every", "1", *PAPER_REGIME[2:]]
+             + ["--steps", "5"], tiny_loader)
     expert = json.loads((out / "results.json").read_text())["models"]["expert add_word"]
     assert expert["steps"] == 1 and expert["target_met"] is True and len(expert["losses"]) == 1
 
 
 def test_padded_rows_mark_the_positions_that_predict_answer_tokens():
-    from experiments.merge import padded_rows
+    from experiments.merge.experts import padded_rows
 
     model = tiny_model(style="gemma", n_layers=1)
     rows = [{"input_ids": [2, 5, 6, 7, 8], "n_prompt": 3}, {"input_ids": [2, 9, 10], "n_prompt": 2}]
@@ -163,7 +151,7 @@ def test_padded_rows_mark_the_positions_that_predict_answer_tokens():
 
 @pytest.mark.parametrize("flag,value,match", [("--cf-positions", "prompt", "--cf-positions 'prompt': give 'all'"),
                                               ("--mul-operands", "9,2", "--mul-operands '9,2': give 'lo,hi'")])
-def test_bad_paper_regime_flags_are_clear_errors(tiny_loader, tmp_path, capsys, flag, value, match):
+def test_bad_paper_regime_flags_are_clear_errors(run_main, tiny_loader, tmp_path, capsys, flag, value, match):
     from circuits.errors import InputError
     from experiments.merge import MergeConfig, run
 
@@ -172,15 +160,15 @@ def test_bad_paper_regime_flags_are_clear_errors(tiny_loader, tmp_path, capsys, 
         run(MergeConfig(out=str(tmp_path / "run"), **{field: value}), loader=tiny_loader)
     assert not (tmp_path / "run").exists()
     with pytest.raises(SystemExit) as exit:  # the command line prints it as one line, exit status 2
-        _run(["--out", str(tmp_path / "run"), flag, value, "--threads", "1"], tiny_loader)
+        run_main(MERGE, ["--out", str(tmp_path / "run"), flag, value, "--threads", "1"], tiny_loader)
     assert exit.value.code == 2 and flag in capsys.readouterr().err
 
 
-def test_a_bad_mergekit_yaml_fails_the_run(tiny_loader, tmp_path, capsys):
+def test_a_bad_mergekit_yaml_fails_the_run(run_main, tiny_loader, tmp_path, capsys):
     (tmp_path / "bad.yml").write_text("merge_method: no_such_method\n")
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exit:  # one line on the command line, exit status 2
-        _run(["--config", str(tmp_path / "bad.yml"), "--out", str(out)], tiny_loader)
+        run_main(MERGE, ["--config", str(tmp_path / "bad.yml"), "--out", str(out)], tiny_loader)
     assert exit.value.code == 2 and "error:" in capsys.readouterr().err
     assert json.loads((out / "results.json").read_text())["status"].startswith("failed: merge: ")
 
@@ -194,13 +182,13 @@ def _answering_model(name, **kw):
     return model
 
 
-def test_the_circuit_column_looks_at_each_experts_circuit_inside_every_merge(tmp_path):
+def test_the_circuit_column_looks_at_each_experts_circuit_inside_every_merge(run_main, tmp_path):
     out = tmp_path / "run"
     argv = ["--out", str(out), "--steps", "1", "--batch-size", "4", "--micro-batch-size", "4", "--n-train", "8",
             "--n-val", "2", "--n-test", "4", "--n-samples", "2", "--cf-batch-size", "2", "--heads", "L1H0",
             "--linearity-samples", "0", "--no-save-best", "--methods", "task_arithmetic,ties,weight_average",
             "--levels", "attn_mlp", "--circuit-prompts", "6", "--threads", "1"]
-    _run(argv, _answering_model)
+    run_main(MERGE, argv, _answering_model)
     column = json.loads((out / "results.json").read_text())["circuit_column"]
     assert set(column["tasks"]) == {"add_word", "mul"}
     looked_at = [t for t in column["tasks"].values() if "skipped" not in t]
@@ -266,3 +254,72 @@ def test_a_rank_correlation_over_equal_accuracies_is_undefined_not_a_warning():
         warnings.simplefilter("error")
         rank = _rank_correlation(run, "+", rows, n_bootstrap=10)
     assert rank["undefined"] == "accuracy equal across the 3 merged models" and rank["spearman"] != rank["spearman"]
+
+
+def test_config_and_markdown_together_are_refused_when_the_flags_are_parsed(tiny_loader, run_main, tmp_path, capsys):
+    """--markdown won silently over --config; with the results of a --config run it ended in KeyError: 'models'."""
+    from circuits.errors import InputError
+    from experiments.merge import MergeConfig
+
+    with pytest.raises(InputError, match=r"--config m\.yml runs a mergekit YAML and --markdown .* prints the tables of "
+                                         r"an earlier run: give one of them"):
+        MergeConfig(config="m.yml", markdown=str(tmp_path))
+    with pytest.raises(SystemExit) as exit:
+        run_main("experiments.merge", ["--config", "m.yml", "--markdown", str(tmp_path)], tiny_loader)
+    assert exit.value.code == 2 and "give one of them" in capsys.readouterr().err
+    (tmp_path / "results.json").write_text(json.dumps({"status": "failed: merge: boom", "settings": {}}))
+    with pytest.raises(SystemExit) as exit:
+        run_main("experiments.merge", ["--markdown", str(tmp_path)], tiny_loader)
+    assert exit.value.code == 2
+    assert "holds no 'models' table: it is not the results of a merge experiment run" in capsys.readouterr().err
+
+
+def test_a_yaml_of_another_architecture_is_refused_before_the_merge(tmp_path):
+    """The merge ran first, then loading failed listing buffers (attn.mask, rotary tables) as the missing keys."""
+    from merging.state_dicts import save_state_dict
+
+    three_layers = tiny_model(style="gemma", n_layers=3).state_dict()
+    for name in ("a", "base"):
+        save_state_dict(three_layers, tmp_path / f"{name}.safetensors")
+    (tmp_path / "m.yml").write_text("models:\n  - {model: a.safetensors, parameters: {weight: 1.0}}\n"
+                                    "base_model: base.safetensors\nmerge_method: task_arithmetic\n")
+    from circuits.errors import InputError
+    from experiments.merge import main
+
+    out = tmp_path / "run"
+    with pytest.raises(InputError, match=r"m\.yml: its models do not have the architecture of --model .*: the base "
+                                         r"\(base\) has \d+ parameters it lacks, e\.g\. \['blocks\.2\..*\]\. Give "
+                                         r"--model the architecture of the YAML's models \(nothing was merged\)") as err:
+        main(["--config", str(tmp_path / "m.yml"), "--out", str(out)],
+             loader=lambda name, **kw: tiny_model(style="gemma", n_layers=2))
+    assert "mask" not in str(err.value) and "rotary" not in str(err.value)
+    assert json.loads((out / "results.json").read_text())["status"].startswith("failed: merge: ")
+
+
+@pytest.mark.parametrize("flags,match", [
+    # a KeyError after the experts were trained
+    ({"methods": "ties,tie"}, r"--methods ties,tie: \['tie'\] is not among weight_average,.*give a comma-separated subset"),
+    # silently never run
+    ({"methods": "ties", "late_methods": "della"}, r"--late-methods della: \['della'\] is not among ties"),
+    ({"levels": "attn-mlp"}, r"--levels attn-mlp: \['attn-mlp'\] is not among model,layer,attn_mlp,head"),
+    # ExpertTaskConfig's error after the base model had loaded
+    ({"max_number": 12}, r"--max-number 12 leaves -2 en_fr training numbers after --n-test-numbers 9 and "
+                         r"--n-val-numbers 6, but --n-shots 1 needs 2: give --max-number 16 or more"),
+])
+def test_flags_that_depend_on_each_other_are_checked_when_parsed(flags, match):
+    from circuits.errors import InputError
+    from experiments.merge import MergeConfig
+
+    with pytest.raises(InputError, match=match):
+        MergeConfig(**flags)
+
+
+def test_the_light_config_names_what_the_library_has():
+    """experiments/merge/config.py writes the library's names out (it may not import torch)."""
+    from experiments.merge import config
+    from finetune.expert_tasks import EXPERT_TASKS
+    from merging.methods import METHODS
+    from merging.submodule import LEVELS
+
+    assert config.TASKS == tuple(EXPERT_TASKS) and config.LEVELS == tuple(LEVELS)
+    assert config.METHODS == tuple(METHODS)

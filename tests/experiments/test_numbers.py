@@ -77,3 +77,35 @@ def test_too_few_numbers_are_refused_when_the_flags_are_parsed(tiny_dir, tmp_pat
     with pytest.raises(InputError, match=r"^--n-numbers must be at least 12, got 11: "):  # 11 failed in fit_helix
         numbers_experiment.NumbersConfig(n_numbers=11)
     assert numbers_experiment.NumbersConfig(n_numbers=12).n_numbers == 12  # 12 runs end to end
+
+
+def test_too_few_sum_prompts_are_refused_when_the_flags_are_parsed(tiny_dir, tmp_path, capsys):
+    """--operand-max 5 --per-result 1 failed in fit_helix only after the model had loaded and the sums run."""
+    import pytest
+
+    from circuits.errors import InputError
+    from experiments.runtime import cli
+
+    def no_model(*args, **kwargs):
+        pytest.fail("the model was loaded")
+
+    argv = ["--model", str(tiny_dir), "--operand-max", "5", "--per-result", "1", "--out", str(tmp_path / "a")]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run_cli(lambda a: numbers_experiment.main(a, loader=no_model), "numbers", argv)
+    assert exit_info.value.code == 2 and not (tmp_path / "a").exists()
+    assert "--operand-max 5 with --per-result 1 leaves as few as 9 sum prompts" in capsys.readouterr().err
+    with pytest.raises(InputError, match=r"^--operand-max 5 with --per-result 1 leaves as few as 9 sum prompts to fit "
+                                         r"the helix on .* Give --operand-max 6 or more \(with --per-result 1\)"):
+        numbers_experiment.NumbersConfig(operand_max=5, per_result=1)
+    with pytest.raises(InputError, match=r"^--operand-max 0 with --per-result 3 .* Give --operand-max 3 or more"):
+        numbers_experiment.NumbersConfig(operand_max=0, per_result=3)
+    assert numbers_experiment.NumbersConfig(operand_max=3, per_result=4).operand_max == 3  # 12 prompts: it runs
+
+
+def test_the_light_config_names_what_the_library_has():
+    """experiments/numbers/config.py writes the library's names out (it may not import torch)."""
+    from circuits.analyze.number_geometry import HELIX_PERIODS
+    from circuits.analyze.number_tokens import COMPONENTS
+    from experiments.numbers import config
+
+    assert config.COMPONENTS == tuple(COMPONENTS) and config.HELIX_PERIODS == HELIX_PERIODS

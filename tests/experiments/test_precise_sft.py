@@ -1,16 +1,13 @@
 """experiments.precise_sft end to end on a tiny random model (the injected loader returns a tiny one):
 lr search, resume inside the grid, folders of the earlier argparse code."""
 
-import importlib
 import json
 
 import pytest
 import torch
 
 from circuits.errors import InputError
-from experiments.runtime import cli
 from experiments.runtime.run_folder import OutputExistsError
-from tests.tiny_models import tiny_model
 
 
 @pytest.fixture(autouse=True)
@@ -22,29 +19,18 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture
-def tiny_loader():
-    return lambda name, **kw: tiny_model(style="gemma", n_layers=2)
-
-
-def _run(module, argv, loader):
-    """``python -m <module> <argv>`` with the model loader ``loader``: the command line's errors, exit status 2."""
-    main = importlib.import_module(module).main
-    cli.run_cli(lambda a: main(a, loader=loader), module.rsplit(".", 1)[1], argv)
-
-
-def test_precise_sft_experiment_writes_results(tiny_loader, tmp_path, capsys):
+def test_precise_sft_experiment_writes_results(run_main, tiny_loader, tmp_path, capsys):
     out = tmp_path / "run"
     common = ["--out", str(out), "--k", "2", "--n-train", "16", "--steps", "2", "--batch-size", "8",
               "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "2", "--n-shots", "0",
               "--n-pydoc", "1", "--n-sentences", "3", "--n-rank-prompts", "4", "--precise-lrs", "1e-2,1e-3",
               "--full-lrs", "1e-3", "--lora-lrs", "2e-4,1e-3"]
     # two commands into one folder: the precise arms (with the Table-2 ablation), then the rest with --resume
-    _run("experiments.precise_sft", [*common, "--methods", "precise,precise_nokv", "--ablation-k", "1,2",
-                                     "--ablation-mlps", "1"], tiny_loader)
+    run_main("experiments.precise_sft", [*common, "--methods", "precise,precise_nokv", "--ablation-k", "1,2",
+                                         "--ablation-mlps", "1"], tiny_loader)
     partial = json.loads((out / "results.json").read_text())
     assert partial["status"] == "running" and "claims" not in partial
-    _run("experiments.precise_sft", [*common, "--methods", "full,lora", "--resume"], tiny_loader)
+    run_main("experiments.precise_sft", [*common, "--methods", "full,lora", "--resume"], tiny_loader)
     results = json.loads((out / "results.json").read_text())
     assert results["status"] == "complete" and len(results["wall_seconds_by_command"]) == 2
     assert set(results["runs"]) == {"precise", "precise_nokv", "full", "lora", "ablation_k1", "ablation_k1_mlp1",
@@ -74,7 +60,7 @@ def test_precise_sft_experiment_writes_results(tiny_loader, tmp_path, capsys):
         precise_main([*common, "--methods", "full", "--resume", "--steps", "3"])
     # the command line turns the OutputExistsError into one line on stderr and exit status 2
     with pytest.raises(SystemExit) as exit_info:
-        _run("experiments.precise_sft", [*common, "--methods", "full"], tiny_loader)
+        run_main("experiments.precise_sft", [*common, "--methods", "full"], tiny_loader)
     assert exit_info.value.code == 2
     assert isinstance(exit_info.value.__context__, OutputExistsError)
     assert "already holds a run" in capsys.readouterr().err
@@ -91,7 +77,9 @@ def test_precise_sft_resumes_inside_the_lr_grid(tiny_loader, monkeypatch, tmp_pa
     exp.main([*common, "--out", str(tmp_path / "whole")], loader=tiny_loader)
     whole = json.loads((tmp_path / "whole" / "results.json").read_text())
 
-    real_train, calls = exp.train, []
+    import finetune  # the experiment imports finetune.train when a trial starts
+
+    real_train, calls = finetune.train, []
 
     def stop_at_the_third_trial(*args, **kwargs):
         calls.append(kwargs["method"])
@@ -99,12 +87,12 @@ def test_precise_sft_resumes_inside_the_lr_grid(tiny_loader, monkeypatch, tmp_pa
             raise KeyboardInterrupt  # as a time limit would
         return real_train(*args, **kwargs)
 
-    monkeypatch.setattr(exp, "train", stop_at_the_third_trial)
+    monkeypatch.setattr(finetune, "train", stop_at_the_third_trial)
     with pytest.raises(KeyboardInterrupt):
         exp.main([*common, "--out", str(tmp_path / "cut")], loader=tiny_loader)
     cut = json.loads((tmp_path / "cut" / "results.json").read_text())
     assert set(cut["lr_search"]["full"]["by_lr"]) == {"0.001", "0.03"} and not cut["runs"]
-    monkeypatch.setattr(exp, "train", real_train)
+    monkeypatch.setattr(finetune, "train", real_train)
     exp.main([*common, "--out", str(tmp_path / "cut"), "--resume"], loader=tiny_loader)
     resumed = json.loads((tmp_path / "cut" / "results.json").read_text())
     for method in ("full", "precise_nokv"):
@@ -150,13 +138,13 @@ def test_precise_sft_resumes_a_folder_of_the_earlier_argparse_code(tiny_loader, 
     assert resumed["args"] == results["args"] and len(resumed["wall_seconds_by_command"]) == 2
 
 
-def test_precise_sft_on_the_edge_circuits_heads_beside_the_key_heads(tiny_loader, tmp_path):
+def test_precise_sft_on_the_edge_circuits_heads_beside_the_key_heads(run_main, tiny_loader, tmp_path):
     out = tmp_path / "run"
     argv = ["--out", str(out), "--k", "2", "--n-train", "16", "--steps", "2", "--batch-size", "8",
             "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "2", "--n-shots", "0",
             "--n-pydoc", "1", "--n-sentences", "3", "--n-rank-prompts", "4", "--precise-lrs", "1e-3", "--full-lrs",
             "1e-3", "--methods", "precise,precise_circuit,full", "--circuit-size", "0.2", "--shift-prompts", "4"]
-    _run("experiments.precise_sft", argv, tiny_loader)
+    run_main("experiments.precise_sft", argv, tiny_loader)
     results = json.loads((out / "results.json").read_text())
     runs = results["runs"]
     assert runs["precise_circuit"]["heads"] == results["circuit_heads"] and len(results["circuit_heads"]) == 2

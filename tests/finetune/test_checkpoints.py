@@ -143,6 +143,35 @@ def test_a_checkpoint_whose_step_was_edited_is_refused(checkpoints, sft_rows):
         load_tuned(model, found[4])
 
 
+def test_a_missing_path_or_a_file_is_named_not_called_damaged(checkpoints, tmp_path):
+    """Both used to say 'Checkpoint <path> is damaged: ... manifest.json is missing'; nothing was damaged."""
+    _, found = checkpoints
+    model = tiny_model(style="gemma")
+    with pytest.raises(CheckpointError, match=r"nope does not exist: pass the folder save_tuned or train wrote"):
+        load_tuned(model, tmp_path / "nope")
+    with pytest.raises(CheckpointError, match=r"weights\.safetensors is a file, not a checkpoint folder: pass the "
+                                              r"folder save_tuned or train wrote \(the one holding manifest\.json"):
+        load_tuned(model, found[4] / "weights.safetensors")
+
+
+def test_rows_outside_the_model_are_refused_before_any_tensor_changes(checkpoints):
+    """A sliced parameter's rows beyond the model's (an edited state.json, refreshed manifest) failed in index_copy_
+    after earlier slices had already been written."""
+    _, found = checkpoints
+    state_file = found[4] / "state.json"
+    state = json.loads(state_file.read_text())
+    sliced = next(s for s in state["selection"]["slices"] if s["index"] is not None)
+    sliced["index"][-1] = 10_000
+    state_file.write_text(json.dumps(state))
+    refresh_manifest(found[4])
+    model = tiny_model(style="gemma")
+    before = _state(model)
+    with pytest.raises(CheckpointError, match=rf"state\.json: the rows of {sliced['name']} include \[10000\], but the "
+                                              r"model's .* has rows 0\.\.\d+: the checkpoint was written for another"):
+        load_tuned(model, found[4])
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))

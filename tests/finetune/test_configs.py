@@ -4,7 +4,7 @@ import pytest
 
 from circuits.errors import InputError
 from finetune.configs import (
-    FullSFTConfig, LoraSFTConfig, PreciseSFTConfig, SFTConfig, TrainConfig, _method_of, method_config,
+    FullSFTConfig, LoraSFTConfig, PreciseSFTConfig, SFTConfig, TrainConfig, method_of, method_config,
 )
 from finetune.lora import LoraSettings
 from finetune.trainer import train
@@ -32,11 +32,11 @@ def test_the_all_methods_config_narrows_to_each_method():
 
 
 def test_the_method_comes_from_the_config_unless_named():
-    assert _method_of(LoraSFTConfig(), None) == "lora" and _method_of(FullSFTConfig(), None) == "full"
-    assert _method_of(TrainConfig(), None) == "precise" and _method_of(SFTConfig(), None) == "precise"
-    assert _method_of(TrainConfig(), "full") == "full"
+    assert method_of(LoraSFTConfig(), None) == "lora" and method_of(FullSFTConfig(), None) == "full"
+    assert method_of(TrainConfig(), None) == "precise" and method_of(SFTConfig(), None) == "precise"
+    assert method_of(TrainConfig(), "full") == "full"
     with pytest.raises(InputError, match="Unknown method 'qlora'"):
-        _method_of(TrainConfig(), "qlora")
+        method_of(TrainConfig(), "qlora")
     with pytest.raises(InputError, match="configures another method"):
         method_config(LoraSFTConfig(), "precise")
     assert method_config(SFTConfig(lr=1e-3), "full").lr == 1e-3  # the shared base works for every method

@@ -3,10 +3,11 @@ import copy
 import pytest
 import torch
 
-from circuits.tasks import accuracy, make_dataset
-from finetune.data import split_templates
+from circuits.answer_scoring import first_and_whole, first_token_accuracy
+from circuits.tasks import make_dataset
+from finetune.data import from_task_dataset, split_templates
 from finetune.evaluate import (
-    NON_MATH_SENTENCES, MathSuiteConfig, answer_accuracy, drift, evaluate, general_texts, math_suite, pydoc_passages,
+    NON_MATH_SENTENCES, MathSuiteConfig, answer_accuracy, drift, evaluate_suite, general_texts, math_suite, pydoc_passages,
 )
 
 
@@ -53,11 +54,11 @@ def test_math_suite_uses_held_out_templates_only(tiny):
 def test_first_token_accuracy_agrees_with_circuits_and_bounds_exact(tiny):
     task = make_dataset(tiny, op="+", n_prompts=24, n_shots=0, operand_range=(10, 99))
     scores = answer_accuracy(tiny, task)
-    assert scores["first_token"] == pytest.approx(accuracy(tiny, task))
+    assert scores["first_token"] == pytest.approx(first_token_accuracy(tiny, task))
     assert scores["exact"] <= scores["first_token"]
     suite = math_suite(tiny, MathSuiteConfig(ops=("+",), n_heldout=12, n_transfer=4, n_shots=0))
     assert scores["exact"] <= scores["first_token"]
-    result = evaluate(tiny, copy.deepcopy(tiny), suite, texts=NON_MATH_SENTENCES[:3], progress=False)
+    result = evaluate_suite(tiny, copy.deepcopy(tiny), suite, texts=NON_MATH_SENTENCES[:3], progress=False)
     assert set(result) == {"math", "math_summary", "drift"}
     assert "transfer/exact" in result["math_summary"]
 
@@ -95,7 +96,7 @@ def test_per_prompt_hits_and_drift_intervals(tiny_gemma):
     suite = math_suite(tiny_gemma, MathSuiteConfig(ops=("+",), n_heldout=8, n_transfer=2, n_shots=0))
     with torch.no_grad():
         tiny_gemma.blocks[1].mlp.W_out.add_(0.3)
-    scores = evaluate(tiny_gemma, base, suite, texts=NON_MATH_SENTENCES[:6], progress=False, per_prompt=True)
+    scores = evaluate_suite(tiny_gemma, base, suite, texts=NON_MATH_SENTENCES[:6], progress=False, per_prompt=True)
     held = scores["math"]["heldout/+"]
     assert len(held["exact_hits"]) == 8 and sum(held["exact_hits"]) / 8 == held["exact"]
     est = accuracy_estimate(scores["math"], "heldout")
@@ -112,3 +113,29 @@ def test_per_prompt_hits_and_drift_intervals(tiny_gemma):
     shorter = {k: v[:-1] for k, v in per_text.items()}
     with pytest.raises(ValueError, match="same texts in both arms"):
         drift_estimates(per_text, shorter)
+
+
+def test_the_harness_scores_prompts_as_the_core_and_a_plain_forward_do(tiny):
+    # even rows carry the model's own greedy two-token answer, odd rows the true sum: hits and misses
+    data = make_dataset(tiny, op="+", n_prompts=16, n_shots=1, seed=4, operand_range=(0, 30))
+
+    def own_answer(row, i):
+        tokens = list(row["tokens"])
+        for _ in range(2):
+            tokens.append(int(tiny(torch.tensor([tokens]))[0, -1].argmax()))
+        return {"answer_token_ids": tokens[len(row["tokens"]):]} if i % 2 == 0 else {}
+
+    data = data.map(own_answer, with_indices=True)
+    scores = answer_accuracy(tiny, from_task_dataset(data), batch_size=5, per_prompt=True)
+    first, whole = first_and_whole(tiny, data)
+    plain_first, plain_whole = [], []
+    with torch.no_grad():
+        for row in data:  # one full forward per row, the argmax of the full logits at every answer position
+            tokens = torch.tensor([row["tokens"] + row["answer_token_ids"][:-1]])
+            predicted = tiny(tokens)[0, len(row["tokens"]) - 1:].argmax(-1).tolist()
+            plain_first.append(int(predicted[0] == row["answer_token_ids"][0]))
+            plain_whole.append(int(predicted == row["answer_token_ids"]))
+    assert scores["first_token_hits"] == [int(hit) for hit in first] == plain_first
+    assert scores["exact_hits"] == [int(hit) for hit in whole] == plain_whole
+    assert scores["first_token"] == first_token_accuracy(tiny, data)
+    assert sum(plain_whole) >= 8 and sum(plain_whole) < len(data)  # both hits and misses

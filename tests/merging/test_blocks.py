@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from circuits.errors import InputError
-from merging.blocks import collect_inputs, evaluate, head_param_names, input_hook, kind_param_names
+from merging.blocks import collect_inputs, head_param_names, input_hook, kind_param_names, submodule_output
 from tests.tiny_models import tiny_model
 
 STYLES = [("gpt2", None), ("llama", 2), ("gemma", None)]
@@ -21,14 +21,14 @@ def test_pieces_on_cached_inputs_are_the_models_own_outputs(style, kv):
         inputs = collect_inputs(model, tokens, None, [input_hook(model, layer, k) for k in ("attn", "mlp")])
         x_attn, x_mlp = inputs[input_hook(model, layer, "attn")], inputs[input_hook(model, layer, "mlp")]
         torch.testing.assert_close(x_attn, cache["resid_pre", layer])
-        torch.testing.assert_close(evaluate(model, layer, "attn", {}, x_attn), cache["attn_out", layer], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(evaluate(model, layer, "mlp", {}, x_mlp), cache["mlp_out", layer], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(evaluate(model, layer, "layer", {}, x_attn),
+        torch.testing.assert_close(submodule_output(model, layer, "attn", {}, x_attn), cache["attn_out", layer], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(submodule_output(model, layer, "mlp", {}, x_mlp), cache["mlp_out", layer], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(submodule_output(model, layer, "layer", {}, x_attn),
                                    cache["resid_post", layer] - cache["resid_pre", layer], atol=1e-5, rtol=1e-5)
-        heads = evaluate(model, layer, "heads", {}, x_attn)  # [batch, pos, head, d_model]
+        heads = submodule_output(model, layer, "heads", {}, x_attn)  # [batch, pos, head, d_model]
         expected = torch.einsum("bphd,hdm->bphm", cache["z", layer], model.blocks[layer].attn.W_O)
         torch.testing.assert_close(heads, expected, atol=1e-5, rtol=1e-5)
-        doubled = evaluate(model, layer, "heads", {"attn.W_O": 2 * model.blocks[layer].attn.W_O}, x_attn)
+        doubled = submodule_output(model, layer, "heads", {"attn.W_O": 2 * model.blocks[layer].attn.W_O}, x_attn)
         torch.testing.assert_close(doubled, 2 * heads, atol=1e-5, rtol=1e-5)  # the swapped parameter is the one used
         if not model.cfg.use_normalization_before_and_after:  # no norm after attention: the heads add up
             torch.testing.assert_close(heads.sum(2) + model.blocks[layer].attn.b_O, cache["attn_out", layer],

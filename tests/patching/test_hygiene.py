@@ -13,7 +13,7 @@ from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
 from patching.activation_patching import activation_patch
 from patching.attribution_patching import attribution_patch
-from patching.knockout import knockout
+from patching.knockout_curves import knockout
 from patching.path_patching import path_patch
 from patching import SweepOptions
 

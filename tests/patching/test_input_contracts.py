@@ -12,13 +12,14 @@ import torch
 
 from circuits.errors import InputError
 from circuits.analyze.probes import ProbeConfig
-from circuits.tasks import TaskConfig, accuracy, make_dataset
+from circuits.answer_scoring import first_token_accuracy
+from circuits.tasks import TaskConfig, make_dataset
 from circuits.errors import TaskDataError
 from tests.tiny_models import tiny_model
 from patching.all_for_one import AF1Config
 from patching.all_for_one.template_prompts import make_template_dataset
 from patching.attribution_patching import attribution_patch
-from patching.knockout import knockout
+from patching.knockout_curves import knockout
 from patching.path_patching import path_patch
 from patching.head_ranking import key_heads
 from patching import SweepOptions
@@ -72,7 +73,7 @@ def test_batch_size_below_one_is_refused_everywhere(setup, bad):
     with pytest.raises(InputError, match=message):
         attribution_patch(model, data, options=SweepOptions(batch_size=bad, progress=False))
     with pytest.raises(InputError, match=message):
-        accuracy(model, data, batch_size=bad)
+        first_token_accuracy(model, data, batch_size=bad)
     with pytest.raises(InputError, match=message):
         knockout(model, data, [], options=SweepOptions(batch_size=bad))
     with pytest.raises(InputError, match=message):

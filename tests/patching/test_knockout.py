@@ -9,9 +9,10 @@ from circuits.end_logits import end_logits
 from circuits.errors import InputError
 from circuits.nodes import MLP, Head, all_heads, all_mlps
 from circuits.pools import pool_dataset
-from circuits.tasks import accuracy, iter_batches, make_dataset
+from circuits.answer_scoring import first_token_accuracy
+from circuits.tasks import iter_batches, make_dataset
 from tests.tiny_models import tiny_model
-from patching.knockout import (
+from patching.knockout_curves import (
     PoolError, check_means, knockout, knockout_correct, knockout_curve, knockout_hooks, knockout_transfer,
     mean_activations, pool_means, resolve_ks,
 )
@@ -38,7 +39,7 @@ def setup():
 
 def test_nothing_knocked_out_is_base_accuracy(setup):
     model, data, _ = setup
-    assert knockout(model, data, []) == pytest.approx(accuracy(model, data)) == pytest.approx(1.0)
+    assert knockout(model, data, []) == pytest.approx(first_token_accuracy(model, data)) == pytest.approx(1.0)
 
 
 def test_own_means_on_one_prompt_change_nothing(setup):

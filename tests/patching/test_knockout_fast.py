@@ -11,8 +11,7 @@ from circuits.tasks import make_dataset
 from circuits.templates import get_templates
 from tests.tiny_models import tiny_model
 from patching import knockout_fast
-from patching.knockout import knockout_correct, pool_means
-from patching import SweepOptions
+from patching.knockout_curves import knockout_correct, pool_means
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +57,7 @@ def test_choose_split_runs_shared_starts_once():
 @pytest.mark.parametrize("screen,share", [(True, True), (True, False), (False, True)])
 def test_fast_options_equal_plain_hooks(model, screen, share):
     # one template, one few-shot prefix: 40 prompts of one layout whose suffixes share their first operand
+    from patching.options import SweepOptions
     template = get_templates("+", ("equation",))[0]
     data = make_dataset(model, n_prompts=40, n_shots=1, seed=1, template_ids=(template.id,))
     suffix = torch.tensor(data["tokens"])[:, 12:]  # past the shared prefix
@@ -75,7 +75,7 @@ def test_fast_options_equal_plain_hooks(model, screen, share):
 
 
 def test_start_bins_place_every_set_once_no_later_than_its_first_ablated_layer():
-    from patching.knockout import _start_bins
+    from patching.knockout_curves import _start_bins
 
     starts = [18, 10, 12, 4, 1, 10, 12, 2, 1, 10, 1, 2, 1, 9, 1, 2, 1]
     for rows in (1, 5, 64, 10_000):

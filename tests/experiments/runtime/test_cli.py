@@ -176,13 +176,43 @@ def test_every_operation_runs_end_to_end_as_a_module(name, tiny_dir, tmp_path, m
     assert (out / "report.html").is_file() and (out / "figures" / "path_patching.json").is_file()
 
 
-def test_help_and_flag_errors_answer_before_torch_loads():
-    """`python -m experiments.addition --help` (and a bad flag) must not import torch or TransformerLens first."""
-    import subprocess
-    import sys as _sys
+# One interpreter per experiment runs it as `python -m` does with --help, an unknown flag and a bad value,
+# then says whether torch or TransformerLens were imported: none of the three may need them.
+LIGHT = """
+import contextlib, io, json, runpy, sys
+name, runs = sys.argv[1], json.loads(sys.argv[2])
+out = []
+for argv in runs:
+    sys.argv = [name, *argv]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            runpy.run_module(f"experiments.{name}", run_name="__main__")
+        code = "no exit"
+    except SystemExit as exit:
+        code = exit.code
+    out.append({"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue()})
+print(json.dumps({"runs": out, "heavy": sorted({"torch", "transformer_lens"} & set(sys.modules))}))
+"""
+SUBCOMMANDS = {"cost_model": ["measure", "fit"]}  # flags belong to a subcommand
 
-    code = ("import sys, runpy\nsys.argv = ['x', '--knockout-ks', 'a,b']\n"
-            "try:\n    runpy.run_module('experiments.addition', run_name='__main__')\nexcept SystemExit as e:\n"
-            "    print('exit', e.code, 'torch' in sys.modules, 'transformer_lens' in sys.modules)\n")
-    out = subprocess.run([_sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert "exit 2 False False" in out.stdout, out.stdout + out.stderr
+
+@pytest.mark.filterwarnings("ignore:.*found in sys.modules")
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_help_and_flag_errors_answer_before_torch_loads(name):
+    """`python -m experiments.<name> --help`, an unknown flag and a bad value answer without importing torch."""
+    prefixes = [[sub] for sub in SUBCOMMANDS.get(name, [])] or [[]]
+    runs = [["--help"]] + [[*p, "--help"] for p in prefixes if p] + [[*prefixes[0], "--no-such-flag"],
+                                                                     [*prefixes[0], "--seed", "x"]]
+    done = _python(LIGHT, name, json.dumps(runs), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    answer = json.loads(done.stdout.splitlines()[-1])
+    helps, errors = answer["runs"][:-2], answer["runs"][-2:]
+    for run in helps:
+        assert run["code"] == 0 and run["stdout"].startswith(f"usage: python -m experiments.{name}"), run
+    for run, what in zip(errors, ["unrecognized arguments: --no-such-flag", "argument --seed: invalid int value: 'x'"]):
+        lines = run["stderr"].splitlines()
+        assert run["code"] == 2 and len(lines) == 2, run
+        assert lines[0].startswith(f"python -m experiments.{name}") and f"error: {what}" in lines[0], run
+        assert lines[1].startswith("hint: "), run
+    assert answer["heavy"] == [], f"python -m experiments.{name} imported {answer['heavy']} to answer --help or a bad flag"

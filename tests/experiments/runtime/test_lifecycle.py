@@ -1,6 +1,7 @@
 """experiments.runtime.lifecycle: one lifecycle for every experiment: only the main process of a launch
 writes the run folder, a run that did part of its work resumes, an error outside any stage fails the
-run, and every run is seeded."""
+run, every run is seeded and gets its threads, progress prints one way, and the run carries the
+experiment's own state."""
 
 import json
 
@@ -88,3 +89,55 @@ def test_an_error_outside_any_stage_fails_the_run_and_runs_are_seeded(tmp_path):
     a, b, c = (run_experiment("demo", RunSettings(out=str(tmp_path / name), seed=seed), draw)["draw"]
                for name, seed in (("a", 7), ("b", 7), ("c", 8)))
     assert a == b != c
+
+
+def test_one_progress_printer_numbers_planned_stages_and_shows_messages_and_steps(tmp_path, capsys):
+    from experiments.runtime import RunSettings, run_experiment
+
+    def stages(run):
+        with run.stage("data", "never shown: a planned stage is numbered instead"):
+            with run.step("building prompts"):
+                pass
+        with run.stage("extra", "an unplanned stage with a message"):
+            pass
+        with run.stage("quiet"):  # unplanned, no message: timed, not shown
+            pass
+        with run.stage("report"):
+            pass
+
+    results = run_experiment("demo", RunSettings(out=str(tmp_path / "run")), stages, plan=["data", "report"])
+    err = capsys.readouterr().err
+    assert "[1/2] data ..." in err and "      data: 0 s" in err and "[2/2] report ..." in err
+    assert "building prompts ..." in err and "an unplanned stage with a message ..." in err
+    assert err.count("  done in 0 s") == 2 and "never shown" not in err and "quiet" not in err
+    assert set(results["seconds"]) == {"data", "extra", "quiet", "report"}  # a step is shown, not recorded
+
+
+def test_the_run_carries_the_experiments_state_and_sets_threads(tmp_path):
+    import dataclasses
+
+    import torch
+
+    from experiments.runtime import Run, RunSettings, run_experiment
+
+    @dataclasses.dataclass
+    class Counter:
+        n: int = 0
+
+    seen = {}
+
+    def stages(run: Run[RunSettings, Counter]):
+        seen["threads"] = torch.get_num_threads()
+        run.state = Counter()
+        for _ in range(3):
+            with run.stage("count"):
+                run.state.n += 1
+        run.results["n"] = run.state.n
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # so that --threads 1 is a change the run must make
+    try:
+        results = run_experiment("demo", RunSettings(out=str(tmp_path / "run"), threads=1), stages)
+    finally:
+        torch.set_num_threads(before)
+    assert results["n"] == 3 and seen["threads"] == 1

@@ -37,3 +37,42 @@ def test_project_hands_on_the_shared_fields():
 
     search = project(RunSettings(seed=5, threads=2), Search, threshold=0.5)
     assert search == Search(seed=5, threshold=0.5, n_bootstrap=100)
+
+
+def test_the_prompt_records_are_declared_once_and_keep_each_experiments_defaults():
+    """n_prompts / n_shots / batch_size come from PromptSettings and BatchSettings; each experiment keeps its defaults."""
+    import dataclasses
+
+    from experiments import af1, bench_patching, loop, measure_edges, transfer
+    from experiments.arithmetic.config import PipelineConfig
+    from experiments.bench_circuits.config import BenchCircuitsConfig
+    from experiments.circuit.config import CircuitConfig
+    from experiments.numbers.config import NumbersConfig
+    from experiments.runtime.settings import BatchSettings, PromptSettings
+
+    expected = {PipelineConfig: (200, 3, 32), CircuitConfig: (200, 3, 32), loop.LoopConfig: (200, 3, 32),
+                af1.AF1ExperimentConfig: (100, 0, 32), transfer.TransferConfig: (96, 3, 32),
+                bench_patching.BenchPatchingConfig: (64, 2, None), measure_edges.MeasureEdgesConfig: (32, 2, None),
+                BenchCircuitsConfig: (32, 2, None), NumbersConfig: (None, None, 64)}
+    for config, defaults in expected.items():
+        values = dataclasses.asdict(config())
+        assert tuple(values.get(k) for k in ("n_prompts", "n_shots", "batch_size")) == defaults, config.__name__
+        assert issubclass(config, PromptSettings) == (defaults[0] is not None), config.__name__
+        assert issubclass(config, BatchSettings) == (defaults[2] is not None), config.__name__
+
+
+def test_override_changes_the_default_and_keeps_the_check():
+    from experiments.runtime import cli
+    from experiments.runtime.cli import override
+    from experiments.runtime.settings import PromptSettings
+
+    @dataclass(frozen=True)
+    class Few(PromptSettings, RunSettings):
+        n_prompts: int = override(PromptSettings, "n_prompts", 8, "prompts in the batch")
+
+    parser = cli.config_parser(Few, "few", None)
+    assert cli.parse_config(parser, Few, []).n_prompts == 8
+    assert "prompts in the batch (default: 8)" in " ".join(parser.format_help().split())
+    assert "solved examples before each prompt (default: 3)" in " ".join(parser.format_help().split())
+    with pytest.raises(SystemExit):
+        cli.parse_config(parser, Few, ["--n-prompts", "0"])  # positive_int, inherited

@@ -32,14 +32,13 @@ def setup():
 def run(out: Path) -> None:
     model, data, alt_ids = setup()
     shard = distributed.current_shard()  # set up from the launch's environment
-    graph = distributed.edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=3,
-                                         options=SweepOptions(metric="logit_diff"),
-                                         alt_ids=alt_ids)
-    nodes = distributed.edge_attribution(model, data, method="EAP", level="node")
+    graph = distributed.distributed_edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=3,
+                                                     options=SweepOptions(metric="logit_diff"), alt_ids=alt_ids)
+    nodes = distributed.distributed_edge_attribution(model, data, method="EAP", level="node")
     layout = GraphLayout.of(model)
     edges = layout.real_edge_mask.nonzero().tolist()[::3]
-    effects = distributed.edge_patch(model, edges, data)
-    curve = distributed.faithfulness_curve(model, graph, data, fractions=FRACTIONS, n_bootstrap=200)
+    effects = distributed.distributed_edge_patch(model, edges, data)
+    curve = distributed.distributed_faithfulness_curve(model, graph, data, fractions=FRACTIONS, n_bootstrap=200)
     tensors = {"scores": graph.scores, "node_heads": nodes.heads, "node_mlps": nodes.mlps,
                "edge_per_prompt": effects.per_prompt, "curve_metric": curve.circuit_metric}
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / f"rank{shard.rank}.safetensors"))

@@ -156,7 +156,7 @@ def test_a_graph_of_another_model_size_is_refused(setup):
 
 
 def test_paired_differences_of_curves_on_the_same_prompts(setup):
-    from patching.edges.curves import paired_difference
+    from patching.edges.curves import paired_curve_difference
 
     model, batch, layout, scores = setup
     fractions = (0.1, 0.5, 1.0)
@@ -165,15 +165,15 @@ def test_paired_differences_of_curves_on_the_same_prompts(setup):
     flipped = Graph(layout, torch.where(layout.real_edge_mask, 1 / (1 + scores.scores.abs()), torch.nan))  # reversed
     b = faithfulness_curve(model, flipped, batch, fractions=fractions, n_bootstrap=100,
                            options=SweepOptions(progress=False))
-    same = paired_difference(a, a, n_bootstrap=100)
+    same = paired_curve_difference(a, a, n_bootstrap=100)
     assert all(same[k]["value"] == 0 and same[k]["low"] == same[k]["high"] == 0 for k in same)
-    diff = paired_difference(a, b, n_bootstrap=100)
+    diff = paired_curve_difference(a, b, n_bootstrap=100)
     assert diff["cpr"]["value"] == pytest.approx(a.cpr.value - b.cpr.value, abs=1e-9)
     assert diff["f@10%"]["value"] == pytest.approx(a.faithfulness[0].value - b.faithfulness[0].value, abs=1e-9)
     assert diff["cpr"]["low"] <= diff["cpr"]["value"] <= diff["cpr"]["high"]
     with pytest.raises(InputError, match="same prompts"):
-        paired_difference(a, faithfulness_curve(model, scores, batch, fractions=(0.5, 1.0), n_bootstrap=10,
-                                                options=SweepOptions(progress=False)))
+        paired_curve_difference(a, faithfulness_curve(model, scores, batch, fractions=(0.5, 1.0), n_bootstrap=10,
+                                                      options=SweepOptions(progress=False)))
     # the tables as results.json keeps them (lists) give the same numbers; a table of other prompts is refused
     from patching.edges.curves import paired_table_difference
 
@@ -195,3 +195,10 @@ def test_scores_with_nothing_finite_are_refused_and_infinite_ones_warn():
     with pytest.warns(UserWarning, match="1 of the .* edge scores are infinite; they rank before every finite score"):
         faithfulness_curve(model, some, data, fractions=(0.5, 1.0), n_bootstrap=10,
                            options=SweepOptions(progress=False))
+
+
+def test_a_bootstrap_of_no_resamples_names_the_argument(setup):
+    """It used to say 'n_resamples must be >= 1', the name of an argument faithfulness_curve does not have."""
+    model, data, _, graph = setup
+    with pytest.raises(InputError, match=r"n_bootstrap must be an integer >= 1, got 0"):
+        faithfulness_curve(model, graph, data, n_bootstrap=0, options=SweepOptions(progress=False))

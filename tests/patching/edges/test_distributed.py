@@ -90,9 +90,9 @@ def test_prompt_shards_cover_every_prompt_once():
 def test_one_process_is_the_plain_call_and_a_missing_group_is_refused():
     model, data, _ = script.setup()
     plain = edge_attribution(model, data, method="EAP", options=SweepOptions(progress=False))
-    split = distributed.edge_attribution(model, data, method="EAP", shard=distributed.Shard(0, 1))
+    split = distributed.distributed_edge_attribution(model, data, method="EAP", shard=distributed.Shard(0, 1))
     assert torch.equal(torch.nan_to_num(split.scores), torch.nan_to_num(plain.scores))
     with pytest.raises(InputError, match="initialised torch.distributed group"):
-        distributed.edge_patch(model, None, data, shard=distributed.Shard(1, 2))
+        distributed.distributed_edge_patch(model, None, data, shard=distributed.Shard(1, 2))
     with pytest.raises(InputError, match="rank < world_size"):
         distributed.Shard(2, 2)

@@ -9,6 +9,7 @@ import torch
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
+from circuits.graph_io import GraphFileError
 from circuits.tasks import make_dataset, single_batch
 from tests.tiny_models import tiny_model
 from patching.edges.evaluate import MeanPoolError, evaluate_circuit, evaluate_circuits
@@ -187,3 +188,30 @@ def test_a_graph_recorded_for_another_d_model_is_refused():
     with pytest.raises(GraphFileError, match=rf"circuit 0 is for another model: it records d_model "
                                              rf"{2 * model.cfg.d_model} \(the model has {model.cfg.d_model}\)"):
         evaluate_circuits(model, [graph], data)
+
+
+def test_an_empty_mean_pool_is_named_not_the_evaluated_prompts():
+    """It used to say 'The dataset is empty: nothing to batch.', although the evaluated prompts were not empty."""
+    model = tiny_model(style="gemma", n_layers=1, seed=0)
+    data = make_dataset(model, n_prompts=4, n_shots=1, template_ids=["add-equation-0"], seed=1)
+    pool = make_dataset(model, n_prompts=4, n_shots=0, template_ids=["add-equation-0"], seed=9)
+    for empty, what in ((pool.select([]), r"a Dataset of 0 rows"),
+                        (single_batch(pool).tokens[:0], r"token ids of shape \(0, \d+\)")):
+        with pytest.raises(MeanPoolError, match=rf"means_from is empty \({what}\): a mean ablation averages .* "
+                                                r"Pass a non-empty pool"):
+            evaluate_circuit(model, _full(model), data, ablation="mean", means_from=empty)
+    foreign = single_batch(pool).tokens.clone()
+    foreign[0, -1] = model.cfg.d_vocab + 7
+    with pytest.raises(InputError, match=r"means_from's tokens contain ids \[\d+\] outside this model's vocabulary"):
+        evaluate_circuit(model, _full(model), data, ablation="mean", means_from=foreign)
+
+
+def test_edge_patch_refuses_another_models_graph_naming_what_differs():
+    """It used to fail with 'RuntimeError: The size of tensor a (40) must match the size of tensor b (27)'."""
+    model = tiny_model(style="gpt2", n_layers=2)
+    data = make_dataset(model, n_prompts=2, n_shots=0, template_ids=("add-equation-0",))
+    other = Graph.from_model(tiny_model(style="gpt2", n_layers=3))
+    other.in_graph[:] = True
+    with pytest.raises(GraphFileError, match=r"edges \(a Graph\) is for another model: it records n_layers 3 "
+                                             r"\(the model has 2\)"):
+        edge_patch(model, other, data, progress=False)

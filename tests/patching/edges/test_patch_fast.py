@@ -50,15 +50,17 @@ def test_rotating_the_prefix_keys_once_changes_nothing(style, monkeypatch):
     calls = []
     original = _edge_fast.prefix_rotary_once
 
-    def counting(attn, kv, layer, times):
-        calls.append(kv is not None)
-        return original(attn, kv, layer, times)
+    def counting(attn, kv, layer, times, *, enabled=True):
+        calls.append((kv is not None, enabled))
+        return original(attn, kv, layer, times, enabled=enabled)
 
     monkeypatch.setattr(_edge_fast, "prefix_rotary_once", counting)
     once = edge_patch(model, None, data, options=SweepOptions(memory_mb=0.02, progress=False))
-    assert any(calls)
-    monkeypatch.setattr(_edge_fast, "ROTATE_PREFIX_ONCE", False)
-    every_row = edge_patch(model, None, data, options=SweepOptions(memory_mb=0.02, progress=False))
+    assert (True, True) in calls
+    calls.clear()
+    every_row = edge_patch(model, None, data, options=SweepOptions(memory_mb=0.02, progress=False),
+                           rotate_prefix_once=False)
+    assert calls and all(not enabled for _, enabled in calls)
     assert torch.equal(once.per_prompt, every_row.per_prompt)
     assert all("apply_rotary" not in vars(block.attn) for block in model.blocks)
 

@@ -1,5 +1,5 @@
 """The edge-circuit stage that ``experiments.circuit`` and the arithmetic pipeline share: the search, its files,
-figures, report section and summary line.
+figures, report section and summary line (here, in the runtime, so that neither experiment imports the other).
 
 :func:`edge_circuit_stage` runs :func:`patching.edges.faithful_circuit.find_faithful_circuit` on the correctly
 answered prompts, relates the circuit to the node-level key heads, writes the circuit as hannamw/EAP-IG
@@ -29,7 +29,7 @@ def edge_circuit_stage(model, kept: Dataset, heads: list[Head], roles: dict[Head
     """The search on ``kept`` (correctly answered prompts): ``(results["edge_circuit"], figures)``.
 
     ``heads`` are the node-level key heads to relate the circuit to, ``roles`` each head's
-    attention-read class (for the figure's colours), ``stage`` the run's stage timer (``Run.stage``).
+    attention-read class (for the figure's colours), ``stage`` the run's stage opener (``Run.stage``).
     Files go to ``out/edge_circuit``.
     """
     found = find_faithful_circuit(model, kept, search, stage=stage)

@@ -47,7 +47,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.arguments import check_positive_int
 from circuits.errors import InputError, ToolkitError
-from circuits.end_logits import top1_correct
+from circuits.answer_scoring import top1_correct
 from circuits.nodes import Head, Node, all_heads, validate_nodes
 from circuits.stats import bootstrap_two_way, paired_difference, proportion
 from circuits.pools import pool_dataset

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from circuits.analyze.answer_scoring import first_and_whole, score_rows, scored_accuracy
-from circuits.tasks import accuracy_mask, make_dataset
+from circuits.answer_scoring import first_and_whole, first_token_hits, score_rows, scored_accuracy
+from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
 
 
@@ -27,7 +27,7 @@ def setup():
 def test_own_greedy_answers_are_all_correct(setup):
     model, data = setup
     assert score_rows(model, data, "whole") == [True] * 10
-    assert score_rows(model, data, "first") == accuracy_mask(model, data) == [True] * 10
+    assert score_rows(model, data, "first") == first_token_hits(model, data) == [True] * 10
     assert score_rows(model, data, "one_token") == [None, True] * 5
 
 
@@ -54,7 +54,7 @@ def test_one_teacher_forced_pass_equals_two_plain_scorings(style):
     model = tiny_model(style=style, n_layers=2)
     data = make_dataset(model, n_prompts=40, n_shots=1, seed=5, operand_range=(0, 30))
     first, whole = first_and_whole(model, data, batch_size=7)
-    assert first == accuracy_mask(model, data)
+    assert first == first_token_hits(model, data)
     plain_whole = []
     for row in data:  # full logits of prompt + answer, one row at a time
         tokens = torch.tensor([row["tokens"] + row["answer_token_ids"][:-1]])

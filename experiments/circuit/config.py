@@ -1,0 +1,78 @@
+"""The settings of ``python -m experiments.circuit``: one flag per field of :class:`CircuitConfig`.
+
+Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load. The
+choices and defaults that the edge library owns are written out here for that reason;
+tests/experiments/test_circuit.py checks them against ``patching.edges``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from experiments.runtime import cli
+from experiments.runtime.cli import option
+from experiments.runtime.settings import BatchSettings, PromptSettings, RunSettings, project
+
+if TYPE_CHECKING:
+    from patching.edges.faithful_circuit import CircuitSearch
+    from patching.edges.learn import LearnConfig
+
+#: ``patching.edges.attribute.EDGE_ATTRIBUTION_METHODS``
+EDGE_ATTRIBUTION_METHODS = ("EAP", "EAP-IG-inputs", "EAP-IG-activations", "clean-corrupted")
+#: ``patching.edges.evaluate.ABLATIONS``
+ABLATIONS = ("counterfactual", "mean", "positional-mean", "zero")
+#: the names of ``patching.edges.circuit_methods.REGISTRY``, in its order (the --methods choices)
+CIRCUIT_METHOD_NAMES = EDGE_ATTRIBUTION_METHODS + ("edge-pruning", "ugs", "matryoshka", "exact", "ensemble",
+                                                  "bootstrap", "ilp", "positional")
+
+
+@dataclass(frozen=True)
+class CircuitConfig(BatchSettings, PromptSettings, RunSettings):
+    """Every flag of ``python -m experiments.circuit`` beyond :class:`RunSettings`, with its default."""
+
+    op: str = option("+", "the operation: + - * / (or addition, subtraction, ...)")
+    circuit_prompts: int = option(64, "correct prompts used, split in half: scores and size chosen on one half, "
+                                      "reported on the other", type=cli.positive_int)
+    method: str = option("EAP-IG-inputs", "edge attribution method (patching.edges.attribute)",
+                         choices=sorted(EDGE_ATTRIBUTION_METHODS))
+    ig_steps: int = option(5, "integration steps of the EAP-IG methods", type=cli.positive_int)
+    ablation: str = option("counterfactual", "how edges outside the circuit are ablated (patching.edges.evaluate_circuit)",
+                           choices=ABLATIONS)
+    threshold: float = option(0.8, "the faithfulness the smallest circuit must reach", type=cli.fraction)
+    top_k: int = option(8, "node-level key heads from path patching to relate the circuit to (0: skip path patching)",
+                        type=cli.nonnegative_int)
+    pool_prompts: int = option(256, "prompts (none of them evaluated) the mean ablations average over; unused by "
+                                    "counterfactual", type=cli.positive_int)
+    n_bootstrap: int = option(1000, "bootstrap resamples over prompts for every interval", type=cli.positive_int)
+    memory_mb: float = option(1024.0, "activation budget of one batched forward or backward (MB)",
+                              type=cli.positive_float)
+    methods: tuple[str, ...] = option((), "compare these circuit methods on the same halves instead of --method alone: "
+                                          + ", ".join(CIRCUIT_METHOD_NAMES), nargs="+", choices=CIRCUIT_METHOD_NAMES)
+    warm_start: str = option("EAP-IG-inputs", "scores the learned methods start from ('none': a cold start)",
+                             choices=EDGE_ATTRIBUTION_METHODS + ("none",))
+    bootstrap_resamples: int = option(10, "prompt resamples of the 'bootstrap' method", type=cli.positive_int)
+    learn_objective: str = option("metric", "what the learned masks match: 'metric' (the answer logit) or "
+                                                         "'kl' (the END distribution)", choices=("metric", "kl"))
+    learn_steps: int = option(200, "optimisation steps of a learned mask", type=cli.positive_int)
+    learn_lr: float | None = option(None, "learning rate of a learned mask (Adam; default: the method's own, "
+                                          "patching.edges.learn.DEFAULT_LR)", type=cli.positive_float)
+    learn_batch_size: int = option(8, "prompts per step of a learned mask", type=cli.positive_int)
+    learn_samples: int = option(2, "masks per prompt per step (gates, UGS samples or budgets)",
+                                type=cli.positive_int)
+    learn_target_fraction: float = option(0.05, "edge-pruning: the fraction of edges to keep",
+                                          type=cli.fraction)
+    learn_min_fraction: float = option(0.001, "matryoshka: the smallest budget drawn, as a "
+                                                                 "fraction of the edges", type=cli.fraction)
+
+    def search(self) -> CircuitSearch:
+        """The settings of :func:`patching.edges.faithful_circuit.find_faithful_circuit` these flags describe."""
+        from patching.edges.faithful_circuit import CircuitSearch
+
+        return project(self, CircuitSearch)
+
+    def learn(self) -> LearnConfig:
+        """The learned methods' settings (:class:`patching.edges.learn.LearnConfig`) these flags describe."""
+        from patching.edges.learn import LearnConfig
+
+        return project(self, LearnConfig, prefix="learn_", seed=self.seed, progress=False)
