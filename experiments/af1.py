@@ -89,7 +89,7 @@ class AF1ExperimentConfig(BatchSettings, PromptSettings, RunSettings):
         from patching.all_for_one.cama import CamaConfig
         from patching.all_for_one import AF1Config
 
-        return AF1Config(cama=CamaConfig(min_count=self.min_count), batch_size=self.batch_size,
+        return AF1Config(cama=CamaConfig(min_count=self.min_count),
                          min_faithfulness=self.min_faithfulness, prune_keep=self.prune_keep, seed=self.seed)
 
 

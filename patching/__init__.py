@@ -4,7 +4,7 @@ This face offers the entry points (``__all__``): :func:`path_patch`, :func:`acti
 :func:`attribution_patch`, :func:`key_heads`, :func:`knockout`, :func:`knockout_curve`,
 :func:`knockout_transfer`, :class:`SweepOptions`, and the sub-packages :mod:`patching.edges` (edge
 circuits) and :mod:`patching.all_for_one` (AF1). Everything else is imported from its module below
-(e.g. :class:`patching.results.NodeScores`, :func:`patching.knockout.knockout_correct`); docs/index.md
+(e.g. :class:`patching.results.NodeScores`, :func:`patching.knockout_curves.knockout_correct`); docs/index.md
 maps each face's names.
 
 Node level (heads and MLPs):

@@ -214,4 +214,4 @@ def test_edge_patch_refuses_another_models_graph_naming_what_differs():
     other.in_graph[:] = True
     with pytest.raises(GraphFileError, match=r"edges \(a Graph\) is for another model: it records n_layers 3 "
                                              r"\(the model has 2\)"):
-        edge_patch(model, other, data, progress=False)
+        edge_patch(model, other, data, options=SweepOptions(progress=False))
