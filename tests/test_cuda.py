@@ -58,7 +58,7 @@ def test_path_attribution_knockout(style, kv):
     cpu, gpu = _pair(style, kv)
     data = make_dataset(cpu, n_prompts=6, n_shots=0, seed=1)
     for fn in (path_patch, attribution_patch):
-        a, b = fn(cpu, data, progress=False), fn(gpu, data, progress=False)
+        a, b = fn(cpu, data, options=SweepOptions(progress=False)), fn(gpu, data, options=SweepOptions(progress=False))
         torch.testing.assert_close(b.heads.cpu(), a.heads, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(b.mlps.cpu(), a.mlps, atol=1e-4, rtol=1e-4)
     nodes = [Head(0, 1), MLP(1)]

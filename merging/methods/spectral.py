@@ -143,7 +143,9 @@ def _spectral(base, experts, weights, key, alpha: float, delta_fn) -> Tensor:
     if views[0] is None:
         delta = sum(tvs) / len(tvs)
     else:
-        delta = views[0][1](delta_fn([m for m, _ in views]))
+        # SVDs in float64: in float32 a near-degenerate spectrum picks device-dependent subspaces (Iso-CTS on a
+        # tiny model: CUDA and CPU 7e-5 apart in float32, 1e-12 in float64)
+        delta = views[0][1](delta_fn([m.double() for m, _ in views]))
     return (base.to(delta.dtype) + alpha * delta).to(base.dtype)
 
 
