@@ -20,6 +20,9 @@ Node membership is derived from the edges (:func:`nodes_in_graph`): a node is in
 circuit when it has an outgoing circuit edge and an incoming one (``input`` needs none);
 ``logits`` always is.
 
+Two circuits of one graph are compared by :func:`edge_jaccard` (their shared edges over all edges of
+either) and two scorings by :func:`score_spearman` (the rank correlation of every real edge's |score|).
+
 Ties: edges of equal score are taken in index order (a stable sort), so selections are
 deterministic; EAP-IG's unstable ``argsort`` may break exact ties differently.
 """
@@ -37,7 +40,7 @@ from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 
 __all__ = ["nodes_in_graph", "prune", "select_top_n", "select_threshold", "select_greedy", "select_fraction",
-           "mib_selector"]
+           "mib_selector", "edge_jaccard", "score_spearman"]
 
 
 def _forward_to_backward(layout: GraphLayout) -> Bool[Tensor, "n_forward n_backward"]:
@@ -161,3 +164,24 @@ def mib_selector(layout: GraphLayout, *, absolute: bool = True, greedy: bool = F
         return chooser(Graph(layout, scores.detach().float().cpu()), n, absolute=absolute).in_graph
 
     return select
+
+
+def edge_jaccard(mask_a: Tensor, mask_b: Tensor) -> float:
+    """|A ∩ B| / |A ∪ B| of two circuits' edge masks (1.0 when both are empty)."""
+    union = int((mask_a | mask_b).sum())
+    return 1.0 if union == 0 else int((mask_a & mask_b).sum()) / union
+
+
+def score_spearman(a: Graph, b: Graph) -> float:
+    """Spearman correlation of the |score| of every real edge in two scorings of one graph.
+
+    Constant scores have no ranking: 1.0 when both are the same constant vector, NaN otherwise.
+    """
+    import numpy as np
+    from scipy.stats import spearmanr  # only here: selecting a circuit needs no scipy
+
+    real = a.layout.real_edge_mask
+    x, y = a.scores[real].abs().numpy(), b.scores[real].abs().numpy()
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return 1.0 if np.array_equal(x, y) else float("nan")
+    return float(spearmanr(x, y)[0])

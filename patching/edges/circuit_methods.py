@@ -215,6 +215,47 @@ _RECORDS = (
 REGISTRY: dict[str, CircuitMethod] = {r.name: r for r in _RECORDS}
 
 
+# ---------------------------------------------------------------------------- one method's scores and circuits
+
+
+def check_method_names(methods: Sequence[str]) -> None:
+    """Refuse names that are not in :data:`REGISTRY`, listing the registered ones."""
+    unknown = [m for m in methods if m not in REGISTRY]
+    if unknown:
+        raise InputError(f"Unknown circuit method(s) {unknown}: use any of {', '.join(REGISTRY)}.")
+
+
+def means_pool(model: HookedTransformer, prompts: Dataset, search: CircuitSearch) -> Optional[Dataset]:
+    """The prompts a mean ablation averages over (none of them evaluated); None for the other ablations."""
+    if not search.ablation.endswith("mean"):
+        return None
+    return pool_dataset(model, prompts, search.pool_prompts, seed=search.seed + 1)
+
+
+def score_method(run: ComparisonRun, method: CircuitMethod) -> tuple[MethodScores, tuple[float, float]]:
+    """``method``'s scores of ``run``'s selection half, and the (wall, CPU) clock read just before it scored.
+
+    A warm start is computed before the clock is read (its time is reported apart); scores the method keeps
+    join ``run.computed`` for the warm starts and ensembles after it.
+    """
+    if WARM_START in method.needs and run.warm_start:
+        run.cached_attribution(run.warm_start)
+    started = (time.perf_counter(), time.process_time())
+    scored = method.score(run, method.name)
+    if method.keeps_scores:
+        run.computed[method.name] = scored.scores
+    return scored, started
+
+
+def selected_circuit(graph: Graph, fraction: float, select: Optional[Callable] = None) -> Graph:
+    """The circuit the curves evaluate at ``fraction`` of the edges: MIB's pruned top-n by |score|
+    (:func:`circuits.graph_selection.select_fraction`), or ``select(scores, n)``, a method's own selector."""
+    if select is None:
+        return select_fraction(graph, fraction)
+    n = int(fraction * graph.layout.n_edges)
+    return Graph(graph.layout, graph.scores, in_graph=select(graph.scores, n))
+
+
 # ---------------------------------------------------------------------------- several methods side by side
 
 
@@ -256,13 +297,10 @@ def compare_methods(model: HookedTransformer, prompts: Dataset, methods: Sequenc
     position-aware edges (:mod:`patching.edges.positions`) by ``search.method``. Time is counted per method,
     warm starts and the scores an ensemble reuses excluded.
     """
-    unknown = [m for m in methods if m not in REGISTRY]
-    if unknown:
-        raise InputError(f"Unknown circuit method(s) {unknown}: use any of {', '.join(REGISTRY)}.")
+    check_method_names(methods)
     stage = stage or (lambda name: nullcontext())
     selection, heldout = split_halves(prompts, search.circuit_prompts, search.seed)
-    pool = pool_dataset(model, prompts, search.pool_prompts, seed=search.seed + 1) if search.ablation.endswith("mean") \
-        else None
+    pool = means_pool(model, prompts, search)
     layout = Graph.from_model(model).layout
     run = ComparisonRun(model, selection, layout, search, learn or LearnConfig(), warm_start, bootstrap_resamples)
 
@@ -270,13 +308,8 @@ def compare_methods(model: HookedTransformer, prompts: Dataset, methods: Sequenc
     for name in methods:
         method = REGISTRY[name]
         with stage(f"circuit method {name}"):
-            if WARM_START in method.needs and warm_start:  # before the clock: its time is reported apart
-                run.cached_attribution(warm_start)
-            wall, cpu = time.perf_counter(), time.process_time()
-            scored = method.score(run, name)
+            scored, (wall, cpu) = score_method(run, method)
             scores, select = scored.scores, scored.select
-            if method.keeps_scores:
-                run.computed[name] = scores
             curves = [faithfulness_curve(model, scores, part, ablation=search.ablation, means_from=pool,
                                          select=select or (None if method.position_aware else mib_selector(layout)),
                                          n_bootstrap=search.n_bootstrap, seed=search.seed,
@@ -286,9 +319,7 @@ def compare_methods(model: HookedTransformer, prompts: Dataset, methods: Sequenc
             graph = scores if isinstance(scores, Graph) else scores.merged()
             circuit = None
             if smallest and not method.position_aware:
-                n = int(smallest["fraction"] * layout.n_edges)
-                circuit = (select_fraction(graph, smallest["fraction"]) if select is None
-                           else Graph(layout, graph.scores, in_graph=select(graph.scores, n)))
+                circuit = selected_circuit(graph, smallest["fraction"], select)
             found = FaithfulCircuit(search, graph, selection, heldout, curves[0], curves[1], smallest, circuit)
             seconds, cpu_seconds = time.perf_counter() - wall, time.process_time() - cpu
             if scored.reused is not None:  # the scores came from an earlier method: count the time they took then

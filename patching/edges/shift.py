@@ -28,13 +28,12 @@ from typing import Optional, Sequence
 
 import numpy as np
 import torch
-from scipy.stats import spearmanr
 from torch import Tensor
 from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
-from circuits.graph_selection import select_top_n
+from circuits.graph_selection import edge_jaccard, score_spearman, select_top_n
 from circuits.stats import Estimate
 from patching.edges.attribute import edge_attribution
 from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, faithfulness_curve
@@ -125,19 +124,6 @@ def _top_masks(graph: Graph, fractions: Sequence[float]) -> list[Tensor]:
     return [select_top_n(graph, int(x * graph.n_edges), prune=False).in_graph for x in fractions]
 
 
-def _jaccard(a: Tensor, b: Tensor) -> float:
-    union = int((a | b).sum())
-    return 1.0 if union == 0 else int((a & b).sum()) / union
-
-
-def _spearman(layout: GraphLayout, a: Graph, b: Graph) -> float:
-    real = layout.real_edge_mask
-    x, y = a.scores[real].abs().numpy(), b.scores[real].abs().numpy()
-    if np.ptp(x) == 0 or np.ptp(y) == 0:
-        return 1.0 if np.array_equal(x, y) else float("nan")
-    return float(spearmanr(x, y)[0])
-
-
 def _node_mass(layout: GraphLayout, graph: Graph, mask: Tensor) -> Tensor:
     """Each forward node's in-circuit edge mass: |score| of its in-circuit edges out plus into its inputs."""
     weights = graph.scores.abs().nan_to_num(0.0) * mask
@@ -177,16 +163,16 @@ def circuit_shift(reference: HookedTransformer, changed: HookedTransformer, prom
     reference_curve, transferred, own = curve(reference, reference_scores), curve(changed, reference_scores), \
         curve(changed, changed_scores)
     ref_masks, new_masks = _top_masks(reference_scores, s.fractions), _top_masks(changed_scores, s.fractions)
-    jaccard_values = [_jaccard(a, b) for a, b in zip(ref_masks, new_masks)]
-    spearman_value = _spearman(layout, reference_scores, changed_scores)
+    jaccard_values = [edge_jaccard(a, b) for a, b in zip(ref_masks, new_masks)]
+    spearman_value = score_spearman(reference_scores, changed_scores)
     if s.n_resamples:
         g = torch.Generator().manual_seed(s.seed)
         draws = []
         for _ in range(s.n_resamples):
             rows = torch.randint(len(prompts), (len(prompts),), generator=g).tolist()
             a, b = score(reference, prompts.select(rows)), score(changed, prompts.select(rows))
-            draws.append([_jaccard(x, y) for x, y in zip(_top_masks(a, s.fractions), _top_masks(b, s.fractions))]
-                         + [_spearman(layout, a, b)])
+            draws.append([edge_jaccard(x, y) for x, y in zip(_top_masks(a, s.fractions), _top_masks(b, s.fractions))]
+                         + [score_spearman(a, b)])
         draws = np.asarray(draws)
         low, high = np.nanpercentile(draws, 2.5, axis=0), np.nanpercentile(draws, 97.5, axis=0)
         kind = f"95% percentile over {s.n_resamples} prompt resamples"

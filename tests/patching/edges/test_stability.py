@@ -1,0 +1,116 @@
+"""patching.edges.stability: Jaccard against Python sets, stub methods whose circuits are known, too few prompts."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+from circuits.errors import InputError
+from circuits.graph import Graph, GraphLayout
+from circuits.graph_selection import edge_jaccard, select_fraction
+from circuits.tasks import make_dataset
+from patching.edges.circuit_methods import REGISTRY, CircuitMethod, MethodScores
+from patching.edges.faithful_circuit import CircuitSearch
+from patching.edges.stability import circuit_stability
+from tests.tiny_models import tiny_model
+
+SEARCH = CircuitSearch(circuit_prompts=4, n_bootstrap=50, ig_steps=2, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_model(style="gemma", n_layers=2, n_heads=4, seed=3)
+    data = make_dataset(model, n_prompts=120, n_shots=1, seed=2)
+    lengths = [len(t) for t in data["tokens"]]
+    n = max(set(lengths), key=lengths.count)
+    return model, data.filter(lambda r: len(r["tokens"]) == n).select(range(8))
+
+
+def _edges(graph: Graph) -> set[tuple[int, int]]:
+    return {tuple(e) for e in graph.in_graph.nonzero().tolist()}
+
+
+def test_jaccard_and_spearman_match_python_sets_and_scipy(setup):
+    model, data = setup
+    result = circuit_stability(model, data, "EAP", SEARCH, n_sets=3, fractions=(0.2, 0.5), log=lambda line: None)
+    assert result.runs == [(0, 0), (1, 0), (2, 0)] and len(result.heldout) == 2
+    real = result.scores[0].layout.real_edge_mask
+    for i, x in enumerate(result.fractions):
+        edge_sets = [_edges(select_fraction(scores, x)) for scores in result.scores]  # selected anew
+        assert all(edge_sets)  # sizes at which the pruned circuits of the tiny model hold edges
+        expected = [len(a & b) / len(a | b) for a, b in itertools.combinations(edge_sets, 2)]
+        assert result.jaccard()[i] == pytest.approx(expected)
+        entry = result.to_dict()["jaccard"][i]
+        assert entry["n_pairs"] == 3 and entry["min"] == pytest.approx(min(expected))
+        assert entry["mean"] == pytest.approx(sum(expected) / 3) and entry["max"] == pytest.approx(max(expected))
+        core = {e for e in set().union(*edge_sets) if sum(e in s for s in edge_sets) >= 1.5}  # in at least half of 3
+        assert _edges(result.cores[i]) == core and result.to_dict()["core"][i]["n_edges"] == len(core)
+    expected = [spearmanr(a.scores[real].abs().numpy(), b.scores[real].abs().numpy())[0]
+                for a, b in itertools.combinations(result.scores, 2)]
+    assert result.spearman() == pytest.approx(expected)
+
+
+def _stub(name: str, scorer) -> CircuitMethod:
+    return CircuitMethod(name, "selection", lambda run, _: scorer(run))
+
+
+def test_a_data_independent_method_has_jaccard_1_and_its_circuit_as_core(setup):
+    model, data = setup
+    layout = GraphLayout.of(model)
+    fixed = torch.rand(layout.n_forward, layout.n_backward, generator=torch.Generator().manual_seed(0))
+    fixed[0, layout.logits_backward] = 10.0  # input -> logits ranks first: no size's circuit is pruned away
+    stub = CircuitMethod("fixed", "attribution", lambda run, _: MethodScores(Graph(layout, fixed.clone())))
+    result = circuit_stability(model, data, stub, SEARCH, n_sets=2, fractions=(0.05, 0.2, 0.5), log=lambda line: None)
+    summary = result.to_dict()
+    assert [j["mean"] for j in summary["jaccard"]] == [1.0, 1.0, 1.0] and summary["spearman"]["mean"] == pytest.approx(1.0)
+    for i, core in enumerate(result.cores):
+        assert torch.equal(core.in_graph, result.circuits[0][i].in_graph)
+        assert torch.equal(core.in_graph, result.circuits[1][i].in_graph)
+    assert all(core.in_graph.any() for core in result.cores)  
+    assert summary["core"][0]["f"]["n"] == 2 and summary["n_heldout"] == 2
+
+
+def test_known_different_circuits_give_the_hand_computed_jaccard_and_core(setup):
+    model, data = setup
+    layout = GraphLayout.of(model)
+    real = layout.real_edge_mask.nonzero().tolist()
+    circuits = iter([real[0:3], real[1:4]])  # {e0, e1, e2} on the first set, {e1, e2, e3} on the second
+
+    def scorer(run):
+        edges = next(circuits)
+        mask = torch.zeros(layout.n_forward, layout.n_backward, dtype=torch.bool)
+        mask[tuple(zip(*edges))] = True
+        return MethodScores(Graph(layout, torch.rand(layout.n_forward, layout.n_backward)),
+                            select=lambda scores, n: mask)
+
+    result = circuit_stability(model, data, _stub("two circuits", scorer), SEARCH, n_sets=2, core_share=1.0,
+                               fractions=(0.1, 0.5), log=lambda line: None)
+    summary = result.to_dict()
+    assert [j["mean"] for j in summary["jaccard"]] == [0.5, 0.5]  # 2 shared of 4
+    assert [c["n_edges"] for c in summary["core"]] == [2, 2]  # kept by every run: e1, e2
+    assert _edges(result.cores[0]) == {tuple(real[1]), tuple(real[2])}
+
+
+def test_edge_jaccard_of_empty_and_disjoint_masks():
+    empty, one, other = torch.zeros(2, 3, dtype=torch.bool), torch.zeros(2, 3, dtype=torch.bool), \
+        torch.zeros(2, 3, dtype=torch.bool)
+    one[0, 0], other[1, 1] = True, True
+    assert edge_jaccard(empty, empty) == 1.0 and edge_jaccard(one, other) == 0.0 and edge_jaccard(one, one) == 1.0
+
+
+def test_too_few_prompts_names_how_many_are_needed(setup):
+    model, data = setup
+    with pytest.raises(InputError, match=r"3 disjoint prompt sets and a held-out set of 2 prompts each .* needs 8 "
+                                         r"prompts, got 7"):
+        circuit_stability(model, data.select(range(7)), "EAP", SEARCH, n_sets=3)
+
+
+def test_methods_without_a_circuit_of_their_own_are_refused():
+    for name in ("ensemble", "positional"):
+        with pytest.raises(InputError, match=f"{name!r} has no circuit stability to measure"):
+            circuit_stability(None, None, REGISTRY[name])
+    with pytest.raises(InputError, match=r"Unknown circuit method\(s\) \['nope'\]"):
+        circuit_stability(None, None, "nope")
