@@ -29,6 +29,11 @@ learned masks, ensembles, bootstrapped scores, the ILP, position-aware edges) sc
 selection half and is curved on the same held-out half; results.json key ``comparison``, one
 figure with every held-out curve and its band, the table of CPR, CMD, f at 1-20% of the edges, the
 smallest faithful size and the time of each method (``patching.edges.circuit_methods.compare_methods``).
+Then each method's circuit stability (``--stability-sets`` 2; 0 skips): the method run again on that many
+disjoint prompt sets of ``--circuit-prompts // 2`` each (and each ``--stability-seeds`` seed, if learned), its
+circuits' pairwise edge Jaccard at 2, 5 and 10% of the edges, the Spearman correlation of its scores, and the
+stable core's faithfulness on prompts no run trained on; results.json key ``stability``
+(``patching.edges.stability.circuit_stability``).
 
 The search is :func:`patching.edges.faithful_circuit.find_faithful_circuit` with its settings in one
 record (:class:`patching.edges.faithful_circuit.CircuitSearch`, built from these flags); the same stage
@@ -110,7 +115,9 @@ def run(cfg: CircuitConfig, *, loader: ModelLoader | None = None) -> dict:
 
 def _stages(run: Run) -> None:
     from circuits.show.html_report import Report
-    from experiments.circuit.compare import add_comparison_section, compare_stage, comparison_summary
+    from experiments.circuit.compare import (
+        add_comparison_section, compare_stage, comparison_summary, stability_shortfall, stability_stage,
+    )
     from experiments.runtime.edge_circuit import add_report_section, edge_circuit_stage, summary
     from patching.edges.faithful_circuit import split_halves
 
@@ -122,19 +129,32 @@ def _stages(run: Run) -> None:
         selection, _ = split_halves(kept, cfg.circuit_prompts, cfg.seed)
     results |= {"n_prompts": cfg.n_prompts, "n_kept": len(kept), "base_accuracy": accuracy}
     if cfg.methods:
+        warm_start = None if cfg.warm_start == "none" else cfg.warm_start
+        shortfall = stability_shortfall(len(kept), cfg.stability_sets, cfg.stability_prompts_needed(),
+                                        cfg.circuit_prompts) if cfg.stability_sets else None
+        if shortfall:  # said before the comparison runs, not after it
+            logger.warning(shortfall)
+            results["stability_skipped"] = shortfall
         results["comparison"], figures = compare_stage(model, kept, cfg.methods, cfg.search(), cfg.learn(),
-                                                       warm_start=None if cfg.warm_start == "none" else cfg.warm_start,
+                                                       warm_start=warm_start,
                                                        bootstrap_resamples=cfg.bootstrap_resamples, stage=run.stage)
+        if cfg.stability_sets and not shortfall:
+            results["stability"] = stability_stage(model, kept, cfg.methods, cfg.search(), cfg.learn(),
+                                                   n_sets=cfg.stability_sets, seeds=cfg.stability_seeds,
+                                                   warm_start=warm_start, bootstrap_resamples=cfg.bootstrap_resamples,
+                                                   stage=run.stage)
         for key, fig in figures.items():
             write_text_atomic(run.out / "figures" / f"{key}.json", fig.to_json())
         results["wall_seconds"] = run.wall_seconds
-        report = Report(f"Circuit methods compared: {name} on {cfg.model}", comparison_summary(results["comparison"]))
-        add_comparison_section(report, results["comparison"], figures)
+        stability = results.get("stability")
+        report = Report(f"Circuit methods compared: {name} on {cfg.model}",
+                        comparison_summary(results["comparison"], stability))
+        add_comparison_section(report, results["comparison"], figures, stability)
         report.add_table(run.timer.seconds | {"total": results["wall_seconds"]}, heading="Wall time per stage",
                          columns=("stage", "seconds"))
         report.add_settings(dataclasses.asdict(cfg))
         report.save(run.out / "report.html")
-        print(comparison_summary(results["comparison"]))
+        print(comparison_summary(results["comparison"], stability))
         print(f"report: {run.out / 'report.html'}")
         return
     with run.stage("key heads and head classes", "path patching and attention reads"):

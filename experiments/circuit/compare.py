@@ -1,4 +1,5 @@
-"""The comparison of circuit methods in ``python -m experiments.circuit --methods ...``: its stage, figure and table."""
+"""The comparison of circuit methods in ``python -m experiments.circuit --methods ...``: its stage, figure and table,
+and each method's circuit stability over disjoint prompt sets (``--stability-sets``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ from datasets import Dataset
 
 from circuits.show.edge_figures import faithfulness_figure
 from circuits.show.html_report import Report
-from patching.edges.circuit_methods import compare_methods
+from patching.edges.circuit_methods import REGISTRY, compare_methods
 from patching.edges.faithful_circuit import CircuitSearch
+from patching.edges.stability import circuit_stability, why_not_measurable
 
 ROW_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2)
 
@@ -31,14 +33,61 @@ def compare_stage(model, kept: Dataset, methods, search: CircuitSearch, learn, *
     return results, {"comparison_curves": figure}
 
 
+def stability_stage(model, kept: Dataset, methods, search: CircuitSearch, learn, *, n_sets: int, seeds, warm_start,
+                    bootstrap_resamples: int, stage=None) -> dict:
+    """``results["stability"]``: each method's :class:`patching.edges.stability.StabilityResult` as a dict, or
+    ``{"method", "skipped": why}`` for a method with no circuit of its own (one stage per method measured)."""
+    out = {}
+    for name in methods:
+        refusal = why_not_measurable(REGISTRY[name])
+        if refusal:
+            out[name] = {"method": name, "skipped": refusal}
+            continue
+        out[name] = circuit_stability(model, kept, name, search, n_sets=n_sets, seeds=seeds or None, learn=learn,
+                                      warm_start=warm_start, bootstrap_resamples=bootstrap_resamples,
+                                      stage=stage).to_dict()
+    return out
+
+
+def stability_shortfall(n_kept: int, n_sets: int, needed: int, circuit_prompts: int) -> str | None:
+    """Why the stability of ``n_sets`` sets cannot be measured on ``n_kept`` correct prompts (None: it can)."""
+    if n_kept >= needed:
+        return None
+    return (f"--stability-sets {n_sets} needs {needed} correct prompts ({n_sets} sets and a held-out set of "
+            f"--circuit-prompts // 2 = {circuit_prompts // 2} each) but the model answered {n_kept} correctly: "
+            "stability skipped; raise --n-prompts, or lower --stability-sets or --circuit-prompts.")
+
+
 def _fmt(estimate) -> str:
     if estimate is None:
         return "—"
     return f"{estimate['value']:.3f} [{estimate['low']:.3f}, {estimate['high']:.3f}]"
 
 
-def comparison_summary(comparison: dict) -> str:
-    """One line: the method with the largest held-out CPR, and the smallest size any method makes faithful."""
+def _spread_text(spread: dict) -> str:
+    if spread["mean"] is None:
+        return "undefined"
+    return f"{spread['mean']:.2f} [{spread['min']:.2f}, {spread['max']:.2f}]"
+
+
+def stability_rows(stability: dict) -> list[dict]:
+    """The stability table: per method, Jaccard at each size (mean [min, max] over pairs), score Spearman, the core."""
+    rows = []
+    for name, entry in stability.items():
+        if "skipped" in entry:
+            rows.append({"method": name, "skipped": entry["skipped"]})
+            continue
+        row = {"method": name, "runs": len(entry["runs"])}
+        row |= {f"Jaccard at {100 * j['fraction']:g}%": _spread_text(j) for j in entry["jaccard"]}
+        row["score Spearman"] = _spread_text(entry["spearman"])
+        row |= {f"core at {100 * c['fraction']:g}%": f"{c['n_edges']} edges, f = {_fmt(c['f'])}" for c in entry["core"]}
+        rows.append(row)
+    return rows
+
+
+def comparison_summary(comparison: dict, stability: dict | None = None) -> str:
+    """One line: the method with the largest held-out CPR, the smallest size any method makes faithful, and (with
+    ``stability``) each method's mean circuit Jaccard over disjoint prompt sets at 5% of the edges."""
     rows = comparison["rows"]
     best = max(rows, key=lambda r: r["cpr"]["value"])
     sized = [r for r in rows if r["smallest_fraction"] is not None]
@@ -46,12 +95,16 @@ def comparison_summary(comparison: dict) -> str:
     size = (f"smallest circuit with f >= {comparison['threshold']:g}: {smallest['method']} at "
             f"{100 * smallest['smallest_fraction']:g}% of the edges (held-out f = {_fmt(smallest['smallest_f_heldout'])})"
             if smallest else f"no method reaches f >= {comparison['threshold']:g}")
-    return (f"{len(rows)} circuit methods on {comparison['n_heldout']} held-out prompts: best held-out CPR "
+    line = (f"{len(rows)} circuit methods on {comparison['n_heldout']} held-out prompts: best held-out CPR "
             f"{best['method']} {_fmt(best['cpr'])}; {size}")
+    at = {name: next((j for j in entry.get("jaccard", []) if j["fraction"] == 0.05), None)
+          for name, entry in (stability or {}).items()}
+    measured = [f"{name} {_spread_text(j)}" for name, j in at.items() if j is not None]
+    return line + (f"; circuit Jaccard at 5% over disjoint prompt sets: {', '.join(measured)}" if measured else "")
 
 
-def add_comparison_section(report: Report, comparison: dict, figures: dict) -> Report:
-    """The comparison's figure and table."""
+def add_comparison_section(report: Report, comparison: dict, figures: dict, stability: dict | None = None) -> Report:
+    """The comparison's figure and table, and (with ``stability``, results.json's key) the stability table."""
     report.add_heading("Circuit methods side by side")
     report.add_figure(figures["comparison_curves"], caption=(
         f"Faithfulness f = (m(C) − m(∅)) / (m(full) − m(∅)) on {comparison['n_heldout']} held-out prompts of the "
@@ -70,4 +123,12 @@ def add_comparison_section(report: Report, comparison: dict, figures: dict) -> R
     report.add_table(rows, caption=(f"Held-out CPR (higher is better), CMD (lower is better) and f at fixed sizes, with "
                                     f"95% bootstrap intervals (n = {comparison['n_heldout']}); the smallest size is "
                                     f"chosen on the selection prompts and its f read on the held-out ones."))
+    measured = [e for e in (stability or {}).values() if "skipped" not in e]
+    if stability:
+        heldout = f"{measured[0]['n_heldout']} held-out prompts" if measured else "held-out prompts"
+        report.add_table(stability_rows(stability), heading="Stability of each method's circuit", caption=(
+            "Each method run on disjoint prompt sets (and, if learned or resampled, with each seed): the edge Jaccard "
+            "|A ∩ B| / |A ∪ B| of every pair of runs' circuits at each size (mean [min, max] over pairs), the "
+            "Spearman correlation of their edge scores, and the stable core (edges kept by at least half of the "
+            f"runs) with its faithfulness on {heldout} no run trained on (95% bootstrap interval)."))
     return report

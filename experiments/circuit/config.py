@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option
 from experiments.runtime.settings import BatchSettings, PromptSettings, RunSettings, project
@@ -64,6 +65,29 @@ class CircuitConfig(BatchSettings, PromptSettings, RunSettings):
                                           type=cli.fraction)
     learn_min_fraction: float = option(0.001, "matryoshka: the smallest budget drawn, as a "
                                                                  "fraction of the edges", type=cli.fraction)
+    stability_sets: int = option(2, "with --methods: disjoint prompt sets of circuit_prompts // 2 each every method "
+                                    "is run on, to compare their circuits (0: skip; else at least 2)",
+                                 type=cli.nonnegative_int)
+    stability_seeds: tuple[int, ...] = option((), "seeds a learned or resampled method runs with on each stability "
+                                                  "set (default: --seed only)", type=int, nargs="+")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.methods or not self.stability_sets:
+            return
+        if self.stability_sets < 2:
+            raise InputError(f"--stability-sets {self.stability_sets}: stability compares the circuits of at least "
+                             "2 disjoint prompt sets; give 2 or more, or 0 to skip it.")
+        needed = self.stability_prompts_needed()
+        if needed > self.n_prompts:
+            raise InputError(f"--stability-sets {self.stability_sets} needs {needed} correct prompts (that many sets "
+                             f"and a held-out set of --circuit-prompts // 2 = {self.circuit_prompts // 2} each), more "
+                             f"than --n-prompts {self.n_prompts} samples: raise --n-prompts, or lower --stability-sets "
+                             "or --circuit-prompts.")
+
+    def stability_prompts_needed(self) -> int:
+        """``patching.edges.stability.stability_prompts_needed`` of these flags: the sets and the held-out set."""
+        return (self.stability_sets + 1) * (self.circuit_prompts // 2)
 
     def search(self) -> CircuitSearch:
         """The settings of :func:`patching.edges.faithful_circuit.find_faithful_circuit` these flags describe."""

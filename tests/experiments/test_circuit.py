@@ -134,3 +134,22 @@ def test_the_methods_flag_offers_every_registered_circuit_method_in_order():
 
     assert circuit_experiment.CIRCUIT_METHOD_NAMES == tuple(REGISTRY)
     assert circuit_experiment.parse_config(["--methods", "exact", "ilp"]).methods == ("exact", "ilp")
+
+
+def test_stability_sets_that_cannot_be_measured_are_refused_at_parse_time(capsys):
+    from circuits.errors import InputError
+    from patching.edges.stability import stability_prompts_needed
+
+    with pytest.raises(SystemExit) as exit:
+        circuit_experiment.parse_config(["--methods", "EAP", "--stability-sets", "-1"])
+    assert exit.value.code == 2 and "--stability-sets: must be an integer >= 0" in capsys.readouterr().err
+    with pytest.raises(InputError, match="--stability-sets 1: stability compares the circuits of at least 2"):
+        circuit_experiment.parse_config(["--methods", "EAP", "--stability-sets", "1"])
+    with pytest.raises(InputError, match=r"--stability-sets 3 needs 32 correct prompts .* more than --n-prompts 31"):
+        circuit_experiment.parse_config(["--methods", "EAP", "--stability-sets", "3", "--circuit-prompts", "16",
+                                         "--n-prompts", "31"])
+    fits = circuit_experiment.parse_config(["--methods", "EAP", "--stability-sets", "3", "--circuit-prompts", "16",
+                                            "--n-prompts", "32", "--stability-seeds", "1", "2"])
+    assert fits.stability_prompts_needed() == stability_prompts_needed(3, 16) == 32 and fits.stability_seeds == (1, 2)
+    assert circuit_experiment.parse_config(["--methods", "EAP", "--stability-sets", "0", "--n-prompts", "1"])
+    assert circuit_experiment.parse_config(["--stability-sets", "9", "--n-prompts", "1"])  # no --methods: unused
