@@ -6,22 +6,18 @@ import pytest
 import torch
 
 from circuits.graph import GraphLayout
-from circuits.tasks import iter_batches, make_dataset
+from circuits.tasks import iter_batches
 from patching.edges.attribute import edge_attribution
 from patching.edges.curves import faithfulness_curve
 from patching.edges.evaluate import evaluate_circuits
 from patching.edges.positions import MERGED, SPANS, PositionalScores, span_ids
 from patching import SweepOptions
-from tests.tiny_models import tiny_model
 
 
 @pytest.fixture(scope="module")
-def setup():
-    model = tiny_model(style="gemma", n_layers=2, n_heads=4, seed=3)
-    data = make_dataset(model, n_prompts=120, n_shots=1, seed=2)
-    lengths = [len(t) for t in data["tokens"]]
-    n = max(set(lengths), key=lengths.count)
-    return model, data.filter(lambda r: len(r["tokens"]) == n).select(range(6))
+def setup(one_length_prompts):
+    model, data = one_length_prompts
+    return model, data.select(range(6))
 
 
 def test_every_position_gets_the_span_of_its_role(setup):

@@ -9,7 +9,6 @@ import torch
 
 from circuits.graph import Graph, GraphLayout
 from circuits.nodes import Head
-from circuits.tasks import make_dataset
 from patching.edges.faithful_circuit import circuit_heads
 from patching.edges.shift import ShiftSettings, circuit_shift
 from tests.tiny_models import tiny_model
@@ -18,12 +17,9 @@ FAST = ShiftSettings(fractions=(0.05, 0.2, 0.5, 1.0), size=0.2, n_bootstrap=50, 
 
 
 @pytest.fixture(scope="module")
-def setup():
-    model = tiny_model(style="gemma", n_layers=2, n_heads=4, seed=3)
-    data = make_dataset(model, n_prompts=120, n_shots=1, seed=2)
-    lengths = [len(t) for t in data["tokens"]]
-    n = max(set(lengths), key=lengths.count)
-    return model, data.filter(lambda r: len(r["tokens"]) == n).select(range(6))
+def setup(one_length_prompts):
+    model, data = one_length_prompts
+    return model, data.select(range(6))
 
 
 def test_a_model_against_itself_has_the_same_circuit_everywhere(setup):

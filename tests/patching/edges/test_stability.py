@@ -11,22 +11,17 @@ from scipy.stats import spearmanr
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import edge_jaccard, select_fraction
-from circuits.tasks import make_dataset
 from patching.edges.circuit_methods import REGISTRY, CircuitMethod, MethodScores
 from patching.edges.faithful_circuit import CircuitSearch
 from patching.edges.stability import circuit_stability
-from tests.tiny_models import tiny_model
 
 SEARCH = CircuitSearch(circuit_prompts=4, n_bootstrap=50, ig_steps=2, batch_size=8)
 
 
 @pytest.fixture(scope="module")
-def setup():
-    model = tiny_model(style="gemma", n_layers=2, n_heads=4, seed=3)
-    data = make_dataset(model, n_prompts=120, n_shots=1, seed=2)
-    lengths = [len(t) for t in data["tokens"]]
-    n = max(set(lengths), key=lengths.count)
-    return model, data.filter(lambda r: len(r["tokens"]) == n).select(range(8))
+def setup(one_length_prompts):
+    model, data = one_length_prompts
+    return model, data.select(range(8))
 
 
 def _edges(graph: Graph) -> set[tuple[int, int]]:
