@@ -109,3 +109,24 @@ def test_methods_without_a_circuit_of_their_own_are_refused():
             circuit_stability(None, None, REGISTRY[name])
     with pytest.raises(InputError, match=r"Unknown circuit method\(s\) \['nope'\]"):
         circuit_stability(None, None, "nope")
+
+
+def test_a_seeded_method_runs_once_per_set_and_seed_and_a_deterministic_one_once_per_set(setup):
+    model, data = setup
+    layout = GraphLayout.of(model)
+    seen = []
+
+    def scorer(run):
+        seen.append((run.search.seed, run.learn.seed))
+        gen = torch.Generator().manual_seed(run.learn.seed)
+        return MethodScores(Graph(layout, torch.rand(layout.n_forward, layout.n_backward, generator=gen)))
+
+    learned = CircuitMethod("seeded", "learned mask", lambda run, _: scorer(run))
+    result = circuit_stability(model, data, learned, SEARCH, n_sets=2, seeds=(1, 2), fractions=(0.5,),
+                               log=lambda line: None)
+    assert result.runs == [(0, 1), (0, 2), (1, 1), (1, 2)] and seen == [(1, 1), (2, 2), (1, 1), (2, 2)]
+    assert result.to_dict()["jaccard"][0]["n_pairs"] == 6 and result.to_dict()["seeds"] == [1, 2]
+    assert result.jaccard()[0][1] == 1.0  # set 0 seed 1 and set 1 seed 1: the same seeded scores
+    deterministic = CircuitMethod("plain", "attribution", lambda run, _: scorer(run))
+    assert circuit_stability(model, data, deterministic, SEARCH, n_sets=2, seeds=(1, 2), fractions=(0.5,),
+                             log=lambda line: None).runs == [(0, 1), (1, 1)]
