@@ -129,6 +129,6 @@ def add_comparison_section(report: Report, comparison: dict, figures: dict, stab
         report.add_table(stability_rows(stability), heading="Stability of each method's circuit", caption=(
             "Each method run on disjoint prompt sets (and, if learned or resampled, with each seed): the edge Jaccard "
             "|A ∩ B| / |A ∪ B| of every pair of runs' circuits at each size (mean [min, max] over pairs), the "
-            "Spearman correlation of their edge scores, and the stable core (edges kept by at least half of the "
+            "Spearman correlation of their edge scores, and the stable core (edges kept by a majority of the "
             f"runs) with its faithfulness on {heldout} no run trained on (95% bootstrap interval)."))
     return report

@@ -12,7 +12,8 @@ circuit size:
   or the method's own selector);
 * the edge Jaccard index |A ∩ B| / |A ∪ B| of every pair of runs' circuits (mean, min, max over pairs),
   and the Spearman correlation of every pair's edge scores (over all edges, not only the circuit's);
-* the *stable core*: the edges that at least ``core_share`` of the runs keep, and its faithfulness
+* the *stable core*: the edges that more than ``core_share`` of the runs keep (default: a majority;
+  with two runs, both), and its faithfulness
   f = (m(core) − m(∅)) / (m(full) − m(∅)) on held-out prompts that no run trained on (a set of the
   same size, disjoint from every training set), with a 95% bootstrap interval over those prompts.
 
@@ -149,7 +150,7 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
     ``method``: a name in :data:`REGISTRY`, or a :class:`CircuitMethod` record itself (one not registered:
     a test's stub). ``seeds``: the seeds a learned or resampled method runs with on each set (default
     ``search.seed`` alone); the seed replaces ``search.seed`` and ``learn.seed`` of the run. ``core_share``:
-    the share of runs an edge must be kept by to be in the stable core. ``learn``, ``warm_start``,
+    a core edge is kept by more than this share of the runs (0.5: a majority). ``learn``, ``warm_start``,
     ``bootstrap_resamples``: as in :func:`patching.edges.circuit_methods.compare_methods`. ``stage(name)``:
     a context manager the whole measurement runs in (one stage); ``log``: one line per run and a summary.
     """
@@ -162,8 +163,9 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
     fractions = [float(x) for x in fractions]
     if not fractions or any(not 0 < x <= 1 for x in fractions) or sorted(set(fractions)) != fractions:
         raise InputError(f"fractions must increase strictly within (0, 1], got {fractions}.")
-    if not 0 < core_share <= 1:
-        raise InputError(f"core_share={core_share}: the share of runs that keep a core edge must be in (0, 1].")
+    if not 0 <= core_share < 1:
+        raise InputError(f"core_share={core_share}: a core edge is kept by more than this share of the runs; "
+                         "give a share in [0, 1) (0.5: a majority).")
     seeds = [search.seed] if seeds is None else list(seeds)
     if not seeds:
         raise InputError("seeds is empty: give at least one seed (default: search.seed).")
@@ -190,7 +192,7 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
         cores = []
         for i in range(len(fractions)):
             share = torch.stack([run[i].in_graph for run in circuits]).float().mean(dim=0)
-            cores.append(Graph(layout, share, in_graph=share >= core_share))
+            cores.append(Graph(layout, share, in_graph=share > core_share))
         core_curve = _core_curve(model, prompts, heldout, layout, fractions, cores, search)
     result = StabilityResult(method.name, method.kind, fractions, core_share, runs, len(train_sets[0]), heldout, scores,
                              circuits, cores, core_curve)

@@ -81,11 +81,11 @@ def test_known_different_circuits_give_the_hand_computed_jaccard_and_core(setup)
         return MethodScores(Graph(layout, torch.rand(layout.n_forward, layout.n_backward)),
                             select=lambda scores, n: mask)
 
-    result = circuit_stability(model, data, _stub("two circuits", scorer), SEARCH, n_sets=2, core_share=1.0,
+    result = circuit_stability(model, data, _stub("two circuits", scorer), SEARCH, n_sets=2,
                                fractions=(0.1, 0.5), log=lambda line: None)
     summary = result.to_dict()
     assert [j["mean"] for j in summary["jaccard"]] == [0.5, 0.5]  # 2 shared of 4
-    assert [c["n_edges"] for c in summary["core"]] == [2, 2]  # kept by every run: e1, e2
+    assert [c["n_edges"] for c in summary["core"]] == [2, 2]  # kept by a majority, with two runs by both: e1, e2
     assert _edges(result.cores[0]) == {tuple(real[1]), tuple(real[2])}
 
 
