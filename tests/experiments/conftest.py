@@ -1,5 +1,6 @@
 """Experiments run end to end in seconds on tiny random models: a model directory (``tiny_dir``), a model loader to
-inject (``tiny_loader``), and ``run_main``, which runs an experiment's command line with that loader."""
+inject (``tiny_loader``), ``run_main``, which runs an experiment's command line with that loader, and ``one_thread``
+for the training experiments."""
 
 import importlib
 
@@ -41,3 +42,12 @@ def run_main():
         cli.run_cli(lambda a: main(a, loader=loader), module.rsplit(".", 1)[1], argv)
 
     return run
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test, as under tests/finetune/conftest.py: tiny models train fastest so."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -3,16 +3,9 @@
 import json
 
 import pytest
-import torch
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One thread, as under tests/finetune/conftest.py where these tests ran before: tiny models run fastest so."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_bench_finetune_writes_ratios(run_main, tiny_loader, tmp_path):

@@ -4,19 +4,12 @@ lr search, resume inside the grid, folders of the earlier argparse code."""
 import json
 
 import pytest
-import torch
 
 from circuits.errors import InputError
 from experiments.runtime.run_folder import OutputExistsError
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One thread, as under tests/finetune/conftest.py where these tests ran before: tiny models run fastest so."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_precise_sft_experiment_writes_results(run_main, tiny_loader, tmp_path, capsys):
