@@ -28,7 +28,7 @@ generic over those declarations. Parameters keep mergekit's meaning and
 defaults: ``weight`` per model, ``density`` / ``gamma`` / ``epsilon`` per model
 or global (a model's value wins), ``lambda`` (our ``lam``), ``normalize``,
 ``rescale`` and the method's own options (``select_topk``, ``filter_wise``,
-``max_iter``, ``tol``...). ``int8_mask`` is accepted and has no effect (it only
+``max_iter``, ``tol``, slerp's required ``t``...). ``int8_mask`` is accepted and has no effect (it only
 changes mergekit's mask dtype). ``dtype`` casts the inputs, ``out_dtype``
 (default ``dtype``) the result. Unknown methods, unknown parameters, values of
 the wrong type (``normalize: 'no'``), gradients (lists), filtered parameters,
@@ -268,6 +268,9 @@ def load_mergekit_config(path: str | os.PathLike, *, models: Mapping[str, Source
         if base_name is None:
             raise InputError(f"{path}: {given} needs base_model (the task vectors are taken against it).")
         inputs, structural = entries_wo_base, base_name
+    elif spec.optional_base_field is not None:  # a base, if named, is the origin of the task vectors
+        inputs = entries_wo_base
+        structural = base_name if base_name is not None else entries[0]["model"]
     else:  # every listed model is an input, the base too when listed
         if base_name is not None and not base_listed:
             if spec.unlisted_base_field is None:
@@ -286,8 +289,14 @@ def load_mergekit_config(path: str | os.PathLike, *, models: Mapping[str, Source
         if any(v is not None for v in values):
             default = settings.get(p.field, defaults[p.field])
             settings[p.field] = tuple(default if v is None else v for v in values)
+    missing = [p.name for p in spec.required() if p.field not in settings]
+    if missing:
+        raise InputError(f"{path}: {given} requires parameters {missing} (mergekit has no default for them); "
+                         "give them under parameters:.")
     if base_as_input:
         settings[spec.unlisted_base_field] = True
+    if spec.optional_base_field is not None:
+        settings[spec.optional_base_field] = base_name is not None
     config = record.config(**settings)
     names = [e["model"] for e in inputs]
     base_src = _resolve(structural, models, folder, "base")

@@ -19,7 +19,7 @@ the data-free records, kept for code that imports them.
 
 This face offers (``__all__``) the registry, its record class and each method's config class; the
 method functions are imported from their modules (e.g. :func:`merging.methods.generalized.generalized_task_arithmetic`,
-:func:`merging.methods.spectral.tsv_m`), ``METHODS``, ``CONFIGS`` and ``MERGEKIT_NAMES`` from here.
+:func:`merging.methods.spectral.tsv_m`, :func:`merging.methods.spherical.slerp`), ``METHODS``, ``CONFIGS`` and ``MERGEKIT_NAMES`` from here.
 """
 
 from __future__ import annotations
@@ -64,6 +64,20 @@ from merging.methods.spectral import (
     iso_c,
     iso_cts,
     tsv_m,
+)
+from merging.methods.spherical import (
+    MULTISLERP_MERGEKIT,
+    NEARSWAP_MERGEKIT,
+    NUSLERP_MERGEKIT,
+    SLERP_MERGEKIT,
+    MultiSlerpConfig,
+    NearswapConfig,
+    NuSlerpConfig,
+    SlerpConfig,
+    multislerp,
+    nearswap,
+    nuslerp,
+    slerp,
 )
 from merging.submodule import SubmoduleMergeConfig, merge_submodules
 
@@ -114,6 +128,13 @@ _RECORDS = (
                 "model_stock", mergekit_spec=MODEL_STOCK_MERGEKIT),
     MergeMethod("karcher", karcher, KarcherConfig, "Karcher mean (mergekit; arXiv 2603.04972)", "karcher",
                 mergekit_spec=KARCHER_MERGEKIT),
+    MergeMethod("slerp", slerp, SlerpConfig, "Shoemake 1985, spherical linear interpolation (mergekit)", "slerp",
+                mergekit_spec=SLERP_MERGEKIT),
+    MergeMethod("nuslerp", nuslerp, NuSlerpConfig, "NuSLERP (mergekit)", "nuslerp", mergekit_spec=NUSLERP_MERGEKIT),
+    MergeMethod("multislerp", multislerp, MultiSlerpConfig, "Goddard, Multi-SLERP (mergekit)", "multislerp",
+                mergekit_spec=MULTISLERP_MERGEKIT),
+    MergeMethod("nearswap", nearswap, NearswapConfig, "alchemonaut, NearSwap (mergekit)", "nearswap",
+                mergekit_spec=NEARSWAP_MERGEKIT),
     MergeMethod("consensus_ta", consensus_task_arithmetic, ConsensusConfig, "Wang et al. 2024, Localizing Task Information (TALL)",
                 None, mergekit_spec=CONSENSUS_MERGEKIT),
     MergeMethod("tsv_m", tsv_m, TsvConfig, "Gargiulo et al. 2025, Task Singular Vectors (CVPR)", None,
@@ -135,4 +156,5 @@ __all__ = [
     "REGISTRY", "MergeMethod", "AverageConfig", "BreadcrumbsConfig", "BreadcrumbsTiesConfig", "ConsensusConfig",
     "DareLinearConfig", "DareTiesConfig", "DellaConfig", "DellaLinearConfig", "IsoCConfig", "IsoCtsConfig",
     "KarcherConfig", "ModelStockConfig", "SceConfig", "TaskArithmeticConfig", "TiesConfig", "TsvConfig",
+    "MultiSlerpConfig", "NearswapConfig", "NuSlerpConfig", "SlerpConfig",
 ]

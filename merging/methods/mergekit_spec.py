@@ -3,7 +3,8 @@
 mergekit keeps this knowledge on each method (its ``parameters()`` /
 ``tensor_parameters()`` and input contract); here each method module declares a
 :class:`MergekitSpec` (a tuple of :class:`MergekitParameter` plus the rules
-``needs_base``, ``takes_weights``, ``needs_weights``, ``unlisted_base_field``)
+``needs_base``, ``takes_weights``, ``needs_weights``, ``unlisted_base_field``,
+``optional_base_field``)
 and its registry record (:class:`merging.methods.MergeMethod`) carries it, so
 :func:`merging.load_mergekit_config` knows no method by name.
 
@@ -65,7 +66,9 @@ class MergekitParameter:
     (:func:`read_value`). ``per_expert``: may also be given under a model's
     ``parameters`` (mergekit's per-model, NON_BASE, parameters): the config field
     gets one value per expert, a model's own value, else the global one, else
-    the field's default.
+    the field's default. ``required``: a YAML must give it (mergekit has no
+    default for it, e.g. slerp's ``t``); the config field's default then serves
+    only calls from Python.
     """
 
     name: str
@@ -73,12 +76,15 @@ class MergekitParameter:
     kind: type = float
     per_expert: bool = False
     ignored: bool = False
+    required: bool = False
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise TypeError(f"MergekitParameter {self.name!r}: kind must be one of {KINDS}, got {self.kind!r}.")
         if self.ignored and self.field is not None:
             raise TypeError(f"MergekitParameter {self.name!r}: an ignored parameter sets no field.")
+        if self.ignored and self.required:
+            raise TypeError(f"MergekitParameter {self.name!r}: an ignored parameter cannot be required.")
         if not self.ignored and self.field is None:
             object.__setattr__(self, "field", self.name)
 
@@ -104,6 +110,10 @@ class MergekitSpec:
       that is not among ``models`` means: ``None`` refuses it (list it, with its
       weight), a field name is a bool config field set True (the base becomes
       one more input: karcher's ``include_base``).
+    * ``optional_base_field``: with ``needs_base=False``, a bool config field for
+      mergekit's optional base: a ``base_model`` (listed or not) is the origin of
+      the task vectors, not an input, and sets it True; without one it is False
+      and every listed model is an input (nuslerp's and multislerp's ``use_base``).
     * ``takes_weights``: a per-model ``weight`` is accepted (default 1);
       ``needs_weights``: every model must give one (mergekit requires it).
     """
@@ -111,6 +121,7 @@ class MergekitSpec:
     parameters: tuple[MergekitParameter, ...]
     needs_base: bool = True
     unlisted_base_field: str | None = None
+    optional_base_field: str | None = None
     takes_weights: bool = False
     needs_weights: bool = False
 
@@ -122,6 +133,9 @@ class MergekitSpec:
             raise TypeError("MergekitSpec: needs_weights=True needs takes_weights=True.")
         if self.unlisted_base_field is not None and self.needs_base:
             raise TypeError("MergekitSpec: unlisted_base_field applies only with needs_base=False.")
+        if self.optional_base_field is not None and (self.needs_base or self.unlisted_base_field is not None):
+            raise TypeError("MergekitSpec: optional_base_field applies only with needs_base=False and no "
+                            "unlisted_base_field.")
 
     def parameter(self, name: str) -> MergekitParameter | None:
         """The declared parameter with YAML key ``name``, or None."""
@@ -135,10 +149,14 @@ class MergekitSpec:
         """YAML keys accepted with no effect (anywhere)."""
         return {p.name for p in self.parameters if p.ignored}
 
+    def required(self) -> tuple[MergekitParameter, ...]:
+        """The parameters a YAML must give."""
+        return tuple(p for p in self.parameters if p.required)
+
     def fields(self) -> set[str]:
-        """The config fields the declared parameters set (plus ``unlisted_base_field``)."""
+        """The config fields the declared parameters set (plus the base rules' fields)."""
         out = {p.field for p in self.parameters if not p.ignored}
-        return out | ({self.unlisted_base_field} if self.unlisted_base_field else set())
+        return out | {f for f in (self.unlisted_base_field, self.optional_base_field) if f}
 
     def accepted(self) -> list[str]:
         """Every YAML key of the method's parameters, ``weight`` included when it takes one, sorted."""

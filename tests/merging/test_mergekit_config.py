@@ -155,9 +155,75 @@ def test_linear_model_stock_and_karcher(files):
                                    atol=1e-6, rtol=0, msg=key)
 
 
+def test_spherical_methods_and_nearswap(files):
+    """slerp and nearswap (base and one model), nuslerp and multislerp with and without a base, as mergekit."""
+    folder, base, sds = files
+
+    def run(text, name):
+        return load_mergekit_config(write(folder, text, name)).run(progress=False)
+
+    slerp = run("""\
+        models: [{model: base.safetensors}, {model: add}]
+        base_model: base.safetensors
+        merge_method: slerp
+        parameters: {t: 0.3}
+    """, "slerp.yml")
+    nearswap = run("""\
+        models: [{model: mul.safetensors}]
+        base_model: base.safetensors
+        merge_method: nearswap
+        parameters: {t: 0.01}
+    """, "nearswap.yml")
+    nuslerp = run("""\
+        models: [{model: add, parameters: {weight: 0.4}}, {model: fr.safetensors, parameters: {weight: 1.2}}]
+        base_model: base.safetensors
+        merge_method: nuslerp
+        parameters: {nuslerp_flatten: false, nuslerp_row_wise: true}
+    """, "nuslerp.yml")
+    multislerp = run("""\
+        models:
+          - {model: add, parameters: {weight: 1.0}}
+          - {model: mul.safetensors, parameters: {weight: 0.5}}
+          - {model: fr.safetensors, parameters: {weight: 2.0}}
+        merge_method: multislerp
+        parameters: {normalize_weights: false}
+    """, "multislerp.yml")
+    for key in (k for k in base if not is_buffer(k)):
+        b, a, m, f = base[key], sds["add"][key], sds["mul"][key], sds["fr"][key]
+        torch.testing.assert_close(slerp[key], mergekit_tensor("slerp", b, [a], {"t": 0.3}), atol=1e-6, rtol=0)
+        torch.testing.assert_close(nearswap[key], mergekit_tensor("nearswap", b, [m], {"t": 0.01}), atol=1e-6, rtol=0)
+        torch.testing.assert_close(nuslerp[key], mergekit_tensor(
+            "nuslerp", b, [a, f], {"weight": [0.4, 1.2], "nuslerp_flatten": False, "nuslerp_row_wise": True}),
+            atol=1e-6, rtol=0)
+        torch.testing.assert_close(multislerp[key], mergekit_tensor(
+            "multislerp", None, [a, m, f], {"weight": [1.0, 0.5, 2.0], "normalize_weights": False},
+            with_base=False), atol=1e-6, rtol=0)
+    plan = load_mergekit_config(write(folder, """\
+        models: [{model: add, parameters: {weight: 1}}, {model: fr.safetensors, parameters: {weight: 1}}]
+        merge_method: nuslerp
+    """, "nuslerp-no-base.yml"))
+    assert plan.config.use_base is False and plan.expert_names == ["add", "fr.safetensors"]
+
+
+def test_slerp_with_two_models_is_refused(files):
+    folder, _, _ = files
+    plan = load_mergekit_config(write(folder, """\
+        models: [{model: add}, {model: fr.safetensors}]
+        base_model: base.safetensors
+        merge_method: slerp
+        parameters: {t: 0.5}
+    """, "slerp2.yml"))
+    with pytest.raises(InputError, match="slerp merges the base with exactly one other model, got 2 experts"):
+        plan.run(progress=False)
+
+
 @pytest.mark.parametrize("text, match", [
-    ("models: [{model: add, parameters: {weight: 1}}]\nbase_model: base.safetensors\nmerge_method: slerp\n",
-     "merge_method 'slerp' is not implemented here"),
+    ("models: [{model: add, parameters: {weight: 1}}]\nbase_model: base.safetensors\nmerge_method: passthrough\n",
+     "merge_method 'passthrough' is not implemented here"),
+    ("models: [{model: add}]\nbase_model: base.safetensors\nmerge_method: slerp\n",
+     r"slerp requires parameters \['t'\] \(mergekit has no default for them\)"),
+    ("models: [{model: add}]\nbase_model: base.safetensors\nmerge_method: nearswap\nparameters: {t: [0, 1]}\n",
+     "gradients .* are not supported"),
     ("models: [{model: add, parameters: {weight: 1}}]\nbase_model: base.safetensors\nmerge_method: ties\n"
      "parameters: {densty: 0.5}\n", "unknown parameter 'densty' for ties; accepted: .*'density'"),
     ("models: [{model: add, parameters: {weight: 1, dens: 0.5}}]\nbase_model: base.safetensors\n"

@@ -9,7 +9,8 @@ mk_registry = pytest.importorskip("mergekit.merge_methods.registry")
 
 
 def test_declarations_match_mergekit():
-    """Each record's mergekit_spec says what mergekit 0.1.5's method says: parameters, scope, type, default, inputs."""
+    """Each record's mergekit_spec says what mergekit 0.1.5's method says: parameters, scope, type, default (or
+    required), inputs (base required, optional or not used)."""
     from mergekit.merge_methods.base import BasePolicy, ParameterScope
 
     from merging.methods import REGISTRY
@@ -18,6 +19,7 @@ def test_declarations_match_mergekit():
         spec, mk = record.mergekit_spec, mk_registry.get(record.mergekit).spec
         defaults = {f.name: f.default for f in dataclasses.fields(record.config)}
         assert spec.needs_base == (mk.contract.base == BasePolicy.REQUIRED), record.name
+        assert (spec.optional_base_field is not None) == (mk.contract.base == BasePolicy.OPTIONAL), record.name
         for p in mk.parameters:
             if p.name == "weight":
                 assert spec.takes_weights and spec.needs_weights == p.required, record.name
@@ -26,7 +28,8 @@ def test_declarations_match_mergekit():
             assert ours is not None, f"{record.name}: mergekit's {p.name!r} is not declared"
             assert ours.per_expert == (p.scope != ParameterScope.SHARED), (record.name, p.name)
             assert ours.kind is p.value_type, (record.name, p.name)
-            if not ours.ignored:
+            assert ours.required == p.required, (record.name, p.name)
+            if not ours.ignored and not p.required:
                 assert defaults[ours.field] == p.default, (record.name, p.name)
         if not any(p.name == "weight" for p in mk.parameters):
             assert not spec.takes_weights, record.name

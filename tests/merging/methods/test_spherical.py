@@ -1,0 +1,141 @@
+"""merging.methods.spherical: slerp, nuslerp, multislerp and nearswap equal mergekit 0.1.5's own functions per tensor.
+
+mergekit is called through its public method objects (``registry.get(name)([TensorGroup], parameters=...)``),
+on random tensors of several shapes and on the edge cases each method guards: nearly colinear and opposite
+vectors (the straight-line fallbacks), zero tensors, equal inputs.
+"""
+
+import pytest
+import torch
+
+from circuits.errors import InputError
+from merging import merge
+from merging.methods.spherical import (
+    MultiSlerpConfig,
+    NearswapConfig,
+    NuSlerpConfig,
+    SlerpConfig,
+    multislerp,
+    nearswap,
+    nuslerp,
+    slerp,
+)
+
+mk_registry = pytest.importorskip("mergekit.merge_methods.registry")
+from mergekit.merge_methods.base import TensorGroup  # noqa: E402
+
+SHAPES = [(7,), (5, 8), (3, 4, 6), (16, 16)]
+
+
+def mergekit(name, tensors, parameters, *, with_base=True):
+    group = TensorGroup.from_tensors(list(tensors), base_index=0 if with_base else None)
+    (out,) = mk_registry.get(name)([group], parameters=parameters)
+    return out
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def randn(shape, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def pairs(shape):
+    """(name, θ0, θ1): random, nearly colinear, exactly colinear, opposite, nearly opposite, zeros, a zero side."""
+    a, b = randn(shape, 0), randn(shape, 1)
+    yield "random", a, b
+    yield "near-colinear", a, 2 * a + 1e-4 * b
+    yield "colinear", a, 3 * a
+    yield "opposite", a, -a
+    yield "near-opposite", a, -a + 1e-4 * b
+    yield "zeros", torch.zeros(shape), torch.zeros(shape)
+    yield "zero-base", torch.zeros(shape), b
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("t", [0.0, 0.3, 0.5, 1.0, 1.4])
+def test_slerp_and_nearswap_equal_mergekit(shape, t):
+    for case, v0, v1 in pairs(shape):
+        close(slerp(v0, [v1], SlerpConfig(t=t)), mergekit("slerp", [v0, v1], {"t": t}))
+        close(nearswap(v0, [v1], NearswapConfig(t=t)), mergekit("nearswap", [v0, v1], {"t": t}))
+
+
+def test_slerp_keeps_the_norm_a_straight_line_loses():
+    v0, v1 = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    out = slerp(v0, [v1], SlerpConfig(t=0.5))
+    close(out, torch.tensor([2**-0.5, 2**-0.5]))  # on the unit circle, where the average has norm 0.71
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("weights", [[1.0, 1.0], [0.3, 0.9], [1.0, -1.0]])
+@pytest.mark.parametrize("row_wise, flatten", [(False, True), (True, False), (False, False)])
+def test_nuslerp_equals_mergekit(shape, weights, row_wise, flatten):
+    config = dict(nuslerp_row_wise=row_wise, nuslerp_flatten=flatten)
+    params = {"weight": weights, **config}
+    base = randn(shape, 2)
+    for case, v0, v1 in pairs(shape):
+        e0, e1 = base + v0, base + v1
+        close(nuslerp(base, [e0, e1], NuSlerpConfig(**config), weights=weights),
+              mergekit("nuslerp", [base, e0, e1], params))
+        close(nuslerp(base, [v0, v1], NuSlerpConfig(**config, use_base=False), weights=weights),
+              mergekit("nuslerp", [v0, v1], params, with_base=False))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("weights", [[1.0], [1.0, 1.0], [0.3, 0.9], [0.5, 1.0, 2.0], [1.0, -0.4, 0.7, 0.2]])
+@pytest.mark.parametrize("normalize_weights, eps", [(True, 1e-8), (False, 1e-8), (True, 1e-3)])
+def test_multislerp_equals_mergekit(shape, weights, normalize_weights, eps):
+    config = dict(normalize_weights=normalize_weights, eps=eps)
+    params = {"weight": weights, **config}
+    base = randn(shape, 3)
+    experts = [randn(shape, 10 + i) for i in range(len(weights))]
+    close(multislerp(base, experts, MultiSlerpConfig(**config), weights=weights),
+          mergekit("multislerp", [base, *experts], params))
+    close(multislerp(base, experts, MultiSlerpConfig(**config, use_base=False), weights=weights),
+          mergekit("multislerp", experts, params, with_base=False))
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_multislerp_edge_cases_equal_mergekit(shape):
+    a = randn(shape, 4)
+    base = randn(shape, 5)
+    for experts in ([a, -a], [a, 2 * a], [a, 2 * a + 1e-4 * randn(shape, 6)]):
+        close(multislerp(base, experts, MultiSlerpConfig(use_base=False), weights=[1.0, 1.0]),
+              mergekit("multislerp", experts, {"weight": [1.0, 1.0]}, with_base=False))
+    close(multislerp(base, [base, base], MultiSlerpConfig(), weights=[1.0, 2.0]),  # zero task vectors
+          mergekit("multislerp", [base, base, base], {"weight": [1.0, 2.0]}))
+
+
+def test_multislerp_refuses_balanced_opposite_vectors():
+    a = randn((4, 5), 7)
+    with pytest.raises(ValueError):
+        mergekit("multislerp", [a, -a, a, -a], {"weight": [1.0] * 4}, with_base=False)
+    with pytest.raises(InputError, match="multislerp: the weighted mean direction of the 4 models is zero"):
+        multislerp(a, [a, -a, a, -a], MultiSlerpConfig(use_base=False), weights=[1.0] * 4)
+
+
+def test_merge_runs_the_registry_records():
+    base = {"w": randn((3, 4), 8)}
+    expert = {"w": randn((3, 4), 9)}
+    other = {"w": randn((3, 4), 10)}
+    close(merge("slerp", base, [expert], SlerpConfig(t=0.3), progress=False)["w"],
+          mergekit("slerp", [base["w"], expert["w"]], {"t": 0.3}))
+    close(merge("nearswap", base, [expert], NearswapConfig(t=0.1), progress=False)["w"],
+          mergekit("nearswap", [base["w"], expert["w"]], {"t": 0.1}))
+    close(merge("nuslerp", base, [expert, other], NuSlerpConfig(), weights=[1.0, 3.0], progress=False)["w"],
+          mergekit("nuslerp", [base["w"], expert["w"], other["w"]], {"weight": [1.0, 3.0]}))
+    close(merge("multislerp", base, [expert, other], MultiSlerpConfig(), progress=False)["w"],
+          mergekit("multislerp", [base["w"], expert["w"], other["w"]], {"weight": [1.0, 1.0]}))
+
+
+@pytest.mark.parametrize("method, config", [("slerp", SlerpConfig()), ("nearswap", NearswapConfig())])
+def test_two_model_methods_refuse_more_experts(method, config):
+    base = {"w": torch.zeros(2, 2)}
+    with pytest.raises(InputError, match=f"{method} merges the base with exactly one other model, got 2 experts"):
+        merge(method, base, [{"w": torch.ones(2, 2)}, {"w": -torch.ones(2, 2)}], config, progress=False)
+
+
+def test_nuslerp_refuses_other_than_two_experts():
+    with pytest.raises(InputError, match="nuslerp merges exactly two models .*got 3 experts"):
+        nuslerp(torch.zeros(3), [torch.ones(3)] * 3, NuSlerpConfig())
