@@ -282,6 +282,9 @@ def load_mergekit_config(path: str | os.PathLike, *, models: Mapping[str, Source
         structural = base_name if base_name is not None else entries[0]["model"]
     if not inputs:
         raise InputError(f"{path}: no models to merge besides the base.")
+    if record.max_experts is not None and len(inputs) > record.max_experts:
+        raise InputError(f"{path}: {given} merges at most {record.max_experts} model(s) besides base_model, "
+                         f"got {len(inputs)}: {[e['model'] for e in inputs]}.")
 
     settings = _global_settings(spec, raw.get("parameters"), path, given)
     weights, per_model = _per_model_values(spec, inputs, path, given)

@@ -7,7 +7,7 @@ Every weight-space method is a pure function on one tensor,
 so :func:`merging.merge` can stream a model tensor by tensor. A
 :class:`MergeMethod` record holds the name, the function, the config class, the
 paper, mergekit's name for it (None if mergekit 0.1.5 lacks it), whether it
-needs data, and how a mergekit YAML drives it (``mergekit_spec``, a
+needs data, the most experts it takes (``max_experts``: slerp and nearswap one), and how a mergekit YAML drives it (``mergekit_spec``, a
 :class:`~merging.methods.mergekit_spec.MergekitSpec` declared next to the method:
 its parameters, per model or global, and its rules on the base and the weights;
 :func:`merging.load_mergekit_config` reads only these). Data-driven closed-form
@@ -93,6 +93,7 @@ class MergeMethod:
     mergekit: str | None
     needs_data: bool = False
     mergekit_spec: MergekitSpec | None = None
+    max_experts: int | None = None  # the most experts it merges besides the base (None: any number)
 
     def __post_init__(self):
         if self.mergekit_spec is not None:
@@ -129,12 +130,13 @@ _RECORDS = (
     MergeMethod("karcher", karcher, KarcherConfig, "Karcher mean (mergekit; arXiv 2603.04972)", "karcher",
                 mergekit_spec=KARCHER_MERGEKIT),
     MergeMethod("slerp", slerp, SlerpConfig, "Shoemake 1985, spherical linear interpolation (mergekit)", "slerp",
-                mergekit_spec=SLERP_MERGEKIT),
-    MergeMethod("nuslerp", nuslerp, NuSlerpConfig, "NuSLERP (mergekit)", "nuslerp", mergekit_spec=NUSLERP_MERGEKIT),
+                mergekit_spec=SLERP_MERGEKIT, max_experts=1),
+    MergeMethod("nuslerp", nuslerp, NuSlerpConfig, "NuSLERP (mergekit)", "nuslerp", mergekit_spec=NUSLERP_MERGEKIT,
+                max_experts=2),
     MergeMethod("multislerp", multislerp, MultiSlerpConfig, "Goddard, Multi-SLERP (mergekit)", "multislerp",
                 mergekit_spec=MULTISLERP_MERGEKIT),
     MergeMethod("nearswap", nearswap, NearswapConfig, "alchemonaut, NearSwap (mergekit)", "nearswap",
-                mergekit_spec=NEARSWAP_MERGEKIT),
+                mergekit_spec=NEARSWAP_MERGEKIT, max_experts=1),
     MergeMethod("consensus_ta", consensus_task_arithmetic, ConsensusConfig, "Wang et al. 2024, Localizing Task Information (TALL)",
                 None, mergekit_spec=CONSENSUS_MERGEKIT),
     MergeMethod("tsv_m", tsv_m, TsvConfig, "Gargiulo et al. 2025, Task Singular Vectors (CVPR)", None,

@@ -13,7 +13,8 @@ def test_registry_records_and_views():
     assert type(METHODS) is dict and type(REGISTRY) is dict
     assert set(METHODS) == set(CONFIGS) == {n for n, r in REGISTRY.items() if not r.needs_data} == {
         "weight_average", "task_arithmetic", "ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties",
-        "della", "della_linear", "sce", "model_stock", "karcher", "consensus_ta", "tsv_m", "iso_c", "iso_cts",
+        "della", "della_linear", "sce", "model_stock", "karcher", "slerp", "nuslerp", "multislerp", "nearswap",
+        "consensus_ta", "tsv_m", "iso_c", "iso_cts",
     }
     assert REGISTRY["closed_form"].needs_data and REGISTRY["ties"].mergekit == "ties"
     assert REGISTRY["weight_average"].mergekit == "linear" and REGISTRY["iso_c"].mergekit is None
@@ -40,5 +41,8 @@ def test_identical_experts_give_base_plus_task_vector():
         out = METHODS[name](base, [expert, expert], cfg if cfg is not None else CONFIGS[name]())
         assert torch.equal(out, expert if name == "weight_average" else expected), name
         assert out.dtype == base.dtype
-    for name in ("sce", "model_stock", "karcher"):  # averages of identical inputs, up to rounding
+    for name in ("sce", "model_stock", "karcher", "nuslerp", "multislerp"):  # means of identical inputs, up to rounding
         torch.testing.assert_close(METHODS[name](base, [expert, expert], CONFIGS[name]()), expected, msg=name)
+    for name in ("slerp", "nearswap"):  # base to one expert: t = 1 gives the expert
+        torch.testing.assert_close(METHODS[name](base, [expert], CONFIGS[name](t=1.0 if name == "slerp" else 1e6)),
+                                   expert, msg=name)

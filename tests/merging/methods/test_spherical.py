@@ -10,16 +10,8 @@ import torch
 
 from circuits.errors import InputError
 from merging import merge
-from merging.methods.spherical import (
-    MultiSlerpConfig,
-    NearswapConfig,
-    NuSlerpConfig,
-    SlerpConfig,
-    multislerp,
-    nearswap,
-    nuslerp,
-    slerp,
-)
+from merging.methods import MultiSlerpConfig, NearswapConfig, NuSlerpConfig, SlerpConfig
+from merging.methods.spherical import multislerp, nearswap, nuslerp, slerp
 
 mk_registry = pytest.importorskip("mergekit.merge_methods.registry")
 from mergekit.merge_methods.base import TensorGroup  # noqa: E402
@@ -42,10 +34,15 @@ def randn(shape, seed):
 
 
 def pairs(shape):
-    """(name, θ0, θ1): random, nearly colinear, exactly colinear, opposite, nearly opposite, zeros, a zero side."""
+    """(name, θ0, θ1): random, nearly colinear, either side of the straight-line threshold, exactly colinear, opposite, nearly opposite, zeros, a zero side."""
     a, b = randn(shape, 0), randn(shape, 1)
     yield "random", a, b
     yield "near-colinear", a, 2 * a + 1e-4 * b
+    orth = b - (b * a).sum() / (a * a).sum() * a
+    tilted = a + 0.0245 * a.norm() / orth.norm() * orth  # cos = 0.9997: just past SLERP's 0.9995 line
+    yield "past-the-threshold", a, tilted
+    yield "opposite-past-the-threshold", a, -tilted
+    yield "short-of-the-threshold", a, a + 0.04 * a.norm() / orth.norm() * orth  # cos = 0.9992
     yield "colinear", a, 3 * a
     yield "opposite", a, -a
     yield "near-opposite", a, -a + 1e-4 * b
