@@ -20,7 +20,12 @@ TASKS = ("add_word", "mul", "en_fr")
 LEVELS = ("model", "layer", "attn_mlp", "head")
 #: ``merging.methods.METHODS``: the data-free merge methods
 METHODS = ("weight_average", "task_arithmetic", "ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties",
-           "della", "della_linear", "sce", "model_stock", "karcher", "consensus_ta", "tsv_m", "iso_c", "iso_cts")
+           "della", "della_linear", "sce", "model_stock", "karcher", "slerp", "nuslerp", "multislerp", "nearswap",
+           "consensus_ta", "tsv_m", "iso_c", "iso_cts")
+#: the methods that merge at most this many experts (``merging.methods.REGISTRY``'s ``max_experts``)
+EXPERT_LIMITS = {"slerp": 1, "nuslerp": 2, "nearswap": 1}
+#: the default comparison: every method that merges the experts of all TASKS
+DEFAULT_METHODS = tuple(m for m in METHODS if EXPERT_LIMITS.get(m, len(TASKS)) >= len(TASKS))
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,9 @@ class MergeConfig(RunSettings):
     eval_batch_size: int = option(12, "prompts per forward pass when scoring", type=cli.positive_int)
     config: str | None = option(None, "run this mergekit merge YAML instead (merge and save only)")
     markdown: str | None = option(None, "print the results tables of this run folder (its results.json) as markdown")
-    methods: str = option(",".join(METHODS), "data-free merge methods to run (comma-separated)")
+    methods: str = option(",".join(DEFAULT_METHODS), "data-free merge methods to run (comma-separated; "
+                          "default: every method that merges all the tasks' experts, so not "
+                          + ", ".join(sorted(EXPERT_LIMITS)) + ")")
     no_circuit_aware: bool = option(False, "skip circuit-aware merging (and the path patching that finds its key heads)")
     cf_repeat_levels: str = option("attn_mlp", "levels fitted for every --cf-seeds seed and --cf-positions choice; "
                                    "the other levels are fitted once (all positions, seed 0)")
@@ -93,6 +100,12 @@ class MergeConfig(RunSettings):
             if unknown:
                 raise InputError(f"{flag} {given}: {unknown} {'is' if len(unknown) == 1 else 'are'} not among "
                                  f"{','.join(allowed)}; give a comma-separated subset of them.")
+        too_few = [m for m in self.methods.split(",") if EXPERT_LIMITS.get(m, len(TASKS)) < len(TASKS)]
+        if too_few:
+            limits = ", ".join(f"{m} merges at most {EXPERT_LIMITS[m]} expert(s)" for m in too_few)
+            raise InputError(f"--methods {self.methods}: {limits}, and this comparison merges the {len(TASKS)} "
+                             f"experts {', '.join(TASKS)}: leave "
+                             f"{'it' if len(too_few) == 1 else 'them'} out (a mergekit YAML with --config runs two models).")
         n_train_numbers = self.max_number + 1 - self.n_test_numbers - self.n_val_numbers
         if n_train_numbers < self.n_shots + 1:  # the en_fr expert's numbers, split before any model loads
             raise InputError(f"--max-number {self.max_number} leaves {n_train_numbers} en_fr training numbers after "

@@ -321,5 +321,19 @@ def test_the_light_config_names_what_the_library_has():
     from merging.methods import METHODS
     from merging.submodule import LEVELS
 
+    from merging.methods import REGISTRY
+
     assert config.TASKS == tuple(EXPERT_TASKS) and config.LEVELS == tuple(LEVELS)
     assert config.METHODS == tuple(METHODS)
+    assert config.EXPERT_LIMITS == {n: r.max_experts for n, r in REGISTRY.items() if r.max_experts is not None}
+
+
+def test_a_method_that_merges_fewer_experts_than_the_tasks_is_refused_when_the_flags_are_parsed():
+    """slerp interpolates two models; the comparison merges three experts: refused before any expert trains."""
+    from circuits.errors import InputError
+    from experiments.merge.config import DEFAULT_METHODS, MergeConfig
+
+    assert "slerp" not in DEFAULT_METHODS and "multislerp" in DEFAULT_METHODS
+    with pytest.raises(InputError, match=r"--methods ties,slerp: slerp merges at most 1 expert\(s\), and this "
+                                         r"comparison merges the 3 experts add_word, mul, en_fr"):
+        MergeConfig(methods="ties,slerp")
