@@ -130,8 +130,8 @@ def _stages(run: Run) -> None:
     results |= {"n_prompts": cfg.n_prompts, "n_kept": len(kept), "base_accuracy": accuracy}
     if cfg.methods:
         warm_start = None if cfg.warm_start == "none" else cfg.warm_start
-        shortfall = stability_shortfall(len(kept), cfg.stability_sets, cfg.stability_prompts_needed(),
-                                        cfg.circuit_prompts) if cfg.stability_sets else None
+        shortfall = stability_shortfall(len(kept), cfg.stability_sets, cfg.circuit_prompts) if cfg.stability_sets \
+            else None
         if shortfall:  # said before the comparison runs, not after it
             logger.warning(shortfall)
             results["stability_skipped"] = shortfall

@@ -10,7 +10,7 @@ from circuits.show.edge_figures import faithfulness_figure
 from circuits.show.html_report import Report
 from patching.edges.circuit_methods import REGISTRY, compare_methods
 from patching.edges.faithful_circuit import CircuitSearch
-from patching.edges.stability import circuit_stability, why_not_measurable
+from patching.edges.stability import circuit_stability, stability_prompts_needed, why_not_measurable
 
 ROW_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2)
 
@@ -49,8 +49,9 @@ def stability_stage(model, kept: Dataset, methods, search: CircuitSearch, learn,
     return out
 
 
-def stability_shortfall(n_kept: int, n_sets: int, needed: int, circuit_prompts: int) -> str | None:
+def stability_shortfall(n_kept: int, n_sets: int, circuit_prompts: int) -> str | None:
     """Why the stability of ``n_sets`` sets cannot be measured on ``n_kept`` correct prompts (None: it can)."""
+    needed = stability_prompts_needed(n_sets, circuit_prompts)
     if n_kept >= needed:
         return None
     return (f"--stability-sets {n_sets} needs {needed} correct prompts ({n_sets} sets and a held-out set of "
