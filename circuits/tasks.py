@@ -315,6 +315,44 @@ def make_dataset(tokenizer, config: TaskConfig = TaskConfig(), **overrides) -> D
     return Dataset.from_list(rows)
 
 
+def operand_pairs(op: str, operand_range: tuple[int, int] = (0, 9), allow_negative: bool = False) -> list[tuple[int, int]]:
+    """Every integer operand pair of ``op`` in ``operand_range`` that :func:`circuits.tasks.sample_operands` can draw:
+    ``a >= b`` for "-" unless ``allow_negative``, exact divisions by a non-zero divisor for "/"."""
+    lo, hi = check_operand_range(operand_range)
+    symbol = resolve_operation(op).symbol
+    pairs = []
+    for a in range(lo, hi + 1):
+        for b in range(lo, hi + 1):
+            if symbol == "-" and not allow_negative and a < b:
+                continue
+            if symbol == "/" and (b == 0 or a % b):
+                continue
+            pairs.append((a, b))
+    if not pairs:
+        raise TaskDataError(f"No {resolve_operation(op).name} operand pairs in {operand_range}.")
+    return pairs
+
+
+def every_problem(tokenizer, config: TaskConfig = TaskConfig(), shot_draw: int = 0) -> Dataset:
+    """One prompt per (template, a, b) of ``config``'s templates and operand range, with few-shot prefix draw
+    ``shot_draw`` (0: the prefix :func:`circuits.tasks.make_dataset` gives the same seed). ``config.n_prompts`` is
+    not used: every problem is there once. Integer operands only (``decimals`` 0)."""
+    if config.decimals:
+        raise InputError(f"every_problem enumerates integer operands; got decimals={config.decimals}. Sample decimal "
+                         "problems with circuits.tasks.make_dataset instead.")
+    if shot_draw < 0:
+        raise InputError(f"shot_draw must be >= 0, got {shot_draw}.")
+    tokenizer = getattr(tokenizer, "tokenizer", None) or tokenizer
+    rows = []
+    for template in _select_templates(config):
+        key = f"{config.seed}/{template.id}" if shot_draw == 0 else f"{config.seed}/{shot_draw}/{template.id}"
+        prefix = _few_shot_prefix(random.Random(key), template, config)
+        for a, b in operand_pairs(config.op, config.operand_range, config.allow_negative):
+            row = make_row(tokenizer, template, Fraction(a), Fraction(b), prefix=prefix, corrupt=config.corrupt)
+            rows.append(row | {"shot_draw": shot_draw})
+    return Dataset.from_list(rows)
+
+
 def transfer_datasets(tokenizer, op: str = "+", n_prompts: int = 100, seed: int = 0, n_shots: int = 3) -> dict[str, Dataset]:
     """Formats for testing whether key heads transfer (paper §5.1, Figure 4).
 

@@ -69,11 +69,15 @@ from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
 from patching.edges.mixing import MixingHooks, check_norm, record_ablated
 from patching.metrics import get_metric, score_end
 
-METHODS = ("edge-pruning", "ugs", "matryoshka")
+METHODS = ("edge-pruning", "ugs", "matryoshka", "top-n")
 OBJECTIVES = ("kl", "metric")
 
 #: each method's learning rate when LearnConfig.lr is None (set before any held-out evaluation; no recorded sweep)
-DEFAULT_LR = {"edge-pruning": 0.1, "ugs": 0.1, "matryoshka": 0.05}
+DEFAULT_LR = {"edge-pruning": 0.1, "ugs": 0.1, "matryoshka": 0.05, "top-n": 0.05}
+
+#: the sizes (fractions of the edges) the "top-n" method trains by default: MIB's, less the ends (f(∅) = 0 and
+#: f(everything) = 1 whatever the scores)
+TOP_N_FRACTIONS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
 # hard-concrete constants (Louizos et al. 2018, as Edge Pruning uses them)
 BETA, LEFT, RIGHT, EPS = 2.0 / 3.0, -0.1, 1.1, 1e-6
@@ -94,8 +98,10 @@ class LearnConfig:
     lagrangian_lr: float = 0.05  # edge-pruning: learning rate of the λ's (gradient ascent)
     ugs_lambda: float = 1e-3  # ugs: weight of Σ p (the expected edge count) in the loss (MIB's default)
     min_fraction: float = 0.001  # matryoshka: the smallest budget drawn
-    temperature: float = 1.0  # matryoshka: width of the soft top-k at the first step, in standard deviations of the scores
-    final_temperature: float = 0.05  # matryoshka: its width at the last step
+    temperature: float = 1.0  # matryoshka, top-n: width of the soft top-k at the first step, in standard deviations of the scores
+    final_temperature: float = 0.05  # matryoshka, top-n: its width at the last step
+    fractions: tuple[float, ...] = TOP_N_FRACTIONS  # top-n: the circuit sizes trained, as fractions of the edges
+    faithfulness_penalty: float = 0.0  # weight of |1 − f| of every circuit on the step's prompts, added to the loss
     norm: str = "frozen"
     seed: int = 0
     memory_mb: float = 2048.0
@@ -117,6 +123,12 @@ class LearnConfig:
         for name in ("target_fraction", "min_fraction"):
             if not 0 < getattr(self, name) <= 1:
                 raise InputError(f"LearnConfig.{name} must be in (0, 1], got {getattr(self, name)!r}.")
+        if not self.fractions or not all(isinstance(x, (int, float)) and 0 < x <= 1 for x in self.fractions):
+            raise InputError(f"LearnConfig.fractions must be a non-empty tuple of fractions in (0, 1], got "
+                             f"{self.fractions!r}.")
+        if not (math.isfinite(self.faithfulness_penalty) and self.faithfulness_penalty >= 0):
+            raise InputError(f"LearnConfig.faithfulness_penalty must be a finite number >= 0, got "
+                             f"{self.faithfulness_penalty!r}.")
         if not 0 <= self.warmup <= 1 or self.ugs_lambda < 0:
             raise InputError(f"LearnConfig.warmup must be in [0, 1] and ugs_lambda >= 0, got {self.warmup}, "
                              f"{self.ugs_lambda}.")
@@ -196,11 +208,14 @@ def _circuit_end(model, batch: _Batch, keep: Tensor, norm: str) -> Tensor:
     return run_suffix(model, batch.group.tokens, batch.start, batch.prefix_kv, hooks.hooks(), times=C)[:, -1]
 
 
-def _loss(model, batch: _Batch, end: Tensor, C: int, objective: str, metric, scale: float) -> tuple[Tensor, float]:
+def _loss(model, batch: _Batch, end: Tensor, C: int, objective: str, metric, scale: float,
+          penalty: float = 0.0) -> tuple[Tensor, float]:
     """The training loss of ``C`` circuits on ``batch``, and their mean faithfulness f (for the log).
 
     ``scale``: the root mean square over the training prompts of m(full) − m(∅) per prompt, the unit of the
     ``"metric"`` objective (a batch's mean difference can be near 0 even where every prompt's is not).
+    ``penalty``: weight of each circuit's |1 − f| on ``batch`` (f as the curves compute it: from the batch's mean
+    metric), added to the objective, so that neither undershooting nor overshooting the full model pays.
     """
     g = batch.group
     answers = g.answer_ids.repeat(C)
@@ -210,10 +225,14 @@ def _loss(model, batch: _Batch, end: Tensor, C: int, objective: str, metric, sca
     gap = full.mean() - empty.mean()
     f = float(((values.detach().mean(1) - empty.mean()) / gap).mean()) if abs(float(gap)) > 1e-12 else float("nan")
     if objective == "metric":
-        return (((values - full[None]) / scale) ** 2).mean(), f
-    logp = unembed_end(model, end).float().log_softmax(-1)
-    target = batch.full_logprobs.repeat(C, 1)
-    return F.kl_div(logp, target, log_target=True, reduction="batchmean"), f
+        loss = (((values - full[None]) / scale) ** 2).mean()
+    else:
+        logp = unembed_end(model, end).float().log_softmax(-1)
+        target = batch.full_logprobs.repeat(C, 1)
+        loss = F.kl_div(logp, target, log_target=True, reduction="batchmean")
+    if penalty:  # |1 − f| = |mean(m(C) − m(full))| / |gap|, measured in the objective's unit (scale) for the batch
+        loss = loss + penalty * ((values - full[None]).mean(1) / scale).abs().mean()
+    return loss, f
 
 
 # ---------------------------------------------------------------------------- the three parametrisations
@@ -357,7 +376,31 @@ class _Matryoshka(_Method):
         return torch.stack(rows)
 
 
-_METHODS = {"edge-pruning": _EdgePruning, "ugs": _UGS, "matryoshka": _Matryoshka}
+class _TopN(_Matryoshka):
+    """Hard top-n circuits at the reported sizes, with straight-through gradients from the soft top-n."""
+
+    def budgets(self, n: int) -> list[int]:
+        """``n`` of the configured sizes as edge counts (all of them when ``n`` is at least their number), drawn
+        without replacement so each step trains distinct sizes."""
+        ks = sorted({max(1, min(self.n_edges, round(x * self.n_edges))) for x in self.cfg.fractions})
+        if n >= len(ks):
+            return ks
+        take = torch.randperm(len(ks), generator=self.generator)[:n]
+        return [ks[int(i)] for i in take]
+
+    def masks(self, step, n):
+        s, width = self.param, self.width(step)
+        order = torch.argsort(s.detach(), descending=True)
+        rows = []
+        for k in self.budgets(n):
+            soft = torch.sigmoid((s - soft_threshold(s.detach(), k, width)) / width)
+            hard = torch.zeros_like(soft)
+            hard[order[:k]] = 1.0  # exactly the top-k edges: the circuit the curves evaluate at this size
+            rows.append(hard + (soft - soft.detach()))  # value: exactly hard; gradient: the soft top-k's
+        return torch.stack(rows)
+
+
+_METHODS = {"edge-pruning": _EdgePruning, "ugs": _UGS, "matryoshka": _Matryoshka, "top-n": _TopN}
 
 
 # ---------------------------------------------------------------------------- the loop
@@ -423,12 +466,12 @@ def learn_circuit(
                     masks = method.masks(step, cfg.samples)
                     keep = method.dense(masks)
                     loss, f = 0.0, 0.0
-                    per_chunk = _prompts_per_chunk(model, batch, cfg.samples, cfg.memory_mb)
+                    per_chunk = _prompts_per_chunk(model, batch, len(keep), cfg.memory_mb)
                     for sl in forward.chunks(take, per_chunk):  # gradient accumulation within the memory budget
                         sub = _sub_batch(batch, rows[sl])
                         share = (sl.stop - sl.start) / take
-                        part, part_f = _loss(model, sub, _circuit_end(model, sub, keep, cfg.norm), cfg.samples,
-                                             cfg.objective, metric, scale)
+                        part, part_f = _loss(model, sub, _circuit_end(model, sub, keep, cfg.norm), len(keep),
+                                             cfg.objective, metric, scale, cfg.faithfulness_penalty)
                         (share * part).backward(retain_graph=True)
                         loss, f = loss + share * float(part.detach()), f + share * part_f
                     penalty = method.penalty(step)

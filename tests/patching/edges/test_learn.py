@@ -15,7 +15,8 @@ from patching import inputs
 from patching.edges.engine import edge_mode
 from patching.edges.evaluate import evaluate_circuits
 from patching.edges.learn import (
-    BETA, LEFT, RIGHT, LearnConfig, _circuit_end, _EdgePruning, _Matryoshka, _prepare, _UGS, learn_circuit,
+    BETA, LEFT, RIGHT, LearnConfig, _circuit_end, _EdgePruning, _loss, _Matryoshka, _prepare, _TopN, _UGS,
+    learn_circuit, soft_threshold,
 )
 from patching.metrics import get_metric, score_end
 from tests.tiny_models import tiny_model
@@ -145,13 +146,54 @@ def test_matryoshka_masks_are_soft_top_k_and_learned_rankings_are_nested():
             assert bool((small <= large).all())
 
 
-@pytest.mark.parametrize("method", ["edge-pruning", "ugs", "matryoshka"])
+def test_top_n_masks_are_the_hard_top_k_with_the_soft_top_k_gradient():
+    model, _ = _setup("gpt2", None)
+    layout = GraphLayout.of(model)
+    cfg = LearnConfig(method="top-n", fractions=(0.05, 0.2, 0.5), samples=3)
+    method = _TopN(layout, cfg, None, "cpu", torch.Generator().manual_seed(0))
+    method.param.data = torch.randn(method.n_edges, generator=torch.Generator().manual_seed(1))
+    ks = [round(x * method.n_edges) for x in cfg.fractions]
+    assert method.budgets(3) == ks and len(method.budgets(2)) == 2 and set(method.budgets(2)) <= set(ks)
+    masks = method.masks(0, 3)
+    order = torch.argsort(method.param.detach(), descending=True)
+    for k, row in zip(ks, masks):
+        values = row.detach()
+        assert set(values.unique().tolist()) == {0.0, 1.0} and int(values.sum()) == k  # exactly the top-k circuit
+        assert torch.equal(values.nonzero().flatten().sort().values, order[:k].sort().values)
+    # the gradient is the soft top-k's: written here as its own sigmoid, not through the method
+    weights = torch.randn(masks.shape, generator=torch.Generator().manual_seed(2))
+    (masks * weights).sum().backward()
+    s = method.param.detach().clone().requires_grad_(True)
+    width = method.width(0)
+    soft = torch.stack([torch.sigmoid((s - soft_threshold(s.detach(), k, width)) / width) for k in ks])
+    (soft * weights).sum().backward()
+    assert torch.allclose(method.param.grad, s.grad)
+
+
+def test_the_faithfulness_penalty_is_zero_at_the_model_and_counts_over_and_undershoot_alike():
+    model, data = _setup("gemma", 1)
+    layout = GraphLayout.of(model)
+    metric = get_metric("logit")
+    with edge_mode(model):
+        (batch,) = _prepare(model, inputs.prompt_groups(model, data), layout, "frozen", metric)
+        full_end = _circuit_end(model, batch, layout.real_edge_mask[None].float(), "frozen")
+        base, _ = _loss(model, batch, full_end, 1, "metric", metric, 1.0)
+        penalised, _ = _loss(model, batch, full_end, 1, "metric", metric, 1.0, penalty=3.0)
+        assert float(base) == pytest.approx(0.0, abs=1e-8) and float(penalised) == pytest.approx(0.0, abs=1e-5)
+        empty_end = _circuit_end(model, batch, torch.zeros_like(layout.real_edge_mask)[None].float(), "frozen")
+        base, _ = _loss(model, batch, empty_end, 1, "metric", metric, 1.0)
+        penalised, _ = _loss(model, batch, empty_end, 1, "metric", metric, 1.0, penalty=2.0)
+    gap = (batch.full_metric - batch.empty_metric).mean().abs()
+    assert float(penalised - base) == pytest.approx(2.0 * float(gap), rel=1e-4)  # |1 − f(∅)| = 1, times the gap
+
+
+@pytest.mark.parametrize("method", ["edge-pruning", "ugs", "matryoshka", "top-n"])
 def test_a_learned_circuit_is_closer_to_the_model_than_random_rankings_of_its_size(method):
     model, data = _setup("gemma", 1)
     layout = GraphLayout.of(model)
     real = layout.real_edge_mask
     learned = learn_circuit(model, data, method=method, steps=40, batch_size=6, lr=0.1, target_fraction=0.3,
-                            min_fraction=0.1, progress=False, seed=0)
+                            min_fraction=0.1, fractions=(0.1, 0.3, 0.6), progress=False, seed=0)
     assert len(learned.losses) == 40 and learned.seconds_per_step > 0
     scores = learned.graph.scores
     assert torch.isfinite(scores[real]).all() and torch.isnan(scores[~real]).all()
@@ -192,6 +234,10 @@ def test_bad_settings_are_refused_before_any_work():
         LearnConfig(method="magic")
     with pytest.raises(ValueError, match="target_fraction"):
         LearnConfig(target_fraction=0)
+    with pytest.raises(ValueError, match="fractions"):
+        LearnConfig(fractions=(0.1, 1.5))
+    with pytest.raises(ValueError, match="faithfulness_penalty"):
+        LearnConfig(faithfulness_penalty=-1.0)
     model, data = _setup("gpt2", None)
     with pytest.raises(ValueError, match="unexpected keyword"):
         learn_circuit(model, data, stepz=3)
