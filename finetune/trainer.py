@@ -173,7 +173,8 @@ def train(
 
     Args:
         config: a :class:`PreciseSFTConfig`, :class:`FullSFTConfig`, :class:`LoraSFTConfig` or
-            :class:`CircuitLoraSFTConfig` (which names the method), or a :class:`TrainConfig` holding every method's settings.
+            :class:`CircuitLoraSFTConfig` (which names the method), or a :class:`TrainConfig` holding every
+            method's settings.
         method: ``"precise"`` or ``"circuit_lora"`` (both need ``heads`` and/or ``mlps``), ``"full"`` or
             ``"lora"``; by default the method ``config`` is for (``"precise"`` for a TrainConfig).
         out_dir: where checkpoints (every ``config.checkpoint_every`` steps) and

@@ -45,7 +45,7 @@ from circuits.stats import Estimate
 from circuits.tasks import TaskConfig, make_dataset, transfer_datasets
 from circuits.templates import STYLES
 from patching.edges.circuit_methods import (
-    REGISTRY, CircuitMethod, ComparisonRun, check_method_names, means_pool, score_method, selected_circuit,
+    CircuitMethod, ComparisonRun, means_pool, registered_method, score_method, selected_circuit,
 )
 from patching.edges.curves import FaithfulnessCurve, faithfulness_curve
 from patching.edges.faithful_circuit import CircuitSearch, split_halves
@@ -153,15 +153,13 @@ def family_circuits(model: HookedTransformer, prompts: Mapping[str, Dataset], me
     docstring).
 
     ``prompts``: family name (:data:`FAMILIES`) -> its prompts, at least ``patching.edges.faithful_circuit.MIN_PROMPTS``
-    each (the correctly answered ones, as MIB evaluates). ``method``: a :data:`REGISTRY` name or a
-    :class:`CircuitMethod` record (e.g. a test's stub). ``learn``, ``warm_start``, ``bootstrap_resamples``: as in
+    each (the correctly answered ones, as MIB evaluates). ``method``: a name in
+    :data:`patching.edges.circuit_methods.REGISTRY` or a :class:`CircuitMethod` record (e.g. a test's stub). ``learn``, ``warm_start``, ``bootstrap_resamples``: as in
     :func:`patching.edges.circuit_methods.compare_methods`. ``stage(name)``: a context manager the whole
     measurement runs in; ``log``: one line per family and one per circuit evaluated.
     """
     families = check_families(list(prompts))
-    if isinstance(method, str):
-        check_method_names([method])
-        method = REGISTRY[method]
+    method = registered_method(method)
     refusal = why_not_measurable(method)
     if refusal:
         raise InputError(f"Circuit method {method.name!r} cannot be compared across prompt families: {refusal}.")
