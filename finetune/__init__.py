@@ -1,4 +1,4 @@
-"""Precise SFT of key heads, full SFT and LoRA on a `HookedTransformer`, with an evaluation harness.
+"""Precise SFT of key heads, full SFT, LoRA and circuit LoRA on a `HookedTransformer`, with an evaluation harness.
 
 Quick start::
 
@@ -16,21 +16,24 @@ Quick start::
 Modules: :mod:`finetune.masks` (which entries train), :mod:`finetune.optim`
 (AdamW over slices), :mod:`finetune.data` (pairs -> tokens), :mod:`finetune.trainer`
 (the loop), :mod:`finetune.configs` (one config per method), :mod:`finetune.checkpoints` (small checkpoints, exact resume),
-:mod:`finetune.lora` (peft LoRA on TL parameters), :mod:`finetune.evaluate`
+:mod:`finetune.lora` (peft LoRA on TL parameters), :mod:`finetune.circuit_lora` (LoRA on a circuit's heads
+and MLPs only), :mod:`finetune.evaluate`
 (accuracy and drift), :mod:`finetune.expert_tasks` (the merge experts' task data).
 
 This face offers the entry points (``__all__``): :func:`train` with :class:`TrainConfig` and the
-method configs :class:`PreciseSFTConfig`, :class:`FullSFTConfig`, :class:`LoraSFTConfig`; the data
+method configs :class:`PreciseSFTConfig`, :class:`FullSFTConfig`, :class:`LoraSFTConfig`,
+:class:`CircuitLoraSFTConfig`; the data
 (:class:`ArithmeticMix`, :func:`arithmetic_train_set`); the evaluation (:func:`evaluate_suite`,
 :func:`math_suite`, :class:`MathSuiteConfig`); saved models (:func:`save_tuned`, :func:`load_tuned`).
 Everything else is imported from its module above (e.g. :func:`finetune.masks.precise_selection`).
 """
 
 from finetune.checkpoints import load_tuned, save_tuned
-from finetune.configs import FullSFTConfig, LoraSFTConfig, PreciseSFTConfig, TrainConfig
+from finetune.configs import CircuitLoraSFTConfig, FullSFTConfig, LoraSFTConfig, PreciseSFTConfig, TrainConfig
 from finetune.data import ArithmeticMix, arithmetic_train_set
 from finetune.evaluate import MathSuiteConfig, evaluate_suite, math_suite
 from finetune.trainer import train
 
-__all__ = ["train", "TrainConfig", "PreciseSFTConfig", "FullSFTConfig", "LoraSFTConfig", "ArithmeticMix",
+__all__ = ["train", "TrainConfig", "PreciseSFTConfig", "FullSFTConfig", "LoraSFTConfig", "CircuitLoraSFTConfig",
+           "ArithmeticMix",
            "arithmetic_train_set", "evaluate_suite", "math_suite", "MathSuiteConfig", "save_tuned", "load_tuned"]

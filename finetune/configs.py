@@ -1,7 +1,8 @@
 """One config per training method, on a shared base.
 
 :class:`SFTConfig` holds what every method shares (the paper's optimization settings, §5.3, and
-bookkeeping); :class:`PreciseSFTConfig`, :class:`FullSFTConfig` and :class:`LoraSFTConfig` add their method's
+bookkeeping); :class:`PreciseSFTConfig`, :class:`FullSFTConfig`, :class:`LoraSFTConfig` and
+:class:`CircuitLoraSFTConfig` add their method's
 own fields, and their type names the method, so ``train(model, data, LoraSFTConfig(lora=...))`` needs no
 ``method=``. :class:`TrainConfig` holds every method's fields at once, for a script that trains several
 methods from one set of flags; :func:`method_config` narrows it to one method's config, which is what a
@@ -19,7 +20,7 @@ from circuits.arguments import check_option
 from finetune.lora import LoraSettings
 from finetune.optim import check_betas
 
-Method = Literal["precise", "full", "lora"]
+Method = Literal["precise", "full", "lora", "circuit_lora"]
 METHODS: tuple[str, ...] = get_args(Method)
 
 
@@ -93,12 +94,21 @@ class LoraSFTConfig(SFTConfig):
 
 
 @dataclass(frozen=True)
-class TrainConfig(PreciseSFTConfig, FullSFTConfig, LoraSFTConfig):
+class CircuitLoraSFTConfig(SFTConfig):
+    """Circuit LoRA: rank-r factors on the given heads' and MLPs' slices only (:mod:`finetune.circuit_lora`; the
+    targets of ``lora`` say which weight matrices, its ``layers`` must stay None), merged in at the end."""
+
+    lora: LoraSettings = field(default_factory=LoraSettings)
+
+
+@dataclass(frozen=True)
+class TrainConfig(PreciseSFTConfig, FullSFTConfig, LoraSFTConfig, CircuitLoraSFTConfig):
     """Every method's settings in one (for a script that trains several methods with one config);
     :func:`train` keeps only the fields of the method it runs (:func:`method_config`)."""
 
 
-METHOD_CONFIGS: dict[str, type[SFTConfig]] = {"precise": PreciseSFTConfig, "full": FullSFTConfig, "lora": LoraSFTConfig}
+METHOD_CONFIGS: dict[str, type[SFTConfig]] = {"precise": PreciseSFTConfig, "full": FullSFTConfig, "lora": LoraSFTConfig,
+                                              "circuit_lora": CircuitLoraSFTConfig}
 
 
 def method_config(config: SFTConfig, method: Method) -> SFTConfig:

@@ -1,6 +1,6 @@
-"""The training loop shared by precise SFT, full SFT and LoRA.
+"""The training loop shared by precise SFT, full SFT, LoRA and circuit LoRA.
 
-One loop, three ways to choose what trains (``method``):
+One loop, four ways to choose what trains (``method``):
 
 * ``"precise"``: the key heads' slices (and optional whole MLPs), via
   :func:`finetune.masks.precise_selection`: gradients outside are exactly zero
@@ -8,7 +8,9 @@ One loop, three ways to choose what trains (``method``):
 * ``"full"``: every parameter (embeddings frozen by default, see
   :func:`finetune.masks.full_selection`);
 * ``"lora"``: rank-r factors injected by peft (:mod:`finetune.lora`), merged
-  into the weights at the end.
+  into the weights at the end;
+* ``"circuit_lora"``: rank-r factors on the slices of ``heads`` and ``mlps`` only
+  (:mod:`finetune.circuit_lora`), merged into those slices at the end.
 
 The loop is the paper's: AdamW (decoupled weight decay 0.1), linear warmup over
 2% of the steps then linear decay, gradient clipping at 1.0, gradient
@@ -55,6 +57,7 @@ from circuits.peak_memory import peak_rss, reset_peak_rss
 from circuits.process_group import rank_and_world_size
 from finetune import checkpoints as ckpt
 from finetune.data import SFTDataError, check_token_rows, collate, epoch_order, targets
+from finetune.circuit_lora import attach_circuit_lora, circuit_lora_slices, merge_circuit_lora
 from finetune.lora import attach_lora, lora_targets, merge_lora
 from finetune.masks import Selection, apply_selection, full_selection, named_selection, precise_selection
 from finetune.configs import Method, SFTConfig, TrainConfig, method_of, method_config
@@ -137,8 +140,12 @@ def _select(model, method, heads, mlps, config) -> tuple[Selection, Selection]:
         selection = precise_selection(model, list(heads or ()), list(mlps or ()), tune_kv=config.tune_kv,
                                       rescale=config.rescale)
         return selection, selection
+    if method == "circuit_lora":
+        final = circuit_lora_slices(model, list(heads or ()), list(mlps or ()), config.lora)
+        names = attach_circuit_lora(model, final, config.lora, seed=config.seed)
+        return named_selection(model, names, final.description), final
     if heads or mlps:
-        raise InputError(f"heads/mlps are only used by method='precise', not {method!r}.")
+        raise InputError(f"heads/mlps are only used by method='precise' and 'circuit_lora', not {method!r}.")
     if method == "full":
         selection = full_selection(model, train_embeddings=config.train_embeddings)
         return selection, selection
@@ -165,10 +172,11 @@ def train(
     """Fine-tune ``model`` in place on ``train_dataset`` (rows with ``input_ids`` and ``n_prompt``).
 
     Args:
-        config: a :class:`PreciseSFTConfig`, :class:`FullSFTConfig` or :class:`LoraSFTConfig` (which names the
-            method), or a :class:`TrainConfig` holding every method's settings.
-        method: ``"precise"`` (needs ``heads`` and/or ``mlps``), ``"full"`` or ``"lora"``; by default the
-            method ``config`` is for (``"precise"`` for a TrainConfig).
+        config: a :class:`PreciseSFTConfig`, :class:`FullSFTConfig`, :class:`LoraSFTConfig` or
+            :class:`CircuitLoraSFTConfig` (which names the method), or a :class:`TrainConfig` holding every
+            method's settings.
+        method: ``"precise"`` or ``"circuit_lora"`` (both need ``heads`` and/or ``mlps``), ``"full"`` or
+            ``"lora"``; by default the method ``config`` is for (``"precise"`` for a TrainConfig).
         out_dir: where checkpoints (every ``config.checkpoint_every`` steps) and
             the final tuned tensors (``out_dir/final``, loadable onto a base model
             with :func:`finetune.checkpoints.load_tuned`) go. With ``resume=True``
@@ -388,6 +396,8 @@ def _finish(run: _Run, state_bytes: int) -> TrainResult:
     model = run.model
     if run.method == "lora":
         merge_lora(model)
+    elif run.method == "circuit_lora":
+        merge_circuit_lora(model)
     for p in model.parameters():
         p.requires_grad_(False)
     if run.out_dir is not None and run.rank == 0:

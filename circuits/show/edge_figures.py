@@ -11,7 +11,10 @@
   edges kept, log x) with their 95% interval bands, the f = 1 line of the full model and an
   optional threshold line (e.g. 0.8).
 
-Both take plain data (a Graph; a curve's ``to_dict()`` or an object with ``fractions`` and
+:func:`family_transfer_figure` draws the circuits of several prompt families evaluated on each other (f with
+its interval, and the circuits' edge Jaccard) as two heatmaps.
+
+They take plain data (a Graph; a curve's ``to_dict()`` or an object with ``fractions`` and
 ``faithfulness`` estimates), so ``circuits`` needs nothing from ``patching``.
 """
 
@@ -29,7 +32,7 @@ from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import nodes_in_graph
 from circuits.nodes import Head
 
-__all__ = ["circuit_shift_figure", "edge_circuit_figure", "faithfulness_figure"]
+__all__ = ["circuit_shift_figure", "edge_circuit_figure", "faithfulness_figure", "family_transfer_figure"]
 
 POSITIVE_COLOR, NEGATIVE_COLOR = "#1f77b4", "#d62728"
 _WIDTH_BINS = 5
@@ -229,4 +232,35 @@ def circuit_shift_figure(layout: GraphLayout, reference: "np.ndarray | object", 
     fig.update_yaxes(tickvals=[-1.5, *range(layout.n_heads)], ticktext=["MLP", *[f"H{h}" for h in range(layout.n_heads)]],
                      range=[-2.5, layout.n_heads], zeroline=False)
     fig.update_layout(title=title, height=max(360, 60 * layout.n_heads + 240), plot_bgcolor="white")
+    return fig
+
+
+def family_transfer_figure(entry: Mapping, *, title: Optional[str] = None) -> go.Figure:
+    """Two heatmaps from a ``FamilyCircuits.to_dict()`` (:mod:`patching.edges.families`): f of each family's circuit
+    (rows) on each family's held-out prompts (columns), its 95% interval in the hover text, and the edge Jaccard of
+    the families' circuits."""
+    from plotly.subplots import make_subplots
+
+    families = list(entry["families"])
+    f = [[entry["f"][a][b] for b in families] for a in families]
+    jaccard = [[entry["jaccard"][a][b] for b in families] for a in families]
+    size = f"{100 * entry['fraction']:g}%"
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.18, subplot_titles=(
+        f"f of the circuit at {size} of the edges", f"edge Jaccard of the circuits at {size}"))
+    fig.add_trace(go.Heatmap(
+        z=[[e["value"] for e in row] for row in f], x=families, y=families, colorscale="RdBu", zmid=0.0,
+        text=[[f"{e['value']:.2f}" for e in row] for row in f], texttemplate="%{text}",
+        customdata=[[[e["low"], e["high"]] for e in row] for row in f], colorbar=dict(x=0.41, title="f"),
+        hovertemplate="circuit of %{y} on %{x}: f = %{z:.3f} [%{customdata[0]:.3f}, %{customdata[1]:.3f}]"
+                      "<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Heatmap(
+        z=jaccard, x=families, y=families, colorscale="Greens", zmin=0, zmax=1, colorbar=dict(title="Jaccard"),
+        text=[[f"{v:.2f}" for v in row] for row in jaccard], texttemplate="%{text}",
+        hovertemplate="circuits of %{y} and %{x}: Jaccard %{z:.3f}<extra></extra>"), row=1, col=2)
+    fig.update_xaxes(title_text="prompts of", row=1, col=1)
+    fig.update_yaxes(title_text="circuit of", autorange="reversed", row=1, col=1)
+    fig.update_xaxes(title_text="circuit of", row=1, col=2)
+    fig.update_yaxes(autorange="reversed", row=1, col=2)
+    fig.update_layout(title=title or f"Circuits ({entry['method']}) across prompt families", height=460, width=1000,
+                      plot_bgcolor="white")
     return fig

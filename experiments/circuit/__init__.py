@@ -35,6 +35,12 @@ circuits' pairwise edge Jaccard at 2, 5 and 10% of the edges, the Spearman corre
 stable core's faithfulness on prompts no run trained on; results.json key ``stability``
 (``patching.edges.stability.circuit_stability``).
 
+``--templates A B ...`` (opt-in, after either path): the ``--method`` circuit found on each prompt family (template
+styles ``equation``, ``statement``, ``question``, ``word_problem``; transfer formats ``multi_digit``, ``decimal``,
+``zero_shot``), each from its own correctly answered prompts, and evaluated on every family's held-out half: f at
+``--templates-size`` of the edges with 95% bootstrap intervals, and the edge Jaccard of the families' circuits;
+results.json key ``templates``, a heatmap and a table in the report (``patching.edges.families.family_circuits``).
+
 The search is :func:`patching.edges.faithful_circuit.find_faithful_circuit` with its settings in one
 record (:class:`patching.edges.faithful_circuit.CircuitSearch`, built from these flags); the same stage
 runs inside ``python -m experiments.addition`` (and the other operations) with the key heads and head
@@ -143,6 +149,7 @@ def _stages(run: Run) -> None:
                                                    n_sets=cfg.stability_sets, seeds=cfg.stability_seeds,
                                                    warm_start=warm_start, bootstrap_resamples=cfg.bootstrap_resamples,
                                                    stage=run.stage)
+        figures |= _templates(run, model)
         for key, fig in figures.items():
             write_text_atomic(run.out / "figures" / f"{key}.json", fig.to_json())
         results["wall_seconds"] = run.wall_seconds
@@ -150,6 +157,7 @@ def _stages(run: Run) -> None:
         report = Report(f"Circuit methods compared: {name} on {cfg.model}",
                         comparison_summary(results["comparison"], stability))
         add_comparison_section(report, results["comparison"], figures, stability)
+        _add_templates(report, results, figures)
         report.add_table(run.timer.seconds | {"total": results["wall_seconds"]}, heading="Wall time per stage",
                          columns=("stage", "seconds"))
         report.add_settings(dataclasses.asdict(cfg))
@@ -162,17 +170,38 @@ def _stages(run: Run) -> None:
         roles = head_roles(model, selection, cfg)
     results["edge_circuit"], figures = edge_circuit_stage(model, kept, heads, roles, cfg.search(), out=run.out,
                                                           op=cfg.op, model_name=cfg.model, stage=run.stage)
+    figures |= _templates(run, model)
     for key, fig in figures.items():
         write_text_atomic(run.out / "figures" / f"{key}.json", fig.to_json())
     results["wall_seconds"] = run.wall_seconds
     report = Report(f"The {name} edge circuit of {cfg.model}", summary(results["edge_circuit"]))
     add_report_section(report, results["edge_circuit"], figures)
+    _add_templates(report, results, figures)
     report.add_table(run.timer.seconds | {"total": results["wall_seconds"]}, heading="Wall time per stage",
                      columns=("stage", "seconds"))
     report.add_settings(dataclasses.asdict(cfg))
     report.save(run.out / "report.html")
     print(summary(results["edge_circuit"]))
     print(f"report: {run.out / 'report.html'}")
+
+
+def _templates(run: Run, model) -> dict:
+    """With ``--templates``: results key ``templates`` (experiments.circuit.families) and its figure."""
+    if not run.cfg.templates:
+        return {}
+    from experiments.circuit.families import templates_stage, templates_summary
+
+    with run.stage("prompt families", f"the {run.cfg.method} circuit of {', '.join(run.cfg.templates)} on each other"):
+        run.results["templates"], figure = templates_stage(model, run.cfg)
+    print(templates_summary(run.results["templates"]))
+    return {} if figure is None else {"templates": figure}
+
+
+def _add_templates(report, results: dict, figures: dict) -> None:
+    if "templates" in results:
+        from experiments.circuit.families import add_templates_section
+
+        add_templates_section(report, results["templates"], figures.get("templates"))
 
 
 def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:

@@ -27,6 +27,9 @@ ABLATIONS = ("counterfactual", "mean", "positional-mean", "zero")
 CIRCUIT_METHOD_NAMES = EDGE_ATTRIBUTION_METHODS + ("edge-pruning", "ugs", "matryoshka", "exact", "ensemble",
                                                   "bootstrap", "ilp", "positional")
 
+#: ``patching.edges.families.FAMILIES``: the template styles, then the transfer formats (the --templates choices)
+PROMPT_FAMILIES = ("equation", "statement", "question", "word_problem", "multi_digit", "decimal", "zero_shot")
+
 
 @dataclass(frozen=True)
 class CircuitConfig(BatchSettings, PromptSettings, RunSettings):
@@ -70,9 +73,19 @@ class CircuitConfig(BatchSettings, PromptSettings, RunSettings):
                                  type=cli.nonnegative_int)
     stability_seeds: tuple[int, ...] = option((), "seeds a learned or resampled method runs with on each stability "
                                                   "set (default: --seed only)", type=int, nargs="+")
+    templates: tuple[str, ...] = option((), "also find the --method circuit on each of these prompt families (at least "
+                                            "two) and evaluate each on every other: " + ", ".join(PROMPT_FAMILIES),
+                                        nargs="+", choices=PROMPT_FAMILIES)
+    templates_size: float = option(0.05, "with --templates: the circuits' size, as a fraction of the edges",
+                                   type=cli.fraction)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.templates and (len(self.templates) < 2 or len(set(self.templates)) != len(self.templates)):
+            raise InputError(f"--templates {' '.join(self.templates)}: name at least two different prompt families "
+                             "to compare their circuits (e.g. --templates equation statement question).")
+        if self.templates and self.templates_size == 0:
+            raise InputError("--templates-size 0 selects no edge: give a fraction of the edges in (0, 1], e.g. 0.05.")
         if not self.methods or not self.stability_sets:
             return
         if self.stability_sets < 2:

@@ -15,7 +15,9 @@
    the K/V slices they read; ``precise_nokv``: the same heads, only their
    W_Q/W_O slices, which matters under multi-query attention where one K/V head
    serves every query head of the layer; ``full``: full SFT, embeddings frozen;
-   ``lora``: rank ``--lora-rank`` on every attention and MLP weight) trains
+   ``lora``: rank ``--lora-rank`` on every attention and MLP weight;
+   ``circuit_lora``: rank ``--lora-rank`` adapters on the top ``--k`` heads'
+   slices only, the ones ``precise`` tunes, finetune.circuit_lora) trains
    from the same base weights once per learning rate of its grid, scores each
    on the validation split, keeps the lr with the best validation exact
    accuracy (ties: the smaller lr) and reports test scores for that lr only.
@@ -26,7 +28,8 @@
    n), gain over base (paired bootstrap over prompts), drift (per-token KL and
    LM-loss increase, bootstrap over texts), trained parameters, and the claim
    "precise SFT >= full SFT's gain with less drift" for both precise arms
-   (paired differences); ``<out>/report.html``.
+   (paired differences); with ``circuit_lora``, its paired differences from
+   LoRA, precise and full SFT (``circuit_lora_comparison``); ``<out>/report.html``.
 
 ``--resume`` continues a folder written with the same settings, skipping the
 methods and learning-rate trials it already holds, so the work can be split
@@ -67,6 +70,7 @@ if TYPE_CHECKING:
 # flags that may differ between the commands of one --resume'd folder
 RESUMABLE = {"methods", "resume", "overwrite", "threads", "out", "debug", "ablation_k", "ablation_mlps"}
 OPS = ("+", "-", "*", "/")
+HEAD_METHODS = ("precise", "circuit_lora")  # train() methods that tune the chosen heads
 
 
 parser = cli.config_parser(SFTComparisonConfig, "precise_sft", __doc__, help_texts={"out": f"output folder (default: {DEFAULT_OUT})"})
@@ -104,7 +108,7 @@ def train_config(cfg: SFTComparisonConfig) -> TrainConfig:
 
 # settings the earlier code did not have: recorded only when they differ from their default, so a folder's
 # record keeps the keys that code wrote (and --resume of such a folder reads a missing one as its default)
-ADDED_SETTINGS = ("dtype", "circuit_size", "shift_prompts")
+ADDED_SETTINGS = ("dtype", "circuit_size", "shift_prompts", "circuit_lora_lrs")
 
 
 def recorded_args(cfg: SFTComparisonConfig) -> dict:
@@ -310,10 +314,11 @@ def _trial(run: SFTRun, method_key: str, lr: float, trial_dir: Path):
 
 
 def _heads_of(run: SFTRun, method_key: str):
-    """The heads a method tunes: the edge circuit's for precise_circuit, the key heads for the other precise arms."""
+    """The heads a method tunes: the edge circuit's for precise_circuit, the key heads for the other precise arms and
+    for circuit_lora (so it differs from ``precise`` only in training low-rank adapters instead of the slices)."""
     if method_key == "precise_circuit":
         return run.state.circuit_heads
-    return run.state.ranked_heads[: run.cfg.k] if METHOD_SPECS[method_key][0] == "precise" else None
+    return run.state.ranked_heads[: run.cfg.k] if METHOD_SPECS[method_key][0] in HEAD_METHODS else None
 
 
 def search_lr(run: SFTRun, method_key: str):
@@ -362,9 +367,9 @@ def run_method(run: SFTRun, method_key: str) -> None:
 
     val, lr, model, entry = search_lr(run, method_key)
     scores = evaluate_test(run, model)
-    is_precise = METHOD_SPECS[method_key][0] == "precise"
+    tunes_heads = METHOD_SPECS[method_key][0] in HEAD_METHODS
     run.results["runs"][method_key] = {"method": METHOD_SPECS[method_key][0], "lr": lr,
-                                       "k": run.cfg.k if is_precise else None,
+                                       "k": run.cfg.k if tunes_heads else None,
                                        "heads": [str(h) for h in _heads_of(run, method_key) or []],
                                        "tune_kv": METHOD_SPECS[method_key][1].get("tune_kv"), "validation_exact": val,
                                        "train": entry["train"], "losses": entry["losses"], **scores,
@@ -463,13 +468,18 @@ def run_ablation(run: SFTRun) -> None:
 def finish(run: SFTRun) -> None:
     """The claims (once full SFT is in), wall time over commands, the table and report; the run stays ``running``
     (for ``--resume``) unless every method ran."""
-    from experiments.precise_sft.summary import claim, preservation_comparisons, print_table, write_report
+    from experiments.precise_sft.summary import (
+        circuit_lora_comparison, claim, preservation_comparisons, print_table, write_report,
+    )
     from finetune.evaluate import paired_comparison
 
     results = run.results
     if "full" in results["runs"]:
         results["claims"] = {arm: claim(results["runs"][arm], results["runs"]["full"])
-                             for arm in ("precise", "precise_nokv", "precise_circuit") if arm in results["runs"]}
+                             for arm in ("precise", "precise_nokv", "precise_circuit", "circuit_lora")
+                             if arm in results["runs"]}
+    if "circuit_lora" in results["runs"]:
+        results["circuit_lora_comparison"] = circuit_lora_comparison(results["runs"])
     if "precise" in results["runs"] and "precise_circuit" in results["runs"]:
         # the same k heads from the edge circuit instead of path patching: paired differences (circuit - key heads)
         diff = paired_comparison(results["runs"]["precise_circuit"], results["runs"]["precise"])

@@ -21,6 +21,8 @@ METHOD_SPECS = {
     "lora": ("lora", {}, "lora_lrs"),
     # the same precise SFT, of the heads holding the most in-circuit edge score of the EAP-IG edge circuit
     "precise_circuit": ("precise", {"tune_kv": True}, "precise_lrs"),
+    # LoRA adapters on the key heads' slices only (finetune.circuit_lora): precise SFT's heads, LoRA's low rank
+    "circuit_lora": ("circuit_lora", {}, "circuit_lora_lrs"),
 }
 DEFAULT_METHODS = ("precise", "precise_nokv", "full", "lora")
 DEFAULT_OUT = "runs/precise_sft"  # one folder, not runs/<name>-<timestamp>: --resume without --out continues it
@@ -66,7 +68,9 @@ class SFTComparisonConfig(RunSettings):
     precise_lrs: tuple[float, ...] = option("3e-5,1e-4,3e-4", "lr grid of both precise arms", type=lr_list)
     full_lrs: tuple[float, ...] = option("3e-6,1e-5,3e-5", "lr grid of full SFT", type=lr_list)
     lora_lrs: tuple[float, ...] = option("1e-4,3e-4,1e-3", "lr grid of LoRA", type=lr_list)
-    lora_rank: int = option(8, "LoRA rank on every attention and MLP weight", type=cli.positive_int)
+    circuit_lora_lrs: tuple[float, ...] = option("3e-4,1e-3,3e-3", "lr grid of circuit LoRA", type=lr_list)
+    lora_rank: int = option(8, "LoRA rank on every attention and MLP weight (circuit_lora: on the key heads' slices)",
+                            type=cli.positive_int)
     n_val: int = option(24, "validation prompts per operation (choose the lr)", type=cli.positive_int)
     n_heldout: int = option(48, "held-out-template test prompts per operation", type=cli.positive_int)
     n_transfer: int = option(16, "test prompts per operation and transfer format", type=cli.positive_int)
@@ -83,7 +87,7 @@ class SFTComparisonConfig(RunSettings):
 
     def __post_init__(self):
         for name, parse in (("methods", method_list), ("precise_lrs", lr_list), ("full_lrs", lr_list),
-                            ("lora_lrs", lr_list)):
+                            ("lora_lrs", lr_list), ("circuit_lora_lrs", lr_list)):
             value = getattr(self, name)
             try:
                 parsed = parse(value) if isinstance(value, str) else value

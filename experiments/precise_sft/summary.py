@@ -37,7 +37,25 @@ def claim(precise: dict, full: dict) -> dict:
 
 #: (a, b) pairs whose circuit preservation is compared, a − b on the same shift prompts
 PRESERVATION_PAIRS = (("precise", "full"), ("precise", "lora"), ("precise_nokv", "full"), ("precise_circuit", "precise"),
-                      ("precise_circuit", "full"), ("precise_circuit", "lora"))
+                      ("precise_circuit", "full"), ("precise_circuit", "lora"), ("circuit_lora", "lora"),
+                      ("circuit_lora", "precise"), ("circuit_lora", "full"))
+
+#: the runs circuit LoRA is compared with: LoRA everywhere (same rank), precise SFT (same heads), full SFT
+CIRCUIT_LORA_BASELINES = ("lora", "precise", "full")
+
+
+def circuit_lora_comparison(runs: dict) -> dict:
+    """Circuit LoRA minus each of :data:`CIRCUIT_LORA_BASELINES` that ran: held-out accuracy gain, KL and LM-loss
+    drift as paired differences (bootstrap over prompts and texts), and the ratio of trained entries."""
+    out = {}
+    for other in CIRCUIT_LORA_BASELINES:
+        if other in runs:
+            diff = paired_comparison(runs["circuit_lora"], runs[other])
+            out[f"circuit_lora minus {other}"] = {
+                "gain_difference": diff["accuracy"].to_dict(), "kl_difference": diff["kl"].to_dict(),
+                "lm_loss_increase_difference": diff["lm_loss_increase"].to_dict(),
+                "trained_ratio": runs["circuit_lora"]["train"]["n_trainable"] / runs[other]["train"]["n_trainable"]}
+    return out
 
 
 def preservation_comparisons(runs: dict, *, n_bootstrap: int = 1000, seed: int = 0) -> dict:
@@ -82,6 +100,9 @@ def print_table(results: dict) -> None:
     for arm, c in results.get("claims", {}).items():
         print(f"claim ({arm} vs full): gain difference {_fmt(c['gain_difference'], signed=True)} points, "
               f"KL difference {_fmt(c['kl_difference'], pct=False)}: {c['verdict']}")
+    for pair, d in results.get("circuit_lora_comparison", {}).items():
+        print(f"{pair}: gain difference {_fmt(d['gain_difference'], signed=True)} points, KL difference "
+              f"{_fmt(d['kl_difference'], pct=False)}, {d['trained_ratio']:.3g}x the trained entries")
     shifted = _shifted_runs(results)
     if shifted:
         first = shifted[0][1]
@@ -127,6 +148,14 @@ def write_report(out: Path, results: dict, model_name: str, settings: dict) -> N
     fig.update_layout(title=f"Precise vs full SFT vs LoRA on {model_name}", height=450, width=1000)
     report = Report(f"Precise SFT vs full SFT vs LoRA: {model_name}")
     report.add_figure(fig)
+    if results.get("circuit_lora_comparison"):
+        report.add_table([{"comparison": pair, "gain difference (points)": _fmt(d["gain_difference"], signed=True),
+                           "KL difference": _fmt(d["kl_difference"], pct=False),
+                           "trained entries (ratio)": f"{d['trained_ratio']:.3g}"}
+                          for pair, d in results["circuit_lora_comparison"].items()],
+                         heading="Circuit LoRA: adapters on the key heads only",
+                         caption="Paired differences with 95% bootstrap intervals (over test prompts for the gain, "
+                                 "over texts for the KL); each run at its validation-chosen lr.")
     preservation = preservation_figure(results)
     if preservation is not None:
         report.add_figure(preservation, caption=(

@@ -16,6 +16,8 @@ are, so that outputs add up to inputs on every supported model; everything else 
   and reported on the other;
 * :mod:`patching.edges.circuit_methods`: the registry of circuit methods, and several compared side by side;
 * :mod:`patching.edges.stability`: one method's circuits on disjoint prompt sets, their overlap and stable core;
+* :mod:`patching.edges.families`: one method's circuit on each prompt family (template styles, transfer formats),
+  evaluated on every other family;
 * :mod:`patching.edges.combine`: ensembles, bootstrapped sign-stable scores, the ILP circuit;
 * :mod:`patching.edges.positions`: position-aware edges over a span schema of the prompt layouts;
 * :mod:`patching.edges.shift`: what tuning or merging did to a circuit;

@@ -225,6 +225,14 @@ def check_method_names(methods: Sequence[str]) -> None:
         raise InputError(f"Unknown circuit method(s) {unknown}: use any of {', '.join(REGISTRY)}.")
 
 
+def registered_method(method: "str | CircuitMethod") -> CircuitMethod:
+    """``method`` as a record: a :data:`REGISTRY` name looked up (unknown names refused), a record passed through."""
+    if isinstance(method, str):
+        check_method_names([method])
+        return REGISTRY[method]
+    return method
+
+
 def means_pool(model: HookedTransformer, prompts: Dataset, search: CircuitSearch) -> Optional[Dataset]:
     """The prompts a mean ablation averages over (none of them evaluated); None for the other ablations."""
     if not search.ablation.endswith("mean"):

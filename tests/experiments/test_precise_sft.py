@@ -159,3 +159,37 @@ def test_precise_sft_on_the_edge_circuits_heads_beside_the_key_heads(run_main, t
         assert d["cpr_difference"]["low"] <= d["cpr_difference"]["value"] <= d["cpr_difference"]["high"]
     assert "Does tuning keep the base model" in (out / "report.html").read_text()
     assert results["status"] == "running"  # lora and precise_nokv not run yet: resumable
+
+
+def test_precise_sft_with_circuit_lora_as_a_fourth_arm(run_main, tiny_loader, tmp_path):
+    out = tmp_path / "run"
+    argv = ["--out", str(out), "--k", "2", "--n-train", "16", "--steps", "2", "--batch-size", "8",
+            "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1", "--n-val", "2", "--n-shots", "0",
+            "--n-pydoc", "1", "--n-sentences", "3", "--n-rank-prompts", "4", "--precise-lrs", "1e-3", "--full-lrs",
+            "1e-3", "--lora-lrs", "1e-3", "--circuit-lora-lrs", "1e-3,1e-2", "--lora-rank", "2",
+            "--methods", "precise,full,lora,circuit_lora", "--shift-prompts", "4"]
+    run_main("experiments.precise_sft", argv, tiny_loader)
+    results = json.loads((out / "results.json").read_text())
+    runs = results["runs"]
+    assert set(runs) == {"precise", "full", "lora", "circuit_lora"}
+    arm = runs["circuit_lora"]
+    assert arm["method"] == "circuit_lora" and arm["heads"] == results["key_heads"] == runs["precise"]["heads"]
+    search = results["lr_search"]["circuit_lora"]
+    assert search["grid"] == [1e-3, 1e-2] and arm["lr"] == search["chosen_lr"]
+    # rank-2 adapters on two heads: fewer entries than LoRA everywhere and than the heads' full slices
+    assert arm["train"]["n_trainable"] < runs["lora"]["train"]["n_trainable"]
+    assert arm["train"]["n_trainable"] < runs["precise"]["train"]["n_trainable"]
+    gain = arm["summary"]["heldout_gain"]
+    assert gain["low"] <= gain["value"] <= gain["high"] and "kl" in arm["summary"]["drift_estimates"]
+    assert "circuit_lora" in results["claims"] and "precise" in results["claims"]
+    comparison = results["circuit_lora_comparison"]
+    assert set(comparison) == {"circuit_lora minus lora", "circuit_lora minus precise", "circuit_lora minus full"}
+    d = comparison["circuit_lora minus lora"]
+    assert d["gain_difference"]["low"] <= d["gain_difference"]["value"] <= d["gain_difference"]["high"]
+    assert d["trained_ratio"] == arm["train"]["n_trainable"] / runs["lora"]["train"]["n_trainable"]
+    assert "transferred_cpr" in arm["circuit_shift"]
+    assert {"circuit_lora minus lora", "circuit_lora minus precise", "circuit_lora minus full",
+            "precise minus full", "precise minus lora"} <= set(results["circuit_preservation"])
+    assert "circuit_lora_lrs" in results["args"]  # a non-default grid is recorded
+    assert "Circuit LoRA: adapters on the key heads only" in (out / "report.html").read_text()
+    assert results["status"] == "running"  # precise_nokv, a default arm, not run yet

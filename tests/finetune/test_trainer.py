@@ -129,7 +129,7 @@ def test_resume_refuses_a_different_run(sft_rows, tmp_path):
 def test_bad_arguments(sft_rows, tiny):
     with pytest.raises(ValueError, match="Unknown method"):
         train(tiny, sft_rows, CFG, method="adapter")
-    with pytest.raises(ValueError, match="only used by method='precise'"):
+    with pytest.raises(ValueError, match="only used by method='precise' and 'circuit_lora'"):
         train(tiny, sft_rows, CFG, method="full", heads=[Head(0, 0)])
     with pytest.raises(ValueError, match="fewer than one batch"):
         train(tiny, sft_rows.select(range(3)), CFG, method="full")
