@@ -382,7 +382,7 @@ class _TopN(_Matryoshka):
     def budgets(self, n: int) -> list[int]:
         """``n`` of the configured sizes as edge counts (all of them when ``n`` is at least their number), drawn
         without replacement so each step trains distinct sizes."""
-        ks = sorted({max(1, min(self.n_edges, round(x * self.n_edges))) for x in self.cfg.fractions})
+        ks = sorted({max(1, min(self.n_edges, int(x * self.n_edges))) for x in self.cfg.fractions})  # as the curves count
         if n >= len(ks):
             return ks
         take = torch.randperm(len(ks), generator=self.generator)[:n]

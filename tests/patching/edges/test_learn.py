@@ -152,7 +152,7 @@ def test_top_n_masks_are_the_hard_top_k_with_the_soft_top_k_gradient():
     cfg = LearnConfig(method="top-n", fractions=(0.05, 0.2, 0.5), samples=3)
     method = _TopN(layout, cfg, None, "cpu", torch.Generator().manual_seed(0))
     method.param.data = torch.randn(method.n_edges, generator=torch.Generator().manual_seed(1))
-    ks = [round(x * method.n_edges) for x in cfg.fractions]
+    ks = [int(x * method.n_edges) for x in cfg.fractions]
     assert method.budgets(3) == ks and len(method.budgets(2)) == 2 and set(method.budgets(2)) <= set(ks)
     masks = method.masks(0, 3)
     order = torch.argsort(method.param.detach(), descending=True)

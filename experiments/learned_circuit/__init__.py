@@ -1,0 +1,250 @@
+"""The learned circuit of one operation, settings chosen on validation prompts, numbers reported on test prompts.
+
+    python -m experiments.learned_circuit --op + --seed 0
+
+A circuit found on 16 or 32 prompts fits those prompts, and a setting picked by looking at the reported
+numbers inflates them. This experiment keeps the three roles apart (``circuits.prompt_splits``):
+
+1. data: every problem of the operation (template x operand pair), kept where gemma answers it,
+   split by problem into training sets (``--stability-sets`` of ``--n-train`` each), a validation
+   set and a test set; more few-shot prefix draws where a split is short;
+2. warm start: EAP-IG-inputs edge scores on ``--warm-start-prompts`` of the first training set
+   (``patching.edges.attribute``; each further set gets its own);
+3. sweep: the learned method (``--method``, default ``top-n``: the hard top-n circuits at the reported
+   sizes, straight-through gradients) for every setting of the grid (``--lrs`` x ``--temperatures`` x
+   ``--penalties``) on the first training set, each curved on the validation set; the setting with the
+   lowest validation CMD + |1 − f(5 %)| is chosen (the two measures the goal names: faithful at every
+   size, and faithful at 5 %);
+4. test: the chosen circuit's faithfulness curve on the test set (CPR, CMD, f at MIB's sizes, 95 %
+   bootstrap intervals over prompts), beside EAP-IG-inputs and matryoshka with its defaults on the
+   same prompts (``--baselines``), with paired differences against EAP-IG-inputs;
+5. stability: the chosen setting learned again on each further training set and with each
+   ``--stability-seeds`` seed; the edge Jaccard of every pair of circuits at 2, 5 and 10 % of the
+   edges, the Spearman correlation of their scores, and the stable core (edges more than half of the
+   runs keep) with its own test curve;
+6. outputs: results.json (docs/results_json.md), the chosen circuit's scores as a Graph JSON, the
+   curve figure and report.html.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+
+from circuits.atomic_files import write_text_atomic
+from circuits.templates import resolve_operation
+from experiments.learned_circuit.config import LEARNED_METHODS, LearnedCircuitConfig  # noqa: F401
+from experiments.runtime import ModelLoader, Run, cli, run_experiment
+
+logger = logging.getLogger("experiments")
+
+parser = cli.config_parser(LearnedCircuitConfig, "learned_circuit", __doc__)
+
+#: the sizes whose circuits are compared across runs (fractions of the edges)
+STABILITY_FRACTIONS = (0.02, 0.05, 0.10)
+#: the size the goal names, part of the sweep's criterion
+GOAL_FRACTION = 0.05
+
+
+def parse_config(argv: list[str] | None = None) -> LearnedCircuitConfig:
+    """CLI flags for every field of :class:`LearnedCircuitConfig` (``--help`` lists the defaults)."""
+    return cli.parse_config(parser, LearnedCircuitConfig, argv)
+
+
+def problem_disjoint_parts(dataset, n_parts: int, seed: int = 0) -> list:
+    """``dataset`` cut into ``n_parts`` parts with no problem (template and operands) in two, of equal size."""
+    import random
+
+    from circuits.prompt_splits import problem_key
+
+    rows = dataset.select_columns(["template_id", "a", "b"]).to_list()
+    problems = sorted({problem_key(r) for r in rows})
+    random.Random(f"parts/{seed}").shuffle(problems)
+    part_of = {key: i % n_parts for i, key in enumerate(problems)}
+    parts = [[j for j, r in enumerate(rows) if part_of[problem_key(r)] == i] for i in range(n_parts)]
+    size = min(map(len, parts))
+    return [dataset.select(p[:size]) for p in parts]
+
+
+def criterion(curve) -> float:
+    """The sweep's choice: validation CMD + |1 − f| at :data:`GOAL_FRACTION` (lower is better)."""
+    f = curve.faithfulness[curve.fractions.index(GOAL_FRACTION)].value
+    return curve.cmd.value + abs(1.0 - f)
+
+
+def curve_row(curve) -> dict:
+    """The numbers of one curve a table shows: CPR, CMD, f at each size (with intervals)."""
+    return {"cpr": curve.cpr.to_dict(), "cmd": curve.cmd.to_dict(),
+            "f": {f"{100 * x:g}%": f.to_dict() for x, f in zip(curve.fractions, curve.faithfulness)},
+            "n_prompts": curve.n_prompts}
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def run(cfg: LearnedCircuitConfig, *, loader: ModelLoader | None = None) -> dict:
+    """Run the stages; return the results dict that is also written to results.json."""
+    name = f"learned_circuit-{resolve_operation(cfg.op).name}"
+    return run_experiment(name, cfg, _stages, loader=loader,
+                          results={"experiment": name, "settings": dataclasses.asdict(cfg), "model": cfg.model},
+                          plan=["load model", "data", "warm start", "sweep", "test", "stability"])
+
+
+def _stages(run: Run) -> None:
+    from circuits.graph_io import save_eap_json
+    from circuits.prompt_splits import correct_prompt_splits
+    from circuits.tasks import TaskConfig
+    from patching.edges.attribute import edge_attribution
+    from patching.edges.curves import faithfulness_curve, paired_curve_difference
+    from patching.edges.learn import LearnConfig, learn_circuit
+    from patching.options import SweepOptions
+
+    cfg, results = run.cfg, run.results
+    model = run.load_model()
+    name = resolve_operation(cfg.op).name
+
+    def curve(scores, prompts, select=None, fractions=None):
+        extra = {} if fractions is None else {"fractions": fractions}
+        return faithfulness_curve(model, scores, prompts, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
+                                  select=select, **extra)
+
+    with run.stage("data", f"every {name} problem, kept where the model answers it, split by problem"):
+        task = TaskConfig(op=cfg.op, n_shots=cfg.n_shots, seed=cfg.seed)
+        splits = correct_prompt_splits(model, task, (cfg.stability_sets * cfg.n_train, cfg.n_validation, cfg.n_test),
+                                       max_shot_draws=cfg.max_shot_draws, batch_size=cfg.batch_size)
+        train_sets = problem_disjoint_parts(splits.train, cfg.stability_sets, cfg.seed)
+        validation, test = splits.validation, splits.test
+    results["prompts"] = splits.to_dict() | {"train_sets": [len(s) for s in train_sets]}
+    if splits.short:
+        results["prompts_short"] = f"splits short of their size: {splits.short}"
+    print(f"prompts: {len(train_sets)} training set(s) of {len(train_sets[0])}, validation {len(validation)}, "
+          f"test {len(test)} (the model answers {100 * splits.accuracy:.1f}% of {splits.n_checked} prompts)")
+
+    with run.stage("warm start", f"EAP-IG-inputs on {cfg.warm_start_prompts} prompts of each training set"):
+        options = SweepOptions(memory_mb=cfg.memory_mb, batch_size=cfg.batch_size)
+        warm = [edge_attribution(model, s.select(range(min(len(s), cfg.warm_start_prompts))), method="EAP-IG-inputs",
+                                 options=options) if cfg.warm_start_prompts else None for s in train_sets]
+
+    base = LearnConfig(method=cfg.method, steps=cfg.steps, batch_size=cfg.learn_batch_size, samples=cfg.samples,
+                       seed=cfg.seed, memory_mb=cfg.memory_mb, progress=False)
+    grid = cfg.grid()
+    sweep, graphs = [], []
+    with run.stage("sweep", f"{len(grid)} settings of {cfg.method}, each learned on {len(train_sets[0])} prompts "
+                            f"and curved on {len(validation)} validation prompts"):
+        for i, setting in enumerate(grid):
+            learned = learn_circuit(model, train_sets[0], config=dataclasses.replace(base, **setting), init=warm[0])
+            val = curve(learned.graph, validation)
+            sweep.append(setting | curve_row(val) | {"criterion": criterion(val), "seconds": learned.seconds,
+                                                     "seconds_per_step": learned.seconds_per_step})
+            graphs.append(learned.graph)
+            run.step(i + 1, len(grid), f"lr {setting['lr']:g}, temperature {setting['temperature']:g}, penalty "
+                                       f"{setting['faithfulness_penalty']:g}: validation CMD {val.cmd.value:.3f}, "
+                                       f"f(5%) {val.faithfulness[val.fractions.index(GOAL_FRACTION)].value:.3f}")
+    best = min(range(len(grid)), key=lambda i: sweep[i]["criterion"])
+    chosen = grid[best]
+    results["sweep"] = {"rows": sweep, "chosen": chosen, "criterion": "validation CMD + |1 - f(5%)|"}
+
+    with run.stage("test", f"the chosen circuit and the baselines on {len(test)} test prompts"):
+        curves = {cfg.method: curve(graphs[best], test)}
+        if cfg.baselines:
+            if warm[0] is not None:
+                curves["EAP-IG-inputs"] = curve(warm[0], test)
+            if cfg.method != "matryoshka":
+                matryoshka = learn_circuit(model, train_sets[0], init=warm[0],
+                                           config=dataclasses.replace(LearnConfig(), seed=cfg.seed, progress=False,
+                                                                      memory_mb=cfg.memory_mb))
+                curves["matryoshka (defaults)"] = curve(matryoshka.graph, test)
+        results["test"] = {label: curve_row(c) for label, c in curves.items()}
+        if "EAP-IG-inputs" in curves:
+            results["test_minus_EAP-IG-inputs"] = {
+                label: paired_curve_difference(c, curves["EAP-IG-inputs"], n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
+                for label, c in curves.items() if label != "EAP-IG-inputs"}
+    save_eap_json(graphs[best], run.out / "learned_circuit.json", overwrite=True)
+
+    runs = [(0, cfg.seed, graphs[best])]
+    with run.stage("stability", f"the chosen setting on {cfg.stability_sets} training set(s) and "
+                                f"{1 + len(cfg.stability_seeds)} seed(s)"):
+        for index in range(1, len(train_sets)):
+            learned = learn_circuit(model, train_sets[index], init=warm[index],
+                                    config=dataclasses.replace(base, **chosen))
+            runs.append((index, cfg.seed, learned.graph))
+        for seed in cfg.stability_seeds:
+            learned = learn_circuit(model, train_sets[0], init=warm[0],
+                                    config=dataclasses.replace(base, **chosen, seed=seed))
+            runs.append((0, seed, learned.graph))
+        results["stability"] = stability(runs, test, curve)
+    results["wall_seconds"] = run.wall_seconds
+    _report(run, curves)
+    print(summary(results))
+
+
+def stability(runs, test, curve) -> dict:
+    """Jaccard and Spearman of every pair of runs, and the stable core's test curve (the module docstring)."""
+    import torch
+
+    from circuits.graph_selection import edge_jaccard, score_spearman, select_fraction
+
+    circuits = [[select_fraction(graph, x) for x in STABILITY_FRACTIONS] for _, _, graph in runs]
+    pairs = list(itertools.combinations(range(len(runs)), 2))
+    out = {"runs": [{"set": s, "seed": seed} for s, seed, _ in runs], "fractions": list(STABILITY_FRACTIONS),
+           "pairs": []}
+    for a, b in pairs:
+        kind = "sets" if runs[a][0] != runs[b][0] else "seeds"
+        out["pairs"].append({"runs": [a, b], "differ_in": kind, "spearman": score_spearman(runs[a][2], runs[b][2]),
+                             "jaccard": {f"{100 * x:g}%": edge_jaccard(circuits[a][i].in_graph, circuits[b][i].in_graph)
+                                         for i, x in enumerate(STABILITY_FRACTIONS)}})
+    if len(runs) < 2:
+        return out
+    layout = runs[0][2].layout
+    cores = {}
+    for i, x in enumerate(STABILITY_FRACTIONS):
+        share = torch.stack([c[i].in_graph for c in circuits]).float().mean(dim=0)
+        cores[int(x * layout.n_edges)] = share > 0.5
+    core = curve(runs[0][2], test, select=lambda scores, n: cores[n], fractions=list(STABILITY_FRACTIONS))
+    out["core"] = [{"fraction": x, "n_edges": int(m.sum()), "f": f.to_dict()}
+                   for x, m, f in zip(STABILITY_FRACTIONS, cores.values(), core.faithfulness)]
+    return out
+
+
+def summary(results: dict) -> str:
+    """The headline lines: the chosen setting, its test numbers beside the baselines, its stability."""
+    lines = [f"chosen on validation: {results['sweep']['chosen']}"]
+    for label, row in results["test"].items():
+        f = row["f"]
+        lines.append(f"{label:24s} test CPR {row['cpr']['value']:.3f} CMD {row['cmd']['value']:.3f}  f@2% "
+                     f"{f['2%']['value']:.2f}  f@5% {f['5%']['value']:.2f} [{f['5%']['low']:.2f}, {f['5%']['high']:.2f}]"
+                     f"  f@10% {f['10%']['value']:.2f}  f@20% {f['20%']['value']:.2f}  f@50% {f['50%']['value']:.2f}")
+    for pair in results["stability"]["pairs"]:
+        j = pair["jaccard"]
+        lines.append(f"runs {pair['runs']} (differ in {pair['differ_in']}): Jaccard 2% {j['2%']:.2f}, 5% {j['5%']:.2f},"
+                     f" 10% {j['10%']:.2f}; Spearman {pair['spearman']:.2f}")
+    for core in results["stability"].get("core", []):
+        lines.append(f"stable core at {100 * core['fraction']:g}%: {core['n_edges']} edges, test f "
+                     f"{core['f']['value']:.2f} [{core['f']['low']:.2f}, {core['f']['high']:.2f}]")
+    return "\n".join(lines)
+
+
+def _report(run: Run, curves: dict) -> None:
+    from circuits.show.html_report import Report
+    from circuits.show.edge_figures import faithfulness_figure
+
+    results = run.results
+    report = Report(f"The learned {resolve_operation(run.cfg.op).name} circuit of {run.cfg.model}", summary(results))
+    figure = faithfulness_figure(list(curves.items()), title="Faithfulness on the test prompts")
+    write_text_atomic(run.out / "figures" / "test_curves.json", figure.to_json())
+    report.add_figure(figure, heading="Faithfulness on the test prompts")
+    report.add_table([{k: v for k, v in row.items() if k in ("lr", "temperature", "faithfulness_penalty", "criterion",
+                                                             "seconds")}
+                      | {"validation CMD": row["cmd"]["value"], "validation f@5%": row["f"]["5%"]["value"]}
+                      for row in results["sweep"]["rows"]], heading="Sweep (validation prompts)")
+    report.add_table(run.timer.seconds | {"total": results["wall_seconds"]}, heading="Wall time per stage",
+                     columns=("stage", "seconds"))
+    report.add_settings(dataclasses.asdict(run.cfg))
+    report.save(run.out / "report.html")
+
+
+def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:
+    """Parse ``argv`` (default: ``sys.argv``), run, return the results; errors propagate (see :func:`cli_main`)."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    return run(parse_config(argv), loader=loader)

@@ -1,0 +1,65 @@
+"""The settings of ``python -m experiments.learned_circuit``: one flag per field of :class:`LearnedCircuitConfig`.
+
+Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load; the
+learned-method names are written out here for that reason and a test keeps them equal to
+``patching.edges.learn.METHODS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from circuits.errors import InputError
+from experiments.runtime import cli
+from experiments.runtime.cli import option
+from experiments.runtime.settings import BatchSettings, RunSettings
+
+#: ``patching.edges.learn.METHODS``
+LEARNED_METHODS = ("edge-pruning", "ugs", "matryoshka", "top-n")
+
+
+@dataclass(frozen=True)
+class LearnedCircuitConfig(BatchSettings, RunSettings):
+    """Every flag of ``python -m experiments.learned_circuit`` beyond :class:`RunSettings`, with its default."""
+
+    op: str = option("+", "the operation: + - * / (or addition, subtraction, ...)")
+    n_shots: int = option(3, "solved examples before each prompt", type=cli.nonnegative_int)
+    n_train: int = option(256, "correct prompts each circuit is learned on (per training set)", type=cli.positive_int)
+    n_validation: int = option(128, "correct prompts the settings are chosen on", type=cli.positive_int)
+    n_test: int = option(128, "correct prompts every reported number is measured on", type=cli.positive_int)
+    max_shot_draws: int = option(4, "few-shot prefix draws tried before a split is left short",
+                                 type=cli.positive_int)
+    method: str = option("top-n", "the learned-circuit method swept and reported (patching.edges.learn)",
+                         choices=LEARNED_METHODS)
+    lrs: tuple[float, ...] = option((0.03, 0.1), "learning rates swept", type=cli.positive_float, nargs="+")
+    temperatures: tuple[float, ...] = option((1.0, 0.3), "starting widths of the soft top-n swept (standard "
+                                                         "deviations of the scores)", type=cli.positive_float, nargs="+")
+    penalties: tuple[float, ...] = option((0.0, 1.0), "weights of the |1 - f| penalty swept", type=float, nargs="+")
+    steps: int = option(200, "optimisation steps of every learned circuit", type=cli.positive_int)
+    learn_batch_size: int = option(16, "prompts per optimisation step", type=cli.positive_int)
+    samples: int = option(7, "circuits per prompt per step (top-n: sizes; 7 = all of its default sizes)",
+                          type=cli.positive_int)
+    warm_start_prompts: int = option(64, "training prompts the EAP-IG-inputs warm start is scored on (0: a cold "
+                                         "start)", type=cli.nonnegative_int)
+    baselines: bool = option(True, "also curve EAP-IG-inputs (the warm start) and matryoshka with its defaults on "
+                                   "the test prompts")
+    stability_sets: int = option(2, "disjoint training sets the chosen setting is learned on (1: no comparison "
+                                    "across prompt sets)", type=cli.positive_int)
+    stability_seeds: tuple[int, ...] = option((), "further seeds the chosen setting is learned with on the first "
+                                                  "set", type=int, nargs="+")
+    n_bootstrap: int = option(1000, "bootstrap resamples over prompts for every interval", type=cli.positive_int)
+    memory_mb: float = option(2048.0, "activation budget of one batched forward or backward (MB)",
+                              type=cli.positive_float)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if any(p < 0 for p in self.penalties):
+            raise InputError(f"--penalties {self.penalties}: a penalty weight is >= 0.")
+        if len(set(self.stability_seeds)) != len(self.stability_seeds) or self.seed in self.stability_seeds:
+            raise InputError(f"--stability-seeds {self.stability_seeds} repeat each other or --seed {self.seed}: "
+                             "give seeds other than --seed, once each.")
+
+    def grid(self) -> list[dict]:
+        """Every swept setting, as LearnConfig fields."""
+        return [{"lr": lr, "temperature": t, "faithfulness_penalty": p}
+                for lr in self.lrs for t in self.temperatures for p in self.penalties]

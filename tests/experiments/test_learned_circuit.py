@@ -1,0 +1,75 @@
+"""experiments.learned_circuit on a tiny random model: splits, sweep, the choice on validation, test curves, stability."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments import learned_circuit
+from experiments.learned_circuit import criterion, problem_disjoint_parts
+from experiments.learned_circuit.config import LEARNED_METHODS, LearnedCircuitConfig
+
+SMALL = ["--n-train", "12", "--n-validation", "8", "--n-test", "8", "--steps", "3", "--learn-batch-size", "4",
+         "--samples", "2", "--n-shots", "1", "--n-bootstrap", "50", "--warm-start-prompts", "4", "--threads", "1",
+         "--lrs", "0.05", "0.1", "--temperatures", "1.0", "--penalties", "0", "1"]
+
+
+def test_the_method_choices_are_the_librarys():
+    from patching.edges.learn import METHODS
+
+    assert LEARNED_METHODS == METHODS
+
+
+def test_a_run_chooses_on_validation_and_reports_test_and_stability(tmp_path, tiny_loader):
+    out = tmp_path / "run"
+    results = learned_circuit.main(SMALL + ["--stability-seeds", "5", "--out", str(out)], loader=tiny_loader)
+    assert results["status"] == "complete"
+    rows = results["sweep"]["rows"]
+    assert len(rows) == 4  # 2 lrs x 1 temperature x 2 penalties
+    best = min(rows, key=lambda r: r["criterion"])
+    assert results["sweep"]["chosen"] == {k: best[k] for k in ("lr", "temperature", "faithfulness_penalty")}
+    # the criterion is computed from the validation curve the row shows
+    assert best["criterion"] == pytest.approx(best["cmd"]["value"] + abs(1 - best["f"]["5%"]["value"]))
+    assert set(results["test"]) == {"top-n", "EAP-IG-inputs", "matryoshka (defaults)"}
+    assert all(row["n_prompts"] == 8 for row in results["test"].values())
+    assert set(results["test_minus_EAP-IG-inputs"]) == {"top-n", "matryoshka (defaults)"}
+    stability = results["stability"]
+    assert [r["set"] for r in stability["runs"]] == [0, 1, 0] and [p["differ_in"] for p in stability["pairs"]] == \
+        ["sets", "seeds", "sets"]
+    assert all(0 <= p["jaccard"]["5%"] <= 1 for p in stability["pairs"]) and len(stability["core"]) == 3
+    assert results["prompts"]["sizes"]["validation"] == 8 and results["prompts"]["train_sets"] == [12, 12]
+    on_disk = json.loads((out / "results.json").read_text())
+    assert on_disk["sweep"]["chosen"] == results["sweep"]["chosen"]
+    assert (out / "report.html").exists() and (out / "learned_circuit.json").exists()
+
+
+def test_training_parts_share_no_problem_and_have_one_size():
+    from datasets import Dataset
+
+    rows = [{"template_id": f"t{i % 3}", "a": str(i % 5), "b": str(i % 7), "x": i} for i in range(90)]
+    parts = problem_disjoint_parts(Dataset.from_list(rows), 3, seed=1)
+    keys = [{(r["template_id"], r["a"], r["b"]) for r in p} for p in parts]
+    assert len({len(p) for p in parts}) == 1
+    assert not (keys[0] & keys[1]) and not (keys[0] & keys[2]) and not (keys[1] & keys[2])
+
+
+def test_the_criterion_counts_area_and_the_goal_size():
+    class _Estimate:
+        def __init__(self, value):
+            self.value = value
+
+    class _Curve:
+        fractions = [0.01, 0.05, 0.1]
+        faithfulness = [_Estimate(0.2), _Estimate(1.3), _Estimate(1.0)]
+        cmd = _Estimate(0.1)
+
+    assert criterion(_Curve()) == pytest.approx(0.1 + 0.3)  # overshoot at 5 % counts as undershoot would
+
+
+def test_bad_flags_are_refused_before_the_model_loads(tiny_loader, run_main, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_main("experiments.learned_circuit", ["--penalties", "-1"], tiny_loader)
+    assert exit_info.value.code == 2 and "penalty weight" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="stability-seeds"):
+        LearnedCircuitConfig(seed=3, stability_seeds=(3,))
