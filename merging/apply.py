@@ -5,7 +5,7 @@ sources (:func:`merging.state_dicts.check_compatible`), then walks the base's
 keys in order with a tqdm bar: for each parameter it reads the base tensor and
 one tensor per expert, calls the method, checks the result is finite, and keeps
 only the merged tensor. A tensor no expert changed (frozen embeddings) is the
-base's, without calling the method. Buffers (attention masks, rotary tables) are copied
+base's, without calling the method (but for passthrough, whose ``scale`` changes it). Buffers (attention masks, rotary tables) are copied
 from the base, so the result loads into a ``HookedTransformer`` of the same
 config with ``model.load_state_dict``. Sources can be state dicts, models,
 lazily opened ``.safetensors`` files or saved-model folders.
@@ -80,7 +80,7 @@ def merge(
             merged[key] = base_t
             continue
         expert_ts = [e.get(key).to(device) for e in es]
-        if all(torch.equal(t, base_t) for t in expert_ts):
+        if record.unchanged_is_base and all(torch.equal(t, base_t) for t in expert_ts):
             # no expert changed it (e.g. frozen embeddings): every method returns θ0; skip the work and memory
             merged[key] = base_t.clone()
             continue

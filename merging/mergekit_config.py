@@ -17,7 +17,7 @@ and merges with :func:`merging.merge`. Model names resolve through the
 model or path), else as paths relative to the YAML's folder (nothing is
 downloaded). Methods: every mergekit name in :data:`merging.methods.MERGEKIT_NAMES`
 (``linear`` is our ``weight_average``) and this package's own names
-(``consensus_ta``, ``tsv_m``, ``iso_c``, ``iso_cts``).
+(``consensus_ta``, ``tsv_m``, ``iso_c``, ``iso_cts``, ``wudi``).
 
 What each method takes is declared next to it, on its registry record
 (``REGISTRY[name].mergekit_spec``, a :class:`merging.methods.mergekit_spec.MergekitSpec`), as
@@ -32,8 +32,13 @@ or global (a model's value wins), ``lambda`` (our ``lam``), ``normalize``,
 changes mergekit's mask dtype). ``dtype`` casts the inputs, ``out_dtype``
 (default ``dtype``) the result. Unknown methods, unknown parameters, values of
 the wrong type (``normalize: 'no'``), gradients (lists), filtered parameters,
-``slices`` and ``modules``, duplicated keys and absurdly deep nesting are
+``modules``, duplicated keys and absurdly deep nesting are
 :class:`circuits.errors.InputError` s.
+
+``slices:`` (mergekit's layer ranges, used by ``passthrough`` to stack layers) is read
+when it keeps the architecture: one slice whose sources each take every layer
+(``layer_range: [0, n_layers]``) is the same as listing those sources under ``models:``;
+other slices change the layer count or move layers, and are refused, saying so.
 """
 
 from __future__ import annotations
@@ -50,13 +55,14 @@ from torch import Tensor
 
 from circuits.errors import InputError
 from merging.apply import merge
+from merging.lines import n_layers_of
 from merging.methods import MERGEKIT_NAMES, REGISTRY
 from merging.methods.mergekit_spec import MergekitSpec, read_value
 from merging.state_dicts import SourceLike, StateDictSource
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64}
-TOP_LEVEL = {"models", "base_model", "merge_method", "parameters", "dtype", "out_dtype", "tokenizer_source"}
+TOP_LEVEL = {"models", "slices", "base_model", "merge_method", "parameters", "dtype", "out_dtype", "tokenizer_source"}
 MAX_DEPTH = 32  # YAML nesting refused beyond this (a mergekit config is a handful of levels deep)
 
 
@@ -230,6 +236,42 @@ def _per_model_values(spec: MergekitSpec, inputs: list[dict], path: Path, given:
     return weights, per_model
 
 
+def _entries_from_slices(slices, path: Path, models: Mapping[str, SourceLike] | None) -> list[dict]:
+    """The ``models:`` entries a ``slices:`` list stands for: one slice whose sources each take every layer.
+
+    A slice of fewer layers, or several slices stacked, makes a model of another depth (or layers of
+    several models at new places), which no TransformerLens config of the experts' architecture loads.
+    """
+    how = ("give one slice whose sources each take every layer (layer_range: [0, n_layers]), or list the "
+           "models under models:")
+    if not isinstance(slices, list) or not slices or not all(isinstance(s, dict) for s in slices):
+        raise InputError(f"{path}: slices must be a list of {{sources: [...]}} entries; {how}.")
+    if len(slices) > 1:
+        raise InputError(f"{path}: {len(slices)} slices; stacking layer ranges changes the layer count (or moves "
+                         f"layers), and the result would not load into the experts' architecture: {how}.")
+    extra = set(slices[0]) - {"sources"}
+    if extra:
+        raise InputError(f"{path}: slices[0]: {sorted(extra, key=str)} not supported here; give base_model and "
+                         "parameters at the top level.")
+    sources = slices[0].get("sources")
+    if not sources or not all(isinstance(s, dict) and "model" in s for s in sources):
+        raise InputError(f"{path}: slices[0].sources must be a list of {{model: ..., layer_range: [0, n]}} entries.")
+    entries = []
+    for source in sources:
+        unknown = set(source) - {"model", "layer_range", "parameters"}
+        if unknown:
+            raise InputError(f"{path}: slices[0] source {source['model']!r}: unknown keys {sorted(unknown, key=str)}; "
+                             "a source has model, layer_range and parameters.")
+        n_layers = n_layers_of(_resolve(source["model"], models, path.parent, f"model {source['model']!r}").keys())
+        if source.get("layer_range") != [0, n_layers]:
+            raise InputError(f"{path}: slices[0] source {source['model']!r}: layer_range "
+                             f"{source.get('layer_range')!r}, but the model has {n_layers} layers; a slice of other "
+                             f"layers changes the layer count and would not load into the same architecture: give "
+                             f"layer_range: [0, {n_layers}] (every layer).")
+        entries.append({k: v for k, v in source.items() if k != "layer_range"})
+    return entries
+
+
 def load_mergekit_config(path: str | os.PathLike, *, models: Mapping[str, SourceLike] | None = None) -> MergePlan:
     """Parse the mergekit YAML at ``path`` into a :class:`MergePlan` (call ``.run()`` to merge).
 
@@ -241,8 +283,8 @@ def load_mergekit_config(path: str | os.PathLike, *, models: Mapping[str, Source
         raise InputError(f"{path}: a mergekit config is a YAML mapping with models, merge_method, ...")
     unknown = set(raw) - TOP_LEVEL
     if unknown:
-        raise InputError(f"{path}: unsupported keys {sorted(unknown)} (slices, modules and tokenizer "
-                         f"surgery are not implemented); supported: {sorted(TOP_LEVEL)}.")
+        raise InputError(f"{path}: unsupported keys {sorted(unknown)} (modules and tokenizer surgery are not "
+                         f"implemented); supported: {sorted(TOP_LEVEL)}.")
     if raw.get("tokenizer_source") not in (None, "base"):
         raise InputError(f"{path}: tokenizer_source {raw['tokenizer_source']!r}: experts must share the base's "
                          "vocabulary here; use tokenizer_source: base or leave it out.")
@@ -254,7 +296,9 @@ def load_mergekit_config(path: str | os.PathLike, *, models: Mapping[str, Source
                          f"{sorted(MERGEKIT_NAMES)} (mergekit names) or {ours}.")
     record = REGISTRY[method]
     spec = record.mergekit_spec
-    entries = raw.get("models") or []
+    if "slices" in raw and "models" in raw:
+        raise InputError(f"{path}: give models or slices, not both (mergekit refuses both too).")
+    entries = _entries_from_slices(raw["slices"], path, models) if "slices" in raw else raw.get("models") or []
     if not entries or not all(isinstance(e, dict) and "model" in e for e in entries):
         raise InputError(f"{path}: 'models' must be a list of {{model: ..., parameters: {{...}}}} entries.")
     folder = path.parent

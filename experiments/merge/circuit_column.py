@@ -117,7 +117,7 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
 
 
 #: the weight-space baselines the submodule merges are set beside (those present in a run)
-BASELINES = ("task_arithmetic", "weight_average", "ties", "tsv_m", "iso_c", "iso_cts")
+BASELINES = ("task_arithmetic", "weight_average", "ties", "tsv_m", "iso_c", "iso_cts", "ram", "ramplus_tl", "wudi")
 
 
 def _kept(cpr_change: dict) -> str:

@@ -21,9 +21,9 @@ LEVELS = ("model", "layer", "attn_mlp", "head")
 #: ``merging.methods.METHODS``: the data-free merge methods
 METHODS = ("weight_average", "task_arithmetic", "ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties",
            "della", "della_linear", "sce", "model_stock", "karcher", "slerp", "nuslerp", "multislerp", "nearswap",
-           "consensus_ta", "tsv_m", "iso_c", "iso_cts")
+           "arcee_fusion", "ram", "ramplus_tl", "passthrough", "consensus_ta", "tsv_m", "iso_c", "iso_cts", "wudi")
 #: the methods that merge at most this many experts (``merging.methods.REGISTRY``'s ``max_experts``)
-EXPERT_LIMITS = {"slerp": 1, "nuslerp": 2, "nearswap": 1}
+EXPERT_LIMITS = {"slerp": 1, "nuslerp": 2, "nearswap": 1, "arcee_fusion": 1, "passthrough": 1}
 #: the default comparison: every method that merges the experts of all TASKS
 DEFAULT_METHODS = tuple(m for m in METHODS if EXPERT_LIMITS.get(m, len(TASKS)) >= len(TASKS))
 
@@ -105,7 +105,7 @@ class MergeConfig(RunSettings):
             limits = ", ".join(f"{m} merges at most {EXPERT_LIMITS[m]} expert(s)" for m in too_few)
             raise InputError(f"--methods {self.methods}: {limits}, and this comparison merges the {len(TASKS)} "
                              f"experts {', '.join(TASKS)}: leave "
-                             f"{'it' if len(too_few) == 1 else 'them'} out (a mergekit YAML with --config runs two models).")
+                             f"{'it' if len(too_few) == 1 else 'them'} out (a mergekit YAML with --config runs fewer models).")
         n_train_numbers = self.max_number + 1 - self.n_test_numbers - self.n_val_numbers
         if n_train_numbers < self.n_shots + 1:  # the en_fr expert's numbers, split before any model loads
             raise InputError(f"--max-number {self.max_number} leaves {n_train_numbers} en_fr training numbers after "

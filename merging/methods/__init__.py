@@ -7,7 +7,8 @@ Every weight-space method is a pure function on one tensor,
 so :func:`merging.merge` can stream a model tensor by tensor. A
 :class:`MergeMethod` record holds the name, the function, the config class, the
 paper, mergekit's name for it (None if mergekit 0.1.5 lacks it), whether it
-needs data, the most experts it takes (``max_experts``: slerp and nearswap one), and how a mergekit YAML drives it (``mergekit_spec``, a
+needs data, the most experts it takes (``max_experts``: slerp, nearswap, arcee_fusion and passthrough one),
+whether a tensor no expert changed merges to the base's (``unchanged_is_base``: all but passthrough), and how a mergekit YAML drives it (``mergekit_spec``, a
 :class:`~merging.methods.mergekit_spec.MergekitSpec` declared next to the method:
 its parameters, per model or global, and its rules on the base and the weights;
 :func:`merging.load_mergekit_config` reads only these). Data-driven closed-form
@@ -19,7 +20,8 @@ the data-free records, kept for code that imports them.
 
 This face offers (``__all__``) the registry, its record class and each method's config class; the
 method functions are imported from their modules (e.g. :func:`merging.methods.generalized.generalized_task_arithmetic`,
-:func:`merging.methods.spectral.tsv_m`, :func:`merging.methods.spherical.slerp`), ``METHODS``, ``CONFIGS`` and ``MERGEKIT_NAMES`` from here.
+:func:`merging.methods.spectral.tsv_m`, :func:`merging.methods.spherical.slerp`,
+:func:`merging.methods.arcee.ram`, :func:`merging.methods.wudi.wudi`), ``METHODS``, ``CONFIGS`` and ``MERGEKIT_NAMES`` from here.
 """
 
 from __future__ import annotations
@@ -28,6 +30,17 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from merging.methods.arcee import (
+    ARCEE_FUSION_MERGEKIT,
+    RAM_MERGEKIT,
+    RAMPLUS_MERGEKIT,
+    ArceeFusionConfig,
+    RamConfig,
+    RamPlusConfig,
+    arcee_fusion,
+    ram,
+    ramplus_tl,
+)
 from merging.methods.average import (
     AVERAGE_MERGEKIT,
     KARCHER_MERGEKIT,
@@ -54,6 +67,7 @@ from merging.methods.generalized import (
     ties_thresholds,
 )
 from merging.methods.mergekit_spec import MergekitParameter, MergekitSpec
+from merging.methods.passthrough import PASSTHROUGH_MERGEKIT, PassthroughConfig, passthrough
 from merging.methods.sce import SCE_MERGEKIT, SceConfig, select_calculate_erase
 from merging.methods.spectral import (
     ISO_CTS_MERGEKIT,
@@ -79,6 +93,7 @@ from merging.methods.spherical import (
     nuslerp,
     slerp,
 )
+from merging.methods.wudi import WUDI_MERGEKIT, WudiConfig, wudi
 from merging.submodule import SubmoduleMergeConfig, merge_submodules
 
 
@@ -94,6 +109,7 @@ class MergeMethod:
     needs_data: bool = False
     mergekit_spec: MergekitSpec | None = None
     max_experts: int | None = None  # the most experts it merges besides the base (None: any number)
+    unchanged_is_base: bool = True  # a tensor no expert changed merges to the base's (passthrough's scale: not)
 
     def __post_init__(self):
         if self.mergekit_spec is not None:
@@ -137,6 +153,14 @@ _RECORDS = (
                 mergekit_spec=MULTISLERP_MERGEKIT),
     MergeMethod("nearswap", nearswap, NearswapConfig, "alchemonaut, NearSwap (mergekit)", "nearswap",
                 mergekit_spec=NEARSWAP_MERGEKIT, max_experts=1),
+    MergeMethod("arcee_fusion", arcee_fusion, ArceeFusionConfig, "Arcee Fusion (mergekit)", "arcee_fusion",
+                mergekit_spec=ARCEE_FUSION_MERGEKIT, max_experts=1),
+    MergeMethod("ram", ram, RamConfig, "Reinforced Agent Merging (arXiv 2601.13572)", "ram",
+                mergekit_spec=RAM_MERGEKIT),
+    MergeMethod("ramplus_tl", ramplus_tl, RamPlusConfig, "RAM+, tensor-local (arXiv 2601.13572)", "ramplus_tl",
+                mergekit_spec=RAMPLUS_MERGEKIT),
+    MergeMethod("passthrough", passthrough, PassthroughConfig, "mergekit's passthrough (one model, optionally scaled)",
+                "passthrough", mergekit_spec=PASSTHROUGH_MERGEKIT, max_experts=1, unchanged_is_base=False),
     MergeMethod("consensus_ta", consensus_task_arithmetic, ConsensusConfig, "Wang et al. 2024, Localizing Task Information (TALL)",
                 None, mergekit_spec=CONSENSUS_MERGEKIT),
     MergeMethod("tsv_m", tsv_m, TsvConfig, "Gargiulo et al. 2025, Task Singular Vectors (CVPR)", None,
@@ -145,6 +169,8 @@ _RECORDS = (
                 mergekit_spec=TSV_MERGEKIT),
     MergeMethod("iso_cts", iso_cts, IsoCtsConfig, "Marczak et al. 2025, No Task Left Behind (ICML)", None,
                 mergekit_spec=ISO_CTS_MERGEKIT),
+    MergeMethod("wudi", wudi, WudiConfig, "Cheng et al. 2025, WUDI merging (arXiv 2503.08099)", None,
+                mergekit_spec=WUDI_MERGEKIT),
     MergeMethod("closed_form", merge_submodules, SubmoduleMergeConfig,
                 "Dai et al. 2025, submodule linearity (ICLR)", None, needs_data=True),
 )
@@ -158,5 +184,6 @@ __all__ = [
     "REGISTRY", "MergeMethod", "AverageConfig", "BreadcrumbsConfig", "BreadcrumbsTiesConfig", "ConsensusConfig",
     "DareLinearConfig", "DareTiesConfig", "DellaConfig", "DellaLinearConfig", "IsoCConfig", "IsoCtsConfig",
     "KarcherConfig", "ModelStockConfig", "SceConfig", "TaskArithmeticConfig", "TiesConfig", "TsvConfig",
-    "MultiSlerpConfig", "NearswapConfig", "NuSlerpConfig", "SlerpConfig",
+    "MultiSlerpConfig", "NearswapConfig", "NuSlerpConfig", "SlerpConfig", "ArceeFusionConfig", "RamConfig",
+    "RamPlusConfig", "PassthroughConfig", "WudiConfig",
 ]

@@ -334,6 +334,11 @@ def test_a_method_that_merges_fewer_experts_than_the_tasks_is_refused_when_the_f
     from experiments.merge.config import DEFAULT_METHODS, MergeConfig
 
     assert "slerp" not in DEFAULT_METHODS and "multislerp" in DEFAULT_METHODS
+    assert {"ram", "ramplus_tl", "wudi"} <= set(DEFAULT_METHODS)
+    assert not {"arcee_fusion", "passthrough"} & set(DEFAULT_METHODS)  # base and one model; one model
     with pytest.raises(InputError, match=r"--methods ties,slerp: slerp merges at most 1 expert\(s\), and this "
                                          r"comparison merges the 3 experts add_word, mul, en_fr"):
         MergeConfig(methods="ties,slerp")
+    with pytest.raises(InputError, match=r"arcee_fusion merges at most 1 expert\(s\), passthrough merges at most 1 "
+                                         r"expert\(s\), .*leave them out"):
+        MergeConfig(methods="arcee_fusion,ram,passthrough")

@@ -205,6 +205,76 @@ def test_spherical_methods_and_nearswap(files):
     assert plan.config.use_base is False and plan.expert_names == ["add", "fr.safetensors"]
 
 
+def test_arcee_ram_and_passthrough_equal_mergekit(files):
+    """arcee_fusion (base and one model), ram and ramplus_tl (three), passthrough by models: and by a full-range
+    slice, each as mergekit's own function on every tensor."""
+    folder, base, sds = files
+
+    def run(text, name):
+        return load_mergekit_config(write(folder, text, name)).run(progress=False)
+
+    fusion = run("""\
+        models: [{model: add}]
+        base_model: base.safetensors
+        merge_method: arcee_fusion
+    """, "arcee.yml")
+    ram = run("""\
+        models: [{model: add}, {model: mul.safetensors}, {model: fr.safetensors}]
+        base_model: base.safetensors
+        merge_method: ram
+        parameters: {epsilon: 0.01}
+    """, "ram.yml")
+    ramplus = run("""\
+        models: [{model: add}, {model: mul.safetensors}, {model: fr.safetensors}]
+        base_model: base.safetensors
+        merge_method: ramplus_tl
+        parameters: {r: 0.5, alpha: 1.0, epsilon: 0.01}
+    """, "ramplus.yml")
+    scaled = run("""\
+        models: [{model: mul.safetensors, parameters: {scale: 0.5}}]
+        merge_method: passthrough
+    """, "passthrough.yml")
+    sliced = run("""\
+        slices:
+          - sources:
+              - model: fr.safetensors
+                layer_range: [0, 2]
+        merge_method: passthrough
+    """, "slices.yml")
+    for key in (k for k in base if not is_buffer(k)):
+        b, a, m, f = base[key], sds["add"][key], sds["mul"][key], sds["fr"][key]
+        for ours, method, inputs, params, with_base in (
+                (fusion, "arcee_fusion", [b, a], {}, True),
+                (ram, "ram", [b, a, m, f], {"epsilon": 0.01}, True),
+                (ramplus, "ramplus_tl", [b, a, m, f], {"r": 0.5, "alpha": 1.0, "epsilon": 0.01}, True),
+                (scaled, "passthrough", [m], {"scale": [0.5]}, False),
+                (sliced, "passthrough", [f], {"scale": [None]}, False)):
+            expected = mergekit_tensor(method, inputs[0], inputs[1:], params, with_base=True) if with_base else \
+                mergekit_tensor(method, None, inputs, params, with_base=False)
+            torch.testing.assert_close(ours[key], expected, atol=1e-6, rtol=0, msg=f"{method} {key}")
+    target = tiny_model(style="gpt2", seed=4)
+    target.load_state_dict(sliced)  # strict: the full-range slice loads into the same architecture
+
+
+def test_wudi_runs_from_a_yaml(files):
+    from merging import merge
+    from merging.methods import WudiConfig
+
+    folder, base, sds = files
+    plan = load_mergekit_config(write(folder, """\
+        models: [{model: add}, {model: mul.safetensors}, {model: fr.safetensors}]
+        base_model: base.safetensors
+        merge_method: wudi
+        parameters: {steps: 4, lr: 1.0e-3}
+    """, "wudi.yml"))
+    assert plan.method == "wudi" and plan.config == WudiConfig(steps=4, lr=1e-3)
+    merged = plan.run(progress=False)
+    expected = merge("wudi", base, [sds[n] for n in ("add", "mul", "fr")], WudiConfig(steps=4, lr=1e-3),
+                     progress=False)
+    for key, value in expected.items():
+        torch.testing.assert_close(merged[key], value, atol=1e-6, rtol=0, msg=key)
+
+
 def test_slerp_with_two_models_is_refused(files):
     folder, _, _ = files
     with pytest.raises(InputError, match=r"slerp merges at most 1 model\(s\) besides base_model, got 2"):
@@ -217,8 +287,11 @@ def test_slerp_with_two_models_is_refused(files):
 
 
 @pytest.mark.parametrize("text, match", [
-    ("models: [{model: add, parameters: {weight: 1}}]\nbase_model: base.safetensors\nmerge_method: passthrough\n",
-     "merge_method 'passthrough' is not implemented here"),
+    ("models: [{model: add, parameters: {weight: 1}}]\nmerge_method: passthrough\n",
+     "passthrough takes no per-model weight"),
+    ("models: [{model: add}, {model: fr.safetensors}]\nmerge_method: passthrough\n",
+     r"passthrough merges at most 1 model\(s\) besides base_model, got 2"),
+    ("models: [{model: add}]\nmerge_method: frankenmerge\n", "merge_method 'frankenmerge' is not implemented here"),
     ("models: [{model: add}]\nbase_model: base.safetensors\nmerge_method: slerp\n",
      r"slerp requires parameters \['t'\] \(mergekit has no default for them\)"),
     ("models: [{model: add}]\nbase_model: base.safetensors\nmerge_method: nearswap\nparameters: {t: [0, 1]}\n",
@@ -233,7 +306,16 @@ def test_slerp_with_two_models_is_refused(files):
     ("models: [{model: add, parameters: {weight: 1}}]\nmerge_method: ties\n", "ties needs base_model"),
     ("models: [{model: nowhere, parameters: {weight: 1}}]\nbase_model: base.safetensors\nmerge_method: ties\n",
      "cannot resolve model 'nowhere'"),
-    ("slices: []\nmerge_method: ties\n", r"unsupported keys \['slices'\]"),
+    ("modules: {}\nmerge_method: ties\n", r"unsupported keys \['modules'\]"),
+    ("slices: []\nmerge_method: passthrough\n", r"slices must be a list of \{sources: \[...\]\} entries"),
+    ("slices:\n  - sources: [{model: add, layer_range: [0, 1]}]\n  - sources: [{model: add, layer_range: [1, 2]}]\n"
+     "merge_method: passthrough\n", "2 slices; stacking layer ranges changes the layer count"),
+    ("slices:\n  - sources: [{model: add, layer_range: [0, 1]}]\nmerge_method: passthrough\n",
+     r"source 'add': layer_range \[0, 1\], but the model has 2 layers; .* give layer_range: \[0, 2\]"),
+    ("slices:\n  - sources: [{model: add, layer_range: [0, 2]}]\n    residual_weight: 0.5\nmerge_method: passthrough\n",
+     r"slices\[0\]: \['residual_weight'\] not supported here"),
+    ("models: [{model: add}]\nslices:\n  - sources: [{model: add, layer_range: [0, 2]}]\nmerge_method: passthrough\n",
+     "give models or slices, not both"),
     ("models: [{model: add}, {model: fr.safetensors}]\nbase_model: base.safetensors\nmerge_method: sce\n"
      "dtype: float8\n", "dtype 'float8' is not one of"),
     ("models: [{model: add, parameters: {weight: 1}}, {model: fr.safetensors, parameters: {weight: 1}}]\n"

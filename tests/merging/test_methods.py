@@ -14,7 +14,7 @@ def test_registry_records_and_views():
     assert set(METHODS) == set(CONFIGS) == {n for n, r in REGISTRY.items() if not r.needs_data} == {
         "weight_average", "task_arithmetic", "ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties",
         "della", "della_linear", "sce", "model_stock", "karcher", "slerp", "nuslerp", "multislerp", "nearswap",
-        "consensus_ta", "tsv_m", "iso_c", "iso_cts",
+        "arcee_fusion", "ram", "ramplus_tl", "passthrough", "consensus_ta", "tsv_m", "iso_c", "iso_cts", "wudi",
     }
     assert REGISTRY["closed_form"].needs_data and REGISTRY["ties"].mergekit == "ties"
     assert REGISTRY["weight_average"].mergekit == "linear" and REGISTRY["iso_c"].mergekit is None

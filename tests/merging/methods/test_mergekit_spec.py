@@ -2,10 +2,19 @@
 method says, and declares every field of the method's config."""
 
 import dataclasses
+import typing
 
 import pytest
 
 mk_registry = pytest.importorskip("mergekit.merge_methods.registry")
+
+
+def _given(value_type):
+    """The type of a value a YAML gives: ``float`` for mergekit's ``Optional[float]`` (passthrough's scale)."""
+    if typing.get_origin(value_type) is typing.Union:
+        (given,) = [a for a in typing.get_args(value_type) if a is not type(None)]
+        return given
+    return value_type
 
 
 def test_declarations_match_mergekit():
@@ -27,7 +36,7 @@ def test_declarations_match_mergekit():
             ours = spec.parameter(p.name)
             assert ours is not None, f"{record.name}: mergekit's {p.name!r} is not declared"
             assert ours.per_expert == (p.scope != ParameterScope.SHARED), (record.name, p.name)
-            assert ours.kind is p.value_type, (record.name, p.name)
+            assert ours.kind is _given(p.value_type), (record.name, p.name)
             assert ours.required == p.required, (record.name, p.name)
             if not ours.ignored and not p.required:
                 assert defaults[ours.field] == p.default, (record.name, p.name)
@@ -36,7 +45,8 @@ def test_declarations_match_mergekit():
 
 
 def test_every_config_field_is_declared():
-    """A YAML can set every field of a method's config (mergekit's names, else ours), with the field's type."""
+    """A YAML can set every field of a method's config (mergekit's names, else ours), with the field's type (or
+    None: mergekit's optional parameters, such as passthrough's scale)."""
     from merging.methods import REGISTRY
 
     for record in REGISTRY.values():
@@ -49,5 +59,5 @@ def test_every_config_field_is_declared():
         for p in spec.parameters:
             if not p.ignored:
                 default = fields[p.field]
-                assert isinstance(default, p.kind) or (p.kind is float and isinstance(default, int)), (
+                assert default is None or isinstance(default, p.kind) or (p.kind is float and isinstance(default, int)), (
                     record.name, p.name)

@@ -12,25 +12,7 @@ from circuits.errors import InputError
 from merging import merge
 from merging.methods import MultiSlerpConfig, NearswapConfig, NuSlerpConfig, SlerpConfig
 from merging.methods.spherical import multislerp, nearswap, nuslerp, slerp
-
-mk_registry = pytest.importorskip("mergekit.merge_methods.registry")
-from mergekit.merge_methods.base import TensorGroup  # noqa: E402
-
-SHAPES = [(7,), (5, 8), (3, 4, 6), (16, 16)]
-
-
-def mergekit(name, tensors, parameters, *, with_base=True):
-    group = TensorGroup.from_tensors(list(tensors), base_index=0 if with_base else None)
-    (out,) = mk_registry.get(name)([group], parameters=parameters)
-    return out
-
-
-def close(a, b):
-    torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
-
-
-def randn(shape, seed):
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+from tests.merging.methods.mergekit_reference import SHAPES, close, mergekit, randn
 
 
 def pairs(shape):
