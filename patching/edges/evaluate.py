@@ -35,7 +35,7 @@ nothing: only the later positions are run, reading the prefix's keys/values from
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
 from datasets import Dataset
@@ -264,10 +264,36 @@ def _pool_means(model, ablation, pool, groups, batch_size, recompute: bool = Fal
 def _evaluate_group(model, layout, masks, group, ablation, means, metric, memory_mb, reuse_prefix, bar,
                     norm: str) -> Tensor:
     """Metric [n_circuits, batch] of every circuit on one group of equal-length prompts."""
-    B, n_pos = group.tokens.shape
+    prepared = prepare_group(model, layout, group, ablation, means, reuse_prefix, norm)
+    out = []
+    for C, resid_end in circuit_end_residuals(model, layout, masks, prepared, memory_mb):
+        answers = group.answer_ids.repeat(C)
+        alts = None if group.alt_ids is None else group.alt_ids.repeat(C)
+        out.append(score_end(model, resid_end, answers, alts, metric).view(C, len(group.tokens)))
+        bar.update(C)
+    return torch.cat(out)
+
+
+@dataclass
+class PreparedGroup:
+    """One group of equal-length prompts made ready for circuit runs: what every circuit of it shares.
+
+    ``start``: the positions before it are the shared prefix, run once into ``kv``; ``ablated``: every sender's
+    ablated output. Preparing once and running many circuits is what a search over circuits (ACDC) reuses.
+    """
+
+    group: object  # a patching.inputs prompt group
+    start: int
+    kv: Optional[list]
+    ablated: Ablated
+    norm: str
+
+
+def prepare_group(model, layout, group, ablation, means, reuse_prefix, norm: str) -> PreparedGroup:
+    """The shared prefix's keys/values and the ablated outputs of one group (inside :func:`edge_mode`)."""
+    n_pos = group.tokens.shape[1]
     start = forward.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix and ablation == "counterfactual" else 0
     kv = edge_prefix_kv(model, group.tokens[:, :start]) if start else None
-    P = n_pos - start
     if ablation == "counterfactual":
         ablated = record_ablated(model, group.cf_tokens, start=start, prefix_kv=kv, norm=norm)
     elif ablation == "zero":
@@ -278,20 +304,25 @@ def _evaluate_group(model, layout, masks, group, ablation, means, metric, memory
         F, H = layout.n_forward, layout.n_heads
         raw = None if mean.shape[0] == F else [mean[F + i * H: F + (i + 1) * H] for i in range(layout.n_layers)]
         ablated = Ablated(mean[:F], raw)
+    return PreparedGroup(group, start, kv, ablated, norm)
+
+
+def circuit_end_residuals(model, layout, masks: Tensor, prepared: PreparedGroup,
+                          memory_mb: float) -> Iterator[tuple[int, Tensor]]:
+    """``(C, END residuals [C * batch, d_model])`` of the circuits ``masks`` on a prepared group, C circuits per
+    forward (chunked to ``memory_mb``); row ``c * batch + b`` is prompt ``b`` under circuit ``c``."""
+    group, start = prepared.group, prepared.start
+    B, n_pos = group.tokens.shape
+    P = n_pos - start
     weights = (~masks).to(model.cfg.dtype).to(model.cfg.device)  # 1 where the edge is ablated
     per_chunk = _circuits_per_chunk(model, layout, B, P, start, memory_mb)
-    out = []
+    spans = None if group.spans is None else group.spans[:, start:]
     for sl in forward.chunks(len(masks), per_chunk):
         w = weights[sl]
         C = w.shape[0]
-        spans = None if group.spans is None else group.spans[:, start:]
-        hooks = MixingHooks(model, w, ablated, C, B, norm=norm, spans=spans).hooks()
-        resid = run_suffix(model, group.tokens, start, kv, hooks, times=C)
-        answers = group.answer_ids.repeat(C)
-        alts = None if group.alt_ids is None else group.alt_ids.repeat(C)
-        out.append(score_end(model, resid[:, -1], answers, alts, metric).view(C, B))
-        bar.update(C)
-    return torch.cat(out)
+        hooks = MixingHooks(model, w, prepared.ablated, C, B, norm=prepared.norm, spans=spans).hooks()
+        resid = run_suffix(model, group.tokens, start, prepared.kv, hooks, times=C)
+        yield C, resid[:, -1]
 
 
 def _circuits_per_chunk(model, layout, B, P, start, memory_mb) -> int:
