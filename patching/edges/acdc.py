@@ -65,6 +65,8 @@ class ACDCConfig:
     batch_edges: bool = True
     #: at most this many circuits speculated per batch (they are chunked further to the memory budget)
     max_batch: int = 64
+    #: visit only this many receivers, from the output back (None: all); the others keep every incoming edge
+    max_receivers: Optional[int] = None
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -77,6 +79,9 @@ class ACDCConfig:
             raise InputError(f"The ACDC threshold must be a number (τ, in the objective's units), got {self.threshold!r}.")
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise InputError(f"max_batch must be a positive integer, got {self.max_batch!r}.")
+        if self.max_receivers is not None and (not isinstance(self.max_receivers, int) or self.max_receivers < 1):
+            raise InputError(f"max_receivers must be a positive integer or None (every receiver), "
+                             f"got {self.max_receivers!r}.")
 
 
 @dataclass
@@ -96,6 +101,7 @@ class ACDCResult:
     def to_dict(self) -> dict:
         c = self.config
         return {"threshold": c.threshold, "objective": c.objective, "ablation": c.ablation,
+                "max_receivers": c.max_receivers,
                 "n_edges_kept": int(self.graph.in_graph.sum()), "n_edges": self.graph.layout.n_edges,
                 "n_tested": self.n_tested, "n_circuits_run": self.n_circuits_run, "n_batches": self.n_batches,
                 "seconds": round(self.seconds, 2), "objective_full": self.objective_full,
@@ -168,8 +174,10 @@ def acdc(model: HookedTransformer, reference, counterfactual=None, *, config: AC
                     for g in groups]
         objective = _Objective(model, layout, prepared, config, metric, opts.budget())
         full_value = current = float(objective(mask[None])[0])
-        bar = tqdm(total=layout.n_edges, desc="ACDC", disable=not opts.shows_progress(default=False), leave=False)
-        for receiver in reversed(range(layout.n_backward)):
+        visited = list(reversed(range(layout.n_backward)))[:config.max_receivers]
+        bar = tqdm(total=int(layout.real_edge_mask[:, visited].sum()), desc="ACDC",
+                   disable=not opts.shows_progress(default=False), leave=False)
+        for receiver in visited:
             senders = [int(s) for s in reversed(mask[:, receiver].nonzero()[:, 0])]
             i = 0
             while i < len(senders):

@@ -1,5 +1,6 @@
-"""patching.edges.acdc: batched speculative ACDC equals a plain edge-by-edge loop over dense masks, each mask run
-by evaluate_circuit on its own; bad settings are refused."""
+"""patching.edges.acdc: batched speculative ACDC equals the plain edge-by-edge loop over dense masks, each mask run
+by evaluate_circuit on its own (experiments.bench_circuits.acdc_arm.plain_acdc, which the benchmark times it
+against); bad settings are refused."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from circuits.graph import GraphLayout
 from circuits.tasks import make_dataset
 from patching import SweepOptions
 from patching.edges.acdc import ACDCConfig, acdc
-from patching.edges.evaluate import evaluate_circuit
+from experiments.bench_circuits.acdc_arm import plain_acdc
 from tests.tiny_models import tiny_model
 
 
@@ -22,43 +23,11 @@ def setup():
     return model, data
 
 
-def plain_acdc(model, data, threshold: float, objective: str):
-    """ACDC as the paper writes it: one edge at a time, each circuit a dense mask evaluated on its own."""
-    layout = GraphLayout.of(model)
-    with torch.no_grad():
-        full = torch.log_softmax(model(torch.tensor(data["tokens"]))[:, -1].double(), -1)
-
-    def kl(logits, answer_ids, alt_ids):  # one circuit per run: the rows are the prompts in order
-        return (full.exp() * (full - torch.log_softmax(logits.double(), -1))).sum(-1)
-
-    options = SweepOptions(metric=kl if objective == "kl" else "logit", batch_size=len(data))
-
-    def value(mask):
-        return evaluate_circuit(model, mask, data, options=options).mean
-
-    mask = layout.real_edge_mask.clone()
-    current = value(mask)
-    damages, kept = {}, []
-    for receiver in range(layout.n_backward - 1, -1, -1):
-        for sender in range(layout.n_forward - 1, -1, -1):
-            if not mask[sender, receiver]:
-                continue
-            trial = mask.clone()
-            trial[sender, receiver] = False
-            after = value(trial)
-            damage = after - current if objective == "kl" else current - after
-            damages[sender, receiver] = damage
-            if damage < threshold:
-                mask, current = trial, after
-            else:
-                kept.append((sender, receiver))
-    return mask, damages, current
-
-
 @pytest.mark.parametrize("objective,threshold", [("kl", 0.003), ("metric", 0.0)])
 def test_batched_acdc_equals_the_plain_edge_by_edge_loop(setup, objective, threshold):
     model, data = setup
     mask, damages, final = plain_acdc(model, data, threshold, objective)
+    partial, partial_damages, _ = plain_acdc(model, data, threshold, objective, n_receivers=3)
     assert 0 < int(mask.sum()) < GraphLayout.of(model).n_edges  # the threshold both keeps and removes edges
     for batch_edges in (True, False):
         found = acdc(model, data, config=ACDCConfig(threshold=threshold, objective=objective, batch_edges=batch_edges,
@@ -72,6 +41,8 @@ def test_batched_acdc_equals_the_plain_edge_by_edge_loop(setup, objective, thres
         kept = found.graph.in_graph
         assert bool((found.graph.scores[kept] >= threshold).all())
     assert found.n_circuits_run == found.n_tested  # one circuit per forward: nothing speculated
+    first = acdc(model, data, config=ACDCConfig(threshold=threshold, objective=objective, max_receivers=3))
+    assert torch.equal(first.graph.in_graph, partial) and first.n_tested == len(partial_damages)
 
 
 def test_bad_acdc_settings_are_refused():
@@ -81,3 +52,5 @@ def test_bad_acdc_settings_are_refused():
         ACDCConfig(ablation="noise")
     with pytest.raises(InputError, match="threshold must be a number"):
         ACDCConfig(threshold="high")
+    with pytest.raises(InputError, match="max_receivers must be a positive integer or None"):
+        ACDCConfig(max_receivers=0)
