@@ -25,6 +25,12 @@ kept, the rest of the batch assumed it gone, so those results are dropped and th
 after it from the circuit as it stands. The result is therefore the edge-by-edge one (the same circuits
 are evaluated in the same order), with one batched run per edge kept rather than one run per edge tested;
 ACDC removes most edges, so the batches are long. ``batch_edges=False`` runs one circuit per forward.
+
+**From the receiver's layer.** While a receiver of layer L is tested, no receiver below L has lost an
+edge, so every block below L computes what the reference run computes: the forwards start at block L from
+the reference run's residual, with the senders below L at their reference outputs (recorded once per
+prompt group), as auto-circuit's ACDC does. Also exact; ``from_receiver_layer=False`` runs every block
+(and ``norm="recompute"`` on post-norm models always does: its receivers re-normalise mixtures of heads).
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class ACDCConfig:
     max_batch: int = 64
     #: visit only this many receivers, from the output back (None: all); the others keep every incoming edge
     max_receivers: Optional[int] = None
+    #: start each test's forwards at its receiver's layer (the same result; False: from the first layer)
+    from_receiver_layer: bool = True
 
     def __post_init__(self):
         if self.objective not in OBJECTIVES:
@@ -121,18 +129,20 @@ class _Objective:
             self.full_logprobs = [torch.cat([self._logprobs(r) for _, r in self._residuals(full, p)]) for p in prepared]
         self.n_batches = 0
 
-    def _residuals(self, masks, prepared):
-        return circuit_end_residuals(self.model, self.layout, masks, prepared, self.memory_mb)
+    def _residuals(self, masks, prepared, from_layer: int = 0):
+        return circuit_end_residuals(self.model, self.layout, masks, prepared, self.memory_mb, from_layer)
 
     def _logprobs(self, resid_end: Tensor) -> Tensor:
         return torch.log_softmax(unembed_end(self.model, resid_end).double(), dim=-1)
 
-    def __call__(self, masks: Tensor) -> Tensor:
+    def __call__(self, masks: Tensor, from_layer: int = 0) -> Tensor:
+        """The objective of each circuit of ``masks``, the forwards started at ``from_layer``
+        (:func:`patching.edges.evaluate.circuit_end_residuals`)."""
         total = torch.zeros(len(masks), dtype=torch.float64)
         for g, prepared in enumerate(self.prepared):
             group, B = prepared.group, len(prepared.group.tokens)
             done = 0
-            for C, resid_end in self._residuals(masks, prepared):
+            for C, resid_end in self._residuals(masks, prepared, from_layer):
                 if self.config.objective == "kl":
                     full = self.full_logprobs[g].repeat(C, 1)
                     values = (full.exp() * (full - self._logprobs(resid_end))).sum(-1)
@@ -177,7 +187,11 @@ def acdc(model: HookedTransformer, reference, counterfactual=None, *, config: AC
         visited = list(reversed(range(layout.n_backward)))[:config.max_receivers]
         bar = tqdm(total=int(layout.real_edge_mask[:, visited].sum()), desc="ACDC",
                    disable=not opts.shows_progress(default=False), leave=False)
+        # below the receiver's layer nothing is ablated yet: the forwards can start there (not when each receiver
+        # re-normalises a mixture of heads, which the preset senders do not record)
+        skip_layers = config.from_receiver_layer and not recompute
         for receiver in visited:
+            from_layer = min(receiver // (3 * layout.n_heads + 1), layout.n_layers - 1) if skip_layers else 0
             senders = [int(s) for s in reversed(mask[:, receiver].nonzero()[:, 0])]
             i = 0
             while i < len(senders):
@@ -185,7 +199,7 @@ def acdc(model: HookedTransformer, reference, counterfactual=None, *, config: AC
                 candidates = mask[None].repeat(size, 1, 1)
                 for j in range(size):  # candidate j: the next j + 1 edges removed
                     candidates[j:, senders[i + j], receiver] = False
-                values = objective(candidates)
+                values = objective(candidates, from_layer)
                 n_run += size
                 for j in range(size):
                     sender = senders[i + j]

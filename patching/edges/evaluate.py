@@ -47,9 +47,10 @@ from transformer_lens import HookedTransformer
 from circuits.errors import InputError
 from circuits.graph import QKV, Graph, GraphLayout
 from circuits.graph_io import check_graph_fits
+from circuits.prefix_cache import TiledKVCache
 from circuits.tasks import TaskBatch, iter_batches
 from patching import forward, inputs
-from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
+from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, run_suffix
 from patching.edges.mixing import Ablated, MixingHooks, check_norm, record_ablated, record_outputs
 from patching.edges.positions import check_schema, span_ids
 from patching.metrics import PatchMetric, get_metric, score_end
@@ -287,6 +288,23 @@ class PreparedGroup:
     kv: Optional[list]
     ablated: Ablated
     norm: str
+    #: the reference run at the suffix: every block's input residual [n_layers, B, P, d] and every sender's
+    #: output [n_forward, B, P, d] (:meth:`reference_run`, for forwards that start at a later layer)
+    reference: Optional[tuple[Tensor, Tensor]] = None
+
+    def reference_run(self, model) -> tuple[Tensor, Tensor]:
+        """The reference run's block inputs and sender outputs at the suffix, recorded once."""
+        if self.reference is None:
+            recorder = SenderRecorder(model)
+            inputs_of: dict[int, Tensor] = {}
+
+            def keep(act, *, hook):
+                inputs_of[int(hook.name.split(".")[1])] = act
+
+            hooks = recorder.hooks() + [(f"blocks.{layer}.hook_resid_pre", keep) for layer in range(model.cfg.n_layers)]
+            run_suffix(model, self.group.tokens, self.start, self.kv, hooks)
+            self.reference = torch.stack([inputs_of[layer] for layer in range(model.cfg.n_layers)]), recorder.stacked()
+        return self.reference
 
 
 def prepare_group(model, layout, group, ablation, means, reuse_prefix, norm: str) -> PreparedGroup:
@@ -307,21 +325,38 @@ def prepare_group(model, layout, group, ablation, means, reuse_prefix, norm: str
     return PreparedGroup(group, start, kv, ablated, norm)
 
 
-def circuit_end_residuals(model, layout, masks: Tensor, prepared: PreparedGroup,
-                          memory_mb: float) -> Iterator[tuple[int, Tensor]]:
+def circuit_end_residuals(model, layout, masks: Tensor, prepared: PreparedGroup, memory_mb: float,
+                          from_layer: int = 0) -> Iterator[tuple[int, Tensor]]:
     """``(C, END residuals [C * batch, d_model])`` of the circuits ``masks`` on a prepared group, C circuits per
-    forward (chunked to ``memory_mb``); row ``c * batch + b`` is prompt ``b`` under circuit ``c``."""
+    forward (chunked to ``memory_mb``); row ``c * batch + b`` is prompt ``b`` under circuit ``c``.
+
+    ``from_layer``: the forwards start at that block, from the reference run's residual, with the senders below
+    it at their reference outputs: exact when no receiver below that layer is ablated in any of ``masks``
+    (checked), without gradients and under the ``"frozen"`` norm.
+    """
     group, start = prepared.group, prepared.start
     B, n_pos = group.tokens.shape
     P = n_pos - start
+    first_receiver = layout.head_backward(from_layer, 0, QKV[0]) if from_layer else 0
+    if from_layer and not bool((masks | ~layout.real_edge_mask)[:, :, :first_receiver].all()):
+        raise InputError(f"Forwards from layer {from_layer} need every receiver below it intact in every circuit: "
+                         "run from layer 0.")
     weights = (~masks).to(model.cfg.dtype).to(model.cfg.device)  # 1 where the edge is ablated
     per_chunk = _circuits_per_chunk(model, layout, B, P, start, memory_mb)
     spans = None if group.spans is None else group.spans[:, start:]
     for sl in forward.chunks(len(masks), per_chunk):
         w = weights[sl]
         C = w.shape[0]
-        hooks = MixingHooks(model, w, prepared.ablated, C, B, norm=prepared.norm, spans=spans).hooks()
-        resid = run_suffix(model, group.tokens, start, prepared.kv, hooks, times=C)
+        mixing = MixingHooks(model, w, prepared.ablated, C, B, norm=prepared.norm, spans=spans)
+        if from_layer:
+            block_inputs, outputs = prepared.reference_run(model)
+            mixing.preset_senders(layout.head_forward(from_layer, 0), outputs)
+            cache = None if prepared.kv is None else TiledKVCache(prepared.kv, C)
+            resid = model.run_with_hooks(block_inputs[from_layer].repeat(C, 1, 1), start_at_layer=from_layer,
+                                         stop_at_layer=model.cfg.n_layers, fwd_hooks=mixing.hooks(),
+                                         past_kv_cache=cache)
+        else:
+            resid = run_suffix(model, group.tokens, start, prepared.kv, mixing.hooks(), times=C)
         yield C, resid[:, -1]
 
 

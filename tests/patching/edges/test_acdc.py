@@ -29,9 +29,10 @@ def test_batched_acdc_equals_the_plain_edge_by_edge_loop(setup, objective, thres
     mask, damages, final = plain_acdc(model, data, threshold, objective)
     partial, partial_damages, _ = plain_acdc(model, data, threshold, objective, n_receivers=3)
     assert 0 < int(mask.sum()) < GraphLayout.of(model).n_edges  # the threshold both keeps and removes edges
-    for batch_edges in (True, False):
-        found = acdc(model, data, config=ACDCConfig(threshold=threshold, objective=objective, batch_edges=batch_edges,
-                                                    max_batch=7), options=SweepOptions(metric="logit"))
+    for batch_edges, from_receiver_layer in ((True, True), (True, False), (False, True)):
+        config = ACDCConfig(threshold=threshold, objective=objective, batch_edges=batch_edges, max_batch=7,
+                            from_receiver_layer=from_receiver_layer)
+        found = acdc(model, data, config=config, options=SweepOptions(metric="logit"))
         assert torch.equal(found.graph.in_graph, mask)
         ours = torch.tensor([float(found.graph.scores[e]) for e in damages], dtype=torch.float64)
         torch.testing.assert_close(ours, torch.tensor(list(damages.values()), dtype=torch.float64),
@@ -52,5 +53,23 @@ def test_bad_acdc_settings_are_refused():
         ACDCConfig(ablation="noise")
     with pytest.raises(InputError, match="threshold must be a number"):
         ACDCConfig(threshold="high")
+    with pytest.raises(InputError, match="max_batch must be a positive integer, got 0"):
+        ACDCConfig(max_batch=0)
     with pytest.raises(InputError, match="max_receivers must be a positive integer or None"):
         ACDCConfig(max_receivers=0)
+
+
+def test_forwards_from_a_layer_refuse_circuits_ablated_below_it(setup):
+    from patching.edges.engine import edge_mode
+    from patching.edges.evaluate import circuit_end_residuals, prepare_group
+    from patching import inputs
+
+    model, data = setup
+    layout = GraphLayout.of(model)
+    mask = layout.real_edge_mask.clone()
+    mask[0, layout.head_backward(0, 1, "k")] = False  # an edge into layer 0
+    group = inputs.prompt_groups(model, data, None, batch_size=len(data))[0]
+    with edge_mode(model):
+        prepared = prepare_group(model, layout, group, "counterfactual", None, True, "frozen")
+        with pytest.raises(InputError, match="Forwards from layer 1 need every receiver below it intact"):
+            next(circuit_end_residuals(model, layout, mask[None], prepared, 512.0, from_layer=1))
