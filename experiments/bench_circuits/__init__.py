@@ -2,6 +2,7 @@
 
     python -m experiments.bench_circuits --threads 1 --out runs/bench_circuits
     python -m experiments.bench_circuits --exact-edges all --out runs/bench_circuits_full   # every edge exactly
+    python -m experiments.bench_circuits --acdc-receivers 40 --no-attribution --exact-edges 0 --compare-per-stratum 0
 
 On a machine shared with other processes, pass ``--threads 1``: multi-threaded ops wait for descheduled
 threads (one gemma-3-270m block on 32x5 tokens took 0.90 s with 2 threads and 0.066 s with 1 at load average 5).
@@ -23,7 +24,11 @@ threads (one gemma-3-270m block on 32x5 tokens took 0.90 s with 2 threads and 0.
    rotating the prefix's cached keys at every call): both times side by side, and the largest difference.
 6. Speed-up of ``edge_patch``'s fast path over its hook path (``fast=False``), both timed in this run on
    the same stratified sample: ``--compare-per-stratum`` edges per (receiver layer, receiver kind).
-7. Prints a table and writes everything to ``<out>/results.json`` (atomic writes, after every stage; its
+7. ``--acdc-receivers N``: ACDC (:mod:`patching.edges.acdc`, speculative batches) over the incoming edges of
+   the last N receivers, and the plain edge-by-edge loop over the same edges (``acdc_arm.plain_acdc``), timed
+   side by side in this run: the speed-up, and whether both kept the same circuit with the same damages.
+   When auto-circuit is importable, its ACDC over every edge at the same τ is timed too (else skipped).
+8. Prints a table and writes everything to ``<out>/results.json`` (atomic writes, after every stage; its
    ``status`` says ``running``, ``complete`` or ``failed: <stage>: <why>``, Ctrl-C included).
 """
 
@@ -434,6 +439,43 @@ def learned_mask_speed(run: BenchRun) -> None:
                                    "n_prompts": len(run.state.data)}
 
 
+def acdc_speed(run: BenchRun) -> None:
+    """ACDC's speculative batches and the plain edge-by-edge loop on the same edges, side by side; auto-circuit's
+    ACDC beside them when importable."""
+    from experiments.bench_circuits import acdc_arm
+    from patching.edges.acdc import ACDCConfig, acdc
+    from patching.options import SweepOptions
+
+    cfg, state, sec = run.cfg, run.state, run.timer.seconds
+    config = ACDCConfig(threshold=cfg.acdc_threshold, max_receivers=cfg.acdc_receivers)
+    ours = timed(run, "acdc", lambda: acdc(state.model, state.batch, config=config,
+                                           options=SweepOptions(memory_mb=cfg.memory_mb)))
+    results = run.results["acdc"] = {**ours.to_dict(), "n_receivers": cfg.acdc_receivers}
+    run.save()
+    mask, damages, final = timed(run, "acdc_plain_loop", lambda: acdc_arm.plain_acdc(
+        state.model, state.batch, cfg.acdc_threshold, n_receivers=cfg.acdc_receivers, memory_mb=cfg.memory_mb))
+    ours_damages = [float(ours.graph.scores[e]) for e in damages]
+    results |= {"plain_n_tested": len(damages), "same_circuit": bool((mask == ours.graph.in_graph).all()),
+                "max_abs_damage_diff": max(abs(a - b) for a, b in zip(ours_damages, damages.values())),
+                "plain_objective_kept": final,
+                "speedup_wall": sec["acdc_plain_loop"] / sec["acdc"], "speedup_cpu": sec["acdc_plain_loop_cpu"] / sec["acdc_cpu"]}
+    run.save()
+    print(f"ACDC over {ours.n_tested} edges ({cfg.acdc_receivers} receivers, τ {cfg.acdc_threshold:g}): "
+          f"{sec['acdc']:.1f} s in {ours.n_batches} batched forwards; the plain loop {sec['acdc_plain_loop']:.1f} s "
+          f"({results['speedup_wall']:.1f}x wall, {results['speedup_cpu']:.1f}x CPU); same circuit: "
+          f"{results['same_circuit']}, max |damage diff| {results['max_abs_damage_diff']:.1e}")
+    missing = "skipped by --no-auto-circuit" if cfg.no_auto_circuit else acdc_arm.auto_circuit_missing()
+    if missing:
+        results["auto_circuit"] = missing
+        print(f"auto-circuit arm skipped: {missing}")
+        return
+    theirs = timed(run, "auto_circuit_acdc", lambda: acdc_arm.auto_circuit_acdc(
+        state.model, state.batch.tokens, state.batch.cf_tokens, cfg.acdc_threshold))
+    results["auto_circuit"] = {**theirs, "seconds": sec["auto_circuit_acdc"], "cpu_seconds": sec["auto_circuit_acdc_cpu"]}
+    print(f"auto-circuit ACDC over its {theirs['n_edges']} edges: {sec['auto_circuit_acdc']:.1f} s "
+          f"({theirs['n_edges_kept']} kept)")
+
+
 def print_table(run: BenchRun) -> None:
     """Each stage's time here and in hannamw/EAP-IG, and the ratio."""
     sec = run.timer.seconds
@@ -487,6 +529,9 @@ def _stages(run: BenchRun) -> None:
     if cfg.learn_steps:
         with run.stage("learned mask"):
             learned_mask_speed(run)
+    if cfg.acdc_receivers:
+        with run.stage("ACDC"):
+            acdc_speed(run)
     print_table(run)
 
 

@@ -43,5 +43,10 @@ class BenchCircuitsConfig(PromptSettings, RunSettings):
     head_edges: int = option(0, "which head-edge scores are right on post-norm models: this many edges out of heads "
                                 "(a seeded sample) patched exactly under both norm conventions, against the EAP-IG "
                                 "scores with each head change (0: skip)", type=cli.nonnegative_int)
+    acdc_receivers: int = option(0, "time ACDC over the incoming edges of this many receivers (from the output "
+                                    "back) beside the plain edge-by-edge loop over the same edges, and auto-circuit's "
+                                    "ACDC over every edge where it is importable (0: skip)", type=cli.nonnegative_int)
+    acdc_threshold: float = option(0.01, "ACDC's threshold τ on the KL of the END distribution", type=float)
+    no_auto_circuit: bool = option(False, "skip the auto-circuit ACDC arm even if importable")
     learn_steps: int = option(0, "also time this many steps of a learned mask (matryoshka, warm-started from EAP-IG) "
                                  "beside one EAP-IG pass, with the memory peak (0: skip)", type=cli.nonnegative_int)

@@ -20,12 +20,14 @@ if TYPE_CHECKING:
     from patching.edges.learn import LearnConfig
 
 #: ``patching.edges.attribute.EDGE_ATTRIBUTION_METHODS``
-EDGE_ATTRIBUTION_METHODS = ("EAP", "EAP-IG-inputs", "EAP-IG-activations", "clean-corrupted")
+EDGE_ATTRIBUTION_METHODS = ("EAP", "EAP-IG-inputs", "EAP-IG-activations", "clean-corrupted", "EAP-GP", "CEAP")
 #: ``patching.edges.evaluate.ABLATIONS``
 ABLATIONS = ("counterfactual", "mean", "positional-mean", "zero")
 #: the names of ``patching.edges.circuit_methods.REGISTRY``, in its order (the --methods choices)
 CIRCUIT_METHOD_NAMES = EDGE_ATTRIBUTION_METHODS + ("edge-pruning", "ugs", "matryoshka", "exact", "ensemble",
-                                                  "bootstrap", "ilp", "positional")
+                                                  "bootstrap", "ilp", "positional", "ACDC")
+#: ``patching.edges.acdc.OBJECTIVES``
+ACDC_OBJECTIVES = ("kl", "metric")
 
 #: ``patching.edges.families.FAMILIES``: the template styles, then the transfer formats (the --templates choices)
 PROMPT_FAMILIES = ("equation", "statement", "question", "word_problem", "multi_digit", "decimal", "zero_shot")
@@ -40,7 +42,7 @@ class CircuitConfig(BatchSettings, PromptSettings, RunSettings):
                                       "reported on the other", type=cli.positive_int)
     method: str = option("EAP-IG-inputs", "edge attribution method (patching.edges.attribute)",
                          choices=sorted(EDGE_ATTRIBUTION_METHODS))
-    ig_steps: int = option(5, "integration steps of the EAP-IG methods", type=cli.positive_int)
+    ig_steps: int = option(5, "integration steps (path points) of EAP-IG, EAP-GP and CEAP", type=cli.positive_int)
     ablation: str = option("counterfactual", "how edges outside the circuit are ablated (patching.edges.evaluate_circuit)",
                            choices=ABLATIONS)
     threshold: float = option(0.8, "the faithfulness the smallest circuit must reach", type=cli.fraction)
@@ -56,6 +58,11 @@ class CircuitConfig(BatchSettings, PromptSettings, RunSettings):
     warm_start: str = option("EAP-IG-inputs", "scores the learned methods start from ('none': a cold start)",
                              choices=EDGE_ATTRIBUTION_METHODS + ("none",))
     bootstrap_resamples: int = option(10, "prompt resamples of the 'bootstrap' method", type=cli.positive_int)
+    acdc_threshold: float = option(0.01, "ACDC's threshold τ: an edge stays removed when removing it does less "
+                                         "damage than this (in the objective's units)", type=float)
+    acdc_objective: str = option("kl", "what an ACDC removal's damage measures: 'kl' (the END distribution's KL from "
+                                       "the full model grows) or 'metric' (the answer logit drops)",
+                                 choices=ACDC_OBJECTIVES)
     learn_objective: str = option("metric", "what the learned masks match: 'metric' (the answer logit) or "
                                                          "'kl' (the END distribution)", choices=("metric", "kl"))
     learn_steps: int = option(200, "optimisation steps of a learned mask", type=cli.positive_int)

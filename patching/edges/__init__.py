@@ -4,7 +4,8 @@ An edge ``s -> r`` carries sender ``s``'s output into receiver ``r``'s input (:m
 One forward engine (:mod:`patching.edges.engine`) fixes what a sender's output and a receiver's input
 are, so that outputs add up to inputs on every supported model; everything else runs on it:
 
-* :mod:`patching.edges.attribute`: EAP / EAP-IG scores of every edge from a few backward passes;
+* :mod:`patching.edges.attribute`: EAP / EAP-IG / EAP-GP / CEAP scores of every edge from a few backward passes;
+* :mod:`patching.edges.acdc`: ACDC, greedy pruning by exact runs, from the output back;
 * :mod:`patching.edges.patch` (and its fast path :mod:`patching.edges.patch_fast`): the exact effect
   of each single edge;
 * :mod:`patching.edges.mixing`: the hooks of a run with edges ablated by a weight (circuits, learned masks,

@@ -1,4 +1,4 @@
-"""Edge attribution patching: EAP and EAP-IG scores for every edge of the graph, from a few backward passes.
+"""Edge attribution patching: EAP, EAP-IG, EAP-GP and CEAP scores for every edge of the graph, from a few backward passes.
 
 An edge s -> r carries sender s's output into receiver r's input (a head's q, k or v
 input, an MLP's input, or the final residual; see :mod:`circuits.graph`). Patching
@@ -24,6 +24,28 @@ gradient is taken:
   run; the gradient is averaged over all these (1 + 2·n_layers)·steps runs.
 * ``"clean-corrupted"``: the mean of the gradients on the reference and on the
   counterfactual run.
+* ``"EAP-GP"`` (GradPath, Zhang et al. 2025, arXiv 2502.06852): the gradient is averaged
+  over ``ig_steps`` points of a path that starts at the reference input and is steered by
+  the gradient instead of running straight: each step goes down the gradient of
+  ½(m(x) − m(x_cf))² (the way the metric approaches the counterfactual's fastest, around
+  regions where it saturates), with length ‖x_cf − x‖ / (steps left), and the gradient is
+  taken at each point reached. Only the positions after the shared prefix move. Where the
+  gradient is zero a step goes straight at the counterfactual; with every step straight,
+  the points are EAP-IG-inputs' (the tests check this). The paper's text was not at hand:
+  this reading of its path follows its abstract, and ``ig_steps`` (default 5, as EAP-IG)
+  is the number of points; it costs ``ig_steps + 2`` backward passes.
+* ``"CEAP"`` (conductance EAP): EAP-IG-inputs' path, but each point's gradient is paired
+  with the senders' output change from that point to the next rather than a share of the
+  total change,
+
+      score(s -> r) = Σ_k (o_s(x_k) − o_s(x_{k+1})) · ∂m/∂in_r(x_k),   x_k = x_cf + (k/steps)(x_ref − x_cf),
+
+  the layer conductance of Dhamdhere et al. 2018 applied to edges (the CEAP paper's text
+  was not at hand; this is its stated idea, conductance in place of EAP-IG's straight-line
+  share). The input's edges score as EAP-IG-inputs' (the input moves linearly); the
+  senders' outputs sum to the final residual, so the edges into the logits add up to
+  m(x_cf) − m(x_ref) up to the Riemann sum's error. Heads' outputs are taken as each run
+  computes them, so only ``norm="frozen"`` applies on models with norms after attention.
 
 The output difference uses the toolkit's norm convention: a sender's output is what it
 adds to the residual in the run that produced it. On models with norms after attention
@@ -49,7 +71,7 @@ zero scores are the right answer.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Union
+from typing import Callable, Generator, Iterator, NamedTuple, Optional, Union
 
 import torch
 from jaxtyping import Float
@@ -69,7 +91,7 @@ from patching.edges.positions import PositionalScores, check_schema, span_ids
 from patching.options import SweepOptions, sweep_options
 from patching.results import NodeScores
 
-__all__ = ["edge_attribution", "EDGE_ATTRIBUTION_METHODS", "HEAD_CHANGES"]
+__all__ = ["edge_attribution", "EDGE_ATTRIBUTION_METHODS", "HEAD_CHANGES", "PATH_METHODS"]
 
 #: what a head sender's output change is, on models with norms after attention (``edge_attribution(norm=)``)
 HEAD_CHANGES = ("frozen", "recompute", "pre-norm")
@@ -90,9 +112,18 @@ class _Chunk:
     raw_cf: dict[str, Tensor]
 
 
-# A gradient pass: the suffix input residual of a run, and forward hooks that change the run.
-_Pass = tuple[Resid, list]
-_PassMaker = Callable[[HookedTransformer, _Chunk, int], Iterator[_Pass]]
+class _Pass(NamedTuple):
+    """A gradient pass: the suffix input residual of a run, forward hooks that change the run, and whether its
+    gradients join the scores (a pass that only steers a path does not)."""
+
+    resid: Resid
+    hooks: list
+    counted: bool = True
+
+
+# A pass maker yields passes (or (resid, hooks) pairs); after each it is sent that pass's receiver gradients
+# [rows, suffix, n_backward, d_model] and per-row metric, which a path that steers by the gradient reads.
+_PassMaker = Callable[[HookedTransformer, _Chunk, int], Generator[tuple, Optional[tuple[Tensor, Tensor]], None]]
 
 
 def _eap(model, chunk, steps):
@@ -126,11 +157,54 @@ def _eap_ig_activations(model, chunk, steps):
             yield chunk.emb_ref, [(name, interpolate)]
 
 
+def gradient_direction(input_grad: Resid, gap: Tensor, x: Resid, target: Resid) -> Resid:
+    """GradPath's direction: down the gradient of ½(m(x) − m(x_cf))², which moves the metric toward the
+    counterfactual's by the steepest way (``input_grad``: ∂m/∂x per row; ``gap``: m(x) − m(x_cf) per row)."""
+    return -gap.to(input_grad.dtype)[:, None, None] * input_grad
+
+
+def straight_direction(input_grad: Resid, gap: Tensor, x: Resid, target: Resid) -> Resid:
+    """Straight at the counterfactual: with it, GradPath's points are EAP-IG-inputs' straight-line points."""
+    return target - x
+
+
+def gradpath_step(direction: Resid, x: Resid, target: Resid, steps_left: int) -> Resid:
+    """A step of length ‖x_cf − x‖ / steps_left along ``direction`` (per row; straight at x_cf where it is 0)."""
+    def norm(t):
+        return t.flatten(1).norm(dim=1)[:, None, None]
+
+    straight = target - x
+    length = norm(straight) / steps_left
+    size = norm(direction)
+    unit = torch.where(size > 0, direction / size.clamp_min(torch.finfo(size.dtype).tiny),
+                       straight / norm(straight).clamp_min(torch.finfo(size.dtype).tiny))
+    return length * unit
+
+
+def _gradpath(direction: Callable = gradient_direction) -> _PassMaker:
+    """EAP-GP's passes: from the reference input, ``steps`` steps along ``direction``, scored at each point
+    reached (two uncounted passes first: the metric at the counterfactual, the gradient at the start)."""
+
+    def passes(model, chunk, steps):
+        _, metric_cf = yield _Pass(chunk.emb_cf, [], False)
+        x = chunk.emb_ref
+        grads, values = yield _Pass(x, [], False)
+        for k in range(steps):
+            input_grad = grads.sum(2)  # the input feeds every receiver's input: ∂m/∂x = Σ_r ∂m/∂in_r
+            x = x + gradpath_step(direction(input_grad, values - metric_cf, x, chunk.emb_cf), x, chunk.emb_cf,
+                                  steps - k)
+            grads, values = yield _Pass(x, [], True)
+
+    return passes
+
+
 @dataclass(frozen=True)
 class _Method:
     passes: _PassMaker
     n_passes: Callable[[HookedTransformer, int], int]
     needs_raw_outputs: bool = False
+    #: score each pass by the senders' output change to the next point (conductance), not the total change
+    conductance: bool = False
 
 
 EDGE_ATTRIBUTION_METHODS: dict[str, _Method] = {
@@ -139,7 +213,11 @@ EDGE_ATTRIBUTION_METHODS: dict[str, _Method] = {
     "EAP-IG-activations": _Method(_eap_ig_activations, lambda model, steps: (1 + 2 * model.cfg.n_layers) * steps,
                                   needs_raw_outputs=True),
     "clean-corrupted": _Method(_clean_corrupted, lambda model, steps: 2),
+    "EAP-GP": _Method(_gradpath(), lambda model, steps: steps + 2),
+    "CEAP": _Method(_eap_ig_inputs, lambda model, steps: steps, conductance=True),
 }
+#: the methods that integrate along a path of ``ig_steps`` points
+PATH_METHODS = ("EAP-IG-inputs", "EAP-IG-activations", "EAP-GP", "CEAP")
 
 
 # ---------------------------------------------------------------------------- runs
@@ -253,6 +331,10 @@ def edge_attribution(
     if not isinstance(ig_steps, int) or ig_steps < 1:
         raise InputError(f"ig_steps must be a positive integer, got {ig_steps!r}.")
     spec = EDGE_ATTRIBUTION_METHODS[method]
+    if spec.conductance and norm != "frozen" and model.cfg.use_normalization_before_and_after:
+        raise InputError(f"{method} follows each sender's output along the path as the forward computes it (the "
+                         f"'frozen' convention); norm={norm!r} changes heads' outputs in a way no run computes. "
+                         "Use norm='frozen'.")
     metric = get_metric(metric)
     schema = check_schema(spans)
     if schema is not None and level != "edge":
@@ -277,26 +359,25 @@ def edge_attribution(
         bar = tqdm(total=len(plan) * n_passes, desc=f"edge attribution ({method})", disable=not progress, leave=False)
         for group, prefix, sl in plan:
             chunk, diff = _prepare_chunk(model, group, prefix, sl, spec.needs_raw_outputs, norm)
-            grad_sum = None
-            for resid, hooks in spec.passes(model, chunk, ig_steps):
-                grads, values = _receiver_gradients(model, chunk, resid, hooks, metric)
-                grad_sum = grads if grad_sum is None else grad_sum + grads
-                bar.update(1)
+            if schema is None:
+                def contract(change, grads):
+                    return torch.einsum("fbpd,bpkd->fk", change.to(grads.dtype), grads)
+            else:
+                onehot = torch.nn.functional.one_hot(group.spans[sl, prefix:], len(schema))
+
+                def contract(change, grads, onehot=onehot):
+                    return torch.einsum("fbpd,bpkd,bps->fks", change.to(grads.dtype), grads, onehot.to(grads.dtype))
+            grad_sum, chunk_total = _chunk_scores(model, chunk, diff, spec, ig_steps, metric, contract, bar)
             if n_prompts == 0 and not bool(grad_sum.any()):  # first chunk: no gradient at all reached a receiver
                 raise _constant_metric(metric, f"every receiver's gradient is exactly zero on the first "
                                                f"{sl.stop - sl.start} prompts")
-            diff = diff.to(grad_sum.dtype)
-            if schema is None:
-                total += torch.einsum("fbpd,bpkd->fk", diff, grad_sum).double().cpu() / n_passes
-            else:
-                onehot = torch.nn.functional.one_hot(group.spans[sl, prefix:], len(schema)).to(diff.dtype)
-                total += torch.einsum("fbpd,bpkd,bps->fks", diff, grad_sum, onehot).double().cpu() / n_passes
+            total += chunk_total.double().cpu()
             metric_total += float(_reference_metric(model, chunk, metric).sum())
             n_prompts += sl.stop - sl.start
         bar.close()
     real = layout.real_edge_mask if schema is None else layout.real_edge_mask[:, :, None]
     scores = torch.where(real, total / n_prompts, torch.nan).float()
-    meta = {"method": method, "ig_steps": ig_steps if method.startswith("EAP-IG") else None,
+    meta = {"method": method, "ig_steps": ig_steps if method in PATH_METHODS else None,
             "metric": metric.name, "n_prompts": n_prompts, "reference_metric": metric_total / n_prompts,
             "d_model": model.cfg.d_model, "norm": norm,
             "norm_convention": {"frozen": "residual contribution (post-norm, run's own scale)",
@@ -307,6 +388,44 @@ def edge_attribution(
     if schema is not None:
         return PositionalScores(layout, schema, scores, meta)
     return Graph(layout, scores, meta=meta)
+
+
+def _chunk_scores(model, chunk: _Chunk, diff: Tensor, spec: _Method, steps: int, metric: PatchMetric,
+                  contract: Callable, bar) -> tuple[Tensor, Tensor]:
+    """The sum of a chunk's receiver gradients over the counted passes, and its summed edge scores.
+
+    ``contract(change, grads)`` sums sender change × receiver gradient over rows and positions (per span).
+    A path method scores ``contract(diff, mean gradient)``; conductance sums, pass by pass, the gradient at
+    each point times the senders' change from that point to the next (the last step ends at the reference,
+    whose outputs are the first point's minus ``diff``: the first point is the counterfactual run).
+    """
+    passes = spec.passes(model, chunk, steps)
+    grad_sum, counted, feedback = None, 0, None
+    conducted, first, before = 0.0, None, None
+    while True:
+        try:
+            step = _Pass(*passes.send(feedback))
+        except StopIteration:
+            break
+        recorder = SenderRecorder(model) if spec.conductance else None
+        hooks = step.hooks + (recorder.hooks() if recorder else [])
+        grads, values = _receiver_gradients(model, chunk, step.resid, hooks, metric)
+        feedback = grads, values
+        bar.update(1)
+        if not step.counted:
+            continue
+        grad_sum = grads if grad_sum is None else grad_sum + grads
+        counted += 1
+        if recorder is not None:
+            outputs = recorder.stacked().detach()
+            if before is None:
+                first = outputs
+            else:
+                conducted = conducted + contract(before[0] - outputs, before[1])
+            before = outputs, grads
+    if spec.conductance:
+        return grad_sum, conducted + contract(before[0] - (first - diff.to(first.dtype)), before[1])
+    return grad_sum, contract(diff, grad_sum) / counted
 
 
 def _constant_metric(metric: PatchMetric, why: str) -> InputError:

@@ -27,6 +27,7 @@ from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import mib_selector, select_fraction
 from circuits.pools import pool_dataset
+from patching.edges.acdc import ACDCConfig, acdc
 from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS, edge_attribution
 from patching.edges.combine import bootstrap_scores, ensemble, ilp_selector
 from patching.edges.curves import faithfulness_curve, paired_curve_difference
@@ -45,6 +46,8 @@ KINDS = {
     "resampled": "scores over resamples of the selection half, kept where their sign is stable",
     "selection": "each size's circuit chosen from another method's scores, not by |score| order",
     "position-aware": "edges between spans of the prompt layout (patching.edges.positions)",
+    "greedy pruning": "edges removed one at a time from the full graph while the circuit stays close to the model "
+                      "(patching.edges.acdc)",
 }
 
 GRADIENTS = "gradients"
@@ -181,8 +184,19 @@ def _positional_scores(run: ComparisonRun, name: str) -> MethodScores:
     return MethodScores(run.attribution(run.search.method, spans=SPANS))
 
 
+def _acdc_scores(run: ComparisonRun, name: str) -> MethodScores:
+    s = run.search
+    config = ACDCConfig(threshold=s.acdc_threshold, objective=s.acdc_objective, ablation=s.ablation)
+    found = acdc(run.model, run.selection, config=config, means_from=means_pool(run.model, run.selection, s),
+                 options=s.options(False))
+    # ranked by damage, signed: the edges ACDC kept (damage >= τ) come first, so its circuit is a point of the curve
+    return MethodScores(found.graph, select=mib_selector(run.layout, absolute=False), info={"acdc": found.to_dict()})
+
+
 _ATTRIBUTION_SOURCES = {
     "EAP": "Syed et al. 2023, edge attribution patching",
+    "EAP-GP": "Zhang et al. 2025, EAP with GradPath, a gradient-steered integration path (arXiv 2502.06852)",
+    "CEAP": "conductance EAP (arXiv 2606.16920): Dhamdhere et al. 2018's conductance along EAP-IG's path",
     "EAP-IG-inputs": "Hanna et al. 2024, EAP with integrated gradients over the inputs",
     "EAP-IG-activations": "Hanna et al. 2024 (hannamw/EAP-IG), integrated gradients over each layer's activations",
     "clean-corrupted": "hannamw/EAP-IG, the mean of the reference and counterfactual gradients",
@@ -210,6 +224,8 @@ _RECORDS = (
     CircuitMethod("positional", "position-aware", _positional_scores,
                   source="Haklay et al. 2025, position-aware edge attribution (PEAP, ACL)", keeps_scores=False,
                   position_aware=True),
+    CircuitMethod("ACDC", "greedy pruning", _acdc_scores, needs=(COUNTERFACTUALS,),
+                  source="Conmy et al. 2023, automated circuit discovery (ACDC, NeurIPS)"),
 )
 #: every circuit method by name, in the order the CLI and the errors list them
 REGISTRY: dict[str, CircuitMethod] = {r.name: r for r in _RECORDS}

@@ -35,7 +35,7 @@ nothing: only the later positions are run, reading the prefix's keys/values from
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import torch
 from datasets import Dataset
@@ -47,9 +47,10 @@ from transformer_lens import HookedTransformer
 from circuits.errors import InputError
 from circuits.graph import QKV, Graph, GraphLayout
 from circuits.graph_io import check_graph_fits
+from circuits.prefix_cache import TiledKVCache
 from circuits.tasks import TaskBatch, iter_batches
 from patching import forward, inputs
-from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
+from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, run_suffix
 from patching.edges.mixing import Ablated, MixingHooks, check_norm, record_ablated, record_outputs
 from patching.edges.positions import check_schema, span_ids
 from patching.metrics import PatchMetric, get_metric, score_end
@@ -264,10 +265,53 @@ def _pool_means(model, ablation, pool, groups, batch_size, recompute: bool = Fal
 def _evaluate_group(model, layout, masks, group, ablation, means, metric, memory_mb, reuse_prefix, bar,
                     norm: str) -> Tensor:
     """Metric [n_circuits, batch] of every circuit on one group of equal-length prompts."""
-    B, n_pos = group.tokens.shape
+    prepared = prepare_group(model, layout, group, ablation, means, reuse_prefix, norm)
+    out = []
+    for C, resid_end in circuit_end_residuals(model, layout, masks, prepared, memory_mb):
+        answers = group.answer_ids.repeat(C)
+        alts = None if group.alt_ids is None else group.alt_ids.repeat(C)
+        out.append(score_end(model, resid_end, answers, alts, metric).view(C, len(group.tokens)))
+        bar.update(C)
+    return torch.cat(out)
+
+
+@dataclass
+class PreparedGroup:
+    """One group of equal-length prompts made ready for circuit runs: what every circuit of it shares.
+
+    ``start``: the positions before it are the shared prefix, run once into ``kv``; ``ablated``: every sender's
+    ablated output. Preparing once and running many circuits is what a search over circuits (ACDC) reuses.
+    """
+
+    group: object  # a patching.inputs prompt group
+    start: int
+    kv: Optional[list]
+    ablated: Ablated
+    norm: str
+    #: the reference run at the suffix: every block's input residual [n_layers, B, P, d] and every sender's
+    #: output [n_forward, B, P, d] (:meth:`reference_run`, for forwards that start at a later layer)
+    reference: Optional[tuple[Tensor, Tensor]] = None
+
+    def reference_run(self, model) -> tuple[Tensor, Tensor]:
+        """The reference run's block inputs and sender outputs at the suffix, recorded once."""
+        if self.reference is None:
+            recorder = SenderRecorder(model)
+            inputs_of: dict[int, Tensor] = {}
+
+            def keep(act, *, hook):
+                inputs_of[int(hook.name.split(".")[1])] = act
+
+            hooks = recorder.hooks() + [(f"blocks.{layer}.hook_resid_pre", keep) for layer in range(model.cfg.n_layers)]
+            run_suffix(model, self.group.tokens, self.start, self.kv, hooks)
+            self.reference = torch.stack([inputs_of[layer] for layer in range(model.cfg.n_layers)]), recorder.stacked()
+        return self.reference
+
+
+def prepare_group(model, layout, group, ablation, means, reuse_prefix, norm: str) -> PreparedGroup:
+    """The shared prefix's keys/values and the ablated outputs of one group (inside :func:`edge_mode`)."""
+    n_pos = group.tokens.shape[1]
     start = forward.shared_prefix_length(group.tokens, group.cf_tokens) if reuse_prefix and ablation == "counterfactual" else 0
     kv = edge_prefix_kv(model, group.tokens[:, :start]) if start else None
-    P = n_pos - start
     if ablation == "counterfactual":
         ablated = record_ablated(model, group.cf_tokens, start=start, prefix_kv=kv, norm=norm)
     elif ablation == "zero":
@@ -278,20 +322,42 @@ def _evaluate_group(model, layout, masks, group, ablation, means, metric, memory
         F, H = layout.n_forward, layout.n_heads
         raw = None if mean.shape[0] == F else [mean[F + i * H: F + (i + 1) * H] for i in range(layout.n_layers)]
         ablated = Ablated(mean[:F], raw)
+    return PreparedGroup(group, start, kv, ablated, norm)
+
+
+def circuit_end_residuals(model, layout, masks: Tensor, prepared: PreparedGroup, memory_mb: float,
+                          from_layer: int = 0) -> Iterator[tuple[int, Tensor]]:
+    """``(C, END residuals [C * batch, d_model])`` of the circuits ``masks`` on a prepared group, C circuits per
+    forward (chunked to ``memory_mb``); row ``c * batch + b`` is prompt ``b`` under circuit ``c``.
+
+    ``from_layer``: the forwards start at that block, from the reference run's residual, with the senders below
+    it at their reference outputs: exact when no receiver below that layer is ablated in any of ``masks``
+    (checked), without gradients and under the ``"frozen"`` norm.
+    """
+    group, start = prepared.group, prepared.start
+    B, n_pos = group.tokens.shape
+    P = n_pos - start
+    first_receiver = layout.head_backward(from_layer, 0, QKV[0]) if from_layer else 0
+    if from_layer and not bool((masks | ~layout.real_edge_mask)[:, :, :first_receiver].all()):
+        raise InputError(f"Forwards from layer {from_layer} need every receiver below it intact in every circuit: "
+                         "run from layer 0.")
     weights = (~masks).to(model.cfg.dtype).to(model.cfg.device)  # 1 where the edge is ablated
     per_chunk = _circuits_per_chunk(model, layout, B, P, start, memory_mb)
-    out = []
+    spans = None if group.spans is None else group.spans[:, start:]
     for sl in forward.chunks(len(masks), per_chunk):
         w = weights[sl]
         C = w.shape[0]
-        spans = None if group.spans is None else group.spans[:, start:]
-        hooks = MixingHooks(model, w, ablated, C, B, norm=norm, spans=spans).hooks()
-        resid = run_suffix(model, group.tokens, start, kv, hooks, times=C)
-        answers = group.answer_ids.repeat(C)
-        alts = None if group.alt_ids is None else group.alt_ids.repeat(C)
-        out.append(score_end(model, resid[:, -1], answers, alts, metric).view(C, B))
-        bar.update(C)
-    return torch.cat(out)
+        mixing = MixingHooks(model, w, prepared.ablated, C, B, norm=prepared.norm, spans=spans)
+        if from_layer:
+            block_inputs, outputs = prepared.reference_run(model)
+            mixing.preset_senders(layout.head_forward(from_layer, 0), outputs)
+            cache = None if prepared.kv is None else TiledKVCache(prepared.kv, C)
+            resid = model.run_with_hooks(block_inputs[from_layer].repeat(C, 1, 1), start_at_layer=from_layer,
+                                         stop_at_layer=model.cfg.n_layers, fwd_hooks=mixing.hooks(),
+                                         past_kv_cache=cache)
+        else:
+            resid = run_suffix(model, group.tokens, start, prepared.kv, mixing.hooks(), times=C)
+        yield C, resid[:, -1]
 
 
 def _circuits_per_chunk(model, layout, B, P, start, memory_mb) -> int:

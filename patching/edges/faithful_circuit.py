@@ -54,6 +54,8 @@ class CircuitSearch:
     seed: int = 0
     batch_size: int = 32
     memory_mb: float = 1024.0
+    acdc_threshold: float = 0.01  # ACDC's τ (patching.edges.acdc), in its objective's units
+    acdc_objective: str = "kl"  # what an ACDC removal's damage measures: "kl" or "metric"
 
     def options(self, progress: Optional[bool] = None) -> SweepOptions:
         """The batching and memory budget of every sweep of the search, as :class:`patching.SweepOptions`."""

@@ -175,6 +175,16 @@ class MixingHooks:
         ablated = self._ablated_of(first, size)
         self._store(g, -outputs if ablated is None else ablated - outputs)
 
+    def preset_senders(self, limit: int, outputs: Float[Tensor, "senders batch pos d_model"]) -> None:
+        """Take the senders below ``limit`` (a layer's first head) as having output ``outputs`` in every circuit,
+        for a forward that starts at that layer: those senders do not run in it, and with no receiver below
+        ``limit`` ablated they output what the reference run does. Without gradients, ``"frozen"`` only."""
+        if self.grad or self.recompute:
+            raise InputError("Presetting senders needs a forward without gradients under the 'frozen' norm.")
+        for g, (first, size, _) in enumerate(self.groups):
+            if first < limit:
+                self._store_outputs(g, outputs[first:first + size, None].expand(size, self.C, *outputs.shape[1:]))
+
     def sender_hooks(self) -> list[tuple[str, callable]]:
         model, L = self.model, self.layout.n_layers
 

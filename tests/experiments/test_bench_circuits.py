@@ -127,3 +127,20 @@ def test_a_peer_timing_that_did_not_run_reads_not_run_with_the_reason(tmp_path, 
     printed = capsys.readouterr().out
     assert "nan" not in printed and printed.count("not run") == 3
     assert "(hannamw/EAP-IG not run: skipped by --no-eap-ig)" in printed
+
+
+def test_bench_circuits_times_acdc_beside_the_plain_edge_by_edge_loop(tiny_dir, tmp_path, capsys):
+    from experiments.bench_circuits import acdc_arm
+
+    out = tmp_path / "bench_acdc"
+    bench_circuits.main(["--model", str(tiny_dir), "--n-prompts", "4", "--n-shots", "1", "--no-attribution",
+                         "--exact-edges", "0", "--compare-per-stratum", "0", "--acdc-receivers", "6",
+                         "--acdc-threshold", "0.001", "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    acdc = results["acdc"]
+    assert acdc["n_receivers"] == 6 and acdc["n_tested"] == acdc["plain_n_tested"] > 0
+    assert acdc["same_circuit"] and acdc["max_abs_damage_diff"] < 1e-4
+    assert acdc["speedup_wall"] > 0 and results["seconds"]["acdc_plain_loop"] > 0
+    if acdc_arm.auto_circuit_missing():
+        assert acdc["auto_circuit"].startswith("auto-circuit is not importable")
+        assert "auto-circuit arm skipped" in capsys.readouterr().out

@@ -107,12 +107,17 @@ def test_the_light_config_names_what_the_edge_library_has():
     import dataclasses
 
     from experiments.circuit import config
+    from patching.edges.acdc import OBJECTIVES
     from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS
     from patching.edges.evaluate import ABLATIONS
+    from patching.edges.faithful_circuit import CircuitSearch
     from patching.edges.learn import LearnConfig
 
     assert config.EDGE_ATTRIBUTION_METHODS == tuple(EDGE_ATTRIBUTION_METHODS)
     assert config.ABLATIONS == ABLATIONS  # CIRCUIT_METHOD_NAMES: the test of the --methods flag
+    assert config.ACDC_OBJECTIVES == OBJECTIVES
+    search, defaults = config.CircuitConfig().search(), CircuitSearch()
+    assert (search.acdc_threshold, search.acdc_objective) == (defaults.acdc_threshold, defaults.acdc_objective)
     assert dataclasses.asdict(config.CircuitConfig().learn()) == dataclasses.asdict(LearnConfig(progress=False))
 
 

@@ -52,3 +52,19 @@ def test_too_few_correct_prompts_for_stability_is_said_before_the_comparison(tin
                                        "--methods", "EAP", "--stability-sets", "6", "--n-prompts", "60"])
     assert "stability" not in results and "needs 28 correct prompts" in results["stability_skipped"]
     assert "needs 28 correct prompts" in caplog.text and "rows" in results["comparison"]
+
+
+def test_acdc_eap_gp_and_ceap_run_beside_the_others_with_their_time_and_stability(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    methods = ["EAP-IG-inputs", "ACDC", "EAP-GP", "CEAP"]
+    results = circuit_experiment.main(["--model", str(tiny_dir), "--out", str(out), *FAST, "--methods", *methods,
+                                       "--acdc-threshold", "0.001", "--stability-sets", "2"])
+    rows = {r["method"]: r for r in results["comparison"]["rows"]}
+    assert list(rows) == methods and all(rows[m]["seconds"] >= 0 and rows[m]["cpu_seconds"] > 0 for m in methods)
+    acdc = rows["ACDC"]["acdc"]
+    assert acdc["threshold"] == 0.001 and acdc["objective"] == "kl" and acdc["n_tested"] == acdc["n_edges"]
+    assert 0 <= acdc["n_edges_kept"] <= acdc["n_edges"] and "minus_EAP-IG-inputs" in rows["ACDC"]
+    stability = results["stability"]
+    for name in methods:
+        assert stability[name]["method"] == name and "skipped" not in stability[name]
+        assert stability[name]["runs"] == [{"set": 0, "seed": 0}, {"set": 1, "seed": 0}]
