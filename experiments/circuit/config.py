@@ -24,7 +24,7 @@ EDGE_ATTRIBUTION_METHODS = ("EAP", "EAP-IG-inputs", "EAP-IG-activations", "clean
 #: ``patching.edges.evaluate.ABLATIONS``
 ABLATIONS = ("counterfactual", "mean", "positional-mean", "zero")
 #: the names of ``patching.edges.circuit_methods.REGISTRY``, in its order (the --methods choices)
-CIRCUIT_METHOD_NAMES = EDGE_ATTRIBUTION_METHODS + ("edge-pruning", "ugs", "matryoshka", "exact", "ensemble",
+CIRCUIT_METHOD_NAMES = EDGE_ATTRIBUTION_METHODS + ("edge-pruning", "ugs", "matryoshka", "top-n", "exact", "ensemble",
                                                   "bootstrap", "ilp", "positional", "ACDC")
 #: ``patching.edges.acdc.OBJECTIVES``
 ACDC_OBJECTIVES = ("kl", "metric")
