@@ -323,3 +323,23 @@ def variable_pairs(model, causal: CausalModel, dataset, variables: Sequence[str]
 def task_config(causal: CausalModel, **overrides) -> TaskConfig:
     """The :class:`TaskConfig` of the causal model's prompts with ``overrides`` (``n_prompts``, ``n_shots``, ``seed``)."""
     return replace(causal.task, **overrides)
+
+
+def query_positions(row: Mapping, tokenizer) -> dict[str, int]:
+    """``{label: position}`` for every token of the queried problem, from its first operand to END.
+
+    Operand and operator tokens are labelled by their role (``a``, ``op``, ``b``; ``a0``, ``a1``, ... when
+    a role spans several tokens), END as ``end``, and the template's other tokens by their text.
+    """
+    tok = getattr(tokenizer, "tokenizer", None) or tokenizer
+    roles = {}
+    for role in ("a", "op", "b"):
+        positions = list(row[f"{role}_pos"])
+        for i, position in enumerate(positions):
+            roles[position] = role if len(positions) == 1 else f"{role}{i}"
+    labels = {}
+    for position in range(min(row["a_pos"]), row["end_pos"] + 1):
+        text = tok.convert_ids_to_tokens(row["tokens"][position])
+        label = "end" if position == row["end_pos"] else roles.get(position, repr(tok.convert_tokens_to_string([text])))
+        labels[label if label not in labels else f"{label}@{position}"] = position
+    return labels
