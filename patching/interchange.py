@@ -105,7 +105,7 @@ def circuit_nodes(graph: Graph) -> list[Node]:
     layout = graph.layout
     sends = (graph.in_graph & layout.real_edge_mask).any(1)
     nodes: list[Node] = []
-    for index, name in enumerate(layout.forward_names()):
+    for index, name in enumerate(layout.forward_names):
         if not bool(sends[index]) or name == "input":
             continue
         if name.startswith("m"):
