@@ -231,43 +231,55 @@ def prepare(model: HookedTransformer, batch: PairBatch, locations: Sequence[Loca
                     {layer: base_acts[tl_utils.get_act_name("resid_pre", layer)] for layer in layers}, sources)
 
 
-def intervened_answer_residuals(model: HookedTransformer, prepared: Prepared, where: Location, swap: Swap = full_swap,
-                                *, sources: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def intervened_answer_residuals(model: HookedTransformer, prepared: Prepared, where: Location | Sequence[Location],
+                                swap: Swap = full_swap) -> tuple[Tensor, Tensor]:
     """The final residual at every scored answer position of the intervened base runs, and the targets there.
 
-    Returns ``(resid [rows, d_model], targets [rows])`` over the (pair, answer token) cells with a target, pair-major.
-    Gradients flow into ``swap``'s parameters when enabled. ``sources`` replaces the cached source rows.
+    ``where``: one location, or several of one hook (one layer), stacked along the batch in one forward (site
+    ``j`` takes rows ``j * pairs .. (j + 1) * pairs - 1``, as in :mod:`patching.activation_patching`). Returns
+    ``(resid [cells, d_model], targets [cells])`` over the (site, pair, answer token) cells with a target, in that
+    order. Gradients flow into ``swap``'s parameters when enabled.
     """
-    batch, prefix = prepared.batch, prepared.prefix
-    offset = where.position - prefix
-    new_rows = prepared.sources[where] if sources is None else sources
+    sites = [where] if isinstance(where, Location) else list(where)
+    if len({w.hook for w in sites}) != 1:
+        raise InputError(f"Stacked sites must share one hook, got {sorted({w.hook for w in sites})}.")
+    batch, prefix, n_sites = prepared.batch, prepared.prefix, len(sites)
+    first = sites[0]
 
     def intervene(act, *, hook):
-        act = act.clone()
-        if where.head is None:
-            act[:, offset] = swap(act[:, offset], new_rows.to(act.dtype)).to(act.dtype)
-        else:
-            act[:, offset, where.head] = swap(act[:, offset, where.head], new_rows.to(act.dtype)).to(act.dtype)
-        return act
+        act = act.clone().view(n_sites, len(batch), *act.shape[1:])
+        for j, site in enumerate(sites):
+            offset = site.position - prefix
+            rows = act[j, :, offset] if site.head is None else act[j, :, offset, site.head]
+            new = swap(rows, prepared.sources[site].to(act.dtype)).to(act.dtype)
+            if site.head is None:
+                act[j, :, offset] = new
+            else:
+                act[j, :, offset, site.head] = new
+        return act.flatten(0, 1)
 
-    kv = None if prepared.prefix_kv is None else TiledKVCache(prepared.prefix_kv, 1)
-    resid = model.run_with_hooks(prepared.starts[where.layer], start_at_layer=where.layer,
-                                 stop_at_layer=model.cfg.n_layers, fwd_hooks=[(where.hook, intervene)], past_kv_cache=kv)
+    kv = None if prepared.prefix_kv is None else TiledKVCache(prepared.prefix_kv, n_sites)
+    start = prepared.starts[first.layer]
+    resid = model.run_with_hooks(start.repeat(n_sites, 1, 1) if n_sites > 1 else start, start_at_layer=first.layer,
+                                 stop_at_layer=model.cfg.n_layers, fwd_hooks=[(first.hook, intervene)], past_kv_cache=kv)
     scored = batch.targets >= 0
     pair_index, answer_index = scored.nonzero(as_tuple=True)
-    return resid[pair_index, batch.prompt_length - 1 - prefix + answer_index], batch.targets[scored]
+    site_rows = (torch.arange(n_sites, device=pair_index.device)[:, None] * len(batch) + pair_index).flatten()
+    positions = (batch.prompt_length - 1 - prefix + answer_index).repeat(n_sites)
+    return resid[site_rows, positions], batch.targets[scored].repeat(n_sites)
 
 
 @torch.no_grad()
-def intervened_hits(model: HookedTransformer, prepared: Prepared, where: Location,
-                    swap: Swap = full_swap) -> Bool[Tensor, "pair"]:
-    """Per pair: is every scored answer token top-1 in the intervened run?"""
+def intervened_hits(model: HookedTransformer, prepared: Prepared, where: Location | Sequence[Location],
+                    swap: Swap = full_swap) -> Bool[Tensor, "site pair"]:
+    """Per site (one row for a single location) and pair: is every scored answer token top-1 in the intervened run?"""
+    n_sites = 1 if isinstance(where, Location) else len(where)
     resid, targets = intervened_answer_residuals(model, prepared, where, swap)
     token_hits = answer_is_top1(model, resid, targets)
     scored = prepared.batch.targets >= 0
-    per_cell = torch.ones_like(scored)
-    per_cell[scored] = token_hits.to(per_cell.device)
-    return per_cell.all(1).cpu()
+    per_cell = torch.ones(n_sites, *scored.shape, dtype=torch.bool, device=scored.device)
+    per_cell[:, scored] = token_hits.to(per_cell.device).view(n_sites, -1)
+    return per_cell.all(2).cpu()
 
 
 def intervened_loss(model: HookedTransformer, prepared: Prepared, where: Location, swap: Swap) -> Tensor:
@@ -280,22 +292,35 @@ def intervened_loss(model: HookedTransformer, prepared: Prepared, where: Locatio
 def interchange_accuracy(model: HookedTransformer, batches: Sequence[PairBatch], where: Location,
                          swap: Swap = full_swap) -> tuple[Estimate, Tensor]:
     """IIA of the intervention at ``where`` over ``batches`` with its Wilson interval, and the per-pair hits."""
-    hits = torch.cat([intervened_hits(model, prepare(model, batch, [where]), where, swap) for batch in batches])
+    hits = torch.cat([intervened_hits(model, prepare(model, batch, [where]), where, swap)[0] for batch in batches])
     return proportion(hits), hits
 
 
 def iia_sweep(model: HookedTransformer, batches: Sequence[PairBatch], locations: Sequence[Location],
-              swap: Swap = full_swap, *, progress: bool = False, desc: str = "interchange") -> dict[Location, Estimate]:
-    """IIA at every location in ``locations`` (each batch's base and source runs cached once for all of them)."""
+              swap: Swap = full_swap, *, memory_mb: float = 1024, progress: bool = False,
+              desc: str = "interchange") -> dict[Location, Estimate]:
+    """IIA at every location in ``locations``.
+
+    Each batch's base and source runs are cached once for all locations, and the locations of one hook run
+    stacked in forwards of about ``memory_mb`` of activations (:func:`patching.forward.rows_per_chunk`).
+    """
     hits: dict[Location, list[Tensor]] = {w: [] for w in locations}
-    bar = tqdm(total=len(batches) * len(locations), desc=desc, disable=not progress, leave=False)
+    by_hook: dict[str, list[Location]] = {}
+    for where in dict.fromkeys(locations):
+        by_hook.setdefault(where.hook, []).append(where)
+    bar = tqdm(total=len(batches) * len(hits), desc=desc, disable=not progress, leave=False)
     for batch in batches:
-        prepared = prepare(model, batch, locations)
-        for where in locations:
-            hits[where].append(intervened_hits(model, prepared, where, swap))
-            bar.update(1)
+        prepared = prepare(model, batch, list(hits))
+        n_pos = batch.base.shape[1] - prepared.prefix
+        per_forward = max(1, forward.rows_per_chunk(model, memory_mb, n_pos, cached_pos=prepared.prefix) // len(batch))
+        for group in by_hook.values():
+            for sl in forward.chunks(len(group), per_forward):
+                sites = group[sl]
+                for site, row in zip(sites, intervened_hits(model, prepared, sites, swap)):
+                    hits[site].append(row)
+                bar.update(len(sites))
     bar.close()
-    return {w: proportion(torch.cat(h)) for w, h in hits.items()}
+    return {w: proportion(torch.cat(hits[w])) for w in locations}
 
 
 @torch.no_grad()

@@ -141,8 +141,10 @@ def test_the_sweep_scores_each_location_as_one_location_alone_and_leaves_no_hook
     model, data, pairs = setup
     batches = pair_batches(model, data, pairs, batch_size=5)
     end = batches[0].prompt_length - 1
-    locations = [location("resid_pre", 0, end), location("z", 1, end - 2, head=3), location("mlp_out", 0, end)]
-    swept = iia_sweep(model, batches, locations)
+    locations = [location("resid_pre", 0, end), location("resid_pre", 0, end - 2), location("z", 1, end - 2, head=3),
+                 location("z", 1, end, head=0), location("mlp_out", 0, end)]
+    swept = iia_sweep(model, batches, locations, memory_mb=0.01)  # one site per forward
+    assert swept == iia_sweep(model, batches, locations)  # the sites of one hook stacked in one forward
     for where in locations:
         assert swept[where] == interchange_accuracy(model, batches, where)[0]
     assert not any(point.fwd_hooks or point.bwd_hooks for point in model.hook_dict.values())
