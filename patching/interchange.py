@@ -56,7 +56,8 @@ from circuits.stats import Estimate, proportion
 from patching import forward
 from patching.inputs import check_fits_context, check_token_ids
 
-#: A swap rule on rows of one location's activation: ``featurizer(base_rows, source_rows) -> new base rows``.
+#: A swap rule on rows of one location's activation: ``featurizer(base_rows, source_rows) -> new base rows``
+#: (None wherever a swap is taken: :func:`full_swap`, the whole vector).
 Swap = Callable[[Tensor, Tensor], Tensor]
 _BLOCK_HOOK = re.compile(r"^blocks\.(\d+)\.")
 HOOK_KINDS = ("resid_pre", "resid_mid", "resid_post", "mlp_out", "attn_out", "z")
@@ -232,7 +233,7 @@ def prepare(model: HookedTransformer, batch: PairBatch, locations: Sequence[Loca
 
 
 def intervened_answer_residuals(model: HookedTransformer, prepared: Prepared, where: Location | Sequence[Location],
-                                swap: Swap = full_swap) -> tuple[Tensor, Tensor]:
+                                swap: Swap | None = None) -> tuple[Tensor, Tensor]:
     """The final residual at every scored answer position of the intervened base runs, and the targets there.
 
     ``where``: one location, or several of one hook (one layer), stacked along the batch in one forward (site
@@ -240,6 +241,7 @@ def intervened_answer_residuals(model: HookedTransformer, prepared: Prepared, wh
     ``(resid [cells, d_model], targets [cells])`` over the (site, pair, answer token) cells with a target, in that
     order. Gradients flow into ``swap``'s parameters when enabled.
     """
+    swap = swap or full_swap
     sites = [where] if isinstance(where, Location) else list(where)
     if len({w.hook for w in sites}) != 1:
         raise InputError(f"Stacked sites must share one hook, got {sorted({w.hook for w in sites})}.")
@@ -271,7 +273,7 @@ def intervened_answer_residuals(model: HookedTransformer, prepared: Prepared, wh
 
 @torch.no_grad()
 def intervened_hits(model: HookedTransformer, prepared: Prepared, where: Location | Sequence[Location],
-                    swap: Swap = full_swap) -> Bool[Tensor, "site pair"]:
+                    swap: Swap | None = None) -> Bool[Tensor, "site pair"]:
     """Per site (one row for a single location) and pair: is every scored answer token top-1 in the intervened run?"""
     n_sites = 1 if isinstance(where, Location) else len(where)
     resid, targets = intervened_answer_residuals(model, prepared, where, swap)
@@ -290,14 +292,14 @@ def intervened_loss(model: HookedTransformer, prepared: Prepared, where: Locatio
 
 
 def interchange_accuracy(model: HookedTransformer, batches: Sequence[PairBatch], where: Location,
-                         swap: Swap = full_swap) -> tuple[Estimate, Tensor]:
+                         swap: Swap | None = None) -> tuple[Estimate, Tensor]:
     """IIA of the intervention at ``where`` over ``batches`` with its Wilson interval, and the per-pair hits."""
     hits = torch.cat([intervened_hits(model, prepare(model, batch, [where]), where, swap)[0] for batch in batches])
     return proportion(hits), hits
 
 
 def iia_sweep(model: HookedTransformer, batches: Sequence[PairBatch], locations: Sequence[Location],
-              swap: Swap = full_swap, *, memory_mb: float = 1024, progress: bool = False,
+              swap: Swap | None = None, *, memory_mb: float = 1024, progress: bool = False,
               desc: str = "interchange") -> dict[Location, Estimate]:
     """IIA at every location in ``locations``.
 
