@@ -284,6 +284,8 @@ def fit_and_select(model: HookedTransformer, kind: str, where: Location, train: 
     if not ks:
         raise InputError(f"Every k of {settings.ks} is larger than the {width} dimensions at {where}: give smaller ks.")
     activations = source_activations(model, train, where) if kind == "pca" else None
+    if activations is not None:  # k principal directions need k activations
+        ks = [size for size in ks if size <= activations.shape[0]] or [activations.shape[0]]
     best: Fitted | None = None
     for size in ks:
         if kind == "pca":
