@@ -205,6 +205,12 @@ def _answer_tokens(tokenizer, prompt: str, prompt_ids: list[int], answer: str) -
     return answer_ids
 
 
+def answer_token_ids(tokenizer, prompt: str, answer: str) -> list[int]:
+    """The token ids of ``answer`` written after ``prompt`` (checked as in :func:`make_row`: the prompt's own tokens stay)."""
+    ids, _ = _encode(tokenizer, prompt)
+    return _answer_tokens(tokenizer, prompt, ids, answer)
+
+
 def _counterfactual(tokenizer, template: Template, a: str, b: str, prefix: str, n_tokens: int, corrupt: Corrupt = "query"):
     """The first twin (:func:`circuits.counterfactuals.twin_candidates`) with ``n_tokens`` tokens and its ids, or None."""
     for text in twin_candidates(template, a, b, prefix, corrupt):

@@ -18,7 +18,10 @@ Node level (heads and MLPs):
   over operations);
 * :mod:`patching.knockout_curves`: mean-ablation knockout, effect-rank vs random-rank curves, transfer formats;
 * :mod:`patching.number_interventions`: frequency filters, helix-subspace patching and
-  heuristic-neuron knockout on number representations.
+  heuristic-neuron knockout on number representations;
+* :mod:`patching.interchange`, :mod:`patching.featurizers`: interchange interventions and their
+  accuracy (IIA) against a causal model's variables (:mod:`circuits.causal_models`), in full or in a
+  DAS, DBM, PCA or random subspace.
 
 Edge level: :mod:`patching.edges` (one forward engine; EAP / EAP-IG attribution, exact edge
 patching, circuit evaluation, MIB faithfulness curves, the smallest faithful circuit, the same

@@ -1,0 +1,66 @@
+"""The settings of ``python -m experiments.variables``: one flag per field of :class:`VariablesConfig`.
+
+Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load. The task
+names and featurizer kinds that the library owns are written out here for that reason;
+tests/experiments/test_variables.py checks them against :data:`circuits.causal_models.CAUSAL_MODELS` and
+:data:`patching.featurizers.KINDS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from circuits.errors import InputError
+from experiments.runtime import cli
+from experiments.runtime.cli import option, override
+from experiments.runtime.settings import BatchSettings, PromptSettings, RunSettings
+
+#: ``circuits.causal_models.CAUSAL_MODELS``
+TASKS = ("two_digit_addition", "+", "-", "*", "/")
+#: ``patching.featurizers.KINDS`` but ``full``, which always runs
+FEATURIZERS = ("das", "dbm", "pca", "random")
+
+
+@dataclass(frozen=True)
+class VariablesConfig(BatchSettings, PromptSettings, RunSettings):
+    """Every flag of ``python -m experiments.variables``, with its default (model, device, dtype, threads, seed, out
+    and overwrite: :class:`experiments.runtime.RunSettings`; the seed draws the prompts, the pairs, their split, the
+    featurizers' initial rotations and the random-subspace null)."""
+
+    task: str = option("two_digit_addition", "the causal model: two_digit_addition (MIB: 'The sum of AB and CD is') "
+                                             "or one-digit a op b (+ - * /)", choices=TASKS)
+    variables: tuple[str, ...] = option((), "variables to test (default: the task's own: ones, ones_carry, tens for "
+                                            "two_digit_addition; a, b, result and its digits for one digit)")
+    n_prompts: int = override(PromptSettings, "n_prompts", 160, "prompts sampled before keeping the correctly answered "
+                                                               "ones (pairs are drawn among those)")
+    n_pairs: int = option(64, "counterfactual pairs per variable, split train / validation / test",
+                          type=cli.positive_int)
+    n_controls: int = option(16, "control pairs per variable (the variable unchanged, the answer the base's)",
+                             type=cli.positive_int)
+    split: tuple[float, ...] = option((0.5, 0.25, 0.25), "train, validation and test fractions of the pairs",
+                                      type=float)
+    scoring: str = option("whole", "an answer is right when its first token (first) or every token, teacher-forced "
+                                   "(whole), is top-1", choices=("first", "whole"))
+    layers: tuple[int, ...] | None = option(None, "layers of the residual-stream sweep (default: every layer)",
+                                            type=int, nargs="+")
+    das_locations: int = option(1, "locations per variable for DAS and the other featurizers: the best by the full "
+                                   "vector's validation IIA", type=cli.positive_int)
+    featurizers: tuple[str, ...] = option(FEATURIZERS, "featurizers fitted at those locations (the full vector always "
+                                                      "runs)", choices=FEATURIZERS)
+    ks: tuple[int, ...] = option((8, 64), "subspace sizes k tried by DAS and PCA, chosen on the validation pairs",
+                                 type=cli.positive_int)
+    das_steps: int = option(30, "optimiser steps of DAS and DBM per k", type=cli.positive_int)
+    das_batch: int = option(16, "training pairs per DAS / DBM step", type=cli.positive_int)
+    das_lr: float = option(0.01, "learning rate of DAS and DBM", type=cli.positive_float)
+    nodes: tuple[str, ...] = option((), "circuit nodes to test (L3H1, MLP5, ...), each at the best position of each "
+                                        "variable (default: every head and MLP)")
+    circuit: str | None = option(None, "an EAP-IG graph JSON whose circuit's nodes are tested instead of --nodes")
+    n_shots: int = override(PromptSettings, "n_shots", 3)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if len(self.split) != 3 or any(f <= 0 for f in self.split) or abs(sum(self.split) - 1) > 1e-6:
+            raise InputError(f"--split {' '.join(map(str, self.split))}: give three positive fractions (train, "
+                             "validation, test) that sum to 1, such as 0.5 0.25 0.25.")
+        if self.nodes and self.circuit:
+            raise InputError("--nodes and --circuit both name the circuit's nodes: give one of them.")

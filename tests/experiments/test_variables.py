@@ -1,0 +1,88 @@
+"""experiments.variables end to end on a tiny random model (the injected loader), and its flags."""
+
+import json
+
+import pytest
+import torch
+
+from circuits.errors import InputError, TaskDataError
+from experiments import variables as variables_experiment
+from experiments.variables import config as variables_config
+
+ARGS = ["--task", "+", "--scoring", "first", "--n-prompts", "160", "--n-shots", "1", "--n-pairs", "24",
+        "--n-controls", "4", "--ks", "2", "8", "--das-steps", "3", "--variables", "a", "ones", "--nodes", "L1H0", "MLP1"]
+
+
+@pytest.fixture
+def digit_loader(tiny_loader):
+    """tiny_loader's model with the digits' logits raised, so it answers some prompts right (with digits)."""
+
+    def load(name, **kw):
+        model = tiny_loader(name, **kw)
+        digits = [model.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)]
+        with torch.no_grad():
+            model.unembed.b_U[digits] += 20.0
+        return model
+
+    return load
+
+
+def test_variables_experiment_writes_results_and_report(digit_loader, tmp_path):
+    out = tmp_path / "run"
+    results = variables_experiment.main([*ARGS, "--out", str(out)], loader=digit_loader)
+    saved = json.loads((out / "results.json").read_text())
+    assert results["status"] == saved["status"] == "complete"
+    assert saved["variables"] == ["a", "ones"] and set(saved["sweep"]) == {"a", "ones"}
+    sweep = saved["sweep"]["a"]
+    assert sweep["layers"] == [0, 1] and len(sweep["iia"]) == 2 and len(sweep["iia"][0]) == len(saved["positions"])
+    assert "end" in saved["positions"] and "a" in saved["positions"]
+    for variable in ("a", "ones"):
+        best = saved["featurizers"][variable]["best"]
+        assert {"full", "das", "dbm", "pca", "random", "verdict", "location"} <= set(best)
+        assert best["random"]["k"] == best["das"]["k"]  # the null has DAS's k
+        assert 0 <= best["das"]["test"]["low"] <= best["das"]["test"]["value"] <= best["das"]["test"]["high"] <= 1
+    assert {(r["variable"], r["node"]) for r in saved["circuit"]["rows"]} == {
+        (v, n) for v in ("a", "ones") for n in ("L1H0", "MLP1")}
+    assert set(saved["seconds"]) >= set(variables_experiment.PLAN)
+    html = (out / "report.html").read_text()
+    assert "What this run found" in html and "DAS at the best full-vector locations" in html
+
+
+def test_a_model_that_answers_nothing_fails_with_what_to_do(tiny_loader, tmp_path):
+    with pytest.raises(TaskDataError, match=r"Only 0 counterfactual pairs for variable 'a' of 'addition' from the 0 of "
+                                            r"40 prompts the model answers correctly"):
+        variables_experiment.main(["--task", "+", "--n-prompts", "40", "--variables", "a", "--out", str(tmp_path / "r")],
+                                  loader=tiny_loader)
+    assert json.loads((tmp_path / "r" / "results.json").read_text())["status"].startswith("failed: pairs")
+
+
+def test_bad_flags_are_refused_when_parsed(tmp_path):
+    with pytest.raises(InputError, match=r"--split 0.5 0.5 0.5: give three positive fractions"):
+        variables_experiment.main(["--split", "0.5", "0.5", "0.5", "--out", str(tmp_path / "a")])
+    with pytest.raises(InputError, match=r"--nodes and --circuit both name the circuit's nodes"):
+        variables_experiment.main(["--nodes", "L0H0", "--circuit", "x.json", "--out", str(tmp_path / "b")])
+
+
+def test_the_configs_names_are_the_librarys():
+    from circuits.causal_models import CAUSAL_MODELS
+    from patching.featurizers import KINDS
+
+    assert set(variables_config.TASKS) == set(CAUSAL_MODELS)
+    assert set(variables_config.FEATURIZERS) == set(KINDS) - {"full"}
+
+
+@pytest.mark.integration
+def test_gemma_two_digit_addition_finds_the_variables_it_is_given(gemma, tmp_path):
+    """gemma-3-270m, MIB's two-digit addition with small settings (about a minute on a 2-core CPU): every stage runs
+    on the real tokenizer (two-token operands, whole answers teacher-forced) and every IIA is a proportion."""
+    out = tmp_path / "run"
+    results = variables_experiment.main(
+        ["--n-prompts", "48", "--n-pairs", "24", "--n-controls", "4", "--layers", "6", "17", "--ks", "16",
+         "--das-steps", "4", "--featurizers", "das", "random", "--nodes", "MLP17", "--out", str(out)],
+        loader=lambda name, **kw: gemma)
+    assert results["status"] == "complete"
+    assert set(results["featurizers"]) == {"ones", "ones_carry", "tens"}
+    assert {"a0", "a1", "b0", "b1", "end"} <= set(results["positions"])  # gemma splits the operands' digits
+    for variable, sweep in results["sweep"].items():
+        assert all(0 <= cell["value"] <= 1 for row in sweep["iia"] for cell in row), variable
+    assert (out / "report.html").is_file()

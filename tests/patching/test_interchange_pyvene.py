@@ -1,0 +1,54 @@
+"""The interchange engine against pyvene (Wu et al. 2024), an independent implementation of the same intervention.
+
+pyvene is not a dependency of the toolkit: this test runs where it is importable and is skipped elsewhere. A
+random two-layer GPT-2 built with ``transformers`` is wrapped by pyvene and, with its weights converted, loaded
+by TransformerLens; the same fixed k-dimensional rotation is swapped at the same block output and position.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pyvene = pytest.importorskip("pyvene")
+
+from transformer_lens import HookedTransformer, HookedTransformerConfig  # noqa: E402
+from transformer_lens.pretrained.weight_conversions import convert_gpt2_weights  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+from circuits.end_logits import unembed_end  # noqa: E402
+from patching.featurizers import FixedSubspace  # noqa: E402
+from patching.interchange import PairBatch, intervened_answer_residuals, location, prepare  # noqa: E402
+
+
+@torch.no_grad()
+def test_the_same_rotation_gives_the_same_intervened_logits_as_pyvene():
+    torch.manual_seed(0)
+    d_model, n_vocab, k, position = 32, 100, 5, 7  # END of 8-token prompts
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=d_model, n_head=4, vocab_size=n_vocab, n_positions=64,
+                                    bos_token_id=0, eos_token_id=0)).eval()
+    cfg = HookedTransformerConfig(n_layers=2, d_model=d_model, n_heads=4, d_head=8, d_mlp=4 * d_model, d_vocab=n_vocab,
+                                  n_ctx=64, act_fn="gelu_new", normalization_type="LN")
+    model = HookedTransformer(cfg)
+    model.load_state_dict(convert_gpt2_weights(hf, cfg), strict=False)
+    model.eval()
+    base = torch.randint(0, n_vocab, (4, 8))
+    source = torch.randint(0, n_vocab, (4, 8))
+    source[:, :position] = base[:, :position]  # a shared prefix, so the engine's cached-prefix path is compared
+    basis = torch.linalg.qr(torch.randn(d_model, k))[0]
+
+    wrapped = pyvene.IntervenableModel(pyvene.IntervenableConfig(
+        [{"layer": 1, "component": "block_output", "low_rank_dimension": k,
+          "intervention_type": pyvene.LowRankRotatedSpaceIntervention}]), hf)
+    intervention = next(iter(wrapped.interventions.values()))
+    intervention = intervention[0] if isinstance(intervention, tuple) else intervention
+    intervention.rotate_layer.weight = basis  # through the orthogonal parametrization: the same orthonormal columns
+    _, theirs = wrapped({"input_ids": base}, [{"input_ids": source}], {"sources->base": position})
+
+    where = location("resid_post", 1, position)
+    prepared = prepare(model, PairBatch(base, source, torch.zeros(4, 1, dtype=torch.long), base.shape[1]), [where])
+    assert prepared.prefix == position
+    resid, _ = intervened_answer_residuals(model, prepared, where, FixedSubspace(basis, "das"))
+    torch.testing.assert_close(unembed_end(model, resid), theirs.logits[:, -1], atol=1e-5, rtol=1e-5)
+    # and the intervention moved the answer: the comparison is not of two unintervened runs
+    assert (theirs.logits[:, -1] - hf(base).logits[:, -1]).abs().max() > 1e-3
