@@ -133,14 +133,15 @@ def _stages(run: Run) -> None:
     with run.stage("sweep", f"{len(grid)} settings of {cfg.method}, each learned on {len(train_sets[0])} prompts "
                             f"and curved on {len(validation)} validation prompts"):
         for i, setting in enumerate(grid):
-            learned = learn_circuit(model, train_sets[0], config=dataclasses.replace(base, **setting), init=warm[0])
-            val = curve(learned.graph, validation)
+            with run.step(f"setting {i + 1}/{len(grid)}: lr {setting['lr']:g}, temperature {setting['temperature']:g}, "
+                          f"penalty {setting['faithfulness_penalty']:g}"):
+                learned = learn_circuit(model, train_sets[0], config=dataclasses.replace(base, **setting), init=warm[0])
+                val = curve(learned.graph, validation)
             sweep.append(setting | curve_row(val) | {"criterion": criterion(val), "seconds": learned.seconds,
                                                      "seconds_per_step": learned.seconds_per_step})
             graphs.append(learned.graph)
-            run.step(i + 1, len(grid), f"lr {setting['lr']:g}, temperature {setting['temperature']:g}, penalty "
-                                       f"{setting['faithfulness_penalty']:g}: validation CMD {val.cmd.value:.3f}, "
-                                       f"f(5%) {val.faithfulness[val.fractions.index(GOAL_FRACTION)].value:.3f}")
+            print(f"      validation CMD {val.cmd.value:.3f}, f(5%) "
+                  f"{val.faithfulness[val.fractions.index(GOAL_FRACTION)].value:.3f}", flush=True)
     best = min(range(len(grid)), key=lambda i: sweep[i]["criterion"])
     chosen = grid[best]
     results["sweep"] = {"rows": sweep, "chosen": chosen, "criterion": "validation CMD + |1 - f(5%)|"}
@@ -160,7 +161,7 @@ def _stages(run: Run) -> None:
             results["test_minus_EAP-IG-inputs"] = {
                 label: paired_curve_difference(c, curves["EAP-IG-inputs"], n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
                 for label, c in curves.items() if label != "EAP-IG-inputs"}
-    save_eap_json(graphs[best], run.out / "learned_circuit.json", overwrite=True)
+    save_eap_json(graphs[best], run.out / "learned_circuit.json", model.cfg.d_model, overwrite=True)
 
     runs = [(0, cfg.seed, graphs[best])]
     with run.stage("stability", f"the chosen setting on {cfg.stability_sets} training set(s) and "

@@ -21,7 +21,7 @@ the data-free records, kept for code that imports them.
 This face offers (``__all__``) the registry, its record class and each method's config class; the
 method functions are imported from their modules (e.g. :func:`merging.methods.generalized.generalized_task_arithmetic`,
 :func:`merging.methods.spectral.tsv_m`, :func:`merging.methods.spherical.slerp`,
-:func:`merging.methods.arcee.ram`, :func:`merging.methods.wudi.wudi`), ``METHODS``, ``CONFIGS`` and ``MERGEKIT_NAMES`` from here.
+:func:`merging.methods.arcee.ram`, :func:`merging.methods.interference.wudi`), ``METHODS``, ``CONFIGS`` and ``MERGEKIT_NAMES`` from here.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from merging.methods.generalized import (
     ties_thresholds,
 )
 from merging.methods.mergekit_spec import MergekitParameter, MergekitSpec
-from merging.methods.passthrough import PASSTHROUGH_MERGEKIT, PassthroughConfig, passthrough
+from merging.methods.single_model import PASSTHROUGH_MERGEKIT, PassthroughConfig, passthrough
 from merging.methods.sce import SCE_MERGEKIT, SceConfig, select_calculate_erase
 from merging.methods.spectral import (
     ISO_CTS_MERGEKIT,
@@ -93,7 +93,7 @@ from merging.methods.spherical import (
     nuslerp,
     slerp,
 )
-from merging.methods.wudi import WUDI_MERGEKIT, WudiConfig, wudi
+from merging.methods.interference import WUDI_MERGEKIT, WudiConfig, wudi
 from merging.submodule import SubmoduleMergeConfig, merge_submodules
 
 

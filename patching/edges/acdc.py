@@ -48,7 +48,7 @@ from circuits.errors import InputError
 from circuits.end_logits import unembed_end
 from circuits.graph import Graph, GraphLayout
 from patching import inputs
-from patching.edges.evaluate import ABLATIONS, _pool_means, circuit_end_residuals, prepare_group
+from patching.edges.evaluate import ABLATIONS, group_pool_means, circuit_end_residuals, prepare_group
 from patching.edges.engine import edge_mode
 from patching.edges.mixing import check_norm
 from patching.metrics import get_metric, score_end
@@ -179,7 +179,7 @@ def acdc(model: HookedTransformer, reference, counterfactual=None, *, config: AC
     n_tested = n_run = 0
     with edge_mode(model):
         recompute = config.norm == "recompute" and bool(model.cfg.use_normalization_before_and_after)
-        means = _pool_means(model, config.ablation, means_from, groups, opts.batch_size, recompute)
+        means = group_pool_means(model, config.ablation, means_from, groups, opts.batch_size, recompute)
         prepared = [prepare_group(model, layout, g, config.ablation, means, opts.reuse_prefix, config.norm)
                     for g in groups]
         objective = _Objective(model, layout, prepared, config, metric, opts.budget())

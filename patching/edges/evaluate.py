@@ -182,7 +182,7 @@ def evaluate_circuits(
                                  span_of=None if schema is None else (lambda masks: span_ids(masks, schema)))
     with edge_mode(model):
         recompute = norm == "recompute" and bool(model.cfg.use_normalization_before_and_after)
-        means = _pool_means(model, ablation, means_from, groups, batch_size, recompute)
+        means = group_pool_means(model, ablation, means_from, groups, batch_size, recompute)
         per_group = []
         bar = tqdm(total=len(groups) * len(circuits), desc=f"evaluating circuits ({ablation})",
                    disable=not opts.shows_progress(default=False), leave=False)
@@ -216,7 +216,7 @@ def _pool_groups(model, pool, batch_size) -> list[Tensor]:
     raise MeanPoolError(f"means_from must be a Dataset, a TaskBatch or token ids [n, pos], got {type(pool).__name__}.")
 
 
-def _pool_means(model, ablation, pool, groups, batch_size, recompute: bool = False) -> Optional[dict]:
+def group_pool_means(model, ablation, pool, groups, batch_size, recompute: bool = False) -> Optional[dict]:
     """Mean sender outputs over the pool: ``{None: [n, d_model]}`` or ``{length: [n, pos, d_model]}``, ``n`` being
     the senders followed (``recompute``) by every layer's heads' pre-norm results."""
     if not ablation.endswith("mean"):

@@ -14,7 +14,7 @@ from circuits.errors import InputError
 from merging import merge
 from merging.methods import ArceeFusionConfig, PassthroughConfig, RamConfig, RamPlusConfig
 from merging.methods.arcee import QUANTILE_SAMPLE_SIZE, arcee_fusion, ram, ramplus_tl
-from merging.methods.passthrough import passthrough
+from merging.methods.single_model import passthrough
 from tests.merging.methods.mergekit_reference import SHAPES, close, mergekit, randn
 
 

@@ -1,4 +1,4 @@
-"""merging.methods.wudi: the written-out gradient equals autograd's on the loss as the paper writes it (in the
+"""merging.methods.interference: the written-out gradient equals autograd's on the loss as the paper writes it (in the
 ``[out, in]`` layout of a linear layer), the Adam steps equal the same Adam driven by autograd, the loss falls, task
 vectors on disjoint inputs are left at their sum (the loss's optimum, 0), and non-matrix tensors get the mean."""
 
@@ -8,7 +8,7 @@ import torch
 from circuits.errors import InputError
 from merging import merge
 from merging.methods import WudiConfig
-from merging.methods.wudi import interference_gradient, interference_loss, wudi, wudi_delta
+from merging.methods.interference import interference_gradient, interference_loss, wudi, wudi_delta
 
 
 def randn(shape, seed):
