@@ -16,8 +16,8 @@ numbers inflates them. This experiment keeps the three roles apart (``circuits.p
    lowest validation CMD + |1 − f(5 %)| is chosen (the two measures the goal names: faithful at every
    size, and faithful at 5 %);
 4. test: the chosen circuit's faithfulness curve on the test set (CPR, CMD, f at MIB's sizes, 95 %
-   bootstrap intervals over prompts), beside EAP-IG-inputs and matryoshka with its defaults on the
-   same prompts (``--baselines``), with paired differences against EAP-IG-inputs;
+   bootstrap intervals over prompts), beside EAP-IG-inputs and matryoshka (the same steps and prompts per step, its
+   own lr, budgets and temperatures) on the same prompts (``--baselines``), with paired differences against EAP-IG-inputs;
 5. stability: the chosen setting learned again on each further training set and with each
    ``--stability-seeds`` seed; the edge Jaccard of every pair of circuits at 2, 5 and 10 % of the
    edges, the Spearman correlation of their scores, and the stable core (edges more than half of the
@@ -152,10 +152,10 @@ def _stages(run: Run) -> None:
             if warm[0] is not None:
                 curves["EAP-IG-inputs"] = curve(warm[0], test)
             if cfg.method != "matryoshka":
+                # the same steps and prompts per step; its own lr, budgets and temperatures
                 matryoshka = learn_circuit(model, train_sets[0], init=warm[0],
-                                           config=dataclasses.replace(LearnConfig(), seed=cfg.seed, progress=False,
-                                                                      memory_mb=cfg.memory_mb))
-                curves["matryoshka (defaults)"] = curve(matryoshka.graph, test)
+                                           config=dataclasses.replace(base, method="matryoshka", samples=2))
+                curves["matryoshka"] = curve(matryoshka.graph, test)
         results["test"] = {label: curve_row(c) for label, c in curves.items()}
         if "EAP-IG-inputs" in curves:
             results["test_minus_EAP-IG-inputs"] = {

@@ -41,8 +41,8 @@ class LearnedCircuitConfig(BatchSettings, RunSettings):
                           type=cli.positive_int)
     warm_start_prompts: int = option(64, "training prompts the EAP-IG-inputs warm start is scored on (0: a cold "
                                          "start)", type=cli.nonnegative_int)
-    baselines: bool = option(True, "also curve EAP-IG-inputs (the warm start) and matryoshka with its defaults on "
-                                   "the test prompts")
+    baselines: bool = option(True, "also curve EAP-IG-inputs (the warm start) and matryoshka (same steps and prompts "
+                                   "per step) on the test prompts")
     stability_sets: int = option(2, "disjoint training sets the chosen setting is learned on (1: no comparison "
                                     "across prompt sets)", type=cli.positive_int)
     stability_seeds: tuple[int, ...] = option((), "further seeds the chosen setting is learned with on the first "

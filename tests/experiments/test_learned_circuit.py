@@ -31,9 +31,9 @@ def test_a_run_chooses_on_validation_and_reports_test_and_stability(tmp_path, ti
     assert results["sweep"]["chosen"] == {k: best[k] for k in ("lr", "temperature", "faithfulness_penalty")}
     # the criterion is computed from the validation curve the row shows
     assert best["criterion"] == pytest.approx(best["cmd"]["value"] + abs(1 - best["f"]["5%"]["value"]))
-    assert set(results["test"]) == {"top-n", "EAP-IG-inputs", "matryoshka (defaults)"}
+    assert set(results["test"]) == {"top-n", "EAP-IG-inputs", "matryoshka"}
     assert all(row["n_prompts"] == 8 for row in results["test"].values())
-    assert set(results["test_minus_EAP-IG-inputs"]) == {"top-n", "matryoshka (defaults)"}
+    assert set(results["test_minus_EAP-IG-inputs"]) == {"top-n", "matryoshka"}
     stability = results["stability"]
     assert [r["set"] for r in stability["runs"]] == [0, 1, 0] and [p["differ_in"] for p in stability["pairs"]] == \
         ["sets", "seeds", "sets"]
