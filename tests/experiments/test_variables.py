@@ -72,17 +72,17 @@ def test_the_configs_names_are_the_librarys():
 
 
 @pytest.mark.integration
-def test_gemma_two_digit_addition_finds_the_variables_it_is_given(gemma, tmp_path):
-    """gemma-3-270m, MIB's two-digit addition with small settings (about a minute on a 2-core CPU): every stage runs
-    on the real tokenizer (two-token operands, whole answers teacher-forced) and every IIA is a proportion."""
+def test_gemma_one_digit_addition_finds_the_variables_it_is_given(gemma, tmp_path):
+    """gemma-3-270m, one-digit addition with small settings (about a minute on a 2-core CPU): every stage runs on the
+    real tokenizer and every IIA is a proportion. (gemma-3-270m answers almost none of MIB's two-digit prompts.)"""
     out = tmp_path / "run"
     results = variables_experiment.main(
-        ["--n-prompts", "48", "--n-pairs", "24", "--n-controls", "4", "--layers", "6", "17", "--ks", "16",
-         "--das-steps", "4", "--featurizers", "das", "random", "--nodes", "MLP17", "--out", str(out)],
+        ["--task", "+", "--variables", "a", "result", "--n-prompts", "96", "--n-pairs", "24", "--n-controls", "4",
+         "--layers", "6", "17", "--ks", "16", "--das-steps", "4", "--featurizers", "das", "random", "--nodes", "MLP17",
+         "--out", str(out)],
         loader=lambda name, **kw: gemma)
     assert results["status"] == "complete"
-    assert set(results["featurizers"]) == {"ones", "ones_carry", "tens"}
-    assert {"a0", "a1", "b0", "b1", "end"} <= set(results["positions"])  # gemma splits the operands' digits
+    assert set(results["featurizers"]) == {"a", "result"}
     for variable, sweep in results["sweep"].items():
         assert all(0 <= cell["value"] <= 1 for row in sweep["iia"] for cell in row), variable
     assert (out / "report.html").is_file()
