@@ -109,16 +109,15 @@ def correct_prompt_splits(
         wanted = [i for i in range(3) if len(kept[i]) < sizes[i]]
         if not wanted:
             break
-        rows = [j for j, row in enumerate(dataset.select_columns(["template_id", "a", "b"]).to_list())
-                if split_of[problem_key(row)] in wanted]
+        owner = [split_of[problem_key(row)] for row in dataset.select_columns(["template_id", "a", "b"]).to_list()]
+        rows = [j for j, i in enumerate(owner) if i in wanted]
         dataset = dataset.select(rows)
-        mask = hits(model, dataset, batch_size)
-        for j, (ok, row) in enumerate(zip(mask, dataset.select_columns(["template_id", "a", "b"]).to_list())):
+        for j, (ok, row) in enumerate(zip(hits(model, dataset, batch_size), rows)):
             if ok:
-                kept[split_of[problem_key(row)]].append(offset + j)
+                kept[owner[row]].append(offset + j)
         parts.append(dataset)
         n_checked, offset, draws = n_checked + len(dataset), offset + len(dataset), draw + 1
-    pool = concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+    pool = concatenate_datasets(parts)
     rng = random.Random(f"split-order/{config.seed}")
     splits = []
     for i in range(3):

@@ -34,7 +34,7 @@ import logging
 
 from circuits.atomic_files import write_text_atomic
 from circuits.templates import resolve_operation
-from experiments.learned_circuit.config import LEARNED_METHODS, LearnedCircuitConfig  # noqa: F401
+from experiments.learned_circuit.config import LearnedCircuitConfig
 from experiments.runtime import ModelLoader, Run, cli, run_experiment
 
 logger = logging.getLogger("experiments")

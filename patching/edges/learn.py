@@ -52,7 +52,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -367,13 +367,14 @@ class _Matryoshka(_Method):
         tau = self.cfg.temperature * (self.cfg.final_temperature / self.cfg.temperature) ** share
         return tau * self.param.detach().std().clamp_min(1e-6)
 
+    def soft_mask(self, k: int, width: Tensor) -> Tensor:
+        """The soft top-k mask ``sigmoid((s − τ_k) / width)``, which sums to ``k``."""
+        s = self.param
+        return torch.sigmoid((s - soft_threshold(s.detach(), k, width)) / width)
+
     def masks(self, step, n):
-        s, width = self.param, self.width(step)
-        rows = []
-        for k in self.budgets(n):
-            threshold = soft_threshold(s.detach(), k, width)
-            rows.append(torch.sigmoid((s - threshold) / width))
-        return torch.stack(rows)
+        width = self.width(step)
+        return torch.stack([self.soft_mask(k, width) for k in self.budgets(n)])
 
 
 class _TopN(_Matryoshka):
@@ -389,11 +390,11 @@ class _TopN(_Matryoshka):
         return [ks[int(i)] for i in take]
 
     def masks(self, step, n):
-        s, width = self.param, self.width(step)
-        order = torch.argsort(s.detach(), descending=True)
+        width = self.width(step)
+        order = torch.argsort(self.param.detach(), descending=True)
         rows = []
         for k in self.budgets(n):
-            soft = torch.sigmoid((s - soft_threshold(s.detach(), k, width)) / width)
+            soft = self.soft_mask(k, width)
             hard = torch.zeros_like(soft)
             hard[order[:k]] = 1.0  # exactly the top-k edges: the circuit the curves evaluate at this size
             rows.append(hard + (soft - soft.detach()))  # value: exactly hard; gradient: the soft top-k's
