@@ -11,17 +11,19 @@ numbers inflates them. This experiment keeps the three roles apart (``circuits.p
 2. warm start: EAP-IG-inputs edge scores on ``--warm-start-prompts`` of the first training set
    (``patching.edges.attribute``; each further set gets its own);
 3. sweep: the learned method (``--method``, default ``top-n``: the hard top-n circuits at the reported
-   sizes, straight-through gradients) for every setting of the grid (``--lrs`` x ``--temperatures`` x
-   ``--penalties``) on the first training set, each curved on the validation set; the setting with the
-   lowest validation CMD + |1 − f(5 %)| is chosen (the two measures the goal names: faithful at every
-   size, and faithful at 5 %);
+   sizes, straight-through gradients) for every setting of the grid (``--steps`` x ``--samples`` x
+   ``--learn-batch-size`` x ``--lrs`` x ``--temperatures`` x ``--penalties``) on the first training set, each curved on the
+   validation set, and (``--sweep-stability``) learned again on the second training set, the two circuits'
+   edge Jaccard at 5 % measured; the setting with the lowest validation CMD + |1 − f(5 %)| +
+   ``--stability-weight`` x (1 − Jaccard(5 %)) is chosen (what the goal names: faithful at every size,
+   faithful at 5 %, the same circuit from another prompt set);
 4. test: the chosen circuit's faithfulness curve on the test set (CPR, CMD, f at MIB's sizes, 95 %
    bootstrap intervals over prompts), beside EAP-IG-inputs and matryoshka (the same steps and prompts per step, its
    own lr, budgets and temperatures) on the same prompts (``--baselines``), with paired differences against EAP-IG-inputs;
-5. stability: the chosen setting learned again on each further training set and with each
-   ``--stability-seeds`` seed; the edge Jaccard of every pair of circuits at 2, 5 and 10 % of the
-   edges, the Spearman correlation of their scores, and the stable core (edges more than half of the
-   runs keep) with its own test curve;
+5. stability: the chosen setting learned on each further training set (the sweep's second-set circuit is
+   reused) and with each ``--stability-seeds`` seed; the edge Jaccard of every pair of circuits at 2, 5
+   and 10 % of the edges, the Spearman correlation of their scores, and the stable core (edges more than
+   half of the runs keep) with its own test curve (:func:`patching.edges.stability.compare_runs`);
 6. outputs: results.json (docs/results_json.md), the chosen circuit's scores as a Graph JSON, the
    curve figure and report.html.
 """
@@ -29,7 +31,6 @@ numbers inflates them. This experiment keeps the three roles apart (``circuits.p
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 
 from circuits.atomic_files import write_text_atomic
@@ -67,10 +68,12 @@ def problem_disjoint_parts(dataset, n_parts: int, seed: int = 0) -> list:
     return [dataset.select(p[:size]) for p in parts]
 
 
-def criterion(curve) -> float:
-    """The sweep's choice: validation CMD + |1 − f| at :data:`GOAL_FRACTION` (lower is better)."""
+def criterion(curve, jaccard: float | None = None, stability_weight: float = 0.0) -> float:
+    """The sweep's choice: validation CMD + |1 − f| at :data:`GOAL_FRACTION`, plus ``stability_weight`` x
+    (1 − ``jaccard``), the edge Jaccard at that size of the circuits of two training sets (lower is better)."""
     f = curve.faithfulness[curve.fractions.index(GOAL_FRACTION)].value
-    return curve.cmd.value + abs(1.0 - f)
+    unstable = 0.0 if jaccard is None else stability_weight * (1.0 - jaccard)
+    return curve.cmd.value + abs(1.0 - f) + unstable
 
 
 def curve_row(curve) -> dict:
@@ -93,6 +96,7 @@ def run(cfg: LearnedCircuitConfig, *, loader: ModelLoader | None = None) -> dict
 
 def _stages(run: Run) -> None:
     from circuits.graph_io import save_eap_json
+    from circuits.graph_selection import edge_jaccard, select_fraction
     from circuits.prompt_splits import correct_prompt_splits
     from circuits.tasks import TaskConfig
     from patching.edges.attribute import edge_attribution
@@ -126,25 +130,41 @@ def _stages(run: Run) -> None:
         warm = [edge_attribution(model, s.select(range(min(len(s), cfg.warm_start_prompts))), method="EAP-IG-inputs",
                                  options=options) if cfg.warm_start_prompts else None for s in train_sets]
 
-    base = LearnConfig(method=cfg.method, steps=cfg.steps, batch_size=cfg.learn_batch_size, samples=cfg.samples,
-                       seed=cfg.seed, memory_mb=cfg.memory_mb, progress=False)
+    base = LearnConfig(method=cfg.method, seed=cfg.seed, memory_mb=cfg.memory_mb, progress=False)
     grid = cfg.grid()
-    sweep, graphs = [], []
-    with run.stage("sweep", f"{len(grid)} settings of {cfg.method}, each learned on {len(train_sets[0])} prompts "
-                            f"and curved on {len(validation)} validation prompts"):
+    paired = cfg.measures_sweep_stability()
+    sweep, graphs, second = [], [], []
+    with run.stage("sweep", f"{len(grid)} settings of {cfg.method}, each learned on {len(train_sets[0])} prompts"
+                            + (" (and again on the second training set)" if paired else "")
+                            + f" and curved on {len(validation)} validation prompts"):
         for i, setting in enumerate(grid):
-            with run.step(f"setting {i + 1}/{len(grid)}: lr {setting['lr']:g}, temperature {setting['temperature']:g}, "
-                          f"penalty {setting['faithfulness_penalty']:g}"):
+            label = ", ".join(f"{k} {v:g}" for k, v in setting.items())
+            with run.step(f"setting {i + 1}/{len(grid)}: {label}"):
                 learned = learn_circuit(model, train_sets[0], config=dataclasses.replace(base, **setting), init=warm[0])
                 val = curve(learned.graph, validation)
-            sweep.append(setting | curve_row(val) | {"criterion": criterion(val), "seconds": learned.seconds,
-                                                     "seconds_per_step": learned.seconds_per_step})
+                row = setting | curve_row(val) | {"seconds": learned.seconds,
+                                                  "seconds_per_step": learned.seconds_per_step}
+                jaccard = None
+                if paired:
+                    other = learn_circuit(model, train_sets[1], config=dataclasses.replace(base, **setting),
+                                          init=warm[1])
+                    second.append(other.graph)
+                    jaccard = {f"{100 * x:g}%": edge_jaccard(select_fraction(learned.graph, x).in_graph,
+                                                              select_fraction(other.graph, x).in_graph)
+                               for x in STABILITY_FRACTIONS}
+                    row["jaccard_training_sets"] = jaccard
+                row["criterion"] = criterion(val, jaccard and jaccard[f"{100 * GOAL_FRACTION:g}%"],
+                                             cfg.stability_weight)
+            sweep.append(row)
             graphs.append(learned.graph)
             print(f"      validation CMD {val.cmd.value:.3f}, f(5%) "
-                  f"{val.faithfulness[val.fractions.index(GOAL_FRACTION)].value:.3f}", flush=True)
+                  f"{val.faithfulness[val.fractions.index(GOAL_FRACTION)].value:.3f}"
+                  + (f", Jaccard(5%) of two training sets {jaccard['5%']:.2f}" if jaccard else "")
+                  + f" ({learned.seconds_per_step:.2f} s/step)", flush=True)
     best = min(range(len(grid)), key=lambda i: sweep[i]["criterion"])
     chosen = grid[best]
-    results["sweep"] = {"rows": sweep, "chosen": chosen, "criterion": "validation CMD + |1 - f(5%)|"}
+    results["sweep"] = {"rows": sweep, "chosen": chosen, "criterion": "validation CMD + |1 - f(5%)|" + (
+        f" + {cfg.stability_weight:g} x (1 - Jaccard(5%) of two training sets)" if paired else "")}
 
     with run.stage("test", f"the chosen circuit and the baselines on {len(test)} test prompts"):
         curves = {cfg.method: curve(graphs[best], test)}
@@ -153,8 +173,8 @@ def _stages(run: Run) -> None:
                 curves["EAP-IG-inputs"] = curve(warm[0], test)
             if cfg.method != "matryoshka":
                 # the same steps and prompts per step; its own lr, budgets and temperatures
-                matryoshka = learn_circuit(model, train_sets[0], init=warm[0],
-                                           config=dataclasses.replace(base, method="matryoshka", samples=2))
+                matryoshka = learn_circuit(model, train_sets[0], init=warm[0], config=dataclasses.replace(
+                    base, method="matryoshka", samples=2, steps=chosen["steps"], batch_size=chosen["batch_size"]))
                 curves["matryoshka"] = curve(matryoshka.graph, test)
         results["test"] = {label: curve_row(c) for label, c in curves.items()}
         if "EAP-IG-inputs" in curves:
@@ -167,6 +187,9 @@ def _stages(run: Run) -> None:
     with run.stage("stability", f"the chosen setting on {cfg.stability_sets} training set(s) and "
                                 f"{1 + len(cfg.stability_seeds)} seed(s)"):
         for index in range(1, len(train_sets)):
+            if index == 1 and paired:
+                runs.append((1, cfg.seed, second[best]))
+                continue
             learned = learn_circuit(model, train_sets[index], init=warm[index],
                                     config=dataclasses.replace(base, **chosen))
             runs.append((index, cfg.seed, learned.graph))
@@ -174,37 +197,34 @@ def _stages(run: Run) -> None:
             learned = learn_circuit(model, train_sets[0], init=warm[0],
                                     config=dataclasses.replace(base, **chosen, seed=seed))
             runs.append((0, seed, learned.graph))
-        results["stability"] = stability(runs, test, curve)
+        results["stability"] = stability(model, runs, test, cfg)
     results["wall_seconds"] = run.wall_seconds
     _report(run, curves)
     print(summary(results))
 
 
-def stability(runs, test, curve) -> dict:
+def stability(model, runs, test, cfg: LearnedCircuitConfig) -> dict:
     """Jaccard and Spearman of every pair of runs, and the stable core's test curve (the module docstring)."""
-    import torch
+    from circuits.graph_selection import select_fraction
+    from patching.edges.faithful_circuit import CircuitSearch
+    from patching.edges.stability import compare_runs
 
-    from circuits.graph_selection import edge_jaccard, score_spearman, select_fraction
-
-    circuits = [[select_fraction(graph, x) for x in STABILITY_FRACTIONS] for _, _, graph in runs]
-    pairs = list(itertools.combinations(range(len(runs)), 2))
     out = {"runs": [{"set": s, "seed": seed} for s, seed, _ in runs], "fractions": list(STABILITY_FRACTIONS),
            "pairs": []}
-    for a, b in pairs:
-        kind = "sets" if runs[a][0] != runs[b][0] else "seeds"
-        out["pairs"].append({"runs": [a, b], "differ_in": kind, "spearman": score_spearman(runs[a][2], runs[b][2]),
-                             "jaccard": {f"{100 * x:g}%": edge_jaccard(circuits[a][i].in_graph, circuits[b][i].in_graph)
-                                         for i, x in enumerate(STABILITY_FRACTIONS)}})
     if len(runs) < 2:
         return out
-    layout = runs[0][2].layout
-    cores = {}
-    for i, x in enumerate(STABILITY_FRACTIONS):
-        share = torch.stack([c[i].in_graph for c in circuits]).float().mean(dim=0)
-        cores[int(x * layout.n_edges)] = share > 0.5
-    core = curve(runs[0][2], test, select=lambda scores, n: cores[n], fractions=list(STABILITY_FRACTIONS))
-    out["core"] = [{"fraction": x, "n_edges": int(m.sum()), "f": f.to_dict()}
-                   for x, m, f in zip(STABILITY_FRACTIONS, cores.values(), core.faithfulness)]
+    circuits = [[select_fraction(graph, x) for x in STABILITY_FRACTIONS] for _, _, graph in runs]
+    search = CircuitSearch(n_bootstrap=cfg.n_bootstrap, seed=cfg.seed, memory_mb=cfg.memory_mb)
+    compared = compare_runs(model, [(s, seed) for s, seed, _ in runs], [g for _, _, g in runs], circuits, test, search,
+                            method=cfg.method, kind="learned mask", fractions=STABILITY_FRACTIONS,
+                            n_per_set=cfg.n_train)
+    spearman, jaccard = compared.spearman(), compared.jaccard()
+    for p, (a, b) in enumerate(compared.pairs()):
+        kind = "sets" if runs[a][0] != runs[b][0] else "seeds"
+        out["pairs"].append({"runs": [a, b], "differ_in": kind, "spearman": spearman[p],
+                             "jaccard": {f"{100 * x:g}%": jaccard[i][p] for i, x in enumerate(STABILITY_FRACTIONS)}})
+    out["core"] = [{"fraction": x, "n_edges": int(c.in_graph.sum()), "f": f.to_dict()}
+                   for x, c, f in zip(STABILITY_FRACTIONS, compared.cores, compared.core_curve.faithfulness)]
     return out
 
 
@@ -235,9 +255,11 @@ def _report(run: Run, curves: dict) -> None:
     figure = faithfulness_figure(list(curves.items()), title="Faithfulness on the test prompts")
     write_text_atomic(run.out / "figures" / "test_curves.json", figure.to_json())
     report.add_figure(figure, heading="Faithfulness on the test prompts")
-    report.add_table([{k: v for k, v in row.items() if k in ("lr", "temperature", "faithfulness_penalty", "criterion",
-                                                             "seconds")}
+    report.add_table([{k: v for k, v in row.items() if k in ("steps", "samples", "batch_size", "lr", "temperature",
+                                                             "faithfulness_penalty", "criterion", "seconds")}
                       | {"validation CMD": row["cmd"]["value"], "validation f@5%": row["f"]["5%"]["value"]}
+                      | ({"Jaccard@5% (training sets)": row["jaccard_training_sets"]["5%"]}
+                         if "jaccard_training_sets" in row else {})
                       for row in results["sweep"]["rows"]], heading="Sweep (validation prompts)")
     report.add_table(run.timer.seconds | {"total": results["wall_seconds"]}, heading="Wall time per stage",
                      columns=("stage", "seconds"))

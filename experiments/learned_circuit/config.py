@@ -35,16 +35,24 @@ class LearnedCircuitConfig(BatchSettings, RunSettings):
     temperatures: tuple[float, ...] = option((1.0, 0.3), "starting widths of the soft top-n swept (standard "
                                                          "deviations of the scores)", type=cli.positive_float, nargs="+")
     penalties: tuple[float, ...] = option((0.0, 1.0), "weights of the |1 - f| penalty swept", type=float, nargs="+")
-    steps: int = option(200, "optimisation steps of every learned circuit", type=cli.positive_int)
-    learn_batch_size: int = option(16, "prompts per optimisation step", type=cli.positive_int)
-    samples: int = option(7, "circuits per prompt per step (top-n: sizes; 7 = all of its default sizes)",
-                          type=cli.positive_int)
+    steps: tuple[int, ...] = option((200,), "optimisation steps of every learned circuit (several: swept)",
+                                    type=cli.positive_int, nargs="+")
+    learn_batch_size: tuple[int, ...] = option((16,), "prompts per optimisation step (several: swept)",
+                                               type=cli.positive_int, nargs="+")
+    samples: tuple[int, ...] = option((7,), "circuits per prompt per step (top-n: sizes drawn from its 7 default "
+                                            "sizes; 7 = all of them; several: swept)", type=cli.positive_int, nargs="+")
     warm_start_prompts: int = option(64, "training prompts the EAP-IG-inputs warm start is scored on (0: a cold "
                                          "start)", type=cli.nonnegative_int)
     baselines: bool = option(True, "also curve EAP-IG-inputs (the warm start) and matryoshka (same steps and prompts "
                                    "per step) on the test prompts")
     stability_sets: int = option(2, "disjoint training sets the chosen setting is learned on (1: no comparison "
                                     "across prompt sets)", type=cli.positive_int)
+    sweep_stability: bool = option(True, "learn every swept setting on the second training set too, and add "
+                                         "--stability-weight x (1 - the edge Jaccard of the two circuits at five "
+                                         "percent of the edges) to the choice (training prompts only; needs "
+                                         "--stability-sets >= 2)")
+    stability_weight: float = option(1.0, "weight of 1 - that Jaccard in the sweep's choice (with --sweep-stability)",
+                                     type=float)
     stability_seeds: tuple[int, ...] = option((), "further seeds the chosen setting is learned with on the first "
                                                   "set", type=int, nargs="+")
     n_bootstrap: int = option(1000, "bootstrap resamples over prompts for every interval", type=cli.positive_int)
@@ -53,6 +61,8 @@ class LearnedCircuitConfig(BatchSettings, RunSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.stability_weight < 0:
+            raise InputError(f"--stability-weight {self.stability_weight}: a weight is >= 0.")
         if any(p < 0 for p in self.penalties):
             raise InputError(f"--penalties {self.penalties}: a penalty weight is >= 0.")
         if len(set(self.stability_seeds)) != len(self.stability_seeds) or self.seed in self.stability_seeds:
@@ -61,5 +71,11 @@ class LearnedCircuitConfig(BatchSettings, RunSettings):
 
     def grid(self) -> list[dict]:
         """Every swept setting, as LearnConfig fields."""
-        return [{"lr": lr, "temperature": t, "faithfulness_penalty": p}
+        return [{"lr": lr, "temperature": t, "faithfulness_penalty": p, "steps": steps, "samples": samples,
+                 "batch_size": batch}
+                for steps in self.steps for samples in self.samples for batch in self.learn_batch_size
                 for lr in self.lrs for t in self.temperatures for p in self.penalties]
+
+    def measures_sweep_stability(self) -> bool:
+        """Whether every swept setting is also learned on the second training set (it needs one)."""
+        return self.sweep_stability and self.stability_sets >= 2

@@ -205,7 +205,8 @@ def option(default: Any, help: str, *, type: Callable[[str], Any] | None = None,
            nargs: str | None = None) -> Any:
     """A config field that is also a command-line flag: its default, help text and parse-time check (``type``).
 
-    A tuple default (or ``nargs="+"``) becomes a flag taking several values; a ``False`` default a switch.
+    A tuple default (or ``nargs="+"``) becomes a flag taking several values; a ``False`` default a switch, a
+    ``True`` default a ``--no-<name>`` switch that turns it off.
     """
     meta = {"help": help, "type": type, "choices": tuple(choices) if choices is not None else None, "nargs": nargs}
     return dataclasses.field(default=default, metadata=meta)
@@ -250,6 +251,10 @@ def add_config_flags(parser: argparse.ArgumentParser, config: type, help_texts: 
         meta, flag = {**f.metadata, "help": help_texts.get(f.name, f.metadata["help"])}, "--" + f.name.replace("_", "-")
         if f.default is False:
             parser.add_argument(flag, action="store_true", help=meta["help"])
+            continue
+        if f.default is True:  # on by default: the flag turns it off (a value after the flag would be a string)
+            parser.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false",
+                                help=f"turn off: {meta['help']}")
             continue
         several = isinstance(f.default, tuple) or meta["nargs"] is not None
         sample = f.default[0] if isinstance(f.default, tuple) and f.default else f.default

@@ -1,10 +1,12 @@
 """Which locations of the model hold the task's causal variables? Interchange interventions and DAS.
 
-    python -m experiments.variables [--task two_digit_addition] [--out runs/variables-<timestamp>]
+    python -m experiments.variables [--task + | - | * | / | two_digit_addition] [--out runs/variables-<timestamp>]
 
-1. **pairs**: prompts of the task (default MIB's "The sum of AB and CD is"), kept where the model
-   answers them correctly; per variable of the causal model (ones, ones_carry, tens) counterfactual
-   pairs (base, source) split train / validation / test, and control pairs;
+1. **pairs**: prompts of the task (default one-digit addition, ``a + b``; ``two_digit_addition`` is MIB's
+   "The sum of AB and CD is", which gemma-3-270m answers too rarely to pair), kept where the model
+   answers them correctly; per variable of the causal model (a, b, the result and its digits; for two
+   digits ones, ones_carry, tens) counterfactual pairs (base, source) split train / validation / test,
+   and control pairs;
 2. **full-vector sweep**: the residual stream after every layer (``--layers``) at every position of
    the queried problem, swapped from source to base; IIA on the validation pairs per variable, layer
    and position;

@@ -27,8 +27,9 @@ class VariablesConfig(BatchSettings, PromptSettings, RunSettings):
     and overwrite: :class:`experiments.runtime.RunSettings`; the seed draws the prompts, the pairs, their split, the
     featurizers' initial rotations and the random-subspace null)."""
 
-    task: str = option("two_digit_addition", "the causal model: two_digit_addition (MIB: 'The sum of AB and CD is') "
-                                             "or one-digit a op b (+ - * /)", choices=TASKS)
+    task: str = option("+", "the causal model: one-digit a op b (+ - * /; the default, one-digit addition, is a task "
+                            "gemma-3-270m answers) or two_digit_addition (MIB: 'The sum of AB and CD is'; gemma-3-270m "
+                            "answers too few of its prompts to pair them)", choices=TASKS)
     variables: tuple[str, ...] = option((), "variables to test (default: the task's own: ones, ones_carry, tens for "
                                             "two_digit_addition; a, b, result and its digits for one digit)")
     n_prompts: int = override(PromptSettings, "n_prompts", 160, "prompts sampled before keeping the correctly answered "

@@ -144,9 +144,10 @@ class LearnedCircuit:
     faithfulness: list[float]  # per step: mean over the step's masks of f on the step's prompts
     seconds: float
     cpu_seconds: float
-    seconds_per_step: float
+    seconds_per_step: float  # the whole wall time (cached forwards included) over the steps
     peak_memory_mb: Optional[float] = None
     config: LearnConfig = field(default_factory=LearnConfig)
+    step_seconds: list[float] = field(default_factory=list)  # wall time of each optimisation step alone
 
     @property
     def scores(self) -> Tensor:
@@ -155,7 +156,7 @@ class LearnedCircuit:
     def to_dict(self) -> dict:
         return {"config": dataclasses.asdict(self.config), "losses": self.losses, "faithfulness": self.faithfulness,
                 "seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "seconds_per_step": self.seconds_per_step,
-                "peak_memory_mb": self.peak_memory_mb}
+                "step_seconds": self.step_seconds, "peak_memory_mb": self.peak_memory_mb}
 
 
 # ---------------------------------------------------------------------------- prompts, cached once
@@ -445,7 +446,7 @@ def learn_circuit(
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids)
     generator = torch.Generator().manual_seed(cfg.seed)
     wall, cpu = time.perf_counter(), time.process_time()
-    losses, faithful = [], []
+    losses, faithful, step_seconds = [], [], []
     frozen = [p for p in model.parameters() if p.requires_grad]
     for p in frozen:
         p.requires_grad_(False)
@@ -459,6 +460,7 @@ def learn_circuit(
             sizes = torch.tensor([len(b.group) for b in batches], dtype=torch.float)
             bar = tqdm(range(cfg.steps), desc=f"learning a circuit ({cfg.method})", disable=not cfg.progress)
             for step in bar:
+                step_started = time.perf_counter()
                 batch = batches[int(torch.multinomial(sizes, 1, generator=generator))]
                 take = min(cfg.batch_size, len(batch.group))
                 rows = torch.randperm(len(batch.group), generator=generator)[:take].to(model.cfg.device)
@@ -482,6 +484,7 @@ def learn_circuit(
                 method.after_step(step)
                 losses.append(float(loss))
                 faithful.append(f)
+                step_seconds.append(time.perf_counter() - step_started)
                 bar.set_postfix(loss=f"{float(loss):.3g}", f=f"{f:.2f}")
             bar.close()
     finally:
@@ -494,7 +497,7 @@ def learn_circuit(
                                         "steps": cfg.steps, "n_prompts": sum(len(b.group) for b in batches),
                                         "norm": cfg.norm, "warm_start": init is not None})
     return LearnedCircuit(graph, losses, faithful, round(seconds, 2), round(time.process_time() - cpu, 2),
-                          round(seconds / cfg.steps, 3), config=cfg)
+                          round(seconds / cfg.steps, 3), config=cfg, step_seconds=[round(t, 4) for t in step_seconds])
 
 
 def _prompts_per_chunk(model, batch: _Batch, samples: int, memory_mb: float) -> int:

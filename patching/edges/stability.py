@@ -189,13 +189,9 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
                 circuits.append([selected_circuit(graph, x, scored.select) for x in fractions])
                 log(f"{method.name:20s} set {index} seed {seed}: circuit edges "
                     + ", ".join(f"{100 * x:g}% {int(c.in_graph.sum())}" for x, c in zip(fractions, circuits[-1])))
-        cores = []
-        for i in range(len(fractions)):
-            share = torch.stack([run[i].in_graph for run in circuits]).float().mean(dim=0)
-            cores.append(Graph(layout, share, in_graph=share > core_share))
-        core_curve = _core_curve(model, prompts, heldout, layout, fractions, cores, search)
-    result = StabilityResult(method.name, method.kind, fractions, core_share, runs, len(train_sets[0]), heldout, scores,
-                             circuits, cores, core_curve)
+        result = compare_runs(model, runs, scores, circuits, heldout, search, method=method.name, kind=method.kind,
+                              fractions=fractions, core_share=core_share, n_per_set=len(train_sets[0]),
+                              means_from=means_pool(model, prompts, search))
     summary = result.to_dict()
     log(f"{method.name:20s} stability over {len(runs)} runs: Jaccard "
         + ", ".join(f"{100 * j['fraction']:g}% {_text(j['mean'])}" for j in summary["jaccard"])
@@ -208,13 +204,29 @@ def _text(value: Optional[float]) -> str:
     return "undefined" if value is None else f"{value:.3f}"
 
 
-def _core_curve(model, prompts: Dataset, heldout: Dataset, layout, fractions: list[float], cores: list[Graph],
-                search: CircuitSearch) -> FaithfulnessCurve:
-    """The faithfulness of each fraction's core on the held-out set, with the search's ablation and bootstrap.
+def compare_runs(model: HookedTransformer, runs: Sequence[tuple[int, int]], scores: Sequence[Graph],
+                 circuits: Sequence[Sequence[Graph]], heldout: Dataset, search: CircuitSearch, *, method: str,
+                 kind: str, fractions: Sequence[float], core_share: float = 0.5, n_per_set: int = 0,
+                 means_from: Optional[Dataset] = None) -> StabilityResult:
+    """The comparison of circuits that runs have already found: their stable cores and the cores' held-out curve.
 
-    The curve asks a selector for the circuit of each size; this one hands back the core of that size.
+    ``runs``: (training set, seed) of each run; ``scores[r]`` its edge scores; ``circuits[r][i]`` its circuit at
+    ``fractions[i]``; ``heldout``: prompts no run trained on. :func:`circuit_stability` calls this after scoring
+    its own runs; an experiment that learns its circuits itself (``experiments.learned_circuit``) hands its runs here.
     """
+    if len(runs) < 2 or not (len(runs) == len(scores) == len(circuits)):
+        raise InputError(f"Stability compares at least 2 runs, each with scores and one circuit per fraction; got "
+                         f"{len(runs)} runs, {len(scores)} score graphs and {len(circuits)} circuit lists.")
+    fractions = [float(x) for x in fractions]
+    layout = scores[0].layout
+    cores = []
+    for i in range(len(fractions)):
+        share = torch.stack([run[i].in_graph for run in circuits]).float().mean(dim=0)
+        cores.append(Graph(layout, share, in_graph=share > core_share))
     by_size = {int(x * layout.n_edges): core.in_graph for x, core in zip(fractions, cores)}
-    return faithfulness_curve(model, cores[0], heldout, fractions=fractions, ablation=search.ablation,
-                              means_from=means_pool(model, prompts, search), select=lambda scores, n: by_size[n],
-                              n_bootstrap=search.n_bootstrap, seed=search.seed, options=search.options(False))
+    # the curve asks a selector for the circuit of each size; this one hands back the core of that size
+    core_curve = faithfulness_curve(model, cores[0], heldout, fractions=fractions, ablation=search.ablation,
+                                    means_from=means_from, select=lambda _scores, n: by_size[n],
+                                    n_bootstrap=search.n_bootstrap, seed=search.seed, options=search.options(False))
+    return StabilityResult(method, kind, fractions, core_share, list(runs), n_per_set, heldout, list(scores),
+                           [list(c) for c in circuits], cores, core_curve)

@@ -26,11 +26,13 @@ def test_a_run_chooses_on_validation_and_reports_test_and_stability(tmp_path, ti
     results = learned_circuit.main(SMALL + ["--model", str(tiny_dir), "--stability-seeds", "5", "--out", str(out)])
     assert results["status"] == "complete"
     rows = results["sweep"]["rows"]
-    assert len(rows) == 4  # 2 lrs x 1 temperature x 2 penalties
+    assert len(rows) == 4  # 2 lrs x 1 temperature x 2 penalties (one steps, one samples)
     best = min(rows, key=lambda r: r["criterion"])
-    assert results["sweep"]["chosen"] == {k: best[k] for k in ("lr", "temperature", "faithfulness_penalty")}
-    # the criterion is computed from the validation curve the row shows
-    assert best["criterion"] == pytest.approx(best["cmd"]["value"] + abs(1 - best["f"]["5%"]["value"]))
+    assert results["sweep"]["chosen"] == {k: best[k] for k in ("lr", "temperature", "faithfulness_penalty", "steps",
+                                                               "samples", "batch_size")}
+    # the criterion is computed from the validation curve and the two training sets' Jaccard the row shows
+    assert best["criterion"] == pytest.approx(best["cmd"]["value"] + abs(1 - best["f"]["5%"]["value"])
+                                              + (1 - best["jaccard_training_sets"]["5%"]))
     assert set(results["test"]) == {"top-n", "EAP-IG-inputs", "matryoshka"}
     assert all(row["n_prompts"] == 8 for row in results["test"].values())
     assert set(results["test_minus_EAP-IG-inputs"]) == {"top-n", "matryoshka"}
@@ -38,10 +40,23 @@ def test_a_run_chooses_on_validation_and_reports_test_and_stability(tmp_path, ti
     assert [r["set"] for r in stability["runs"]] == [0, 1, 0] and [p["differ_in"] for p in stability["pairs"]] == \
         ["sets", "seeds", "sets"]
     assert all(0 <= p["jaccard"]["5%"] <= 1 for p in stability["pairs"]) and len(stability["core"]) == 3
+    # the stability stage reuses the sweep's second-set circuit of the chosen setting: the same Jaccard
+    chosen = rows.index(best)
+    assert stability["pairs"][0]["jaccard"] == pytest.approx(rows[chosen]["jaccard_training_sets"])
     assert results["prompts"]["sizes"]["validation"] == 8 and results["prompts"]["train_sets"] == [12, 12]
     on_disk = json.loads((out / "results.json").read_text())
     assert on_disk["sweep"]["chosen"] == results["sweep"]["chosen"]
     assert (out / "report.html").exists() and (out / "learned_circuit.json").exists()
+
+
+def test_steps_and_samples_are_swept_and_sweep_stability_can_be_turned_off(tmp_path, tiny_dir):
+    results = learned_circuit.main(SMALL[:-8] + ["--lrs", "0.05", "--temperatures", "1.0", "--penalties", "0", "--steps", "2", "3",
+                                                 "--no-sweep-stability", "--no-baselines", "--model", str(tiny_dir),
+                                                 "--out", str(tmp_path / "run")])
+    rows = results["sweep"]["rows"]
+    assert [r["steps"] for r in rows] == [2, 3] and all("jaccard_training_sets" not in r for r in rows)
+    assert all(r["criterion"] == pytest.approx(r["cmd"]["value"] + abs(1 - r["f"]["5%"]["value"])) for r in rows)
+    assert set(results["test"]) == {"top-n"} and len(results["stability"]["pairs"]) == 1
 
 
 def test_training_parts_share_no_problem_and_have_one_size():
@@ -65,6 +80,7 @@ def test_the_criterion_counts_area_and_the_goal_size():
         cmd = _Estimate(0.1)
 
     assert criterion(_Curve()) == pytest.approx(0.1 + 0.3)  # overshoot at 5 % counts as undershoot would
+    assert criterion(_Curve(), 0.4, 0.5) == pytest.approx(0.1 + 0.3 + 0.5 * 0.6)
 
 
 def test_bad_flags_are_refused_before_the_model_loads(tiny_loader, run_main, capsys):
