@@ -12,7 +12,7 @@ numbers inflates them. This experiment keeps the three roles apart (``circuits.p
    (``patching.edges.attribute``; each further set gets its own);
 3. sweep: the learned method (``--method``, default ``top-n``: the hard top-n circuits at the reported
    sizes, straight-through gradients) for every setting of the grid (``--steps`` x ``--samples`` x
-   ``--learn-batch-size`` x ``--lrs`` x ``--temperatures`` x ``--penalties``) on the first training set, each curved on the
+   ``--learn-batch-size`` x ``--restarts`` x ``--lrs`` x ``--temperatures`` x ``--penalties``) on the first training set, each curved on the
    validation set, and (``--sweep-stability``) learned again on the second training set, the two circuits'
    edge Jaccard at 5 % measured; the setting with the lowest validation CMD + |1 − f(5 %)| +
    ``--stability-weight`` x (1 − Jaccard(5 %)) is chosen (what the goal names: faithful at every size,
@@ -174,7 +174,8 @@ def _stages(run: Run) -> None:
             if cfg.method != "matryoshka":
                 # the same steps and prompts per step; its own lr, budgets and temperatures
                 matryoshka = learn_circuit(model, train_sets[0], init=warm[0], config=dataclasses.replace(
-                    base, method="matryoshka", samples=2, steps=chosen["steps"], batch_size=chosen["batch_size"]))
+                    base, method="matryoshka", samples=2, steps=chosen["steps"], batch_size=chosen["batch_size"],
+                    restarts=chosen["restarts"]))
                 curves["matryoshka"] = curve(matryoshka.graph, test)
         results["test"] = {label: curve_row(c) for label, c in curves.items()}
         if "EAP-IG-inputs" in curves:
@@ -255,7 +256,7 @@ def _report(run: Run, curves: dict) -> None:
     figure = faithfulness_figure(list(curves.items()), title="Faithfulness on the test prompts")
     write_text_atomic(run.out / "figures" / "test_curves.json", figure.to_json())
     report.add_figure(figure, heading="Faithfulness on the test prompts")
-    report.add_table([{k: v for k, v in row.items() if k in ("steps", "samples", "batch_size", "lr", "temperature",
+    report.add_table([{k: v for k, v in row.items() if k in ("steps", "samples", "batch_size", "restarts", "lr", "temperature",
                                                              "faithfulness_penalty", "criterion", "seconds")}
                       | {"validation CMD": row["cmd"]["value"], "validation f@5%": row["f"]["5%"]["value"]}
                       | ({"Jaccard@5% (training sets)": row["jaccard_training_sets"]["5%"]}

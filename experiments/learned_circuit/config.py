@@ -41,6 +41,8 @@ class LearnedCircuitConfig(BatchSettings, RunSettings):
                                                type=cli.positive_int, nargs="+")
     samples: tuple[int, ...] = option((7,), "circuits per prompt per step (top-n: sizes drawn from its 7 default "
                                             "sizes; 7 = all of them; several: swept)", type=cli.positive_int, nargs="+")
+    restarts: tuple[int, ...] = option((1,), "independent runs per circuit whose standardised scores are averaged "
+                                             "(patching.edges.learn; several: swept)", type=cli.positive_int, nargs="+")
     warm_start_prompts: int = option(64, "training prompts the EAP-IG-inputs warm start is scored on (0: a cold "
                                          "start)", type=cli.nonnegative_int)
     baselines: bool = option(True, "also curve EAP-IG-inputs (the warm start) and matryoshka (same steps and prompts "
@@ -72,8 +74,9 @@ class LearnedCircuitConfig(BatchSettings, RunSettings):
     def grid(self) -> list[dict]:
         """Every swept setting, as LearnConfig fields."""
         return [{"lr": lr, "temperature": t, "faithfulness_penalty": p, "steps": steps, "samples": samples,
-                 "batch_size": batch}
+                 "batch_size": batch, "restarts": restarts}
                 for steps in self.steps for samples in self.samples for batch in self.learn_batch_size
+                for restarts in self.restarts
                 for lr in self.lrs for t in self.temperatures for p in self.penalties]
 
     def measures_sweep_stability(self) -> bool:

@@ -38,6 +38,9 @@ Methods (``method=``); each returns edge scores like :func:`patching.edges.edge_
   is trained, so one ranking serves every MIB size, and its circuits are nested by construction.
   Scores: ``s`` (shifted to start at 0).
 
+Restarts (``restarts=``): the same method run that many times with its own seeds (batches, sizes, noise), each
+run's scores standardised and averaged; what optimiser noise moves near a size's threshold averages out.
+
 Warm starts (``init=``): any score tensor (EAP-IG, exact effects): ``|score|`` standardised becomes the
 starting ``log α``, ``θ`` or ``s`` (so the first top-k circuits are those of the warm start).
 
@@ -102,6 +105,7 @@ class LearnConfig:
     final_temperature: float = 0.05  # matryoshka, top-n: its width at the last step
     fractions: tuple[float, ...] = TOP_N_FRACTIONS  # top-n: the circuit sizes trained, as fractions of the edges
     faithfulness_penalty: float = 0.0  # weight of |1 − f| of every circuit on the step's prompts, added to the loss
+    restarts: int = 1  # independent runs (own seeds: batches, sizes, noise) whose standardised scores are averaged
     norm: str = "frozen"
     seed: int = 0
     memory_mb: float = 2048.0
@@ -112,7 +116,7 @@ class LearnConfig:
             raise InputError(f"Unknown learned-circuit method {self.method!r}: use one of {METHODS}.")
         if self.objective not in OBJECTIVES:
             raise InputError(f"Unknown objective {self.objective!r}: use 'kl' (the END distribution) or 'metric'.")
-        for name in ("steps", "batch_size", "samples"):
+        for name in ("steps", "batch_size", "samples", "restarts"):
             check_positive_int(getattr(self, name), name)
         for name in ("lr", "lagrangian_lr", "temperature", "final_temperature", "memory_mb"):
             value = getattr(self, name)
@@ -442,6 +446,11 @@ def learn_circuit(
             raise InputError(f"init holds {int(torch.isinf(given).sum())} infinite and {int(torch.isnan(given).sum())} "
                              f"NaN scores of {layout.n_edges} edges: a warm start needs finite scores (NaN only for "
                              "edges left unscored). Pass finite scores, or init=None for the default start.")
+    if cfg.restarts > 1:
+        runs = [learn_circuit(model, reference, counterfactual, init=init, answer_ids=answer_ids, alt_ids=alt_ids,
+                              config=dataclasses.replace(cfg, restarts=1, seed=restart_seed(cfg.seed, k)))
+                for k in range(cfg.restarts)]
+        return _averaged(runs, cfg)
     metric = get_metric("logit")
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids)
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -498,6 +507,33 @@ def learn_circuit(
                                         "norm": cfg.norm, "warm_start": init is not None})
     return LearnedCircuit(graph, losses, faithful, round(seconds, 2), round(time.process_time() - cpu, 2),
                           round(seconds / cfg.steps, 3), config=cfg, step_seconds=[round(t, 4) for t in step_seconds])
+
+
+def restart_seed(seed: int, k: int) -> int:
+    """The seed of restart ``k`` of a run seeded ``seed`` (restart 0 is the run itself; no two (seed, k) share one
+    for seeds below 1,000,003 and fewer restarts)."""
+    return seed * 1_000_003 + k
+
+
+def _averaged(runs: Sequence[LearnedCircuit], cfg: LearnConfig) -> LearnedCircuit:
+    """One circuit from restarts: each run's scores standardised over the real edges, averaged, shifted to start at
+    0. Optimiser noise (the batches and sizes drawn) moves edges near each size's threshold in or out; the average
+    keeps the edges the runs agree on at the top."""
+    layout = runs[0].graph.layout
+    real = layout.real_edge_mask
+    z = []
+    for r in runs:
+        values = r.scores[real].double()
+        z.append((values - values.mean()) / values.std().clamp_min(1e-12))
+    mean = torch.stack(z).mean(0)
+    scores = torch.full((layout.n_forward, layout.n_backward), float("nan"))
+    scores[real] = (mean - mean.min()).float()
+    graph = Graph(layout, scores, meta=runs[0].graph.meta | {"restarts": len(runs)})
+    seconds = sum(r.seconds for r in runs)
+    return LearnedCircuit(graph, [x for r in runs for x in r.losses], [x for r in runs for x in r.faithfulness],
+                          round(seconds, 2), round(sum(r.cpu_seconds for r in runs), 2),
+                          round(seconds / (cfg.steps * len(runs)), 3), config=cfg,
+                          step_seconds=[t for r in runs for t in r.step_seconds])
 
 
 def _prompts_per_chunk(model, batch: _Batch, samples: int, memory_mb: float) -> int:

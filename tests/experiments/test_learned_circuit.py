@@ -29,7 +29,7 @@ def test_a_run_chooses_on_validation_and_reports_test_and_stability(tmp_path, ti
     assert len(rows) == 4  # 2 lrs x 1 temperature x 2 penalties (one steps, one samples)
     best = min(rows, key=lambda r: r["criterion"])
     assert results["sweep"]["chosen"] == {k: best[k] for k in ("lr", "temperature", "faithfulness_penalty", "steps",
-                                                               "samples", "batch_size")}
+                                                               "samples", "batch_size", "restarts")}
     # the criterion is computed from the validation curve and the two training sets' Jaccard the row shows
     assert best["criterion"] == pytest.approx(best["cmd"]["value"] + abs(1 - best["f"]["5%"]["value"])
                                               + (1 - best["jaccard_training_sets"]["5%"]))

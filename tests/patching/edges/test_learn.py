@@ -221,6 +221,23 @@ def test_a_warm_start_gives_the_warm_ranking_at_step_zero():
     assert torch.equal(top, select_top_n(Graph(layout, warm), 30, prune=False).in_graph)
 
 
+def test_restarts_average_the_standardised_scores_of_runs_with_their_own_seeds():
+    model, data = _setup("gemma", 1)
+    real = GraphLayout.of(model).real_edge_mask
+    settings = dict(method="top-n", steps=3, batch_size=4, fractions=(0.1, 0.3), progress=False)
+    averaged = learn_circuit(model, data, restarts=3, seed=2, **settings)
+    singles = [learn_circuit(model, data, seed=2 * 1_000_003 + k, **settings).scores[real].double() for k in range(3)]
+    # by hand: z-score each run over the real edges (numpy's sample std, as torch.std), average, shift to 0
+    z = [((x - x.mean()) / x.std()).numpy() for x in singles]
+    expected = sum(z) / 3
+    got = averaged.scores[real].double().numpy()
+    assert abs((got - (expected - expected.min()))).max() < 1e-5
+    assert len(averaged.losses) == 9 and averaged.graph.meta["restarts"] == 3
+    assert not torch.equal(singles[0], singles[1])  # the restarts did draw differently
+    with pytest.raises(ValueError, match="restarts"):
+        LearnConfig(restarts=0)
+
+
 def test_twins_that_change_nothing_are_refused():
     model, data = _setup("gpt2", None)
     tokens = torch.tensor(data["tokens"])
