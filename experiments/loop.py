@@ -6,8 +6,9 @@
    (shuffled with the seed) are the circuit prompts every circuit below is scored and evaluated on;
    accuracy and drift come from a held-out math suite (``finetune.math_suite``: held-out templates of both
    operations) and general texts;
-2. the base circuit: EAP-IG edge scores of the base model on the circuit prompts
-   (``patching.edges.edge_attribution``) and their MIB faithfulness curve;
+2. the base circuit: the default learned circuit of the base model on the circuit prompts (the
+   straight-through top-n warm-started from EAP-IG-inputs, ``patching.edges.learn.DEFAULT_CIRCUIT``;
+   the ``--learn-*`` flags) and its MIB faithfulness curve;
 3. tune the circuit: precise SFT of the ``--n-heads`` heads holding the most in-circuit edge score at
    ``--circuit-size`` of the edges (``patching.edges.faithful_circuit.circuit_heads``), ``--steps`` steps
    on the training templates of ``--op``;
@@ -31,11 +32,11 @@ from dataclasses import dataclass
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
 from circuits.atomic_files import write_text_atomic
-from experiments.runtime.settings import BatchSettings, PromptSettings, project
+from experiments.runtime.settings import BatchSettings, LearnSettings, PromptSettings, project
 
 
 @dataclass(frozen=True)
-class LoopConfig(BatchSettings, PromptSettings, RunSettings):
+class LoopConfig(LearnSettings, BatchSettings, PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.loop`` beyond :class:`RunSettings`, with its default."""
 
     op: str = option("+", "the operation whose circuit is found, tuned and merged")
@@ -80,10 +81,12 @@ def _tune(model, cfg: LoopConfig, op: str, heads, out, name: str):
 
 
 def _scores(model, data, cfg: LoopConfig):
-    from patching import SweepOptions
-    from patching.edges.attribute import edge_attribution
+    """The default learned circuit's edge scores of ``data`` (warm-started as ``--warm-start`` says)."""
+    from patching.edges.faithful_circuit import CircuitSearch, score_selection
 
-    return edge_attribution(model, data, options=SweepOptions(batch_size=cfg.batch_size, progress=False))
+    search = CircuitSearch(method="top-n", warm_start=cfg.warm_start_method(), learning=cfg.learn_config(),
+                           batch_size=cfg.batch_size, seed=cfg.seed)
+    return score_selection(model, data, search).scores
 
 
 @cli.no_grad
@@ -125,7 +128,7 @@ def _stages(run: Run) -> None:
             run.save()
 
     score_model("base", base)
-    with run.stage("base circuit", "EAP-IG over every edge on the circuit prompts"):
+    with run.stage("base circuit", "the learned top-n circuit on the circuit prompts"):
         base_scores = _scores(base, circuit_data, cfg)
         heads = circuit_heads(base_scores, cfg.n_heads, cfg.circuit_size)
     results["circuit_heads"] = [str(h) for h in heads]

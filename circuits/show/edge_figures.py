@@ -64,16 +64,20 @@ def edge_circuit_figure(
     max_edges: int = 300,
     title: str = "Edge circuit",
     highlight: Sequence[Head] = (),
+    signs: Optional[Graph] = None,
 ) -> go.Figure:
     """The circuit's edges as a layered graph; at most ``max_edges`` edges (the largest |score|) are drawn.
 
-    ``highlight``: heads drawn with a thick black ring (e.g. the key heads of path patching).
+    ``highlight``: heads drawn with a thick black ring (e.g. the key heads of path patching). ``signs``: scores of
+    the same graph whose sign colours each edge (e.g. the signed attribution a learned circuit started from, whose
+    own scores are all >= 0); by default the circuit's own scores' sign.
     """
     layout = graph.layout
     edges = (graph.in_graph & layout.real_edge_mask).cpu()
     if not edges.any():
         raise InputError("The graph has no edge in the circuit: select one first (circuits.graph_selection.select_top_n, ...).")
     scores = _dense_scores(graph.scores)
+    sign_of = _dense_scores(signs.scores) if signs is not None else scores
     pairs = edges.nonzero().tolist()
     pairs.sort(key=lambda p: -abs(scores[p[0], p[1]]))
     pairs = pairs[:max_edges]
@@ -86,7 +90,7 @@ def edge_circuit_figure(
     for f, b in pairs:
         s = float(scores[f, b])
         level = min(_WIDTH_BINS - 1, int(_WIDTH_BINS * (abs(s) - low) / span))
-        buckets.setdefault((s >= 0, level), []).append((f, b))
+        buckets.setdefault((float(sign_of[f, b]) >= 0, level), []).append((f, b))
     for (positive, level), group in sorted(buckets.items()):
         xs, ys = [], []
         for f, b in group:
@@ -121,7 +125,7 @@ def edge_circuit_figure(
     mlps = [n for n in layout.forward_names if n.startswith("m") and n in shown]
     if mlps:
         fig.add_trace(go.Scatter(x=[pos[n][0] for n in mlps], y=[pos[n][1] for n in mlps], mode="markers+text",
-                                 text=mlps, textposition="bottom center", name="MLPs",
+                                 text=[f"MLP {n[1:]}" for n in mlps], textposition="bottom center", name="MLPs",
                                  marker=dict(size=16, color=MLP_COLOR, symbol="square")))
     for name, symbol in (("input", "circle-open"), ("logits", "diamond")):
         # labels above the end nodes: a label beside them ran past the plot's edge and was cut off
@@ -130,7 +134,9 @@ def edge_circuit_figure(
                                  marker=dict(size=22, color=LOGITS_COLOR, symbol=symbol)))
     fig.update_traces(cliponaxis=False, selector=dict(mode="markers+text"))  # labels near the axes' ends stay whole
     n_drawn, n_total = len(pairs), int(edges.sum())
-    subtitle = f"{n_drawn} of {n_total} circuit edges drawn; {sum(in_circuit)} nodes; width grows with |score|"
+    subtitle = (f"{n_drawn} of {n_total} circuit edges drawn; {sum(in_circuit)} nodes; width grows with |score|; "
+                f"{'colour: the sign of the warm-start attribution' if signs is not None else 'colour: the sign'} "
+                "(blue: positive score, red: negative)")
     fig.update_xaxes(title_text="layer", range=[-1.8, layout.n_layers + 1.2], dtick=1, zeroline=False)
     fig.update_yaxes(tickvals=[-1.5, *range(layout.n_heads)], ticktext=["MLP", *[f"H{h}" for h in range(layout.n_heads)]],
                      range=[-2.5, layout.n_heads], zeroline=False)

@@ -10,17 +10,18 @@ from dataclasses import dataclass
 from circuits.counterfactuals import CORRUPTIONS
 from experiments.runtime import cli
 from experiments.runtime.cli import option
-from experiments.runtime.settings import BatchSettings, PromptSettings, RunSettings
+from experiments.runtime.settings import SEARCH_METHODS, BatchSettings, LearnSettings, PromptSettings, RunSettings
 
 MIN_READABLE = 20  # fewer prompts than this and a stage's numbers are noise: the report says so instead
 
 #: ``--quick``: every stage on few prompts, a preview in about a minute (flags given beside it still win)
 QUICK = {"n_prompts": 48, "knockout_prompts": 16, "knockout_ks": "1,4", "knockout_seeds": 3, "knockout_pool": 128,
-         "transfer_prompts": 8, "af1_prompts": 20, "af1_stride": 6, "circuit_prompts": 16}
+         "transfer_prompts": 8, "af1_prompts": 20, "af1_stride": 6, "circuit_prompts": 16, "learn_steps": 20,
+         "circuit_stability_sets": 0}
 
 
 @dataclass(frozen=True)
-class PipelineConfig(BatchSettings, PromptSettings, RunSettings):
+class PipelineConfig(LearnSettings, BatchSettings, PromptSettings, RunSettings):
     """Every flag of the experiment beyond the shared settings records, with its default (``op`` is fixed by the command)."""
 
     op: str = "+"
@@ -36,8 +37,15 @@ class PipelineConfig(BatchSettings, PromptSettings, RunSettings):
     af1_stride: int = option(3, "L_wait step of the coarse AF1 grid on zero-shot one-token prompts (0: skip AF1)",
                              type=cli.nonnegative_int)
     af1_prompts: int = option(55, "prompts for the AF1 grid (55 = every one-digit sum below 10)", type=cli.positive_int)
-    circuit_prompts: int = option(40, "correct prompts for the EAP-IG edge circuit, half to score and choose, half to "
-                                      "report (0: skip)", type=cli.nonnegative_int)
+    circuit_prompts: int = option(64, "correct prompts for the edge circuit, half to learn (or score) it and choose "
+                                      "its size, half to report it (0: skip)", type=cli.nonnegative_int)
+    circuit_method: str = option("top-n", "the edge circuit's method: top-n (the learned straight-through top-n, "
+                                          "warm-started from --warm-start), another learned method, or an "
+                                          "attribution method, e.g. EAP-IG-inputs (attribution alone, faster)",
+                                 choices=SEARCH_METHODS)
+    circuit_stability_sets: int = option(2, "disjoint prompt sets of circuit_prompts // 2 the circuit method runs on "
+                                            "to say whether it finds the same circuit (the first is the circuit's own; "
+                                            "0: skip)", type=cli.nonnegative_int)
     quick: bool = option(False, "a preview in about a minute: every stage on few prompts (" + ", ".join(
         f"--{k.replace('_', '-')} {v}" for k, v in QUICK.items()) + "); the report says its numbers are a preview")
     finetune: bool = option(False, "also tune the key heads with precise SFT and report accuracy before/after")

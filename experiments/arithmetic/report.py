@@ -85,6 +85,7 @@ def run_report(
     captions: Mapping[str, str] | None = None,
     notices: Sequence[str] = (),
     found: Sequence[str] = (),
+    lead=None,
 ) -> Report:
     """The standard sections of an arithmetic-circuit run; each is skipped when its inputs are ``None``/empty.
 
@@ -94,6 +95,7 @@ def run_report(
     take ``attention_roles`` then ``attention_all_heads``) or the default of :data:`CAPTIONS`.
     ``notices`` (e.g. a sample too small to read) are highlighted right under the summary; ``found``
     (:func:`findings`) opens the page as a list under "What this run found", in place of ``notes``.
+    ``lead(report)``: adds the sections that come right after it, before the standard ones (the circuit).
     """
     caption = {**CAPTIONS, **(captions or {})}
     report = Report(title)
@@ -104,6 +106,8 @@ def run_report(
                         heading="What this run found")
     elif notes:
         report.add_text(notes)
+    if lead is not None:
+        lead(report)
     if dataset is not None:
         _data_section(report, dataset, base_accuracy, n_kept)
     if patching_figure is not None:
@@ -184,7 +188,8 @@ def _probes_section(report: Report, probes, top_tokens_figure: go.Figure | None,
 # ---------------------------------------------------------------------------- the pipeline's report
 
 def write_run_report(run: PipelineRun, prompts: Prompts, roles: HeadRoles, probes) -> None:
-    """report.html of an arithmetic pipeline run: the standard sections, then transfer, AF1, edge circuit, SFT, times."""
+    """report.html of an arithmetic pipeline run: the findings and the edge circuit first, the standard sections,
+    then transfer, AF1, SFT, times."""
     cfg, results, figures = run.cfg, run.results, run.state.figures
     report = run_report(
         f"The {run.name} circuit of {cfg.model}",
@@ -193,7 +198,7 @@ def write_run_report(run: PipelineRun, prompts: Prompts, roles: HeadRoles, probe
         attention_figures=[figures["attention_roles"], figures["attention_all_heads"]], attention_views=roles.views,
         probes=probes, top_tokens_figure=figures["top_tokens"], circuit_figure=figures["circuit"],
         notes=summary(results), captions=_captions(results, cfg), notices=_small_samples(results, cfg),
-        found=findings(results, cfg),
+        found=findings(results, cfg), lead=lambda r: _edge_circuit_section(r, results, figures),
     )
     if cfg.quick:  # at the top: a preview must not be read as a result
         report.blocks.insert(0, '<p class="notice">Quick preview (--quick): every stage ran on few prompts, so these '
@@ -210,8 +215,18 @@ def write_run_report(run: PipelineRun, prompts: Prompts, roles: HeadRoles, probe
     report.save(run.out / "report.html")
 
 
+def _edge_circuit_section(report: Report, results: dict, figures: dict) -> None:
+    """The edge circuit on the first screen: its graph, its stability, its curve (or why the stage drew nothing)."""
+    if "edge_circuit" not in results:
+        return
+    if "skipped" in results["edge_circuit"]:
+        report.add_notice(results["edge_circuit"]["skipped"], heading="Edge circuit")
+    else:
+        add_report_section(report, results["edge_circuit"], figures)
+
+
 def _optional_sections(report: Report, results: dict, figures: dict, cfg: PipelineConfig) -> None:
-    """AF1, the edge circuit and precise SFT, each when its stage ran (or the reason it drew nothing)."""
+    """AF1 and precise SFT, each when its stage ran (or the reason it drew nothing)."""
     if "af1" in figures:
         af1 = results["af1"]
         report.add_figure(figures["af1"], heading="All for One", caption=(
@@ -223,11 +238,6 @@ def _optional_sections(report: Report, results: dict, figures: dict, cfg: Pipeli
             f"at f = 0.5)."))
     elif "af1" in results:
         report.add_notice(f"All for One: {results['af1']['skipped']}", heading="All for One")
-    if "edge_circuit" in results:
-        if "skipped" in results["edge_circuit"]:
-            report.add_notice(results["edge_circuit"]["skipped"], heading="Edge circuit (EAP-IG)")
-        else:
-            add_report_section(report, results["edge_circuit"], figures)
     if "finetune" in results:
         report.add_table(results["finetune"]["table"], heading="Precise SFT of the key heads")
 
@@ -282,6 +292,10 @@ def _number(estimate: dict | None) -> str:
     return f"{num((estimate or {}).get('value'))} [{num((estimate or {}).get('low'))}, {num((estimate or {}).get('high'))}]"
 
 
+def _num2(value) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
+
+
 #: a circuit holding more than this share of all edges is not called small on the report's first screen
 LARGE_CIRCUIT = 0.2
 
@@ -327,8 +341,19 @@ def findings(results: dict, cfg: PipelineConfig | None = None) -> list[str]:
                 n_heads = results.get("n_layers", 0) * results.get("n_heads", 0)
                 out.append(f"This circuit is not small: it keeps {100 * smallest['fraction']:g}% of all edges "
                            f"({circuit.get('n_circuit_nodes')} nodes; the model has {n_heads} heads), so which heads "
-                           f"it holds says little about the mechanism. `python -m experiments.circuit --methods "
-                           f"matryoshka` learns a smaller one.")
+                           f"it holds says little about the mechanism. `--circuit-method top-n` (the default) learns a "
+                           f"smaller one; `python -m experiments.learned_circuit` tunes it on validation prompts.")
+        stability = circuit.get("stability")
+        if stability:
+            parts = [f"{100 * j['fraction']:g}% {_num2(j['mean'])}" for j in stability["jaccard"]]
+            core = [c for c in stability["core"] if abs(c["fraction"] - 0.05) < 1e-9]
+            out.append(f"Is it the same circuit on other prompts? The same method on {stability['n_sets']} disjoint sets "
+                       f"of {stability['n_per_set']} prompts keeps edge sets with Jaccard {', '.join(parts)} (1: the "
+                       f"same edges)" + (f"; the {core[0]['n_edges']} edges every set keeps at 5% reach f = "
+                                         f"{_number(core[0]['f'])} on {stability['n_heldout']} prompts none trained on"
+                                         if core else "") + ".")
+        elif circuit.get("stability_skipped"):
+            out.append(circuit["stability_skipped"])
     transfer = (knock or {}).get("transfer") or {}
     moved = [f"{name.replace('_', ' ')} {_interval(v['drop'])}" for name, v in transfer.items() if "drop" in v]
     if moved:

@@ -302,8 +302,11 @@ def find_edge_circuit(run: PipelineRun, prompts: Prompts, chosen: KeyHeadChoice,
             "skipped": f"only {n} correctly answered prompts for the edge circuit (needs >= {MIN_CIRCUIT_PROMPTS}, "
                        f"two per half); raise --n-prompts or --circuit-prompts."}
         return
-    stage, figures = edge_circuit_stage(run.state.model, prompts.kept, chosen.heads, roles.role, project(cfg, CircuitSearch),
-                                        out=run.out, op=cfg.op, model_name=cfg.model, stage=run.stage)
+    search = project(cfg, CircuitSearch, method=cfg.circuit_method, warm_start=cfg.warm_start_method(),
+                     learning=cfg.learn_config())
+    stage, figures = edge_circuit_stage(run.state.model, prompts.kept, chosen.heads, roles.role, search, out=run.out,
+                                        op=cfg.op, model_name=cfg.model, stage=run.stage,
+                                        stability_sets=cfg.circuit_stability_sets)
     print(circuit_summary(stage))
     run.results["edge_circuit"] = stage
     run.state.figures |= figures

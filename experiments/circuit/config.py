@@ -13,19 +13,17 @@ from typing import TYPE_CHECKING
 from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option
-from experiments.runtime.settings import BatchSettings, PromptSettings, RunSettings, project
+from experiments.runtime.settings import (  # noqa: F401  (the method names are this config's choices)
+    CIRCUIT_METHOD_NAMES, EDGE_ATTRIBUTION_METHODS, SEARCH_METHODS, BatchSettings, LearnSettings, PromptSettings,
+    RunSettings, project,
+)
 
 if TYPE_CHECKING:
     from patching.edges.faithful_circuit import CircuitSearch
     from patching.edges.learn import LearnConfig
 
-#: ``patching.edges.attribute.EDGE_ATTRIBUTION_METHODS``
-EDGE_ATTRIBUTION_METHODS = ("EAP", "EAP-IG-inputs", "EAP-IG-activations", "clean-corrupted", "EAP-GP", "CEAP")
 #: ``patching.edges.evaluate.ABLATIONS``
 ABLATIONS = ("counterfactual", "mean", "positional-mean", "zero")
-#: the names of ``patching.edges.circuit_methods.REGISTRY``, in its order (the --methods choices)
-CIRCUIT_METHOD_NAMES = EDGE_ATTRIBUTION_METHODS + ("edge-pruning", "ugs", "matryoshka", "top-n", "exact", "ensemble",
-                                                  "bootstrap", "ilp", "positional", "ACDC")
 #: ``patching.edges.acdc.OBJECTIVES``
 ACDC_OBJECTIVES = ("kl", "metric")
 
@@ -34,14 +32,15 @@ PROMPT_FAMILIES = ("equation", "statement", "question", "word_problem", "multi_d
 
 
 @dataclass(frozen=True)
-class CircuitConfig(BatchSettings, PromptSettings, RunSettings):
+class CircuitConfig(LearnSettings, BatchSettings, PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.circuit`` beyond :class:`RunSettings`, with its default."""
 
     op: str = option("+", "the operation: + - * / (or addition, subtraction, ...)")
     circuit_prompts: int = option(64, "correct prompts used, split in half: scores and size chosen on one half, "
                                       "reported on the other", type=cli.positive_int)
-    method: str = option("EAP-IG-inputs", "edge attribution method (patching.edges.attribute)",
-                         choices=sorted(EDGE_ATTRIBUTION_METHODS))
+    method: str = option("top-n", "the circuit method (patching.edges.faithful_circuit.SEARCH_METHODS): top-n, the "
+                                  "learned straight-through top-n warm-started from --warm-start, by default; "
+                                  "EAP-IG-inputs for the attribution circuit alone", choices=SEARCH_METHODS)
     ig_steps: int = option(5, "integration steps (path points) of EAP-IG, EAP-GP and CEAP", type=cli.positive_int)
     ablation: str = option("counterfactual", "how edges outside the circuit are ablated (patching.edges.evaluate_circuit)",
                            choices=ABLATIONS)
@@ -55,22 +54,12 @@ class CircuitConfig(BatchSettings, PromptSettings, RunSettings):
                               type=cli.positive_float)
     methods: tuple[str, ...] = option((), "compare these circuit methods on the same halves instead of --method alone: "
                                           + ", ".join(CIRCUIT_METHOD_NAMES), nargs="+", choices=CIRCUIT_METHOD_NAMES)
-    warm_start: str = option("EAP-IG-inputs", "scores the learned methods start from ('none': a cold start)",
-                             choices=EDGE_ATTRIBUTION_METHODS + ("none",))
     bootstrap_resamples: int = option(10, "prompt resamples of the 'bootstrap' method", type=cli.positive_int)
     acdc_threshold: float = option(0.01, "ACDC's threshold τ: an edge stays removed when removing it does less "
                                          "damage than this (in the objective's units)", type=float)
     acdc_objective: str = option("kl", "what an ACDC removal's damage measures: 'kl' (the END distribution's KL from "
                                        "the full model grows) or 'metric' (the answer logit drops)",
                                  choices=ACDC_OBJECTIVES)
-    learn_objective: str = option("metric", "what the learned masks match: 'metric' (the answer logit) or "
-                                                         "'kl' (the END distribution)", choices=("metric", "kl"))
-    learn_steps: int = option(200, "optimisation steps of a learned mask", type=cli.positive_int)
-    learn_lr: float | None = option(None, "learning rate of a learned mask (Adam; default: the method's own, "
-                                          "patching.edges.learn.DEFAULT_LR)", type=cli.positive_float)
-    learn_batch_size: int = option(8, "prompts per step of a learned mask", type=cli.positive_int)
-    learn_samples: int = option(2, "masks per prompt per step (gates, UGS samples or budgets)",
-                                type=cli.positive_int)
     learn_target_fraction: float = option(0.05, "edge-pruning: the fraction of edges to keep",
                                           type=cli.fraction)
     learn_min_fraction: float = option(0.001, "matryoshka: the smallest budget drawn, as a "
@@ -113,10 +102,8 @@ class CircuitConfig(BatchSettings, PromptSettings, RunSettings):
         """The settings of :func:`patching.edges.faithful_circuit.find_faithful_circuit` these flags describe."""
         from patching.edges.faithful_circuit import CircuitSearch
 
-        return project(self, CircuitSearch)
+        return project(self, CircuitSearch, warm_start=self.warm_start_method(), learning=self.learn())
 
     def learn(self) -> LearnConfig:
         """The learned methods' settings (:class:`patching.edges.learn.LearnConfig`) these flags describe."""
-        from patching.edges.learn import LearnConfig
-
-        return project(self, LearnConfig, prefix="learn_", seed=self.seed, progress=False)
+        return self.learn_config(target_fraction=self.learn_target_fraction, min_fraction=self.learn_min_fraction)

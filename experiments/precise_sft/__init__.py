@@ -108,7 +108,8 @@ def train_config(cfg: SFTComparisonConfig) -> TrainConfig:
 
 # settings the earlier code did not have: recorded only when they differ from their default, so a folder's
 # record keeps the keys that code wrote (and --resume of such a folder reads a missing one as its default)
-ADDED_SETTINGS = ("dtype", "circuit_size", "shift_prompts", "circuit_lora_lrs")
+ADDED_SETTINGS = ("dtype", "circuit_size", "shift_prompts", "circuit_lora_lrs", "warm_start", "learn_objective",
+                  "learn_steps", "learn_lr", "learn_batch_size", "learn_samples", "learn_restarts")
 
 
 def recorded_args(cfg: SFTComparisonConfig) -> dict:
@@ -219,20 +220,21 @@ def _rank_nodes(base, cfg: SFTComparisonConfig) -> tuple[str, list[Head], list[M
 
 
 def _circuit_heads(base, cfg: SFTComparisonConfig) -> list[Head]:
-    """The ``k`` heads with the most in-circuit edge score: EAP-IG on the ranking prompts of every operation, each
-    operation's scores scaled to a largest |score| of 1 and summed, then the top ``circuit_size`` circuit."""
-    from patching.options import SweepOptions
+    """The ``k`` heads with the most in-circuit edge score: the default learned circuit (top-n warm-started from
+    ``--warm-start``, the ``--learn-*`` flags) on the ranking prompts of every operation, each operation's scores
+    scaled to a largest |score| of 1 and summed, then the top ``circuit_size`` circuit."""
     from circuits.tasks import make_dataset
 
     from circuits.graph import Graph
-    from patching.edges.attribute import edge_attribution
-    from patching.edges.faithful_circuit import circuit_heads
+    from patching.edges.faithful_circuit import CircuitSearch, circuit_heads, score_selection
 
+    search = CircuitSearch(method="top-n", warm_start=cfg.warm_start_method(), learning=cfg.learn_config(),
+                           seed=cfg.seed)
     total = None
     for i, op in enumerate(OPS):
         probe = make_dataset(base, op=op, n_prompts=cfg.n_rank_prompts, styles=("equation", "statement", "question"),
                              seed=1000 + i)
-        scores = edge_attribution(base, probe, options=SweepOptions(progress=False)).scores.abs()
+        scores = score_selection(base, probe, search).scores.scores.abs()
         scaled = scores / scores.nan_to_num(0.0).max().clamp_min(1e-12)
         total = scaled if total is None else total + scaled
     heads = circuit_heads(Graph.from_model(base).__class__(Graph.from_model(base).layout, total), cfg.k, cfg.circuit_size)

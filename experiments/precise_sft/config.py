@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option
-from experiments.runtime.settings import RunSettings
+from experiments.runtime.settings import LearnSettings, RunSettings
 
 # method -> (train() method, TrainConfig overrides, lr-grid flag)
 METHOD_SPECS = {
@@ -45,7 +45,7 @@ def method_list(text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class SFTComparisonConfig(RunSettings):
+class SFTComparisonConfig(LearnSettings, RunSettings):
     """Every flag of ``python -m experiments.precise_sft``, with its default (model, device, dtype, threads,
     seed, out and overwrite: :class:`experiments.runtime.RunSettings`; ``out`` None means ``runs/precise_sft``).
 

@@ -16,36 +16,61 @@ from datasets import Dataset
 
 from circuits.graph import Graph
 from circuits.graph_io import save_eap_json, write_mib_submission
-from circuits.graph_selection import nodes_in_graph
+from circuits.graph_selection import nodes_in_graph, select_fraction
 from circuits.nodes import Head
 from circuits.show.edge_figures import edge_circuit_figure, faithfulness_figure
 from circuits.show.html_report import Report
 from circuits.templates import resolve_operation
 from patching.edges.faithful_circuit import CircuitSearch, find_faithful_circuit, key_head_relation, key_heads_by_size
+from patching.edges.stability import stability_of_found, stability_prompts_needed
 
 
 def edge_circuit_stage(model, kept: Dataset, heads: list[Head], roles: dict[Head, str], search: CircuitSearch, *,
-                       out: Path, op: str, model_name: str, stage=None) -> tuple[dict, dict]:
+                       out: Path, op: str, model_name: str, stage=None, stability_sets: int = 0) -> tuple[dict, dict]:
     """The search on ``kept`` (correctly answered prompts): ``(results["edge_circuit"], figures)``.
 
     ``heads`` are the node-level key heads to relate the circuit to, ``roles`` each head's
     attention-read class (for the figure's colours), ``stage`` the run's stage opener (``Run.stage``).
-    Files go to ``out/edge_circuit``.
+    ``stability_sets`` (>= 2): the same method on that many disjoint prompt sets, the first the circuit's own
+    selection half (:func:`patching.edges.stability.stability_of_found`); fewer correct prompts than that needs
+    is said in ``results["stability_skipped"]``. Files go to ``out/edge_circuit``.
     """
+    from contextlib import nullcontext
+
     found = find_faithful_circuit(model, kept, search, stage=stage)
     results = found.to_dict() | {"files": write_circuit_files(out, found.scores, found.circuit, op, model_name)}
     figures = {"edge_curve": faithfulness_figure(
         [("held-out prompts", found.curve_heldout), ("selection prompts", found.curve_selection)],
-        threshold=search.threshold, title=f"Faithfulness of the top {search.method} edges ({search.ablation} ablation)")}
+        threshold=search.threshold, title=f"Faithfulness of the {search.method} circuits ({search.ablation} ablation)")}
+    shown = found.circuit
+    if shown is None:  # no size is faithful: the goal's size is drawn, so the first screen still shows a circuit
+        shown = select_fraction(found.scores, SHOWN_FRACTION)
     if found.circuit is not None:
-        smallest = found.smallest
         results["key_heads"] = key_head_relation(found.circuit, heads)
         results["key_heads"]["by_size"] = key_heads_by_size(found.scores, heads)
         results["n_circuit_nodes"] = int(nodes_in_graph(found.circuit).sum())
-        figures["edge_circuit"] = edge_circuit_figure(found.circuit, roles, highlight=heads, title=(
-            f"Smallest circuit with f >= {search.threshold:g}: {smallest['n_edges']} edges "
-            f"({100 * smallest['fraction']:g}% of {found.scores.layout.n_edges})"))
+    size = int(shown.in_graph.sum())
+    what = (f"Smallest circuit with f >= {search.threshold:g}" if found.circuit is not None
+            else f"No size reaches f >= {search.threshold:g}; the circuit at {100 * SHOWN_FRACTION:g}%")
+    figures["edge_circuit"] = edge_circuit_figure(shown, roles, highlight=heads, signs=found.warm_scores, title=(
+        f"{what} ({search.method}): {size} edges ({100 * size / found.scores.layout.n_edges:.1f}% of "
+        f"{found.scores.layout.n_edges})"))
+    if stability_sets >= 2:
+        needed = stability_prompts_needed(stability_sets, search.circuit_prompts)
+        if len(kept) < needed:
+            results["stability_skipped"] = (
+                f"Stability needs {needed} correctly answered prompts ({stability_sets} training sets and a held-out "
+                f"set of {search.circuit_prompts // 2}); the run has {len(kept)}: sample more prompts (--n-prompts) or "
+                "lower --circuit-prompts.")
+        else:
+            with (stage or (lambda name: nullcontext()))(f"stability ({search.method} on {stability_sets} sets)"):
+                results["stability"] = stability_of_found(model, kept, found.scores, search,
+                                                          n_sets=stability_sets).to_dict()
     return results, figures
+
+
+#: the circuit size drawn when no size is faithful (the goal's size)
+SHOWN_FRACTION = 0.05
 
 
 def mib_model_name(model: str) -> str:
@@ -67,9 +92,25 @@ def write_circuit_files(out: Path, scores: Graph, circuit: Graph | None, op: str
 def add_report_section(report: Report, stage: dict, figures: dict) -> Report:
     """The edge-circuit section of a report: curve, circuit, curve table, key heads."""
     held, sel = stage["curve_heldout"], stage["curve_selection"]
-    report.add_heading("Edge circuit (EAP-IG)")
+    report.add_heading(f"Edge circuit ({stage['method']})")
+    if "edge_circuit" in figures:
+        smallest = stage["smallest"]
+        report.add_figure(figures["edge_circuit"], caption=(
+            (f"The smallest circuit with f >= {smallest['threshold']:g} on the selection prompts "
+             f"({smallest['n_edges']} edges, {100 * smallest['fraction']:g}%); on the held-out prompts f = "
+             f"{_fmt(smallest['f_heldout'])}. " if smallest else
+             f"No size reaches f >= {stage['threshold']:g} on the selection prompts; drawn: the circuit at "
+             f"{100 * SHOWN_FRACTION:g}% of the edges. ")
+            + "Nodes: heads (L10H0, coloured by their attention-read class, key heads of path patching ringed in "
+              "black), MLPs (MLP 14), the input and the logits; an edge carries its sender's output into its "
+              "receiver's input, its width grows with |score|, its colour is its sign."))
+    if "stability" in stage:
+        report.add_table(stability_rows(stage["stability"]), heading="Is it the same circuit on other prompts?",
+                         caption=stability_caption(stage["stability"]))
+    elif "stability_skipped" in stage:
+        report.add_notice(stage["stability_skipped"])
     report.add_figure(figures["edge_curve"], caption=(
-        f"Faithfulness f = (m(C) - m(empty)) / (m(full) - m(empty)) of the top-|score| {stage['method']} edges "
+        f"Faithfulness f = (m(C) - m(empty)) / (m(full) - m(empty)) of the {stage['method']} circuits "
         f"(pruned to input-to-logits paths) at MIB's ten sizes, {stage['ablation']} ablation, metric = answer logit; "
         f"scores from the {stage['n_selection']} selection prompts; bands: 95% bootstrap over prompts "
         f"({held['n_prompts']} held-out, {sel['n_prompts']} selection). Held-out CPR {_fmt(stage['cpr'])}, "
@@ -78,14 +119,9 @@ def add_report_section(report: Report, stage: dict, figures: dict) -> Report:
             for x, n, fh, fs in zip(held["fractions"], held["n_edges"], held["faithfulness"], sel["faithfulness"])]
     report.add_table(rows, caption=f"m(full) = {_fmt(held['full_metric'])}, m(empty) = {_fmt(held['empty_metric'])} "
                                    f"on the held-out prompts.")
-    smallest = stage["smallest"]
-    if smallest is None:
+    if stage["smallest"] is None:
         report.add_notice(f"No size reaches f >= {stage['threshold']:g} on the selection prompts.")
         return report
-    report.add_figure(figures["edge_circuit"], caption=(
-        f"The smallest circuit with f >= {smallest['threshold']:g} on the selection prompts "
-        f"({smallest['n_edges']} edges, {100 * smallest['fraction']:g}%); on the held-out prompts f = "
-        f"{_fmt(smallest['f_heldout'])}. Heads coloured by their attention-read class, key heads of path patching ringed in black; edge width grows with |score|."))
     relation = stage["key_heads"]
     if relation["key_heads"]:
         rows = [{k: v for k, v in r.items() if k != "node"} for r in relation["rows"]]  # one naming of heads: L10H0
@@ -97,6 +133,25 @@ def add_report_section(report: Report, stage: dict, figures: dict) -> Report:
                            "key heads among them": ", ".join(r["key_heads"]) or "none"} for r in relation["by_size"]],
                          caption="The key heads among the nodes of the pruned top-n circuit at each curve size.")
     return report
+
+
+def stability_rows(stability: dict) -> list[dict]:
+    """One row per size: the edge Jaccard of the sets' circuits, and the stable core's size and held-out f."""
+    return [{"% of edges": 100 * j["fraction"], "edges": j["n_edges"], "Jaccard": _num(j["mean"]),
+             "core edges": c["n_edges"], "core f held-out": _fmt(c["f"])}
+            for j, c in zip(stability["jaccard"], stability["core"])]
+
+
+def stability_caption(stability: dict) -> str:
+    return (f"The same method on {stability['n_sets']} disjoint sets of {stability['n_per_set']} prompts (the first is "
+            f"the circuit's own selection half): the edge Jaccard |A ∩ B| / |A ∪ B| of the sets' circuits at each size "
+            f"(1: the same edges), and the stable core (edges every set keeps) with its faithfulness on "
+            f"{stability['n_heldout']} prompts no set trained on (95% bootstrap). Score Spearman "
+            f"{_num(stability['spearman']['mean'])}.")
+
+
+def _num(value) -> str:
+    return f"{value:.2f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
 
 
 def _fmt(estimate: dict) -> str:
@@ -111,4 +166,9 @@ def summary(stage: dict) -> str:
     size = (f"smallest circuit with f >= {stage['threshold']:g}: {smallest['n_edges']} of {stage['n_total_edges']} "
             f"edges ({100 * smallest['fraction']:g}%), held-out f = {_fmt(smallest['f_heldout'])}"
             if smallest else f"no size reaches f >= {stage['threshold']:g}")
-    return f"edge circuit: held-out CPR {_fmt(stage['cpr'])}, CMD {_fmt(stage['cmd'])}; {size}"
+    line = f"edge circuit ({stage['method']}): held-out CPR {_fmt(stage['cpr'])}, CMD {_fmt(stage['cmd'])}; {size}"
+    if "stability" in stage:
+        five = [j for j in stage["stability"]["jaccard"] if abs(j["fraction"] - 0.05) < 1e-9]
+        if five:
+            line += f"; Jaccard at 5% between prompt sets {_num(five[0]['mean'])}"
+    return line

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments.runtime.cli import DTYPES, check_choices, device, nonnegative_int, option, positive_int
+from experiments.runtime.cli import DTYPES, check_choices, device, nonnegative_int, option, positive_float, positive_int
 
 DEFAULT_MODEL = "gemma-3-270m"  # circuits.loading.DEFAULT_MODEL, without importing it
 
@@ -77,3 +77,46 @@ def project(source, target: type, *, prefix: str = "", **overrides):
     names = {f.name for f in dataclasses.fields(target) if f.init}
     shared = {name: getattr(source, prefix + name) for name in names if hasattr(source, prefix + name)}
     return target(**{**shared, **overrides})
+
+
+#: ``patching.edges.attribute.EDGE_ATTRIBUTION_METHODS`` (written out: this module stays torch-free; a test keeps
+#: them equal)
+EDGE_ATTRIBUTION_METHODS = ("EAP", "EAP-IG-inputs", "EAP-IG-activations", "clean-corrupted", "EAP-GP", "CEAP")
+#: the names of ``patching.edges.circuit_methods.REGISTRY``, in its order (experiments.circuit's --methods choices)
+CIRCUIT_METHOD_NAMES = EDGE_ATTRIBUTION_METHODS + ("edge-pruning", "ugs", "matryoshka", "top-n", "exact", "ensemble",
+                                                  "bootstrap", "ilp", "positional", "ACDC")
+#: ``patching.edges.faithful_circuit.SEARCH_METHODS``: what a circuit search scores with (a --method choice), every
+#: attribution method, then every learned one
+SEARCH_METHODS = EDGE_ATTRIBUTION_METHODS + ("edge-pruning", "ugs", "matryoshka", "top-n")
+
+
+@dataclass(frozen=True)
+class LearnSettings:
+    """How a learned circuit is trained: the flags of :class:`patching.edges.learn.LearnConfig` that experiments
+    expose, with the defaults of :data:`patching.edges.learn.DEFAULT_CIRCUIT` (written out here, so that a parser
+    builds without torch; tests/experiments/runtime/test_settings.py keeps them equal)."""
+
+    warm_start: str = option("EAP-IG-inputs", "scores a learned circuit starts from ('none': a cold start)",
+                             choices=EDGE_ATTRIBUTION_METHODS + ("none",))
+    learn_objective: str = option("metric", "what a learned circuit matches: 'metric' (the answer logit) or 'kl' "
+                                            "(the END distribution)", choices=("metric", "kl"))
+    learn_steps: int = option(100, "optimisation steps of a learned circuit", type=positive_int)
+    learn_lr: float | None = option(None, "learning rate of a learned circuit, Adam's (default: the method's own, "
+                                          "patching.edges.learn.DEFAULT_LR)", type=positive_float)
+    learn_batch_size: int = option(4, "prompts per step of a learned circuit", type=positive_int)
+    learn_samples: int = option(3, "circuits per prompt per step (top-n: sizes; or gates, UGS samples, budgets)",
+                                type=positive_int)
+    learn_restarts: int = option(1, "runs of a learned circuit with their own seeds, their standardised scores "
+                                    "averaged", type=positive_int)
+
+    def learn_config(self, **overrides):
+        """These flags as a :class:`patching.edges.learn.LearnConfig` (the top-n method, the run's seed, no progress
+        bar; ``overrides`` replace fields)."""
+        from patching.edges.learn import LearnConfig
+
+        return project(self, LearnConfig, prefix="learn_", **({"method": "top-n", "seed": self.seed, "progress": False}
+                                                               | overrides))
+
+    def warm_start_method(self) -> str | None:
+        """``--warm-start`` as the library takes it (None: a cold start)."""
+        return None if self.warm_start == "none" else self.warm_start

@@ -169,19 +169,19 @@ def _ensemble_scores(run: ComparisonRun, name: str) -> MethodScores:
 
 
 def _bootstrap_scores(run: ComparisonRun, name: str) -> MethodScores:
-    boot = bootstrap_scores(lambda rows: run.attribution(run.search.method, rows), len(run.selection), run.layout,
+    boot = bootstrap_scores(lambda rows: run.attribution(run.search.attribution_method, rows), len(run.selection), run.layout,
                             n_resamples=run.bootstrap_resamples, seed=run.search.seed)
     return MethodScores(boot.graph(), info={"n_resamples": run.bootstrap_resamples, "n_stable": int(boot.stable.sum())})
 
 
 def _ilp_scores(run: ComparisonRun, name: str) -> MethodScores:
-    method = run.search.method
+    method = run.search.attribution_method
     reused = method if method in run.computed else None
     return MethodScores(run.cached_attribution(method), select=ilp_selector(run.layout), reused=reused)
 
 
 def _positional_scores(run: ComparisonRun, name: str) -> MethodScores:
-    return MethodScores(run.attribution(run.search.method, spans=SPANS))
+    return MethodScores(run.attribution(run.search.attribution_method, spans=SPANS))
 
 
 def _acdc_scores(run: ComparisonRun, name: str) -> MethodScores:
@@ -314,11 +314,11 @@ def compare_methods(model: HookedTransformer, prompts: Dataset, methods: Sequenc
     """Every method in ``methods`` (names in :data:`REGISTRY`) scored on the same selection half and curved on
     the same held-out half.
 
-    The learned methods (with ``learn``, a :class:`patching.edges.learn.LearnConfig`) start from
+    The learned methods (with ``learn``, a :class:`patching.edges.learn.LearnConfig`; default ``search.learning``) start from
     ``warm_start``'s scores (None: cold); ``"ensemble"`` is the mean-rank ensemble of the methods before it;
-    ``"bootstrap"`` the sign-stable ``search.method`` scores over ``bootstrap_resamples`` prompt resamples;
-    ``"ilp"`` chooses each size's circuit by the ILP over ``search.method``'s scores; ``"positional"`` scores
-    position-aware edges (:mod:`patching.edges.positions`) by ``search.method``. Time is counted per method,
+    ``"bootstrap"`` the sign-stable ``search.attribution_method`` scores over ``bootstrap_resamples`` prompt
+    resamples; ``"ilp"`` chooses each size's circuit by the ILP over those scores; ``"positional"`` scores
+    position-aware edges (:mod:`patching.edges.positions`) by that method. Time is counted per method,
     warm starts and the scores an ensemble reuses excluded.
     """
     check_method_names(methods)
@@ -326,7 +326,7 @@ def compare_methods(model: HookedTransformer, prompts: Dataset, methods: Sequenc
     selection, heldout = split_halves(prompts, search.circuit_prompts, search.seed)
     pool = means_pool(model, prompts, search)
     layout = Graph.from_model(model).layout
-    run = ComparisonRun(model, selection, layout, search, learn or LearnConfig(), warm_start, bootstrap_resamples)
+    run = ComparisonRun(model, selection, layout, search, learn or search.learning, warm_start, bootstrap_resamples)
 
     results = []
     for name in methods:

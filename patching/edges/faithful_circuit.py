@@ -5,8 +5,11 @@
 
 1. the prompts (correctly answered ones) are shuffled with the seed and split into a
    *selection* half and a *held-out* half;
-2. every edge is scored on the selection half (:func:`patching.edges.attribute.edge_attribution`,
-   EAP-IG-inputs by default), or the caller passes scores of its own (``scores=``);
+2. every edge is scored on the selection half by the search's method (:func:`score_selection`): by
+   default the learned straight-through top-n (:data:`patching.edges.learn.DEFAULT_CIRCUIT`, warm-started
+   from EAP-IG-inputs on the same prompts), or any learned method of :data:`patching.edges.learn.METHODS`,
+   or an attribution method (:data:`patching.edges.attribute.EDGE_ATTRIBUTION_METHODS`, e.g.
+   ``"EAP-IG-inputs"``: a few backward passes); or the caller passes scores of its own (``scores=``);
 3. the MIB faithfulness curve of the pruned top-n circuits (:func:`circuits.graph_selection.mib_selector`)
    is measured on each half, with bootstrap intervals (:func:`patching.edges.curves.faithfulness_curve`);
 4. the smallest size whose f reaches ``threshold`` is chosen on the selection half and its f is read
@@ -32,11 +35,16 @@ from circuits.graph import Graph
 from circuits.graph_selection import mib_selector, nodes_in_graph, select_fraction, select_top_n
 from circuits.nodes import Head
 from circuits.pools import pool_dataset
-from patching.edges.attribute import edge_attribution
+from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS, edge_attribution
 from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, faithfulness_curve
+from patching.edges.learn import DEFAULT_CIRCUIT
+from patching.edges.learn import METHODS as LEARNED_METHODS
+from patching.edges.learn import LearnConfig, learn_circuit
 from patching.options import SweepOptions
 
 MIN_PROMPTS = 4  # two per half: the fewest a bootstrap interval can be drawn from
+#: the methods a search scores with: every attribution method, then every learned one
+SEARCH_METHODS = tuple(EDGE_ATTRIBUTION_METHODS) + tuple(LEARNED_METHODS)
 TOP_EDGES_LISTED = 20
 
 
@@ -45,7 +53,7 @@ class CircuitSearch:
     """How :func:`find_faithful_circuit` scores, evaluates and chooses (every field has the CLI's default)."""
 
     circuit_prompts: int = 64  # prompts used, split in half
-    method: str = "EAP-IG-inputs"
+    method: str = "top-n"  # one of SEARCH_METHODS
     ig_steps: int = 5
     ablation: str = "counterfactual"
     threshold: float = 0.8
@@ -56,6 +64,14 @@ class CircuitSearch:
     memory_mb: float = 1024.0
     acdc_threshold: float = 0.01  # ACDC's τ (patching.edges.acdc), in its objective's units
     acdc_objective: str = "kl"  # what an ACDC removal's damage measures: "kl" or "metric"
+    warm_start: Optional[str] = "EAP-IG-inputs"  # a learned method's starting scores (None: a cold start)
+    learning: LearnConfig = DEFAULT_CIRCUIT  # a learned method's settings (its ``method`` is the search's)
+
+    @property
+    def attribution_method(self) -> str:
+        """The attribution method of the search: ``method`` itself when it is one, else the warm start's (what
+        resampled scores, the ILP and position-aware edges score with), EAP-IG-inputs without one."""
+        return self.method if self.method in EDGE_ATTRIBUTION_METHODS else (self.warm_start or "EAP-IG-inputs")
 
     def options(self, progress: Optional[bool] = None) -> SweepOptions:
         """The batching and memory budget of every sweep of the search, as :class:`patching.SweepOptions`."""
@@ -75,12 +91,14 @@ class FaithfulCircuit:
     smallest: Optional[dict]  # fraction, n_edges, f on each half, threshold (None: no size reaches it)
     circuit: Optional[Graph]  # the pruned top-n circuit of that size
     extra: dict = field(default_factory=dict)
+    warm_scores: Optional[Graph] = None  # a learned method's signed warm-start scores
 
     def to_dict(self) -> dict:
         """results.json's ``edge_circuit`` keys (docs/results_json.md)."""
         s = self.search
         return {
-            "method": s.method, "ig_steps": s.ig_steps, "ablation": s.ablation, "metric": "logit",
+            "method": s.method, "method_info": self.extra, "ig_steps": s.ig_steps, "ablation": s.ablation,
+            "metric": "logit",
             "threshold": s.threshold, "n_selection": len(self.selection), "n_heldout": len(self.heldout),
             "n_total_edges": self.scores.layout.n_edges, "scores": score_summary(self.scores),
             "curve_heldout": self.curve_heldout.to_dict(), "curve_selection": self.curve_selection.to_dict(),
@@ -121,7 +139,7 @@ def find_faithful_circuit(model: HookedTransformer, prompts: Dataset, search: Ci
                           scores: Optional[Graph] = None, stage=None) -> FaithfulCircuit:
     """Steps 1-4 of the module docstring on ``prompts`` (correctly answered ones).
 
-    ``scores``: edge scores to use instead of attributing on the selection half (they must not have
+    ``scores``: edge scores to use instead of scoring the selection half (they must not have
     seen the held-out half). ``stage(name)``: a context manager that times each step (e.g.
     ``Run.stage`` of :mod:`experiments.runtime.lifecycle`); none by default.
     """
@@ -132,16 +150,57 @@ def find_faithful_circuit(model: HookedTransformer, prompts: Dataset, search: Ci
     pool = None
     if search.ablation.endswith("mean"):  # means from prompts that are none of the evaluated ones
         pool = pool_dataset(model, prompts, search.pool_prompts, seed=search.seed + 1)
+    extra, warm = {}, None
     if scores is None:
-        with stage("edge attribution"):
-            scores = edge_attribution(model, selection, method=search.method, ig_steps=search.ig_steps,
-                                      options=search.options())
+        with stage(f"edge scores ({search.method})"):
+            scored = score_selection(model, selection, search)
+        scores, extra, warm = scored.scores, scored.info, scored.warm_scores
     with stage("faithfulness curves"):
         curve_selection = curve_of(model, scores, selection, search, pool)
         curve_heldout = curve_of(model, scores, heldout, search, pool)
     smallest = smallest_faithful(curve_selection, curve_heldout, search.threshold)
     circuit = select_fraction(scores, smallest["fraction"]) if smallest else None
-    return FaithfulCircuit(search, scores, selection, heldout, curve_selection, curve_heldout, smallest, circuit)
+    return FaithfulCircuit(search, scores, selection, heldout, curve_selection, curve_heldout, smallest, circuit, extra,
+                           warm)
+
+
+@dataclass
+class SelectionScores:
+    """What :func:`score_selection` returns: the edge scores, what scoring took (``info``, results.json's
+    ``method_info``), and a learned method's signed warm start (``warm_scores``: what a figure colours edges by)."""
+
+    scores: Graph
+    info: dict
+    warm_scores: Optional[Graph] = None
+
+
+def score_selection(model: HookedTransformer, prompts: Dataset, search: CircuitSearch) -> SelectionScores:
+    """Every edge scored on ``prompts`` by ``search.method``: an attribution method in a few backward passes, or a
+    learned one (``search.learning``, its ``method`` replaced by the search's) warm-started from
+    ``search.warm_start``'s attribution of the same prompts (None: a cold start)."""
+    import dataclasses
+    import time
+
+    if search.method not in SEARCH_METHODS:
+        raise InputError(f"Circuit search method {search.method!r} is none of {', '.join(SEARCH_METHODS)}: a search "
+                         "scores with an attribution or a learned method; compare the others with compare_methods "
+                         "(experiments.circuit --methods ...).")
+    started = time.perf_counter()
+    options = search.options(False)
+    if search.method in EDGE_ATTRIBUTION_METHODS:
+        scores = edge_attribution(model, prompts, method=search.method, ig_steps=search.ig_steps, options=options)
+        return SelectionScores(scores, {"seconds": round(time.perf_counter() - started, 1)})
+    warm = None
+    if search.warm_start:
+        warm = edge_attribution(model, prompts, method=search.warm_start, ig_steps=search.ig_steps, options=options)
+    warm_seconds = time.perf_counter() - started
+    config = dataclasses.replace(search.learning, method=search.method)
+    learned = learn_circuit(model, prompts, config=config, init=warm)
+    info = {"seconds": round(time.perf_counter() - started, 1), "warm_start": search.warm_start,
+            "warm_start_seconds": round(warm_seconds, 1), "steps": config.steps,
+            "seconds_per_step": learned.seconds_per_step, "losses": learned.losses[::max(1, len(learned.losses) // 50)],
+            "learning": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("progress", "memory_mb")}}
+    return SelectionScores(learned.graph, info, warm)
 
 
 def score_summary(scores: Graph) -> dict:

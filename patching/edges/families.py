@@ -165,7 +165,7 @@ def family_circuits(model: HookedTransformer, prompts: Mapping[str, Dataset], me
         raise InputError(f"Circuit method {method.name!r} cannot be compared across prompt families: {refusal}.")
     if not 0 < fraction <= 1:
         raise InputError(f"fraction={fraction}: the circuit's size is a fraction of the edges in (0, 1].")
-    learn = learn or LearnConfig()
+    learn = learn or search.learning
     layout = Graph.from_model(model).layout
     stage = stage or (lambda name: nullcontext())
     with stage(f"circuits of {method.name} across prompt families"):

@@ -139,6 +139,14 @@ class LearnConfig:
         check_norm(self.norm)
 
 
+#: the learned circuit every command finds by default (``experiments.circuit``, the main job's edge stage,
+#: ``experiments.loop``, precise SFT's circuit heads): the straight-through top-n at the reported sizes, three sizes
+#: and four prompts per step, 100 steps from an EAP-IG-inputs warm start. Steps and prompts per step were chosen on
+#: validation prompts by ``experiments.learned_circuit`` (docs/results.md, "Settings chosen on validation"); the
+#: experiments' flags (``experiments.runtime.settings.LearnSettings``) default to these values.
+DEFAULT_CIRCUIT = LearnConfig(method="top-n", steps=100, batch_size=4, samples=3, progress=False)
+
+
 @dataclass
 class LearnedCircuit:
     """Learned edge scores (a :class:`circuits.graph.Graph`), the training curve and its cost."""
@@ -502,7 +510,8 @@ def learn_circuit(
     scores = torch.full((layout.n_forward, layout.n_backward), float("nan"))
     scores[layout.real_edge_mask] = method.scores().float().cpu()
     seconds = time.perf_counter() - wall
-    graph = Graph(layout, scores, meta={"method": f"learned:{cfg.method}", "objective": cfg.objective,
+    graph = Graph(layout, scores, meta={"method": f"learned:{cfg.method}", "d_model": model.cfg.d_model,
+                                        "objective": cfg.objective,
                                         "steps": cfg.steps, "n_prompts": sum(len(b.group) for b in batches),
                                         "norm": cfg.norm, "warm_start": init is not None})
     return LearnedCircuit(graph, losses, faithful, round(seconds, 2), round(time.process_time() - cpu, 2),

@@ -42,7 +42,7 @@ from patching.edges.circuit_methods import (
     selected_circuit,
 )
 from patching.edges.curves import FaithfulnessCurve, faithfulness_curve
-from patching.edges.faithful_circuit import MIN_PROMPTS, CircuitSearch
+from patching.edges.faithful_circuit import MIN_PROMPTS, CircuitSearch, score_selection
 from patching.edges.learn import LearnConfig
 
 STABILITY_FRACTIONS = (0.02, 0.05, 0.10)
@@ -172,7 +172,7 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
     train_sets, heldout = disjoint_sets(prompts, n_sets, search)
     if method.kind not in SEEDED_KINDS:  # deterministic given the prompts: one run per set
         seeds = seeds[:1]
-    learn = learn or LearnConfig()
+    learn = learn or search.learning
     layout = Graph.from_model(model).layout
     stage = stage or (lambda name: nullcontext())
 
@@ -202,6 +202,25 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
 
 def _text(value: Optional[float]) -> str:
     return "undefined" if value is None else f"{value:.3f}"
+
+
+def stability_of_found(model: HookedTransformer, prompts: Dataset, scores: Graph, search: CircuitSearch, *,
+                       n_sets: int = 2, fractions: Sequence[float] = STABILITY_FRACTIONS,
+                       log=print) -> StabilityResult:
+    """The stability of a circuit already found on the first of :func:`disjoint_sets`' sets (``scores``: e.g.
+    :func:`patching.edges.faithful_circuit.find_faithful_circuit`'s, whose selection half is that set): the
+    search's method (:func:`patching.edges.faithful_circuit.score_selection`) on each further set, the circuits
+    compared and the stable core curved on the held-out set, as :func:`circuit_stability` does, one run fewer."""
+    train_sets, heldout = disjoint_sets(prompts, n_sets, search)
+    graphs = [scores]
+    for index, train in enumerate(train_sets[1:], start=1):
+        scored = score_selection(model, train, search)
+        graphs.append(scored.scores)
+        log(f"{search.method}: set {index} scored ({scored.info['seconds']:.0f} s)")
+    circuits = [[selected_circuit(g, x) for x in fractions] for g in graphs]
+    return compare_runs(model, [(i, search.seed) for i in range(len(graphs))], graphs, circuits, heldout, search,
+                        method=search.method, kind=REGISTRY[search.method].kind, fractions=fractions,
+                        n_per_set=len(train_sets[0]), means_from=means_pool(model, prompts, search))
 
 
 def compare_runs(model: HookedTransformer, runs: Sequence[tuple[int, int]], scores: Sequence[Graph],

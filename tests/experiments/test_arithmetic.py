@@ -42,11 +42,19 @@ def test_pipeline_writes_results_figures_and_report(tiny_dir, tmp_path):
         assert "no grid is drawn" in html or "answered correctly" in html
     # The edge circuit of 6 correct prompts: scored and sized on 3, reported on the other 3.
     circuit = saved["edge_circuit"]
-    assert circuit["n_selection"] == circuit["n_heldout"] == 3 and circuit["method"] == "EAP-IG-inputs"
+    assert circuit["n_selection"] == circuit["n_heldout"] == 3 and circuit["method"] == "top-n"
+    assert circuit["method_info"]["warm_start"] == "EAP-IG-inputs" and circuit["method_info"]["learning"]["steps"] == 100
     assert len(circuit["curve_heldout"]["faithfulness"]) == 10 and circuit["cpr"]["low"] <= circuit["cpr"]["high"]
     assert circuit["key_heads"]["key_heads"] == saved["key_heads"]
-    assert {"edge attribution", "faithfulness curves"} <= set(saved["seconds"]) and stems >= {"edge_curve", "edge_circuit"}
-    assert (out / circuit["files"]["circuit"]).exists() and "Edge circuit (EAP-IG)" in html
+    assert {"edge scores (top-n)", "faithfulness curves"} <= set(saved["seconds"]) and stems >= {"edge_curve", "edge_circuit"}
+    assert (out / circuit["files"]["circuit"]).exists() and "Edge circuit (top-n)" in html
+    # the same method on a second set of 3 prompts; the first set is the circuit's own selection half
+    stability = circuit["stability"]
+    assert stability["n_sets"] == 2 and stability["n_per_set"] == 3 and stability["method"] == "top-n"
+    assert [j["fraction"] for j in stability["jaccard"]] == [0.02, 0.05, 0.1] and len(stability["core"]) == 3
+    assert all(0 <= j["mean"] <= 1 for j in stability["jaccard"]) and "Is it the same circuit on other prompts?" in html
+    # the circuit comes first: right after what the run found, before the data section
+    assert html.index("What this run found") < html.index("Edge circuit (top-n)") < html.index("Path patching")
     assert "The edge circuit is reported on 3 held-out prompts" in html  # fewer than MIN_READABLE: said so
     # A second run into the same folder refuses unless --overwrite.
     with pytest.raises(OutputExistsError, match="--overwrite"):
@@ -67,7 +75,7 @@ def test_every_flag_is_listed_with_its_default(capsys):
 def test_circuit_prompts_0_skips_the_edge_circuit(tiny_dir, tmp_path):
     argv = FAST + ["--circuit-prompts", "0", "--af1-stride", "0"]  # argparse: the last value of a flag wins
     saved = _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(tmp_path / "run"), *argv])
-    assert "edge_circuit" not in saved and "edge attribution" not in saved["seconds"]
+    assert "edge_circuit" not in saved and "edge scores (top-n)" not in saved["seconds"]
     assert not (tmp_path / "run" / "edge_circuit").exists()
 
 
@@ -103,3 +111,11 @@ def test_quick_preview_on_gemma_runs_every_stage_and_says_it_is_a_preview(gemma,
     html = (out / "report.html").read_text()
     assert "Quick preview (--quick)" in html and "What this run found" in html
     assert html.index("What this run found") < html.index("Path patching")  # the finding comes first
+
+
+def test_too_few_prompts_for_stability_are_said_not_crashed(tiny_dir, tmp_path):
+    argv = FAST + ["--circuit-prompts", "40", "--af1-stride", "0", "--learn-steps", "2"]
+    saved = _arithmetic.main("+", ["--model", str(tiny_dir), "--out", str(tmp_path / "run"), *argv])
+    circuit = saved["edge_circuit"]
+    assert "stability" not in circuit and circuit["stability_skipped"].startswith("Stability needs 60 correctly answered")
+    assert circuit["stability_skipped"] in (tmp_path / "run" / "report.html").read_text()

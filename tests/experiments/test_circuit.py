@@ -91,7 +91,7 @@ def test_figures_and_report(run):
     out, _ = run
     assert {p.stem for p in (out / "figures").iterdir()} == {"edge_curve", "edge_circuit"}
     html = (out / "report.html").read_text()
-    assert "Edge circuit (EAP-IG)" in html and "Key heads (path patching) in the edge circuit" in html
+    assert "Edge circuit (top-n)" in html and "Key heads (path patching) in the edge circuit" in html
 
 
 def test_help_lists_every_flag(capsys):
@@ -111,14 +111,15 @@ def test_the_light_config_names_what_the_edge_library_has():
     from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS
     from patching.edges.evaluate import ABLATIONS
     from patching.edges.faithful_circuit import CircuitSearch
-    from patching.edges.learn import LearnConfig
+    from patching.edges.learn import DEFAULT_CIRCUIT
 
     assert config.EDGE_ATTRIBUTION_METHODS == tuple(EDGE_ATTRIBUTION_METHODS)
     assert config.ABLATIONS == ABLATIONS  # CIRCUIT_METHOD_NAMES: the test of the --methods flag
     assert config.ACDC_OBJECTIVES == OBJECTIVES
     search, defaults = config.CircuitConfig().search(), CircuitSearch()
     assert (search.acdc_threshold, search.acdc_objective) == (defaults.acdc_threshold, defaults.acdc_objective)
-    assert dataclasses.asdict(config.CircuitConfig().learn()) == dataclasses.asdict(LearnConfig(progress=False))
+    assert dataclasses.asdict(config.CircuitConfig().learn()) == dataclasses.asdict(DEFAULT_CIRCUIT)
+    assert search.learning == DEFAULT_CIRCUIT and search.method == defaults.method == "top-n"
 
 
 @pytest.mark.parametrize("argv, message", [

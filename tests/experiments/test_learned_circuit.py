@@ -87,5 +87,7 @@ def test_bad_flags_are_refused_before_the_model_loads(tiny_loader, run_main, cap
     with pytest.raises(SystemExit) as exit_info:
         run_main("experiments.learned_circuit", ["--penalties", "-1"], tiny_loader)
     assert exit_info.value.code == 2 and "penalty weight" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--stability-weight -0.5: a weight is >= 0"):
+        LearnedCircuitConfig(stability_weight=-0.5)
     with pytest.raises(ValueError, match="stability-seeds"):
         LearnedCircuitConfig(seed=3, stability_seeds=(3,))

@@ -30,7 +30,7 @@ def _python(code: str, *args: str, timeout: int = 300) -> subprocess.CompletedPr
 def test_the_experiment_list_is_complete():
     assert set(OPERATIONS) | {"af1", "merge", "transfer", "precise_sft", "bench_patching", "bench_finetune", "numbers",
                               "measure_edges", "bench_circuits", "circuit", "cost_model", "edge_sweeps", "loop", "variables",
-                              "learned_circuit"} == set(EXPERIMENTS)
+                              "learned_circuit", "bench_learn"} == set(EXPERIMENTS)
 
 
 # One interpreter runs every module as `python -m` does (runpy, run_name="__main__"), so torch and

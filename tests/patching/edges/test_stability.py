@@ -130,3 +130,46 @@ def test_a_seeded_method_runs_once_per_set_and_seed_and_a_deterministic_one_once
     deterministic = CircuitMethod("plain", "attribution", lambda run, _: scorer(run))
     assert circuit_stability(model, data, deterministic, SEARCH, n_sets=2, seeds=(1, 2), fractions=(0.5,),
                              log=lambda line: None).runs == [(0, 1), (1, 1)]
+
+
+def test_the_stability_of_a_found_circuit_is_circuit_stability_with_its_first_run_given(setup):
+    """stability_of_found scores only the further sets; given the first set's scores it equals circuit_stability."""
+    from patching.edges.stability import disjoint_sets, stability_of_found
+
+    model, data = setup
+    search = dataclasses_replace(SEARCH, method="EAP")
+    whole = circuit_stability(model, data, "EAP", search, n_sets=2).to_dict()
+    first = REGISTRY["EAP"].score(_run_on(model, disjoint_sets(data, 2, search)[0][0], search), "EAP").scores
+    found = stability_of_found(model, data, first, search, n_sets=2, log=lambda line: None).to_dict()
+    assert found["jaccard"] == whole["jaccard"] and found["core"] == whole["core"]
+    assert found["n_sets"] == 2 and found["method"] == "EAP"
+
+
+def test_comparing_fewer_than_two_runs_is_refused(setup):
+    from patching.edges.stability import compare_runs
+
+    model, data = setup
+    graph = Graph.from_model(model)
+    with pytest.raises(InputError, match="Stability compares at least 2 runs"):
+        compare_runs(model, [(0, 0)], [graph], [[graph]], data, SEARCH, method="x", kind="given", fractions=(0.5,))
+
+
+def test_a_search_refuses_methods_it_does_not_score_with(setup):
+    from patching.edges.faithful_circuit import score_selection
+
+    model, data = setup
+    for name in ("ensemble", "ACDC", "exact"):
+        with pytest.raises(InputError, match=f"Circuit search method {name!r} is none of EAP, "):
+            score_selection(model, data, dataclasses_replace(SEARCH, method=name))
+
+
+def dataclasses_replace(record, **changes):
+    import dataclasses
+
+    return dataclasses.replace(record, **changes)
+
+
+def _run_on(model, prompts, search):
+    from patching.edges.circuit_methods import ComparisonRun
+
+    return ComparisonRun(model, prompts, GraphLayout.of(model), search, search.learning, search.warm_start, 10)

@@ -1,0 +1,143 @@
+"""Benchmark: how long a learned circuit takes, per step and whole, its settings side by side in one process.
+
+    python -m experiments.bench_learn --out runs/bench_learn
+
+1. Loads the model and keeps ``--n-prompts`` correctly answered prompts of one operation
+   (:func:`circuits.prompt_splits.correct_prompt_splits`, its training split).
+2. Per step: each arm of :data:`ARMS` (a :class:`patching.edges.learn.LearnConfig`) learns ``--steps``
+   steps on those prompts, the arms alternating over ``--rounds`` rounds so that load changes on a
+   shared machine hit all alike; a step's time is the wall time of its forward, backward and update
+   (:attr:`patching.edges.learn.LearnedCircuit.step_seconds`), the first step of a run left out
+   (allocation). Ratios are against the first arm, the step ``experiments.circuit`` took before
+   the top-n default (random-budget masks, two budgets of 8 prompts).
+3. Whole: the default learned circuit (``patching.edges.learn.DEFAULT_CIRCUIT``) as the commands find
+   it: the EAP-IG-inputs warm start on ``--warm-start-prompts`` prompts, then every step, timed end to
+   end; the goal is at most ``--goal-seconds``.
+4. Writes ``<out>/results.json``: per arm the median and every step time, the ratios, the whole
+   run's wall time against the goal, the threads and load average (a measurement beside other work
+   is an upper bound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
+from experiments.runtime.cli import option
+
+DEFAULT_OUT = "runs/bench_learn"  # one folder, not runs/<name>-<timestamp>
+
+
+@dataclass(frozen=True)
+class BenchLearnConfig(RunSettings):
+    """Every flag of ``python -m experiments.bench_learn`` beyond :class:`RunSettings`, with its default."""
+
+    op: str = option("+", "the operation whose correct prompts the circuits learn on")
+    n_prompts: int = option(64, "correct prompts the circuits learn on", type=cli.positive_int)
+    n_shots: int = option(3, "solved examples before each prompt", type=cli.nonnegative_int)
+    steps: int = option(6, "steps per timed run (the first is not counted)", type=cli.positive_int)
+    rounds: int = option(2, "alternating runs per arm", type=cli.positive_int)
+    warm_start_prompts: int = option(32, "prompts of the warm start of the whole default run",
+                                     type=cli.positive_int)
+    goal_seconds: float = option(60.0, "the goal for the whole default learned circuit (seconds)",
+                                 type=cli.positive_float)
+
+
+parser = cli.config_parser(BenchLearnConfig, "bench_learn", __doc__,
+                           help_texts={"out": f"output folder (default: {DEFAULT_OUT})"})
+
+
+def arms() -> dict[str, "object"]:
+    """The timed settings by label: the earlier step first (the ratios' reference), the default last."""
+    from patching.edges.learn import DEFAULT_CIRCUIT, LearnConfig
+
+    return {
+        "matryoshka, 2 budgets x 8 prompts (experiments.circuit before)": LearnConfig(
+            method="matryoshka", samples=2, batch_size=8, progress=False),
+        "top-n, all 7 sizes x 8 prompts": dataclasses.replace(DEFAULT_CIRCUIT, samples=7, batch_size=8),
+        "top-n, 3 sizes x 8 prompts": dataclasses.replace(DEFAULT_CIRCUIT, samples=3, batch_size=8),
+        "top-n, 2 sizes x 4 prompts": dataclasses.replace(DEFAULT_CIRCUIT, samples=2, batch_size=4),
+        "default (DEFAULT_CIRCUIT)": DEFAULT_CIRCUIT,
+    }
+
+
+def time_arms(model, prompts, cfg: BenchLearnConfig) -> dict[str, dict]:
+    """``--rounds`` runs of ``--steps`` steps of every arm in turn; per arm the step times after each run's first."""
+    from patching.edges.learn import learn_circuit
+
+    settings = arms()
+    times: dict[str, list[float]] = {label: [] for label in settings}
+    for round_ in range(cfg.rounds):
+        for label, config in settings.items():
+            learned = learn_circuit(model, prompts, config=dataclasses.replace(config, steps=cfg.steps, seed=round_))
+            times[label] += learned.step_seconds[1:]
+            print(f"round {round_}: {label:60s} {statistics.median(learned.step_seconds[1:]):6.3f} s/step", flush=True)
+    reference = statistics.median(times[next(iter(settings))])
+    return {label: {"seconds_per_step_median": statistics.median(t), "seconds_per_step_all": t,
+                    "circuits_per_step": min(settings[label].samples, len(settings[label].fractions))
+                    if settings[label].method == "top-n" else settings[label].samples,
+                    "prompts_per_step": settings[label].batch_size,
+                    "speedup_over_first": reference / statistics.median(t)}
+            for label, t in times.items()}
+
+
+def whole_default(model, prompts, cfg: BenchLearnConfig) -> dict:
+    """The default learned circuit end to end: warm start, then every step (wall seconds of each part)."""
+    from patching.edges.attribute import edge_attribution
+    from patching.edges.learn import DEFAULT_CIRCUIT, learn_circuit
+    from patching.options import SweepOptions
+
+    started = time.perf_counter()
+    warm = edge_attribution(model, prompts.select(range(min(len(prompts), cfg.warm_start_prompts))),
+                            method="EAP-IG-inputs", options=SweepOptions(progress=False))
+    warm_seconds = time.perf_counter() - started
+    learned = learn_circuit(model, prompts, config=DEFAULT_CIRCUIT, init=warm)
+    total = time.perf_counter() - started
+    print(f"default learned circuit: warm start {warm_seconds:.1f} s + {DEFAULT_CIRCUIT.steps} steps "
+          f"{learned.seconds:.1f} s = {total:.1f} s (goal <= {cfg.goal_seconds:g} s)")
+    return {"warm_start_seconds": round(warm_seconds, 2), "learn_seconds": learned.seconds,
+            "steps": DEFAULT_CIRCUIT.steps, "seconds": round(total, 2), "goal_seconds": cfg.goal_seconds,
+            "meets_goal": total <= cfg.goal_seconds, "settings": dataclasses.asdict(DEFAULT_CIRCUIT)}
+
+
+def run(cfg: BenchLearnConfig, *, loader: ModelLoader | None = None) -> dict:
+    """Run the benchmark; return the results dict that is also written to results.json."""
+    if cfg.out is None:
+        cfg = dataclasses.replace(cfg, out=DEFAULT_OUT)
+    return run_experiment("bench_learn", cfg, _stages, loader=loader,
+                          results={"model": cfg.model, "settings": dataclasses.asdict(cfg)})
+
+
+def _stages(run: Run) -> None:
+    import torch
+
+    from circuits.prompt_splits import correct_prompt_splits
+    from circuits.tasks import TaskConfig
+
+    cfg = run.cfg
+    model = run.load_model()
+    with run.stage("prompts"):
+        prompts = correct_prompt_splits(model, TaskConfig(op=cfg.op, n_shots=cfg.n_shots, seed=cfg.seed), (cfg.n_prompts, 1, 1)).train
+    with run.stage("steps side by side"):
+        per_arm = time_arms(model, prompts, cfg)
+    with run.stage("the whole default"):
+        whole = whole_default(model, prompts, cfg)
+    run.results |= {"n_prompts": len(prompts), "steps_per_run": cfg.steps, "rounds": cfg.rounds,
+                    "threads": torch.get_num_threads(), "load_average": os.getloadavg(), "arms": per_arm,
+                    "whole_default": whole}
+    for label, row in per_arm.items():
+        print(f"{label:60s} {row['seconds_per_step_median']:6.3f} s/step  ({row['speedup_over_first']:.2f}x the first)")
+    print(f"wrote {run.out / 'results.json'}")
+
+
+def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:
+    """Run the benchmark with command-line flags ``argv`` (default: ``sys.argv``)."""
+    return run(cli.parse_config(parser, BenchLearnConfig, argv), loader=loader)
+
+
+if __name__ == "__main__":
+    cli.run_cli(main, "bench_learn")

@@ -1,0 +1,25 @@
+"""experiments.bench_learn end to end on a tiny random model: every arm timed per step, the whole default run."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_bench_learn_times_every_arm_and_the_whole_default(run_main, tiny_loader, tmp_path):
+    from experiments.bench_learn import arms
+    from patching.edges.learn import DEFAULT_CIRCUIT
+
+    run_main("experiments.bench_learn", ["--out", str(tmp_path), "--n-prompts", "8", "--steps", "3", "--rounds", "2",
+                                         "--warm-start-prompts", "4", "--n-shots", "1"], tiny_loader)
+    results = json.loads((tmp_path / "results.json").read_text())
+    labels = list(arms())
+    assert list(results["arms"]) == labels and labels[-1].startswith("default")
+    for row in results["arms"].values():
+        assert len(row["seconds_per_step_all"]) == 2 * 2  # two rounds of three steps, each run's first left out
+        assert row["seconds_per_step_median"] > 0
+    assert results["arms"][labels[0]]["speedup_over_first"] == pytest.approx(1.0)
+    whole = results["whole_default"]
+    assert whole["steps"] == DEFAULT_CIRCUIT.steps and whole["seconds"] >= whole["learn_seconds"] > 0
+    assert whole["meets_goal"] == (whole["seconds"] <= 60.0)
