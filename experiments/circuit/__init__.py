@@ -1,4 +1,4 @@
-"""The edge circuit of one operation: EAP-IG edge scores, its faithfulness curve, the smallest faithful circuit.
+"""The edge circuit of one operation: the learned top-n circuit, its faithfulness curve, the smallest faithful one.
 
     python -m experiments.circuit --op + --circuit-prompts 64
 
@@ -7,8 +7,11 @@ Stages (each timed into results.json ``seconds``):
 1. data: few-shot one-digit prompts (``circuits.tasks``), kept where the model answers them
    correctly; ``--circuit-prompts`` of them, shuffled, split into two halves: the *selection*
    half and the *held-out* half;
-2. attribution: every edge of the model's graph scored by EAP-IG-inputs (``--ig-steps`` 5) on the
-   selection half (``patching.edges.attribute``; metric = the answer logit at END);
+2. scores: every edge of the model's graph scored on the selection half by ``--method``
+   (``patching.edges.faithful_circuit.score_selection``): by default the learned straight-through top-n
+   (``patching.edges.learn.DEFAULT_CIRCUIT``, the ``--learn-*`` flags), warm-started from ``--warm-start``
+   (EAP-IG-inputs, ``--ig-steps`` 5) on the same prompts; ``--method EAP-IG-inputs`` (or another
+   attribution method) scores by attribution alone (metric = the answer logit at END);
 3. curves: the faithfulness f = (m(C) − m(∅)) / (m(full) − m(∅)) of the top-n edges (|score|,
    pruned to input-to-logits paths, as MIB builds them) at MIB's ten sizes, on each half, with
    95% bootstrap intervals over prompts; CPR and CMD (``patching.edges.faithfulness_curve``);
