@@ -135,8 +135,8 @@ def edge_circuit_figure(
     fig.update_traces(cliponaxis=False, selector=dict(mode="markers+text"))  # labels near the axes' ends stay whole
     n_drawn, n_total = len(pairs), int(edges.sum())
     subtitle = (f"{n_drawn} of {n_total} circuit edges drawn; {sum(in_circuit)} nodes; width grows with |score|; "
-                f"{'colour: the sign of the warm-start attribution' if signs is not None else 'colour: the sign'} "
-                "(blue: positive score, red: negative)")
+                f"colour: the sign of {'the warm-start attribution' if signs is not None else 'the score'} (red: "
+                "negative, corrupting the edge lowers the answer logit; blue: positive)")
     fig.update_xaxes(title_text="layer", range=[-1.8, layout.n_layers + 1.2], dtick=1, zeroline=False)
     fig.update_yaxes(tickvals=[-1.5, *range(layout.n_heads)], ticktext=["MLP", *[f"H{h}" for h in range(layout.n_heads)]],
                      range=[-2.5, layout.n_heads], zeroline=False)
