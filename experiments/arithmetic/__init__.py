@@ -105,9 +105,17 @@ def _run_stages(run: Run) -> None:
 def plan(cfg: PipelineConfig) -> list[str]:
     """The stages a run with these settings goes through, in order (their names as in results.json ``seconds``)."""
     return ["load model", "data", "path patching", "knockout", "knockout on transfer formats", "attention reads",
-            "MLP probes and logit lens", *(["edge attribution", "faithfulness curves"] if cfg.circuit_prompts else []),
+            "MLP probes and logit lens", *(circuit_stages(cfg) if cfg.circuit_prompts else []),
             *(["AF1 grid"] if cfg.af1_stride else []), *(["precise SFT"] if cfg.finetune else []),
             *(["static figures"] if cfg.figures else []), "report"]
+
+
+def circuit_stages(cfg: PipelineConfig) -> list[str]:
+    """The edge circuit's stages, named as :func:`patching.edges.faithful_circuit.find_faithful_circuit` and
+    :func:`experiments.runtime.edge_circuit.edge_circuit_stage` time them."""
+    stability = cfg.circuit_stability_sets
+    return [f"edge scores ({cfg.circuit_method})", "faithfulness curves",
+            *([f"stability ({cfg.circuit_method} on {stability} sets)"] if stability >= 2 else [])]
 
 
 def main(op: str, argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:

@@ -47,6 +47,7 @@ def test_pipeline_writes_results_figures_and_report(tiny_dir, tmp_path):
     assert len(circuit["curve_heldout"]["faithfulness"]) == 10 and circuit["cpr"]["low"] <= circuit["cpr"]["high"]
     assert circuit["key_heads"]["key_heads"] == saved["key_heads"]
     assert {"edge scores (top-n)", "faithfulness curves"} <= set(saved["seconds"]) and stems >= {"edge_curve", "edge_circuit"}
+    assert set(_arithmetic.plan(_arithmetic.parse_config("+", FAST))) <= set(saved["seconds"])  # the plan names what ran
     assert (out / circuit["files"]["circuit"]).exists() and "Edge circuit (top-n)" in html
     # the same method on a second set of 3 prompts; the first set is the circuit's own selection half
     stability = circuit["stability"]
