@@ -82,11 +82,9 @@ def _tune(model, cfg: LoopConfig, op: str, heads, out, name: str):
 
 def _scores(model, data, cfg: LoopConfig):
     """The default learned circuit's edge scores of ``data`` (warm-started as ``--warm-start`` says)."""
-    from patching.edges.faithful_circuit import CircuitSearch, score_selection
+    from patching.edges.faithful_circuit import score_selection
 
-    search = CircuitSearch(method="top-n", warm_start=cfg.warm_start_method(), learning=cfg.learn_config(),
-                           batch_size=cfg.batch_size, seed=cfg.seed)
-    return score_selection(model, data, search).scores
+    return score_selection(model, data, cfg.learned_search(batch_size=cfg.batch_size)).scores
 
 
 @cli.no_grad

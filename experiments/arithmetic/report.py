@@ -25,7 +25,7 @@ from circuits.analyze.attention import classes_table
 from circuits.analyze.probes import plot_logit_lens, plot_probe_cosines
 from circuits.show.html_report import Report
 from experiments.arithmetic.config import MIN_READABLE
-from experiments.runtime.edge_circuit import add_report_section
+from experiments.runtime.edge_circuit import add_report_section, two_decimals
 
 if TYPE_CHECKING:
     from experiments.arithmetic.config import PipelineConfig
@@ -292,10 +292,6 @@ def _number(estimate: dict | None) -> str:
     return f"{num((estimate or {}).get('value'))} [{num((estimate or {}).get('low'))}, {num((estimate or {}).get('high'))}]"
 
 
-def _num2(value) -> str:
-    return f"{value:.2f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
-
-
 #: a circuit holding more than this share of all edges is not called small on the report's first screen
 LARGE_CIRCUIT = 0.2
 
@@ -345,7 +341,7 @@ def findings(results: dict, cfg: PipelineConfig | None = None) -> list[str]:
                            f"smaller one; `python -m experiments.learned_circuit` tunes it on validation prompts.")
         stability = circuit.get("stability")
         if stability:
-            parts = [f"{100 * j['fraction']:g}% {_num2(j['mean'])}" for j in stability["jaccard"]]
+            parts = [f"{100 * j['fraction']:g}% {two_decimals(j['mean'])}" for j in stability["jaccard"]]
             core = [c for c in stability["core"] if abs(c["fraction"] - 0.05) < 1e-9]
             out.append(f"Is it the same circuit on other prompts? The same method on {stability['n_sets']} disjoint sets "
                        f"of {stability['n_per_set']} prompts keeps edge sets with Jaccard {', '.join(parts)} (1: the "

@@ -226,10 +226,9 @@ def _circuit_heads(base, cfg: SFTComparisonConfig) -> list[Head]:
     from circuits.tasks import make_dataset
 
     from circuits.graph import Graph
-    from patching.edges.faithful_circuit import CircuitSearch, circuit_heads, score_selection
+    from patching.edges.faithful_circuit import circuit_heads, score_selection
 
-    search = CircuitSearch(method="top-n", warm_start=cfg.warm_start_method(), learning=cfg.learn_config(),
-                           seed=cfg.seed)
+    search = cfg.learned_search()
     total = None
     for i, op in enumerate(OPS):
         probe = make_dataset(base, op=op, n_prompts=cfg.n_rank_prompts, styles=("equation", "statement", "question"),

@@ -37,6 +37,7 @@ def edge_circuit_stage(model, kept: Dataset, heads: list[Head], roles: dict[Head
     """
     from contextlib import nullcontext
 
+    stage = stage or (lambda name: nullcontext())
     found = find_faithful_circuit(model, kept, search, stage=stage)
     results = found.to_dict() | {"files": write_circuit_files(out, found.scores, found.circuit, op, model_name)}
     figures = {"edge_curve": faithfulness_figure(
@@ -63,7 +64,7 @@ def edge_circuit_stage(model, kept: Dataset, heads: list[Head], roles: dict[Head
                 f"set of {search.circuit_prompts // 2}); the run has {len(kept)}: sample more prompts (--n-prompts) or "
                 "lower --circuit-prompts.")
         else:
-            with (stage or (lambda name: nullcontext()))(f"stability ({search.method} on {stability_sets} sets)"):
+            with stage(f"stability ({search.method} on {stability_sets} sets)"):
                 results["stability"] = stability_of_found(model, kept, found.scores, search,
                                                           n_sets=stability_sets).to_dict()
     return results, figures
@@ -137,7 +138,7 @@ def add_report_section(report: Report, stage: dict, figures: dict) -> Report:
 
 def stability_rows(stability: dict) -> list[dict]:
     """One row per size: the edge Jaccard of the sets' circuits, and the stable core's size and held-out f."""
-    return [{"% of edges": 100 * j["fraction"], "edges": j["n_edges"], "Jaccard": _num(j["mean"]),
+    return [{"% of edges": 100 * j["fraction"], "edges": j["n_edges"], "Jaccard": two_decimals(j["mean"]),
              "core edges": c["n_edges"], "core f held-out": _fmt(c["f"])}
             for j, c in zip(stability["jaccard"], stability["core"])]
 
@@ -147,10 +148,11 @@ def stability_caption(stability: dict) -> str:
             f"the circuit's own selection half): the edge Jaccard |A ∩ B| / |A ∪ B| of the sets' circuits at each size "
             f"(1: the same edges), and the stable core (edges every set keeps) with its faithfulness on "
             f"{stability['n_heldout']} prompts no set trained on (95% bootstrap). Score Spearman "
-            f"{_num(stability['spearman']['mean'])}.")
+            f"{two_decimals(stability['spearman']['mean'])}.")
 
 
-def _num(value) -> str:
+def two_decimals(value) -> str:
+    """``0.44``; a number results.json holds as null (or a NaN) reads ``n/a``."""
     return f"{value:.2f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
 
 
@@ -170,5 +172,5 @@ def summary(stage: dict) -> str:
     if "stability" in stage:
         five = [j for j in stage["stability"]["jaccard"] if abs(j["fraction"] - 0.05) < 1e-9]
         if five:
-            line += f"; Jaccard at 5% between prompt sets {_num(five[0]['mean'])}"
+            line += f"; Jaccard at 5% between prompt sets {two_decimals(five[0]['mean'])}"
     return line

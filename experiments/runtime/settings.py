@@ -120,3 +120,11 @@ class LearnSettings:
     def warm_start_method(self) -> str | None:
         """``--warm-start`` as the library takes it (None: a cold start)."""
         return None if self.warm_start == "none" else self.warm_start
+
+    def learned_search(self, **fields):
+        """The :class:`patching.edges.faithful_circuit.CircuitSearch` of the default learned circuit with these
+        flags' warm start, learning settings and seed (``fields``: the search's other settings)."""
+        from patching.edges.faithful_circuit import CircuitSearch
+
+        return CircuitSearch(**({"method": "top-n", "warm_start": self.warm_start_method(),
+                                 "learning": self.learn_config(), "seed": self.seed} | fields))

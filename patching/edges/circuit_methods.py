@@ -154,10 +154,7 @@ def _learned_scores(run: ComparisonRun, name: str) -> MethodScores:
     warm = run.warm_start
     init = run.cached_attribution(warm) if warm else None  # computed before the method's clock started
     learned = learn_circuit(run.model, run.selection, config=run.learn, method=name, init=init, progress=False)
-    info = {"warm_start": warm, "warm_start_seconds": round(run.cost[warm][0], 1) if warm else 0.0,
-            "steps": learned.config.steps, "seconds_per_step": learned.seconds_per_step,
-            "losses": learned.losses[::max(1, len(learned.losses) // 50)]}
-    return MethodScores(learned.graph, info=info)
+    return MethodScores(learned.graph, info=learned.brief(warm, run.cost[warm][0] if warm else 0.0))
 
 
 def _ensemble_scores(run: ComparisonRun, name: str) -> MethodScores:

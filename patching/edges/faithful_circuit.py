@@ -23,6 +23,8 @@ the ILP, position-aware edges) on the same two halves, with each method's time.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -178,9 +180,6 @@ def score_selection(model: HookedTransformer, prompts: Dataset, search: CircuitS
     """Every edge scored on ``prompts`` by ``search.method``: an attribution method in a few backward passes, or a
     learned one (``search.learning``, its ``method`` replaced by the search's) warm-started from
     ``search.warm_start``'s attribution of the same prompts (None: a cold start)."""
-    import dataclasses
-    import time
-
     if search.method not in SEARCH_METHODS:
         raise InputError(f"Circuit search method {search.method!r} is none of {', '.join(SEARCH_METHODS)}: a search "
                          "scores with an attribution or a learned method; compare the others with compare_methods "
@@ -196,10 +195,8 @@ def score_selection(model: HookedTransformer, prompts: Dataset, search: CircuitS
     warm_seconds = time.perf_counter() - started
     config = dataclasses.replace(search.learning, method=search.method)
     learned = learn_circuit(model, prompts, config=config, init=warm)
-    info = {"seconds": round(time.perf_counter() - started, 1), "warm_start": search.warm_start,
-            "warm_start_seconds": round(warm_seconds, 1), "steps": config.steps,
-            "seconds_per_step": learned.seconds_per_step, "losses": learned.losses[::max(1, len(learned.losses) // 50)],
-            "learning": {k: v for k, v in dataclasses.asdict(config).items() if k not in ("progress", "memory_mb")}}
+    info = {"seconds": round(time.perf_counter() - started, 1)} | learned.brief(search.warm_start, warm_seconds)
+    info["learning"] = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("progress", "memory_mb")}
     return SelectionScores(learned.graph, info, warm)
 
 

@@ -165,6 +165,12 @@ class LearnedCircuit:
     def scores(self) -> Tensor:
         return self.graph.scores
 
+    def brief(self, warm_start: Optional[str], warm_start_seconds: float) -> dict:
+        """What a results row says of the run: its warm start (name and seconds), steps, seconds per step, and at
+        most about 50 of its losses."""
+        return {"warm_start": warm_start, "warm_start_seconds": round(warm_start_seconds, 1), "steps": self.config.steps,
+                "seconds_per_step": self.seconds_per_step, "losses": self.losses[::max(1, len(self.losses) // 50)]}
+
     def to_dict(self) -> dict:
         return {"config": dataclasses.asdict(self.config), "losses": self.losses, "faithfulness": self.faithfulness,
                 "seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "seconds_per_step": self.seconds_per_step,
