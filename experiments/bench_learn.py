@@ -10,10 +10,13 @@
    (:attr:`patching.edges.learn.LearnedCircuit.step_seconds`), the first step of a run left out
    (allocation). Ratios are against the first arm, the step ``experiments.circuit`` took before
    the top-n default (random-budget masks, two budgets of 8 prompts).
-3. Whole: the default learned circuit (``patching.edges.learn.DEFAULT_CIRCUIT``) as the commands find
+3. The model alone: the default step's sequences (its circuits x prompts, tiled as the step tiles them) run
+   forward and backward through every block with no mixing hooks, the gradient taken at the embeddings: what
+   the step costs without the edge masks, so the difference is what the hooks add.
+4. Whole: the default learned circuit (``patching.edges.learn.DEFAULT_CIRCUIT``) as the commands find
    it: the EAP-IG-inputs warm start on ``--warm-start-prompts`` prompts, then every step, timed end to
    end; the goal is at most ``--goal-seconds``.
-4. Writes ``<out>/results.json``: per arm the median and every step time, the ratios, the whole
+5. Writes ``<out>/results.json``: per arm the median and every step time, the ratios, the model alone, the whole
    run's wall time against the goal, the threads and load average (a measurement beside other work
    is an upper bound).
 """
@@ -85,6 +88,47 @@ def time_arms(model, prompts, cfg: BenchLearnConfig) -> dict[str, dict]:
             for label, t in times.items()}
 
 
+def model_alone(model, prompts, cfg: BenchLearnConfig) -> dict:
+    """Seconds of a forward and backward of the default step's sequences without the mixing hooks (median of
+    ``--steps`` x ``--rounds``, the first left out), on the longest group of equal-length prompts."""
+    import torch
+
+    from patching import forward, inputs
+    from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
+    from patching.edges.learn import DEFAULT_CIRCUIT
+    from patching.metrics import get_metric, score_end
+
+    circuits = min(DEFAULT_CIRCUIT.samples, len(DEFAULT_CIRCUIT.fractions))
+    times = []
+    with edge_mode(model):
+        group = max(inputs.prompt_groups(model, prompts), key=len)
+        rows = slice(0, min(len(group), DEFAULT_CIRCUIT.batch_size))
+        tokens, answers = group.tokens[rows], group.answer_ids[rows].repeat(circuits)
+        alts = None if group.alt_ids is None else group.alt_ids[rows].repeat(circuits)
+        start = forward.shared_prefix_length(tokens, group.cf_tokens[rows])
+        kv = edge_prefix_kv(model, tokens[:, :start]) if start else None
+
+        def leaf(act, *, hook):  # the backward runs through every block, as a mask's gradient does
+            return act.detach().requires_grad_(True)
+
+        frozen = [p for p in model.parameters() if p.requires_grad]
+        for p in frozen:
+            p.requires_grad_(False)
+        try:
+            for _ in range(cfg.steps * cfg.rounds):
+                started = time.perf_counter()
+                with torch.enable_grad():
+                    end = run_suffix(model, tokens, start, kv, [("blocks.0.hook_resid_pre", leaf)], times=circuits)
+                    score_end(model, end[:, -1], answers, alts, get_metric("logit")).sum().backward()
+                times.append(time.perf_counter() - started)
+        finally:
+            for p in frozen:
+                p.requires_grad_(True)
+    median = statistics.median(times[1:])
+    print(f"the model alone, {circuits} x {rows.stop} sequences forward and backward: {median:.3f} s")
+    return {"seconds_median": median, "seconds_all": times[1:], "sequences": circuits * rows.stop}
+
+
 def whole_default(model, prompts, cfg: BenchLearnConfig) -> dict:
     """The default learned circuit end to end: warm start, then every step (wall seconds of each part)."""
     from patching.edges.attribute import edge_attribution
@@ -124,11 +168,13 @@ def _stages(run: Run) -> None:
         prompts = correct_prompt_splits(model, TaskConfig(op=cfg.op, n_shots=cfg.n_shots, seed=cfg.seed), (cfg.n_prompts, 1, 1)).train
     with run.stage("steps side by side"):
         per_arm = time_arms(model, prompts, cfg)
+    with run.stage("the model alone"):
+        alone = model_alone(model, prompts, cfg)
     with run.stage("the whole default"):
         whole = whole_default(model, prompts, cfg)
     run.results |= {"n_prompts": len(prompts), "steps_per_run": cfg.steps, "rounds": cfg.rounds,
                     "threads": torch.get_num_threads(), "load_average": os.getloadavg(), "arms": per_arm,
-                    "whole_default": whole}
+                    "model_alone": alone, "whole_default": whole}
     for label, row in per_arm.items():
         print(f"{label:60s} {row['seconds_per_step_median']:6.3f} s/step  ({row['speedup_over_first']:.2f}x the first)")
     print(f"wrote {run.out / 'results.json'}")

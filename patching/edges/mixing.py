@@ -10,10 +10,12 @@ ablated output (counterfactual run, a mean, or zero) and ``a_sr`` in [0, 1] how 
 computes ``Σ_s o_s`` itself; a hook at each receiver adds ``Σ_s a_sr (ã_s − o_s)``, with the senders'
 outputs of *this* run recorded as the forward produces them (an in-circuit edge carries what its
 sender outputs here, changed if the sender's own inputs were ablated upstream). Several circuits
-run in one forward: ``a`` is ``[C, n_forward, n_backward]`` and the rows are ``c * B + b``. The sums
-are taken one sender group at a time (the input, a layer's heads, a layer's MLP), so the cost
-grows with the number of receivers and groups, not with a copy of every sender per receiver, and
-gradients reach ``a`` (and through ``o_s``, everything upstream) when ``a`` requires them.
+run in one forward: ``a`` is ``[C, n_forward, n_backward]`` and the rows are ``c * B + b``. The senders'
+``ã − o`` are written once, in forward order, into one buffer, and each receiver hook point is one
+product with the rows below its limit (a layer's q, k and v inputs share one product), so no sender
+is copied per receiver; with gradients that product is :class:`_MixBelow`, whose backward hands each
+sender group its share, so gradients reach ``a`` (and through ``o_s``, everything upstream) when ``a``
+requires them.
 
 **Position-aware edges.** With ``spans`` (one span index per prompt position, :mod:`patching.edges.positions`),
 ``a`` is ``[C, n_forward, n_backward, n_spans]`` and the edge ``(s, span) -> (r, span)`` is ablated at the
@@ -118,6 +120,54 @@ def record_ablated(model: HookedTransformer, tokens: Tensor, *, start: int = 0, 
     return Ablated(outputs[:, None], None if raw is None else [r[:, None] for r in raw])
 
 
+def _mix(w: Tensor, x: Tensor, onehot: Optional[Tensor]) -> Tensor:
+    """Σ_s w[c, s, r] · x[c, s, b, p, :] -> [C, B, P, R, d] (per span with position-aware weights).
+
+    Circuit-major ``x`` makes the product one matrix product per circuit on ``x`` as it lies in memory
+    (an einsum over sender-major rows copied them into that layout first).
+    """
+    if onehot is None:
+        C, _, B, P, d = x.shape
+        out = torch.matmul(w.transpose(1, 2).to(x.dtype), x.flatten(2))  # [C, R, B * P * d]
+        return out.view(C, -1, B, P, d).permute(0, 2, 3, 1, 4)
+    return torch.einsum("csrk,csbpd,bpk->cbprd", w.to(x.dtype), x, onehot.to(x.dtype))
+
+
+class _MixBelow(torch.autograd.Function):
+    """:func:`_mix` of the senders below a receiver's limit, read from the buffer without gradients, with
+    the gradient of each sender group's ``ã − o`` (``pieces [n, C, B, P, d]``, the buffer's rows in order)
+    and of ``w``.
+
+    The product reads the buffer instead of a concatenation of the pieces (which, for every hook point,
+    copied every sender below it: quadratic in depth). ``stacked`` is kept by reference, not saved:
+    rows below a limit are written once, before any receiver reads them, and never again in a forward.
+    """
+
+    @staticmethod
+    def forward(ctx, w: Tensor, stacked: Tensor, onehot: Optional[Tensor], *pieces: Tensor) -> Tensor:
+        ctx.stacked, ctx.onehot, ctx.sizes = stacked, onehot, [p.shape[0] for p in pieces]
+        ctx.save_for_backward(w)
+        return _mix(w, stacked, onehot)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (w,) = ctx.saved_tensors
+        x, onehot = ctx.stacked, ctx.onehot  # x [C, s, B, P, d]
+        w_x = w.to(x.dtype)
+        grad_w = None
+        if onehot is None:
+            C, s, B, P, d = x.shape
+            g = grad.permute(0, 3, 1, 2, 4).reshape(C, -1, B * P * d)  # [C, R, n]
+            if ctx.needs_input_grad[0]:
+                grad_w = torch.matmul(x.flatten(2), g.transpose(1, 2)).to(w.dtype)  # [C, s, R]
+            grad_x = torch.matmul(w_x, g).view(C, s, B, P, d)
+        else:
+            if ctx.needs_input_grad[0]:
+                grad_w = torch.einsum("cbprd,csbpd,bpk->csrk", grad, x, onehot.to(x.dtype)).to(w.dtype)
+            grad_x = torch.einsum("csrk,cbprd,bpk->csbpd", w_x, grad, onehot.to(x.dtype))
+        return (grad_w, None, None, *grad_x.transpose(0, 1).split(ctx.sizes))
+
+
 class MixingHooks:
     """The hooks of one forward of ``C`` circuits on ``B`` prompts (see the module docstring).
 
@@ -145,12 +195,18 @@ class MixingHooks:
         for layer in range(self.layout.n_layers):
             self.groups += [(self.layout.head_forward(layer, 0), H, layer), (self.layout.mlp_forward(layer), 1, None)]
         self.diffs: list[Optional[Tensor]] = [None] * len(self.groups)  # per group [n, C, B, P, d]: ã − o
+        # the groups whose changes add linearly (all under "frozen"; all but the heads under "recompute") and
+        # each one's first row in the buffer of their ã − o (detached: _MixBelow gives the groups their gradients)
+        self.linear = [g for g, (_, _, layer) in enumerate(self.groups) if not (layer is not None and self.recompute)]
+        self.row: dict[int, int] = {}
+        for g in self.linear:
+            self.row[g] = sum(self.groups[k][1] for k in self.row)
         self.layer_sum: dict[int, Tensor] = {}  # recompute: each attention layer's pre-norm sum of head results
         self.layer_normed: dict[int, Tensor] = {}  # recompute: that sum normalised (the layer's output) [C, B, P, d]
         self._z: dict[int, Tensor] = {}
         self._scale: dict[int, Tensor] = {}
-        self._buffer: Optional[Tensor] = None  # without gradients: ã − o of every sender, rows in forward order
-        self._stacks: dict[int, tuple[Tensor, Tensor]] = {}
+        self._buffer: Optional[Tensor] = None
+        self._qkv: dict[int, Optional[Tensor]] = {}  # a layer's q, k and v corrections, made by the first of its hooks
 
     # ---- senders
 
@@ -161,14 +217,13 @@ class MixingHooks:
         return None if self.ablated.outputs is None else self.ablated.outputs[first:first + size]
 
     def _store(self, g: int, diff: Tensor) -> None:
-        """Group ``g``'s ``ã − o`` ``[n, C, B, P, d]``; without gradients written into one buffer of every sender."""
+        """Group ``g``'s ``ã − o`` ``[n, C, B, P, d]``, also written (detached) into the buffer of the linear senders."""
         self.diffs[g] = diff
-        if self.grad:
-            return
-        first, size, _ = self.groups[g]
-        if self._buffer is None:
-            self._buffer = diff.new_zeros(self.layout.n_forward, *diff.shape[1:])
-        self._buffer[first:first + size] = diff
+        if self._buffer is None:  # circuit-major [C, rows, B, P, d] (see _mix)
+            rows = sum(self.groups[k][1] for k in self.linear)
+            self._buffer = diff.new_empty(diff.shape[1], rows, *diff.shape[2:])
+        row = self.row[g]
+        self._buffer[:, row:row + diff.shape[0]] = diff.detach().transpose(0, 1)
 
     def _store_outputs(self, g: int, outputs: Tensor) -> None:
         first, size, _ = self.groups[g]
@@ -226,39 +281,25 @@ class MixingHooks:
 
     # ---- receivers
 
-    def _mix(self, w: Tensor, diff: Tensor) -> Tensor:
-        """Σ_s w[c, s, r] · diff[s, c, b, p, :] -> [C, B, P, R, d] (per span with position-aware weights)."""
-        if self.onehot is None:
-            return torch.einsum("csr,scbpd->cbprd", w.to(diff.dtype), diff)
-        return torch.einsum("csrk,scbpd,bpk->cbprd", w.to(diff.dtype), diff, self.onehot.to(diff.dtype))
-
-    def _linear(self, limit: int) -> tuple[Tensor, Tensor]:
-        """The senders below ``limit`` whose changes add linearly: (their forward indices, their ``ã − o`` stacked).
-
-        Every sender under ``"frozen"``; all but the heads under ``"recompute"``. Without gradients this is
-        a view of the buffer; with them the stack is built once per limit (the q, k and v inputs of a layer
-        share it) instead of once per receiver.
-        """
-        if limit in self._stacks:
-            return self._stacks[limit]
-        groups = [(g, first, size) for g, (first, size, layer) in enumerate(self.groups)
-                  if first < limit and not (layer is not None and self.recompute)]
-        index = torch.tensor([f for _, first, size in groups for f in range(first, first + size)],
-                             device=self.ablate.device)
-        if not self.grad and not self.recompute:
-            stacked = self._buffer[:limit]
+    def _linear_mix(self, limit: int, w_all: Tensor) -> Optional[Tensor]:
+        """Σ over the linear senders below ``limit`` (one product with the buffer's rows; None: none ablated)."""
+        below = [g for g in self.linear if self.groups[g][0] < limit]
+        if not self.recompute:
+            w = w_all  # every sender below the limit, in forward order: the buffer's rows are its rows
         else:
-            stacked = torch.cat([self.diffs[g] for g, _, _ in groups])
-        self._stacks = {limit: (index, stacked)}  # the latest only: each layer's receivers use one limit or two
-        return index, stacked
+            index = torch.tensor([f for g in below for f in range(self.groups[g][0], sum(self.groups[g][:2]))],
+                                 device=w_all.device)
+            w = w_all[:, index]
+        stacked = self._buffer[:, :sum(self.groups[g][1] for g in below)]
+        if self.grad:
+            return _MixBelow.apply(w, stacked, self.onehot, *[self.diffs[g] for g in below])
+        return _mix(w, stacked, self.onehot) if bool(w.any()) else None
 
     def correction(self, receivers: Sequence[int]) -> Optional[Tensor]:
-        """What receivers ``receivers`` (one hook point) get added: ``[C, B, P, R, d]`` (None: nothing ablated)."""
+        """What receivers ``receivers`` (one limit) get added: ``[C, B, P, R, d]`` (None: nothing ablated)."""
         limit = self.layout.forward_limit(receivers[0])
         w_all = self.ablate[:, :limit][:, :, receivers]  # [C, limit, R] (or [..., S])
-        index, stacked = self._linear(limit)
-        w = w_all if len(index) == limit else w_all[:, index]
-        total = self._mix(w, stacked) if self.grad or bool(w.any()) else None
+        total = self._linear_mix(limit, w_all)
         if self.recompute:
             for g, (first, size, layer) in enumerate(self.groups):
                 if layer is None or first >= limit:
@@ -266,20 +307,31 @@ class MixingHooks:
                 w = w_all[:, first:first + size]
                 if not self.grad and not bool(w.any()):
                     continue
-                mixed = self.layer_sum[layer][:, :, :, None] + self._mix(w, self.diffs[g])  # [C, B, P, R, d]
+                mixed = self.layer_sum[layer][:, :, :, None] + _mix(w, self.diffs[g].transpose(0, 1), self.onehot)
                 part = rms_norm(self.model.blocks[layer].ln1_post, mixed) - self.layer_normed[layer][:, :, :, None]
                 total = part if total is None else total + part
         return total
 
+    def _qkv_correction(self, layer: int, x: str, last: bool) -> Optional[Tensor]:
+        """Input ``x``'s share of layer ``layer``'s q, k and v corrections, all computed by the first hook to ask."""
+        if layer not in self._qkv:
+            H = self.layout.n_heads
+            self._qkv[layer] = self.correction([self.layout.head_backward(layer, h, y) for y in QKV for h in range(H)])
+        total = self._qkv.pop(layer) if last else self._qkv[layer]
+        if total is None:
+            return None
+        i, H = QKV.index(x), self.layout.n_heads
+        return total[:, :, :, i * H:(i + 1) * H]
+
     def receiver_hooks(self) -> list[tuple[str, callable]]:
         layout = self.layout
 
-        def make(receivers: list[int], per_head: bool):
-            if not self.grad and not bool(self.ablate[:, :, receivers].any()):
-                return None
+        def ablated_any(receivers: list[int]) -> bool:
+            return self.grad or bool(self.ablate[:, :, receivers].any())
 
+        def make(correction, per_head: bool):
             def hook(act, *, hook):
-                delta = self.correction(receivers)
+                delta = correction()
                 if delta is None:
                     return act
                 shaped = act.view(self.C, self.B, *act.shape[1:])
@@ -291,14 +343,16 @@ class MixingHooks:
 
         hooks = []
         for layer in range(layout.n_layers):
-            for x in QKV:
-                fn = make([layout.head_backward(layer, h, x) for h in range(layout.n_heads)], True)
-                if fn is not None:
-                    hooks.append((f"blocks.{layer}.hook_{x}_input", fn))
-            fn = make([layout.mlp_backward(layer)], False)
+            inputs = [x for x in QKV if ablated_any([layout.head_backward(layer, h, x) for h in range(layout.n_heads)])]
+            for x in inputs:
+                correction = lambda layer=layer, x=x, last=x == inputs[-1]: self._qkv_correction(layer, x, last)
+                hooks.append((f"blocks.{layer}.hook_{x}_input", make(correction, True)))
+            receivers = [layout.mlp_backward(layer)]
+            fn = make(lambda receivers=receivers: self.correction(receivers), False) if ablated_any(receivers) else None
             if fn is not None:
                 hooks.append((f"blocks.{layer}.hook_mlp_in", fn))
-        fn = make([layout.logits_backward], False)
+        receivers = [layout.logits_backward]
+        fn = make(lambda: self.correction(receivers), False) if ablated_any(receivers) else None
         if fn is not None:
             hooks.append((f"blocks.{layout.n_layers - 1}.hook_resid_post", fn))
         return hooks

@@ -57,8 +57,12 @@ def test_patching_one_edge_is_the_full_circuit_minus_that_edge(norm):
     layout = GraphLayout.of(model)
     real = layout.real_edge_mask
     heads = [layout.head_forward(l, h) for l in range(layout.n_layers - 1) for h in range(layout.n_heads)]
+    # every kind of receiver, q, k and v alone in their layer (the three inputs share one product per layer)
     edges = [(f, layout.head_backward(2, 1, "v")) for f in heads[:4]] + [(heads[5], layout.logits_backward),
-                                                                          (0, layout.mlp_backward(1))]
+                                                                          (0, layout.mlp_backward(1)),
+                                                                          (heads[1], layout.head_backward(2, 0, "q")),
+                                                                          (0, layout.head_backward(1, 3, "k")),
+                                                                          (heads[6], layout.head_backward(2, 2, "k"))]
     effects = edge_patch(model, edges, data, norm=norm, options=SweepOptions(progress=False))
     circuits = []
     for f, b in edges:
