@@ -96,11 +96,12 @@ def model_alone(model, prompts, cfg: BenchLearnConfig) -> dict:
     from patching import forward, inputs
     from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
     from patching.edges.learn import DEFAULT_CIRCUIT
+    from patching.interchange import frozen_weights
     from patching.metrics import get_metric, score_end
 
     circuits = min(DEFAULT_CIRCUIT.samples, len(DEFAULT_CIRCUIT.fractions))
     times = []
-    with edge_mode(model):
+    with edge_mode(model), frozen_weights(model):
         group = max(inputs.prompt_groups(model, prompts), key=len)
         rows = slice(0, min(len(group), DEFAULT_CIRCUIT.batch_size))
         tokens, answers = group.tokens[rows], group.answer_ids[rows].repeat(circuits)
@@ -111,19 +112,12 @@ def model_alone(model, prompts, cfg: BenchLearnConfig) -> dict:
         def leaf(act, *, hook):  # the backward runs through every block, as a mask's gradient does
             return act.detach().requires_grad_(True)
 
-        frozen = [p for p in model.parameters() if p.requires_grad]
-        for p in frozen:
-            p.requires_grad_(False)
-        try:
-            for _ in range(cfg.steps * cfg.rounds):
-                started = time.perf_counter()
-                with torch.enable_grad():
-                    end = run_suffix(model, tokens, start, kv, [("blocks.0.hook_resid_pre", leaf)], times=circuits)
-                    score_end(model, end[:, -1], answers, alts, get_metric("logit")).sum().backward()
-                times.append(time.perf_counter() - started)
-        finally:
-            for p in frozen:
-                p.requires_grad_(True)
+        for _ in range(cfg.steps * cfg.rounds):
+            started = time.perf_counter()
+            with torch.enable_grad():
+                end = run_suffix(model, tokens, start, kv, [("blocks.0.hook_resid_pre", leaf)], times=circuits)
+                score_end(model, end[:, -1], answers, alts, get_metric("logit")).sum().backward()
+            times.append(time.perf_counter() - started)
     median = statistics.median(times[1:])
     print(f"the model alone, {circuits} x {rows.stop} sequences forward and backward: {median:.3f} s")
     return {"seconds_median": median, "seconds_all": times[1:], "sequences": circuits * rows.stop}

@@ -70,6 +70,7 @@ from circuits.graph import Graph, GraphLayout
 from patching import forward, inputs
 from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
 from patching.edges.mixing import MixingHooks, check_norm, record_ablated
+from patching.interchange import frozen_weights
 from patching.metrics import get_metric, score_end
 
 METHODS = ("edge-pruning", "ugs", "matryoshka", "top-n")
@@ -470,49 +471,42 @@ def learn_circuit(
     generator = torch.Generator().manual_seed(cfg.seed)
     wall, cpu = time.perf_counter(), time.process_time()
     losses, faithful, step_seconds = [], [], []
-    frozen = [p for p in model.parameters() if p.requires_grad]
-    for p in frozen:
-        p.requires_grad_(False)
-    try:
-        with edge_mode(model):
-            batches = _prepare(model, groups, layout, cfg.norm, metric)
-            _check_denominator(batches)
-            gaps = torch.cat([b.full_metric - b.empty_metric for b in batches]).double()
-            scale = float(gaps.pow(2).mean().sqrt())
-            method = _METHODS[cfg.method](layout, cfg, init, model.cfg.device, generator)
-            sizes = torch.tensor([len(b.group) for b in batches], dtype=torch.float)
-            bar = tqdm(range(cfg.steps), desc=f"learning a circuit ({cfg.method})", disable=not cfg.progress)
-            for step in bar:
-                step_started = time.perf_counter()
-                batch = batches[int(torch.multinomial(sizes, 1, generator=generator))]
-                take = min(cfg.batch_size, len(batch.group))
-                rows = torch.randperm(len(batch.group), generator=generator)[:take].to(model.cfg.device)
-                method.optimizer.zero_grad()
-                with torch.enable_grad():
-                    masks = method.masks(step, cfg.samples)
-                    keep = method.dense(masks)
-                    loss, f = 0.0, 0.0
-                    per_chunk = _prompts_per_chunk(model, batch, len(keep), cfg.memory_mb)
-                    for sl in forward.chunks(take, per_chunk):  # gradient accumulation within the memory budget
-                        sub = _sub_batch(batch, rows[sl])
-                        share = (sl.stop - sl.start) / take
-                        part, part_f = _loss(model, sub, _circuit_end(model, sub, keep, cfg.norm), len(keep),
-                                             cfg.objective, metric, scale, cfg.faithfulness_penalty)
-                        (share * part).backward(retain_graph=True)
-                        loss, f = loss + share * float(part.detach()), f + share * part_f
-                    penalty = method.penalty(step)
-                    if penalty.requires_grad:
-                        penalty.backward()
-                method.optimizer.step()
-                method.after_step(step)
-                losses.append(float(loss))
-                faithful.append(f)
-                step_seconds.append(time.perf_counter() - step_started)
-                bar.set_postfix(loss=f"{float(loss):.3g}", f=f"{f:.2f}")
-            bar.close()
-    finally:
-        for p in frozen:
-            p.requires_grad_(True)
+    with frozen_weights(model), edge_mode(model):
+        batches = _prepare(model, groups, layout, cfg.norm, metric)
+        _check_denominator(batches)
+        gaps = torch.cat([b.full_metric - b.empty_metric for b in batches]).double()
+        scale = float(gaps.pow(2).mean().sqrt())
+        method = _METHODS[cfg.method](layout, cfg, init, model.cfg.device, generator)
+        sizes = torch.tensor([len(b.group) for b in batches], dtype=torch.float)
+        bar = tqdm(range(cfg.steps), desc=f"learning a circuit ({cfg.method})", disable=not cfg.progress)
+        for step in bar:
+            step_started = time.perf_counter()
+            batch = batches[int(torch.multinomial(sizes, 1, generator=generator))]
+            take = min(cfg.batch_size, len(batch.group))
+            rows = torch.randperm(len(batch.group), generator=generator)[:take].to(model.cfg.device)
+            method.optimizer.zero_grad()
+            with torch.enable_grad():
+                masks = method.masks(step, cfg.samples)
+                keep = method.dense(masks)
+                loss, f = 0.0, 0.0
+                per_chunk = _prompts_per_chunk(model, batch, len(keep), cfg.memory_mb)
+                for sl in forward.chunks(take, per_chunk):  # gradient accumulation within the memory budget
+                    sub = _sub_batch(batch, rows[sl])
+                    share = (sl.stop - sl.start) / take
+                    part, part_f = _loss(model, sub, _circuit_end(model, sub, keep, cfg.norm), len(keep),
+                                         cfg.objective, metric, scale, cfg.faithfulness_penalty)
+                    (share * part).backward(retain_graph=True)
+                    loss, f = loss + share * float(part.detach()), f + share * part_f
+                penalty = method.penalty(step)
+                if penalty.requires_grad:
+                    penalty.backward()
+            method.optimizer.step()
+            method.after_step(step)
+            losses.append(float(loss))
+            faithful.append(f)
+            step_seconds.append(time.perf_counter() - step_started)
+            bar.set_postfix(loss=f"{float(loss):.3g}", f=f"{f:.2f}")
+        bar.close()
     scores = torch.full((layout.n_forward, layout.n_backward), float("nan"))
     scores[layout.real_edge_mask] = method.scores().float().cpu()
     seconds = time.perf_counter() - wall

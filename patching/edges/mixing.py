@@ -199,8 +199,9 @@ class MixingHooks:
         # each one's first row in the buffer of their ã − o (detached: _MixBelow gives the groups their gradients)
         self.linear = [g for g, (_, _, layer) in enumerate(self.groups) if not (layer is not None and self.recompute)]
         self.row: dict[int, int] = {}
+        self.n_rows = 0
         for g in self.linear:
-            self.row[g] = sum(self.groups[k][1] for k in self.row)
+            self.row[g], self.n_rows = self.n_rows, self.n_rows + self.groups[g][1]
         self.layer_sum: dict[int, Tensor] = {}  # recompute: each attention layer's pre-norm sum of head results
         self.layer_normed: dict[int, Tensor] = {}  # recompute: that sum normalised (the layer's output) [C, B, P, d]
         self._z: dict[int, Tensor] = {}
@@ -220,8 +221,7 @@ class MixingHooks:
         """Group ``g``'s ``ã − o`` ``[n, C, B, P, d]``, also written (detached) into the buffer of the linear senders."""
         self.diffs[g] = diff
         if self._buffer is None:  # circuit-major [C, rows, B, P, d] (see _mix)
-            rows = sum(self.groups[k][1] for k in self.linear)
-            self._buffer = diff.new_empty(diff.shape[1], rows, *diff.shape[2:])
+            self._buffer = diff.new_empty(diff.shape[1], self.n_rows, *diff.shape[2:])
         row = self.row[g]
         self._buffer[:, row:row + diff.shape[0]] = diff.detach().transpose(0, 1)
 
@@ -348,13 +348,12 @@ class MixingHooks:
                 correction = lambda layer=layer, x=x, last=x == inputs[-1]: self._qkv_correction(layer, x, last)
                 hooks.append((f"blocks.{layer}.hook_{x}_input", make(correction, True)))
             receivers = [layout.mlp_backward(layer)]
-            fn = make(lambda receivers=receivers: self.correction(receivers), False) if ablated_any(receivers) else None
-            if fn is not None:
-                hooks.append((f"blocks.{layer}.hook_mlp_in", fn))
+            if ablated_any(receivers):
+                hooks.append((f"blocks.{layer}.hook_mlp_in", make(lambda r=receivers: self.correction(r), False)))
         receivers = [layout.logits_backward]
-        fn = make(lambda: self.correction(receivers), False) if ablated_any(receivers) else None
-        if fn is not None:
-            hooks.append((f"blocks.{layout.n_layers - 1}.hook_resid_post", fn))
+        if ablated_any(receivers):
+            hooks.append((f"blocks.{layout.n_layers - 1}.hook_resid_post",
+                          make(lambda: self.correction(receivers), False)))
         return hooks
 
     def hooks(self) -> list[tuple[str, callable]]:
