@@ -22,8 +22,8 @@ numbers inflates them. This experiment keeps the three roles apart (``circuits.p
    own lr, budgets and temperatures) on the same prompts (``--baselines``), with paired differences against EAP-IG-inputs;
 5. stability: the chosen setting learned on each further training set (the sweep's second-set circuit is
    reused) and with each ``--stability-seeds`` seed; the edge Jaccard of every pair of circuits at 2, 5
-   and 10 % of the edges, the Spearman correlation of their scores, and the stable core (edges more than
-   half of the runs keep) with its own test curve (:func:`patching.edges.stability.compare_runs`);
+   and 10 % of the edges, the Spearman correlation of their scores, each run's test curve, and the stable
+   core (edges more than half of the runs keep) with its own test curve (:func:`patching.edges.stability.compare_runs`);
 6. outputs: results.json (docs/results_json.md), the chosen circuit's scores as a Graph JSON, the
    curve figure and report.html.
 """
@@ -199,6 +199,11 @@ def _stages(run: Run) -> None:
                                     config=dataclasses.replace(base, **chosen, seed=seed))
             runs.append((0, seed, learned.graph))
         results["stability"] = stability(model, runs, test, cfg)
+        # each run's own test curve (the first run is the chosen circuit, already curved): a stable method is
+        # faithful whichever prompts and seed it was learned with
+        rows = [results["test"][cfg.method]] + [curve_row(curve(graph, test)) for _, _, graph in runs[1:]]
+        for entry, row in zip(results["stability"]["runs"], rows):
+            entry["test"] = row
     results["wall_seconds"] = run.wall_seconds
     _report(run, curves)
     print(summary(results))
@@ -237,6 +242,11 @@ def summary(results: dict) -> str:
         lines.append(f"{label:24s} test CPR {row['cpr']['value']:.3f} CMD {row['cmd']['value']:.3f}  f@2% "
                      f"{f['2%']['value']:.2f}  f@5% {f['5%']['value']:.2f} [{f['5%']['low']:.2f}, {f['5%']['high']:.2f}]"
                      f"  f@10% {f['10%']['value']:.2f}  f@20% {f['20%']['value']:.2f}  f@50% {f['50%']['value']:.2f}")
+    for i, entry in enumerate(results["stability"]["runs"]):
+        if "test" in entry:
+            row, f = entry["test"], entry["test"]["f"]["5%"]
+            lines.append(f"run {i} (training set {entry['set']}, seed {entry['seed']}): test CMD {row['cmd']['value']:.3f}"
+                         f"  f@5% {f['value']:.2f} [{f['low']:.2f}, {f['high']:.2f}]")
     for pair in results["stability"]["pairs"]:
         j = pair["jaccard"]
         lines.append(f"runs {pair['runs']} (differ in {pair['differ_in']}): Jaccard 2% {j['2%']:.2f}, 5% {j['5%']:.2f},"

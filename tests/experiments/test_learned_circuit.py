@@ -43,6 +43,13 @@ def test_a_run_chooses_on_validation_and_reports_test_and_stability(tmp_path, ti
     # the stability stage reuses the sweep's second-set circuit of the chosen setting: the same Jaccard
     chosen = rows.index(best)
     assert stability["pairs"][0]["jaccard"] == pytest.approx(rows[chosen]["jaccard_training_sets"])
+    # every run has its own test curve; the first run is the chosen circuit, so its curve is the reported one
+    assert stability["runs"][0]["test"] == results["test"]["top-n"]
+    assert all(r["test"]["n_prompts"] == 8 and set(r["test"]["f"]) >= {"2%", "5%", "10%"} for r in stability["runs"])
+    for (a, b), jaccard in ((p["runs"], p["jaccard"]) for p in stability["pairs"]):
+        for size, shared in jaccard.items():  # another circuit at a size: its own faithfulness there
+            if shared < 1:
+                assert stability["runs"][a]["test"]["f"][size] != stability["runs"][b]["test"]["f"][size]
     assert results["prompts"]["sizes"]["validation"] == 8 and results["prompts"]["train_sets"] == [12, 12]
     on_disk = json.loads((out / "results.json").read_text())
     assert on_disk["sweep"]["chosen"] == results["sweep"]["chosen"]
