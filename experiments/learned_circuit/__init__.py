@@ -13,7 +13,7 @@ numbers inflates them. This experiment keeps the three roles apart (``circuits.p
 3. sweep: the learned method (``--method``, default ``top-n``: the hard top-n circuits at the reported
    sizes, straight-through gradients) for every setting of the grid (``--steps`` x ``--samples`` x
    ``--learn-batch-size`` x ``--restarts`` x ``--lrs`` x ``--temperatures`` x ``--penalties``; by default the
-   commands' circuit, ``patching.edges.learn.DEFAULT_CIRCUIT``, at three learning rates) on the first training set, each curved on the
+   commands' circuit, ``patching.edges.learn.DEFAULT_CIRCUIT``, with and without its |1 − f| penalty) on the first training set, each curved on the
    validation set, and (``--sweep-stability``) learned again on the second training set, the two circuits'
    edge Jaccard at 5 % measured; the setting with the lowest validation CMD + |1 − f(5 %)| +
    ``--stability-weight`` x (1 − Jaccard(5 %)) is chosen (what the goal names: faithful at every size,

@@ -31,10 +31,10 @@ class LearnedCircuitConfig(BatchSettings, RunSettings):
                                  type=cli.positive_int)
     method: str = option("top-n", "the learned-circuit method swept and reported (patching.edges.learn)",
                          choices=LEARNED_METHODS)
-    lrs: tuple[float, ...] = option((0.01, 0.02, 0.05), "learning rates swept", type=cli.positive_float, nargs="+")
+    lrs: tuple[float, ...] = option((0.02,), "learning rates swept", type=cli.positive_float, nargs="+")
     temperatures: tuple[float, ...] = option((1.0,), "starting widths of the soft top-n swept (standard "
                                                          "deviations of the scores)", type=cli.positive_float, nargs="+")
-    penalties: tuple[float, ...] = option((0.0,), "weights of the |1 - f| penalty swept", type=float, nargs="+")
+    penalties: tuple[float, ...] = option((0.0, 1.0), "weights of the |1 - f| penalty swept", type=float, nargs="+")
     steps: tuple[int, ...] = option((100,), "optimisation steps of every learned circuit (several: swept)",
                                     type=cli.positive_int, nargs="+")
     learn_batch_size: tuple[int, ...] = option((4,), "prompts per optimisation step (several: swept)",

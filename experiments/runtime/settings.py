@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from experiments.runtime.cli import DTYPES, check_choices, device, nonnegative_int, option, positive_float, positive_int
+from experiments.runtime.cli import (DTYPES, check_choices, device, nonnegative_float, nonnegative_int, option,
+                                     positive_float, positive_int)
 
 DEFAULT_MODEL = "gemma-3-270m"  # circuits.loading.DEFAULT_MODEL, without importing it
 
@@ -106,6 +107,8 @@ class LearnSettings:
     learn_batch_size: int = option(4, "prompts per step of a learned circuit", type=positive_int)
     learn_samples: int = option(3, "circuits per prompt per step (top-n: sizes; or gates, UGS samples, budgets)",
                                 type=positive_int)
+    learn_faithfulness_penalty: float = option(1.0, "weight of |1 - f| of every circuit on a step's prompts, added "
+                                                     "to a learned circuit's loss", type=nonnegative_float)
     learn_restarts: int = option(1, "runs of a learned circuit with their own seeds, their standardised scores "
                                     "averaged", type=positive_int)
 

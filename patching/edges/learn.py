@@ -148,7 +148,8 @@ class LearnConfig:
 #: and four prompts per step, 100 steps from an EAP-IG-inputs warm start. Steps and prompts per step were chosen on
 #: validation prompts by ``experiments.learned_circuit`` (docs/results.md, "Settings chosen on validation"); the
 #: experiments' flags (``experiments.runtime.settings.LearnSettings``) default to these values.
-DEFAULT_CIRCUIT = LearnConfig(method="top-n", steps=100, batch_size=4, samples=3, progress=False)
+DEFAULT_CIRCUIT = LearnConfig(method="top-n", steps=100, batch_size=4, samples=3, faithfulness_penalty=1.0,
+                              progress=False)
 
 
 @dataclass
