@@ -109,7 +109,8 @@ def train_config(cfg: SFTComparisonConfig) -> TrainConfig:
 # settings the earlier code did not have: recorded only when they differ from their default, so a folder's
 # record keeps the keys that code wrote (and --resume of such a folder reads a missing one as its default)
 ADDED_SETTINGS = ("dtype", "circuit_size", "shift_prompts", "circuit_lora_lrs", "warm_start", "learn_objective",
-                  "learn_steps", "learn_lr", "learn_batch_size", "learn_samples", "learn_restarts")
+                  "learn_steps", "learn_lr", "learn_batch_size", "learn_samples", "learn_restarts",
+                  "learn_faithfulness_penalty")
 
 
 def recorded_args(cfg: SFTComparisonConfig) -> dict:
