@@ -4,7 +4,8 @@ Every accuracy of the toolkit is computed here: :func:`circuits.tasks.filter_cor
 knockout curves of :mod:`patching`, the evaluation harness of :mod:`finetune`, the analyses of
 the experiments. A hit is always the same comparison (:func:`answer_is_top1`): is the answer token
 the argmax of the logits read from the final residual stream, found by the certified bfloat16
-screen of :func:`circuits.end_logits.end_argmax`.
+screen of :func:`circuits.end_logits.end_argmax` where the CPU multiplies bfloat16 natively, else by
+the float32 unembedding.
 
 Zhang et al. (2024) score the first answer token at END. With one-digit operands
 about 45% of sums are two-digit and start with "1" (gemma splits digits), so a
@@ -55,7 +56,7 @@ def answer_is_top1(
     resid: Float[Tensor, "rows d_model"],
     answer_ids: Int[Tensor, "rows"],
     *,
-    screen: bool = True,
+    screen: Optional[bool] = None,
     stats: Optional[dict] = None,
 ) -> Bool[Tensor, "rows"]:
     """Per row: is the answer token the argmax of the logits of this final residual? (``screen``, ``stats``: see
@@ -71,7 +72,7 @@ def top1_correct(
     answer_ids: Int[Tensor, "batch"],
     fwd_hooks: HookList = (),
     *,
-    screen: bool = True,
+    screen: Optional[bool] = None,
 ) -> Bool[Tensor, "batch"]:
     """Boolean per prompt: is the answer token the top-1 prediction at END? (``screen``: see :func:`end_argmax`)"""
     return answer_is_top1(model, end_residual(model, tokens, fwd_hooks), answer_ids, screen=screen)

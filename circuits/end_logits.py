@@ -11,7 +11,7 @@ argmax over the whole vocabulary, and on gemma the float32 unembedding of one EN
 (640 x 262,144) costs as much as ~1.7 positions of the model. Bounds relative to a clean
 run cannot replace it: a knockout moves the normalised END residual by ~41 (norm ~133)
 while the answer leads its runner-up by ~1.4 logits. Instead the logits are screened in
-bfloat16 (~4x faster than float32 on a CPU with AVX512-BF16) with a certified error bound:
+bfloat16 (~4x faster than float32 on a CPU with AVX512-BF16 or AMX) with a certified error bound:
 with ``u = 2^-8`` the bfloat16 unit roundoff, every screened logit ``a_t`` is within
 
     E = |h| max_t |w_t| (2u + u^2 + 2 gamma_n (1+u)^2) + u / (1-u) max_t |a_t| + (max b - min b)
@@ -24,10 +24,17 @@ best two candidates are within a tie margin (where float32 rounding could decide
 has too many candidates, when the model runs in another dtype, or under a logit soft-cap.
 The bound assumes float32 accumulation in the bfloat16 matrix product; it is checked once
 per model against the float32 logits, and a model whose check fails is never screened.
+
+The screen pays only where the CPU multiplies bfloat16 natively: on an AVX2-only CPU torch
+emulates the product, and one gemma END block (64 rows x 262,144) took 69 s in bfloat16
+against 0.47 s in float32 (one thread, AMD EPYC). So by default (``screen=None``) it runs only
+where oneDNN reports native bfloat16 support (:func:`native_bfloat16`); ``screen=True`` forces
+it (the tests check its certificate on any CPU), ``screen=False`` never screens.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from typing import Callable, Optional, Sequence
@@ -109,6 +116,16 @@ class _Screen:
         return h.norm(dim=-1) * self.w_factor + a_abs * self.out_factor + self.bias_range
 
 
+@functools.lru_cache(maxsize=None)
+def native_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (oneDNN's AVX512-BF16 / AMX kernels), so that the
+    bfloat16 screen is faster than the float32 unembedding it replaces (module docstring)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN: bfloat16 is emulated
+        return False
+
+
 _SCREENS: "weakref.WeakKeyDictionary[HookedTransformer, _Screen]" = weakref.WeakKeyDictionary()
 
 
@@ -129,16 +146,19 @@ def end_argmax(
     model: HookedTransformer,
     resid_end: Float[Tensor, "rows d_model"],
     *,
-    screen: bool = True,
+    screen: Optional[bool] = None,
     stats: Optional[dict] = None,
 ) -> Int[Tensor, "rows"]:
     """``unembed_end(model, resid_end).argmax(-1)``, computed by a certified bfloat16 screen (module docstring).
 
-    ``screen=False`` is the plain float32 unembedding. ``stats``, a dict, receives ``rows`` and ``full``
+    ``screen``: None (default) screens where the CPU multiplies bfloat16 natively (:func:`native_bfloat16`),
+    True always, False never (the plain float32 unembedding). ``stats``, a dict, receives ``rows`` and ``full``
     (rows that needed the full float32 unembedding).
     """
     stats = stats if stats is not None else {}
     stats["rows"] = stats.get("rows", 0) + resid_end.shape[0]
+    if screen is None:
+        screen = native_bfloat16()
     screener = _screen_for(model) if screen else None
     if screener is None or resid_end.shape[0] == 0:
         stats["full"] = stats.get("full", 0) + resid_end.shape[0]

@@ -22,7 +22,8 @@ nothing there. :func:`knockout_correct` computes that prefix's keys/values once
 per layout, runs only the later positions, many knockout sets per batched forward
 (sets stacked along the batch), runs suffix starts shared by several prompts once,
 and decides top-1 at END by a certified bfloat16 screen of the vocabulary instead of the
-full float32 unembedding (:mod:`patching.knockout_fast`). ``method="hooks"`` runs the plain
+full float32 unembedding where the CPU multiplies bfloat16 natively (:mod:`patching.knockout_fast`,
+:func:`circuits.end_logits.end_argmax`). ``method="hooks"`` runs the plain
 implementation (one full forward per set and batch) for comparison.
 
 :func:`knockout_curve` validates a ranking: knock out the top-k heads by
@@ -267,7 +268,7 @@ def knockout_correct(
     min_pool: int = MIN_POOL_PER_LAYOUT,
     seed: int = 0,
     method: str = "prefix",
-    screen_argmax: bool = True,
+    screen_argmax: Optional[bool] = None,
     share_starts: bool = True,
     stats: Optional[dict] = None,
     options: Optional[SweepOptions] = None,

@@ -15,7 +15,8 @@ exact (the same hits as the plain hook implementation, up to float rounding at e
 3. **Screened top-1** (:class:`Top1Anchor`). Unembedding END against gemma's 262k-token
    vocabulary costs as much as ~1.7 positions of the model. The argmax is found by a bfloat16
    product with a certified error bound and exact float32 logits for the few tokens the bound
-   cannot exclude (:func:`circuits.end_logits.end_argmax`); near-ties take the full float32 row.
+   cannot exclude (:func:`circuits.end_logits.end_argmax`); near-ties take the full float32 row. Only where
+   the CPU multiplies bfloat16 natively: elsewhere the emulated product costs more than it saves.
 """
 
 from __future__ import annotations
@@ -40,13 +41,13 @@ class Top1Anchor:
 
     ``hits(resid_end)`` takes ``[k * B, d_model]`` final END residuals (set-major: row ``j * B + b``
     is prompt ``b``) and returns whether each answer is the full-vocabulary argmax, as
-    ``unembed_end(...).argmax(-1) == answer`` would (:func:`circuits.answer_scoring.answer_is_top1`; ``screen=False``:
-    the plain float32 unembedding). ``stats`` counts the rows scored and those that needed the full
-    float32 unembedding.
+    ``unembed_end(...).argmax(-1) == answer`` would (:func:`circuits.answer_scoring.answer_is_top1`; ``screen``:
+    as :func:`circuits.end_logits.end_argmax`'s, None screening where the CPU multiplies bfloat16 natively).
+    ``stats`` counts the rows scored and those that needed the full float32 unembedding.
     """
 
     def __init__(self, model: HookedTransformer, clean_end: Float[Tensor, "batch d_model"], answers: Int[Tensor, "batch"],
-                 *, screen: bool = True):
+                 *, screen: Optional[bool] = None):
         self.model, self.answers, self.screen = model, answers, screen
         self.clean_hits = answer_is_top1(model, clean_end, answers, screen=screen)
         self.stats = {"rows": 0, "full": 0}
