@@ -184,7 +184,9 @@ def test_the_faithfulness_penalty_is_zero_at_the_model_and_counts_over_and_under
         base, _ = _loss(model, batch, empty_end, 1, "metric", metric, 1.0)
         penalised, _ = _loss(model, batch, empty_end, 1, "metric", metric, 1.0, penalty=2.0)
     gap = (batch.full_metric - batch.empty_metric).mean().abs()
-    assert float(penalised - base) == pytest.approx(2.0 * float(gap), rel=1e-4)  # |1 − f(∅)| = 1, times the gap
+    # |1 − f(∅)| = 1, times the gap. The tiny model's gap is ~4e-4 logits and the circuit's end and the batch's
+    # empty metric come by different float32 paths, so the tolerance is absolute, far below the gap itself.
+    assert float(penalised - base) == pytest.approx(2.0 * float(gap), rel=1e-3, abs=1e-6)
 
 
 @pytest.mark.parametrize("method", ["edge-pruning", "ugs", "matryoshka", "top-n"])
