@@ -123,10 +123,13 @@ class _Objective:
         self.model, self.layout, self.prepared, self.config = model, layout, prepared, config
         self.metric, self.memory_mb = metric, memory_mb
         self.n_prompts = sum(len(p.group.tokens) for p in prepared)
-        self.full_logprobs = None
+        self.full_probs, self.full_neg_entropy = [], []
         if config.objective == "kl":  # the full graph's END distribution of every prompt (the model's, when frozen)
             full = layout.real_edge_mask[None]
-            self.full_logprobs = [torch.cat([self._logprobs(r) for _, r in self._residuals(full, p)]) for p in prepared]
+            for p in prepared:
+                logprobs = torch.cat([self._logprobs(r) for _, r in self._residuals(full, p)])
+                self.full_probs.append(logprobs.exp())
+                self.full_neg_entropy.append((self.full_probs[-1] * logprobs).sum(-1))
         self.n_batches = 0
 
     def _residuals(self, masks, prepared, from_layer: int = 0):
@@ -134,6 +137,22 @@ class _Objective:
 
     def _logprobs(self, resid_end: Tensor) -> Tensor:
         return torch.log_softmax(unembed_end(self.model, resid_end).double(), dim=-1)
+
+    def _kl(self, g: int, resid_end: Tensor) -> Tensor:
+        """KL(full ‖ circuit) of every row of ``resid_end`` [C, B, d_model], as ``Σ p log p − Σ p z + logsumexp z``
+        (p the full graph's END distribution, z the circuit's logits): a few circuits' vocabularies at a time, so
+        that a batch of speculative circuits never holds all of its [C·B, d_vocab] logits (in float64) at once."""
+        C, B = resid_end.shape[:2]
+        probs, neg_entropy = self.full_probs[g], self.full_neg_entropy[g]
+        row_bytes = probs.shape[-1] * probs.element_size() * 3  # the logits, their exponentials and one product
+        per_chunk = max(1, int(self.memory_mb * 2 ** 20 // (row_bytes * B)))
+        values = []
+        for start in range(0, C, per_chunk):
+            chunk = resid_end[start:start + per_chunk]
+            logits = unembed_end(self.model, chunk.reshape(-1, chunk.shape[-1])).double().view(len(chunk), B, -1)
+            expected = torch.einsum("cbv,bv->cb", logits, probs)
+            values.append(neg_entropy[None] - expected + torch.logsumexp(logits, dim=-1))
+        return torch.cat(values).view(-1)
 
     def __call__(self, masks: Tensor, from_layer: int = 0) -> Tensor:
         """The objective of each circuit of ``masks``, the forwards started at ``from_layer``
@@ -144,8 +163,7 @@ class _Objective:
             done = 0
             for C, resid_end in self._residuals(masks, prepared, from_layer):
                 if self.config.objective == "kl":
-                    full = self.full_logprobs[g].repeat(C, 1)
-                    values = (full.exp() * (full - self._logprobs(resid_end))).sum(-1)
+                    values = self._kl(g, resid_end.view(C, B, -1))
                 else:
                     alts = None if group.alt_ids is None else group.alt_ids.repeat(C)
                     values = score_end(self.model, resid_end, group.answer_ids.repeat(C), alts, self.metric).double()
