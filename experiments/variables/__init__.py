@@ -106,7 +106,7 @@ def full_vector_sweep(run: Run[VariablesConfig, VariablesState]) -> dict[str, li
     sweep, ranked = {}, {}
     for variable, batches in state.batches.items():
         with run.step(f"{variable}: {len(locations)} locations"):
-            estimates = iia_sweep(state.model, batches["validation"], locations, desc=variable)
+            estimates = iia_sweep(state.model, batches["validation"], locations, desc=variable, progress=True)
         sweep[variable] = {
             "hook": "resid_post", "pairs": "validation", "layers": state.layers, "positions": list(state.positions),
             "iia": [[estimates[location("resid_post", layer, p)].to_dict() for p in state.positions.values()]
@@ -175,7 +175,7 @@ def circuit_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) -> No
         test_best = run.results["featurizers"][variable]["best"]["full"]["test"]["value"]
         with run.step(f"{variable}: {len(nodes)} nodes at {labels[best.position]}"):
             rows += node_table(state.model, {variable: batches["test"]}, nodes, {labels[best.position]: best.position},
-                               {variable: test_best})
+                               {variable: test_best}, progress=True)
     run.results["circuit"] = {"nodes_from": source, "n_nodes": len(nodes), "rows": rows}
 
 
