@@ -30,9 +30,10 @@ and IIA reported on the test pairs. :class:`DASSettings` holds every setting.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -56,8 +57,11 @@ class DASSettings:
     """How DAS and DBM train and how k is chosen.
 
     ``ks``: the subspace sizes tried (those above the location's width are skipped); ``steps`` optimiser
-    steps of ``batch_size`` training pairs at learning rate ``lr``; DBM anneals its temperature from
-    ``temperature[0]`` to ``temperature[1]`` and adds ``mask_penalty * sum(m) / d`` to the loss.
+    steps of ``batch_size`` training pairs at learning rate ``lr``; ``select_steps``: earlier step counts
+    at which DAS is also scored on the validation pairs, so that the number of steps is chosen with k
+    from one training run per k (a snapshot of the rotation is kept at each); DBM anneals its temperature
+    from ``temperature[0]`` to ``temperature[1]`` over all ``steps`` and adds ``mask_penalty * sum(m) / d``
+    to the loss.
     """
 
     ks: tuple[int, ...] = (1, 4, 16, 64)
@@ -67,6 +71,7 @@ class DASSettings:
     temperature: tuple[float, float] = (1.0, 0.01)
     mask_penalty: float = 0.01
     seed: int = 0
+    select_steps: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.ks:
@@ -74,9 +79,26 @@ class DASSettings:
         for k in self.ks:
             check_positive_int(k, "each k of ks")
         check_positive_int(self.steps, "steps")
+        for count in self.select_steps:
+            check_positive_int(count, "each count of select_steps")
+            if count > self.steps:
+                raise InputError(f"select_steps holds {count}, more than the {self.steps} training steps: give "
+                                 f"step counts of at most steps={self.steps}.")
         check_positive_int(self.batch_size, "batch_size")
         if not self.lr > 0 or not all(t > 0 for t in self.temperature):
             raise InputError(f"lr and the temperatures must be > 0, got lr={self.lr}, temperature={self.temperature}.")
+
+
+def _orthogonal(layer: nn.Linear, seed: int) -> None:
+    """Parametrise ``layer.weight`` as orthonormal rows, reproducibly.
+
+    torch completes a ``k x d`` weight into the full rotation that training moves along with the
+    global random generator; that completion shapes every later step, so it is drawn here from ``seed``
+    and the caller's generator state is left as it was.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        parametrizations.orthogonal(layer)
 
 
 class Featurizer(nn.Module):
@@ -150,7 +172,7 @@ class RotatedSubspace(Featurizer):
         self.rotation = nn.Linear(width, k, bias=False)  # weight [k, width]: its rows are the directions
         with torch.no_grad():
             self.rotation.weight.copy_(torch.randn(k, width, generator=generator))
-        parametrizations.orthogonal(self.rotation)
+        _orthogonal(self.rotation, seed)
 
     def basis(self) -> Tensor:
         return self.rotation.weight.T
@@ -167,7 +189,7 @@ class BoundlessMask(Featurizer):
         self.rotation = nn.Linear(width, width, bias=False)
         with torch.no_grad():
             self.rotation.weight.copy_(torch.randn(width, width, generator=generator))
-        parametrizations.orthogonal(self.rotation)
+        _orthogonal(self.rotation, seed)
         self.logits = nn.Parameter(torch.zeros(width))
         self.temperature = 1.0
 
@@ -198,10 +220,13 @@ def pca_directions(activations: Tensor, k: int) -> FixedSubspace:
 
 
 def train_featurizer(model: HookedTransformer, featurizer: Featurizer, batches: Sequence[PairBatch], where: Location,
-                     settings: DASSettings = DASSettings()) -> list[float]:
+                     settings: DASSettings = DASSettings(),
+                     on_checkpoint: Callable[[int, list[float]], None] | None = None) -> list[float]:
     """Fit a DAS or DBM featurizer on the training ``batches`` (cross-entropy on the predicted answer); the losses.
 
     Each step draws ``settings.batch_size`` pairs of one batch; the model's weights stay fixed.
+    ``on_checkpoint(n, losses)`` is called after ``n`` steps for every ``n`` of ``settings.select_steps``
+    and after the last step, with the featurizer as it is then and the ``n`` losses so far.
     """
     if not batches:
         raise InputError("No training pairs: train_featurizer needs at least one batch of pairs.")
@@ -224,6 +249,9 @@ def train_featurizer(model: HookedTransformer, featurizer: Featurizer, batches: 
             loss.backward()
             optimizer.step()
             losses.append(float(loss.detach()))
+            if on_checkpoint is not None and (step + 1 in settings.select_steps or step + 1 == settings.steps):
+                with torch.no_grad():
+                    on_checkpoint(step + 1, losses)
     return losses
 
 
@@ -249,9 +277,10 @@ class Fitted:
     test: Estimate
     featurizer: Featurizer
     losses: list[float]
+    steps: int | None = None  # training steps of the kept featurizer (DAS, DBM)
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "k": self.k, "test": self.test.to_dict(),
+        return {"kind": self.kind, "k": self.k, "steps": self.steps, "test": self.test.to_dict(),
                 "validation": None if self.validation is None else self.validation.to_dict(),
                 "final_loss": self.losses[-1] if self.losses else None}
 
@@ -262,7 +291,8 @@ def fit_and_select(model: HookedTransformer, kind: str, where: Location, train: 
     """Fit a featurizer of ``kind`` at ``where`` and report its test IIA.
 
     ``"das"`` and ``"pca"`` try every k of ``settings.ks`` (up to the location's width) and keep the best on
-    ``validation`` (ties: the smaller k); ``"random"`` takes the given ``k`` (the k DAS chose, for the null);
+    ``validation`` (ties: the smaller k; for DAS, each k also at every step count of
+    ``settings.select_steps`` and ``settings.steps``, ties: the fewer steps); ``"random"`` takes the given ``k`` (the k DAS chose, for the null);
     ``"dbm"`` learns its own size; ``"full"`` needs nothing.
     """
     check_option("featurizer kind", kind, KINDS)
@@ -279,7 +309,7 @@ def fit_and_select(model: HookedTransformer, kind: str, where: Location, train: 
         featurizer = BoundlessMask(width, seed=settings.seed)
         losses = train_featurizer(model, featurizer, train, where, settings)
         return Fitted(kind, featurizer.k, interchange_accuracy(model, validation, where, featurizer)[0],
-                      interchange_accuracy(model, test, where, featurizer)[0], featurizer, losses)
+                      interchange_accuracy(model, test, where, featurizer)[0], featurizer, losses, settings.steps)
     ks = [k] if k is not None else [k for k in settings.ks if k <= width]
     if not ks:
         raise InputError(f"Every k of {settings.ks} is larger than the {width} dimensions at {where}: give smaller ks.")
@@ -287,15 +317,20 @@ def fit_and_select(model: HookedTransformer, kind: str, where: Location, train: 
     if activations is not None:  # k principal directions need k activations
         ks = [size for size in ks if size <= activations.shape[0]] or [activations.shape[0]]
     best: Fitted | None = None
-    for size in ks:
-        if kind == "pca":
-            featurizer, losses = pca_directions(activations, size), []
-        else:
-            featurizer = RotatedSubspace(width, size, seed=settings.seed)
-            losses = train_featurizer(model, featurizer, train, where, settings)
+
+    def keep_if_best(featurizer: Featurizer, losses: list[float], steps: int | None) -> None:
+        nonlocal best
         score = interchange_accuracy(model, validation, where, featurizer)[0]
         if best is None or score.value > best.validation.value:
-            best = Fitted(kind, featurizer.k, score, score, featurizer, losses)
+            best = Fitted(kind, featurizer.k, score, score, copy.deepcopy(featurizer), list(losses), steps)
+
+    for size in ks:
+        if kind == "pca":
+            keep_if_best(pca_directions(activations, size), [], None)
+            continue
+        featurizer = RotatedSubspace(width, size, seed=settings.seed)
+        train_featurizer(model, featurizer, train, where, settings,
+                         on_checkpoint=lambda n, losses, current=featurizer: keep_if_best(current, losses, n))
     best.test = interchange_accuracy(model, test, where, best.featurizer)[0]
     return best
 

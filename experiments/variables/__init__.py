@@ -11,7 +11,7 @@
    the queried problem, swapped from source to base; IIA on the validation pairs per variable, layer
    and position;
 3. **featurizers** at the ``--das-locations`` best locations per variable: DAS (learned rotation, k
-   chosen on the validation pairs among ``--ks``), DBM (learned mask), PCA, the random subspace of
+   and the number of training steps chosen on the validation pairs among ``--ks`` and ``--das-steps``), DBM (learned mask), PCA, the random subspace of
    DAS's k (the null) and the full vector, each with its IIA on the test pairs; the controls' IIA;
    a verdict per variable;
 4. **circuit nodes**: the full-vector IIA of each node (``--nodes``, ``--circuit``, default every head
@@ -127,7 +127,8 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
 
     cfg, state = run.cfg, run.state
     labels = {p: label for label, p in state.positions.items()}
-    settings = DASSettings(ks=tuple(cfg.ks), steps=cfg.das_steps, batch_size=cfg.das_batch, lr=cfg.das_lr, seed=cfg.seed)
+    settings = DASSettings(ks=tuple(cfg.ks), steps=max(cfg.das_steps), select_steps=tuple(sorted(set(cfg.das_steps))),
+                           batch_size=cfg.das_batch, lr=cfg.das_lr, seed=cfg.seed)
     out = {}
     for variable, batches in state.batches.items():
         rows = []

@@ -50,7 +50,9 @@ class VariablesConfig(BatchSettings, PromptSettings, RunSettings):
                                                       "runs)", choices=FEATURIZERS)
     ks: tuple[int, ...] = option((8, 64), "subspace sizes k tried by DAS and PCA, chosen on the validation pairs",
                                  type=cli.positive_int)
-    das_steps: int = option(30, "optimiser steps of DAS and DBM per k", type=cli.positive_int)
+    das_steps: tuple[int, ...] = option((30,), "optimiser steps of DAS per k: one run per k to the largest, scored on "
+                                               "the validation pairs after each count given, which is chosen with k "
+                                               "(DBM trains for the largest)", type=cli.positive_int)
     das_batch: int = option(16, "training pairs per DAS / DBM step", type=cli.positive_int)
     das_lr: float = option(0.01, "learning rate of DAS and DBM", type=cli.positive_float)
     nodes: tuple[str, ...] = option((), "circuit nodes to test (L3H1, MLP5, ...), each at the best position of each "

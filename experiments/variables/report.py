@@ -52,7 +52,9 @@ def featurizer_rows(results: dict) -> list[dict]:
             entry = {"variable": variable, "layer": where["layer"], "position": where["position_label"]}
             for kind in KIND_NAMES:
                 if kind in row:
-                    entry[f"{KIND_NAMES[kind]} (k)"] = f"{_interval(row[kind]['test'])}, k={row[kind]['k']:g}"
+                    steps = row[kind].get("steps") if kind == "das" else None
+                    entry[f"{KIND_NAMES[kind]} (k)"] = (f"{_interval(row[kind]['test'])}, k={row[kind]['k']:g}"
+                                                         + (f", {steps} steps" if steps else ""))
             entry["controls (full vector)"] = _interval(row.get("controls_full")) or "none"
             entry["verdict"] = row.get("verdict", "")
             rows.append(entry)

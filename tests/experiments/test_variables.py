@@ -10,7 +10,7 @@ from experiments import variables as variables_experiment
 from experiments.variables import config as variables_config
 
 ARGS = ["--task", "+", "--scoring", "first", "--n-prompts", "160", "--n-shots", "1", "--n-pairs", "24",
-        "--n-controls", "4", "--ks", "2", "8", "--das-steps", "3", "--variables", "a", "ones", "--nodes", "L1H0", "MLP1"]
+        "--n-controls", "4", "--ks", "2", "8", "--das-steps", "2", "3", "--variables", "a", "ones", "--nodes", "L1H0", "MLP1"]
 
 
 @pytest.fixture
@@ -40,6 +40,7 @@ def test_variables_experiment_writes_results_and_report(digit_loader, tmp_path):
         best = saved["featurizers"][variable]["best"]
         assert {"full", "das", "dbm", "pca", "random", "verdict", "location"} <= set(best)
         assert best["random"]["k"] == best["das"]["k"]  # the null has DAS's k
+        assert best["das"]["steps"] in (2, 3) and best["dbm"]["steps"] == 3  # chosen on validation; DBM: the largest
         assert 0 <= best["das"]["test"]["low"] <= best["das"]["test"]["value"] <= best["das"]["test"]["high"] <= 1
     assert {(r["variable"], r["node"]) for r in saved["circuit"]["rows"]} == {
         (v, n) for v in ("a", "ones") for n in ("L1H0", "MLP1")}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -39,6 +41,18 @@ def test_das_training_lowers_the_loss_and_keeps_the_directions_orthonormal(split
     assert all(p.requires_grad for p in model.parameters())  # and its parameters are as they were
 
 
+def test_das_training_depends_on_its_seed_alone_not_on_the_global_generator(split):
+    model, (train, _, _), where = split
+    settings = DASSettings(steps=4, batch_size=8, lr=0.05, seed=3)
+    bases = []
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)
+        das = RotatedSubspace(model.cfg.d_model, 4, seed=settings.seed)
+        train_featurizer(model, das, train, where, settings)
+        bases.append(das.basis().detach())
+    torch.testing.assert_close(bases[0], bases[1])
+
+
 def test_dbm_anneals_its_temperature_and_reports_the_mask_size(split):
     model, (train, _, _), where = split
     dbm = BoundlessMask(model.cfg.d_model)
@@ -56,6 +70,27 @@ def test_k_is_the_best_on_the_validation_pairs(split):
     best = max(scores.values())
     assert fitted.k == min(k for k, v in scores.items() if v == best)
     assert fitted.test == interchange_accuracy(model, test, where, fitted.featurizer)[0]
+
+
+def test_das_chooses_k_and_its_step_count_on_the_validation_pairs_from_snapshots_of_one_run(split):
+    model, (train, validation, test), where = split
+    settings = DASSettings(ks=(1, 4), steps=12, select_steps=(3, 6), batch_size=8, lr=0.05, seed=2)
+    fitted = fit_and_select(model, "das", where, train, validation, test, settings)
+    # each (k, n) trained on its own for exactly n steps, not snapshotted
+    scores = {}
+    for k in settings.ks:
+        for n in (3, 6, 12):
+            alone = RotatedSubspace(model.cfg.d_model, k, seed=settings.seed)
+            train_featurizer(model, alone, train, where, dataclasses.replace(settings, steps=n, select_steps=()))
+            scores[k, n] = interchange_accuracy(model, validation, where, alone)[0].value
+            if (k, n) == (fitted.k, fitted.steps):
+                torch.testing.assert_close(alone.basis().detach(), fitted.featurizer.basis().detach())
+    best = max(scores.values())
+    assert (int(fitted.k), fitted.steps) == min(key for key, v in scores.items() if v == best)
+    assert fitted.validation.value == best and len(fitted.losses) == fitted.steps
+    assert fitted.test == interchange_accuracy(model, test, where, fitted.featurizer)[0]
+    with pytest.raises(InputError, match=r"select_steps holds 20, more than the 12 training steps"):
+        DASSettings(steps=12, select_steps=(20,))
 
 
 def test_pca_directions_are_the_top_principal_directions():
