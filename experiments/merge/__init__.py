@@ -238,7 +238,8 @@ def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs:
             continue
         start, best = time.perf_counter(), None
         for config in grid:
-            state, secs, peak = measured(merge, method, run.state.base, srcs, config, progress=False)
+            # a bar per merge: most take seconds, WUDI optimises every matrix for minutes on a CPU
+            state, secs, peak = measured(merge, method, run.state.base, srcs, config, progress=True)
             run.state.work.load_state_dict(state)
             del state
             val = score(run, run.state.work, "val", names)["avg"] if len(grid) > 1 else None
