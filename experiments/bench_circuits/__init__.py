@@ -26,7 +26,8 @@ threads (one gemma-3-270m block on 32x5 tokens took 0.90 s with 2 threads and 0.
    the same stratified sample: ``--compare-per-stratum`` edges per (receiver layer, receiver kind).
 7. ``--acdc-receivers N``: ACDC (:mod:`patching.edges.acdc`, speculative batches) over the incoming edges of
    the last N receivers, and the plain edge-by-edge loop over the same edges (``acdc_arm.plain_acdc``), timed
-   side by side in this run: the speed-up, and whether both kept the same circuit with the same damages.
+   side by side in this run: the speed-up, and whether both kept the same circuit with the same damages
+   (``--acdc-objective``: the END distribution's KL, or the task metric, which needs no full-vocabulary unembedding).
    When auto-circuit is importable, its ACDC over every edge at the same τ is timed too (else skipped).
 8. Prints a table and writes everything to ``<out>/results.json`` (atomic writes, after every stage; its
    ``status`` says ``running``, ``complete`` or ``failed: <stage>: <why>``, Ctrl-C included).
@@ -447,20 +448,23 @@ def acdc_speed(run: BenchRun) -> None:
     from patching.options import SweepOptions
 
     cfg, state, sec = run.cfg, run.state, run.timer.seconds
-    config = ACDCConfig(threshold=cfg.acdc_threshold, max_receivers=cfg.acdc_receivers)
+    config = ACDCConfig(threshold=cfg.acdc_threshold, objective=cfg.acdc_objective, max_receivers=cfg.acdc_receivers)
     ours = timed(run, "acdc", lambda: acdc(state.model, state.batch, config=config,
                                            options=SweepOptions(memory_mb=cfg.memory_mb)))
-    results = run.results["acdc"] = {**ours.to_dict(), "n_receivers": cfg.acdc_receivers}
+    results = run.results["acdc"] = {**ours.to_dict(), "n_receivers": cfg.acdc_receivers,
+                                     "objective": cfg.acdc_objective}
     run.save()
     mask, damages, final = timed(run, "acdc_plain_loop", lambda: acdc_arm.plain_acdc(
-        state.model, state.batch, cfg.acdc_threshold, n_receivers=cfg.acdc_receivers, memory_mb=cfg.memory_mb))
+        state.model, state.batch, cfg.acdc_threshold, cfg.acdc_objective, n_receivers=cfg.acdc_receivers,
+        memory_mb=cfg.memory_mb))
     ours_damages = [float(ours.graph.scores[e]) for e in damages]
     results |= {"plain_n_tested": len(damages), "same_circuit": bool((mask == ours.graph.in_graph).all()),
                 "max_abs_damage_diff": max(abs(a - b) for a, b in zip(ours_damages, damages.values())),
                 "plain_objective_kept": final,
                 "speedup_wall": sec["acdc_plain_loop"] / sec["acdc"], "speedup_cpu": sec["acdc_plain_loop_cpu"] / sec["acdc_cpu"]}
     run.save()
-    print(f"ACDC over {ours.n_tested} edges ({cfg.acdc_receivers} receivers, τ {cfg.acdc_threshold:g}): "
+    print(f"ACDC over {ours.n_tested} edges ({cfg.acdc_receivers} receivers, {cfg.acdc_objective}, "
+          f"τ {cfg.acdc_threshold:g}): "
           f"{sec['acdc']:.1f} s in {ours.n_batches} batched forwards; the plain loop {sec['acdc_plain_loop']:.1f} s "
           f"({results['speedup_wall']:.1f}x wall, {results['speedup_cpu']:.1f}x CPU); same circuit: "
           f"{results['same_circuit']}, max |damage diff| {results['max_abs_damage_diff']:.1e}")

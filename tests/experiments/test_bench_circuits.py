@@ -129,15 +129,17 @@ def test_a_peer_timing_that_did_not_run_reads_not_run_with_the_reason(tmp_path, 
     assert "(hannamw/EAP-IG not run: skipped by --no-eap-ig)" in printed
 
 
-def test_bench_circuits_times_acdc_beside_the_plain_edge_by_edge_loop(tiny_dir, tmp_path, capsys):
+@pytest.mark.parametrize("objective", ["kl", "metric"])
+def test_bench_circuits_times_acdc_beside_the_plain_edge_by_edge_loop(tiny_dir, tmp_path, capsys, objective):
     from experiments.bench_circuits import acdc_arm
 
     out = tmp_path / "bench_acdc"
     bench_circuits.main(["--model", str(tiny_dir), "--n-prompts", "4", "--n-shots", "1", "--no-attribution",
                          "--exact-edges", "0", "--compare-per-stratum", "0", "--acdc-receivers", "6",
-                         "--acdc-threshold", "0.001", "--out", str(out)])
+                         "--acdc-threshold", "0.001", "--acdc-objective", objective, "--out", str(out)])
     results = json.loads((out / "results.json").read_text())
     acdc = results["acdc"]
+    assert acdc["objective"] == objective
     assert acdc["n_receivers"] == 6 and acdc["n_tested"] == acdc["plain_n_tested"] > 0
     assert acdc["same_circuit"] and acdc["max_abs_damage_diff"] < 1e-4
     assert acdc["speedup_wall"] > 0 and results["seconds"]["acdc_plain_loop"] > 0
