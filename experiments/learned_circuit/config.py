@@ -39,7 +39,7 @@ class LearnedCircuitConfig(BatchSettings, RunSettings):
                                     type=cli.positive_int, nargs="+")
     learn_batch_size: tuple[int, ...] = option((4,), "prompts per optimisation step (several: swept)",
                                                type=cli.positive_int, nargs="+")
-    samples: tuple[int, ...] = option((3,), "circuits per prompt per step (top-n: sizes drawn from its 7 default "
+    samples: tuple[int, ...] = option((7,), "circuits per prompt per step (top-n: sizes drawn from its 7 default "
                                             "sizes; 7 = all of them; several: swept)", type=cli.positive_int, nargs="+")
     restarts: tuple[int, ...] = option((1,), "independent runs per circuit whose standardised scores are averaged "
                                              "(patching.edges.learn; several: swept)", type=cli.positive_int, nargs="+")

@@ -105,7 +105,8 @@ class LearnSettings:
     learn_lr: float | None = option(None, "learning rate of a learned circuit, Adam's (default: the method's own, "
                                           "patching.edges.learn.DEFAULT_LR)", type=positive_float)
     learn_batch_size: int = option(4, "prompts per step of a learned circuit", type=positive_int)
-    learn_samples: int = option(3, "circuits per prompt per step (top-n: sizes; or gates, UGS samples, budgets)",
+    learn_samples: int = option(7, "circuits per prompt per step (top-n: sizes, 7 = every one; or gates, UGS "
+                                   "samples, budgets)",
                                 type=positive_int)
     learn_faithfulness_penalty: float = option(1.0, "weight of |1 - f| of every circuit on a step's prompts, added "
                                                      "to a learned circuit's loss", type=nonnegative_float)
