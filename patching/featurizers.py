@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrizations
+from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
 
 from circuits.analyze.number_geometry import orthonormal_columns, pca_subspace
@@ -72,6 +73,7 @@ class DASSettings:
     mask_penalty: float = 0.01
     seed: int = 0
     select_steps: tuple[int, ...] = ()
+    progress: bool = False  # a tqdm bar with an ETA over each training run's steps
 
     def __post_init__(self) -> None:
         if not self.ks:
@@ -237,7 +239,8 @@ def train_featurizer(model: HookedTransformer, featurizer: Featurizer, batches: 
     sizes = torch.tensor([len(b) for b in batches], dtype=torch.float)
     losses = []
     with frozen_weights(model), torch.enable_grad():
-        for step in range(settings.steps):
+        for step in tqdm(range(settings.steps), desc=f"{featurizer.kind} k={featurizer.k:g} at {where.hook}",
+                         disable=not settings.progress, leave=False):
             if isinstance(featurizer, BoundlessMask):  # geometric annealing from t_start to t_end
                 featurizer.temperature = t_start * (t_end / t_start) ** (step / max(1, settings.steps - 1))
             chosen = prepared[int(torch.multinomial(sizes, 1, generator=generator))]

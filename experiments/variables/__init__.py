@@ -128,7 +128,7 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
     cfg, state = run.cfg, run.state
     labels = {p: label for label, p in state.positions.items()}
     settings = DASSettings(ks=tuple(cfg.ks), steps=max(cfg.das_steps), select_steps=tuple(sorted(set(cfg.das_steps))),
-                           batch_size=cfg.das_batch, lr=cfg.das_lr, seed=cfg.seed)
+                           batch_size=cfg.das_batch, lr=cfg.das_lr, seed=cfg.seed, progress=True)
     out = {}
     for variable, batches in state.batches.items():
         rows = []

@@ -56,7 +56,7 @@ def test_das_training_depends_on_its_seed_alone_not_on_the_global_generator(spli
 def test_dbm_anneals_its_temperature_and_reports_the_mask_size(split):
     model, (train, _, _), where = split
     dbm = BoundlessMask(model.cfg.d_model)
-    train_featurizer(model, dbm, train, where, DASSettings(steps=4, temperature=(2.0, 0.5)))
+    train_featurizer(model, dbm, train, where, DASSettings(steps=4, temperature=(2.0, 0.5), progress=True))
     assert dbm.temperature == pytest.approx(0.5)
     assert dbm.k == float((torch.sigmoid(dbm.logits / 0.5) > 0.5).sum())
 
