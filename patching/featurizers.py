@@ -294,9 +294,9 @@ def fit_and_select(model: HookedTransformer, kind: str, where: Location, train: 
     """Fit a featurizer of ``kind`` at ``where`` and report its test IIA.
 
     ``"das"`` and ``"pca"`` try every k of ``settings.ks`` (up to the location's width) and keep the best on
-    ``validation`` (ties: the smaller k; for DAS, each k also at every step count of
-    ``settings.select_steps`` and ``settings.steps``, ties: the fewer steps); ``"random"`` takes the given ``k`` (the k DAS chose, for the null);
-    ``"dbm"`` learns its own size; ``"full"`` needs nothing.
+    ``validation`` (ties: the smaller k; for DAS, each k also at every step count of ``settings.select_steps``
+    and ``settings.steps``, ties: the fewer steps); ``"random"`` takes the given ``k`` (the k DAS chose, for
+    the null); ``"dbm"`` learns its own size; ``"full"`` needs nothing.
     """
     check_option("featurizer kind", kind, KINDS)
     width = location_width(model, where)

@@ -11,9 +11,9 @@
    the queried problem, swapped from source to base; IIA on the validation pairs per variable, layer
    and position;
 3. **featurizers** at the ``--das-locations`` best locations per variable: DAS (learned rotation, k
-   and the number of training steps chosen on the validation pairs among ``--ks`` and ``--das-steps``), DBM (learned mask), PCA, the random subspace of
-   DAS's k (the null) and the full vector, each with its IIA on the test pairs; the controls' IIA;
-   a verdict per variable;
+   and the number of training steps chosen on the validation pairs among ``--ks`` and ``--das-steps``),
+   DBM (learned mask), PCA, the random subspace of DAS's k (the null) and the full vector, each with its
+   IIA on the test pairs; the controls' IIA; a verdict per variable;
 4. **circuit nodes**: the full-vector IIA of each node (``--nodes``, ``--circuit``, default every head
    and MLP) at the best position of each variable, as a share of the best IIA anywhere;
 5. results.json and report.html in ``--out``.
@@ -127,7 +127,7 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
 
     cfg, state = run.cfg, run.state
     labels = {p: label for label, p in state.positions.items()}
-    settings = DASSettings(ks=tuple(cfg.ks), steps=max(cfg.das_steps), select_steps=tuple(sorted(set(cfg.das_steps))),
+    settings = DASSettings(ks=tuple(cfg.ks), steps=max(cfg.das_steps), select_steps=tuple(cfg.das_steps),
                            batch_size=cfg.das_batch, lr=cfg.das_lr, seed=cfg.seed, progress=True)
     out = {}
     for variable, batches in state.batches.items():
