@@ -30,10 +30,12 @@ def test_batched_acdc_equals_the_plain_edge_by_edge_loop(setup, objective, thres
     partial, partial_damages, _ = plain_acdc(model, data, threshold, objective, n_receivers=3)
     assert 0 < int(mask.sum()) < GraphLayout.of(model).n_edges  # the threshold both keeps and removes edges
     # the third setting's memory budget is so small that every circuit's KL is taken on its own
-    for batch_edges, from_receiver_layer, memory_mb in ((True, True, None), (True, False, None), (True, True, 1e-4),
-                                                         (False, True, None)):
+    circuits_run = {}
+    for batch_edges, adaptive, from_receiver_layer, memory_mb in (
+            (True, True, True, None), (True, False, True, None), (True, True, False, None), (True, True, True, 1e-4),
+            (False, True, True, None)):
         config = ACDCConfig(threshold=threshold, objective=objective, batch_edges=batch_edges, max_batch=7,
-                            from_receiver_layer=from_receiver_layer)
+                            adaptive_batch=adaptive, from_receiver_layer=from_receiver_layer)
         found = acdc(model, data, config=config, options=SweepOptions(metric="logit", memory_mb=memory_mb))
         assert torch.equal(found.graph.in_graph, mask)
         ours = torch.tensor([float(found.graph.scores[e]) for e in damages], dtype=torch.float64)
@@ -43,7 +45,10 @@ def test_batched_acdc_equals_the_plain_edge_by_edge_loop(setup, objective, thres
         assert found.objective_kept == pytest.approx(final, abs=1e-5)
         kept = found.graph.in_graph
         assert bool((found.graph.scores[kept] >= threshold).all())
+        circuits_run[batch_edges, adaptive] = found.n_circuits_run
     assert found.n_circuits_run == found.n_tested  # one circuit per forward: nothing speculated
+    # batches sized to the runs of removals speculate less than fixed ones wherever a batch's tail was dropped
+    assert circuits_run[True, True] < circuits_run[True, False]
     first = acdc(model, data, config=ACDCConfig(threshold=threshold, objective=objective, max_receivers=3))
     assert torch.equal(first.graph.in_graph, partial) and first.n_tested == len(partial_damages)
 
@@ -57,6 +62,8 @@ def test_bad_acdc_settings_are_refused():
         ACDCConfig(threshold="high")
     with pytest.raises(InputError, match="max_batch must be a positive integer, got 0"):
         ACDCConfig(max_batch=0)
+    with pytest.raises(InputError, match="adaptive_batch must be True or False, got 'yes'"):
+        ACDCConfig(adaptive_batch="yes")
     with pytest.raises(InputError, match="max_receivers must be a positive integer or None"):
         ACDCConfig(max_receivers=0)
 
