@@ -184,7 +184,7 @@ def _positional_scores(run: ComparisonRun, name: str) -> MethodScores:
 def _acdc_scores(run: ComparisonRun, name: str) -> MethodScores:
     s = run.search
     config = ACDCConfig(threshold=s.acdc_threshold, objective=s.acdc_objective, ablation=s.ablation)
-    # the one method of the table that can run for many minutes, so it alone shows a bar (edges tested, ETA)
+    # over the whole graph ACDC runs for hours on a CPU, far longer than any other row: its bar shows how far it is
     found = acdc(run.model, run.selection, config=config, means_from=means_pool(run.model, run.selection, s),
                  options=s.options(True))
     # ranked by damage, signed: the edges ACDC kept (damage >= τ) come first, so its circuit is a point of the curve
