@@ -12,6 +12,10 @@ processes. :func:`rank_and_world_size` answers it:
   through torchrun as one process;
 * otherwise this is the only process: rank 0 of 1.
 
+:func:`end_process_group` ends a launched run: every process waits for the others, then the group
+is torn down. A process that simply exits while another still writes its files tears gloo's
+threads down under it; the launcher then sees an abort and kills the process that was writing.
+
 Rank and size are always read from ``torch.distributed``, not from ``PartialState``, for the
 same reason.
 """
@@ -37,3 +41,16 @@ def rank_and_world_size() -> tuple[int, int]:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank(), dist.get_world_size()
+
+
+def end_process_group() -> None:
+    """Wait for every process of the group, then destroy it; nothing to do for one process.
+
+    Call it on every rank as the last step of a launched run, after the main process has written
+    its files, so that no process exits while another is still working.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

@@ -355,7 +355,7 @@ def search_lr(run: SFTRun, method_key: str):
             best = (entry["validation_exact"], lr, model, entry)
         search["by_lr"][key] = entry
         run.save()  # before deleting: a stop in between leaves a kept trial's weights on disk
-        if discard is not None:
+        if discard is not None and run.main_process:  # the main process wrote the trial; it alone deletes it
             shutil.rmtree(discard, ignore_errors=True)
         del model
         gc.collect()
@@ -491,7 +491,8 @@ def finish(run: SFTRun) -> None:
     preservation = preservation_comparisons(results["runs"], seed=run.cfg.seed)
     if preservation:
         results["circuit_preservation"] = preservation
-    write_report(run.out, results, run.cfg.model, dataclasses.asdict(run.cfg))
+    if run.main_process:
+        write_report(run.out, results, run.cfg.model, dataclasses.asdict(run.cfg))
     # last, so that it matches the wall_seconds the lifecycle records as the run ends (which adds up over commands)
     results.setdefault("wall_seconds_by_command", []).append(time.perf_counter() - run.started)
     results["wall_seconds"] = sum(results["wall_seconds_by_command"])
@@ -507,8 +508,11 @@ def run(cfg: SFTComparisonConfig, *, loader: ModelLoader | None = None) -> dict:
     if cfg.out is None:
         cfg = dataclasses.replace(cfg, out=DEFAULT_OUT)
     earlier = resumed_results(cfg)  # checked before the folder is touched
+    from circuits.process_group import rank_and_world_size
+
+    rank, _ = rank_and_world_size()  # under accelerate launch every process trains; the first one writes
     return run_experiment("precise_sft", cfg, _stages, loader=loader, results=earlier or {},
-                          resume=earlier is not None)
+                          resume=earlier is not None, main_process=rank == 0)
 
 
 def _stages(run: SFTRun) -> None:
@@ -527,5 +531,9 @@ def _stages(run: SFTRun) -> None:
 
 
 def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:
-    """Parse ``argv`` (default: ``sys.argv``) and run."""
-    return run(cli.parse_config(parser, SFTComparisonConfig, argv), loader=loader)
+    """Parse ``argv`` (default: ``sys.argv``) and run; a launched run ends its process group."""
+    from circuits.process_group import end_process_group
+
+    results = run(cli.parse_config(parser, SFTComparisonConfig, argv), loader=loader)
+    end_process_group()  # no process may exit while the main one still writes the run folder
+    return results

@@ -4,7 +4,7 @@ import socket
 
 import torch.distributed as dist
 
-from circuits.process_group import rank_and_world_size
+from circuits.process_group import end_process_group, rank_and_world_size
 
 
 def test_a_plain_process_is_rank_0_of_1(monkeypatch):
@@ -32,3 +32,13 @@ def test_an_initialised_group_is_used_as_it_is(monkeypatch):
         assert rank_and_world_size() == (dist.get_rank(), dist.get_world_size()) == (0, 1)
     finally:
         dist.destroy_process_group()
+
+
+def test_ending_the_group_tears_it_down_and_is_a_no_op_without_one():
+    end_process_group()  # no group: nothing to do, nothing raised
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    end_process_group()
+    assert not dist.is_initialized()

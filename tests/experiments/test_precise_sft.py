@@ -193,3 +193,42 @@ def test_precise_sft_with_circuit_lora_as_a_fourth_arm(run_main, tiny_loader, tm
     assert "circuit_lora_lrs" in results["args"]  # a non-default grid is recorded
     assert "Circuit LoRA: adapters on the key heads only" in (out / "report.html").read_text()
     assert results["status"] == "running"  # precise_nokv, a default arm, not run yet
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the two-process launch is a CPU (gloo) check")
+def test_two_processes_write_one_run_folder(tmp_path):
+    """`accelerate launch -m experiments.precise_sft` (docs/gpu.md): every process trains, the first alone writes
+    the folder, and the run ends complete with the single-process run's choices."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    sys.path.insert(0, str(here))
+    try:
+        import precise_sft_launch_script as script
+    finally:
+        sys.path.remove(str(here))
+    env = {**os.environ, "PYTHONPATH": f"{here.parents[1]}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29735",
+           str(here / "precise_sft_launch_script.py"), str(tmp_path / "launched")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    launched = json.loads((tmp_path / "launched" / "results.json").read_text())
+    assert launched["status"] == "complete" and (tmp_path / "launched" / "report.html").is_file()
+
+    script.main([*script.ARGV, "--out", str(tmp_path / "single")], loader=script.loader)
+    single = json.loads((tmp_path / "single" / "results.json").read_text())
+    assert set(launched["runs"]) == set(single["runs"])
+    for method, search in single["lr_search"].items():
+        assert launched["lr_search"][method]["chosen_lr"] == search["chosen_lr"], method
+        kept = [lr for lr, entry in search["by_lr"].items() if entry["kept"]]
+        # the discarded trials' weights are gone, the kept one's remain, exactly as in one process
+        assert sorted(p.name for p in (tmp_path / "launched" / "runs").iterdir() if p.name.startswith(f"{method}_lr")) \
+            == [f"{method}_lr{lr}" for lr in sorted(kept)]
+    for method, entry in single["runs"].items():
+        # the same update up to the order in which the processes' gradients are summed
+        assert launched["runs"][method]["losses"] == pytest.approx(entry["losses"], rel=1e-4), method

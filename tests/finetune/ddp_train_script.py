@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from circuits.nodes import Head, MLP
+from circuits.process_group import end_process_group
 from tests.tiny_models import tiny_model
 from finetune.data import ArithmeticMix, arithmetic_train_set
 from finetune import TrainConfig
@@ -34,8 +35,9 @@ def run(out_dir: Path):
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     model, result = run(out / "run")
-    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
-        sys.exit(0)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "weights.safetensors"))
-    (out / "losses.json").write_text(json.dumps({"losses": result.losses,
-                                                 "world": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1}))
+    distributed = torch.distributed.is_initialized()
+    if not distributed or torch.distributed.get_rank() == 0:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "weights.safetensors"))
+        (out / "losses.json").write_text(json.dumps({"losses": result.losses,
+                                                     "world": torch.distributed.get_world_size() if distributed else 1}))
+    end_process_group()

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from circuits.graph import GraphLayout
+from circuits.process_group import end_process_group
 from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
 from patching.edges import distributed
@@ -49,3 +50,4 @@ def run(out: Path) -> None:
 
 if __name__ == "__main__":
     run(Path(sys.argv[1]))
+    end_process_group()
