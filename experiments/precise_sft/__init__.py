@@ -17,7 +17,8 @@
    serves every query head of the layer; ``full``: full SFT, embeddings frozen;
    ``lora``: rank ``--lora-rank`` on every attention and MLP weight;
    ``circuit_lora``: rank ``--lora-rank`` adapters on the top ``--k`` heads'
-   slices only, the ones ``precise`` tunes, finetune.circuit_lora) trains
+   slices only, the ones ``precise`` tunes, finetune.circuit_lora;
+   ``circuit_lora_nokv``: the same without the K/V rows) trains
    from the same base weights once per learning rate of its grid, scores each
    on the validation split, keeps the lr with the best validation exact
    accuracy (ties: the smaller lr) and reports test scores for that lr only.
@@ -29,7 +30,8 @@
    LM-loss increase, bootstrap over texts), trained parameters, and the claim
    "precise SFT >= full SFT's gain with less drift" for both precise arms
    (paired differences); with ``circuit_lora``, its paired differences from
-   LoRA, precise and full SFT (``circuit_lora_comparison``); ``<out>/report.html``.
+   LoRA, precise and full SFT, and ``circuit_lora_nokv``'s from ``circuit_lora``
+   (``circuit_lora_comparison``); ``<out>/report.html``.
 
 ``--resume`` continues a folder written with the same settings, skipping the
 methods and learning-rate trials it already holds, so the work can be split
@@ -297,7 +299,11 @@ def train_copy(run: SFTRun, method_key: str, lr: float, heads=None, mlps=None, o
     method, overrides, _ = METHOD_SPECS[method_key]
     release_freed_memory()  # so each run's peak RSS is its own
     model = copy.deepcopy(run.state.base)
-    run_config = dataclasses.replace(train_config(run.cfg), lr=lr, **overrides)
+    overrides = dict(overrides)
+    base_config = train_config(run.cfg)
+    if "lora_targets" in overrides:  # a circuit-LoRA arm on other weight matrices: same rank, other targets
+        overrides["lora"] = dataclasses.replace(base_config.lora, targets=overrides.pop("lora_targets"))
+    run_config = dataclasses.replace(base_config, lr=lr, **overrides)
     result = train(model, run.state.train_set, run_config, method=method, heads=heads, mlps=mlps, out_dir=out_dir)
     return model, result
 
@@ -313,6 +319,14 @@ def _trial(run: SFTRun, method_key: str, lr: float, trial_dir: Path):
     print(f"{method_key} lr {lr:g}: validation exact {val['value']:.3f} [{val['low']:.3f}, {val['high']:.3f}] "
           f"(n={val['n']}), final loss {result.losses[-1]:.4f}, {entry['seconds']:.0f} s")
     return model, entry
+
+
+def _tunes_kv(method_key: str) -> bool | None:
+    """Whether a head-tuning arm trains the K/V rows its heads read (None for arms that tune no heads)."""
+    method, overrides, _ = METHOD_SPECS[method_key]
+    if method == "circuit_lora":
+        return "attn.W_K" in overrides.get("lora_targets", ("attn.W_K",))
+    return overrides.get("tune_kv")
 
 
 def _heads_of(run: SFTRun, method_key: str):
@@ -373,7 +387,7 @@ def run_method(run: SFTRun, method_key: str) -> None:
     run.results["runs"][method_key] = {"method": METHOD_SPECS[method_key][0], "lr": lr,
                                        "k": run.cfg.k if tunes_heads else None,
                                        "heads": [str(h) for h in _heads_of(run, method_key) or []],
-                                       "tune_kv": METHOD_SPECS[method_key][1].get("tune_kv"), "validation_exact": val,
+                                       "tune_kv": _tunes_kv(method_key), "validation_exact": val,
                                        "train": entry["train"], "losses": entry["losses"], **scores,
                                        "summary": score_summary(scores, run.results["base"])}
     if run.cfg.shift_prompts:
@@ -478,9 +492,10 @@ def finish(run: SFTRun) -> None:
     results = run.results
     if "full" in results["runs"]:
         results["claims"] = {arm: claim(results["runs"][arm], results["runs"]["full"])
-                             for arm in ("precise", "precise_nokv", "precise_circuit", "circuit_lora")
+                             for arm in ("precise", "precise_nokv", "precise_circuit", "circuit_lora",
+                                         "circuit_lora_nokv")
                              if arm in results["runs"]}
-    if "circuit_lora" in results["runs"]:
+    if {"circuit_lora", "circuit_lora_nokv"} & set(results["runs"]):
         results["circuit_lora_comparison"] = circuit_lora_comparison(results["runs"])
     if "precise" in results["runs"] and "precise_circuit" in results["runs"]:
         # the same k heads from the edge circuit instead of path patching: paired differences (circuit - key heads)

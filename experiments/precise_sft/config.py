@@ -23,6 +23,9 @@ METHOD_SPECS = {
     "precise_circuit": ("precise", {"tune_kv": True}, "precise_lrs"),
     # LoRA adapters on the key heads' slices only (finetune.circuit_lora): precise SFT's heads, LoRA's low rank
     "circuit_lora": ("circuit_lora", {}, "circuit_lora_lrs"),
+    # the same adapters without the K/V rows, which under multi-query attention every head of the layer reads
+    "circuit_lora_nokv": ("circuit_lora", {"lora_targets": ("attn.W_Q", "attn.W_O", "mlp.W_in", "mlp.W_gate",
+                                                            "mlp.W_out")}, "circuit_lora_lrs"),
 }
 DEFAULT_METHODS = ("precise", "precise_nokv", "full", "lora")
 DEFAULT_OUT = "runs/precise_sft"  # one folder, not runs/<name>-<timestamp>: --resume without --out continues it

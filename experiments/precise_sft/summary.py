@@ -40,21 +40,23 @@ PRESERVATION_PAIRS = (("precise", "full"), ("precise", "lora"), ("precise_nokv",
                       ("precise_circuit", "full"), ("precise_circuit", "lora"), ("circuit_lora", "lora"),
                       ("circuit_lora", "precise"), ("circuit_lora", "full"))
 
-#: the runs circuit LoRA is compared with: LoRA everywhere (same rank), precise SFT (same heads), full SFT
-CIRCUIT_LORA_BASELINES = ("lora", "precise", "full")
+#: (circuit-LoRA arm, run it is compared with): LoRA everywhere (same rank), precise SFT (same heads), full SFT;
+#: and the arm without K/V rows against the one with them (the same adapters otherwise)
+CIRCUIT_LORA_PAIRS = (("circuit_lora", "lora"), ("circuit_lora", "precise"), ("circuit_lora", "full"),
+                      ("circuit_lora_nokv", "circuit_lora"), ("circuit_lora_nokv", "precise"))
 
 
 def circuit_lora_comparison(runs: dict) -> dict:
-    """Circuit LoRA minus each of :data:`CIRCUIT_LORA_BASELINES` that ran: held-out accuracy gain, KL and LM-loss
+    """Each pair of :data:`CIRCUIT_LORA_PAIRS` that ran, a minus b: held-out accuracy gain, KL and LM-loss
     drift as paired differences (bootstrap over prompts and texts), and the ratio of trained entries."""
     out = {}
-    for other in CIRCUIT_LORA_BASELINES:
-        if other in runs:
-            diff = paired_comparison(runs["circuit_lora"], runs[other])
-            out[f"circuit_lora minus {other}"] = {
+    for arm, other in CIRCUIT_LORA_PAIRS:
+        if arm in runs and other in runs:
+            diff = paired_comparison(runs[arm], runs[other])
+            out[f"{arm} minus {other}"] = {
                 "gain_difference": diff["accuracy"].to_dict(), "kl_difference": diff["kl"].to_dict(),
                 "lm_loss_increase_difference": diff["lm_loss_increase"].to_dict(),
-                "trained_ratio": runs["circuit_lora"]["train"]["n_trainable"] / runs[other]["train"]["n_trainable"]}
+                "trained_ratio": runs[arm]["train"]["n_trainable"] / runs[other]["train"]["n_trainable"]}
     return out
 
 

@@ -232,3 +232,31 @@ def test_two_processes_write_one_run_folder(tmp_path):
     for method, entry in single["runs"].items():
         # the same update up to the order in which the processes' gradients are summed
         assert launched["runs"][method]["losses"] == pytest.approx(entry["losses"], rel=1e-4), method
+
+
+def test_circuit_lora_without_kv_rows_leaves_them_frozen(tiny_loader, tmp_path):
+    """circuit_lora_nokv: the same adapters as circuit_lora on the same heads, none on the K/V rows."""
+    from safetensors import safe_open
+
+    from experiments.precise_sft import main as precise_main
+
+    out = tmp_path / "run"
+    results = precise_main(["--out", str(out), "--heads", "L1H0,L1H2", "--k", "2", "--n-train", "16", "--steps", "2",
+                            "--batch-size", "8", "--micro-batch-size", "8", "--n-heldout", "2", "--n-transfer", "1",
+                            "--n-val", "2", "--n-shots", "0", "--n-pydoc", "1", "--n-sentences", "2",
+                            "--methods", "circuit_lora,circuit_lora_nokv", "--circuit-lora-lrs", "1e-2"],
+                           loader=tiny_loader)
+    runs = results["runs"]
+    assert runs["circuit_lora"]["tune_kv"] is True and runs["circuit_lora_nokv"]["tune_kv"] is False
+    assert runs["circuit_lora_nokv"]["heads"] == runs["circuit_lora"]["heads"] == ["L1H0", "L1H2"]
+    assert runs["circuit_lora_nokv"]["train"]["n_trainable"] < runs["circuit_lora"]["train"]["n_trainable"]
+    stored = {}
+    for arm in ("circuit_lora", "circuit_lora_nokv"):
+        (final,) = (out / "runs").glob(f"{arm}_lr*/final")
+        with safe_open(str(next(final.glob("*.safetensors"))), "pt") as f:
+            stored[arm] = set(f.keys())
+    assert any("W_K" in k for k in stored["circuit_lora"]) and any("W_V" in k for k in stored["circuit_lora"])
+    assert not any("W_K" in k or "W_V" in k for k in stored["circuit_lora_nokv"])
+    assert any("W_Q" in k for k in stored["circuit_lora_nokv"])
+    pair = results["circuit_lora_comparison"]["circuit_lora_nokv minus circuit_lora"]
+    assert pair["kl_difference"]["low"] <= pair["kl_difference"]["value"] <= pair["kl_difference"]["high"]
