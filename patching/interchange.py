@@ -298,6 +298,24 @@ def interchange_accuracy(model: HookedTransformer, batches: Sequence[PairBatch],
     return proportion(hits), hits
 
 
+def iia_by_answer_length(model: HookedTransformer, batches: Sequence[PairBatch], where: Location,
+                         swap: Swap | None = None) -> dict[int, Estimate]:
+    """IIA at ``where`` per token count of the predicted answer: ``{1: Estimate, 2: Estimate, ...}``.
+
+    With ``"whole"`` scoring, a two-token answer's second token is predicted at the first answer token's
+    position, after the intervened one: an intervention at the prompt's last position alone can change it
+    only through what later positions read there by attention. Splitting IIA by the answer's length shows
+    whether a location holds a variable for the answers that are read out where it intervenes.
+    """
+    hits: dict[int, list[Tensor]] = {}
+    for batch in batches:
+        row_hits = intervened_hits(model, prepare(model, batch, [where]), where, swap)[0]
+        lengths = (batch.targets >= 0).sum(1).cpu()
+        for n in lengths.unique().tolist():
+            hits.setdefault(int(n), []).append(row_hits[lengths == n])
+    return {n: proportion(torch.cat(rows)) for n, rows in sorted(hits.items())}
+
+
 def iia_sweep(model: HookedTransformer, batches: Sequence[PairBatch], locations: Sequence[Location],
               swap: Swap | None = None, *, memory_mb: float = 1024, progress: bool = False,
               desc: str = "interchange") -> dict[Location, Estimate]:

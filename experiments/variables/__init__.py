@@ -13,7 +13,9 @@
 3. **featurizers** at the ``--das-locations`` best locations per variable: DAS (learned rotation, k
    and the number of training steps chosen on the validation pairs among ``--ks`` and ``--das-steps``),
    DBM (learned mask), PCA, the random subspace of DAS's k (the null) and the full vector, each with its
-   IIA on the test pairs; the controls' IIA; a verdict per variable;
+   IIA on the test pairs; the full vector's test IIA split by the predicted answer's token count (a
+   one-position intervention cannot reach a digit read out at a later position); the controls' IIA; a
+   verdict per variable;
 4. **circuit nodes**: the full-vector IIA of each node (``--nodes``, ``--circuit``, default every head
    and MLP) at the best position of each variable, as a share of the best IIA anywhere;
 5. results.json and report.html in ``--out``.
@@ -123,7 +125,7 @@ def full_vector_sweep(run: Run[VariablesConfig, VariablesState]) -> dict[str, li
 def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) -> None:
     """Stage "featurizers": at the best locations per variable, every featurizer's test IIA, the controls, a verdict."""
     from patching.featurizers import DASSettings, fit_and_select, verdict
-    from patching.interchange import interchange_accuracy
+    from patching.interchange import iia_by_answer_length, interchange_accuracy
 
     cfg, state = run.cfg, run.state
     labels = {p: label for label, p in state.positions.items()}
@@ -144,13 +146,21 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
                     fitted["random"] = fit_and_select(state.model, "random", where, *split, settings, k=k)
                 controls = interchange_accuracy(state.model, batches["controls"], where)[0].to_dict() \
                     if batches["controls"] else None
+                # the full vector's test IIA per token count of the predicted answer (a later token is read out
+                # after the intervened position: see patching.interchange.iia_by_answer_length)
+                by_length = iia_by_answer_length(state.model, batches["test"], where)
             row = {"location": _key(where, labels), **{kind: f.to_dict() for kind, f in fitted.items()},
-                   "controls_full": controls}
+                   "controls_full": controls,
+                   "full_by_answer_tokens": {str(n): e.to_dict() for n, e in by_length.items()}}
             if "das" in fitted and "random" in fitted:
                 row["verdict"] = verdict(fitted["das"].test, fitted["random"].test, fitted["full"].test)
             rows.append(row)
             print(f"{variable} at {where}: " + ", ".join(f"{k} {f.test.value:.2f}" for k, f in fitted.items())
                   + (f" -> {row['verdict']}" if "verdict" in row else ""))
+            if len(by_length) > 1:
+                print(f"  full vector by answer tokens: " + ", ".join(
+                    f"{n} token{'s' if n > 1 else ''} {e.value:.2f} [{e.low:.2f}, {e.high:.2f}] (n {e.n})"
+                    for n, e in by_length.items()))
         best = max(rows, key=lambda r: (r.get("das") or r["full"])["test"]["value"])
         out[variable] = {"locations": rows, "best": best}
     run.results["featurizers"] = out

@@ -55,6 +55,10 @@ def featurizer_rows(results: dict) -> list[dict]:
                     steps = row[kind].get("steps") if kind == "das" else None
                     entry[f"{KIND_NAMES[kind]} (k)"] = (f"{_interval(row[kind]['test'])}, k={row[kind]['k']:g}"
                                                          + (f", {steps} steps" if steps else ""))
+            by_length = row.get("full_by_answer_tokens") or {}
+            if len(by_length) > 1:  # a later answer token is read out after the intervened position
+                entry["full vector by answer tokens"] = "; ".join(
+                    f"{n}: {_interval(e)} (n {e['n']})" for n, e in by_length.items())
             entry["controls (full vector)"] = _interval(row.get("controls_full")) or "none"
             entry["verdict"] = row.get("verdict", "")
             rows.append(entry)

@@ -13,7 +13,7 @@ from circuits.nodes import MLP, Head
 from circuits.tasks import make_dataset
 from patching.featurizers import RotatedSubspace, random_subspace
 from patching.interchange import (
-    Location, circuit_nodes, full_swap, iia_sweep, interchange_accuracy, intervened_answer_residuals, location,
+    Location, circuit_nodes, full_swap, iia_by_answer_length, iia_sweep, interchange_accuracy, intervened_answer_residuals, location,
     node_locations, node_table, pair_batches, prepare,
 )
 from tests.tiny_models import tiny_model
@@ -109,6 +109,25 @@ def test_full_swap_at_the_last_layer_and_end_scores_the_sources_own_answer(setup
     expected = source_top1 == torch.tensor([p.answer_ids[0] for p in pairs])
     assert torch.equal(hits, expected)
     assert estimate.value == pytest.approx(float(expected.float().mean())) and estimate.n == len(pairs)
+
+
+@torch.no_grad()
+def test_iia_by_answer_length_splits_the_pairs_and_one_token_answers_follow_the_source(setup):
+    """Split by the predicted answer's token count: the parts add up to the whole IIA, and at the last layer's END
+    a one-token answer is right exactly when the source run's own top-1 token is that answer."""
+    model, data, pairs = setup
+    batches = pair_batches(model, data, pairs, scoring="whole")
+    where = location("resid_post", model.cfg.n_layers - 1, batches[0].prompt_length - 1)
+    split = iia_by_answer_length(model, batches, where)
+    lengths = [len(p.answer_ids) for p in pairs]
+    assert set(split) == set(lengths) and len(split) > 1  # the fixture has one- and two-token sums
+    whole, _ = interchange_accuracy(model, batches, where)
+    assert sum(e.n for e in split.values()) == whole.n == len(pairs)
+    assert sum(e.value * e.n for e in split.values()) == pytest.approx(whole.value * whole.n)
+    one_token = [p for p in pairs if len(p.answer_ids) == 1]
+    source_top1 = [int(model(torch.tensor([data["tokens"][p.source]]))[0, -1].argmax()) for p in one_token]
+    expected = [top == p.answer_ids[0] for top, p in zip(source_top1, one_token)]
+    assert split[1].n == len(one_token) and split[1].value == pytest.approx(sum(expected) / len(expected))
 
 
 @torch.no_grad()
