@@ -89,15 +89,16 @@ def _fmt(e: dict, pct: bool = True, signed: bool = False) -> str:
 
 def print_table(results: dict) -> None:
     """One line per run: test accuracy (Wilson), gain over base (paired bootstrap), KL (bootstrap), trained entries."""
-    print(f"\n{'run':16s} {'lr':>7s} {'held-out exact %':>22s} {'gain (points)':>22s} {'transfer %':>20s} "
-          f"{'KL on text':>26s} {'trained':>11s}")
     rows = [("base", results["base"])] + list(results["runs"].items())
+    width = max(16, *(len(name) for name, _ in rows))
+    print(f"\n{'run':{width}s} {'lr':>7s} {'held-out exact %':>22s} {'gain (points)':>22s} {'transfer %':>20s} "
+          f"{'KL on text':>26s} {'trained':>11s}")
     for name, r in rows:
         s = r["summary"]
         gain = _fmt(s["heldout_gain"], signed=True) if "heldout_gain" in s else "-"
         trained = f"{r['train']['n_trainable']:,}" if "train" in r else "-"
         lr = f"{r['lr']:.0e}" if "lr" in r else "-"
-        print(f"{name:16s} {lr:>7s} {_fmt(s['heldout_exact']):>22s} {gain:>22s} {_fmt(s['transfer_exact']):>20s} "
+        print(f"{name:{width}s} {lr:>7s} {_fmt(s['heldout_exact']):>22s} {gain:>22s} {_fmt(s['transfer_exact']):>20s} "
               f"{_fmt(s['drift_estimates']['kl'], pct=False):>26s} {trained:>11s}")
     for arm, c in results.get("claims", {}).items():
         print(f"claim ({arm} vs full): gain difference {_fmt(c['gain_difference'], signed=True)} points, "
