@@ -25,6 +25,10 @@ How a batch of pairs runs (:func:`prepare`, then one intervened forward per loca
 * the same forward with gradients trains a featurizer (:func:`intervened_loss`); the model's weights
   are held fixed (:func:`frozen_weights`).
 
+A location ``through_answer`` spans its position and every answer position after it: the source prompt is
+then fed the base's answer tokens too, so that a variable read out over several answer tokens (the two
+digits of a sum of 10 or more, on a tokenizer that splits digits) can be swapped where it is read.
+
 :func:`circuit_nodes` turns a :class:`circuits.graph.Graph` into its heads and MLPs, and
 :func:`node_locations` each node at a position into a location, so the same interventions run on a
 circuit's nodes.
@@ -70,11 +74,17 @@ def full_swap(base: Tensor, source: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class Location:
-    """A hook point at one token position (counted from the prompt's start), and a head for ``hook_z``."""
+    """A hook point at one token position (counted from the prompt's start), and a head for ``hook_z``.
+
+    ``through_answer``: the position *and every later one*, the teacher-forced answer positions included
+    (the source run is then fed the same answer tokens as the base run, so both runs align there). A variable
+    read out over several answer tokens, such as a two-token sum, is reached only by such a location.
+    """
 
     hook: str
     position: int
     head: int | None = None
+    through_answer: bool = False
 
     @property
     def layer(self) -> int:
@@ -86,19 +96,23 @@ class Location:
 
     def __str__(self) -> str:
         where = self.hook.replace("blocks.", "L").replace(".hook_", ".")
-        return f"{where}{'' if self.head is None else f'.H{self.head}'}@{self.position}"
+        span = "+answer" if self.through_answer else ""
+        return f"{where}{'' if self.head is None else f'.H{self.head}'}@{self.position}{span}"
 
 
-def location(kind: str, layer: int, position: int, head: int | None = None) -> Location:
-    """The location of ``kind`` (one of :data:`HOOK_KINDS`) at ``layer`` and ``position``; ``head`` for ``"z"``."""
+def location(kind: str, layer: int, position: int, head: int | None = None, *,
+             through_answer: bool = False) -> Location:
+    """The location of ``kind`` (one of :data:`HOOK_KINDS`) at ``layer`` and ``position``; ``head`` for ``"z"``;
+    ``through_answer``: that position and the answer positions after it (:class:`Location`)."""
     if kind not in HOOK_KINDS:
         raise InputError(f"Unknown hook kind {kind!r}: use one of {', '.join(HOOK_KINDS)}.")
-    return Location(tl_utils.get_act_name(kind, layer), position, head)
+    return Location(tl_utils.get_act_name(kind, layer), position, head, through_answer)
 
 
-def node_locations(nodes: Sequence[Node], position: int) -> list[Location]:
-    """Each head (its ``hook_z`` slice) or MLP (``hook_mlp_out``) at ``position``."""
-    return [Location(n.hook_name, position, n.head if isinstance(n, Head) else None) for n in nodes]
+def node_locations(nodes: Sequence[Node], position: int, *, through_answer: bool = False) -> list[Location]:
+    """Each head (its ``hook_z`` slice) or MLP (``hook_mlp_out``) at ``position`` (and the answer positions after
+    it with ``through_answer``)."""
+    return [Location(n.hook_name, position, n.head if isinstance(n, Head) else None, through_answer) for n in nodes]
 
 
 def circuit_nodes(graph: Graph) -> list[Node]:
@@ -223,11 +237,15 @@ def prepare(model: HookedTransformer, batch: PairBatch, locations: Sequence[Loca
     prefix_kv = prefix_kv_cache(model, batch.base[:, :prefix]) if prefix else None
     layers = sorted({w.layer for w in locations})
     base_acts, _ = forward.suffix_cache(model, batch.base, forward.act_names("resid_pre", layers), prefix_kv)
-    source_acts, _ = forward.suffix_cache(model, batch.source, sorted({w.hook for w in locations}), prefix_kv)
+    source = batch.source
+    if any(w.through_answer for w in locations):  # the source fed the base's answer tokens, so positions align
+        source = torch.cat([batch.source, batch.base[:, batch.prompt_length:]], 1)
+    source_acts, _ = forward.suffix_cache(model, source, sorted({w.hook for w in locations}), prefix_kv)
     sources = {}
     for where in locations:
-        rows = source_acts[where.hook][:, where.position - prefix]
-        sources[where] = rows if where.head is None else rows[:, where.head]
+        offset = where.position - prefix
+        rows = source_acts[where.hook][:, offset:] if where.through_answer else source_acts[where.hook][:, offset]
+        sources[where] = rows if where.head is None else rows[..., where.head, :]
     return Prepared(batch, prefix, prefix_kv,
                     {layer: base_acts[tl_utils.get_act_name("resid_pre", layer)] for layer in layers}, sources)
 
@@ -252,12 +270,13 @@ def intervened_answer_residuals(model: HookedTransformer, prepared: Prepared, wh
         act = act.clone().view(n_sites, len(batch), *act.shape[1:])
         for j, site in enumerate(sites):
             offset = site.position - prefix
-            rows = act[j, :, offset] if site.head is None else act[j, :, offset, site.head]
+            at = slice(offset, None) if site.through_answer else offset
+            rows = act[j, :, at] if site.head is None else act[j, :, at, site.head]
             new = swap(rows, prepared.sources[site].to(act.dtype)).to(act.dtype)
             if site.head is None:
-                act[j, :, offset] = new
+                act[j, :, at] = new
             else:
-                act[j, :, offset, site.head] = new
+                act[j, :, at, site.head] = new
         return act.flatten(0, 1)
 
     kv = None if prepared.prefix_kv is None else TiledKVCache(prepared.prefix_kv, n_sites)
@@ -345,7 +364,8 @@ def iia_sweep(model: HookedTransformer, batches: Sequence[PairBatch], locations:
 
 @torch.no_grad()
 def source_activations(model: HookedTransformer, batches: Sequence[PairBatch], where: Location) -> Float[Tensor, "n width"]:
-    """The activation at ``where`` on every base and source prompt of ``batches`` (e.g. to fit PCA directions)."""
+    """The activation at ``where`` on every base and source prompt of ``batches`` (e.g. to fit PCA directions); for a
+    location ``through_answer``, at its first position (the prompt's)."""
     rows = []
     for batch in batches:
         check_location(model, where, batch.prompt_length)
@@ -370,11 +390,13 @@ def frozen_weights(model: HookedTransformer) -> Iterator[HookedTransformer]:
 
 
 def node_table(model: HookedTransformer, batches_by_variable: Mapping[str, Sequence[PairBatch]], nodes: Sequence[Node],
-               positions: Mapping[str, int], best: Mapping[str, float], *, progress: bool = False) -> list[dict]:
+               positions: Mapping[str, int], best: Mapping[str, float], *, through_answer: bool = False,
+               progress: bool = False) -> list[dict]:
     """Which circuit nodes carry which variable: full-vector IIA of every node at every named position.
 
-    ``positions``: ``{label: position}``; ``best``: per variable, the best IIA reached anywhere (e.g. over the
-    residual stream), so each row says what share of it the node reaches. One row per (variable, node, position).
+    ``positions``: ``{label: position}`` (each with the answer positions after it, ``through_answer``); ``best``: per
+    variable, the best IIA reached anywhere (e.g. over the residual stream), so each row says what share of it the
+    node reaches. One row per (variable, node, position).
     """
     nodes = validate_nodes(model, nodes)
     if not nodes:
@@ -382,7 +404,8 @@ def node_table(model: HookedTransformer, batches_by_variable: Mapping[str, Seque
                          "with edges in the circuit.")
     rows = []
     for variable, batches in batches_by_variable.items():
-        locations = {(str(n), label): node_locations([n], pos)[0] for n in nodes for label, pos in positions.items()}
+        locations = {(str(n), label): node_locations([n], pos, through_answer=through_answer)[0]
+                     for n in nodes for label, pos in positions.items()}
         estimates = iia_sweep(model, batches, list(locations.values()), progress=progress, desc=f"circuit nodes: {variable}")
         for (node, label), where in locations.items():
             est = estimates[where]

@@ -8,8 +8,9 @@
    digits ones, ones_carry, tens) counterfactual pairs (base, source) split train / validation / test,
    and control pairs;
 2. **full-vector sweep**: the residual stream after every layer (``--layers``) at every position of
-   the queried problem, swapped from source to base; IIA on the validation pairs per variable, layer
-   and position;
+   the queried problem, and at END together with the answer positions after it (``end+answer``, where an
+   answer of several tokens is read out; ``--no-answer-span`` leaves it out), swapped from source to base;
+   IIA on the validation pairs per variable, layer and position;
 3. **featurizers** at the ``--das-locations`` best locations per variable: DAS (learned rotation, k
    and the number of training steps chosen on the validation pairs among ``--ks`` and ``--das-steps``),
    DBM (learned mask), PCA, the random subspace of DAS's k (the null) and the full vector, each with its
@@ -53,9 +54,19 @@ class VariablesState:
     layers: list[int]
 
 
-def _key(where: Location, labels: dict[int, str]) -> dict:
+#: the label of END together with the answer positions after it (a location ``through_answer``)
+SPAN = "end+answer"
+
+
+def _label(where: Location, positions: dict[str, int]) -> str:
+    """``where``'s position by its label in ``positions`` (``end+answer`` for the span from END)."""
+    label = next((name for name, p in positions.items() if p == where.position), str(where.position))
+    return f"{label}+answer" if where.through_answer else label
+
+
+def _key(where: Location, positions: dict[str, int]) -> dict:
     return {"hook": where.hook, "layer": where.layer, "position": where.position,
-            "position_label": labels.get(where.position, str(where.position))}
+            "through_answer": where.through_answer, "position_label": _label(where, positions)}
 
 
 def build_pairs(run: Run[VariablesConfig, VariablesState]) -> None:
@@ -103,21 +114,27 @@ def full_vector_sweep(run: Run[VariablesConfig, VariablesState]) -> dict[str, li
     from patching.interchange import iia_sweep, location
 
     state = run.state
-    labels = {p: label for label, p in state.positions.items()}
-    locations = [location("resid_post", layer, p) for layer in state.layers for p in state.positions.values()]
+    # (label, position, through the answer?) of every column: the problem's tokens, then END with the answer positions
+    columns = [(label, p, False) for label, p in state.positions.items()]
+    if not run.cfg.no_answer_span:
+        columns.append((SPAN, state.positions["end"], True))
+    grid = [[location("resid_post", layer, p, through_answer=span) for _, p, span in columns] for layer in state.layers]
+    locations = [where for row in grid for where in row]
     sweep, ranked = {}, {}
     for variable, batches in state.batches.items():
         with run.step(f"{variable}: {len(locations)} locations"):
             estimates = iia_sweep(state.model, batches["validation"], locations, desc=variable, progress=True)
         sweep[variable] = {
-            "hook": "resid_post", "pairs": "validation", "layers": state.layers, "positions": list(state.positions),
-            "iia": [[estimates[location("resid_post", layer, p)].to_dict() for p in state.positions.values()]
-                    for layer in state.layers]}
+            "hook": "resid_post", "pairs": "validation", "layers": state.layers,
+            "positions": [label for label, _, _ in columns],
+            "iia": [[estimates[where].to_dict() for where in row] for row in grid]}
+        # ties: the later layer, the later position, the single position before the span
         ranked[variable] = sorted(((e.value, w) for w, e in estimates.items()),
-                                  key=lambda item: (item[0], item[1].layer, item[1].position), reverse=True)
+                                  key=lambda item: (item[0], item[1].layer, item[1].position, not item[1].through_answer),
+                                  reverse=True)
         best_value, best = ranked[variable][0]
         print(f"{variable}: best full-vector validation IIA {best_value:.2f} at layer {best.layer}, "
-              f"position {labels[best.position]}")
+              f"position {_label(best, state.positions)}")
     run.results["sweep"] = sweep
     return ranked
 
@@ -128,7 +145,6 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
     from patching.interchange import iia_by_answer_length, interchange_accuracy
 
     cfg, state = run.cfg, run.state
-    labels = {p: label for label, p in state.positions.items()}
     settings = DASSettings(ks=tuple(cfg.ks), steps=max(cfg.das_steps), select_steps=tuple(cfg.das_steps),
                            batch_size=cfg.das_batch, lr=cfg.das_lr, seed=cfg.seed, progress=True)
     out = {}
@@ -149,7 +165,7 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
                 # the full vector's test IIA per token count of the predicted answer (a later token is read out
                 # after the intervened position: see patching.interchange.iia_by_answer_length)
                 by_length = iia_by_answer_length(state.model, batches["test"], where)
-            row = {"location": _key(where, labels), **{kind: f.to_dict() for kind, f in fitted.items()},
+            row = {"location": _key(where, state.positions), **{kind: f.to_dict() for kind, f in fitted.items()},
                    "controls_full": controls,
                    "full_by_answer_tokens": {str(n): e.to_dict() for n, e in by_length.items()}}
             if "das" in fitted and "random" in fitted:
@@ -179,14 +195,14 @@ def circuit_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) -> No
         nodes, source = [parse_node(n) for n in cfg.nodes], "--nodes"
     else:
         nodes, source = all_nodes(state.model), "every head and MLP"
-    labels = {p: label for label, p in state.positions.items()}
     rows = []
     for variable, batches in state.batches.items():
         best_value, best = ranked[variable][0]
         test_best = run.results["featurizers"][variable]["best"]["full"]["test"]["value"]
-        with run.step(f"{variable}: {len(nodes)} nodes at {labels[best.position]}"):
-            rows += node_table(state.model, {variable: batches["test"]}, nodes, {labels[best.position]: best.position},
-                               {variable: test_best}, progress=True)
+        label = _label(best, state.positions)
+        with run.step(f"{variable}: {len(nodes)} nodes at {label}"):
+            rows += node_table(state.model, {variable: batches["test"]}, nodes, {label: best.position},
+                               {variable: test_best}, through_answer=best.through_answer, progress=True)
     run.results["circuit"] = {"nodes_from": source, "n_nodes": len(nodes), "rows": rows}
 
 

@@ -44,6 +44,8 @@ class VariablesConfig(BatchSettings, PromptSettings, RunSettings):
                                    "(whole), is top-1", choices=("first", "whole"))
     layers: tuple[int, ...] | None = option(None, "layers of the residual-stream sweep (default: every layer)",
                                             type=int, nargs="+")
+    no_answer_span: bool = option(False, "do not also sweep END together with the answer positions after it "
+                                         "(end+answer), where an answer of several tokens is read out")
     das_locations: int = option(1, "locations per variable for DAS and the other featurizers: the best by the full "
                                    "vector's validation IIA", type=cli.positive_int)
     featurizers: tuple[str, ...] = option(FEATURIZERS, "featurizers fitted at those locations (the full vector always "

@@ -35,7 +35,9 @@ def test_variables_experiment_writes_results_and_report(digit_loader, tmp_path):
     assert results["status"] == saved["status"] == "complete"
     assert saved["variables"] == ["a", "ones"] and set(saved["sweep"]) == {"a", "ones"}
     sweep = saved["sweep"]["a"]
-    assert sweep["layers"] == [0, 1] and len(sweep["iia"]) == 2 and len(sweep["iia"][0]) == len(saved["positions"])
+    # every position of the problem, then END with the answer positions after it
+    assert sweep["layers"] == [0, 1] and len(sweep["iia"]) == 2 and len(sweep["iia"][0]) == len(saved["positions"]) + 1
+    assert sweep["positions"] == [*saved["positions"], "end+answer"]
     assert "end" in saved["positions"] and "a" in saved["positions"]
     for variable in ("a", "ones"):
         best = saved["featurizers"][variable]["best"]
@@ -48,6 +50,13 @@ def test_variables_experiment_writes_results_and_report(digit_loader, tmp_path):
     assert set(saved["seconds"]) >= set(variables_experiment.PLAN)
     html = (out / "report.html").read_text()
     assert "What this run found" in html and "DAS at the best full-vector locations" in html
+
+
+def test_no_answer_span_sweeps_the_problems_positions_only(digit_loader, tmp_path):
+    saved = variables_experiment.main([*ARGS, "--no-answer-span", "--featurizers", "pca", "--out", str(tmp_path / "r")],
+                                      loader=digit_loader)
+    assert saved["sweep"]["a"]["positions"] == list(saved["positions"])
+    assert all(not s["best"]["location"]["through_answer"] for s in saved["featurizers"].values())
 
 
 def test_a_model_that_answers_nothing_fails_with_what_to_do(tiny_loader, tmp_path):

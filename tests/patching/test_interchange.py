@@ -13,8 +13,8 @@ from circuits.nodes import MLP, Head
 from circuits.tasks import make_dataset
 from patching.featurizers import RotatedSubspace, random_subspace
 from patching.interchange import (
-    Location, circuit_nodes, full_swap, iia_by_answer_length, iia_sweep, interchange_accuracy, intervened_answer_residuals, location,
-    node_locations, node_table, pair_batches, prepare,
+    Location, circuit_nodes, full_swap, iia_by_answer_length, iia_sweep, interchange_accuracy,
+    intervened_answer_residuals, intervened_hits, location, node_locations, node_table, pair_batches, prepare,
 )
 from tests.tiny_models import tiny_model
 
@@ -72,6 +72,52 @@ def test_the_residual_swap_equals_the_blocks_run_by_hand(setup):
             expected_rows = expected[rows, end + offsets]
             torch.testing.assert_close(unembed_end(model, resid), unembed_end(model, expected_rows), atol=1e-4, rtol=1e-4)
             assert torch.equal(targets, batch.targets[scored])
+
+
+def by_hand_from(model, tokens, layer: int, position: int, replacement=None):
+    """As :func:`by_hand`, but ``resid_post`` of ``layer`` at ``position`` *and every later position* read (second)
+    and, given ``replacement [batch, n, d]``, replaced."""
+    x = model.embed(tokens)
+    if model.cfg.positional_embedding_type == "standard":
+        x = x + model.pos_embed(tokens)
+    seen = None
+    for index, block in enumerate(model.blocks):
+        x = block(x)
+        if index == layer:
+            seen = x[:, position:].clone()
+            if replacement is not None:
+                x = torch.cat([x[:, :position], replacement.to(x.dtype)], 1)
+    return x, seen
+
+
+@torch.no_grad()
+def test_a_location_through_the_answer_equals_every_later_position_swapped_by_hand(setup):
+    """The source is fed the base's answer tokens, and every position from the location's on takes its residual;
+    at the last layer the intervened run then answers whatever that fed source run predicts."""
+    model, data, pairs = setup
+    batch = next(b for b in pair_batches(model, data, pairs, scoring="whole") if b.targets.shape[1] > 1)
+    end = batch.prompt_length - 1
+    fed_source = torch.cat([batch.source, batch.base[:, batch.prompt_length:]], 1)
+    scored = batch.targets >= 0
+    rows, offsets = scored.nonzero(as_tuple=True)
+    for layer in range(model.cfg.n_layers):
+        for position in (end - 1, end):
+            where = location("resid_post", layer, position, through_answer=True)
+            assert str(where).endswith("+answer")
+            resid, targets = intervened_answer_residuals(model, prepare(model, batch, [where]), where)
+            _, source_rows = by_hand_from(model, fed_source, layer, position)
+            expected, _ = by_hand_from(model, batch.base, layer, position, source_rows)
+            torch.testing.assert_close(unembed_end(model, resid), unembed_end(model, expected[rows, end + offsets]),
+                                       atol=1e-4, rtol=1e-4)
+    last = location("resid_post", model.cfg.n_layers - 1, end, through_answer=True)
+    hits = intervened_hits(model, prepare(model, batch, [last]), last)[0]
+    source_top1 = model(fed_source)[rows, end + offsets].argmax(-1)
+    per_cell = torch.ones_like(scored)
+    per_cell[scored] = source_top1 == batch.targets[scored]
+    assert torch.equal(hits, per_cell.all(1).cpu())
+    # the one-position location is not the span: it leaves the answer positions to the base run
+    one = location("resid_post", model.cfg.n_layers - 1, end)
+    assert one != last and str(one) + "+answer" == str(last)
 
 
 @torch.no_grad()
