@@ -52,3 +52,40 @@ def test_the_same_rotation_gives_the_same_intervened_logits_as_pyvene():
     torch.testing.assert_close(unembed_end(model, resid), theirs.logits[:, -1], atol=1e-5, rtol=1e-5)
     # and the intervention moved the answer: the comparison is not of two unintervened runs
     assert (theirs.logits[:, -1] - hf(base).logits[:, -1]).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_a_location_through_the_answer_gives_pyvenes_logits_at_every_answer_position():
+    """The span from END over the answer positions, full vectors swapped: pyvene intervening at those positions of
+    the base fed its answer tokens, with the source fed the same tokens. (pyvene's rotated interventions over
+    several positions rotate their concatenation, not each position, so the subspace case is the test above.)"""
+    torch.manual_seed(1)
+    d_model, n_vocab, end, n_answer = 32, 100, 7, 3
+    hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=d_model, n_head=4, vocab_size=n_vocab, n_positions=64,
+                                    bos_token_id=0, eos_token_id=0)).eval()
+    cfg = HookedTransformerConfig(n_layers=2, d_model=d_model, n_heads=4, d_head=8, d_mlp=4 * d_model, d_vocab=n_vocab,
+                                  n_ctx=64, act_fn="gelu_new", normalization_type="LN")
+    model = HookedTransformer(cfg)
+    model.load_state_dict(convert_gpt2_weights(hf, cfg), strict=False)
+    model.eval()
+    answers = torch.randint(0, n_vocab, (4, n_answer))
+    base = torch.cat([torch.randint(0, n_vocab, (4, end + 1)), answers[:, :-1]], 1)  # prompt, then the answer but its last
+    source = torch.randint(0, n_vocab, (4, end + 1))
+    source[:, :3] = base[:, :3]
+
+    wrapped = pyvene.IntervenableModel(pyvene.IntervenableConfig(
+        [{"layer": 0, "component": "block_output", "intervention_type": pyvene.VanillaIntervention}]), hf)
+    span = [[list(range(end, end + n_answer))] * 4]
+    fed_source = torch.cat([source, base[:, end + 1:]], 1)
+    _, theirs = wrapped({"input_ids": base}, [{"input_ids": fed_source}], {"sources->base": (span, span)})
+
+    where = location("resid_post", 0, end, through_answer=True)
+    prepared = prepare(model, PairBatch(base, source, answers, end + 1), [where])
+    resid, targets = intervened_answer_residuals(model, prepared, where)
+    assert torch.equal(targets, answers.flatten())
+    torch.testing.assert_close(unembed_end(model, resid), theirs.logits[:, end:].flatten(0, 1), atol=1e-5, rtol=1e-5)
+    # the answer positions moved too: a swap at END alone would leave them to the base run
+    alone = location("resid_post", 0, end)
+    resid_alone, _ = intervened_answer_residuals(model, prepare(model, PairBatch(base, source, answers, end + 1), [alone]),
+                                                 alone)
+    assert (unembed_end(model, resid_alone) - theirs.logits[:, end:].flatten(0, 1)).abs().max() > 1e-3
