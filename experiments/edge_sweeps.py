@@ -186,9 +186,9 @@ def _stages(run: Run, shard: distributed.Shard) -> None:
 
 def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict | None:
     """Run the sweeps with command-line flags ``argv`` (default: ``sys.argv``); a launched run ends its process group."""
-    from circuits.process_group import end_process_group
-
     results = run(cli.parse_config(parser, EdgeSweepsConfig, argv), loader=loader)
+    from circuits.process_group import end_process_group  # after parsing: --help answers before torch loads
+
     end_process_group()  # no process may exit while the main one still writes the run folder
     return results
 

@@ -547,8 +547,8 @@ def _stages(run: SFTRun) -> None:
 
 def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:
     """Parse ``argv`` (default: ``sys.argv``) and run; a launched run ends its process group."""
-    from circuits.process_group import end_process_group
-
     results = run(cli.parse_config(parser, SFTComparisonConfig, argv), loader=loader)
+    from circuits.process_group import end_process_group  # after parsing: --help answers before torch loads
+
     end_process_group()  # no process may exit while the main one still writes the run folder
     return results
