@@ -96,4 +96,8 @@ def test_gemma_one_digit_addition_finds_the_variables_it_is_given(gemma, tmp_pat
     assert set(results["featurizers"]) == {"a", "result"}
     for variable, sweep in results["sweep"].items():
         assert all(0 <= cell["value"] <= 1 for row in sweep["iia"] for cell in row), variable
+    # the last layer's residual at END and the answer positions is all the answer is read from, and the source,
+    # fed its own answer, answers it right: every result pair takes the source's result there, two-token sums too
+    result = results["sweep"]["result"]
+    assert result["iia"][result["layers"].index(17)][result["positions"].index("end+answer")]["value"] == 1.0
     assert (out / "report.html").is_file()
