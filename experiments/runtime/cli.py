@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import signal
 import sys
+import threading
 from functools import wraps
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -187,10 +189,21 @@ def error_lines(prog: str, err: BaseException) -> str:
     return text + (f"\nhint: {hint}" if hint else "")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a batch scheduler's stop, a launcher stopping the other processes), raised where the
+    run is, so that the run folder records ``failed: <stage>: interrupted`` as it does for Ctrl-C."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def run_cli(main: Callable[[list[str] | None], object], name: str, argv: Sequence[str] | None = None) -> None:
     """Run ``main(argv)`` as ``python -m experiments.<name>``: a :class:`ToolkitError` becomes one line, exit 2;
-    Ctrl-C one line, exit 130."""
+    Ctrl-C one line, exit 130; SIGTERM (:class:`Terminated`) one line, exit 143."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
     try:
         main(argv)
     except ToolkitError as err:
@@ -198,11 +211,15 @@ def run_cli(main: Callable[[list[str] | None], object], name: str, argv: Sequenc
             raise
         print(error_lines(f"python -m experiments.{name}", err), file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         if DEBUG_FLAG in argv:
             raise
-        print(f"python -m experiments.{name}: interrupted (results.json records the stage it stopped in)", file=sys.stderr)
-        sys.exit(130)
+        how = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+        print(f"python -m experiments.{name}: {how} (results.json records the stage it stopped in)", file=sys.stderr)
+        sys.exit(143 if isinstance(err, Terminated) else 130)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 # ---------------------------------------------------------------------------- flags from a config dataclass

@@ -34,7 +34,8 @@ it starts and its time as it ends; an unplanned stage prints its ``message`` (if
 3. the stages: each ``with run.stage(name)`` is timed into ``results["seconds"]`` and saves
    ``results.json`` when it ends, so a failure late in a run keeps what the earlier stages found;
 4. the status: ``complete`` after the last write, ``failed: <stage>: <why>`` when anything raises
-   (``failed: <stage>: interrupted`` on Ctrl-C), and the exception goes on to the command line.
+   (``failed: <stage>: interrupted`` on Ctrl-C, and on SIGTERM under :func:`experiments.runtime.cli.run_cli`),
+   and the exception goes on to the command line.
 
 The model comes from an injected loader (``loader=``, default :func:`circuits.loading.load_model`):
 tests pass a function that returns a tiny model instead of monkeypatching the loading module.

@@ -141,3 +141,28 @@ def test_the_run_carries_the_experiments_state_and_sets_threads(tmp_path):
     finally:
         torch.set_num_threads(before)
     assert results["n"] == 3 and seen["threads"] == 1
+
+
+def test_sigterm_records_the_stage_it_stopped_in_and_exits_143(tmp_path, capsys):
+    """kill (SIGTERM) is an interruption like Ctrl-C: the run folder says where it stopped, not 'running'."""
+    import os
+    import signal
+    import time
+
+    from experiments.runtime import RunSettings, cli, run_experiment
+
+    def stages(run):
+        with run.stage("first"):
+            run.results["a"] = 1
+        with run.stage("long work"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        cli.run_cli(lambda argv: run_experiment("demo", RunSettings(out=str(tmp_path / "run")), stages), "demo", [])
+    assert stopped.value.code == 143
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["status"].startswith("failed: long work") and "interrupted" in saved["status"] and saved["a"] == 1
+    assert "terminated (SIGTERM)" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the command's only
