@@ -326,13 +326,9 @@ def iia_by_answer_length(model: HookedTransformer, batches: Sequence[PairBatch],
     only through what later positions read there by attention. Splitting IIA by the answer's length shows
     whether a location holds a variable for the answers that are read out where it intervenes.
     """
-    hits: dict[int, list[Tensor]] = {}
-    for batch in batches:
-        row_hits = intervened_hits(model, prepare(model, batch, [where]), where, swap)[0]
-        lengths = (batch.targets >= 0).sum(1).cpu()
-        for n in lengths.unique().tolist():
-            hits.setdefault(int(n), []).append(row_hits[lengths == n])
-    return {n: proportion(torch.cat(rows)) for n, rows in sorted(hits.items())}
+    _, hits = interchange_accuracy(model, batches, where, swap)
+    lengths = torch.cat([(batch.targets >= 0).sum(1).cpu() for batch in batches])  # in the hits' order
+    return {int(n): proportion(hits[lengths == n]) for n in lengths.unique().tolist()}
 
 
 def iia_sweep(model: HookedTransformer, batches: Sequence[PairBatch], locations: Sequence[Location],

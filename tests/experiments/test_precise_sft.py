@@ -199,24 +199,12 @@ def test_precise_sft_with_circuit_lora_as_a_fourth_arm(run_main, tiny_loader, tm
 def test_two_processes_write_one_run_folder(tmp_path):
     """`accelerate launch -m experiments.precise_sft` (docs/gpu.md): every process trains, the first alone writes
     the folder, and the run ends complete with the single-process run's choices."""
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
 
-    here = Path(__file__).parent
-    sys.path.insert(0, str(here))
-    try:
-        import precise_sft_launch_script as script
-    finally:
-        sys.path.remove(str(here))
-    env = {**os.environ, "PYTHONPATH": f"{here.parents[1]}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29735",
-           str(here / "precise_sft_launch_script.py"), str(tmp_path / "launched")]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    from tests.experiments import precise_sft_launch_script as script
+    from tests.launch import launch_two_processes
+
+    launch_two_processes(Path(script.__file__), str(tmp_path / "launched"), port=29735, timeout=300)
     launched = json.loads((tmp_path / "launched" / "results.json").read_text())
     assert launched["status"] == "complete" and (tmp_path / "launched" / "report.html").is_file()
 

@@ -9,8 +9,6 @@ processes through torchrun, with the gloo backend, which is what a CPU test need
 import copy
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from circuits.nodes import MLP, Head
+from tests.launch import launch_two_processes
 from tests.tiny_models import tiny_model
 from finetune.checkpoints import CheckpointError, list_checkpoints, load_tuned
 from finetune.data import collate
@@ -191,24 +190,13 @@ def test_non_finite_loss_stops_training_without_final_weights(sft_rows, tmp_path
 
 
 HERE = Path(__file__).parent
-REPO = HERE.parent.parent
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the two-process launch is a CPU (gloo) check")
 def test_two_process_run_matches_single_process(tmp_path):
-    sys.path.insert(0, str(HERE))
-    try:
-        import ddp_train_script as script
-    finally:
-        sys.path.remove(str(HERE))
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    # `python -m accelerate.commands.launch` is the `accelerate launch` of this interpreter's environment.
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29731",
-           str(HERE / "ddp_train_script.py"), str(tmp_path)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
+    from tests.finetune import ddp_train_script as script
+
+    launch_two_processes(HERE / "ddp_train_script.py", str(tmp_path), port=29731, timeout=180)
     info = json.loads((tmp_path / "losses.json").read_text())
     assert info["world"] == 2
     ddp = load_file(str(tmp_path / "weights.safetensors"))

@@ -38,9 +38,10 @@ def setup(request):
     return model, data, pairs
 
 
-def by_hand(model, tokens, layer: int, position: int, replacement=None):
+def by_hand(model, tokens, layer: int, position: int, replacement=None, *, through_end: bool = False):
     """The final residual from calling the embedding and each block in turn; ``resid_post`` of ``layer`` at ``position``
-    read (returned second) and, given ``replacement``, replaced."""
+    (and, ``through_end``, every later position) read as ``[batch, n, d]`` (returned second) and, given
+    ``replacement`` of that shape, replaced."""
     x = model.embed(tokens)
     if model.cfg.positional_embedding_type == "standard":
         x = x + model.pos_embed(tokens)
@@ -48,9 +49,9 @@ def by_hand(model, tokens, layer: int, position: int, replacement=None):
     for index, block in enumerate(model.blocks):
         x = block(x)
         if index == layer:
-            seen = x[:, position].clone()
+            seen = x[:, position:None if through_end else position + 1].clone()
             if replacement is not None:
-                x = torch.cat([x[:, :position], replacement[:, None].to(x.dtype), x[:, position + 1:]], 1)
+                x = torch.cat([x[:, :position], replacement.to(x.dtype), x[:, position + replacement.shape[1]:]], 1)
     return x, seen
 
 
@@ -74,22 +75,6 @@ def test_the_residual_swap_equals_the_blocks_run_by_hand(setup):
             assert torch.equal(targets, batch.targets[scored])
 
 
-def by_hand_from(model, tokens, layer: int, position: int, replacement=None):
-    """As :func:`by_hand`, but ``resid_post`` of ``layer`` at ``position`` *and every later position* read (second)
-    and, given ``replacement [batch, n, d]``, replaced."""
-    x = model.embed(tokens)
-    if model.cfg.positional_embedding_type == "standard":
-        x = x + model.pos_embed(tokens)
-    seen = None
-    for index, block in enumerate(model.blocks):
-        x = block(x)
-        if index == layer:
-            seen = x[:, position:].clone()
-            if replacement is not None:
-                x = torch.cat([x[:, :position], replacement.to(x.dtype)], 1)
-    return x, seen
-
-
 @torch.no_grad()
 def test_a_location_through_the_answer_equals_every_later_position_swapped_by_hand(setup):
     """The source is fed the base's answer tokens, and every position from the location's on takes its residual;
@@ -105,8 +90,8 @@ def test_a_location_through_the_answer_equals_every_later_position_swapped_by_ha
             where = location("resid_post", layer, position, through_answer=True)
             assert str(where).endswith("+answer")
             resid, targets = intervened_answer_residuals(model, prepare(model, batch, [where]), where)
-            _, source_rows = by_hand_from(model, fed_source, layer, position)
-            expected, _ = by_hand_from(model, batch.base, layer, position, source_rows)
+            _, source_rows = by_hand(model, fed_source, layer, position, through_end=True)
+            expected, _ = by_hand(model, batch.base, layer, position, source_rows, through_end=True)
             torch.testing.assert_close(unembed_end(model, resid), unembed_end(model, expected[rows, end + offsets]),
                                        atol=1e-4, rtol=1e-4)
     last = location("resid_post", model.cfg.n_layers - 1, end, through_answer=True)

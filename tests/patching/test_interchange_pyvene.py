@@ -21,17 +21,22 @@ from patching.featurizers import FixedSubspace  # noqa: E402
 from patching.interchange import PairBatch, intervened_answer_residuals, location, prepare  # noqa: E402
 
 
-@torch.no_grad()
-def test_the_same_rotation_gives_the_same_intervened_logits_as_pyvene():
-    torch.manual_seed(0)
-    d_model, n_vocab, k, position = 32, 100, 5, 7  # END of 8-token prompts
+def twin_gpt2(d_model: int, n_vocab: int) -> tuple[GPT2LMHeadModel, HookedTransformer]:
+    """A random two-layer GPT-2 for pyvene and the same weights loaded by TransformerLens."""
     hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=d_model, n_head=4, vocab_size=n_vocab, n_positions=64,
                                     bos_token_id=0, eos_token_id=0)).eval()
     cfg = HookedTransformerConfig(n_layers=2, d_model=d_model, n_heads=4, d_head=8, d_mlp=4 * d_model, d_vocab=n_vocab,
                                   n_ctx=64, act_fn="gelu_new", normalization_type="LN")
     model = HookedTransformer(cfg)
     model.load_state_dict(convert_gpt2_weights(hf, cfg), strict=False)
-    model.eval()
+    return hf, model.eval()
+
+
+@torch.no_grad()
+def test_the_same_rotation_gives_the_same_intervened_logits_as_pyvene():
+    torch.manual_seed(0)
+    d_model, n_vocab, k, position = 32, 100, 5, 7  # END of 8-token prompts
+    hf, model = twin_gpt2(d_model, n_vocab)
     base = torch.randint(0, n_vocab, (4, 8))
     source = torch.randint(0, n_vocab, (4, 8))
     source[:, :position] = base[:, :position]  # a shared prefix, so the engine's cached-prefix path is compared
@@ -61,13 +66,7 @@ def test_a_location_through_the_answer_gives_pyvenes_logits_at_every_answer_posi
     several positions rotate their concatenation, not each position, so the subspace case is the test above.)"""
     torch.manual_seed(1)
     d_model, n_vocab, end, n_answer = 32, 100, 7, 3
-    hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=d_model, n_head=4, vocab_size=n_vocab, n_positions=64,
-                                    bos_token_id=0, eos_token_id=0)).eval()
-    cfg = HookedTransformerConfig(n_layers=2, d_model=d_model, n_heads=4, d_head=8, d_mlp=4 * d_model, d_vocab=n_vocab,
-                                  n_ctx=64, act_fn="gelu_new", normalization_type="LN")
-    model = HookedTransformer(cfg)
-    model.load_state_dict(convert_gpt2_weights(hf, cfg), strict=False)
-    model.eval()
+    hf, model = twin_gpt2(d_model, n_vocab)
     answers = torch.randint(0, n_vocab, (4, n_answer))
     base = torch.cat([torch.randint(0, n_vocab, (4, end + 1)), answers[:, :-1]], 1)  # prompt, then the answer but its last
     source = torch.randint(0, n_vocab, (4, end + 1))

@@ -1,13 +1,10 @@
 """Edge sweeps split over processes (patching.edges.distributed): two CPU processes under accelerate launch give the
 one-process results; prompt shards cover the prompts exactly once; a shard without a process group is refused.
 
-The two-process run takes about 20-40 s. accelerate 1.x starts a *single* process for ``--cpu --num_processes 2``;
-``--multi_gpu --num_processes 2`` on a machine without CUDA starts two through torchrun with the gloo backend.
+The two-process run (tests.launch) takes about 20-40 s.
 """
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,9 +20,9 @@ from patching.edges.attribute import edge_attribution
 from patching.edges.patch import edge_patch
 from patching.edges.curves import faithfulness_curve
 from patching import SweepOptions
+from tests.launch import launch_two_processes
 
 HERE = Path(__file__).parent
-REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE))
 import distributed_script as script  # noqa: E402
 
@@ -34,13 +31,7 @@ sys.path.remove(str(HERE))
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the two-process launch is a CPU (gloo) check")
 def test_two_processes_give_the_one_process_results(tmp_path):
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29733",
-           str(HERE / "distributed_script.py"), str(tmp_path)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
+    launch_two_processes(HERE / "distributed_script.py", str(tmp_path), port=29733, timeout=240)
 
     model, data, alt_ids = script.setup()
     graph = edge_attribution(model, data, method="EAP-IG-inputs", ig_steps=3,
