@@ -144,14 +144,14 @@ def _stages(run: Run) -> None:
         if shortfall:  # said before the comparison runs, not after it
             logger.warning(shortfall)
             results["stability_skipped"] = shortfall
-        results["comparison"], figures = compare_stage(model, kept, cfg.methods, cfg.search(), cfg.learn(),
+        results["comparison"], figures, found = compare_stage(model, kept, cfg.methods, cfg.search(), cfg.learn(),
                                                        warm_start=warm_start,
                                                        bootstrap_resamples=cfg.bootstrap_resamples, stage=run.stage)
         if cfg.stability_sets and not shortfall:
             results["stability"] = stability_stage(model, kept, cfg.methods, cfg.search(), cfg.learn(),
                                                    n_sets=cfg.stability_sets, seeds=cfg.stability_seeds,
                                                    warm_start=warm_start, bootstrap_resamples=cfg.bootstrap_resamples,
-                                                   stage=run.stage)
+                                                   found=found, stage=run.stage)
         figures |= _templates(run, model)
         for key, fig in figures.items():
             write_text_atomic(run.out / "figures" / f"{key}.json", fig.to_json())

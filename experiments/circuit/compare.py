@@ -3,12 +3,14 @@ and each method's circuit stability over disjoint prompt sets (``--stability-set
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import plotly.graph_objects as go
 from datasets import Dataset
 
 from circuits.show.edge_figures import faithfulness_figure
 from circuits.show.html_report import Report
-from patching.edges.circuit_methods import REGISTRY, compare_methods
+from patching.edges.circuit_methods import REGISTRY, MethodResult, compare_methods
 from patching.edges.faithful_circuit import CircuitSearch
 from patching.edges.stability import circuit_stability, stability_prompts_needed, why_not_measurable
 
@@ -16,8 +18,9 @@ ROW_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2)
 
 
 def compare_stage(model, kept: Dataset, methods, search: CircuitSearch, learn, *, warm_start, bootstrap_resamples: int,
-                  stage=None) -> tuple[dict, dict[str, go.Figure]]:
-    """``(results["comparison"], figures)``: every method's row, its held-out and selection curves, and one figure."""
+                  stage=None) -> tuple[dict, dict[str, go.Figure], list[MethodResult]]:
+    """``(results["comparison"], figures, found)``: every method's row, its held-out and selection curves, one
+    figure, and each method's result (which :func:`stability_stage` reuses as its first run)."""
     found = compare_methods(model, kept, methods, search, learn=learn, warm_start=warm_start,
                             bootstrap_resamples=bootstrap_resamples, stage=stage)
     first = found[0].found
@@ -30,13 +33,15 @@ def compare_stage(model, kept: Dataset, methods, search: CircuitSearch, learn, *
     figure = faithfulness_figure([(r.name, r.found.curve_heldout) for r in found], threshold=search.threshold,
                                  title=f"Held-out faithfulness of each circuit method ({len(first.heldout)} prompts, "
                                        f"{search.ablation} ablation)")
-    return results, {"comparison_curves": figure}
+    return results, {"comparison_curves": figure}, found
 
 
 def stability_stage(model, kept: Dataset, methods, search: CircuitSearch, learn, *, n_sets: int, seeds, warm_start,
-                    bootstrap_resamples: int, stage=None) -> dict:
+                    bootstrap_resamples: int, found: Sequence[MethodResult] = (), stage=None) -> dict:
     """``results["stability"]``: each method's :class:`patching.edges.stability.StabilityResult` as a dict, or
-    ``{"method", "skipped": why}`` for a method with no circuit of its own (one stage per method measured)."""
+    ``{"method", "skipped": why}`` for a method with no circuit of its own (one stage per method measured).
+    ``found``: :func:`compare_stage`'s results; each method's stands for its run on the first set."""
+    reuse = {result.name: result for result in found}
     out = {}
     for name in methods:
         refusal = why_not_measurable(REGISTRY[name])
@@ -45,7 +50,7 @@ def stability_stage(model, kept: Dataset, methods, search: CircuitSearch, learn,
             continue
         out[name] = circuit_stability(model, kept, name, search, n_sets=n_sets, seeds=seeds or None, learn=learn,
                                       warm_start=warm_start, bootstrap_resamples=bootstrap_resamples,
-                                      stage=stage).to_dict()
+                                      reuse=reuse.get(name), stage=stage).to_dict()
     return out
 
 

@@ -290,6 +290,7 @@ class MethodResult:
     seconds: float
     cpu_seconds: float
     info: dict = field(default_factory=dict)
+    select: Optional[Callable] = None  # the method's own circuit selector (None: MIB's pruned top-n)
 
     def row(self, fractions: Sequence[float] = (0.01, 0.02, 0.05, 0.1, 0.2)) -> dict:
         """The comparison table's row: held-out CPR, CMD, f at ``fractions``, the smallest faithful size, time."""
@@ -346,7 +347,7 @@ def compare_methods(model: HookedTransformer, prompts: Dataset, methods: Sequenc
             seconds, cpu_seconds = time.perf_counter() - wall, time.process_time() - cpu
             if scored.reused is not None:  # the scores came from an earlier method: count the time they took then
                 seconds, cpu_seconds = seconds + run.cost[scored.reused][0], cpu_seconds + run.cost[scored.reused][1]
-            result = MethodResult(name, found, seconds, cpu_seconds, scored.info)
+            result = MethodResult(name, found, seconds, cpu_seconds, scored.info, select)
         if results and not method.position_aware:  # paired against the first method, on the same held-out prompts
             result.info["minus_" + results[0].name] = paired_curve_difference(result.found.curve_heldout,
                                                                                results[0].found.curve_heldout,

@@ -38,8 +38,8 @@ from circuits.errors import InputError
 from circuits.graph import Graph
 from circuits.graph_selection import edge_jaccard, score_spearman
 from patching.edges.circuit_methods import (
-    EARLIER_METHODS, REGISTRY, CircuitMethod, ComparisonRun, check_method_names, means_pool, score_method,
-    selected_circuit,
+    EARLIER_METHODS, REGISTRY, CircuitMethod, ComparisonRun, MethodResult, check_method_names, means_pool,
+    score_method, selected_circuit,
 )
 from patching.edges.curves import FaithfulnessCurve, faithfulness_curve
 from patching.edges.faithful_circuit import MIN_PROMPTS, CircuitSearch, score_selection
@@ -144,15 +144,20 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
                       search: CircuitSearch = CircuitSearch(), *, n_sets: int = 2, seeds: Optional[Sequence[int]] = None,
                       fractions: Sequence[float] = STABILITY_FRACTIONS, core_share: float = 0.5,
                       learn: Optional[LearnConfig] = None, warm_start: Optional[str] = "EAP-IG-inputs",
-                      bootstrap_resamples: int = 10, stage=None, log=print) -> StabilityResult:
+                      bootstrap_resamples: int = 10, reuse: Optional[MethodResult] = None, stage=None,
+                      log=print) -> StabilityResult:
     """The stability of one circuit method's circuits over ``n_sets`` disjoint prompt sets (the module docstring).
 
     ``method``: a name in :data:`REGISTRY`, or a :class:`CircuitMethod` record itself (one not registered:
     a test's stub). ``seeds``: the seeds a learned or resampled method runs with on each set (default
     ``search.seed`` alone); the seed replaces ``search.seed`` and ``learn.seed`` of the run. ``core_share``:
     a core edge is kept by more than this share of the runs (0.5: a majority). ``learn``, ``warm_start``,
-    ``bootstrap_resamples``: as in :func:`patching.edges.circuit_methods.compare_methods`. ``stage(name)``:
-    a context manager the whole measurement runs in (one stage); ``log``: one line per run and a summary.
+    ``bootstrap_resamples``: as in :func:`patching.edges.circuit_methods.compare_methods`. ``reuse``: this
+    method's result in :func:`patching.edges.circuit_methods.compare_methods` with the same prompts and ``search``;
+    its selection half is the first training set here (both draw from the prompts shuffled with ``search.seed``), so
+    its scores stand for the run on set 0 with ``search.seed`` instead of scoring that set again (for ACDC, an hour
+    on gemma-3-270m). ``stage(name)``: a context manager the whole measurement runs in (one stage); ``log``: one
+    line per run and a summary.
     """
     if isinstance(method, str):
         check_method_names([method])
@@ -173,6 +178,7 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
     if method.kind not in SEEDED_KINDS:  # deterministic given the prompts: one run per set
         seeds = seeds[:1]
     learn = learn or search.learning
+    reused_run = _reused_run(reuse, method, train_sets[0], search, learn)
     layout = Graph.from_model(model).layout
     stage = stage or (lambda name: nullcontext())
 
@@ -180,14 +186,17 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
         runs, scores, circuits = [], [], []
         for index, train in enumerate(train_sets):
             for seed in seeds:
-                run = ComparisonRun(model, train, layout, dataclasses.replace(search, seed=seed),
-                                    dataclasses.replace(learn, seed=seed), warm_start, bootstrap_resamples)
-                scored, _ = score_method(run, method)
-                graph = scored.scores
+                if index == 0 and seed == reused_run:
+                    graph, select, how = reuse.found.scores, reuse.select, "the comparison's run"
+                else:
+                    run = ComparisonRun(model, train, layout, dataclasses.replace(search, seed=seed),
+                                        dataclasses.replace(learn, seed=seed), warm_start, bootstrap_resamples)
+                    scored, _ = score_method(run, method)
+                    graph, select, how = scored.scores, scored.select, "scored"
                 runs.append((index, seed))
                 scores.append(graph)
-                circuits.append([selected_circuit(graph, x, scored.select) for x in fractions])
-                log(f"{method.name:20s} set {index} seed {seed}: circuit edges "
+                circuits.append([selected_circuit(graph, x, select) for x in fractions])
+                log(f"{method.name:20s} set {index} seed {seed} ({how}): circuit edges "
                     + ", ".join(f"{100 * x:g}% {int(c.in_graph.sum())}" for x, c in zip(fractions, circuits[-1])))
         result = compare_runs(model, runs, scores, circuits, heldout, search, method=method.name, kind=method.kind,
                               fractions=fractions, core_share=core_share, n_per_set=len(train_sets[0]),
@@ -198,6 +207,28 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
         + "; core f " + ", ".join(f"{100 * c['fraction']:g}% {c['f']['value']:.3f} ({c['n_edges']} edges)"
                                   for c in summary["core"]))
     return result
+
+
+def _reused_run(reuse: Optional[MethodResult], method: CircuitMethod, first_set: Dataset, search: CircuitSearch,
+                learn: LearnConfig) -> Optional[int]:
+    """The seed of the run on the first set that ``reuse`` stands for (None: no run is reused).
+
+    A result of another method, or one whose selection half is not the first set, is refused: its scores would
+    pass for a run they are not. A learned mask run with ``learn.seed`` other than ``search.seed`` is a run that
+    :func:`circuit_stability` never makes (it gives both the same seed), so it is not reused.
+    """
+    if reuse is None:
+        return None
+    if reuse.name != method.name:
+        raise InputError(f"reuse holds circuit method {reuse.name!r}'s result, not {method.name!r}'s: pass the "
+                         "comparison's result of the method whose stability is measured.")
+    if reuse.found.selection["tokens"] != first_set["tokens"]:
+        raise InputError(f"reuse of {method.name!r}: its selection half is not the first stability set; pass the "
+                         "result of compare_methods run on the same prompts with the same search (seed and "
+                         "circuit_prompts).")
+    if method.kind in SEEDED_KINDS and learn.seed != search.seed:
+        return None
+    return search.seed
 
 
 def _text(value: Optional[float]) -> str:

@@ -145,6 +145,37 @@ def test_the_stability_of_a_found_circuit_is_circuit_stability_with_its_first_ru
     assert found["n_sets"] == 2 and found["method"] == "EAP"
 
 
+def test_the_comparisons_result_stands_for_the_first_set_and_the_rest_is_scored_as_before(setup):
+    """Given compare_methods' result, only the further sets are scored, and the stability is the one scored anew."""
+    from patching.edges.circuit_methods import compare_methods
+
+    model, data = setup
+    found = compare_methods(model, data, ["EAP"], SEARCH, log=lambda line: None)[0]
+    whole = circuit_stability(model, data, "EAP", SEARCH, n_sets=3, log=lambda line: None).to_dict()
+    scored = []
+
+    def counted(run, name):
+        scored.append(run.selection["tokens"])
+        return REGISTRY["EAP"].score(run, "EAP")
+
+    record = CircuitMethod("EAP", "attribution", counted)
+    reused = circuit_stability(model, data, record, SEARCH, n_sets=3, reuse=found, log=lambda line: None).to_dict()
+    assert reused["jaccard"] == whole["jaccard"] and reused["core"] == whole["core"] and reused["runs"] == whole["runs"]
+    assert len(scored) == 2 and found.found.selection["tokens"] not in scored  # sets 1 and 2 only
+
+
+def test_a_reused_result_of_another_method_or_prompt_draw_is_refused(setup):
+    from patching.edges.circuit_methods import compare_methods
+
+    model, data = setup
+    found = compare_methods(model, data, ["EAP"], SEARCH, log=lambda line: None)[0]
+    with pytest.raises(InputError, match="reuse holds circuit method 'EAP'.s result, not 'EAP-IG-inputs'"):
+        circuit_stability(model, data, "EAP-IG-inputs", SEARCH, n_sets=2, reuse=found)
+    with pytest.raises(InputError, match="its selection half is not the first stability set"):
+        circuit_stability(model, data, "EAP", dataclasses_replace(SEARCH, seed=SEARCH.seed + 1), n_sets=2,
+                          reuse=found)
+
+
 def test_comparing_fewer_than_two_runs_is_refused(setup):
     from patching.edges.stability import compare_runs
 
