@@ -468,16 +468,24 @@ def acdc_speed(run: BenchRun) -> None:
           f"{sec['acdc']:.1f} s in {ours.n_batches} batched forwards; the plain loop {sec['acdc_plain_loop']:.1f} s "
           f"({results['speedup_wall']:.1f}x wall, {results['speedup_cpu']:.1f}x CPU); same circuit: "
           f"{results['same_circuit']}, max |damage diff| {results['max_abs_damage_diff']:.1e}")
-    missing = "skipped by --no-auto-circuit" if cfg.no_auto_circuit else acdc_arm.auto_circuit_missing()
+    missing = "skipped by --no-auto-circuit" if cfg.no_auto_circuit else \
+        acdc_arm.auto_circuit_missing(state.model, cfg.acdc_objective)
     if missing:
         results["auto_circuit"] = missing
         print(f"auto-circuit arm skipped: {missing}")
         return
     theirs = timed(run, "auto_circuit_acdc", lambda: acdc_arm.auto_circuit_acdc(
-        state.model, state.batch.tokens, state.batch.cf_tokens, cfg.acdc_threshold))
-    results["auto_circuit"] = {**theirs, "seconds": sec["auto_circuit_acdc"], "cpu_seconds": sec["auto_circuit_acdc_cpu"]}
-    print(f"auto-circuit ACDC over its {theirs['n_edges']} edges: {sec['auto_circuit_acdc']:.1f} s "
-          f"({theirs['n_edges_kept']} kept)")
+        state.model, state.batch.tokens, state.batch.cf_tokens, cfg.acdc_threshold, n_receivers=cfg.acdc_receivers))
+    layout = ours.graph.layout
+    first_receiver = layout.n_backward - cfg.acdc_receivers  # ACDC's receivers, from the output back
+    ours_kept = sorted(layout.edge_name(f, b) for f, b in ours.graph.in_graph.nonzero().tolist() if b >= first_receiver)
+    results["auto_circuit"] = {**theirs, "same_circuit": theirs["kept_edges"] == ours_kept,
+                               "seconds": sec["auto_circuit_acdc"], "cpu_seconds": sec["auto_circuit_acdc_cpu"],
+                               "speedup_wall": sec["auto_circuit_acdc"] / sec["acdc"],
+                               "speedup_cpu": sec["auto_circuit_acdc_cpu"] / sec["acdc_cpu"]}
+    print(f"auto-circuit ACDC over the same {theirs['n_edges']} edges: {sec['auto_circuit_acdc']:.1f} s "
+          f"({results['auto_circuit']['speedup_wall']:.1f}x ours, wall); {theirs['n_edges_kept']} kept, same circuit: "
+          f"{results['auto_circuit']['same_circuit']}")
 
 
 def print_table(run: BenchRun) -> None:
