@@ -45,11 +45,15 @@ class BenchCircuitsConfig(PromptSettings, RunSettings):
                                 "scores with each head change (0: skip)", type=cli.nonnegative_int)
     acdc_receivers: int = option(0, "time ACDC over the incoming edges of this many receivers (from the output "
                                     "back) beside the plain edge-by-edge loop over the same edges, and auto-circuit's "
-                                    "ACDC over every edge where it is importable (0: skip)", type=cli.nonnegative_int)
+                                    "ACDC over the same edges where it is importable (0: skip)",
+                                 type=cli.nonnegative_int)
     acdc_threshold: float = option(0.01, "ACDC's threshold τ, in the objective's units", type=float)
     acdc_objective: str = option("kl", "what a removal's damage is measured by: kl (the END distribution's KL from "
                                        "the full model, a full-vocabulary unembedding per circuit) or metric (the task "
                                        "metric's drop)", choices=("kl", "metric"))
     no_auto_circuit: bool = option(False, "skip the auto-circuit ACDC arm even if importable")
+    no_plain_acdc: bool = option(False, "skip ACDC's plain edge-by-edge loop (one full forward per edge: on "
+                                        "smollm2-135m's last 2 receivers it took over 20 minutes) and time ours "
+                                        "beside auto-circuit's alone")
     learn_steps: int = option(0, "also time this many steps of a learned mask (matryoshka, warm-started from EAP-IG) "
                                  "beside one EAP-IG pass, with the memory peak (0: skip)", type=cli.nonnegative_int)

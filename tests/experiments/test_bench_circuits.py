@@ -143,6 +143,19 @@ def test_bench_circuits_times_acdc_beside_the_plain_edge_by_edge_loop(tiny_dir, 
     assert acdc["n_receivers"] == 6 and acdc["n_tested"] == acdc["plain_n_tested"] > 0
     assert acdc["same_circuit"] and acdc["max_abs_damage_diff"] < 1e-4
     assert acdc["speedup_wall"] > 0 and results["seconds"]["acdc_plain_loop"] > 0
-    if acdc_arm.auto_circuit_missing():
+    if objective == "metric":  # auto-circuit's ACDC has no other objective than the KL
+        assert "measures the KL only" in acdc["auto_circuit"]
+    elif acdc_arm.auto_circuit_missing():
         assert acdc["auto_circuit"].startswith("auto-circuit is not importable")
+    if isinstance(acdc["auto_circuit"], str):
         assert "auto-circuit arm skipped" in capsys.readouterr().out
+
+
+def test_bench_circuits_can_time_acdc_without_the_plain_loop(tiny_dir, tmp_path):
+    out = tmp_path / "bench_acdc"
+    bench_circuits.main(["--model", str(tiny_dir), "--n-prompts", "4", "--n-shots", "1", "--no-attribution",
+                         "--exact-edges", "0", "--compare-per-stratum", "0", "--acdc-receivers", "2",
+                         "--no-plain-acdc", "--no-auto-circuit", "--out", str(out)])
+    results = json.loads((out / "results.json").read_text())
+    assert results["acdc"]["plain_loop"] == "skipped by --no-plain-acdc" and results["acdc"]["n_tested"] > 0
+    assert "acdc_plain_loop" not in results["seconds"]
