@@ -28,7 +28,9 @@ threads (one gemma-3-270m block on 32x5 tokens took 0.90 s with 2 threads and 0.
    the last N receivers, and the plain edge-by-edge loop over the same edges (``acdc_arm.plain_acdc``), timed
    side by side in this run: the speed-up, and whether both kept the same circuit with the same damages
    (``--acdc-objective``: the END distribution's KL, or the task metric, which needs no full-vocabulary unembedding).
-   When auto-circuit is importable, its ACDC over every edge at the same τ is timed too (else skipped).
+   ``--no-plain-acdc`` leaves the plain loop out. When auto-circuit is importable, its ACDC over the same edges,
+   in the same order, at the same τ, is timed too, and its kept edges compared with ours (else skipped, and on
+   models with norms after attention, whose heads it patches before the norm: ``acdc_arm``).
 8. Prints a table and writes everything to ``<out>/results.json`` (atomic writes, after every stage; its
    ``status`` says ``running``, ``complete`` or ``failed: <stage>: <why>``, Ctrl-C included).
 """
@@ -494,16 +496,17 @@ def acdc_speed(run: BenchRun) -> None:
 def print_table(run: BenchRun) -> None:
     """Each stage's time here and in hannamw/EAP-IG, and the ratio."""
     sec = run.timer.seconds
-    print("\nstage                              this toolkit (s)   hannamw/EAP-IG (s)   speed-up")
-    for name, ours_key, theirs_key in (("EAP-IG-inputs, every edge", "edge_attribution_eap_ig_inputs",
-                                        "eap_ig_attribute_eap_ig_inputs"),
-                                       ("EAP, every edge", "edge_attribution_eap", "eap_ig_attribute_eap"),
-                                       ("faithfulness curve (10 sizes)", "faithfulness_curve", "eap_ig_evaluate_curve")):
-        if ours_key in sec:
-            t_theirs = sec.get(theirs_key)
-            ratio = f"{t_theirs / sec[ours_key]:.1f}x" if t_theirs else "-"
-            theirs = f"{t_theirs:18.1f}" if t_theirs else f"{'not run':>18}"
-            print(f"{name:34s} {sec[ours_key]:16.1f}   {theirs}   {ratio}")
+    stages = [(name, ours_key, theirs_key) for name, ours_key, theirs_key in (
+        ("EAP-IG-inputs, every edge", "edge_attribution_eap_ig_inputs", "eap_ig_attribute_eap_ig_inputs"),
+        ("EAP, every edge", "edge_attribution_eap", "eap_ig_attribute_eap"),
+        ("faithfulness curve (10 sizes)", "faithfulness_curve", "eap_ig_evaluate_curve")) if ours_key in sec]
+    if stages:  # none with --no-attribution: no table, not an empty header
+        print("\nstage                              this toolkit (s)   hannamw/EAP-IG (s)   speed-up")
+    for name, ours_key, theirs_key in stages:
+        t_theirs = sec.get(theirs_key)
+        ratio = f"{t_theirs / sec[ours_key]:.1f}x" if t_theirs else "-"
+        theirs = f"{t_theirs:18.1f}" if t_theirs else f"{'not run':>18}"
+        print(f"{name:34s} {sec[ours_key]:16.1f}   {theirs}   {ratio}")
     arm = run.results.get("eap_ig_arm")
     if arm not in (None, "ran"):
         print(f"(hannamw/EAP-IG not run: {arm})")

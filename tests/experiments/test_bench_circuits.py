@@ -151,7 +151,7 @@ def test_bench_circuits_times_acdc_beside_the_plain_edge_by_edge_loop(tiny_dir, 
         assert "auto-circuit arm skipped" in capsys.readouterr().out
 
 
-def test_bench_circuits_can_time_acdc_without_the_plain_loop(tiny_dir, tmp_path):
+def test_bench_circuits_can_time_acdc_without_the_plain_loop(tiny_dir, tmp_path, capsys):
     out = tmp_path / "bench_acdc"
     bench_circuits.main(["--model", str(tiny_dir), "--n-prompts", "4", "--n-shots", "1", "--no-attribution",
                          "--exact-edges", "0", "--compare-per-stratum", "0", "--acdc-receivers", "2",
@@ -159,3 +159,4 @@ def test_bench_circuits_can_time_acdc_without_the_plain_loop(tiny_dir, tmp_path)
     results = json.loads((out / "results.json").read_text())
     assert results["acdc"]["plain_loop"] == "skipped by --no-plain-acdc" and results["acdc"]["n_tested"] > 0
     assert "acdc_plain_loop" not in results["seconds"]
+    assert "this toolkit (s)" not in capsys.readouterr().out  # no attribution, so no table of it
