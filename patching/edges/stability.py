@@ -178,7 +178,7 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
     if method.kind not in SEEDED_KINDS:  # deterministic given the prompts: one run per set
         seeds = seeds[:1]
     learn = learn or search.learning
-    reused_run = _reused_run(reuse, method, train_sets[0], search, learn)
+    reused_seed = _reused_seed(reuse, method, train_sets[0], search, learn)
     layout = Graph.from_model(model).layout
     stage = stage or (lambda name: nullcontext())
 
@@ -186,7 +186,7 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
         runs, scores, circuits = [], [], []
         for index, train in enumerate(train_sets):
             for seed in seeds:
-                if index == 0 and seed == reused_run:
+                if index == 0 and seed == reused_seed:
                     graph, select, how = reuse.found.scores, reuse.select, "the comparison's run"
                 else:
                     run = ComparisonRun(model, train, layout, dataclasses.replace(search, seed=seed),
@@ -209,8 +209,8 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
     return result
 
 
-def _reused_run(reuse: Optional[MethodResult], method: CircuitMethod, first_set: Dataset, search: CircuitSearch,
-                learn: LearnConfig) -> Optional[int]:
+def _reused_seed(reuse: Optional[MethodResult], method: CircuitMethod, first_set: Dataset, search: CircuitSearch,
+                 learn: LearnConfig) -> Optional[int]:
     """The seed of the run on the first set that ``reuse`` stands for (None: no run is reused).
 
     A result of another method, or one whose selection half is not the first set, is refused: its scores would
