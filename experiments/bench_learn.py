@@ -4,7 +4,7 @@
 
 1. Loads the model and keeps ``--n-prompts`` correctly answered prompts of one operation
    (:func:`circuits.prompt_splits.correct_prompt_splits`, its training split).
-2. Per step: each arm of :data:`ARMS` (a :class:`patching.edges.learn.LearnConfig`) learns ``--steps``
+2. Per step: each arm of :func:`arms` (a :class:`patching.edges.learn.LearnConfig`) learns ``--steps``
    steps on those prompts, the arms alternating over ``--rounds`` rounds so that load changes on a
    shared machine hit all alike; a step's time is the wall time of its forward, backward and update
    (:attr:`patching.edges.learn.LearnedCircuit.step_seconds`), the first step of a run left out
@@ -64,6 +64,7 @@ def arms() -> dict[str, "object"]:
         "top-n, all 7 sizes x 8 prompts": dataclasses.replace(DEFAULT_CIRCUIT, samples=7, batch_size=8),
         "top-n, 3 sizes x 8 prompts": dataclasses.replace(DEFAULT_CIRCUIT, samples=3, batch_size=8),
         "top-n, 2 sizes x 4 prompts": dataclasses.replace(DEFAULT_CIRCUIT, samples=2, batch_size=4),
+        "default, each step in one chunk (memory_mb 8192)": dataclasses.replace(DEFAULT_CIRCUIT, memory_mb=8192.0),
         "default (DEFAULT_CIRCUIT)": DEFAULT_CIRCUIT,
     }
 
