@@ -481,10 +481,9 @@ def acdc_speed(run: BenchRun) -> None:
         return
     theirs = timed(run, "auto_circuit_acdc", lambda: acdc_arm.auto_circuit_acdc(
         state.model, state.batch.tokens, state.batch.cf_tokens, cfg.acdc_threshold, n_receivers=cfg.acdc_receivers))
-    layout = ours.graph.layout
-    first_receiver = layout.n_backward - cfg.acdc_receivers  # ACDC's receivers, from the output back
-    ours_kept = sorted(layout.edge_name(f, b) for f, b in ours.graph.in_graph.nonzero().tolist() if b >= first_receiver)
-    results["auto_circuit"] = {**theirs, "same_circuit": theirs["kept_edges"] == ours_kept,
+    results["auto_circuit"] = {**theirs,
+                               "same_circuit": theirs["kept_edges"] == acdc_arm.kept_edges(ours.graph,
+                                                                                          cfg.acdc_receivers),
                                "seconds": sec["auto_circuit_acdc"], "cpu_seconds": sec["auto_circuit_acdc_cpu"],
                                "speedup_wall": sec["auto_circuit_acdc"] / sec["acdc"],
                                "speedup_cpu": sec["auto_circuit_acdc_cpu"] / sec["acdc_cpu"]}

@@ -112,7 +112,7 @@ def auto_circuit_acdc(model, tokens, cf_tokens, threshold: float, n_receivers: O
     layout = GraphLayout.of(model)
     index = {edge: layout.edge_index(f"{_our_name(edge.src.name)}->{_our_name(edge.dest.name)}")
              for edge in patchable.edges}
-    first_receiver = 0 if n_receivers is None else layout.n_backward - n_receivers
+    first_receiver = _first_receiver(layout, n_receivers)
     tested = [edge for edge in patchable.edges if index[edge][1] >= first_receiver]
     # a list, not a set: ACDC's sort by destination layer is stable, so the order within a layer stays ours
     patchable.edges = sorted(tested, key=lambda e: (-index[e][1], -index[e][0])) if same_order else set(tested)
@@ -121,6 +121,19 @@ def auto_circuit_acdc(model, tokens, cf_tokens, threshold: float, n_receivers: O
                                faithfulness_target="kl_div")
     kept = [layout.edge_name(*index[e]) for e in tested if torch.isinf(e.prune_score(scores))]
     return {"n_edges": len(tested), "n_edges_kept": len(kept), "kept_edges": sorted(kept), "same_order": same_order}
+
+
+def kept_edges(graph, n_receivers: Optional[int] = None) -> list[str]:
+    """The names of the edges a circuit ``graph`` keeps into the first ``n_receivers`` receivers from the output back
+    (None: all), sorted: what :func:`auto_circuit_acdc`'s ``kept_edges`` is compared with."""
+    first_receiver = _first_receiver(graph.layout, n_receivers)
+    return sorted(graph.layout.edge_name(f, b) for f, b in graph.in_graph.nonzero().tolist() if b >= first_receiver)
+
+
+def _first_receiver(layout: GraphLayout, n_receivers: Optional[int]) -> int:
+    """The backward index of the last of ``n_receivers`` receivers counted from the output back (None: 0, every one),
+    as ACDC visits them."""
+    return 0 if n_receivers is None else layout.n_backward - n_receivers
 
 
 def _our_name(name: str) -> str:
