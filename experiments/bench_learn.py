@@ -16,9 +16,14 @@
 4. Whole: the default learned circuit (``patching.edges.learn.DEFAULT_CIRCUIT``) as the commands find
    it: the EAP-IG-inputs warm start on ``--warm-start-prompts`` prompts, then every step, timed end to
    end; the goal is at most ``--goal-seconds``.
-5. Writes ``<out>/results.json``: per arm the median and every step time, the ratios, the model alone, the whole
-   run's wall time against the goal, the threads and load average (a measurement beside other work
-   is an upper bound).
+5. With ``--profile-steps N``: N steps of the default under torch's profiler, their CPU time split into the
+   mixing hooks' forward (:data:`patching.edges.mixing.SENDERS_RANGE`, :data:`~patching.edges.mixing.RECEIVERS_RANGE`),
+   their backward (``_MixBelowBackward``) and the rest (the model, the loss, the update, and the backward of the
+   senders' head results), with the operators by self time in ``<out>/profile.txt``. The profiler adds a cost
+   per operator, so the shares are what to read, not the seconds.
+6. Writes ``<out>/results.json``: per arm the median and every step time, the ratios, the model alone, the whole
+   run's wall time against the goal, the profile's shares, the threads and load average (a measurement beside
+   other work is an upper bound).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
+from circuits.errors import InputError
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
 from experiments.runtime.cli import option
 
@@ -48,6 +54,15 @@ class BenchLearnConfig(RunSettings):
                                      type=cli.positive_int)
     goal_seconds: float = option(60.0, "the goal for the whole default learned circuit (seconds)",
                                  type=cli.positive_float)
+    profile_steps: int = option(0, "steps of the default learned under torch's profiler, their time split into "
+                                   "the mixing hooks and the rest (0: no profile)", type=cli.nonnegative_int)
+    only_profile: bool = option(False, "skip the timed arms, the model alone and the whole default: only the "
+                                       "profile (needs --profile-steps)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.only_profile and not self.profile_steps:
+            raise InputError("--only-profile needs --profile-steps N (N >= 1): the profile is all it runs.")
 
 
 parser = cli.config_parser(BenchLearnConfig, "bench_learn", __doc__,
@@ -143,6 +158,48 @@ def whole_default(model, prompts, cfg: BenchLearnConfig) -> dict:
             "meets_goal": total <= cfg.goal_seconds, "settings": dataclasses.asdict(DEFAULT_CIRCUIT)}
 
 
+def _outermost(events, name: str) -> list:
+    """The profiler events named ``name`` that no other event of that name encloses (nested ranges counted once)."""
+    def enclosed(event) -> bool:
+        parent = event.cpu_parent
+        while parent is not None:
+            if parent.name == name:
+                return True
+            parent = parent.cpu_parent
+        return False
+
+    return [e for e in events if e.name == name and not enclosed(e)]
+
+
+def profile_default(model, prompts, cfg: BenchLearnConfig, out) -> dict:
+    """``--profile-steps`` steps of the default under torch's profiler: the CPU seconds of the mixing hooks'
+    forward and backward against the steps' wall time, and the operator table written to ``out``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from circuits.atomic_files import write_text_atomic
+    from patching.edges.learn import DEFAULT_CIRCUIT, learn_circuit
+    from patching.edges.mixing import RECEIVERS_RANGE, SENDERS_RANGE
+
+    config = dataclasses.replace(DEFAULT_CIRCUIT, steps=cfg.profile_steps, seed=0)
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        learned = learn_circuit(model, prompts, config=config)
+    events = profiler.events()
+    backward = "autograd::engine::evaluate_function: _MixBelowBackward"
+    parts = {"senders, forward": SENDERS_RANGE, "receivers, forward": RECEIVERS_RANGE, "receivers, backward": backward}
+    seconds = {label: sum(e.cpu_time_total for e in _outermost(events, name)) / 1e6 for label, name in parts.items()}
+    total = sum(learned.step_seconds)
+    seconds["the rest (the model, loss, update; the senders' backward)"] = total - sum(seconds.values())
+    table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+    write_text_atomic(out / "profile.txt", f"{cfg.profile_steps} steps of the default learned circuit "
+                      f"(DEFAULT_CIRCUIT), {torch.get_num_threads()} threads, under torch.profiler\n\n{table}\n")
+    shares = {label: value / total for label, value in seconds.items()}
+    print(f"profile, {cfg.profile_steps} steps ({total:.1f} s with the profiler's cost): " + ", ".join(
+        f"{label} {share:.0%}" for label, share in shares.items()))
+    return {"steps": cfg.profile_steps, "seconds": total, "seconds_by_part": seconds, "shares": shares,
+            "operators": "profile.txt"}
+
+
 def run(cfg: BenchLearnConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the benchmark; return the results dict that is also written to results.json."""
     if cfg.out is None:
@@ -161,15 +218,21 @@ def _stages(run: Run) -> None:
     model = run.load_model()
     with run.stage("prompts"):
         prompts = correct_prompt_splits(model, TaskConfig(op=cfg.op, n_shots=cfg.n_shots, seed=cfg.seed), (cfg.n_prompts, 1, 1)).train
-    with run.stage("steps side by side"):
-        per_arm = time_arms(model, prompts, cfg)
-    with run.stage("the model alone"):
-        alone = model_alone(model, prompts, cfg)
-    with run.stage("the whole default"):
-        whole = whole_default(model, prompts, cfg)
     run.results |= {"n_prompts": len(prompts), "steps_per_run": cfg.steps, "rounds": cfg.rounds,
-                    "threads": torch.get_num_threads(), "load_average": os.getloadavg(), "arms": per_arm,
-                    "model_alone": alone, "whole_default": whole}
+                    "threads": torch.get_num_threads()}
+    per_arm = {}
+    if not cfg.only_profile:
+        with run.stage("steps side by side"):
+            per_arm = time_arms(model, prompts, cfg)
+        with run.stage("the model alone"):
+            alone = model_alone(model, prompts, cfg)
+        with run.stage("the whole default"):
+            whole = whole_default(model, prompts, cfg)
+        run.results |= {"arms": per_arm, "model_alone": alone, "whole_default": whole}
+    if cfg.profile_steps:
+        with run.stage("the default under the profiler"):
+            run.results["profile"] = profile_default(model, prompts, cfg, run.out)
+    run.results["load_average"] = os.getloadavg()
     for label, row in per_arm.items():
         print(f"{label:60s} {row['seconds_per_step_median']:6.3f} s/step  ({row['speedup_over_first']:.2f}x the first)")
     print(f"wrote {run.out / 'results.json'}")

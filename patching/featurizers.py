@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -281,6 +281,7 @@ class Fitted:
     featurizer: Featurizer
     losses: list[float]
     steps: int | None = None  # training steps of the kept featurizer (DAS, DBM)
+    test_hits: Tensor | None = field(default=None, repr=False)  # per test pair, in the batches' order
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "k": self.k, "steps": self.steps, "test": self.test.to_dict(),
@@ -301,18 +302,20 @@ def fit_and_select(model: HookedTransformer, kind: str, where: Location, train: 
     check_option("featurizer kind", kind, KINDS)
     width = location_width(model, where)
     if kind == "full":
-        return Fitted(kind, float(width), None, interchange_accuracy(model, test, where, FullVector(width))[0],
-                      FullVector(width), [])
+        test_iia, hits = interchange_accuracy(model, test, where, FullVector(width))
+        return Fitted(kind, float(width), None, test_iia, FullVector(width), [], test_hits=hits)
     if kind == "random":
         if k is None:
             raise InputError("The random-subspace null needs k: pass the k chosen for DAS (k=...).")
         featurizer = random_subspace(width, k, seed=settings.seed)
-        return Fitted(kind, float(k), None, interchange_accuracy(model, test, where, featurizer)[0], featurizer, [])
+        test_iia, hits = interchange_accuracy(model, test, where, featurizer)
+        return Fitted(kind, float(k), None, test_iia, featurizer, [], test_hits=hits)
     if kind == "dbm":
         featurizer = BoundlessMask(width, seed=settings.seed)
         losses = train_featurizer(model, featurizer, train, where, settings)
+        test_iia, hits = interchange_accuracy(model, test, where, featurizer)
         return Fitted(kind, featurizer.k, interchange_accuracy(model, validation, where, featurizer)[0],
-                      interchange_accuracy(model, test, where, featurizer)[0], featurizer, losses, settings.steps)
+                      test_iia, featurizer, losses, settings.steps, test_hits=hits)
     ks = [k] if k is not None else [k for k in settings.ks if k <= width]
     if not ks:
         raise InputError(f"Every k of {settings.ks} is larger than the {width} dimensions at {where}: give smaller ks.")
@@ -334,7 +337,7 @@ def fit_and_select(model: HookedTransformer, kind: str, where: Location, train: 
         featurizer = RotatedSubspace(width, size, seed=settings.seed)
         train_featurizer(model, featurizer, train, where, settings,
                          on_checkpoint=lambda n, losses, current=featurizer: keep_if_best(current, losses, n))
-    best.test = interchange_accuracy(model, test, where, best.featurizer)[0]
+    best.test, best.test_hits = interchange_accuracy(model, test, where, best.featurizer)
     return best
 
 

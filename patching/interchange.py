@@ -318,15 +318,23 @@ def interchange_accuracy(model: HookedTransformer, batches: Sequence[PairBatch],
 
 
 def iia_by_answer_length(model: HookedTransformer, batches: Sequence[PairBatch], where: Location,
-                         swap: Swap | None = None) -> dict[int, Estimate]:
+                         swap: Swap | None = None, *, hits: Tensor | None = None) -> dict[int, Estimate]:
     """IIA at ``where`` per token count of the predicted answer: ``{1: Estimate, 2: Estimate, ...}``.
 
     With ``"whole"`` scoring, a two-token answer's second token is predicted at the first answer token's
     position, after the intervened one: an intervention at the prompt's last position alone can change it
     only through what later positions read there by attention. Splitting IIA by the answer's length shows
     whether a location holds a variable for the answers that are read out where it intervenes.
+
+    ``hits``: the per-pair hits of this intervention on ``batches`` when already computed (the second value of
+    :func:`interchange_accuracy`, or a fitted featurizer's ``test_hits``), to split them without running again.
     """
-    _, hits = interchange_accuracy(model, batches, where, swap)
+    n_pairs = sum(len(batch) for batch in batches)
+    if hits is None:
+        _, hits = interchange_accuracy(model, batches, where, swap)
+    elif hits.shape != (n_pairs,):
+        raise InputError(f"hits has shape {tuple(hits.shape)}; these batches hold {n_pairs} pairs: pass the hits "
+                         f"computed on the same batches, in order.")
     lengths = torch.cat([(batch.targets >= 0).sum(1).cpu() for batch in batches])  # in the hits' order
     return {int(n): proportion(hits[lengths == n]) for n in lengths.unique().tolist()}
 

@@ -164,7 +164,7 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
                     if batches["controls"] else None
                 # the full vector's test IIA per token count of the predicted answer (a later token is read out
                 # after the intervened position: see patching.interchange.iia_by_answer_length)
-                by_length = iia_by_answer_length(state.model, batches["test"], where)
+                by_length = iia_by_answer_length(state.model, batches["test"], where, hits=fitted["full"].test_hits)
             row = {"location": _key(where, state.positions), **{kind: f.to_dict() for kind, f in fitted.items()},
                    "controls_full": controls,
                    "full_by_answer_tokens": {str(n): e.to_dict() for n, e in by_length.items()}}

@@ -36,6 +36,7 @@ is the position-free edge.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -76,6 +77,16 @@ class Ablated:
         zeros = [torch.zeros(layout.n_heads, 1, 1, 1, model.cfg.d_model, dtype=model.cfg.dtype,
                              device=model.cfg.device) for _ in range(layout.n_layers)]
         return cls(None, zeros)
+
+
+#: profiler ranges of the hooks' own work (what ``python -m experiments.bench_learn --profile-steps N`` separates
+#: from the model's); their backward is the autograd node ``_MixBelowBackward``
+SENDERS_RANGE, RECEIVERS_RANGE = "edge mixing: senders", "edge mixing: receivers"
+
+
+def _profiled(label: str):
+    """A profiler range named ``label`` while torch's profiler records, else nothing (no cost in plain runs)."""
+    return torch.profiler.record_function(label) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
 
 
 def rms_norm(norm, x: Tensor) -> Tensor:
@@ -244,7 +255,8 @@ class MixingHooks:
         model, L = self.model, self.layout.n_layers
 
         def embed(act, *, hook):
-            self._store_outputs(0, self._shaped(act)[None])
+            with _profiled(SENDERS_RANGE):
+                self._store_outputs(0, self._shaped(act)[None])
 
         def keep_z(act, *, hook):
             self._z[int(hook.name.split(".")[1])] = act
@@ -253,7 +265,10 @@ class MixingHooks:
             self._scale[int(hook.name.split(".")[1])] = act
 
         def heads(act, *, hook):
-            layer = int(hook.name.split(".")[1])
+            with _profiled(SENDERS_RANGE):
+                record_heads(act, int(hook.name.split(".")[1]))
+
+        def record_heads(act, layer: int):
             raw = raw_head_results(model, layer, self._z.pop(layer))  # [H, C*B, P, d]
             g = 1 + 2 * layer
             if self.recompute:
@@ -269,7 +284,8 @@ class MixingHooks:
             self._store_outputs(g, raw.view(raw.shape[0], self.C, self.B, *raw.shape[2:]))
 
         def mlp(act, *, hook):
-            self._store_outputs(2 + 2 * int(hook.name.split(".")[1]), self._shaped(act)[None])
+            with _profiled(SENDERS_RANGE):
+                self._store_outputs(2 + 2 * int(hook.name.split(".")[1]), self._shaped(act)[None])
 
         hooks = [("blocks.0.hook_resid_pre", embed)]
         for layer in range(L):
@@ -331,13 +347,14 @@ class MixingHooks:
 
         def make(correction, per_head: bool):
             def hook(act, *, hook):
-                delta = correction()
-                if delta is None:
-                    return act
-                shaped = act.view(self.C, self.B, *act.shape[1:])
-                if not per_head:
-                    delta = delta[:, :, :, 0]
-                return (shaped + delta).view(act.shape)
+                with _profiled(RECEIVERS_RANGE):
+                    delta = correction()
+                    if delta is None:
+                        return act
+                    shaped = act.view(self.C, self.B, *act.shape[1:])
+                    if not per_head:
+                        delta = delta[:, :, :, 0]
+                    return (shaped + delta).view(act.shape)
 
             return hook
 

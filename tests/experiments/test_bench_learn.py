@@ -1,4 +1,5 @@
-"""experiments.bench_learn end to end on a tiny random model: every arm timed per step, the whole default run."""
+"""experiments.bench_learn end to end on a tiny random model: every arm timed per step, the whole default run,
+the profile of the default step."""
 
 import json
 
@@ -12,7 +13,8 @@ def test_bench_learn_times_every_arm_and_the_whole_default(run_main, tiny_loader
     from patching.edges.learn import DEFAULT_CIRCUIT
 
     run_main("experiments.bench_learn", ["--out", str(tmp_path), "--n-prompts", "8", "--steps", "3", "--rounds", "2",
-                                         "--warm-start-prompts", "4", "--n-shots", "1"], tiny_loader)
+                                         "--warm-start-prompts", "4", "--n-shots", "1", "--profile-steps", "2"],
+             tiny_loader)
     results = json.loads((tmp_path / "results.json").read_text())
     labels = list(arms())
     assert list(results["arms"]) == labels and labels[-1].startswith("default")
@@ -23,3 +25,21 @@ def test_bench_learn_times_every_arm_and_the_whole_default(run_main, tiny_loader
     whole = results["whole_default"]
     assert whole["steps"] == DEFAULT_CIRCUIT.steps and whole["seconds"] >= whole["learn_seconds"] > 0
     assert whole["meets_goal"] == (whole["seconds"] <= 60.0)
+    # the profile: each of the hooks' parts recorded (> 0, so their ranges and the backward node exist under those
+    # names), and with the rest they add up to the profiled steps; the operator table is written
+    profile = results["profile"]
+    assert profile["steps"] == 2 and profile["seconds"] > 0
+    hooks = ["senders, forward", "receivers, forward", "receivers, backward"]
+    assert list(profile["shares"])[:3] == hooks and all(profile["seconds_by_part"][part] > 0 for part in hooks)
+    assert sum(profile["seconds_by_part"].values()) == pytest.approx(profile["seconds"])
+    assert sum(profile["shares"].values()) == pytest.approx(1.0)
+    assert "aten::" in (tmp_path / "profile.txt").read_text()
+
+
+def test_bench_learn_only_profile_needs_profile_steps():
+    """--only-profile alone would run nothing: refused before the model loads."""
+    from circuits.errors import InputError
+    from experiments.bench_learn import BenchLearnConfig
+
+    with pytest.raises(InputError, match="--only-profile needs --profile-steps"):
+        BenchLearnConfig(only_profile=True)

@@ -11,7 +11,7 @@ from circuits.errors import InputError
 from circuits.graph import Graph
 from circuits.nodes import MLP, Head
 from circuits.tasks import make_dataset
-from patching.featurizers import RotatedSubspace, random_subspace
+from patching.featurizers import RotatedSubspace, fit_and_select, random_subspace
 from patching.interchange import (
     Location, circuit_nodes, full_swap, iia_by_answer_length, iia_sweep, interchange_accuracy,
     intervened_answer_residuals, intervened_hits, location, node_locations, node_table, pair_batches, prepare,
@@ -159,6 +159,27 @@ def test_iia_by_answer_length_splits_the_pairs_and_one_token_answers_follow_the_
     source_top1 = [int(model(torch.tensor([data["tokens"][p.source]]))[0, -1].argmax()) for p in one_token]
     expected = [top == p.answer_ids[0] for top, p in zip(source_top1, one_token)]
     assert split[1].n == len(one_token) and split[1].value == pytest.approx(sum(expected) / len(expected))
+
+
+@torch.no_grad()
+def test_iia_by_answer_length_splits_given_hits_without_running_and_refuses_hits_of_other_batches(setup):
+    """Hits already computed (a fitted featurizer's test_hits) are split as they are: the same split as running
+    again, no forward at all (a model that raises if called), and hits of another size are refused."""
+    model, data, pairs = setup
+    batches = pair_batches(model, data, pairs, scoring="whole")
+    where = location("resid_post", model.cfg.n_layers - 1, batches[0].prompt_length - 1)
+    fitted = fit_and_select(model, "full", where, batches, batches, batches)
+    assert fitted.test_hits is not None and fitted.test_hits.shape == (len(pairs),)
+
+    class NoForward:
+        def __getattr__(self, name):
+            raise AssertionError(f"the model was used ({name}) although the hits were given")
+
+    split = iia_by_answer_length(NoForward(), batches, where, hits=fitted.test_hits)
+    rerun = iia_by_answer_length(model, batches, where)
+    assert {n: (e.value, e.n) for n, e in split.items()} == {n: (e.value, e.n) for n, e in rerun.items()}
+    with pytest.raises(InputError, match="pass the hits computed on the same batches"):
+        iia_by_answer_length(model, batches, where, hits=fitted.test_hits[:-1])
 
 
 @torch.no_grad()
