@@ -10,8 +10,8 @@ The core modules:
 * :mod:`circuits.loading`, :mod:`circuits.model_cache`, :mod:`circuits.gguf_models`: models
   that run offline, the verified safetensors cache, saved models;
 * :mod:`circuits.tasks`, :mod:`circuits.templates`, :mod:`circuits.counterfactuals`,
-  :mod:`circuits.pools`, :mod:`circuits.causal_models`: prompts, their counterfactual twins, prompt pools for
-  ablation means, the tasks' causal models and their interchange pairs;
+  :mod:`circuits.pools`: prompts, their counterfactual twins, prompt pools for ablation means (the tasks' causal
+  models sit with the interchange interventions that test them, :mod:`patching.variables.causal_models`);
 * :mod:`circuits.nodes`, :mod:`circuits.graph`, :mod:`circuits.graph_selection`,
   :mod:`circuits.graph_io`: heads and MLPs, the edge graph, choosing a circuit, its files;
 * :mod:`circuits.end_logits`, :mod:`circuits.answer_scoring`, :mod:`circuits.stats`: the answer's logit at

@@ -125,7 +125,7 @@ def _one_token(data) -> list[bool]:
 
 def build_runner(model, templates, cfg: AF1ExperimentConfig, config: AF1Config) -> tuple[AF1Runner, dict]:
     """The AF1 runner for ``templates`` (``--means``) and how many prompts each template gave."""
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     from patching.all_for_one import AF1Runner
     from patching.all_for_one.template_prompts import make_template_dataset
 

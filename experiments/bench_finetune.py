@@ -34,7 +34,7 @@ from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experime
 from experiments.runtime.cli import option
 
 if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
-    from patching.head_ranking import KeyHeads
+    from patching.node_level.head_ranking import KeyHeads
 
 DEFAULT_OUT = "runs/bench_finetune"  # one folder, not runs/<name>-<timestamp>
 
@@ -61,7 +61,7 @@ def choose_heads(model, cfg: BenchFinetuneConfig) -> KeyHeads:
     """``--heads``, or the top ``--k`` heads by path patching on 32 addition prompts."""
     from circuits.nodes import parse_node
     from circuits.tasks import make_dataset
-    from patching.head_ranking import given_key_heads, rank_key_heads
+    from patching.node_level.head_ranking import given_key_heads, rank_key_heads
 
     if cfg.heads:
         return given_key_heads([parse_node(h) for h in cfg.heads.split(",")])

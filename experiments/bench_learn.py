@@ -109,11 +109,11 @@ def model_alone(model, prompts, cfg: BenchLearnConfig) -> dict:
     ``--steps`` x ``--rounds``, the first left out), on the longest group of equal-length prompts."""
     import torch
 
-    from patching import forward, inputs
+    from patching.sweeps import forward, inputs
     from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
     from patching.edges.learn import DEFAULT_CIRCUIT
-    from patching.interchange import frozen_weights
-    from patching.metrics import get_metric, score_end
+    from patching.sweeps.forward import frozen_weights
+    from patching.sweeps.metrics import get_metric, score_end
 
     circuits = min(DEFAULT_CIRCUIT.samples, len(DEFAULT_CIRCUIT.fractions))
     times = []
@@ -143,7 +143,7 @@ def whole_default(model, prompts, cfg: BenchLearnConfig) -> dict:
     """The default learned circuit end to end: warm start, then every step (wall seconds of each part)."""
     from patching.edges.attribute import edge_attribution
     from patching.edges.learn import DEFAULT_CIRCUIT, learn_circuit
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
 
     started = time.perf_counter()
     warm = edge_attribution(model, prompts.select(range(min(len(prompts), cfg.warm_start_prompts))),

@@ -12,7 +12,7 @@
 5. Times ``patching.attribution_patch`` (every head and MLP from one backward) and reports its
    Spearman rank agreement with exact activation patching (every head) and path patching.
 6. Times the knockout curve's sets (top-k heads by path patching and k random heads,
-   ``--knockout-seeds`` per k, means over a pool of other prompts) with ``patching.knockout_curves``'s
+   ``--knockout-seeds`` per k, means over a pool of other prompts) with ``patching.node_level.knockout_curves``'s
    fast path, with the fast path minus its screened top-1 (float32 argmax) and shared suffix starts, and with the
    plain hook implementation (one full forward per knockout set) on the same prompts and means,
    and checks that every per-prompt hit is equal (``--knockout-only`` runs just this arm).
@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # the library loads torch: imported where used, so --help ans
     from transformer_lens import HookedTransformer
 
     from circuits.tasks import TaskBatch
-    from patching.results import ActivationScores, NodeScores
+    from patching.sweeps.results import ActivationScores, NodeScores
 
 
 def layer_spec(text: str) -> str:
@@ -126,8 +126,8 @@ def time_transformer_lens(model: HookedTransformer, batch: TaskBatch, tl_layers:
 def time_activation_patch(model, batch: TaskBatch, tl_layers: list[int], tl_heads: torch.Tensor,
                           seconds: dict) -> tuple[ActivationScores, float]:
     """``patching.activation_patch`` on the same heads as TransformerLens; the max |difference| from TL's."""
-    from patching.options import SweepOptions
-    from patching.activation_patching import activation_patch
+    from patching.sweeps.options import SweepOptions
+    from patching.node_level.activation_patching import activation_patch
 
     start = time.perf_counter()
     act = activation_patch(model, batch, component="z", positions="all",
@@ -141,9 +141,9 @@ def time_activation_patch(model, batch: TaskBatch, tl_layers: list[int], tl_head
 
 def time_path_patch(model, batch: TaskBatch, seconds: dict) -> NodeScores:
     """The full path-patching sweep (every head and MLP -> logits) on the fast path."""
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     from circuits.nodes import all_nodes
-    from patching.path_patching import path_patch
+    from patching.node_level.path_patching import path_patch
 
     start = time.perf_counter()
     path = path_patch(model, batch, options=SweepOptions(metric="logit"))
@@ -154,9 +154,9 @@ def time_path_patch(model, batch: TaskBatch, seconds: dict) -> NodeScores:
 
 def check_path_patch(model, batch: TaskBatch, path: NodeScores, n_senders: int, seconds: dict) -> tuple[list, float | None]:
     """Plain hook path patching on ``n_senders`` evenly spread senders (-1: all); the max |difference| from the fast path."""
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     from circuits.nodes import all_nodes
-    from patching.path_patching import path_patch
+    from patching.node_level.path_patching import path_patch
 
     senders = all_nodes(model)
     if n_senders >= 0:
@@ -176,9 +176,9 @@ def check_path_patch(model, batch: TaskBatch, path: NodeScores, n_senders: int, 
 def time_attribution_patch(model, batch: TaskBatch, act: ActivationScores, path: NodeScores, tl_layers: list[int],
                            seconds: dict) -> dict:
     """``patching.attribution_patch`` (one backward) and its Spearman agreement with exact activation and path patching."""
-    from patching.options import SweepOptions
-    from patching.activation_patching import activation_patch
-    from patching.attribution_patching import attribution_patch, rank_agreement
+    from patching.sweeps.options import SweepOptions
+    from patching.node_level.activation_patching import activation_patch
+    from patching.node_level.attribution_patching import attribution_patch, rank_agreement
 
     start = time.perf_counter()
     attr = attribution_patch(model, batch, options=SweepOptions(metric="logit"))
@@ -236,7 +236,7 @@ def knockout_arm(model, data, path, n_seeds: int) -> dict:
     import torch
 
     from circuits.nodes import all_heads
-    from patching.knockout_curves import knockout_correct, pool_means
+    from patching.node_level.knockout_curves import knockout_correct, pool_means
 
     start = time.perf_counter()
     means = pool_means(model, data, all_heads(model))
@@ -284,7 +284,7 @@ def counted_work(model, data, sets, means) -> dict:
     """
     import torch
 
-    from patching.knockout_fast import choose_split
+    from patching.node_level.knockout_fast import choose_split
 
     L, (B, n_pos) = model.cfg.n_layers, torch.tensor(data["tokens"]).shape
     tokens = torch.tensor(data["tokens"])
@@ -310,9 +310,9 @@ def run(cfg: BenchPatchingConfig, *, loader: ModelLoader | None = None) -> dict:
 
 
 def _stages(run: Run) -> None:
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     from circuits.nodes import all_nodes
-    from patching.path_patching import path_patch
+    from patching.node_level.path_patching import path_patch
 
     cfg, results = run.cfg, run.results
     model = run.load_model()

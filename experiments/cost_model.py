@@ -238,8 +238,8 @@ def _sweeps(model, cfg: MeasureConfig) -> tuple[dict, dict, dict, Shape]:
     from circuits.templates import get_templates
     from patching import SweepOptions, activation_patch, path_patch
     from patching.edges import edge_attribution, edge_patch, faithfulness_curve
-    from patching.knockout_curves import knockout_correct
-    from patching.forward import shared_prefix_length
+    from patching.node_level.knockout_curves import knockout_correct
+    from patching.sweeps.forward import shared_prefix_length
     from patching.all_for_one.runner import AF1Runner, NoEvalPromptsError
     from patching.all_for_one.search import grid_faithfulness
 

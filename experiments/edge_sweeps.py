@@ -89,7 +89,7 @@ def sweep(model, data, cfg: EdgeSweepsConfig,
     """
     from circuits.graph import GraphLayout
     from patching.edges import distributed
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
 
     options = SweepOptions(memory_mb=cfg.memory_mb)
     layout = GraphLayout.of(model)

@@ -98,7 +98,7 @@ def _stages(run: Run) -> None:
     from finetune.evaluate import drift_estimates
     from merging import merge
     from patching.edges.faithful_circuit import circuit_heads
-    from patching.edges.shift import ShiftSettings, circuit_shift
+    from patching.shift import ShiftSettings, circuit_shift
 
     cfg, results = run.cfg, run.results
     base = run.load_model()

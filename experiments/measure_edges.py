@@ -52,7 +52,7 @@ def output_change_scores(model, data) -> torch.Tensor:
 
     from circuits.graph import GraphLayout
     from circuits.tasks import single_batch
-    from patching import forward
+    from patching.sweeps import forward
     from patching.edges.engine import edge_mode, edge_prefix_kv, sender_outputs
 
     batch = single_batch(data, device=model.cfg.device)
@@ -79,7 +79,7 @@ def correct_prompts(model, cfg: MeasureEdgesConfig):
 
 def time_edge_patch(model, cfg: MeasureEdgesConfig, data) -> dict:
     """``edge_patch`` of every ``stride``-th edge, timed (wall and CPU), extrapolated to all edges when strided."""
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     from circuits.graph import GraphLayout
     from patching.edges.patch import edge_patch
 
@@ -100,7 +100,7 @@ def time_edge_patch(model, cfg: MeasureEdgesConfig, data) -> dict:
 
 def baseline_curve(model, cfg: MeasureEdgesConfig, data) -> dict:
     """The faithfulness curve of the naive output x input change scores, timed."""
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     from patching.edges.curves import faithfulness_curve
 
     scores = output_change_scores(model, data)
@@ -124,7 +124,7 @@ def _stages(run: Run) -> None:
 
     from circuits.graph import GraphLayout
     from circuits.tasks import single_batch
-    from patching import forward
+    from patching.sweeps import forward
 
     cfg, results = run.cfg, run.results
     model = run.load_model()

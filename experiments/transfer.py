@@ -3,7 +3,7 @@
     python -m experiments.transfer [--ops + - * /] [--top-k 8] [--out runs/transfer-<timestamp>]
 
 1. for each operation: few-shot prompts, keep the correctly answered ones, path patching,
-   the top-k key heads (patching.head_ranking.rank_key_heads, combine="per-op");
+   the top-k key heads (patching.node_level.head_ranking.rank_key_heads, combine="per-op");
 2. the overlap of the key-head sets (shared heads and Jaccard index) per pair of operations;
 3. cross knockout: accuracy on operation Y with operation X's key heads mean-ablated,
    against k random heads, so a shared mechanism shows as a drop off the diagonal too;
@@ -29,7 +29,7 @@ from experiments.runtime.settings import BatchSettings, PromptSettings, project
 if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
     import plotly.graph_objects as go
 
-    from patching.head_ranking import KeyHeads
+    from patching.node_level.head_ranking import KeyHeads
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,9 @@ def jaccard(a: set, b: set) -> float:
 def identify(model, cfg: TransferConfig, ops: list[str], stage) -> tuple[KeyHeads, dict, dict]:
     """Per operation: correctly answered prompts, their path-patching key heads, a knockout sample, base accuracy
     (timed as the run's stage ``identify``; ``stage``: its ``Run.stage``)."""
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     from circuits.tasks import TaskConfig, filter_correct, make_dataset
-    from patching.head_ranking import rank_key_heads
+    from patching.node_level.head_ranking import rank_key_heads
 
     kept, base = {}, {}
     with stage("identify"):
@@ -83,9 +83,9 @@ def overlaps(by_op: dict) -> list[dict]:
 
 def cross_knockout(model, cfg: TransferConfig, by_op: dict, samples: dict) -> dict:
     """``cross[y][x]``: accuracy on ``y`` with ``x``'s key heads ablated; also the base and random-head rows."""
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     from circuits.nodes import all_heads
-    from patching.knockout_curves import knockout
+    from patching.node_level.knockout_curves import knockout
 
     rng = random.Random(cfg.seed)
     random_sets = [rng.sample(all_heads(model), cfg.top_k) for _ in range(cfg.random_seeds)]

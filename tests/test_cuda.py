@@ -32,7 +32,7 @@ def _pair(style, kv, **kwargs):
 
 @pytest.mark.parametrize("style,kv", STYLES, ids=[s for s, _ in STYLES])
 def test_activation_patching_with_prefix_reuse(style, kv):
-    from patching.activation_patching import activation_patch
+    from patching.node_level.activation_patching import activation_patch
 
     cpu, gpu = _pair(style, kv, n_layers=3)
     data = make_dataset(cpu, n_prompts=4, n_shots=2, template_ids=("add-equation-0",), seed=4)
@@ -51,9 +51,9 @@ def test_activation_patching_with_prefix_reuse(style, kv):
 
 @pytest.mark.parametrize("style,kv", STYLES, ids=[s for s, _ in STYLES])
 def test_path_attribution_knockout(style, kv):
-    from patching.attribution_patching import attribution_patch
-    from patching.knockout_curves import knockout
-    from patching.path_patching import path_patch
+    from patching.node_level.attribution_patching import attribution_patch
+    from patching.node_level.knockout_curves import knockout
+    from patching.node_level.path_patching import path_patch
 
     cpu, gpu = _pair(style, kv)
     data = make_dataset(cpu, n_prompts=6, n_shots=0, seed=1)
@@ -66,8 +66,8 @@ def test_path_attribution_knockout(style, kv):
 
 
 def test_bf16_sweeps_are_finite():
-    from patching.activation_patching import activation_patch
-    from patching.path_patching import path_patch
+    from patching.node_level.activation_patching import activation_patch
+    from patching.node_level.path_patching import path_patch
 
     model = tiny_model(style="gemma", device="cuda").to(torch.bfloat16)
     model.cfg.dtype = torch.bfloat16

@@ -66,7 +66,7 @@ def _as_mlp_vector(mlp_effects, n_layers: int) -> np.ndarray:
 
 
 def _rank_key(values: np.ndarray, rank_by: str) -> np.ndarray:
-    rank_by = {"neg": "negative", "pos": "positive"}.get(rank_by, rank_by)  # patching.results.NodeScores.ranked spelling
+    rank_by = {"neg": "negative", "pos": "positive"}.get(rank_by, rank_by)  # patching.sweeps.results.NodeScores.ranked spelling
     if rank_by == "abs":
         return -np.abs(values)
     if rank_by == "negative":

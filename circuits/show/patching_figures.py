@@ -1,6 +1,6 @@
 """Figures of the node-level patching results: Zhang et al. (2024) Figures 2-4 and activation-patching heatmaps.
 
-Each function takes plain tensors or dicts (what :mod:`patching.results` holds), so the
+Each function takes plain tensors or dicts (what :mod:`patching.sweeps.results` holds), so the
 figures do not depend on the patching package; the result classes call them from their
 ``figure()`` methods.
 
@@ -84,7 +84,7 @@ def _error_bars(values: list, cis: list) -> Optional[dict]:
 def knockout_figure(curve, *, title: Optional[str] = None) -> go.Figure:
     """Accuracy vs number of knocked-out heads, effect-rank vs random-rank, 95% intervals.
 
-    ``curve`` has the fields of :class:`patching.results.KnockoutCurve` (``ks``, ``effect_rank``,
+    ``curve`` has the fields of :class:`patching.sweeps.results.KnockoutCurve` (``ks``, ``effect_rank``,
     ``random_rank``, their intervals, ``base_accuracy``, ``n_seeds``, ``n_prompts``, ``n_pool``).
     """
     fig = go.Figure()

@@ -37,11 +37,11 @@ from patching.all_for_one import AF1Config, AF1Runner
 from patching.all_for_one.runner import NoEvalPromptsError
 from patching.all_for_one.search import faithfulness_heatmap, grid_faithfulness
 from patching.all_for_one.template_prompts import authors_templates, make_template_dataset
-from patching.head_ranking import combine_key_heads
-from patching.knockout_curves import knockout_curve, knockout_transfer
-from patching.path_patching import path_patch
-from patching.head_ranking import key_heads
-from patching.results import KnockoutCurve, NodeScores
+from patching.node_level.head_ranking import combine_key_heads
+from patching.node_level.knockout_curves import knockout_curve, knockout_transfer
+from patching.node_level.path_patching import path_patch
+from patching.node_level.head_ranking import key_heads
+from patching.sweeps.results import KnockoutCurve, NodeScores
 
 from experiments.arithmetic.config import MIN_READABLE, PipelineConfig
 from experiments.runtime import Run

@@ -128,7 +128,7 @@ def _strata(layout: GraphLayout, per_stratum: int, seed: int) -> list[tuple[int,
 def _exact_in_parts(run: BenchRun, edges, *, rotate_prefix_once: bool = True) -> EdgeEffects:
     """``edge_patch`` of ``edges`` in parts of three receiver layers, last layers first, noting progress in
     ``<out>/results.json`` after each part (a run stopped by a time limit still says how far it got)."""
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     import torch
 
     from patching.edges.patch import EdgeEffects, edge_patch
@@ -206,7 +206,7 @@ def model_metrics(run: BenchRun) -> None:
 
 def our_attribution(run: BenchRun) -> None:
     """This toolkit's EAP-IG-inputs and EAP over every edge, timed."""
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     from patching.edges.attribute import edge_attribution
 
     cfg = run.cfg
@@ -254,7 +254,7 @@ def eap_ig_attribution(run: BenchRun) -> None:
 
 def our_curve(run: BenchRun):
     """``faithfulness_curve`` at MIB's ten sizes (top-n by |EAP-IG score|, pruned as MIB prunes), timed."""
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     from circuits.graph_selection import mib_selector
     from patching.edges.curves import MIB_FRACTIONS, faithfulness_curve
 
@@ -296,7 +296,7 @@ def eap_ig_curve(run: BenchRun, curve) -> None:
 
 def fast_vs_hook_path(run: BenchRun) -> None:
     """``edge_patch``'s hook path and fast path on the same stratified sample, side by side."""
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     from patching.edges.patch import edge_patch
 
     cfg, sec = run.cfg, run.timer.seconds
@@ -383,7 +383,7 @@ def head_edge_verdict(run: BenchRun) -> None:
     hannamw/EAP-IG's ``"pre-norm"``, and ``"recompute"``); Spearman over the sample and the overlap of the
     top 1% by |score| with the top 1% by |exact effect|, each with a 95% bootstrap interval over edges.
     """
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     import torch
     from scipy.stats import spearmanr
 
@@ -447,7 +447,7 @@ def acdc_speed(run: BenchRun) -> None:
     ACDC beside them when importable."""
     from experiments.bench_circuits import acdc_arm
     from patching.edges.acdc import ACDCConfig, acdc
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
 
     cfg, state, sec = run.cfg, run.state, run.timer.seconds
     config = ACDCConfig(threshold=cfg.acdc_threshold, objective=cfg.acdc_objective, max_receivers=cfg.acdc_receivers)

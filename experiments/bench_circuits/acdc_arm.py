@@ -24,7 +24,7 @@ import torch
 
 from circuits.graph import GraphLayout
 from patching.edges.evaluate import evaluate_circuit
-from patching.options import SweepOptions
+from patching.sweeps.options import SweepOptions
 
 
 @torch.no_grad()

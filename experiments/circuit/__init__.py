@@ -94,9 +94,9 @@ def correct_prompts(model, cfg: CircuitConfig) -> tuple[Dataset, float]:
 
 def path_patching_key_heads(model, prompts: Dataset, cfg: CircuitConfig) -> list[Head]:
     """The top ``cfg.top_k`` heads by path-patching effect on the answer logit (none when top_k is 0)."""
-    from patching.options import SweepOptions
-    from patching.head_ranking import key_heads
-    from patching.path_patching import path_patch
+    from patching.sweeps.options import SweepOptions
+    from patching.node_level.head_ranking import key_heads
+    from patching.node_level.path_patching import path_patch
 
     if cfg.top_k == 0:
         return []

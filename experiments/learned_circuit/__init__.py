@@ -103,7 +103,7 @@ def _stages(run: Run) -> None:
     from patching.edges.attribute import edge_attribution
     from patching.edges.curves import faithfulness_curve, paired_curve_difference
     from patching.edges.learn import LearnConfig, learn_circuit
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
 
     cfg, results = run.cfg, run.results
     model = run.load_model()

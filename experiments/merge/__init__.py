@@ -56,7 +56,7 @@ from experiments.merge.config import METHODS, TASKS, MergeConfig
 
 if TYPE_CHECKING:
     from merging import SubmoduleMergeConfig
-    from patching.head_ranking import KeyHeads
+    from patching.node_level.head_ranking import KeyHeads
 
 
 parser = cli.config_parser(MergeConfig, "merge", __doc__)
@@ -191,7 +191,7 @@ def choose_key_heads(run: MergeRun) -> KeyHeads:
     """``--heads``, or the union over + and * of each operation's top ``--k`` heads by path patching on the base."""
     from circuits.tasks import make_dataset
     from experiments.merge.experts import given_heads
-    from patching.head_ranking import given_key_heads, rank_key_heads
+    from patching.node_level.head_ranking import given_key_heads, rank_key_heads
 
     if run.cfg.heads:
         chosen = given_key_heads(given_heads(run.cfg))

@@ -64,7 +64,7 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
 
     from circuits.answer_scoring import first_token_hits
     from circuits.tasks import TaskConfig, filter_correct, make_dataset
-    from patching.edges.shift import ShiftSettings, circuit_shift
+    from patching.shift import ShiftSettings, circuit_shift
 
     settings = ShiftSettings(n_bootstrap=n_bootstrap, seed=run.cfg.seed, batch_size=run.cfg.eval_batch_size)
     out: dict = {"tasks": {}, "n_prompts": n_prompts, "size": settings.size}

@@ -111,7 +111,7 @@ def sums_at_end(model, cfg: NumbersConfig, keys: list, stage) -> tuple[SumPrompt
     """Stage 2: the sum prompts' END representations, analysed per (layer, component), and the base accuracy."""
     from circuits.analyze.number_tokens import arithmetic_activations, arithmetic_prompts, group_mean, pairs_by_result
     from circuits.stats import proportion
-    from patching.number_interventions import evaluate_end
+    from patching.node_level.number_interventions import evaluate_end
 
     pairs = pairs_by_result(cfg.operand_max, cfg.per_result, seed=cfg.seed)
     prompts = arithmetic_prompts(model, pairs, prefix=cfg.prefix)
@@ -137,7 +137,7 @@ def frequency_bands(n_values: int, cfg: NumbersConfig) -> dict[str, list[int]]:
     The mid band (periods strictly between the two) is the control: removing about as many
     frequencies as the low band, but ones neither paper assigns to MLPs or attention.
     """
-    from patching.number_interventions import frequency_band
+    from patching.node_level.number_interventions import frequency_band
 
     bands = {"low": frequency_band(n_values, min_period=cfg.low_min_period),
              "mid": [k for k in frequency_band(n_values, min_period=cfg.high_max_period, max_period=cfg.low_min_period)
@@ -149,7 +149,7 @@ def frequency_bands(n_values: int, cfg: NumbersConfig) -> dict[str, list[int]]:
 def frequency_filter(model, cfg: NumbersConfig, data: SumPrompts, stage) -> dict:
     """Stage 3: remove one band of every MLP's (or attention layer's) output over the sum; first-token accuracy."""
     from circuits.stats import paired_difference, proportion
-    from patching.number_interventions import evaluate_end, frequency_filter_edit
+    from patching.node_level.number_interventions import evaluate_end, frequency_filter_edit
 
     n_values = max(data.sums) - min(data.sums) + 1
     bands, rows = frequency_bands(n_values, cfg), []
@@ -193,7 +193,7 @@ def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, stage) -> dic
     import torch
 
     from circuits.analyze.number_geometry import fit_helix, orthonormal_columns, pca_subspace
-    from patching.number_interventions import evaluate_end, fraction_moved, subspace_patch_edit
+    from patching.node_level.number_interventions import evaluate_end, fraction_moved, subspace_patch_edit
 
     n_layers = model.cfg.n_layers
     layers = list(cfg.patch_layers or sorted(set(np.linspace(0, n_layers - 1, 4).round().astype(int).tolist())))
@@ -234,7 +234,7 @@ def neuron_knockouts(model, cfg: NumbersConfig, grid, grid_answers, chosen, labe
     """Mean-ablate each heuristic type's neurons (and as many random ones); the rows and the unablated correctness."""
     from circuits.analyze.heuristic_neurons import census
     from circuits.stats import paired_difference, proportion
-    from patching.number_interventions import evaluate_end, neuron_knockout_edit
+    from patching.node_level.number_interventions import evaluate_end, neuron_knockout_edit
 
     grid_base = evaluate_end(model, grid.tokens(), grid_answers)["correct"]
     groups = {kind: [n for n, l in zip(chosen, labels) if l.type == kind] for kind in census(labels)}
@@ -262,7 +262,7 @@ def heuristic_neurons(model, cfg: NumbersConfig, stage) -> tuple[dict, torch.Ten
     from circuits.analyze.heuristic_neurons import census, classify_grids
     from circuits.analyze.number_tokens import arithmetic_prompts, single_token_numbers
     from circuits.stats import proportion
-    from patching.number_interventions import neuron_attribution, top_neurons
+    from patching.node_level.number_interventions import neuron_attribution, top_neurons
 
     grid_pairs = [(a, b) for a in range(10) for b in range(10)]
     grid = arithmetic_prompts(model, grid_pairs, prefix=cfg.prefix)

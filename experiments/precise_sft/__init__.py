@@ -200,10 +200,10 @@ def evaluate_val(run: SFTRun, model) -> dict:
 
 def _rank_nodes(base, cfg: SFTComparisonConfig) -> tuple[str, list[Head], list[MLP]]:
     """Key heads and MLPs: from the flags, else by path patching summed (as % of baseline) over the operations."""
-    from patching.options import SweepOptions
+    from patching.sweeps.options import SweepOptions
     from circuits.nodes import Head, MLP, parse_node
     from circuits.tasks import make_dataset
-    from patching.path_patching import path_patch
+    from patching.node_level.path_patching import path_patch
 
     ranked_heads = [parse_node(h) for h in cfg.heads.split(",")] if cfg.heads else []
     ranked_mlps = [parse_node(m) for m in cfg.mlps.split(",")] if cfg.mlps else []
@@ -409,7 +409,7 @@ def _shift_summary(run: SFTRun, model) -> dict:
     """The base model's addition circuit inside ``model``, and ``model``'s own: CPR, CMD, Jaccard, Spearman."""
     from circuits.tasks import make_dataset
 
-    from patching.edges.shift import ShiftSettings, circuit_shift
+    from patching.shift import ShiftSettings, circuit_shift
 
     state = run.state
 

@@ -35,7 +35,7 @@ from experiments.runtime import ModelLoader, Run, cli, run_experiment
 from experiments.variables.config import VariablesConfig
 
 if TYPE_CHECKING:
-    from patching.interchange import Location
+    from patching.variables.interchange import Location
 
 parser = cli.config_parser(VariablesConfig, "variables", __doc__)
 
@@ -71,10 +71,10 @@ def _key(where: Location, positions: dict[str, int]) -> dict:
 
 def build_pairs(run: Run[VariablesConfig, VariablesState]) -> None:
     """Stage "pairs": prompts, which the model answers, the pairs of every variable and their batches."""
-    from circuits.causal_models import PairSettings, causal_model, correct_rows, query_positions, task_config, variable_pairs
+    from patching.variables.causal_models import PairSettings, causal_model, correct_rows, query_positions, task_config, variable_pairs
     from circuits.stats import proportion
     from circuits.tasks import make_dataset
-    from patching.interchange import pair_batches
+    from patching.variables.interchange import pair_batches
 
     cfg, model = run.cfg, run.state.model
     causal = causal_model(cfg.task)
@@ -111,7 +111,7 @@ def build_pairs(run: Run[VariablesConfig, VariablesState]) -> None:
 
 def full_vector_sweep(run: Run[VariablesConfig, VariablesState]) -> dict[str, list[tuple[float, Location]]]:
     """Stage "full-vector sweep": validation IIA at every (layer, position) per variable; the locations, best first."""
-    from patching.interchange import iia_sweep, location
+    from patching.variables.interchange import iia_sweep, location
 
     state = run.state
     # (label, position, through the answer?) of every column: the problem's tokens, then END with the answer positions
@@ -141,8 +141,8 @@ def full_vector_sweep(run: Run[VariablesConfig, VariablesState]) -> dict[str, li
 
 def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) -> None:
     """Stage "featurizers": at the best locations per variable, every featurizer's test IIA, the controls, a verdict."""
-    from patching.featurizers import DASSettings, fit_and_select, verdict
-    from patching.interchange import iia_by_answer_length, interchange_accuracy
+    from patching.variables.featurizers import DASSettings, fit_and_select, verdict
+    from patching.variables.interchange import iia_by_answer_length, interchange_accuracy
 
     cfg, state = run.cfg, run.state
     settings = DASSettings(ks=tuple(cfg.ks), steps=max(cfg.das_steps), select_steps=tuple(cfg.das_steps),
@@ -163,7 +163,7 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
                 controls = interchange_accuracy(state.model, batches["controls"], where)[0].to_dict() \
                     if batches["controls"] else None
                 # the full vector's test IIA per token count of the predicted answer (a later token is read out
-                # after the intervened position: see patching.interchange.iia_by_answer_length)
+                # after the intervened position: see patching.variables.interchange.iia_by_answer_length)
                 by_length = iia_by_answer_length(state.model, batches["test"], where, hits=fitted["full"].test_hits)
             row = {"location": _key(where, state.positions), **{kind: f.to_dict() for kind, f in fitted.items()},
                    "controls_full": controls,
@@ -186,7 +186,7 @@ def circuit_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) -> No
     """Stage "circuit nodes": each node's full-vector test IIA at each variable's best position, as a share of the best."""
     from circuits.graph_io import load_eap_json
     from circuits.nodes import all_nodes, parse_node
-    from patching.interchange import circuit_nodes, node_table
+    from patching.variables.interchange import circuit_nodes, node_table
 
     cfg, state = run.cfg, run.state
     if cfg.circuit:

@@ -2,8 +2,8 @@
 
 Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load. The task
 names and featurizer kinds that the library owns are written out here for that reason;
-tests/experiments/test_variables.py checks them against :data:`circuits.causal_models.CAUSAL_MODELS` and
-:data:`patching.featurizers.KINDS`.
+tests/experiments/test_variables.py checks them against :data:`patching.variables.causal_models.CAUSAL_MODELS` and
+:data:`patching.variables.featurizers.KINDS`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from experiments.runtime import cli
 from experiments.runtime.cli import option, override
 from experiments.runtime.settings import BatchSettings, PromptSettings, RunSettings
 
-#: ``circuits.causal_models.CAUSAL_MODELS``
+#: ``patching.variables.causal_models.CAUSAL_MODELS``
 TASKS = ("two_digit_addition", "+", "-", "*", "/")
-#: ``patching.featurizers.KINDS`` but ``full``, which always runs
+#: ``patching.variables.featurizers.KINDS`` but ``full``, which always runs
 FEATURIZERS = ("das", "dbm", "pca", "random")
 
 

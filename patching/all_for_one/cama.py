@@ -58,7 +58,7 @@ from transformer_lens.hook_points import HookPoint
 
 from circuits.arguments import check_positive_int
 from circuits.errors import InputError
-from patching.options import SweepOptions, sweep_options
+from patching.sweeps.options import SweepOptions, sweep_options
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from circuits.prefix_cache import TiledKVCache, prefix_kv_cache
 from patching.all_for_one.abp import PeekRule, abp_hooks, layer_peek_masks
 from patching.all_for_one.template_prompts import cross_fit_folds, split_fit_eval
 from patching.all_for_one.cama import CamaConfig, CamaMeans, fit_cama, group_rows, residuals
-from patching.options import SweepOptions, sweep_options
+from patching.sweeps.options import SweepOptions, sweep_options
 
 logger = logging.getLogger(__name__)
 

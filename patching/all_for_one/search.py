@@ -56,7 +56,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.nodes import Head
-from patching.options import SweepOptions
+from patching.sweeps.options import SweepOptions
 from circuits.stats import proportion
 from patching.all_for_one.runner import AF1Config, AF1Runner, NoEvalPromptsError, check_setting
 

@@ -15,30 +15,51 @@ are, so that outputs add up to inputs on every supported model; everything else 
 * :mod:`patching.edges.curves`: MIB faithfulness curves, CPR and CMD, with bootstrap intervals;
 * :mod:`patching.edges.faithful_circuit`: the smallest faithful circuit, chosen on one half of the prompts
   and reported on the other;
-* :mod:`patching.edges.circuit_methods`: the registry of circuit methods, and several compared side by side;
+* :mod:`patching.edges.catalogue`: every circuit method as one record (torch-free: the command line reads it);
+* :mod:`patching.edges.circuit_methods`: how each method scores, and several compared side by side;
 * :mod:`patching.edges.stability`: one method's circuits on disjoint prompt sets, their overlap and stable core;
 * :mod:`patching.edges.families`: one method's circuit on each prompt family (template styles, transfer formats),
   evaluated on every other family;
 * :mod:`patching.edges.combine`: ensembles, bootstrapped sign-stable scores, the ILP circuit;
 * :mod:`patching.edges.positions`: position-aware edges over a span schema of the prompt layouts;
-* :mod:`patching.edges.shift`: what tuning or merging did to a circuit;
 * :mod:`patching.edges.distributed`: the same sweeps split over processes.
 
 This face offers the entry points (``__all__``): :func:`edge_attribution`, :func:`edge_patch`,
 :func:`evaluate_circuit`, :func:`evaluate_circuits`, :func:`faithfulness_curve`,
 :func:`find_faithful_circuit` (with its settings :class:`CircuitSearch`), :func:`learn_circuit`
-(:class:`LearnConfig`) and :func:`circuit_shift` (:class:`ShiftSettings`). Their results, constants
+(:class:`LearnConfig`); what tuning or merging did to a circuit is :func:`patching.circuit_shift`. Their results, constants
 and errors are imported from the modules above (e.g. :class:`patching.edges.patch.EdgeEffects`,
 :data:`patching.edges.curves.MIB_FRACTIONS`, :data:`patching.edges.attribute.EDGE_ATTRIBUTION_METHODS`).
 """
 
-from patching.edges.attribute import edge_attribution
-from patching.edges.curves import faithfulness_curve
-from patching.edges.evaluate import evaluate_circuit, evaluate_circuits
-from patching.edges.faithful_circuit import CircuitSearch, find_faithful_circuit
-from patching.edges.learn import LearnConfig, learn_circuit
-from patching.edges.patch import edge_patch
-from patching.edges.shift import ShiftSettings, circuit_shift
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "edge_attribution": "patching.edges.attribute",
+    "faithfulness_curve": "patching.edges.curves",
+    "evaluate_circuit": "patching.edges.evaluate",
+    "evaluate_circuits": "patching.edges.evaluate",
+    "CircuitSearch": "patching.edges.faithful_circuit",
+    "find_faithful_circuit": "patching.edges.faithful_circuit",
+    "LearnConfig": "patching.edges.learn",
+    "learn_circuit": "patching.edges.learn",
+    "edge_patch": "patching.edges.patch",
+}
 
 __all__ = ["edge_attribution", "edge_patch", "evaluate_circuit", "evaluate_circuits", "faithfulness_curve",
-           "find_faithful_circuit", "CircuitSearch", "learn_circuit", "LearnConfig", "circuit_shift", "ShiftSettings"]
+           "find_faithful_circuit", "CircuitSearch", "learn_circuit", "LearnConfig"]
+
+
+def __getattr__(name: str):
+    # names load on first use: patching.edges.catalogue stays importable without torch
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'patching.edges' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

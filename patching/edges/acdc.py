@@ -57,12 +57,12 @@ from transformer_lens import HookedTransformer
 from circuits.errors import InputError
 from circuits.end_logits import unembed_end
 from circuits.graph import Graph, GraphLayout
-from patching import inputs
+from patching.sweeps import inputs
 from patching.edges.evaluate import ABLATIONS, group_pool_means, circuit_end_residuals, prepare_group
 from patching.edges.engine import edge_mode
 from patching.edges.mixing import check_norm
-from patching.metrics import get_metric, score_end
-from patching.options import SweepOptions, sweep_options
+from patching.sweeps.metrics import get_metric, score_end
+from patching.sweeps.options import SweepOptions, sweep_options
 
 #: what ACDC's damage measures (module docstring)
 OBJECTIVES = ("kl", "metric")

@@ -57,7 +57,7 @@ Speed: reference and counterfactual prompts share a prefix (few-shot lines, the 
 operand's leading tokens); every output difference is zero there, so it is run once,
 without gradient, and cached as keys/values; only the later positions are run and
 differentiated. The metric reads the END position only, and unembeds only the columns
-it needs (:func:`patching.metrics.score_end`). Rows are chunked to ``memory_mb``.
+it needs (:func:`patching.sweeps.metrics.score_end`). Rows are chunked to ``memory_mb``.
 ``level="node"`` sums each sender's edges over its receivers (a node's score: the
 first-order effect of patching its output everywhere downstream).
 
@@ -83,13 +83,13 @@ from transformer_lens import utils as tl_utils
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.prefix_cache import TiledKVCache
-from patching import forward, inputs
+from patching.sweeps import forward, inputs
 from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, receiver_hooks, run_suffix
-from patching.metrics import PatchMetric, get_metric, score_end
+from patching.sweeps.metrics import PatchMetric, get_metric, score_end
 from patching.edges.mixing import record_outputs, rms_norm
 from patching.edges.positions import PositionalScores, check_schema, span_ids
-from patching.options import SweepOptions, sweep_options
-from patching.results import NodeScores
+from patching.sweeps.options import SweepOptions, sweep_options
+from patching.sweeps.results import NodeScores
 
 __all__ = ["edge_attribution", "EDGE_ATTRIBUTION_METHODS", "HEAD_CHANGES", "PATH_METHODS"]
 
@@ -307,7 +307,7 @@ def edge_attribution(
 
     ``reference`` / ``counterfactual`` / ``answer_ids`` / ``alt_ids``: as in :func:`patching.path_patch`
     (a task Dataset, a TaskBatch, or token tensors). ``options`` (:class:`patching.SweepOptions`; None for
-    its defaults): the metric on the END logits (:mod:`patching.metrics`), batching, the memory
+    its defaults): the metric on the END logits (:mod:`patching.sweeps.metrics`), batching, the memory
     budget (default 2048 MB: the backward keeps every layer's activations) and the progress bar.
     ``norm`` (models with norms after attention): a head sender's change is its output at each run's
     own scale (``"frozen"``, the toolkit's convention), its layer re-normalised with the head's pre-norm
@@ -317,7 +317,7 @@ def edge_attribution(
     score every position-aware edge instead, summing each edge's terms over the positions of each span
     (needs a Dataset or TaskBatch); returns :class:`patching.edges.positions.PositionalScores`.
     Returns a :class:`circuits.graph.Graph` whose ``scores`` are the mean over prompts of each edge's
-    estimated effect on the metric (``level="edge"``), or :class:`patching.results.NodeScores` of heads and MLPs
+    estimated effect on the metric (``level="edge"``), or :class:`patching.sweeps.results.NodeScores` of heads and MLPs
     (``level="node"``).
     """
     opts = sweep_options(options, "edge_attribution")

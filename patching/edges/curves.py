@@ -52,9 +52,9 @@ from circuits.graph_io import check_graph_fits
 from circuits.graph_selection import select_top_n
 from circuits.stats import Estimate, bootstrap
 from patching.edges.evaluate import evaluate_circuits
-from patching import inputs
+from patching.sweeps import inputs
 from patching.edges.positions import PositionalScores
-from patching.options import SweepOptions, sweep_options
+from patching.sweeps.options import SweepOptions, sweep_options
 
 MIB_FRACTIONS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 Selector = Callable[[Float[Tensor, "n_forward n_backward"], int], Bool[Tensor, "n_forward n_backward"]]

@@ -47,8 +47,8 @@ from patching.edges import curves, evaluate
 from patching.edges.evaluate import CircuitEvaluation
 from patching.edges.attribute import edge_attribution, node_scores_of_edges
 from patching.edges.patch import EdgeEffects, EdgesInput, edge_patch, resolve_edges
-from patching.options import sweep_options
-from patching.results import NodeScores
+from patching.sweeps.options import sweep_options
+from patching.sweeps.results import NodeScores
 
 __all__ = ["Shard", "current_shard", "distributed_edge_attribution", "distributed_edge_patch",
            "distributed_evaluate_circuits", "distributed_faithfulness_curve", "shard_prompts"]

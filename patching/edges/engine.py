@@ -52,7 +52,7 @@ from transformer_lens import utils as tl_utils
 from circuits.errors import InputError
 from circuits.graph import QKV, GraphLayout
 from circuits.prefix_cache import TiledKVCache, prefix_kv_cache
-from patching import forward
+from patching.sweeps import forward
 
 #: The config flags :func:`edge_mode` sets, mapped to TransformerLens' setter for each.
 EDGE_FLAGS = {
@@ -104,7 +104,7 @@ def edge_mode(model: HookedTransformer, *, attn_result: bool = False) -> Iterato
 
     Sets ``use_split_qkv_input``, ``ungroup_grouped_query_attention`` and ``use_hook_mlp_in``
     (and ``use_attn_result`` when ``attn_result=True``, as EAP-IG expects), and stores the weights the
-    way TransformerLens multiplies them (:func:`patching.forward.transposed_weight_storage`: the same
+    way TransformerLens multiplies them (:func:`patching.sweeps.forward.transposed_weight_storage`: the same
     numbers, without a copy of every weight per forward). Refuses a model
     the edge graph cannot represent (:func:`check_edge_model`). Nested blocks are fine.
     """

@@ -49,12 +49,12 @@ from circuits.graph import QKV, Graph, GraphLayout
 from circuits.graph_io import check_graph_fits
 from circuits.prefix_cache import TiledKVCache
 from circuits.tasks import TaskBatch, iter_batches
-from patching import forward, inputs
+from patching.sweeps import forward, inputs
 from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, run_suffix
 from patching.edges.mixing import Ablated, MixingHooks, check_norm, record_ablated, record_outputs
 from patching.edges.positions import check_schema, span_ids
-from patching.metrics import PatchMetric, get_metric, score_end
-from patching.options import SweepOptions, sweep_options
+from patching.sweeps.metrics import PatchMetric, get_metric, score_end
+from patching.sweeps.options import SweepOptions, sweep_options
 
 ABLATIONS = ("counterfactual", "mean", "positional-mean", "zero")
 CircuitInput = Union[Graph, Bool[Tensor, "n_forward n_backward"]]
@@ -283,7 +283,7 @@ class PreparedGroup:
     ablated output. Preparing once and running many circuits is what a search over circuits (ACDC) reuses.
     """
 
-    group: object  # a patching.inputs prompt group
+    group: object  # a patching.sweeps.inputs prompt group
     start: int
     kv: Optional[list]
     ablated: Ablated

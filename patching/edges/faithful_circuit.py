@@ -42,7 +42,7 @@ from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, faithfulness
 from patching.edges.learn import DEFAULT_CIRCUIT
 from patching.edges.learn import METHODS as LEARNED_METHODS
 from patching.edges.learn import LearnConfig, learn_circuit
-from patching.options import SweepOptions
+from patching.sweeps.options import SweepOptions
 
 MIN_PROMPTS = 4  # two per half: the fewest a bootstrap interval can be drawn from
 #: the methods a search scores with: every attribution method, then every learned one

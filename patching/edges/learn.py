@@ -67,11 +67,11 @@ from circuits.arguments import check_positive_int
 from circuits.end_logits import unembed_end
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
-from patching import forward, inputs
+from patching.sweeps import forward, inputs
 from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
 from patching.edges.mixing import MixingHooks, check_norm, record_ablated
-from patching.interchange import frozen_weights
-from patching.metrics import get_metric, score_end
+from patching.sweeps.forward import frozen_weights
+from patching.sweeps.metrics import get_metric, score_end
 
 METHODS = ("edge-pruning", "ugs", "matryoshka", "top-n")
 OBJECTIVES = ("kl", "metric")

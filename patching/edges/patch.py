@@ -45,14 +45,14 @@ from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_io import check_graph_fits
 from circuits.prefix_cache import TiledKVCache
-from patching import forward, inputs
-from patching.options import SweepOptions, sweep_options
+from patching.sweeps import forward, inputs
+from patching.sweeps.options import SweepOptions, sweep_options
 from patching.edges.patch_fast import end_residual_above, fast_path_problem, head_receiver_layer, mlp_receiver_layer, receiver_kind
 from patching.edges.engine import (
     SenderRecorder, edge_mode, plain_blocks, prefix_caches, receiver_hooks, run_suffix, sender_outputs,
 )
 from patching.edges.mixing import check_norm, record_outputs, rms_norm
-from patching.metrics import PatchMetric, get_metric, score_end
+from patching.sweeps.metrics import PatchMetric, get_metric, score_end
 
 EdgesInput = Union[None, Sequence[str], Sequence[tuple[int, int]], Bool[Tensor, "n_forward n_backward"], Graph]
 

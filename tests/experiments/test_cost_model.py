@@ -24,8 +24,8 @@ from experiments.cost_model import SWEEPS, MeasureConfig, batch_prefix, main, pa
 from experiments.runtime import cli
 from patching import activation_patch, path_patch
 from patching.edges import edge_attribution, edge_patch, faithfulness_curve
-from patching.knockout_curves import knockout_correct
-from patching.forward import shared_prefix_length
+from patching.node_level.knockout_curves import knockout_correct
+from patching.sweeps.forward import shared_prefix_length
 from patching.edges.engine import edge_mode
 from patching import SweepOptions
 

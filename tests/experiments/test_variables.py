@@ -75,8 +75,8 @@ def test_bad_flags_are_refused_when_parsed(tmp_path):
 
 
 def test_the_configs_names_are_the_librarys():
-    from circuits.causal_models import CAUSAL_MODELS
-    from patching.featurizers import KINDS
+    from patching.variables.causal_models import CAUSAL_MODELS
+    from patching.variables.featurizers import KINDS
 
     assert set(variables_config.TASKS) == set(CAUSAL_MODELS)
     assert set(variables_config.FEATURIZERS) == set(KINDS) - {"full"}

@@ -11,10 +11,10 @@ import torch
 from circuits.nodes import Head
 from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
-from patching.activation_patching import activation_patch
-from patching.attribution_patching import attribution_patch
-from patching.knockout_curves import knockout
-from patching.path_patching import path_patch
+from patching.node_level.activation_patching import activation_patch
+from patching.node_level.attribution_patching import attribution_patch
+from patching.node_level.knockout_curves import knockout
+from patching.node_level.path_patching import path_patch
 from patching import SweepOptions
 
 

@@ -18,10 +18,10 @@ from circuits.errors import TaskDataError
 from tests.tiny_models import tiny_model
 from patching.all_for_one import AF1Config
 from patching.all_for_one.template_prompts import make_template_dataset
-from patching.attribution_patching import attribution_patch
-from patching.knockout_curves import knockout
-from patching.path_patching import path_patch
-from patching.head_ranking import key_heads
+from patching.node_level.attribution_patching import attribution_patch
+from patching.node_level.knockout_curves import knockout
+from patching.node_level.path_patching import path_patch
+from patching.node_level.head_ranking import key_heads
 from patching import SweepOptions
 from circuits.templates import template_by_id
 

@@ -7,7 +7,7 @@ import torch
 
 from circuits.nodes import Head
 from circuits.show.patching_figures import activation_scores_figure, knockout_figure, node_scores_figure, transfer_figure
-from patching.results import KnockoutCurve
+from patching.sweeps.results import KnockoutCurve
 
 
 def test_node_scores_heatmaps_have_their_own_symmetric_scales_and_mark_key_heads():

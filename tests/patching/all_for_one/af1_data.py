@@ -11,7 +11,7 @@ from circuits.tasks import make_row
 from circuits.templates import Template
 from patching.all_for_one.template_prompts import split_fit_eval
 from patching.all_for_one.runner import AF1Config, AF1Runner
-from patching.options import SweepOptions
+from patching.sweeps.options import SweepOptions
 
 
 EQ = Template("t-eq", "+", "equation", "{A}[+]{B}=")

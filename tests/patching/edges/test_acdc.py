@@ -71,7 +71,7 @@ def test_bad_acdc_settings_are_refused():
 def test_forwards_from_a_layer_refuse_circuits_ablated_below_it(setup):
     from patching.edges.engine import edge_mode
     from patching.edges.evaluate import circuit_end_residuals, prepare_group
-    from patching import inputs
+    from patching.sweeps import inputs
 
     model, data = setup
     layout = GraphLayout.of(model)

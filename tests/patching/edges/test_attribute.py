@@ -14,7 +14,7 @@ from circuits.errors import InputError
 from circuits.graph import GraphLayout
 from tests.tiny_models import tiny_model
 from patching.edges.attribute import edge_attribution
-from patching.metrics import get_metric
+from patching.sweeps.metrics import get_metric
 from patching import SweepOptions
 
 STYLES = [("gpt2", None), ("llama", 2), ("gemma", 1)]

@@ -12,7 +12,7 @@ from circuits.errors import InputError
 from circuits.graph import GraphLayout
 from patching import SweepOptions
 from patching.edges.attribute import _gradpath, edge_attribution, straight_direction
-from patching.metrics import get_metric
+from patching.sweeps.metrics import get_metric
 from tests.patching.edges.test_attribute import (
     STYLES, _flags, close, make_model, plain_gradients, plain_outputs, plain_scores, prompts, receivers,
 )

@@ -11,14 +11,14 @@ import torch
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import select_top_n
 from circuits.tasks import make_dataset
-from patching import inputs
+from patching.sweeps import inputs
 from patching.edges.engine import edge_mode
 from patching.edges.evaluate import evaluate_circuits
 from patching.edges.learn import (
     BETA, LEFT, RIGHT, LearnConfig, _circuit_end, _EdgePruning, _loss, _Matryoshka, _prepare, _TopN, _UGS,
     learn_circuit, soft_threshold,
 )
-from patching.metrics import get_metric, score_end
+from patching.sweeps.metrics import get_metric, score_end
 from tests.tiny_models import tiny_model
 
 STYLES = [("gpt2", None), ("llama", 2), ("gemma", 1)]

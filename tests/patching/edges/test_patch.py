@@ -53,7 +53,7 @@ def test_edge_patch_without_prefix_reuse_and_in_small_chunks_agrees(setup):
 
 def test_a_metric_that_ignores_the_logits_warns_that_every_edge_effect_is_zero():
     from circuits.tasks import make_dataset
-    from patching.inputs import NoEffectWarning
+    from patching.sweeps.inputs import NoEffectWarning
     from tests.tiny_models import tiny_model
 
     model = tiny_model(n_layers=1)

@@ -1,0 +1,356 @@
+"""Featurizers: the subspace of a location that an interchange intervention swaps, learned or fixed.
+
+Every featurizer swaps rows of one location's activation by the same rule: with an orthonormal basis
+``Q`` (columns: directions) and a mask ``m`` over them,
+
+    h' = h_base + ((h_src - h_base) Q * m) Q^T,
+
+which, for ``Q`` a full rotation and ``m`` the first k ones, is the rotate-swap-rotate-back of DESIGN:
+``h' = R^T [ (R h_src)_{1..k} ; (R h_base)_{k+1..} ]`` with ``R = Q^T``. The kinds (:data:`KINDS`):
+
+* ``"full"`` (:class:`FullVector`): the whole vector, the plain interchange;
+* ``"das"`` (:class:`RotatedSubspace`, distributed alignment search, Geiger et al. 2024): the first k
+  columns of a learned rotation, ``torch.nn.utils.parametrizations.orthogonal`` keeping them
+  orthonormal. Only those k columns enter the swap, so only they are parametrised (a ``d x k`` matrix
+  with orthonormal columns is exactly the first k columns of some rotation), which keeps training
+  cheap at ``d_model = 640``;
+* ``"dbm"`` (:class:`BoundlessMask`, boundless DAS, Wu et al. 2023): a full learned rotation and a
+  learned mask ``m = sigmoid(logits / temperature)`` over all its directions, the temperature
+  annealed during training and a small penalty on ``sum(m)``, so the size of the subspace is learned
+  rather than chosen;
+* ``"pca"``: the top-k principal directions of the location's activations over the training prompts;
+* ``"random"`` (the null): k random orthonormal directions. A random k-subspace of a d-dimensional
+  location moves only part of any variable's signal, so a variable found by DAS but not by a
+  random subspace of the same k is a property of the learned directions, not of k.
+
+DAS and DBM train with cross-entropy on the predicted (counterfactual) answer's tokens over the
+training pairs (:func:`train_featurizer`); k is chosen on the validation pairs (:func:`fit_and_select`),
+and IIA reported on the test pairs. :class:`DASSettings` holds every setting.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrizations
+from tqdm.auto import tqdm
+from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
+
+from circuits.analyze.number_geometry import orthonormal_columns, pca_subspace
+from circuits.arguments import check_option, check_positive_int
+from circuits.errors import InputError
+from circuits.stats import Estimate
+from patching.sweeps.forward import frozen_weights
+from patching.variables.interchange import (
+    Location, PairBatch, interchange_accuracy, intervened_loss, location_width, prepare,
+    source_activations,
+)
+
+KINDS = ("full", "das", "dbm", "pca", "random")
+
+
+@dataclass(frozen=True)
+class DASSettings:
+    """How DAS and DBM train and how k is chosen.
+
+    ``ks``: the subspace sizes tried (those above the location's width are skipped); ``steps`` optimiser
+    steps of ``batch_size`` training pairs at learning rate ``lr``; ``select_steps``: earlier step counts
+    at which DAS is also scored on the validation pairs, so that the number of steps is chosen with k
+    from one training run per k (a snapshot of the rotation is kept at each); DBM anneals its temperature
+    from ``temperature[0]`` to ``temperature[1]`` over all ``steps`` and adds ``mask_penalty * sum(m) / d``
+    to the loss.
+    """
+
+    ks: tuple[int, ...] = (1, 4, 16, 64)
+    steps: int = 40
+    batch_size: int = 16
+    lr: float = 0.01
+    temperature: tuple[float, float] = (1.0, 0.01)
+    mask_penalty: float = 0.01
+    seed: int = 0
+    select_steps: tuple[int, ...] = ()
+    progress: bool = False  # a tqdm bar with an ETA over each training run's steps
+
+    def __post_init__(self) -> None:
+        if not self.ks:
+            raise InputError("ks is empty: give at least one subspace size k to try.")
+        for k in self.ks:
+            check_positive_int(k, "each k of ks")
+        check_positive_int(self.steps, "steps")
+        for count in self.select_steps:
+            check_positive_int(count, "each count of select_steps")
+            if count > self.steps:
+                raise InputError(f"select_steps holds {count}, more than the {self.steps} training steps: give "
+                                 f"step counts of at most steps={self.steps}.")
+        check_positive_int(self.batch_size, "batch_size")
+        if not self.lr > 0 or not all(t > 0 for t in self.temperature):
+            raise InputError(f"lr and the temperatures must be > 0, got lr={self.lr}, temperature={self.temperature}.")
+
+
+def _orthogonal(layer: nn.Linear, seed: int) -> None:
+    """Parametrise ``layer.weight`` as orthonormal rows, reproducibly.
+
+    torch completes a ``k x d`` weight into the full rotation that training moves along with the
+    global random generator; that completion shapes every later step, so it is drawn here from ``seed``
+    and the caller's generator state is left as it was.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        parametrizations.orthogonal(layer)
+
+
+class Featurizer(nn.Module):
+    """The swap rule of the module docstring; subclasses say what ``basis()`` and ``mask()`` are."""
+
+    kind = "featurizer"
+
+    def basis(self) -> Tensor:
+        raise NotImplementedError
+
+    def mask(self) -> Tensor:
+        return torch.ones(self.basis().shape[1], device=self.basis().device)
+
+    @property
+    def k(self) -> float:
+        """The size of the swapped subspace (for DBM: how many mask entries exceed 1/2)."""
+        return float(self.mask().sum())
+
+    def forward(self, base: Tensor, source: Tensor) -> Tensor:
+        q = self.basis()
+        delta = (source - base).to(q.dtype)
+        return base + (((delta @ q) * self.mask().to(q.dtype)) @ q.T).to(base.dtype)
+
+
+def _check_k(k: int, width: int) -> int:
+    check_positive_int(k, "k")
+    if k > width:
+        raise InputError(f"k = {k} is larger than the {width} dimensions of the location's activation: choose "
+                         f"k in 1..{width}.")
+    return k
+
+
+class FullVector(Featurizer):
+    """The whole activation from the source."""
+
+    kind = "full"
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.width = width
+
+    @property
+    def k(self) -> float:
+        return float(self.width)
+
+    def forward(self, base: Tensor, source: Tensor) -> Tensor:
+        return source
+
+
+class FixedSubspace(Featurizer):
+    """A fixed orthonormal basis (``pca`` or ``random``)."""
+
+    def __init__(self, basis: Tensor, kind: str):
+        super().__init__()
+        self.register_buffer("q", basis.detach().float())
+        self.kind = kind
+
+    def basis(self) -> Tensor:
+        return self.q
+
+
+class RotatedSubspace(Featurizer):
+    """DAS: the first k columns of a learned rotation of a ``width``-dimensional activation."""
+
+    kind = "das"
+
+    def __init__(self, width: int, k: int, *, seed: int = 0):
+        super().__init__()
+        _check_k(k, width)
+        generator = torch.Generator().manual_seed(seed)
+        self.rotation = nn.Linear(width, k, bias=False)  # weight [k, width]: its rows are the directions
+        with torch.no_grad():
+            self.rotation.weight.copy_(torch.randn(k, width, generator=generator))
+        _orthogonal(self.rotation, seed)
+
+    def basis(self) -> Tensor:
+        return self.rotation.weight.T
+
+
+class BoundlessMask(Featurizer):
+    """DBM: a learned full rotation and a learned sigmoid mask over its directions (temperature set by training)."""
+
+    kind = "dbm"
+
+    def __init__(self, width: int, *, seed: int = 0):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.rotation = nn.Linear(width, width, bias=False)
+        with torch.no_grad():
+            self.rotation.weight.copy_(torch.randn(width, width, generator=generator))
+        _orthogonal(self.rotation, seed)
+        self.logits = nn.Parameter(torch.zeros(width))
+        self.temperature = 1.0
+
+    def basis(self) -> Tensor:
+        return self.rotation.weight.T
+
+    def mask(self) -> Tensor:
+        return torch.sigmoid(self.logits / self.temperature)
+
+    @property
+    def k(self) -> float:
+        return float((self.mask() > 0.5).sum())
+
+
+def random_subspace(width: int, k: int, *, seed: int = 0) -> FixedSubspace:
+    """``k`` random orthonormal directions (the null)."""
+    _check_k(k, width)
+    generator = torch.Generator().manual_seed(seed)
+    return FixedSubspace(orthonormal_columns(torch.randn(width, k, generator=generator, dtype=torch.float64)), "random")
+
+
+def pca_directions(activations: Tensor, k: int) -> FixedSubspace:
+    """The top-``k`` principal directions of ``activations`` [n, width]."""
+    _check_k(k, activations.shape[1])
+    if k > activations.shape[0]:
+        raise InputError(f"k = {k} principal directions need at least {k} activations, got {activations.shape[0]}.")
+    return FixedSubspace(pca_subspace(activations.double(), k), "pca")
+
+
+def train_featurizer(model: HookedTransformer, featurizer: Featurizer, batches: Sequence[PairBatch], where: Location,
+                     settings: DASSettings = DASSettings(),
+                     on_checkpoint: Callable[[int, list[float]], None] | None = None) -> list[float]:
+    """Fit a DAS or DBM featurizer on the training ``batches`` (cross-entropy on the predicted answer); the losses.
+
+    Each step draws ``settings.batch_size`` pairs of one batch; the model's weights stay fixed.
+    ``on_checkpoint(n, losses)`` is called after ``n`` steps for every ``n`` of ``settings.select_steps``
+    and after the last step, with the featurizer as it is then and the ``n`` losses so far.
+    """
+    if not batches:
+        raise InputError("No training pairs: train_featurizer needs at least one batch of pairs.")
+    prepared = [prepare(model, batch, [where]) for batch in batches]
+    generator = torch.Generator().manual_seed(settings.seed)
+    optimizer = torch.optim.Adam(featurizer.parameters(), lr=settings.lr)
+    t_start, t_end = settings.temperature
+    sizes = torch.tensor([len(b) for b in batches], dtype=torch.float)
+    losses = []
+    with frozen_weights(model), torch.enable_grad():
+        for step in tqdm(range(settings.steps), desc=f"{featurizer.kind} k={featurizer.k:g} at {where.hook}",
+                         disable=not settings.progress, leave=False):
+            if isinstance(featurizer, BoundlessMask):  # geometric annealing from t_start to t_end
+                featurizer.temperature = t_start * (t_end / t_start) ** (step / max(1, settings.steps - 1))
+            chosen = prepared[int(torch.multinomial(sizes, 1, generator=generator))]
+            rows = torch.randperm(len(chosen.batch), generator=generator)[:settings.batch_size]
+            loss = intervened_loss(model, _rows(chosen, rows), where, featurizer)
+            if isinstance(featurizer, BoundlessMask):
+                loss = loss + settings.mask_penalty * featurizer.mask().sum() / featurizer.mask().numel()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
+            if on_checkpoint is not None and (step + 1 in settings.select_steps or step + 1 == settings.steps):
+                with torch.no_grad():
+                    on_checkpoint(step + 1, losses)
+    return losses
+
+
+def _rows(prepared, rows: Tensor):
+    """The prepared batch restricted to ``rows`` (prefix keys/values, starts and sources sliced alike)."""
+    batch = prepared.batch
+    device = batch.base.device
+    rows = rows.to(device)
+    sub = PairBatch(batch.base[rows], batch.source[rows], batch.targets[rows], batch.prompt_length)
+    kv = None if prepared.prefix_kv is None else [
+        TransformerLensKeyValueCacheEntry(e.past_keys[rows], e.past_values[rows], frozen=True) for e in prepared.prefix_kv]
+    return type(prepared)(sub, prepared.prefix, kv, {l: s[rows] for l, s in prepared.starts.items()},
+                          {w: s[rows] for w, s in prepared.sources.items()})
+
+
+@dataclass
+class Fitted:
+    """One featurizer kind fitted at one location: its k, validation and test IIA, and the featurizer."""
+
+    kind: str
+    k: float
+    validation: Estimate | None
+    test: Estimate
+    featurizer: Featurizer
+    losses: list[float]
+    steps: int | None = None  # training steps of the kept featurizer (DAS, DBM)
+    test_hits: Tensor | None = field(default=None, repr=False)  # per test pair, in the batches' order
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "k": self.k, "steps": self.steps, "test": self.test.to_dict(),
+                "validation": None if self.validation is None else self.validation.to_dict(),
+                "final_loss": self.losses[-1] if self.losses else None}
+
+
+def fit_and_select(model: HookedTransformer, kind: str, where: Location, train: Sequence[PairBatch],
+                   validation: Sequence[PairBatch], test: Sequence[PairBatch], settings: DASSettings = DASSettings(),
+                   *, k: int | None = None) -> Fitted:
+    """Fit a featurizer of ``kind`` at ``where`` and report its test IIA.
+
+    ``"das"`` and ``"pca"`` try every k of ``settings.ks`` (up to the location's width) and keep the best on
+    ``validation`` (ties: the smaller k; for DAS, each k also at every step count of ``settings.select_steps``
+    and ``settings.steps``, ties: the fewer steps); ``"random"`` takes the given ``k`` (the k DAS chose, for
+    the null); ``"dbm"`` learns its own size; ``"full"`` needs nothing.
+    """
+    check_option("featurizer kind", kind, KINDS)
+    width = location_width(model, where)
+    if kind == "full":
+        test_iia, hits = interchange_accuracy(model, test, where, FullVector(width))
+        return Fitted(kind, float(width), None, test_iia, FullVector(width), [], test_hits=hits)
+    if kind == "random":
+        if k is None:
+            raise InputError("The random-subspace null needs k: pass the k chosen for DAS (k=...).")
+        featurizer = random_subspace(width, k, seed=settings.seed)
+        test_iia, hits = interchange_accuracy(model, test, where, featurizer)
+        return Fitted(kind, float(k), None, test_iia, featurizer, [], test_hits=hits)
+    if kind == "dbm":
+        featurizer = BoundlessMask(width, seed=settings.seed)
+        losses = train_featurizer(model, featurizer, train, where, settings)
+        test_iia, hits = interchange_accuracy(model, test, where, featurizer)
+        return Fitted(kind, featurizer.k, interchange_accuracy(model, validation, where, featurizer)[0],
+                      test_iia, featurizer, losses, settings.steps, test_hits=hits)
+    ks = [k] if k is not None else [k for k in settings.ks if k <= width]
+    if not ks:
+        raise InputError(f"Every k of {settings.ks} is larger than the {width} dimensions at {where}: give smaller ks.")
+    activations = source_activations(model, train, where) if kind == "pca" else None
+    if activations is not None:  # k principal directions need k activations
+        ks = [size for size in ks if size <= activations.shape[0]] or [activations.shape[0]]
+    best: Fitted | None = None
+
+    def keep_if_best(featurizer: Featurizer, losses: list[float], steps: int | None) -> None:
+        nonlocal best
+        score = interchange_accuracy(model, validation, where, featurizer)[0]
+        if best is None or score.value > best.validation.value:
+            best = Fitted(kind, featurizer.k, score, score, copy.deepcopy(featurizer), list(losses), steps)
+
+    for size in ks:
+        if kind == "pca":
+            keep_if_best(pca_directions(activations, size), [], None)
+            continue
+        featurizer = RotatedSubspace(width, size, seed=settings.seed)
+        train_featurizer(model, featurizer, train, where, settings,
+                         on_checkpoint=lambda n, losses, current=featurizer: keep_if_best(current, losses, n))
+    best.test, best.test_hits = interchange_accuracy(model, test, where, best.featurizer)
+    return best
+
+
+def verdict(best: Estimate, null: Estimate, full: Estimate) -> str:
+    """One line on a variable's best location: above the random-subspace null? how close to the full vector?"""
+    if math.isnan(best.value):
+        return "not measured"
+    if best.low > null.high:
+        found = "held: DAS's subspace beats the random subspace of the same k (intervals apart)"
+    elif best.high < null.low:
+        found = "not held: the random subspace does better than DAS"
+    else:
+        found = "not shown: DAS's interval overlaps the random-subspace null"
+    ratio = best.value / full.value if full.value > 0 else float("nan")
+    return f"{found}; DAS reaches {ratio:.0%} of the full vector's IIA" if not math.isnan(ratio) else found
