@@ -26,14 +26,43 @@ method configs :class:`PreciseSFTConfig`, :class:`FullSFTConfig`, :class:`LoraSF
 (:class:`ArithmeticMix`, :func:`arithmetic_train_set`); the evaluation (:func:`evaluate_suite`,
 :func:`math_suite`, :class:`MathSuiteConfig`); saved models (:func:`save_tuned`, :func:`load_tuned`).
 Everything else is imported from its module above (e.g. :func:`finetune.masks.precise_selection`).
+
+The names are imported on first use, so ``import finetune.expert_task_names`` (the merge
+experts' task names, for a command line) loads no torch.
 """
 
-from finetune.checkpoints import load_tuned, save_tuned
-from finetune.configs import CircuitLoraSFTConfig, FullSFTConfig, LoraSFTConfig, PreciseSFTConfig, TrainConfig
-from finetune.data import ArithmeticMix, arithmetic_train_set
-from finetune.evaluate import MathSuiteConfig, evaluate_suite, math_suite
-from finetune.trainer import train
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "train": "finetune.trainer",
+    "TrainConfig": "finetune.configs",
+    "PreciseSFTConfig": "finetune.configs",
+    "FullSFTConfig": "finetune.configs",
+    "LoraSFTConfig": "finetune.configs",
+    "CircuitLoraSFTConfig": "finetune.configs",
+    "ArithmeticMix": "finetune.data",
+    "arithmetic_train_set": "finetune.data",
+    "evaluate_suite": "finetune.evaluate",
+    "math_suite": "finetune.evaluate",
+    "MathSuiteConfig": "finetune.evaluate",
+    "save_tuned": "finetune.checkpoints",
+    "load_tuned": "finetune.checkpoints",
+}
 
 __all__ = ["train", "TrainConfig", "PreciseSFTConfig", "FullSFTConfig", "LoraSFTConfig", "CircuitLoraSFTConfig",
            "ArithmeticMix",
            "arithmetic_train_set", "evaluate_suite", "math_suite", "MathSuiteConfig", "save_tuned", "load_tuned"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'finetune' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

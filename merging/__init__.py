@@ -20,15 +20,39 @@ This face offers the entry points (``__all__``): :func:`merge` (a registry metho
 :class:`LinearityConfig`, :func:`merge_circuit_aware`, and the sub-package :mod:`merging.methods`
 (the registry, each method's config class). Everything else is imported from its module above (e.g.
 :func:`merging.state_dicts.save_state_dict`, :class:`merging.lines.LinesConfig`).
+
+The names are imported on first use, so ``import merging.methods.catalogue`` (the
+merge methods' names, for a command line) loads no torch.
 """
 
-from merging import methods
-from merging.apply import merge
-from merging.circuit_aware import merge_circuit_aware
-from merging.linearity import LinearityConfig, nonlinearity_scores
-from merging.mergekit_config import load_mergekit_config
-from merging.state_dicts import task_vector
-from merging.submodule import SubmoduleMergeConfig, merge_submodules
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "merge": "merging.apply",
+    "load_mergekit_config": "merging.mergekit_config",
+    "task_vector": "merging.state_dicts",
+    "merge_submodules": "merging.submodule",
+    "SubmoduleMergeConfig": "merging.submodule",
+    "nonlinearity_scores": "merging.linearity",
+    "LinearityConfig": "merging.linearity",
+    "merge_circuit_aware": "merging.circuit_aware",
+}
 
 __all__ = ["merge", "load_mergekit_config", "task_vector", "merge_submodules", "SubmoduleMergeConfig",
            "nonlinearity_scores", "LinearityConfig", "merge_circuit_aware", "methods"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    if name == "methods":
+        return importlib.import_module("merging.methods")
+    raise AttributeError(f"module 'merging' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

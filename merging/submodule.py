@@ -49,7 +49,7 @@ import math
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal
 
 import plotly.graph_objects as go
 import torch
@@ -69,11 +69,10 @@ from merging.state_dicts import (
     combine_experts,
     is_buffer,
 )
+from merging.methods.catalogue import LEVELS, Level  # where a command line reads them without torch
 
-Level = Literal["model", "layer", "attn_mlp", "head"]
 LayerLevel = Literal["layer", "attn_mlp", "head"]  # a level that can differ per layer
 InputsFrom = Literal["expert", "base"]
-LEVELS: tuple[str, ...] = get_args(Level)
 LevelSpec = Level | Mapping[int, LayerLevel] | Callable[[int], LayerLevel]
 
 

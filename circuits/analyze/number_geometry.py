@@ -43,10 +43,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from circuits.analyze.number_catalogue import HELIX_PERIODS
 from circuits.errors import InputError
 from circuits.stats import Estimate, bootstrap
-
-HELIX_PERIODS = (2, 5, 10, 100)
 
 
 def _as_matrix(h) -> Tensor:

@@ -36,18 +36,10 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens.utilities import get_act_name
 
+from circuits.analyze.number_catalogue import COMPONENTS  # component name -> TransformerLens activation name
 from circuits.errors import InputError
 from circuits.tasks import make_row
 from circuits.templates import template_by_id
-
-# Component name -> TransformerLens activation name (hook blocks.{layer}.hook_<name>).
-COMPONENTS: dict[str, str] = {
-    "resid_pre": "resid_pre",
-    "resid_mid": "resid_mid",
-    "resid_post": "resid_post",
-    "attn_out": "attn_out",
-    "mlp_out": "mlp_out",
-}
 
 Key = tuple[int, str]  # (layer, component)
 

@@ -1,8 +1,8 @@
 """The settings of ``python -m experiments.merge``: one flag per field of :class:`MergeConfig`.
 
-Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load. The
-task, level and method names that ``finetune`` and ``merging`` own are written out here for that reason;
-tests/experiments/test_merge.py checks them against the library.
+Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load: the
+task, level and method names that ``finetune`` and ``merging`` own come from their torch-free catalogues
+(:mod:`finetune.expert_task_names`, :mod:`merging.methods.catalogue`), the lists the library itself reads.
 """
 
 from __future__ import annotations
@@ -13,17 +13,13 @@ from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option
 from experiments.runtime.settings import RunSettings
+from finetune.expert_task_names import EXPERT_TASKS
+from merging.methods.catalogue import DATA_FREE_METHODS, EXPERT_LIMITS, LEVELS
 
-#: ``finetune.expert_tasks.EXPERT_TASKS``: the experts' tasks, in order
-TASKS = ("add_word", "mul", "en_fr")
-#: ``merging.submodule.LEVELS``
-LEVELS = ("model", "layer", "attn_mlp", "head")
-#: ``merging.methods.METHODS``: the data-free merge methods
-METHODS = ("weight_average", "task_arithmetic", "ties", "dare_linear", "dare_ties", "breadcrumbs", "breadcrumbs_ties",
-           "della", "della_linear", "sce", "model_stock", "karcher", "slerp", "nuslerp", "multislerp", "nearswap",
-           "arcee_fusion", "ram", "ramplus_tl", "passthrough", "consensus_ta", "tsv_m", "iso_c", "iso_cts", "wudi")
-#: the methods that merge at most this many experts (``merging.methods.REGISTRY``'s ``max_experts``)
-EXPERT_LIMITS = {"slerp": 1, "nuslerp": 2, "nearswap": 1, "arcee_fusion": 1, "passthrough": 1}
+#: the experts' tasks, in order
+TASKS = EXPERT_TASKS
+#: the data-free merge methods, in the registry's order
+METHODS = DATA_FREE_METHODS
 #: the default comparison: every method that merges the experts of all TASKS
 DEFAULT_METHODS = tuple(m for m in METHODS if EXPERT_LIMITS.get(m, len(TASKS)) >= len(TASKS))
 

@@ -1,23 +1,20 @@
 """The settings of ``python -m experiments.numbers``: one flag per field of :class:`NumbersConfig`.
 
-Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load. The
-component names and helix periods that ``circuits.analyze`` owns are written out here for that reason;
-tests/experiments/test_numbers.py checks them against the library.
+Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load: the
+component names and helix periods that ``circuits.analyze`` owns come from its torch-free
+:mod:`circuits.analyze.number_catalogue`, the lists the analyses themselves read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from circuits.analyze.number_catalogue import COMPONENTS, HELIX_PERIODS
 from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option, override
 from experiments.runtime.settings import BatchSettings, RunSettings
 
-#: ``circuits.analyze.number_tokens.COMPONENTS``
-COMPONENTS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
-#: ``circuits.analyze.number_geometry.HELIX_PERIODS``
-HELIX_PERIODS = (2, 5, 10, 100)
 HELD_OUT = 0.2  # fit_helix's default test_fraction, which analyse() uses
 HELIX_BASIS = 1 + 2 * len(HELIX_PERIODS)  # n/scale, then cos and sin per period (helix_basis)
 # Fewest numbers 0..n-1 the analyses take: more training numbers than helix basis functions (12 for 4 periods).
@@ -42,7 +39,7 @@ class NumbersConfig(BatchSettings, RunSettings):
                             type=cli.positive_int)
     template: str = option("{n}", "context of a number alone; {n} is the number")
     components: tuple[str, ...] = option(("resid_post", "attn_out", "mlp_out"), "resid_pre (= the previous layer's "
-                                         "resid_post) and resid_mid are available too", choices=COMPONENTS)
+                                         "resid_post) and resid_mid are available too", choices=tuple(COMPONENTS))
     n_shuffles: int = option(50, "shuffled-n spectra for the null", type=cli.positive_int)
     alpha: float = option(0.05, "family-wise level of the spectrum null", type=cli.fraction)
     operand_max: int = option(99, "operands of the sum prompts are drawn from 0..operand-max", type=cli.nonnegative_int)

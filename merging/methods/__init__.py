@@ -15,8 +15,15 @@ its parameters, per model or global, and its rules on the base and the weights;
 merging is a record too, but runs models, has no YAML and is called through
 :func:`merging.merge_submodules`.
 
+The methods are listed once, in :mod:`merging.methods.catalogue`, as names and
+``"module:name"`` references that need no torch; :data:`REGISTRY` is those entries
+with their references resolved, built the first time it is asked for. So a command
+line can read the catalogue (``import merging.methods.catalogue``) without loading
+torch, and everything here loads on first use.
+
 ``METHODS`` (name -> function) and ``CONFIGS`` (name -> config class) are views of
-the data-free records, kept for code that imports them.
+the data-free records, kept for code that imports them; ``MERGEKIT_NAMES`` (mergekit's
+name -> ours) is the catalogue's.
 
 This face offers (``__all__``) the registry, its record class and each method's config class; the
 method functions are imported from their modules (e.g. :func:`merging.methods.generalized.generalized_task_arithmetic`,
@@ -27,74 +34,15 @@ method functions are imported from their modules (e.g. :func:`merging.methods.ge
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from merging.methods.arcee import (
-    ARCEE_FUSION_MERGEKIT,
-    RAM_MERGEKIT,
-    RAMPLUS_MERGEKIT,
-    ArceeFusionConfig,
-    RamConfig,
-    RamPlusConfig,
-    arcee_fusion,
-    ram,
-    ramplus_tl,
-)
-from merging.methods.average import (
-    AVERAGE_MERGEKIT,
-    KARCHER_MERGEKIT,
-    MODEL_STOCK_MERGEKIT,
-    AverageConfig,
-    KarcherConfig,
-    ModelStockConfig,
-    karcher,
-    model_stock,
-    weight_average,
-)
-from merging.methods.consensus import CONSENSUS_MERGEKIT, ConsensusConfig, consensus_task_arithmetic
-from merging.methods.generalized import (
-    GTA_MERGEKIT,
-    BreadcrumbsConfig,
-    BreadcrumbsTiesConfig,
-    DareLinearConfig,
-    DareTiesConfig,
-    DellaConfig,
-    DellaLinearConfig,
-    TaskArithmeticConfig,
-    TiesConfig,
-    generalized_task_arithmetic,
-    ties_thresholds,
-)
-from merging.methods.mergekit_spec import MergekitParameter, MergekitSpec
-from merging.methods.single_model import PASSTHROUGH_MERGEKIT, PassthroughConfig, passthrough
-from merging.methods.sce import SCE_MERGEKIT, SceConfig, select_calculate_erase
-from merging.methods.spectral import (
-    ISO_CTS_MERGEKIT,
-    TSV_MERGEKIT,
-    IsoCConfig,
-    IsoCtsConfig,
-    TsvConfig,
-    iso_c,
-    iso_cts,
-    tsv_m,
-)
-from merging.methods.spherical import (
-    MULTISLERP_MERGEKIT,
-    NEARSWAP_MERGEKIT,
-    NUSLERP_MERGEKIT,
-    SLERP_MERGEKIT,
-    MultiSlerpConfig,
-    NearswapConfig,
-    NuSlerpConfig,
-    SlerpConfig,
-    multislerp,
-    nearswap,
-    nuslerp,
-    slerp,
-)
-from merging.methods.interference import WUDI_MERGEKIT, WudiConfig, wudi
-from merging.submodule import SubmoduleMergeConfig, merge_submodules
+from merging.methods.catalogue import ENTRIES, MERGEKIT_NAMES, MethodEntry, resolve
+
+if TYPE_CHECKING:
+    from merging.methods.mergekit_spec import MergekitSpec
 
 
 @dataclass(frozen=True)
@@ -118,67 +66,44 @@ class MergeMethod:
                 raise TypeError(f"{self.name}: mergekit_spec sets {sorted(unknown)}, not fields of "
                                 f"{self.config.__name__}.")
 
+    @classmethod
+    def from_entry(cls, entry: MethodEntry) -> MergeMethod:
+        """The record of a catalogue entry: its function, config class and mergekit spec imported."""
+        spec = resolve(entry.mergekit_spec) if entry.mergekit_spec is not None else None
+        return cls(entry.name, resolve(entry.function), resolve(entry.config), entry.paper, entry.mergekit,
+                   needs_data=entry.needs_data, mergekit_spec=spec, max_experts=entry.max_experts,
+                   unchanged_is_base=entry.unchanged_is_base)
 
-_GTA = generalized_task_arithmetic
-_RECORDS = (
-    MergeMethod("weight_average", weight_average, AverageConfig, "Wortsman et al. 2022, Model soups (arXiv 2203.05482)",
-                "linear", mergekit_spec=AVERAGE_MERGEKIT),
-    MergeMethod("task_arithmetic", _GTA, TaskArithmeticConfig, "Ilharco et al. 2023 (arXiv 2212.04089)",
-                "task_arithmetic", mergekit_spec=GTA_MERGEKIT),
-    MergeMethod("ties", _GTA, TiesConfig, "Yadav et al. 2023, TIES-Merging (arXiv 2306.01708)", "ties",
-                mergekit_spec=GTA_MERGEKIT),
-    MergeMethod("dare_linear", _GTA, DareLinearConfig, "Yu et al. 2024, DARE (arXiv 2311.03099)", "dare_linear",
-                mergekit_spec=GTA_MERGEKIT),
-    MergeMethod("dare_ties", _GTA, DareTiesConfig, "Yu et al. 2024, DARE (arXiv 2311.03099)", "dare_ties",
-                mergekit_spec=GTA_MERGEKIT),
-    MergeMethod("breadcrumbs", _GTA, BreadcrumbsConfig, "Davari & Belilovsky 2024 (arXiv 2312.06795)", "breadcrumbs",
-                mergekit_spec=GTA_MERGEKIT),
-    MergeMethod("breadcrumbs_ties", _GTA, BreadcrumbsTiesConfig, "Davari & Belilovsky 2024 (arXiv 2312.06795)",
-                "breadcrumbs_ties", mergekit_spec=GTA_MERGEKIT),
-    MergeMethod("della", _GTA, DellaConfig, "Deep et al. 2024, DELLA-Merging (arXiv 2406.11617)", "della",
-                mergekit_spec=GTA_MERGEKIT),
-    MergeMethod("della_linear", _GTA, DellaLinearConfig, "Deep et al. 2024, DELLA-Merging (arXiv 2406.11617)",
-                "della_linear", mergekit_spec=GTA_MERGEKIT),
-    MergeMethod("sce", select_calculate_erase, SceConfig, "Wan et al. 2024, FuseChat (arXiv 2408.07990)", "sce",
-                mergekit_spec=SCE_MERGEKIT),
-    MergeMethod("model_stock", model_stock, ModelStockConfig, "Jang et al. 2024, Model Stock (arXiv 2403.19522)",
-                "model_stock", mergekit_spec=MODEL_STOCK_MERGEKIT),
-    MergeMethod("karcher", karcher, KarcherConfig, "Karcher mean (mergekit; arXiv 2603.04972)", "karcher",
-                mergekit_spec=KARCHER_MERGEKIT),
-    MergeMethod("slerp", slerp, SlerpConfig, "Shoemake 1985, spherical linear interpolation (mergekit)", "slerp",
-                mergekit_spec=SLERP_MERGEKIT, max_experts=1),
-    MergeMethod("nuslerp", nuslerp, NuSlerpConfig, "NuSLERP (mergekit)", "nuslerp", mergekit_spec=NUSLERP_MERGEKIT,
-                max_experts=2),
-    MergeMethod("multislerp", multislerp, MultiSlerpConfig, "Goddard, Multi-SLERP (mergekit)", "multislerp",
-                mergekit_spec=MULTISLERP_MERGEKIT),
-    MergeMethod("nearswap", nearswap, NearswapConfig, "alchemonaut, NearSwap (mergekit)", "nearswap",
-                mergekit_spec=NEARSWAP_MERGEKIT, max_experts=1),
-    MergeMethod("arcee_fusion", arcee_fusion, ArceeFusionConfig, "Arcee Fusion (mergekit)", "arcee_fusion",
-                mergekit_spec=ARCEE_FUSION_MERGEKIT, max_experts=1),
-    MergeMethod("ram", ram, RamConfig, "Reinforced Agent Merging (arXiv 2601.13572)", "ram",
-                mergekit_spec=RAM_MERGEKIT),
-    MergeMethod("ramplus_tl", ramplus_tl, RamPlusConfig, "RAM+, tensor-local (arXiv 2601.13572)", "ramplus_tl",
-                mergekit_spec=RAMPLUS_MERGEKIT),
-    MergeMethod("passthrough", passthrough, PassthroughConfig, "mergekit's passthrough (one model, optionally scaled)",
-                "passthrough", mergekit_spec=PASSTHROUGH_MERGEKIT, max_experts=1, unchanged_is_base=False),
-    MergeMethod("consensus_ta", consensus_task_arithmetic, ConsensusConfig, "Wang et al. 2024, Localizing Task Information (TALL)",
-                None, mergekit_spec=CONSENSUS_MERGEKIT),
-    MergeMethod("tsv_m", tsv_m, TsvConfig, "Gargiulo et al. 2025, Task Singular Vectors (CVPR)", None,
-                mergekit_spec=TSV_MERGEKIT),
-    MergeMethod("iso_c", iso_c, IsoCConfig, "Marczak et al. 2025, No Task Left Behind (ICML)", None,
-                mergekit_spec=TSV_MERGEKIT),
-    MergeMethod("iso_cts", iso_cts, IsoCtsConfig, "Marczak et al. 2025, No Task Left Behind (ICML)", None,
-                mergekit_spec=ISO_CTS_MERGEKIT),
-    MergeMethod("wudi", wudi, WudiConfig, "Cheng et al. 2025, WUDI merging (arXiv 2503.08099)", None,
-                mergekit_spec=WUDI_MERGEKIT),
-    MergeMethod("closed_form", merge_submodules, SubmoduleMergeConfig,
-                "Dai et al. 2025, submodule linearity (ICLR)", None, needs_data=True),
-)
-REGISTRY: dict[str, MergeMethod] = {r.name: r for r in _RECORDS}
 
-METHODS = {name: r.function for name, r in REGISTRY.items() if not r.needs_data}
-CONFIGS = {name: r.config for name, r in REGISTRY.items() if not r.needs_data}
-MERGEKIT_NAMES = {r.mergekit: r.name for r in _RECORDS if r.mergekit is not None}
+def _registry() -> dict[str, MergeMethod]:
+    return {entry.name: MergeMethod.from_entry(entry) for entry in ENTRIES}
+
+
+def _data_free_functions() -> dict[str, Callable]:
+    return {name: r.function for name, r in _built("REGISTRY").items() if not r.needs_data}
+
+
+def _data_free_configs() -> dict[str, type]:
+    return {name: r.config for name, r in _built("REGISTRY").items() if not r.needs_data}
+
+
+# the registry and its views, built on first use (building imports every method's module, and torch)
+_BUILDERS = {"REGISTRY": _registry, "METHODS": _data_free_functions, "CONFIGS": _data_free_configs}
+
+
+def _built(name: str):
+    """The registry or one of its views, built once: a record's identity is the same wherever it is read."""
+    if name not in globals():
+        globals()[name] = _BUILDERS[name]()  # later lookups find it there and skip __getattr__
+    return globals()[name]
+
+
+# name -> module of every object a catalogue entry names (functions, the config classes of __all__, mergekit
+# specs) and of the spec's own classes: each importable from here as before, its module loaded on first use
+_EXPORTS = {reference.partition(":")[2]: reference.partition(":")[0]
+            for entry in ENTRIES for reference in (entry.function, entry.config, entry.mergekit_spec) if reference}
+_EXPORTS |= {"MergekitParameter": "merging.methods.mergekit_spec", "MergekitSpec": "merging.methods.mergekit_spec",
+             "ties_thresholds": "merging.methods.generalized"}
 
 __all__ = [
     "REGISTRY", "MergeMethod", "AverageConfig", "BreadcrumbsConfig", "BreadcrumbsTiesConfig", "ConsensusConfig",
@@ -187,3 +112,18 @@ __all__ = [
     "MultiSlerpConfig", "NearswapConfig", "NuSlerpConfig", "SlerpConfig", "ArceeFusionConfig", "RamConfig",
     "RamPlusConfig", "PassthroughConfig", "WudiConfig",
 ]
+
+
+def __getattr__(name: str):
+    # names load on first use, so that merging.methods.catalogue imports without torch
+    if name in _BUILDERS:
+        return _built(name)
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'merging.methods' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_BUILDERS) | set(_EXPORTS))

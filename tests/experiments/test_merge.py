@@ -314,20 +314,6 @@ def test_flags_that_depend_on_each_other_are_checked_when_parsed(flags, match):
         MergeConfig(**flags)
 
 
-def test_the_light_config_names_what_the_library_has():
-    """experiments/merge/config.py writes the library's names out (it may not import torch)."""
-    from experiments.merge import config
-    from finetune.expert_tasks import EXPERT_TASKS
-    from merging.methods import METHODS
-    from merging.submodule import LEVELS
-
-    from merging.methods import REGISTRY
-
-    assert config.TASKS == tuple(EXPERT_TASKS) and config.LEVELS == tuple(LEVELS)
-    assert config.METHODS == tuple(METHODS)
-    assert config.EXPERT_LIMITS == {n: r.max_experts for n, r in REGISTRY.items() if r.max_experts is not None}
-
-
 def test_a_method_that_merges_fewer_experts_than_the_tasks_is_refused_when_the_flags_are_parsed():
     """slerp interpolates two models; the comparison merges three experts: refused before any expert trains."""
     from circuits.errors import InputError

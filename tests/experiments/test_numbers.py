@@ -100,12 +100,3 @@ def test_too_few_sum_prompts_are_refused_when_the_flags_are_parsed(tiny_dir, tmp
     with pytest.raises(InputError, match=r"^--operand-max 0 with --per-result 3 .* Give --operand-max 3 or more"):
         numbers_experiment.NumbersConfig(operand_max=0, per_result=3)
     assert numbers_experiment.NumbersConfig(operand_max=3, per_result=4).operand_max == 3  # 12 prompts: it runs
-
-
-def test_the_light_config_names_what_the_library_has():
-    """experiments/numbers/config.py writes the library's names out (it may not import torch)."""
-    from circuits.analyze.number_geometry import HELIX_PERIODS
-    from circuits.analyze.number_tokens import COMPONENTS
-    from experiments.numbers import config
-
-    assert config.COMPONENTS == tuple(COMPONENTS) and config.HELIX_PERIODS == HELIX_PERIODS
