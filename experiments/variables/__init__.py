@@ -140,36 +140,46 @@ def full_vector_sweep(run: Run[VariablesConfig, VariablesState]) -> dict[str, li
 
 
 def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) -> None:
-    """Stage "featurizers": at the best locations per variable, every featurizer's test IIA, the controls, a verdict."""
+    """Stage "featurizers": at the best locations per variable, every featurizer's test IIA, the controls, a verdict.
+
+    The featurizers are the records of :data:`patching.variables.catalogue.FEATURIZERS`: the baseline (the full
+    vector) at every location, then those of ``--featurizers`` in the catalogue's order, each null after the
+    others, at the k its featurizer chose (the smallest of ``--ks`` where that one was not fitted).
+    """
+    from patching.variables import catalogue
     from patching.variables.featurizers import DASSettings, fit_and_select, verdict
     from patching.variables.interchange import iia_by_answer_length, interchange_accuracy
 
     cfg, state = run.cfg, run.state
     settings = DASSettings(ks=tuple(cfg.ks), steps=max(cfg.das_steps), select_steps=tuple(cfg.das_steps),
                            batch_size=cfg.das_batch, lr=cfg.das_lr, seed=cfg.seed, progress=True)
+    chosen = sorted((record for record in catalogue.FEATURIZERS.values() if record.name in cfg.featurizers),
+                    key=lambda record: record.null_of is not None)  # stable: a null after the one whose k it takes
+    baseline = catalogue.BASELINE
+    headline = _headline()
     out = {}
     for variable, batches in state.batches.items():
         rows = []
         for _, where in ranked[variable][:cfg.das_locations]:
             with run.step(f"{variable} at {where}"):
                 split = (batches["train"], batches["validation"], batches["test"])
-                fitted = {"full": fit_and_select(state.model, "full", where, *split, settings)}
-                for kind in ("das", "dbm", "pca"):
-                    if kind in cfg.featurizers:
-                        fitted[kind] = fit_and_select(state.model, kind, where, *split, settings)
-                if "random" in cfg.featurizers:
-                    k = int(fitted["das"].k) if "das" in fitted else min(cfg.ks)
-                    fitted["random"] = fit_and_select(state.model, "random", where, *split, settings, k=k)
+                fitted = {baseline: fit_and_select(state.model, baseline, where, *split, settings)}
+                for record in chosen:
+                    k = None
+                    if record.null_of is not None:
+                        k = int(fitted[record.null_of].k) if record.null_of in fitted else min(cfg.ks)
+                    fitted[record.name] = fit_and_select(state.model, record.name, where, *split, settings, k=k)
                 controls = interchange_accuracy(state.model, batches["controls"], where)[0].to_dict() \
                     if batches["controls"] else None
                 # the full vector's test IIA per token count of the predicted answer (a later token is read out
                 # after the intervened position: see patching.variables.interchange.iia_by_answer_length)
-                by_length = iia_by_answer_length(state.model, batches["test"], where, hits=fitted["full"].test_hits)
+                by_length = iia_by_answer_length(state.model, batches["test"], where, hits=fitted[baseline].test_hits)
             row = {"location": _key(where, state.positions), **{kind: f.to_dict() for kind, f in fitted.items()},
                    "controls_full": controls,
                    "full_by_answer_tokens": {str(n): e.to_dict() for n, e in by_length.items()}}
-            if "das" in fitted and "random" in fitted:
-                row["verdict"] = verdict(fitted["das"].test, fitted["random"].test, fitted["full"].test)
+            for tested, null in catalogue.null_pairs():
+                if tested.name in fitted and null.name in fitted:
+                    row["verdict"] = verdict(fitted[tested.name].test, fitted[null.name].test, fitted[baseline].test)
             rows.append(row)
             print(f"{variable} at {where}: " + ", ".join(f"{k} {f.test.value:.2f}" for k, f in fitted.items())
                   + (f" -> {row['verdict']}" if "verdict" in row else ""))
@@ -177,15 +187,23 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
                 print(f"  full vector by answer tokens: " + ", ".join(
                     f"{n} token{'s' if n > 1 else ''} {e.value:.2f} [{e.low:.2f}, {e.high:.2f}] (n {e.n})"
                     for n, e in by_length.items()))
-        best = max(rows, key=lambda r: (r.get("das") or r["full"])["test"]["value"])
+        best = max(rows, key=lambda r: (r.get(headline) or r[baseline])["test"]["value"])
         out[variable] = {"locations": rows, "best": best}
     run.results["featurizers"] = out
+
+
+def _headline() -> str:
+    """The featurizer a variable's best location is chosen by: the first one a null tests (DAS), else the baseline."""
+    from patching.variables import catalogue
+
+    return next((tested.name for tested, _ in catalogue.null_pairs()), catalogue.BASELINE)
 
 
 def circuit_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) -> None:
     """Stage "circuit nodes": each node's full-vector test IIA at each variable's best position, as a share of the best."""
     from circuits.graph_io import load_eap_json
     from circuits.nodes import all_nodes, parse_node
+    from patching.variables.catalogue import BASELINE
     from patching.variables.interchange import circuit_nodes, node_table
 
     cfg, state = run.cfg, run.state
@@ -198,7 +216,7 @@ def circuit_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) -> No
     rows = []
     for variable, batches in state.batches.items():
         best_value, best = ranked[variable][0]
-        test_best = run.results["featurizers"][variable]["best"]["full"]["test"]["value"]
+        test_best = run.results["featurizers"][variable]["best"][BASELINE]["test"]["value"]
         label = _label(best, state.positions)
         with run.step(f"{variable}: {len(nodes)} nodes at {label}"):
             rows += node_table(state.model, {variable: batches["test"]}, nodes, {label: best.position},

@@ -1,24 +1,33 @@
 """The settings of ``python -m experiments.variables``: one flag per field of :class:`VariablesConfig`.
 
-Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load. The task
-names and featurizer kinds that the library owns are written out here for that reason;
-tests/experiments/test_variables.py checks them against :data:`patching.variables.causal_models.CAUSAL_MODELS` and
-:data:`patching.variables.featurizers.KINDS`.
+Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load: the task
+names and featurizer kinds offered come from :mod:`patching.variables.catalogue`, which imports no torch, so a
+causal model or featurizer recorded there is a choice here with no edit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option, override
 from experiments.runtime.settings import BatchSettings, PromptSettings, RunSettings
+from patching.variables import catalogue
 
-#: ``patching.variables.causal_models.CAUSAL_MODELS``
-TASKS = ("two_digit_addition", "+", "-", "*", "/")
-#: ``patching.variables.featurizers.KINDS`` but ``full``, which always runs
-FEATURIZERS = ("das", "dbm", "pca", "random")
+
+def featurizer_choices(featurizers: Mapping[str, catalogue.FeaturizerRecord] | None = None) -> tuple[str, ...]:
+    """The kinds ``--featurizers`` offers: every featurizer of ``featurizers`` (default: the catalogue's) but the
+    baseline, the full vector, which always runs."""
+    featurizers = catalogue.FEATURIZERS if featurizers is None else featurizers
+    return tuple(name for name in featurizers if name != catalogue.BASELINE)
+
+
+#: the causal models ``--task`` offers (:data:`patching.variables.catalogue.CAUSAL_MODELS`)
+TASKS = tuple(catalogue.CAUSAL_MODELS)
+#: the featurizers ``--featurizers`` offers (:func:`featurizer_choices`)
+FEATURIZERS = featurizer_choices()
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""Figures, tables and report.html for ``experiments.variables`` (plain functions of results.json)."""
+"""Figures, tables and report.html for ``experiments.variables`` (plain functions of results.json).
+
+The featurizers' labels, and which of them choose k or their steps or are a null, come from their records in
+:data:`patching.variables.catalogue.FEATURIZERS`, read when a report is written.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from circuits.show.html_report import Report
-
-KIND_NAMES = {"full": "full vector", "das": "DAS", "dbm": "DBM", "pca": "PCA", "random": "random subspace (null)"}
+from patching.variables import catalogue
 
 
 def _interval(estimate: dict | None) -> str:
@@ -26,7 +29,7 @@ def iia_heatmaps(results: dict, kind: str) -> go.Figure:
     for col, variable in enumerate(variables, 1):
         sweep = results["sweep"][variable]
         layers, positions = sweep["layers"], sweep["positions"]
-        if kind == "full":
+        if kind == catalogue.BASELINE:
             z = [[cell["value"] for cell in row] for row in sweep["iia"]]
         else:
             z = [[math.nan] * len(positions) for _ in layers]
@@ -38,7 +41,8 @@ def iia_heatmaps(results: dict, kind: str) -> go.Figure:
                                  showscale=col == len(variables), colorbar_title="IIA",
                                  hovertemplate="layer %{y}, %{x}: IIA %{z:.2f}<extra></extra>"), 1, col)
     fig.update_yaxes(title_text="layer (resid_post)", row=1, col=1)
-    what = "full vector, validation pairs" if kind == "full" else f"{KIND_NAMES[kind]}, test pairs, fitted locations only"
+    label = catalogue.featurizer(kind).label
+    what = f"{label}, validation pairs" if kind == catalogue.BASELINE else f"{label}, test pairs, fitted locations only"
     fig.update_layout(title=f"Interchange intervention accuracy per variable ({what})", height=460)
     return fig
 
@@ -50,11 +54,11 @@ def featurizer_rows(results: dict) -> list[dict]:
         for row in section["locations"]:
             where = row["location"]
             entry = {"variable": variable, "layer": where["layer"], "position": where["position_label"]}
-            for kind in KIND_NAMES:
+            for kind, record in catalogue.FEATURIZERS.items():
                 if kind in row:
-                    steps = row[kind].get("steps") if kind == "das" else None
-                    entry[f"{KIND_NAMES[kind]} (k)"] = (f"{_interval(row[kind]['test'])}, k={row[kind]['k']:g}"
-                                                         + (f", {steps} steps" if steps else ""))
+                    steps = row[kind].get("steps") if "steps" in record.chooses else None
+                    entry[f"{record.label} (k)"] = (f"{_interval(row[kind]['test'])}, k={row[kind]['k']:g}"
+                                                    + (f", {steps} steps" if steps else ""))
             by_length = row.get("full_by_answer_tokens") or {}
             if len(by_length) > 1:  # a later answer token is read out after the intervened position
                 entry["full vector by answer tokens"] = "; ".join(
@@ -63,6 +67,21 @@ def featurizer_rows(results: dict) -> list[dict]:
             entry["verdict"] = row.get("verdict", "")
             rows.append(entry)
     return rows
+
+
+def featurizer_caption() -> str:
+    """The featurizer table's caption: which featurizers choose k, whose k each null has, what the controls are."""
+    choosers = [record.label for record in catalogue.FEATURIZERS.values() if "k" in record.chooses]
+    said = [f"{_listed(choosers)} choose k on the validation pairs"] if choosers else []
+    said += [f"the {null.label} has {tested.label}'s k" for tested, null in catalogue.null_pairs()]
+    first = "; ".join(said)
+    return (f"{first[:1].upper()}{first[1:]}. " if said else "") + \
+        "Controls keep the variable, so the expected answer is the base's own."
+
+
+def _listed(names: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def circuit_rows(results: dict) -> list[dict]:
@@ -82,12 +101,13 @@ def write_report(results: dict, out: Path) -> None:
     report.add_text(f"{results['n_correct']} prompts answered correctly (accuracy {_interval(results['accuracy'])}); "
                     f"example: {results['example_prompt']!r}. IIA is the share of pairs whose intervened answer "
                     f"is the causal model's counterfactual answer (scoring: {results['settings']['scoring']}).")
-    report.add_figure(iia_heatmaps(results, "full"), heading="Full-vector interchange, residual stream")
-    if any("das" in row for s in results["featurizers"].values() for row in s["locations"]):
-        report.add_figure(iia_heatmaps(results, "das"), heading="DAS at the best full-vector locations")
+    report.add_figure(iia_heatmaps(results, catalogue.BASELINE), heading="Full-vector interchange, residual stream")
+    for tested, _ in catalogue.null_pairs():
+        if any(tested.name in row for s in results["featurizers"].values() for row in s["locations"]):
+            report.add_figure(iia_heatmaps(results, tested.name),
+                              heading=f"{tested.label} at the best full-vector locations")
     report.add_table(featurizer_rows(results), heading="Featurizers at the best locations (test pairs)",
-                     caption="DAS and PCA choose k on the validation pairs; the random subspace has DAS's k. "
-                             "Controls keep the variable, so the expected answer is the base's own.")
+                     caption=featurizer_caption())
     report.add_table(circuit_rows(results), heading="Circuit nodes",
                      caption=f"Nodes from {results['circuit']['nodes_from']} ({results['circuit']['n_nodes']}), full "
                              "vector at each variable's best position; nodes with IIA 0 are left out.")

@@ -6,7 +6,8 @@ Every featurizer swaps rows of one location's activation by the same rule: with 
     h' = h_base + ((h_src - h_base) Q * m) Q^T,
 
 which, for ``Q`` a full rotation and ``m`` the first k ones, is the rotate-swap-rotate-back of DESIGN:
-``h' = R^T [ (R h_src)_{1..k} ; (R h_base)_{k+1..} ]`` with ``R = Q^T``. The kinds (:data:`KINDS`):
+``h' = R^T [ (R h_src)_{1..k} ; (R h_base)_{k+1..} ]`` with ``R = Q^T``. The kinds, each a record of
+:data:`patching.variables.catalogue.FEATURIZERS` that names its fit function here:
 
 * ``"full"`` (:class:`FullVector`): the whole vector, the plain interchange;
 * ``"das"`` (:class:`RotatedSubspace`, distributed alignment search, Geiger et al. 2024): the first k
@@ -24,8 +25,11 @@ which, for ``Q`` a full rotation and ``m`` the first k ones, is the rotate-swap-
   random subspace of the same k is a property of the learned directions, not of k.
 
 DAS and DBM train with cross-entropy on the predicted (counterfactual) answer's tokens over the
-training pairs (:func:`train_featurizer`); k is chosen on the validation pairs (:func:`fit_and_select`),
-and IIA reported on the test pairs. :class:`DASSettings` holds every setting.
+training pairs (:func:`train_featurizer`); k is chosen on the validation pairs, and IIA reported on the
+test pairs. Each kind has one fit function (:func:`fit_full`, :func:`fit_das`, :func:`fit_dbm`,
+:func:`fit_pca`, :func:`fit_random`, one signature: the catalogue's docstring); :func:`fit_and_select`
+finds the kind's record and calls it with the kind's own settings, taken from :class:`DASSettings`, every
+setting in one record.
 """
 
 from __future__ import annotations
@@ -42,54 +46,47 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
 
 from circuits.analyze.number_geometry import orthonormal_columns, pca_subspace
-from circuits.arguments import check_option, check_positive_int
+from circuits.arguments import check_positive_int
 from circuits.errors import InputError
 from circuits.stats import Estimate
 from patching.sweeps.forward import frozen_weights
+from patching.variables import catalogue
+from patching.variables.catalogue import (
+    BoundlessMaskSettings, PCASettings, RandomSubspaceSettings, RotatedSubspaceSettings, RotationTraining,
+)
 from patching.variables.interchange import (
     Location, PairBatch, interchange_accuracy, intervened_loss, location_width, prepare,
     source_activations,
 )
 
-KINDS = ("full", "das", "dbm", "pca", "random")
-
 
 @dataclass(frozen=True)
 class DASSettings:
-    """How DAS and DBM train and how k is chosen.
+    """Every featurizer's settings in one record, the one the experiment builds from its flags.
 
-    ``ks``: the subspace sizes tried (those above the location's width are skipped); ``steps`` optimiser
-    steps of ``batch_size`` training pairs at learning rate ``lr``; ``select_steps``: earlier step counts
-    at which DAS is also scored on the validation pairs, so that the number of steps is chosen with k
-    from one training run per k (a snapshot of the rotation is kept at each); DBM anneals its temperature
-    from ``temperature[0]`` to ``temperature[1]`` over all ``steps`` and adds ``mask_penalty * sum(m) / d``
-    to the loss.
+    :func:`fit_and_select` hands each featurizer the fields of its own settings
+    (:mod:`patching.variables.catalogue`), which also say what each field means and hold its default:
+    ``ks``: the subspace sizes tried by DAS and PCA (those above the location's width are skipped); ``steps``
+    optimiser steps of ``batch_size`` training pairs at learning rate ``lr`` (DAS and DBM); ``select_steps``:
+    earlier step counts at which DAS is also scored on the validation pairs (:class:`RotatedSubspaceSettings`);
+    DBM anneals its temperature from ``temperature[0]`` to ``temperature[1]`` over all ``steps`` and adds
+    ``mask_penalty * sum(m) / d`` to the loss (:class:`BoundlessMaskSettings`); ``seed`` draws the initial
+    rotations, the training batches and the null's directions.
     """
 
-    ks: tuple[int, ...] = (1, 4, 16, 64)
-    steps: int = 40
-    batch_size: int = 16
-    lr: float = 0.01
-    temperature: tuple[float, float] = (1.0, 0.01)
-    mask_penalty: float = 0.01
-    seed: int = 0
-    select_steps: tuple[int, ...] = ()
-    progress: bool = False  # a tqdm bar with an ETA over each training run's steps
+    ks: tuple[int, ...] = RotatedSubspaceSettings.ks
+    steps: int = RotationTraining.steps
+    batch_size: int = RotationTraining.batch_size
+    lr: float = RotationTraining.lr
+    temperature: tuple[float, float] = BoundlessMaskSettings.temperature
+    mask_penalty: float = BoundlessMaskSettings.mask_penalty
+    seed: int = RotationTraining.seed
+    select_steps: tuple[int, ...] = RotatedSubspaceSettings.select_steps
+    progress: bool = RotationTraining.progress  # a tqdm bar with an ETA over each training run's steps
 
     def __post_init__(self) -> None:
-        if not self.ks:
-            raise InputError("ks is empty: give at least one subspace size k to try.")
-        for k in self.ks:
-            check_positive_int(k, "each k of ks")
-        check_positive_int(self.steps, "steps")
-        for count in self.select_steps:
-            check_positive_int(count, "each count of select_steps")
-            if count > self.steps:
-                raise InputError(f"select_steps holds {count}, more than the {self.steps} training steps: give "
-                                 f"step counts of at most steps={self.steps}.")
-        check_positive_int(self.batch_size, "batch_size")
-        if not self.lr > 0 or not all(t > 0 for t in self.temperature):
-            raise InputError(f"lr and the temperatures must be > 0, got lr={self.lr}, temperature={self.temperature}.")
+        for record in catalogue.FEATURIZERS.values():  # each featurizer checks its own part
+            record.settings_from(self)
 
 
 def _orthogonal(layer: nn.Linear, seed: int) -> None:
@@ -223,26 +220,28 @@ def pca_directions(activations: Tensor, k: int) -> FixedSubspace:
 
 
 def train_featurizer(model: HookedTransformer, featurizer: Featurizer, batches: Sequence[PairBatch], where: Location,
-                     settings: DASSettings = DASSettings(),
+                     settings: DASSettings | RotationTraining = DASSettings(),
                      on_checkpoint: Callable[[int, list[float]], None] | None = None) -> list[float]:
     """Fit a DAS or DBM featurizer on the training ``batches`` (cross-entropy on the predicted answer); the losses.
 
     Each step draws ``settings.batch_size`` pairs of one batch; the model's weights stay fixed.
     ``on_checkpoint(n, losses)`` is called after ``n`` steps for every ``n`` of ``settings.select_steps``
-    and after the last step, with the featurizer as it is then and the ``n`` losses so far.
+    and after the last step, with the featurizer as it is then and the ``n`` losses so far. ``settings``:
+    a :class:`DASSettings`, or the featurizer's own (:class:`RotatedSubspaceSettings` for DAS,
+    :class:`BoundlessMaskSettings` for DBM, whose ``temperature`` and ``mask_penalty`` only DBM reads).
     """
     if not batches:
         raise InputError("No training pairs: train_featurizer needs at least one batch of pairs.")
     prepared = [prepare(model, batch, [where]) for batch in batches]
     generator = torch.Generator().manual_seed(settings.seed)
     optimizer = torch.optim.Adam(featurizer.parameters(), lr=settings.lr)
-    t_start, t_end = settings.temperature
     sizes = torch.tensor([len(b) for b in batches], dtype=torch.float)
     losses = []
     with frozen_weights(model), torch.enable_grad():
         for step in tqdm(range(settings.steps), desc=f"{featurizer.kind} k={featurizer.k:g} at {where.hook}",
                          disable=not settings.progress, leave=False):
             if isinstance(featurizer, BoundlessMask):  # geometric annealing from t_start to t_end
+                t_start, t_end = settings.temperature
                 featurizer.temperature = t_start * (t_end / t_start) ** (step / max(1, settings.steps - 1))
             chosen = prepared[int(torch.multinomial(sizes, 1, generator=generator))]
             rows = torch.randperm(len(chosen.batch), generator=generator)[:settings.batch_size]
@@ -295,51 +294,103 @@ def fit_and_select(model: HookedTransformer, kind: str, where: Location, train: 
                    *, k: int | None = None) -> Fitted:
     """Fit a featurizer of ``kind`` at ``where`` and report its test IIA.
 
-    ``"das"`` and ``"pca"`` try every k of ``settings.ks`` (up to the location's width) and keep the best on
-    ``validation`` (ties: the smaller k; for DAS, each k also at every step count of ``settings.select_steps``
+    ``kind`` names a record of :data:`patching.variables.catalogue.FEATURIZERS`, whose fit function is called
+    with the kind's own settings out of ``settings`` (a :class:`DASSettings`, or the kind's own settings
+    object). ``"das"`` and ``"pca"`` try every k of ``settings.ks`` (up to the location's width) and keep the best
+    on ``validation`` (ties: the smaller k; for DAS, each k also at every step count of ``settings.select_steps``
     and ``settings.steps``, ties: the fewer steps); ``"random"`` takes the given ``k`` (the k DAS chose, for
     the null); ``"dbm"`` learns its own size; ``"full"`` needs nothing.
     """
-    check_option("featurizer kind", kind, KINDS)
+    record = catalogue.featurizer(kind)
+    return record.fit_function()(model, where, train, validation, test, record.settings_from(settings), k=k)
+
+
+def fit_full(model: HookedTransformer, where: Location, train: Sequence[PairBatch], validation: Sequence[PairBatch],
+             test: Sequence[PairBatch], settings: None = None, *, k: int | None = None) -> Fitted:
+    """The whole vector: its test IIA (nothing to fit; ``train``, ``validation``, ``settings`` and ``k`` unused)."""
     width = location_width(model, where)
-    if kind == "full":
-        test_iia, hits = interchange_accuracy(model, test, where, FullVector(width))
-        return Fitted(kind, float(width), None, test_iia, FullVector(width), [], test_hits=hits)
-    if kind == "random":
-        if k is None:
-            raise InputError("The random-subspace null needs k: pass the k chosen for DAS (k=...).")
-        featurizer = random_subspace(width, k, seed=settings.seed)
-        test_iia, hits = interchange_accuracy(model, test, where, featurizer)
-        return Fitted(kind, float(k), None, test_iia, featurizer, [], test_hits=hits)
-    if kind == "dbm":
-        featurizer = BoundlessMask(width, seed=settings.seed)
-        losses = train_featurizer(model, featurizer, train, where, settings)
-        test_iia, hits = interchange_accuracy(model, test, where, featurizer)
-        return Fitted(kind, featurizer.k, interchange_accuracy(model, validation, where, featurizer)[0],
-                      test_iia, featurizer, losses, settings.steps, test_hits=hits)
-    ks = [k] if k is not None else [k for k in settings.ks if k <= width]
-    if not ks:
-        raise InputError(f"Every k of {settings.ks} is larger than the {width} dimensions at {where}: give smaller ks.")
-    activations = source_activations(model, train, where) if kind == "pca" else None
-    if activations is not None:  # k principal directions need k activations
-        ks = [size for size in ks if size <= activations.shape[0]] or [activations.shape[0]]
-    best: Fitted | None = None
+    test_iia, hits = interchange_accuracy(model, test, where, FullVector(width))
+    return Fitted("full", float(width), None, test_iia, FullVector(width), [], test_hits=hits)
 
-    def keep_if_best(featurizer: Featurizer, losses: list[float], steps: int | None) -> None:
-        nonlocal best
-        score = interchange_accuracy(model, validation, where, featurizer)[0]
-        if best is None or score.value > best.validation.value:
-            best = Fitted(kind, featurizer.k, score, score, copy.deepcopy(featurizer), list(losses), steps)
 
+def fit_random(model: HookedTransformer, where: Location, train: Sequence[PairBatch], validation: Sequence[PairBatch],
+               test: Sequence[PairBatch], settings: RandomSubspaceSettings = RandomSubspaceSettings(), *,
+               k: int | None = None) -> Fitted:
+    """The null: ``k`` random orthonormal directions (the k DAS chose), drawn from ``settings.seed``; its test IIA."""
+    width = location_width(model, where)
+    if k is None:
+        raise InputError("The random-subspace null needs k: pass the k chosen for DAS (k=...).")
+    featurizer = random_subspace(width, k, seed=settings.seed)
+    test_iia, hits = interchange_accuracy(model, test, where, featurizer)
+    return Fitted("random", float(k), None, test_iia, featurizer, [], test_hits=hits)
+
+
+def fit_dbm(model: HookedTransformer, where: Location, train: Sequence[PairBatch], validation: Sequence[PairBatch],
+            test: Sequence[PairBatch], settings: BoundlessMaskSettings = BoundlessMaskSettings(), *,
+            k: int | None = None) -> Fitted:
+    """DBM trained for ``settings.steps`` on ``train``; it learns its own size (``k`` unused)."""
+    width = location_width(model, where)
+    featurizer = BoundlessMask(width, seed=settings.seed)
+    losses = train_featurizer(model, featurizer, train, where, settings)
+    test_iia, hits = interchange_accuracy(model, test, where, featurizer)
+    return Fitted("dbm", featurizer.k, interchange_accuracy(model, validation, where, featurizer)[0],
+                  test_iia, featurizer, losses, settings.steps, test_hits=hits)
+
+
+def fit_pca(model: HookedTransformer, where: Location, train: Sequence[PairBatch], validation: Sequence[PairBatch],
+            test: Sequence[PairBatch], settings: PCASettings = PCASettings(), *, k: int | None = None) -> Fitted:
+    """The top principal directions of the training pairs' source activations, their number the best of
+    ``settings.ks`` on ``validation`` (or the given ``k``)."""
+    ks = _sizes_to_try(settings.ks, k, location_width(model, where), where)
+    activations = source_activations(model, train, where)
+    # k principal directions need k activations
+    ks = [size for size in ks if size <= activations.shape[0]] or [activations.shape[0]]
+    best = _BestOnValidation(model, "pca", where, validation)
     for size in ks:
-        if kind == "pca":
-            keep_if_best(pca_directions(activations, size), [], None)
-            continue
+        best.offer(pca_directions(activations, size), [], None)
+    return best.tested_on(test)
+
+
+def fit_das(model: HookedTransformer, where: Location, train: Sequence[PairBatch], validation: Sequence[PairBatch],
+            test: Sequence[PairBatch], settings: RotatedSubspaceSettings = RotatedSubspaceSettings(), *,
+            k: int | None = None) -> Fitted:
+    """DAS: one training run per k of ``settings.ks`` (or the given ``k``), scored on ``validation`` after every
+    count of ``settings.select_steps`` and after the last step; the best (k, steps) kept."""
+    width = location_width(model, where)
+    ks = _sizes_to_try(settings.ks, k, width, where)
+    best = _BestOnValidation(model, "das", where, validation)
+    for size in ks:
         featurizer = RotatedSubspace(width, size, seed=settings.seed)
         train_featurizer(model, featurizer, train, where, settings,
-                         on_checkpoint=lambda n, losses, current=featurizer: keep_if_best(current, losses, n))
-    best.test, best.test_hits = interchange_accuracy(model, test, where, best.featurizer)
-    return best
+                         on_checkpoint=lambda n, losses, current=featurizer: best.offer(current, losses, n))
+    return best.tested_on(test)
+
+
+def _sizes_to_try(ks: tuple[int, ...], k: int | None, width: int, where: Location) -> list[int]:
+    """The given ``k``, else the sizes of ``ks`` that fit the location's ``width``."""
+    sizes = [k] if k is not None else [size for size in ks if size <= width]
+    if not sizes:
+        raise InputError(f"Every k of {ks} is larger than the {width} dimensions at {where}: give smaller ks.")
+    return sizes
+
+
+class _BestOnValidation:
+    """The featurizer with the best validation IIA of those offered, a copy kept; ties keep the first offered (the
+    smaller k, the fewer steps)."""
+
+    def __init__(self, model: HookedTransformer, kind: str, where: Location, validation: Sequence[PairBatch]):
+        self.model, self.kind, self.where, self.validation = model, kind, where, validation
+        self.best: Fitted | None = None
+
+    def offer(self, featurizer: Featurizer, losses: list[float], steps: int | None) -> None:
+        score = interchange_accuracy(self.model, self.validation, self.where, featurizer)[0]
+        if self.best is None or score.value > self.best.validation.value:
+            self.best = Fitted(self.kind, featurizer.k, score, score, copy.deepcopy(featurizer), list(losses), steps)
+
+    def tested_on(self, test: Sequence[PairBatch]) -> Fitted:
+        """The best, its test IIA and per-pair hits measured on ``test``."""
+        self.best.test, self.best.test_hits = interchange_accuracy(self.model, test, self.where, self.best.featurizer)
+        return self.best
 
 
 def verdict(best: Estimate, null: Estimate, full: Estimate) -> str:

@@ -74,12 +74,27 @@ def test_bad_flags_are_refused_when_parsed(tmp_path):
         variables_experiment.main(["--nodes", "L0H0", "--circuit", "x.json", "--out", str(tmp_path / "b")])
 
 
-def test_the_configs_names_are_the_librarys():
-    from patching.variables.causal_models import CAUSAL_MODELS
-    from patching.variables.featurizers import KINDS
+def test_a_new_featurizer_record_is_a_flag_choice_and_a_report_column_with_no_other_edit(monkeypatch):
+    from experiments.variables.report import featurizer_caption, featurizer_rows
+    from patching.variables import catalogue
 
-    assert set(variables_config.TASKS) == set(CAUSAL_MODELS)
-    assert set(variables_config.FEATURIZERS) == set(KINDS) - {"full"}
+    svd = catalogue.FeaturizerRecord("svd", "SVD", "the top-k right singular vectors", "a record added by this test",
+                                     "patching.variables.svd:fit_svd", chooses=("k",))
+    assert variables_config.featurizer_choices({**catalogue.FEATURIZERS, "svd": svd}) == (
+        "das", "dbm", "pca", "random", "svd")  # the full vector always runs, so it is no choice
+    assert variables_config.FEATURIZERS == variables_config.featurizer_choices()
+    assert variables_config.TASKS == tuple(catalogue.CAUSAL_MODELS)
+
+    monkeypatch.setitem(catalogue.FEATURIZERS, "svd", svd)
+    estimate = {"value": 0.5, "low": 0.25, "high": 0.75, "n": 8}
+    location = {"layer": 1, "position_label": "end"}
+    results = {"featurizers": {"a": {"locations": [{"location": location, "full": {"test": estimate, "k": 32},
+                                                      "svd": {"test": estimate, "k": 4, "steps": None}}]}}}
+    row, = featurizer_rows(results)
+    assert row["full vector (k)"] == "0.50 [0.25, 0.75] (n=8), k=32"
+    assert row["SVD (k)"] == "0.50 [0.25, 0.75] (n=8), k=4"
+    assert featurizer_caption().startswith("DAS, PCA and SVD choose k on the validation pairs; "
+                                           "the random subspace (null) has DAS's k. Controls keep the variable")
 
 
 @pytest.mark.integration

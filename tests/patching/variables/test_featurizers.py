@@ -111,6 +111,18 @@ def test_the_null_needs_k_and_sizes_beyond_the_location_are_refused(split):
         fit_and_select(model, "svd", where, train, validation, test)
 
 
+def test_every_recorded_featurizer_fits_through_its_record(split):
+    from patching.variables.catalogue import FEATURIZERS
+
+    model, (train, validation, test), where = split
+    settings = DASSettings(ks=(2,), steps=2, batch_size=4)
+    for name, record in FEATURIZERS.items():
+        fitted = fit_and_select(model, name, where, train, validation, test, settings,
+                                k=2 if record.null_of else None)
+        assert fitted.kind == name and 0 <= fitted.test.value <= 1
+        assert fitted.test_hits is not None and len(fitted.test_hits) == fitted.test.n
+
+
 def test_the_verdict_compares_intervals():
     def est(value, low, high):
         return Estimate(value, low, high, 50, "wilson")
