@@ -26,6 +26,11 @@ from typing import Callable
 from circuits.errors import InputError
 
 STYLES = ("equation", "statement", "question", "word_problem")
+#: the formats :func:`circuits.tasks.transfer_datasets` builds, to test whether key heads transfer
+TRANSFER_FORMATS = ("multi_digit", "decimal", "word_problem", "zero_shot")
+#: every prompt family a circuit can be found on (:mod:`patching.edges.families`): the template styles, then the
+#: transfer formats that are not a style
+PROMPT_FAMILIES = STYLES + tuple(f for f in TRANSFER_FORMATS if f not in STYLES)
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from circuits.counterfactuals import CORRUPTIONS
-from experiments.runtime import cli
-from experiments.runtime.cli import option
-from experiments.runtime.settings import SEARCH_METHODS, BatchSettings, LearnSettings, PromptSettings, RunSettings
+from experiments.runtime import RunSettings, cli, option
+from experiments.runtime.settings import BatchSettings, LearnSettings, PromptSettings
+from patching.edges.catalogue import SEARCH_METHODS
 
 MIN_READABLE = 20  # fewer prompts than this and a stage's numbers are noise: the report says so instead
 

@@ -31,7 +31,7 @@ Stages (each timed into results.json ``seconds``):
 learned masks, ensembles, bootstrapped scores, the ILP, position-aware edges) scores the same
 selection half and is curved on the same held-out half; results.json key ``comparison``, one
 figure with every held-out curve and its band, the table of CPR, CMD, f at 1-20% of the edges, the
-smallest faithful size and the time of each method (``patching.edges.circuit_methods.compare_methods``).
+smallest faithful size and the time of each method (``patching.edges.compare.compare_methods``).
 Then each method's circuit stability (``--stability-sets`` 2; 0 skips): the method run again on that many
 disjoint prompt sets of ``--circuit-prompts // 2`` each (and each ``--stability-seeds`` seed, if learned), its
 circuits' pairwise edge Jaccard at 2, 5 and 10% of the edges, the Spearman correlation of its scores, and the
@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING
 
 # only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
 from circuits.templates import resolve_operation
-from experiments.circuit.config import CIRCUIT_METHOD_NAMES, CircuitConfig  # noqa: F401  (the --methods choices)
+from experiments.circuit.config import CircuitConfig
 from experiments.runtime import ModelLoader, Run, cli, run_experiment
 from circuits.atomic_files import write_text_atomic
 from experiments.runtime.settings import project
@@ -118,14 +118,29 @@ def head_roles(model, prompts: Dataset, cfg: CircuitConfig) -> dict[Head, str]:
 def run(cfg: CircuitConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the stages; return the results dict that is also written to results.json."""
     name = f"circuit-{resolve_operation(cfg.op).name}"
-    return run_experiment(name, cfg, _stages, loader=loader,
+    return run_experiment(name, cfg, _stages, loader=loader, plan=plan(cfg),
                           results={"experiment": name, "settings": dataclasses.asdict(cfg), "model": cfg.model})
+
+
+def plan(cfg: CircuitConfig) -> list[str]:
+    """The stages a run with these settings goes through, in order (their names as in results.json ``seconds``):
+    with ``--methods``, one per method and one per method whose stability is measured; without, the search's."""
+    if cfg.methods:
+        from experiments.circuit.compare import measured_methods
+
+        middle = [f"circuit method {name}" for name in cfg.methods]
+        if cfg.stability_sets:
+            middle += [f"stability of circuit method {name}" for name in measured_methods(cfg.methods)]
+    else:
+        middle = ["key heads and head classes", f"edge scores ({cfg.method})", "faithfulness curves"]
+    return ["load model", "data", *middle, *(["prompt families"] if cfg.templates else [])]
 
 
 def _stages(run: Run) -> None:
     from circuits.show.html_report import Report
     from experiments.circuit.compare import (
-        add_comparison_section, compare_stage, comparison_summary, stability_shortfall, stability_stage,
+        add_comparison_section, compare_stage, comparison_summary, stability_run_count, stability_shortfall,
+        stability_stage,
     )
     from experiments.runtime.edge_circuit import add_report_section, edge_circuit_stage, summary
     from patching.edges.faithful_circuit import split_halves
@@ -146,12 +161,15 @@ def _stages(run: Run) -> None:
             results["stability_skipped"] = shortfall
         results["comparison"], figures, found = compare_stage(model, kept, cfg.methods, cfg.search(), cfg.learn(),
                                                        warm_start=warm_start,
-                                                       bootstrap_resamples=cfg.bootstrap_resamples, stage=run.stage)
+                                                       bootstrap_resamples=cfg.bootstrap_resamples, stage=run.stage,
+                                                       progress=run.progress(len(cfg.methods), "circuit methods"))
         if cfg.stability_sets and not shortfall:
             results["stability"] = stability_stage(model, kept, cfg.methods, cfg.search(), cfg.learn(),
                                                    n_sets=cfg.stability_sets, seeds=cfg.stability_seeds,
                                                    warm_start=warm_start, bootstrap_resamples=cfg.bootstrap_resamples,
-                                                   found=found, stage=run.stage)
+                                                   found=found, stage=run.stage, progress=run.progress(
+                                                       stability_run_count(cfg.methods, cfg.stability_sets,
+                                                                           cfg.stability_seeds), "stability runs"))
         figures |= _templates(run, model)
         for key, fig in figures.items():
             write_text_atomic(run.out / "figures" / f"{key}.json", fig.to_json())

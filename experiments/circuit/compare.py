@@ -3,24 +3,30 @@ and each method's circuit stability over disjoint prompt sets (``--stability-set
 
 from __future__ import annotations
 
-from typing import Sequence
+from contextlib import nullcontext
+from typing import Optional, Sequence
 
 import plotly.graph_objects as go
 from datasets import Dataset
 
 from circuits.show.edge_figures import faithfulness_figure
 from circuits.show.html_report import Report
-from patching.edges.circuit_methods import REGISTRY, MethodResult, compare_methods
+from experiments.runtime.timing import Progress
+from patching.edges.catalogue import CATALOGUE
+from patching.edges.compare import MethodResult, compare_methods
 from patching.edges.faithful_circuit import CircuitSearch
-from patching.edges.stability import circuit_stability, stability_prompts_needed, why_not_measurable
+from patching.edges.stability import circuit_stability, stability_prompts_needed, stability_runs, why_not_measurable
 
 ROW_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2)
 
 
 def compare_stage(model, kept: Dataset, methods, search: CircuitSearch, learn, *, warm_start, bootstrap_resamples: int,
-                  stage=None) -> tuple[dict, dict[str, go.Figure], list[MethodResult]]:
+                  stage=None, progress: Optional[Progress] = None) -> tuple[dict, dict[str, go.Figure], list[MethodResult]]:
     """``(results["comparison"], figures, found)``: every method's row, its held-out and selection curves, one
-    figure, and each method's result (which :func:`stability_stage` reuses as its first run)."""
+    figure, and each method's result (which :func:`stability_stage` reuses as its first run). ``progress``: one
+    unit per method, advanced as each method's stage ends."""
+    if progress is not None:
+        stage = progress.counting(stage or (lambda name: nullcontext()))
     found = compare_methods(model, kept, methods, search, learn=learn, warm_start=warm_start,
                             bootstrap_resamples=bootstrap_resamples, stage=stage)
     first = found[0].found
@@ -37,21 +43,34 @@ def compare_stage(model, kept: Dataset, methods, search: CircuitSearch, learn, *
 
 
 def stability_stage(model, kept: Dataset, methods, search: CircuitSearch, learn, *, n_sets: int, seeds, warm_start,
-                    bootstrap_resamples: int, found: Sequence[MethodResult] = (), stage=None) -> dict:
+                    bootstrap_resamples: int, found: Sequence[MethodResult] = (), stage=None,
+                    progress: Optional[Progress] = None) -> dict:
     """``results["stability"]``: each method's :class:`patching.edges.stability.StabilityResult` as a dict, or
     ``{"method", "skipped": why}`` for a method with no circuit of its own (one stage per method measured).
-    ``found``: :func:`compare_stage`'s results; each method's stands for its run on the first set."""
+    ``found``: :func:`compare_stage`'s results; each method's stands for its run on the first set. ``progress``:
+    one unit per run (:func:`stability_run_count`), the runs ``found`` stands for taken off as they come."""
     reuse = {result.name: result for result in found}
+    counted = None if progress is None else (lambda scored: progress.advance() if scored else progress.skip())
     out = {}
     for name in methods:
-        refusal = why_not_measurable(REGISTRY[name])
+        refusal = why_not_measurable(CATALOGUE[name])
         if refusal:
             out[name] = {"method": name, "skipped": refusal}
             continue
         out[name] = circuit_stability(model, kept, name, search, n_sets=n_sets, seeds=seeds or None, learn=learn,
                                       warm_start=warm_start, bootstrap_resamples=bootstrap_resamples,
-                                      reuse=reuse.get(name), stage=stage).to_dict()
+                                      reuse=reuse.get(name), stage=stage, progress=counted).to_dict()
     return out
+
+
+def measured_methods(methods) -> list[str]:
+    """The methods of ``methods`` whose stability :func:`stability_stage` measures (those with a circuit of their own)."""
+    return [name for name in methods if stability_runs(name, 1)]
+
+
+def stability_run_count(methods, n_sets: int, seeds) -> int:
+    """How many runs :func:`stability_stage` makes over every measured method (the reused ones included)."""
+    return sum(stability_runs(name, n_sets, seeds or None) for name in methods)
 
 
 def stability_shortfall(n_kept: int, n_sets: int, circuit_prompts: int) -> str | None:

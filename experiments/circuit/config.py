@@ -1,8 +1,8 @@
 """The settings of ``python -m experiments.circuit``: one flag per field of :class:`CircuitConfig`.
 
-Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load. The
-choices and defaults that the edge library owns are written out here for that reason;
-tests/experiments/test_circuit.py checks them against ``patching.edges``.
+Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load: the method names,
+ablations and each method's own parameters come from the torch-free :mod:`patching.edges.catalogue` (a method's
+settings fields become flags ``--<method>-<field>``), the prompt families from :mod:`circuits.templates`.
 """
 
 from __future__ import annotations
@@ -13,32 +13,26 @@ from typing import TYPE_CHECKING
 from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option
-from experiments.runtime.settings import (  # noqa: F401  (the method names are this config's choices)
-    CIRCUIT_METHOD_NAMES, EDGE_ATTRIBUTION_METHODS, SEARCH_METHODS, BatchSettings, LearnSettings, PromptSettings,
-    RunSettings, project,
-)
+from circuits.templates import PROMPT_FAMILIES
+from experiments.runtime.settings import BatchSettings, LearnSettings, PromptSettings, RunSettings, project
+from patching.edges.catalogue import ABLATIONS, CATALOGUE, SEARCH_METHODS
 
 if TYPE_CHECKING:
     from patching.edges.faithful_circuit import CircuitSearch
     from patching.edges.learn import LearnConfig
 
-#: ``patching.edges.evaluate.ABLATIONS``
-ABLATIONS = ("counterfactual", "mean", "positional-mean", "zero")
-#: ``patching.edges.acdc.OBJECTIVES``
-ACDC_OBJECTIVES = ("kl", "metric")
-
-#: ``patching.edges.families.FAMILIES``: the template styles, then the transfer formats (the --templates choices)
-PROMPT_FAMILIES = ("equation", "statement", "question", "word_problem", "multi_digit", "decimal", "zero_shot")
+#: one flag per parameter a catalogued circuit method declares (``--acdc-threshold``, ``--consensus-runs``, ...)
+MethodFlags = cli.method_settings_flags(CATALOGUE, "MethodFlags")
 
 
 @dataclass(frozen=True)
-class CircuitConfig(LearnSettings, BatchSettings, PromptSettings, RunSettings):
+class CircuitConfig(MethodFlags, LearnSettings, BatchSettings, PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.circuit`` beyond :class:`RunSettings`, with its default."""
 
     op: str = option("+", "the operation: + - * / (or addition, subtraction, ...)")
     circuit_prompts: int = option(64, "correct prompts used, split in half: scores and size chosen on one half, "
                                       "reported on the other", type=cli.positive_int)
-    method: str = option("top-n", "the circuit method (patching.edges.faithful_circuit.SEARCH_METHODS): top-n, the "
+    method: str = option("top-n", "the circuit method (patching.edges.catalogue.SEARCH_METHODS): top-n, the "
                                   "learned straight-through top-n warm-started from --warm-start, by default; "
                                   "EAP-IG-inputs for the attribution circuit alone", choices=SEARCH_METHODS)
     ig_steps: int = option(5, "integration steps (path points) of EAP-IG, EAP-GP and CEAP", type=cli.positive_int)
@@ -53,13 +47,8 @@ class CircuitConfig(LearnSettings, BatchSettings, PromptSettings, RunSettings):
     memory_mb: float = option(1024.0, "activation budget of one batched forward or backward (MB)",
                               type=cli.positive_float)
     methods: tuple[str, ...] = option((), "compare these circuit methods on the same halves instead of --method alone: "
-                                          + ", ".join(CIRCUIT_METHOD_NAMES), nargs="+", choices=CIRCUIT_METHOD_NAMES)
+                                          + ", ".join(CATALOGUE), nargs="+", choices=tuple(CATALOGUE))
     bootstrap_resamples: int = option(10, "prompt resamples of the 'bootstrap' method", type=cli.positive_int)
-    acdc_threshold: float = option(0.01, "ACDC's threshold τ: an edge stays removed when removing it does less "
-                                         "damage than this (in the objective's units)", type=float)
-    acdc_objective: str = option("kl", "what an ACDC removal's damage measures: 'kl' (the END distribution's KL from "
-                                       "the full model grows) or 'metric' (the answer logit drops)",
-                                 choices=ACDC_OBJECTIVES)
     learn_target_fraction: float = option(0.05, "edge-pruning: the fraction of edges to keep",
                                           type=cli.fraction)
     learn_min_fraction: float = option(0.001, "matryoshka: the smallest budget drawn, as a "
@@ -102,7 +91,8 @@ class CircuitConfig(LearnSettings, BatchSettings, PromptSettings, RunSettings):
         """The settings of :func:`patching.edges.faithful_circuit.find_faithful_circuit` these flags describe."""
         from patching.edges.faithful_circuit import CircuitSearch
 
-        return project(self, CircuitSearch, warm_start=self.warm_start_method(), learning=self.learn())
+        return project(self, CircuitSearch, warm_start=self.warm_start_method(), learning=self.learn(),
+                       method_settings=cli.method_settings_records(self, CATALOGUE))
 
     def learn(self) -> LearnConfig:
         """The learned methods' settings (:class:`patching.edges.learn.LearnConfig`) these flags describe."""

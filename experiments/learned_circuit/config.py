@@ -1,8 +1,7 @@
 """The settings of ``python -m experiments.learned_circuit``: one flag per field of :class:`LearnedCircuitConfig`.
 
 Imports nothing heavy, so ``--help`` and flag errors answer before torch or TransformerLens load; the
-learned-method names are written out here for that reason and a test keeps them equal to
-``patching.edges.learn.METHODS``.
+learned-method names come from the torch-free :mod:`patching.edges.catalogue`.
 """
 
 from __future__ import annotations
@@ -13,9 +12,7 @@ from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option
 from experiments.runtime.settings import BatchSettings, RunSettings
-
-#: ``patching.edges.learn.METHODS``
-LEARNED_METHODS = ("edge-pruning", "ugs", "matryoshka", "top-n")
+from patching.edges.catalogue import LEARNED_METHODS
 
 
 @dataclass(frozen=True)

@@ -251,6 +251,36 @@ def override(config: type, name: str, default: Any, help: str | None = None) -> 
     return dataclasses.field(default=default, metadata={**inherited.metadata, **({"help": help} if help else {})})
 
 
+def method_settings_flags(catalogue: dict, name: str) -> type:
+    """A frozen dataclass mixin with one flag per parameter a catalogued method declares (``record.settings``).
+
+    Field ``x`` of method ``m``'s settings becomes the flag ``--<m.prefix>-x`` (its help and choices read from the
+    field's metadata, its parse check from the default's type), so a method added to a catalogue brings its flags
+    with it and no config writes them out. :func:`method_settings_records` turns the parsed flags back into the
+    methods' settings records.
+    """
+    parse = {bool: None, int: nonnegative_int, float: float, str: None}  # a settings record checks its own bounds
+    fields = []
+    for record in catalogue.values():
+        for f in dataclasses.fields(record.settings) if record.settings is not None else ():
+            meta = f.metadata
+            fields.append((f"{record.prefix}_{f.name}", f.type,
+                           option(f.default, meta.get("help", f.name), type=parse.get(type(f.default)),
+                                  choices=meta.get("choices"))))
+    return dataclasses.make_dataclass(name, fields, frozen=True)
+
+
+def method_settings_records(config, catalogue: dict) -> tuple:
+    """The settings record of every catalogued method that declares one, built from ``config``'s flags (the fields
+    :func:`method_settings_flags` added)."""
+    records = []
+    for record in catalogue.values():
+        if record.settings is not None:
+            values = {f.name: getattr(config, f"{record.prefix}_{f.name}") for f in dataclasses.fields(record.settings)}
+            records.append(record.settings(**values))
+    return tuple(records)
+
+
 def check_choices(config) -> None:
     """Raise :class:`circuits.errors.InputError` when a field declared with ``choices`` holds another value.
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from experiments.runtime.cli import (DTYPES, check_choices, device, nonnegative_float, nonnegative_int, option,
                                      positive_float, positive_int)
+from patching.edges.catalogue import ATTRIBUTION_METHODS, LEARN_OBJECTIVES
 
 DEFAULT_MODEL = "gemma-3-270m"  # circuits.loading.DEFAULT_MODEL, without importing it
 
@@ -80,17 +81,6 @@ def project(source, target: type, *, prefix: str = "", **overrides):
     return target(**{**shared, **overrides})
 
 
-#: ``patching.edges.attribute.EDGE_ATTRIBUTION_METHODS`` (written out: this module stays torch-free; a test keeps
-#: them equal)
-EDGE_ATTRIBUTION_METHODS = ("EAP", "EAP-IG-inputs", "EAP-IG-activations", "clean-corrupted", "EAP-GP", "CEAP")
-#: the names of ``patching.edges.circuit_methods.REGISTRY``, in its order (experiments.circuit's --methods choices)
-CIRCUIT_METHOD_NAMES = EDGE_ATTRIBUTION_METHODS + ("edge-pruning", "ugs", "matryoshka", "top-n", "exact", "ensemble",
-                                                  "bootstrap", "ilp", "positional", "ACDC")
-#: ``patching.edges.faithful_circuit.SEARCH_METHODS``: what a circuit search scores with (a --method choice), every
-#: attribution method, then every learned one
-SEARCH_METHODS = EDGE_ATTRIBUTION_METHODS + ("edge-pruning", "ugs", "matryoshka", "top-n")
-
-
 @dataclass(frozen=True)
 class LearnSettings:
     """How a learned circuit is trained: the flags of :class:`patching.edges.learn.LearnConfig` that experiments
@@ -98,9 +88,9 @@ class LearnSettings:
     builds without torch; tests/experiments/runtime/test_settings.py keeps them equal)."""
 
     warm_start: str = option("EAP-IG-inputs", "scores a learned circuit starts from ('none': a cold start)",
-                             choices=EDGE_ATTRIBUTION_METHODS + ("none",))
+                             choices=ATTRIBUTION_METHODS + ("none",))
     learn_objective: str = option("metric", "what a learned circuit matches: 'metric' (the answer logit) or 'kl' "
-                                            "(the END distribution)", choices=("metric", "kl"))
+                                            "(the END distribution)", choices=LEARN_OBJECTIVES)
     learn_steps: int = option(100, "optimisation steps of a learned circuit", type=positive_int)
     learn_lr: float | None = option(None, "learning rate of a learned circuit, Adam's (default: the method's own, "
                                           "patching.edges.learn.DEFAULT_LR)", type=positive_float)

@@ -57,6 +57,7 @@ from transformer_lens import HookedTransformer
 from circuits.errors import InputError
 from circuits.end_logits import unembed_end
 from circuits.graph import Graph, GraphLayout
+from patching.edges.catalogue import ACDC_OBJECTIVES as OBJECTIVES
 from patching.sweeps import inputs
 from patching.edges.evaluate import ABLATIONS, group_pool_means, circuit_end_residuals, prepare_group
 from patching.edges.engine import edge_mode
@@ -65,7 +66,6 @@ from patching.sweeps.metrics import get_metric, score_end
 from patching.sweeps.options import SweepOptions, sweep_options
 
 #: what ACDC's damage measures (module docstring)
-OBJECTIVES = ("kl", "metric")
 
 
 @dataclass(frozen=True)

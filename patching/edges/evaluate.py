@@ -49,6 +49,7 @@ from circuits.graph import QKV, Graph, GraphLayout
 from circuits.graph_io import check_graph_fits
 from circuits.prefix_cache import TiledKVCache
 from circuits.tasks import TaskBatch, iter_batches
+from patching.edges.catalogue import ABLATIONS  # declared with the methods: the command line reads them there
 from patching.sweeps import forward, inputs
 from patching.edges.engine import SenderRecorder, edge_mode, edge_prefix_kv, run_suffix
 from patching.edges.mixing import Ablated, MixingHooks, check_norm, record_ablated, record_outputs
@@ -56,7 +57,6 @@ from patching.edges.positions import check_schema, span_ids
 from patching.sweeps.metrics import PatchMetric, get_metric, score_end
 from patching.sweeps.options import SweepOptions, sweep_options
 
-ABLATIONS = ("counterfactual", "mean", "positional-mean", "zero")
 CircuitInput = Union[Graph, Bool[Tensor, "n_forward n_backward"]]
 
 

@@ -16,17 +16,16 @@
    on the held-out half, so the reported number is not inflated by the choice.
 
 :func:`key_head_relation` and :func:`key_heads_by_size` relate the circuit to node-level key heads
-(which of them it holds, at each size). :func:`patching.edges.circuit_methods.compare_methods` runs the
+(which of them it holds, at each size). :func:`patching.edges.compare.compare_methods` runs the
 procedure for several methods (attribution, exact patching, learned masks, ensembles, bootstrapped scores,
 the ILP, position-aware edges) on the same two halves, with each method's time.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from datasets import Dataset
@@ -36,17 +35,13 @@ from circuits.errors import InputError
 from circuits.graph import Graph
 from circuits.graph_selection import mib_selector, nodes_in_graph, select_fraction, select_top_n
 from circuits.nodes import Head
-from circuits.pools import pool_dataset
-from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS, edge_attribution
+from patching.edges.catalogue import ATTRIBUTION_METHODS, CATALOGUE, SEARCH_METHODS, CircuitMethod
+from patching.edges.circuit_methods import ComparisonRun, means_pool, score_method, selected_circuit
 from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, faithfulness_curve
-from patching.edges.learn import DEFAULT_CIRCUIT
-from patching.edges.learn import METHODS as LEARNED_METHODS
-from patching.edges.learn import LearnConfig, learn_circuit
+from patching.edges.learn import DEFAULT_CIRCUIT, LearnConfig
 from patching.sweeps.options import SweepOptions
 
 MIN_PROMPTS = 4  # two per half: the fewest a bootstrap interval can be drawn from
-#: the methods a search scores with: every attribution method, then every learned one
-SEARCH_METHODS = tuple(EDGE_ATTRIBUTION_METHODS) + tuple(LEARNED_METHODS)
 TOP_EDGES_LISTED = 20
 
 
@@ -55,7 +50,7 @@ class CircuitSearch:
     """How :func:`find_faithful_circuit` scores, evaluates and chooses (every field has the CLI's default)."""
 
     circuit_prompts: int = 64  # prompts used, split in half
-    method: str = "top-n"  # one of SEARCH_METHODS
+    method: str = "top-n"  # one of patching.edges.catalogue.SEARCH_METHODS
     ig_steps: int = 5
     ablation: str = "counterfactual"
     threshold: float = 0.8
@@ -64,16 +59,24 @@ class CircuitSearch:
     seed: int = 0
     batch_size: int = 32
     memory_mb: float = 1024.0
-    acdc_threshold: float = 0.01  # ACDC's τ (patching.edges.acdc), in its objective's units
-    acdc_objective: str = "kl"  # what an ACDC removal's damage measures: "kl" or "metric"
     warm_start: Optional[str] = "EAP-IG-inputs"  # a learned method's starting scores (None: a cold start)
     learning: LearnConfig = DEFAULT_CIRCUIT  # a learned method's settings (its ``method`` is the search's)
+    #: settings records of methods that declare their own (patching.edges.catalogue, ``settings=``); a method not
+    #: given here runs with its record's defaults
+    method_settings: tuple = ()
+
+    def settings_for(self, method: CircuitMethod):
+        """``method``'s own settings: the record of its settings type in :attr:`method_settings`, else its defaults."""
+        if method.settings is None:
+            return None
+        given = [s for s in self.method_settings if type(s) is method.settings]
+        return given[0] if given else method.default_settings()
 
     @property
     def attribution_method(self) -> str:
         """The attribution method of the search: ``method`` itself when it is one, else the warm start's (what
         resampled scores, the ILP and position-aware edges score with), EAP-IG-inputs without one."""
-        return self.method if self.method in EDGE_ATTRIBUTION_METHODS else (self.warm_start or "EAP-IG-inputs")
+        return self.method if self.method in ATTRIBUTION_METHODS else (self.warm_start or "EAP-IG-inputs")
 
     def options(self, progress: Optional[bool] = None) -> SweepOptions:
         """The batching and memory budget of every sweep of the search, as :class:`patching.SweepOptions`."""
@@ -120,11 +123,12 @@ def split_halves(prompts: Dataset, n: int, seed: int) -> tuple[Dataset, Dataset]
 
 
 def curve_of(model: HookedTransformer, scores: Graph, prompts: Dataset, search: CircuitSearch,
-             pool: Optional[Dataset]) -> FaithfulnessCurve:
-    """The MIB faithfulness curve of the pruned top-n circuits of ``scores`` on ``prompts``."""
+             pool: Optional[Dataset], select: Optional[Callable] = None) -> FaithfulnessCurve:
+    """The MIB faithfulness curve of the pruned top-n circuits of ``scores`` on ``prompts`` (or of a method's own
+    selector ``select(scores, n)``)."""
     return faithfulness_curve(model, scores, prompts, ablation=search.ablation, means_from=pool,
-                              select=mib_selector(scores.layout), n_bootstrap=search.n_bootstrap, seed=search.seed,
-                              options=search.options())
+                              select=select or mib_selector(scores.layout), n_bootstrap=search.n_bootstrap,
+                              seed=search.seed, options=search.options())
 
 
 def smallest_faithful(selection: FaithfulnessCurve, heldout: FaithfulnessCurve, threshold: float) -> Optional[dict]:
@@ -149,19 +153,17 @@ def find_faithful_circuit(model: HookedTransformer, prompts: Dataset, search: Ci
 
     stage = stage or (lambda name: nullcontext())
     selection, heldout = split_halves(prompts, search.circuit_prompts, search.seed)
-    pool = None
-    if search.ablation.endswith("mean"):  # means from prompts that are none of the evaluated ones
-        pool = pool_dataset(model, prompts, search.pool_prompts, seed=search.seed + 1)
-    extra, warm = {}, None
+    pool = means_pool(model, prompts, search)  # means from prompts that are none of the evaluated ones
+    extra, warm, select = {}, None, None
     if scores is None:
         with stage(f"edge scores ({search.method})"):
             scored = score_selection(model, selection, search)
-        scores, extra, warm = scored.scores, scored.info, scored.warm_scores
+        scores, extra, warm, select = scored.scores, scored.info, scored.warm_scores, scored.select
     with stage("faithfulness curves"):
-        curve_selection = curve_of(model, scores, selection, search, pool)
-        curve_heldout = curve_of(model, scores, heldout, search, pool)
+        curve_selection = curve_of(model, scores, selection, search, pool, select)
+        curve_heldout = curve_of(model, scores, heldout, search, pool, select)
     smallest = smallest_faithful(curve_selection, curve_heldout, search.threshold)
-    circuit = select_fraction(scores, smallest["fraction"]) if smallest else None
+    circuit = selected_circuit(scores, smallest["fraction"], select) if smallest else None
     return FaithfulCircuit(search, scores, selection, heldout, curve_selection, curve_heldout, smallest, circuit, extra,
                            warm)
 
@@ -174,30 +176,25 @@ class SelectionScores:
     scores: Graph
     info: dict
     warm_scores: Optional[Graph] = None
+    select: Optional[Callable] = None  # the method's own circuit selector (None: MIB's pruned top-n)
 
 
 def score_selection(model: HookedTransformer, prompts: Dataset, search: CircuitSearch) -> SelectionScores:
-    """Every edge scored on ``prompts`` by ``search.method``: an attribution method in a few backward passes, or a
-    learned one (``search.learning``, its ``method`` replaced by the search's) warm-started from
+    """Every edge scored on ``prompts`` by ``search.method`` (a searchable record of
+    :data:`patching.edges.catalogue.CATALOGUE`: attribution, learned, consensus), through the same
+    :func:`patching.edges.circuit_methods.score_method` as the comparison: an attribution method in a few backward
+    passes, or a learned one (``search.learning``, its ``method`` replaced by the search's) warm-started from
     ``search.warm_start``'s attribution of the same prompts (None: a cold start)."""
     if search.method not in SEARCH_METHODS:
         raise InputError(f"Circuit search method {search.method!r} is none of {', '.join(SEARCH_METHODS)}: a search "
-                         "scores with an attribution or a learned method; compare the others with compare_methods "
-                         "(experiments.circuit --methods ...).")
+                         "scores with an attribution, a learned or the consensus method; compare the others with "
+                         "compare_methods (experiments.circuit --methods ...).")
     started = time.perf_counter()
-    options = search.options(False)
-    if search.method in EDGE_ATTRIBUTION_METHODS:
-        scores = edge_attribution(model, prompts, method=search.method, ig_steps=search.ig_steps, options=options)
-        return SelectionScores(scores, {"seconds": round(time.perf_counter() - started, 1)})
-    warm = None
-    if search.warm_start:
-        warm = edge_attribution(model, prompts, method=search.warm_start, ig_steps=search.ig_steps, options=options)
-    warm_seconds = time.perf_counter() - started
-    config = dataclasses.replace(search.learning, method=search.method)
-    learned = learn_circuit(model, prompts, config=config, init=warm)
-    info = {"seconds": round(time.perf_counter() - started, 1)} | learned.brief(search.warm_start, warm_seconds)
-    info["learning"] = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("progress", "memory_mb")}
-    return SelectionScores(learned.graph, info, warm)
+    run = ComparisonRun(model, prompts, Graph.from_model(model).layout, search, search.learning, search.warm_start,
+                        bootstrap_resamples=0)
+    scored, _ = score_method(run, CATALOGUE[search.method])
+    info = {"seconds": round(time.perf_counter() - started, 1)} | scored.info
+    return SelectionScores(scored.scores, info, scored.warm_scores, scored.select)
 
 
 def score_summary(scores: Graph) -> dict:

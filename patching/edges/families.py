@@ -8,9 +8,9 @@ family should be as faithful on the others as their own circuits are; if each fa
 circuit, it is not.
 
 :func:`family_circuits` takes each family's prompts (e.g. the correctly answered ones of
-:func:`family_prompts`) and, with one circuit method (a :data:`patching.edges.circuit_methods.REGISTRY`
-name or a :class:`~patching.edges.circuit_methods.CircuitMethod` record, scored as
-:func:`~patching.edges.circuit_methods.compare_methods` scores it):
+:func:`family_prompts`) and, with one circuit method (a :data:`patching.edges.catalogue.CATALOGUE`
+name or a :class:`~patching.edges.catalogue.CircuitMethod` record, scored as
+:func:`~patching.edges.compare.compare_methods` scores it):
 
 1. splits each family's prompts into a selection half and a held-out half
    (:func:`patching.edges.faithful_circuit.split_halves`, ``search.circuit_prompts`` prompts);
@@ -43,19 +43,18 @@ from circuits.graph import Graph
 from circuits.graph_selection import edge_jaccard
 from circuits.stats import Estimate
 from circuits.tasks import TaskConfig, make_dataset, transfer_datasets
-from circuits.templates import STYLES
-from patching.edges.circuit_methods import (
-    CircuitMethod, ComparisonRun, means_pool, registered_method, score_method, selected_circuit,
-)
+from circuits.templates import PROMPT_FAMILIES, STYLES, TRANSFER_FORMATS
+from patching.edges.catalogue import CircuitMethod, catalogued
+from patching.edges.circuit_methods import ComparisonRun, means_pool, score_method, selected_circuit
 from patching.edges.curves import FaithfulnessCurve, faithfulness_curve
 from patching.edges.faithful_circuit import CircuitSearch, split_halves
 from patching.edges.learn import LearnConfig
 from patching.edges.stability import why_not_measurable
 
 #: the transfer formats of :func:`circuits.tasks.transfer_datasets` that are not a template style
-TRANSFER_FAMILIES = ("multi_digit", "decimal", "zero_shot")
+TRANSFER_FAMILIES = tuple(f for f in TRANSFER_FORMATS if f not in STYLES)
 #: every prompt family :func:`family_prompts` builds: the template styles, then the transfer formats
-FAMILIES = tuple(STYLES) + TRANSFER_FAMILIES
+FAMILIES = PROMPT_FAMILIES
 
 
 def check_families(families: Sequence[str]) -> list[str]:
@@ -154,12 +153,12 @@ def family_circuits(model: HookedTransformer, prompts: Mapping[str, Dataset], me
 
     ``prompts``: family name (:data:`FAMILIES`) -> its prompts, at least ``patching.edges.faithful_circuit.MIN_PROMPTS``
     each (the correctly answered ones, as MIB evaluates). ``method``: a name in
-    :data:`patching.edges.circuit_methods.REGISTRY` or a :class:`CircuitMethod` record (e.g. a test's stub). ``learn``, ``warm_start``, ``bootstrap_resamples``: as in
-    :func:`patching.edges.circuit_methods.compare_methods`. ``stage(name)``: a context manager the whole
+    :data:`patching.edges.catalogue.CATALOGUE` or a :class:`CircuitMethod` record (e.g. a test's stub). ``learn``, ``warm_start``, ``bootstrap_resamples``: as in
+    :func:`patching.edges.compare.compare_methods`. ``stage(name)``: a context manager the whole
     measurement runs in; ``log``: one line per family and one per circuit evaluated.
     """
     families = check_families(list(prompts))
-    method = registered_method(method)
+    method = catalogued(method)
     refusal = why_not_measurable(method)
     if refusal:
         raise InputError(f"Circuit method {method.name!r} cannot be compared across prompt families: {refusal}.")

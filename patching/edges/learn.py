@@ -55,7 +55,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -70,11 +70,11 @@ from circuits.graph import Graph, GraphLayout
 from patching.sweeps import forward, inputs
 from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
 from patching.edges.mixing import MixingHooks, check_norm, record_ablated
+from patching.edges.catalogue import LEARN_OBJECTIVES as OBJECTIVES
+from patching.edges.catalogue import LEARNED_METHODS as METHODS
 from patching.sweeps.forward import frozen_weights
 from patching.sweeps.metrics import get_metric, score_end
 
-METHODS = ("edge-pruning", "ugs", "matryoshka", "top-n")
-OBJECTIVES = ("kl", "metric")
 
 #: each method's learning rate when LearnConfig.lr is None. top-n's was chosen on validation prompts
 #: (``python -m experiments.learned_circuit``, docs/results.md): Adam moves every score by about lr a step whatever
@@ -442,6 +442,7 @@ def learn_circuit(
     init: Union[None, Tensor, Graph, object] = None,
     answer_ids=None,
     alt_ids=None,
+    on_step: Optional[Callable[[int], None]] = None,
     **overrides,
 ) -> LearnedCircuit:
     """Learn edge scores by one of :data:`METHODS` (module docstring) on the prompts ``reference``.
@@ -449,79 +450,129 @@ def learn_circuit(
     ``reference`` / ``counterfactual`` / ``answer_ids`` / ``alt_ids``: as in :func:`patching.path_patch`.
     ``config``: :class:`LearnConfig` (or its fields as keywords, which replace the record's).
     ``init``: a warm start: a score tensor ``[n_forward, n_backward]``, a Graph or EdgeEffects.
+    ``on_step(step)``: called as each optimisation step ends (``steps x restarts`` calls in all), e.g. to advance a
+    progress line over several learned circuits.
     """
-    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(LearnConfig)})
-    if unknown:
-        raise InputError(f"learn_circuit() got unexpected keyword argument(s) {', '.join(unknown)}; its settings "
-                         f"are the fields of patching.edges.learn.LearnConfig.")
-    cfg = dataclasses.replace(config, **overrides)
+    cfg = _settings(config, overrides)
     layout = GraphLayout.of(model)
-    if init is not None and not isinstance(init, Tensor):
-        init = init.scores
-    if init is not None and tuple(init.shape) != (layout.n_forward, layout.n_backward):
-        raise InputError(f"init must be scores of this model's graph {(layout.n_forward, layout.n_backward)}, "
-                         f"got {tuple(init.shape)}.")
-    if init is not None:  # NaN (an edge never scored) starts at 0; nothing finite, or inf, is no warm start
-        given = init.detach()[layout.real_edge_mask.to(init.device)]
-        if torch.isinf(given).any() or not torch.isfinite(given).any():
-            raise InputError(f"init holds {int(torch.isinf(given).sum())} infinite and {int(torch.isnan(given).sum())} "
-                             f"NaN scores of {layout.n_edges} edges: a warm start needs finite scores (NaN only for "
-                             "edges left unscored). Pass finite scores, or init=None for the default start.")
+    init = _warm_start_scores(init, layout)
     if cfg.restarts > 1:
         runs = [learn_circuit(model, reference, counterfactual, init=init, answer_ids=answer_ids, alt_ids=alt_ids,
-                              config=dataclasses.replace(cfg, restarts=1, seed=restart_seed(cfg.seed, k)))
+                              on_step=on_step, config=dataclasses.replace(cfg, restarts=1,
+                                                                          seed=restart_seed(cfg.seed, k)))
                 for k in range(cfg.restarts)]
         return _averaged(runs, cfg)
     metric = get_metric("logit")
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids)
     generator = torch.Generator().manual_seed(cfg.seed)
     wall, cpu = time.perf_counter(), time.process_time()
-    losses, faithful, step_seconds = [], [], []
     with frozen_weights(model), edge_mode(model):
         batches = _prepare(model, groups, layout, cfg.norm, metric)
         _check_denominator(batches)
-        gaps = torch.cat([b.full_metric - b.empty_metric for b in batches]).double()
-        scale = float(gaps.pow(2).mean().sqrt())
         method = _METHODS[cfg.method](layout, cfg, init, model.cfg.device, generator)
-        sizes = torch.tensor([len(b.group) for b in batches], dtype=torch.float)
-        bar = tqdm(range(cfg.steps), desc=f"learning a circuit ({cfg.method})", disable=not cfg.progress)
-        for step in bar:
-            step_started = time.perf_counter()
-            batch = batches[int(torch.multinomial(sizes, 1, generator=generator))]
-            take = min(cfg.batch_size, len(batch.group))
-            rows = torch.randperm(len(batch.group), generator=generator)[:take].to(model.cfg.device)
-            method.optimizer.zero_grad()
-            with torch.enable_grad():
-                masks = method.masks(step, cfg.samples)
-                keep = method.dense(masks)
-                loss, f = 0.0, 0.0
-                per_chunk = _prompts_per_chunk(model, batch, len(keep), cfg.memory_mb)
-                for sl in forward.chunks(take, per_chunk):  # gradient accumulation within the memory budget
-                    sub = _sub_batch(batch, rows[sl])
-                    share = (sl.stop - sl.start) / take
-                    part, part_f = _loss(model, sub, _circuit_end(model, sub, keep, cfg.norm), len(keep),
-                                         cfg.objective, metric, scale, cfg.faithfulness_penalty)
-                    (share * part).backward(retain_graph=True)
-                    loss, f = loss + share * float(part.detach()), f + share * part_f
-                penalty = method.penalty(step)
-                if penalty.requires_grad:
-                    penalty.backward()
-            method.optimizer.step()
-            method.after_step(step)
-            losses.append(float(loss))
-            faithful.append(f)
-            step_seconds.append(time.perf_counter() - step_started)
-            bar.set_postfix(loss=f"{float(loss):.3g}", f=f"{f:.2f}")
-        bar.close()
+        trace = _optimise(model, batches, method, cfg, generator, metric, on_step)
+    return _learned(model, cfg, layout, method, batches, trace, warm_started=init is not None,
+                    wall=wall, cpu=cpu)
+
+
+def _settings(config: LearnConfig, overrides: dict) -> LearnConfig:
+    """``config`` with the keyword ``overrides`` of :func:`learn_circuit` (fields of :class:`LearnConfig`) applied."""
+    unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(LearnConfig)})
+    if unknown:
+        raise InputError(f"learn_circuit() got unexpected keyword argument(s) {', '.join(unknown)}; its settings "
+                         f"are the fields of patching.edges.learn.LearnConfig.")
+    return dataclasses.replace(config, **overrides)
+
+
+def _warm_start_scores(init, layout: GraphLayout) -> Optional[Tensor]:
+    """The warm start as a score tensor of this model's graph (a Graph's or EdgeEffects' scores), refused when its
+    shape is another graph's or it holds no finite score (NaN, an edge never scored, is allowed: it starts at 0)."""
+    if init is not None and not isinstance(init, Tensor):
+        init = init.scores
+    if init is None:
+        return None
+    if tuple(init.shape) != (layout.n_forward, layout.n_backward):
+        raise InputError(f"init must be scores of this model's graph {(layout.n_forward, layout.n_backward)}, "
+                         f"got {tuple(init.shape)}.")
+    given = init.detach()[layout.real_edge_mask.to(init.device)]
+    if torch.isinf(given).any() or not torch.isfinite(given).any():
+        raise InputError(f"init holds {int(torch.isinf(given).sum())} infinite and {int(torch.isnan(given).sum())} "
+                         f"NaN scores of {layout.n_edges} edges: a warm start needs finite scores (NaN only for "
+                         "edges left unscored). Pass finite scores, or init=None for the default start.")
+    return init
+
+
+@dataclass
+class _Trace:
+    """What the optimisation recorded, one entry per step."""
+
+    losses: list[float] = field(default_factory=list)
+    faithfulness: list[float] = field(default_factory=list)  # mean f of the step's masks on the step's prompts
+    step_seconds: list[float] = field(default_factory=list)  # wall time of the step alone
+
+
+def _optimise(model, batches: list[_Batch], method: _Method, cfg: LearnConfig, generator, metric,
+              on_step: Optional[Callable[[int], None]]) -> _Trace:
+    """``cfg.steps`` steps, each on a batch drawn in proportion to its prompts (the loss in units of the root mean
+    square of m(full) − m(∅) over every training prompt)."""
+    gaps = torch.cat([b.full_metric - b.empty_metric for b in batches]).double()
+    scale = float(gaps.pow(2).mean().sqrt())
+    sizes = torch.tensor([len(b.group) for b in batches], dtype=torch.float)
+    trace = _Trace()
+    bar = tqdm(range(cfg.steps), desc=f"learning a circuit ({cfg.method})", disable=not cfg.progress)
+    for step in bar:
+        started = time.perf_counter()
+        batch = batches[int(torch.multinomial(sizes, 1, generator=generator))]
+        loss, f = _step(model, batch, method, cfg, step, generator, metric, scale)
+        trace.losses.append(loss)
+        trace.faithfulness.append(f)
+        trace.step_seconds.append(time.perf_counter() - started)
+        bar.set_postfix(loss=f"{loss:.3g}", f=f"{f:.2f}")
+        if on_step is not None:
+            on_step(step)
+    bar.close()
+    return trace
+
+
+def _step(model, batch: _Batch, method: _Method, cfg: LearnConfig, step: int, generator, metric,
+          scale: float) -> tuple[float, float]:
+    """One step of Adam on up to ``cfg.batch_size`` prompts of ``batch``: this step's masks, their loss (the
+    gradient accumulated over chunks that fit ``cfg.memory_mb``) and the method's own penalty; the loss and mean f."""
+    take = min(cfg.batch_size, len(batch.group))
+    rows = torch.randperm(len(batch.group), generator=generator)[:take].to(model.cfg.device)
+    method.optimizer.zero_grad()
+    with torch.enable_grad():
+        keep = method.dense(method.masks(step, cfg.samples))
+        loss, f = 0.0, 0.0
+        per_chunk = _prompts_per_chunk(model, batch, len(keep), cfg.memory_mb)
+        for sl in forward.chunks(take, per_chunk):  # gradient accumulation within the memory budget
+            sub = _sub_batch(batch, rows[sl])
+            share = (sl.stop - sl.start) / take
+            part, part_f = _loss(model, sub, _circuit_end(model, sub, keep, cfg.norm), len(keep),
+                                 cfg.objective, metric, scale, cfg.faithfulness_penalty)
+            (share * part).backward(retain_graph=True)
+            loss, f = loss + share * float(part.detach()), f + share * part_f
+        penalty = method.penalty(step)
+        if penalty.requires_grad:
+            penalty.backward()
+    method.optimizer.step()
+    method.after_step(step)
+    return float(loss), f
+
+
+def _learned(model, cfg: LearnConfig, layout: GraphLayout, method: _Method, batches: list[_Batch], trace: _Trace, *,
+             warm_started: bool, wall: float, cpu: float) -> LearnedCircuit:
+    """The method's final scores as a Graph of every edge (NaN where no edge is), with the trace and the cost."""
     scores = torch.full((layout.n_forward, layout.n_backward), float("nan"))
     scores[layout.real_edge_mask] = method.scores().float().cpu()
     seconds = time.perf_counter() - wall
     graph = Graph(layout, scores, meta={"method": f"learned:{cfg.method}", "d_model": model.cfg.d_model,
                                         "objective": cfg.objective,
                                         "steps": cfg.steps, "n_prompts": sum(len(b.group) for b in batches),
-                                        "norm": cfg.norm, "warm_start": init is not None})
-    return LearnedCircuit(graph, losses, faithful, round(seconds, 2), round(time.process_time() - cpu, 2),
-                          round(seconds / cfg.steps, 3), config=cfg, step_seconds=[round(t, 4) for t in step_seconds])
+                                        "norm": cfg.norm, "warm_start": warm_started})
+    return LearnedCircuit(graph, trace.losses, trace.faithfulness, round(seconds, 2),
+                          round(time.process_time() - cpu, 2), round(seconds / cfg.steps, 3), config=cfg,
+                          step_seconds=[round(t, 4) for t in trace.step_seconds])
 
 
 def restart_seed(seed: int, k: int) -> int:

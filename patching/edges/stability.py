@@ -2,8 +2,8 @@
 
 A circuit that is not the same on the next prompt set is not a finding: circuits found from slightly
 different data can share few edges (arXiv 2605.09129). :func:`circuit_stability` runs one registered
-circuit method (:data:`patching.edges.circuit_methods.REGISTRY`, scored as
-:func:`patching.edges.circuit_methods.compare_methods` scores it) on ``n_sets`` disjoint training sets
+circuit method (:data:`patching.edges.catalogue.CATALOGUE`, scored as
+:func:`patching.edges.compare.compare_methods` scores it) on ``n_sets`` disjoint training sets
 of the prompts, each as large as a selection half (``search.circuit_prompts // 2``), and, for a method
 that draws random numbers (a learned mask, resampled scores), with each of ``seeds``. Then, at each
 circuit size:
@@ -27,7 +27,7 @@ import dataclasses
 import itertools
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -37,17 +37,16 @@ from transformer_lens import HookedTransformer
 from circuits.errors import InputError
 from circuits.graph import Graph
 from circuits.graph_selection import edge_jaccard, score_spearman
-from patching.edges.circuit_methods import (
-    EARLIER_METHODS, REGISTRY, CircuitMethod, ComparisonRun, MethodResult, check_method_names, means_pool,
-    score_method, selected_circuit,
-)
+from patching.edges.catalogue import CATALOGUE, EARLIER_METHODS, CircuitMethod, catalogued
+from patching.edges.circuit_methods import ComparisonRun, means_pool, score_method, selected_circuit
+from patching.edges.compare import MethodResult
 from patching.edges.curves import FaithfulnessCurve, faithfulness_curve
 from patching.edges.faithful_circuit import MIN_PROMPTS, CircuitSearch, score_selection
 from patching.edges.learn import LearnConfig
 
 STABILITY_FRACTIONS = (0.02, 0.05, 0.10)
 #: kinds of method whose scores depend on a seed: each runs once per seed of ``circuit_stability``
-SEEDED_KINDS = ("learned mask", "resampled")
+SEEDED_KINDS = ("learned mask", "consensus", "resampled")
 
 
 @dataclass
@@ -145,23 +144,22 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
                       fractions: Sequence[float] = STABILITY_FRACTIONS, core_share: float = 0.5,
                       learn: Optional[LearnConfig] = None, warm_start: Optional[str] = "EAP-IG-inputs",
                       bootstrap_resamples: int = 10, reuse: Optional[MethodResult] = None, stage=None,
-                      log=print) -> StabilityResult:
+                      log=print, progress: Optional[Callable[[bool], None]] = None) -> StabilityResult:
     """The stability of one circuit method's circuits over ``n_sets`` disjoint prompt sets (the module docstring).
 
-    ``method``: a name in :data:`REGISTRY`, or a :class:`CircuitMethod` record itself (one not registered:
+    ``method``: a name in :data:`patching.edges.catalogue.CATALOGUE`, or a :class:`CircuitMethod` record itself (one not registered:
     a test's stub). ``seeds``: the seeds a learned or resampled method runs with on each set (default
     ``search.seed`` alone); the seed replaces ``search.seed`` and ``learn.seed`` of the run. ``core_share``:
     a core edge is kept by more than this share of the runs (0.5: a majority). ``learn``, ``warm_start``,
-    ``bootstrap_resamples``: as in :func:`patching.edges.circuit_methods.compare_methods`. ``reuse``: this
-    method's result in :func:`patching.edges.circuit_methods.compare_methods` with the same prompts and ``search``;
+    ``bootstrap_resamples``: as in :func:`patching.edges.compare.compare_methods`. ``reuse``: this
+    method's result in :func:`patching.edges.compare.compare_methods` with the same prompts and ``search``;
     its selection half is the first training set here (both draw from the prompts shuffled with ``search.seed``), so
     its scores stand for the run on set 0 with ``search.seed`` instead of scoring that set again (for ACDC, an hour
     on gemma-3-270m). ``stage(name)``: a context manager the whole measurement runs in (one stage); ``log``: one
-    line per run and a summary.
+    line per run and a summary; ``progress(scored)``: called as each of the :func:`stability_runs` runs ends, with
+    False for the run ``reuse`` stood for (it cost nothing: an estimate of the time left should not count it).
     """
-    if isinstance(method, str):
-        check_method_names([method])
-        method = REGISTRY[method]
+    method = catalogued(method)
     refusal = why_not_measurable(method)
     if refusal:
         raise InputError(f"Circuit method {method.name!r} has no circuit stability to measure: {refusal}.")
@@ -198,6 +196,8 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
                 circuits.append([selected_circuit(graph, x, select) for x in fractions])
                 log(f"{method.name:20s} set {index} seed {seed} ({how}): circuit edges "
                     + ", ".join(f"{100 * x:g}% {int(c.in_graph.sum())}" for x, c in zip(fractions, circuits[-1])))
+                if progress is not None:
+                    progress(how == "scored")
         result = compare_runs(model, runs, scores, circuits, heldout, search, method=method.name, kind=method.kind,
                               fractions=fractions, core_share=core_share, n_per_set=len(train_sets[0]),
                               means_from=means_pool(model, prompts, search))
@@ -207,6 +207,16 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
         + "; core f " + ", ".join(f"{100 * c['fraction']:g}% {c['f']['value']:.3f} ({c['n_edges']} edges)"
                                   for c in summary["core"]))
     return result
+
+
+def stability_runs(method: Union[str, CircuitMethod], n_sets: int, seeds: Optional[Sequence[int]] = None) -> int:
+    """How many runs :func:`circuit_stability` makes of ``method`` with these ``n_sets`` and ``seeds``: one per set,
+    times the seeds for a method that draws random numbers (a deterministic one runs once per set); 0 for a method
+    with no circuit stability to measure (:func:`why_not_measurable`)."""
+    method = catalogued(method)
+    if why_not_measurable(method):
+        return 0
+    return n_sets * (len(seeds) if seeds and method.kind in SEEDED_KINDS else 1)
 
 
 def _reused_seed(reuse: Optional[MethodResult], method: CircuitMethod, first_set: Dataset, search: CircuitSearch,
@@ -250,7 +260,7 @@ def stability_of_found(model: HookedTransformer, prompts: Dataset, scores: Graph
         log(f"{search.method}: set {index} scored ({scored.info['seconds']:.0f} s)")
     circuits = [[selected_circuit(g, x) for x in fractions] for g in graphs]
     return compare_runs(model, [(i, search.seed) for i in range(len(graphs))], graphs, circuits, heldout, search,
-                        method=search.method, kind=REGISTRY[search.method].kind, fractions=fractions,
+                        method=search.method, kind=CATALOGUE[search.method].kind, fractions=fractions,
                         n_per_set=len(train_sets[0]), means_from=means_pool(model, prompts, search))
 
 

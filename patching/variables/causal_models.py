@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Callable, Mapping, Sequence
 
+from patching.variables.catalogue import CAUSAL_MODELS as CATALOGUED_MODELS
 from circuits.arguments import check_option, check_positive_int
 from circuits.errors import InputError, InputKeyError, TaskDataError
 from circuits.tasks import TaskConfig, answer_token_ids, format_number
@@ -153,13 +154,9 @@ def two_digit_addition_model() -> CausalModel:
 
 
 #: The causal models by name: the one-digit operations by symbol, and MIB's two-digit addition.
-CAUSAL_MODELS: dict[str, Callable[[], CausalModel]] = {
-    "+": lambda: one_digit_model("+"),
-    "-": lambda: one_digit_model("-"),
-    "*": lambda: one_digit_model("*"),
-    "/": lambda: one_digit_model("/"),
-    "two_digit_addition": two_digit_addition_model,
-}
+#: every causal model by name, each built by its record of :data:`patching.variables.catalogue.CAUSAL_MODELS` (the one
+#: list of names, which the command line reads without torch)
+CAUSAL_MODELS: dict[str, Callable[[], CausalModel]] = {name: record.build for name, record in CATALOGUED_MODELS.items()}
 
 
 def causal_model(name: str) -> CausalModel:

@@ -12,6 +12,7 @@ from circuits.graph_io import load_eap_json
 from circuits.graph_selection import select_fraction
 from circuits.loading import load_model
 from experiments import circuit as circuit_experiment
+from patching.edges.catalogue import CATALOGUE
 from patching.edges.evaluate import evaluate_circuits
 from patching.edges.curves import MIB_FRACTIONS, curve_areas
 from patching.edges.faithful_circuit import split_halves
@@ -102,24 +103,46 @@ def test_help_lists_every_flag(capsys):
         assert "--" + name.replace("_", "-") in text
 
 
-def test_the_light_config_names_what_the_edge_library_has():
-    """experiments/circuit/config.py writes the library's names and defaults out (it may not import torch)."""
+def test_the_config_reads_the_catalogue_and_its_defaults_are_the_librarys():
+    """The method flags come from patching.edges.catalogue (torch-free), a method's own settings included."""
     import dataclasses
 
     from experiments.circuit import config
-    from patching.edges.acdc import OBJECTIVES
-    from patching.edges.attribute import EDGE_ATTRIBUTION_METHODS
-    from patching.edges.evaluate import ABLATIONS
+    from patching.edges.catalogue import ACDCSettings, ConsensusSettings
     from patching.edges.faithful_circuit import CircuitSearch
     from patching.edges.learn import DEFAULT_CIRCUIT
 
-    assert config.EDGE_ATTRIBUTION_METHODS == tuple(EDGE_ATTRIBUTION_METHODS)
-    assert config.ABLATIONS == ABLATIONS  # CIRCUIT_METHOD_NAMES: the test of the --methods flag
-    assert config.ACDC_OBJECTIVES == OBJECTIVES
     search, defaults = config.CircuitConfig().search(), CircuitSearch()
-    assert (search.acdc_threshold, search.acdc_objective) == (defaults.acdc_threshold, defaults.acdc_objective)
+    assert search.method_settings == (ACDCSettings(), ConsensusSettings())
+    assert search.settings_for(CATALOGUE["ACDC"]) == defaults.settings_for(CATALOGUE["ACDC"]) == ACDCSettings()
+    parsed = circuit_experiment.parse_config(["--acdc-threshold", "0.5", "--acdc-objective", "metric",
+                                              "--consensus-runs", "3"]).search()
+    assert parsed.settings_for(CATALOGUE["ACDC"]) == ACDCSettings(threshold=0.5, objective="metric")
+    assert parsed.settings_for(CATALOGUE["consensus"]).runs == 3
     assert dataclasses.asdict(config.CircuitConfig().learn()) == dataclasses.asdict(DEFAULT_CIRCUIT)
     assert search.learning == DEFAULT_CIRCUIT and search.method == defaults.method == "top-n"
+
+
+def test_a_new_catalogue_record_brings_its_flags_without_other_edits():
+    """One record with a settings dataclass is all a method needs for its command-line flags."""
+    from dataclasses import dataclass, field
+
+    from experiments.runtime import cli
+    from patching.edges.catalogue import CircuitMethod
+
+    @dataclass(frozen=True)
+    class WidgetSettings:
+        depth: int = field(default=3, metadata={"help": "how deep"})
+        mode: str = field(default="a", metadata={"help": "which mode", "choices": ("a", "b")})
+
+    record = CircuitMethod("widget", "attribution", "some.module:score", settings=WidgetSettings)
+    catalogue = {**CATALOGUE, "widget": record}
+    flags = cli.method_settings_flags(catalogue, "Flags")
+    parsed = flags(widget_depth=5, widget_mode="b")
+    assert cli.method_settings_records(parsed, catalogue)[-1] == WidgetSettings(depth=5, mode="b")
+    assert {"widget_depth", "widget_mode", "acdc_threshold"} <= set(flags.__dataclass_fields__)
+    with pytest.raises(Exception, match="choose from a, b"):
+        cli.check_choices(flags(widget_mode="c"))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -135,10 +158,9 @@ def test_bad_flags_fail_before_the_model_loads(argv, message, capsys):
     assert exit.value.code == 2 and message in capsys.readouterr().err
 
 
-def test_the_methods_flag_offers_every_registered_circuit_method_in_order():
-    from patching.edges.circuit_methods import REGISTRY
-
-    assert circuit_experiment.CIRCUIT_METHOD_NAMES == tuple(REGISTRY)
+def test_the_methods_flag_offers_every_catalogued_circuit_method():
+    assert circuit_experiment.parse_config(["--methods", *CATALOGUE, "--stability-sets", "0"]).methods == \
+        tuple(CATALOGUE)
     assert circuit_experiment.parse_config(["--methods", "exact", "ilp"]).methods == ("exact", "ilp")
 
 

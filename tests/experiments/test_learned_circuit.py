@@ -8,17 +8,11 @@ import pytest
 
 from experiments import learned_circuit
 from experiments.learned_circuit import criterion, problem_disjoint_parts
-from experiments.learned_circuit.config import LEARNED_METHODS, LearnedCircuitConfig
+from experiments.learned_circuit.config import LearnedCircuitConfig
 
 SMALL = ["--n-train", "12", "--n-validation", "8", "--n-test", "8", "--steps", "3", "--learn-batch-size", "4",
          "--samples", "2", "--n-shots", "1", "--n-bootstrap", "50", "--warm-start-prompts", "4", "--threads", "1",
          "--lrs", "0.05", "0.1", "--temperatures", "1.0", "--penalties", "0", "1"]
-
-
-def test_the_method_choices_are_the_librarys():
-    from patching.edges.learn import METHODS
-
-    assert LEARNED_METHODS == METHODS
 
 
 def test_a_run_chooses_on_validation_and_reports_test_and_stability(tmp_path, tiny_dir):

@@ -10,7 +10,8 @@ from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import mib_selector, select_fraction
 from circuits.tasks import TaskConfig
-from patching.edges.circuit_methods import CircuitMethod, MethodScores
+from patching.edges.catalogue import CircuitMethod
+from patching.edges.circuit_methods import MethodScores
 from patching.edges.curves import faithfulness_curve
 from patching.edges.faithful_circuit import CircuitSearch
 from patching.edges.families import FAMILIES, check_families, family_circuits, family_prompts

@@ -11,7 +11,9 @@ from scipy.stats import spearmanr
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import edge_jaccard, select_fraction
-from patching.edges.circuit_methods import REGISTRY, CircuitMethod, MethodScores
+from patching.edges.catalogue import CATALOGUE
+from patching.edges.catalogue import CircuitMethod
+from patching.edges.circuit_methods import MethodScores
 from patching.edges.faithful_circuit import CircuitSearch
 from patching.edges.stability import circuit_stability
 
@@ -106,7 +108,7 @@ def test_too_few_prompts_names_how_many_are_needed(setup):
 def test_methods_without_a_circuit_of_their_own_are_refused():
     for name in ("ensemble", "positional"):
         with pytest.raises(InputError, match=f"{name!r} has no circuit stability to measure"):
-            circuit_stability(None, None, REGISTRY[name])
+            circuit_stability(None, None, CATALOGUE[name])
     with pytest.raises(InputError, match=r"Unknown circuit method\(s\) \['nope'\]"):
         circuit_stability(None, None, "nope")
 
@@ -139,7 +141,7 @@ def test_the_stability_of_a_found_circuit_is_circuit_stability_with_its_first_ru
     model, data = setup
     search = dataclasses_replace(SEARCH, method="EAP")
     whole = circuit_stability(model, data, "EAP", search, n_sets=2).to_dict()
-    first = REGISTRY["EAP"].score(_run_on(model, disjoint_sets(data, 2, search)[0][0], search), "EAP").scores
+    first = CATALOGUE["EAP"].score(_run_on(model, disjoint_sets(data, 2, search)[0][0], search), "EAP").scores
     found = stability_of_found(model, data, first, search, n_sets=2, log=lambda line: None).to_dict()
     assert found["jaccard"] == whole["jaccard"] and found["core"] == whole["core"]
     assert found["n_sets"] == 2 and found["method"] == "EAP"
@@ -147,7 +149,7 @@ def test_the_stability_of_a_found_circuit_is_circuit_stability_with_its_first_ru
 
 def test_the_comparisons_result_stands_for_the_first_set_and_the_rest_is_scored_as_before(setup):
     """Given compare_methods' result, only the further sets are scored, and the stability is the one scored anew."""
-    from patching.edges.circuit_methods import compare_methods
+    from patching.edges.compare import compare_methods
 
     model, data = setup
     found = compare_methods(model, data, ["EAP"], SEARCH, log=lambda line: None)[0]
@@ -156,7 +158,7 @@ def test_the_comparisons_result_stands_for_the_first_set_and_the_rest_is_scored_
 
     def counted(run, name):
         scored.append(run.selection["tokens"])
-        return REGISTRY["EAP"].score(run, "EAP")
+        return CATALOGUE["EAP"].score(run, "EAP")
 
     record = CircuitMethod("EAP", "attribution", counted)
     reused = circuit_stability(model, data, record, SEARCH, n_sets=3, reuse=found, log=lambda line: None).to_dict()
@@ -165,7 +167,7 @@ def test_the_comparisons_result_stands_for_the_first_set_and_the_rest_is_scored_
 
 
 def test_a_reused_result_of_another_method_or_prompt_draw_is_refused(setup):
-    from patching.edges.circuit_methods import compare_methods
+    from patching.edges.compare import compare_methods
 
     model, data = setup
     found = compare_methods(model, data, ["EAP"], SEARCH, log=lambda line: None)[0]
