@@ -89,17 +89,20 @@ class ComparisonRun:
 
 
 def attribution_scores(run: ComparisonRun, name: str) -> MethodScores:
+    """An attribution method's scores of the selection half (computed once per run: a warm start reuses them)."""
     reused = name if name in run.computed else None
     return MethodScores(run.cached_attribution(name), reused=reused)
 
 
 def exact_scores(run: ComparisonRun, name: str) -> MethodScores:
+    """Every edge patched on its own: the exact effect of each on the selection half."""
     s = run.search
     effects = edge_patch(run.model, None, run.selection, options=s.options(False))
     return MethodScores(effects.graph())
 
 
 def learned_scores(run: ComparisonRun, name: str) -> MethodScores:
+    """A learned mask (``run.learn`` with this method) from the run's warm start, and what the learning took."""
     warm = run.warm_start
     init = run.cached_attribution(warm) if warm else None  # computed before the method's clock started
     config = dataclasses.replace(run.learn, method=name)
@@ -110,6 +113,7 @@ def learned_scores(run: ComparisonRun, name: str) -> MethodScores:
 
 
 def ensemble_scores(run: ComparisonRun, name: str) -> MethodScores:
+    """The mean-rank ensemble of every method scored before it in the run."""
     members = list(run.computed)
     if len(members) < 2:
         raise InputError("'ensemble' combines the methods listed before it: list at least two first.")
@@ -118,22 +122,26 @@ def ensemble_scores(run: ComparisonRun, name: str) -> MethodScores:
 
 
 def resampled_scores(run: ComparisonRun, name: str) -> MethodScores:
+    """The search's attribution over prompt resamples, kept where its sign is stable (Nikankin et al. 2025)."""
     boot = bootstrap_scores(lambda rows: run.attribution(run.search.attribution_method, rows), len(run.selection), run.layout,
                             n_resamples=run.bootstrap_resamples, seed=run.search.seed)
     return MethodScores(boot.graph(), info={"n_resamples": run.bootstrap_resamples, "n_stable": int(boot.stable.sum())})
 
 
 def ilp_scores(run: ComparisonRun, name: str) -> MethodScores:
+    """The search's attribution scores, each size's circuit chosen by the ILP selector."""
     method = run.search.attribution_method
     reused = method if method in run.computed else None
     return MethodScores(run.cached_attribution(method), select=ilp_selector(run.layout), reused=reused)
 
 
 def positional_scores(run: ComparisonRun, name: str) -> MethodScores:
+    """Position-aware edge scores over the prompt layout's spans, by the search's attribution method."""
     return MethodScores(run.attribution(run.search.attribution_method, spans=SPANS))
 
 
 def acdc_scores(run: ComparisonRun, name: str) -> MethodScores:
+    """ACDC's greedy pruning with the method's own settings (threshold, objective), ranked by damage."""
     s = run.search
     own = run.settings_of(name)
     config = ACDCConfig(threshold=own.threshold, objective=own.objective, ablation=s.ablation)

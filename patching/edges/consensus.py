@@ -65,6 +65,7 @@ class Consensus:
 
     @property
     def runs(self) -> int:
+        """How many learned runs the consensus counts."""
         return self.run_scores.shape[0]
 
     def shares(self, n: int) -> Tensor:
