@@ -5,7 +5,8 @@ knockout curves of :mod:`patching`, the evaluation harness of :mod:`finetune`, t
 the experiments. A hit is always the same comparison (:func:`answer_is_top1`): is the answer token
 the argmax of the logits read from the final residual stream, found by the certified bfloat16
 screen of :func:`circuits.end_logits.end_argmax` where the CPU multiplies bfloat16 natively, else by
-the float32 unembedding.
+the float32 unembedding. A caller that holds the full logits anyway (to read a logit difference
+beside the hit) compares on them with :func:`answer_is_argmax`.
 
 Zhang et al. (2024) score the first answer token at END. With one-digit operands
 about 45% of sums are two-digit and start with "1" (gemma splits digits), so a
@@ -63,6 +64,18 @@ def answer_is_top1(
     :func:`circuits.end_logits.end_argmax`)"""
     predicted = end_argmax(model, resid, screen=screen, stats=stats)
     return predicted == answer_ids.to(predicted.device)
+
+
+def answer_is_argmax(logits: Float[Tensor, "rows d_vocab"], answer_ids: Int[Tensor, "rows"]) -> Bool[Tensor, "rows"]:
+    """Per row: is the answer token the argmax of these logits, already computed over the whole vocabulary?
+
+    The same comparison as :func:`answer_is_top1`, for a caller that needs the full logits anyway
+    (a logit difference read beside the hit): the screen would only repeat the unembedding it saves.
+    """
+    if logits.shape[:-1] != answer_ids.shape:
+        raise InputError(f"answer_is_argmax got logits for {tuple(logits.shape[:-1])} rows but answers of shape "
+                         f"{tuple(answer_ids.shape)}: pass one answer per row.")
+    return logits.argmax(-1) == answer_ids.to(logits.device)
 
 
 @torch.no_grad()

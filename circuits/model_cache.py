@@ -24,7 +24,7 @@ cannot mix their files (the second rename loses and its copy is discarded).
 
 The config is checked before a model is built from it (a manifest can be refreshed after an edit):
 every size a whole number in a sane range, ``act_fn`` and the other options among the allowed values,
-and the sizes equal to the weights' shapes in the safetensors header (`check_config`,
+and the sizes equal to the weights' shapes in the safetensors header (`check_saved_config`,
 `check_config_fits_weights`), so a damaged number is named instead of allocated.
 
 Weights are stored with safetensors only: no pickle is ever read or written.
@@ -444,7 +444,7 @@ _OPTIONS = {"normalization_type": (None, "LN", "LNPre", "RMS", "RMSPre"),
 _RESAVE = "Save the model again (circuits.save_model)."
 
 
-def check_config(data: dict[str, Any], source: str | Path) -> None:
+def check_saved_config(data: dict[str, Any], source: str | Path) -> None:
     """Raise :class:`CorruptModelDirError` naming ``source`` unless every field TransformerLens builds a model from is
     sane: sizes whole numbers in 1..:data:`MAX_SIZE`, ``act_fn`` and the other options among the allowed values,
     flags true or false. TransformerLens would otherwise allocate what a damaged number asks for, or fail an
@@ -531,7 +531,7 @@ def _build_model(directory: Path, device: str | torch.device, dtype: torch.dtype
     if not isinstance(data, dict):
         raise CorruptModelDirError(f"{directory / CONFIG_FILE} holds a JSON {type(data).__name__}, not a config object. "
                                    "Save the model again (circuits.save_model).")
-    check_config(data, directory / CONFIG_FILE)
+    check_saved_config(data, directory / CONFIG_FILE)
     check_config_fits_weights(data, directory / CONFIG_FILE, directory / WEIGHTS_FILE)
     tokenizer = None
     if (directory / TOKENIZER_DIR).is_dir():

@@ -45,8 +45,8 @@ from experiments.runtime.run_folder import StageTimer
 from circuits.atomic_files import write_text_atomic
 from circuits.templates import template_by_id
 
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option, override
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, option, run_experiment
+from experiments.runtime.cli import override
 from experiments.runtime.settings import BatchSettings, PromptSettings
 
 if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
@@ -125,9 +125,8 @@ def _one_token(data) -> list[bool]:
 
 def build_runner(model, templates, cfg: AF1ExperimentConfig, config: AF1Config) -> tuple[AF1Runner, dict]:
     """The AF1 runner for ``templates`` (``--means``) and how many prompts each template gave."""
-    from patching.sweeps.options import SweepOptions
-    from patching.all_for_one import AF1Runner
-    from patching.all_for_one.template_prompts import make_template_dataset
+    from patching import SweepOptions
+    from patching.all_for_one import AF1Runner, make_template_dataset
 
     cross_fit = cfg.means == "cross-fit"
     data = make_template_dataset(model, templates, cfg.n_prompts, operand_range=(0, cfg.operand_max),
@@ -227,7 +226,8 @@ def isolate(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, stage
 def grid_search(model, cfg: AF1ExperimentConfig, config: AF1Config, templates, stage):
     """Data, grid and the selected (pruned) setting on all eval prompts: (runner, counts, hits, search); each step
     timed as a stage of the run (``stage``: its ``Run.stage``)."""
-    from patching.all_for_one.search import grid_hits, search_af1
+    from patching.all_for_one import search_af1
+    from patching.all_for_one.search import grid_hits
 
     with stage("data, CAMA means and cached residuals"):
         runner, counts = build_runner(model, templates, cfg, config)
@@ -311,7 +311,7 @@ def _format_row(model, template, cfg: AF1ExperimentConfig, config: AF1Config, se
 def authors_formats(model, cfg: AF1ExperimentConfig, config: AF1Config, search: AF1SearchResult,
                     stage) -> list[dict]:
     """The authors' five formats at the selected setting (``--no-authors``: none)."""
-    from patching.all_for_one.template_prompts import authors_templates
+    from patching.all_for_one import authors_templates
 
     if cfg.no_authors:
         return []
@@ -370,7 +370,7 @@ def run(cfg: AF1ExperimentConfig, *, loader: ModelLoader | None = None) -> dict:
 def _stages(run: Run) -> None:
     from circuits.stats import proportion
     from patching.all_for_one.search import faithfulness_heatmap
-    from patching.all_for_one.template_prompts import authors_templates
+    from patching.all_for_one import authors_templates
 
     cfg, results = run.cfg, run.results
     config = cfg.af1_config()

@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING
 
 from experiments.runtime.run_folder import release_freed_memory
 
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, option, run_experiment
 
 if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
     from patching.node_level.head_ranking import KeyHeads
@@ -59,7 +58,7 @@ parser = cli.config_parser(BenchFinetuneConfig, "bench_finetune", __doc__, help_
 
 def choose_heads(model, cfg: BenchFinetuneConfig) -> KeyHeads:
     """``--heads``, or the top ``--k`` heads by path patching on 32 addition prompts."""
-    from circuits.nodes import parse_node
+    from circuits import parse_node
     from circuits.tasks import make_dataset
     from patching.node_level.head_ranking import given_key_heads, rank_key_heads
 

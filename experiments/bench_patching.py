@@ -29,9 +29,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, option, run_experiment
 from experiments.runtime.bench_prompts import one_length_prompts
-from experiments.runtime.cli import option, override
+from experiments.runtime.cli import override
 from experiments.runtime.settings import PromptSettings
 
 if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
@@ -126,8 +126,7 @@ def time_transformer_lens(model: HookedTransformer, batch: TaskBatch, tl_layers:
 def time_activation_patch(model, batch: TaskBatch, tl_layers: list[int], tl_heads: torch.Tensor,
                           seconds: dict) -> tuple[ActivationScores, float]:
     """``patching.activation_patch`` on the same heads as TransformerLens; the max |difference| from TL's."""
-    from patching.sweeps.options import SweepOptions
-    from patching.node_level.activation_patching import activation_patch
+    from patching import SweepOptions, activation_patch
 
     start = time.perf_counter()
     act = activation_patch(model, batch, component="z", positions="all",
@@ -141,9 +140,8 @@ def time_activation_patch(model, batch: TaskBatch, tl_layers: list[int], tl_head
 
 def time_path_patch(model, batch: TaskBatch, seconds: dict) -> NodeScores:
     """The full path-patching sweep (every head and MLP -> logits) on the fast path."""
-    from patching.sweeps.options import SweepOptions
     from circuits.nodes import all_nodes
-    from patching.node_level.path_patching import path_patch
+    from patching import SweepOptions, path_patch
 
     start = time.perf_counter()
     path = path_patch(model, batch, options=SweepOptions(metric="logit"))
@@ -154,9 +152,8 @@ def time_path_patch(model, batch: TaskBatch, seconds: dict) -> NodeScores:
 
 def check_path_patch(model, batch: TaskBatch, path: NodeScores, n_senders: int, seconds: dict) -> tuple[list, float | None]:
     """Plain hook path patching on ``n_senders`` evenly spread senders (-1: all); the max |difference| from the fast path."""
-    from patching.sweeps.options import SweepOptions
     from circuits.nodes import all_nodes
-    from patching.node_level.path_patching import path_patch
+    from patching import SweepOptions, path_patch
 
     senders = all_nodes(model)
     if n_senders >= 0:
@@ -176,9 +173,8 @@ def check_path_patch(model, batch: TaskBatch, path: NodeScores, n_senders: int, 
 def time_attribution_patch(model, batch: TaskBatch, act: ActivationScores, path: NodeScores, tl_layers: list[int],
                            seconds: dict) -> dict:
     """``patching.attribution_patch`` (one backward) and its Spearman agreement with exact activation and path patching."""
-    from patching.sweeps.options import SweepOptions
-    from patching.node_level.activation_patching import activation_patch
-    from patching.node_level.attribution_patching import attribution_patch, rank_agreement
+    from patching import SweepOptions, activation_patch, attribution_patch
+    from patching.node_level.attribution_patching import rank_agreement
 
     start = time.perf_counter()
     attr = attribution_patch(model, batch, options=SweepOptions(metric="logit"))
@@ -310,9 +306,8 @@ def run(cfg: BenchPatchingConfig, *, loader: ModelLoader | None = None) -> dict:
 
 
 def _stages(run: Run) -> None:
-    from patching.sweeps.options import SweepOptions
     from circuits.nodes import all_nodes
-    from patching.node_level.path_patching import path_patch
+    from patching import SweepOptions, path_patch
 
     cfg, results = run.cfg, run.results
     model = run.load_model()

@@ -48,8 +48,8 @@ from circuits.peak_memory import peak_rss, reset_peak_rss
 from experiments.runtime.run_folder import RESULTS_FILE, RUN_MARKER
 from circuits.atomic_files import write_text_atomic
 
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option, override
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, option, run_experiment
+from experiments.runtime.cli import override
 
 if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
     from circuits.graph import GraphLayout
@@ -233,14 +233,16 @@ def _sweeps(model, cfg: MeasureConfig) -> tuple[dict, dict, dict, Shape]:
     import torch
 
     from circuits.graph import GraphLayout
-    from circuits.nodes import Head
+    from circuits import Head
+    from circuits.seeds import derived_seed
     from circuits.tasks import make_dataset
     from circuits.templates import get_templates
     from patching import SweepOptions, activation_patch, path_patch
     from patching.edges import edge_attribution, edge_patch, faithfulness_curve
     from patching.node_level.knockout_curves import knockout_correct
     from patching.sweeps.forward import shared_prefix_length
-    from patching.all_for_one.runner import AF1Runner, NoEvalPromptsError
+    from patching.all_for_one import AF1Runner
+    from patching.all_for_one.runner import NoEvalPromptsError
     from patching.all_for_one.search import grid_faithfulness
 
     template = get_templates("+", ("equation",))[0]
@@ -254,7 +256,7 @@ def _sweeps(model, cfg: MeasureConfig) -> tuple[dict, dict, dict, Shape]:
     heads = [Head(l, h) for l in range(shape.L) for h in range(shape.H)]
     sets = [rng.sample(heads, 4) for _ in range(cfg.knockout_sets)]
     af1_data = make_dataset(model, op="+", n_prompts=2 * cfg.n_prompts, template_ids=(template.id,), n_shots=2,
-                            seed=cfg.seed + 1)
+                            seed=derived_seed(cfg.seed, "af1 prompts"))
     state: dict = {"tokens": tokens}
     extra: dict = {"forward": {}, "path_patch": {}, "activation_patch": {},
                    "knockout": {"pool": cfg.knockout_pool, "sets": len(sets)}, "edge_attribution": {"steps": 5},

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, ContextManager
 
 from circuits.errors import InputError
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, option, run_experiment
 from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.timing import wall_and_cpu
 
 if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
-    from circuits.graph import Graph, GraphLayout
+    from circuits import Graph
+    from circuits.graph import GraphLayout
     from patching.edges import distributed
     from patching.edges.patch import EdgeEffects
     from patching.edges.curves import FaithfulnessCurve
@@ -89,7 +89,7 @@ def sweep(model, data, cfg: EdgeSweepsConfig,
     """
     from circuits.graph import GraphLayout
     from patching.edges import distributed
-    from patching.sweeps.options import SweepOptions
+    from patching import SweepOptions
 
     options = SweepOptions(memory_mb=cfg.memory_mb)
     layout = GraphLayout.of(model)

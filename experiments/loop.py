@@ -29,8 +29,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass
 
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, option, run_experiment
 from circuits.atomic_files import write_text_atomic
 from experiments.runtime.settings import BatchSettings, LearnSettings, PromptSettings, project
 
@@ -98,8 +97,9 @@ def _stages(run: Run) -> None:
     from finetune.evaluate import drift_estimates
     from merging import merge
     from patching.edges.faithful_circuit import circuit_heads
-    from patching.shift import ShiftSettings, circuit_shift
+    from patching import ShiftSettings, circuit_shift
 
+    from circuits.seeds import derived_seed
     cfg, results = run.cfg, run.results
     base = run.load_model()
     for p in base.parameters():
@@ -109,7 +109,7 @@ def _stages(run: Run) -> None:
         kept, base_accuracy = filter_correct(base, dataset, mask=first_token_hits(base, dataset, cfg.batch_size))
         circuit_data = kept.shuffle(seed=cfg.seed).select(range(min(cfg.circuit_prompts, len(kept))))
         suite = math_suite(base.tokenizer, MathSuiteConfig(ops=(cfg.op, cfg.second_op), n_heldout=cfg.n_heldout,
-                                                           transfer=(), seed=cfg.seed + 1))
+                                                           transfer=(), seed=derived_seed(cfg.seed, "test suite")))
     results |= {"n_prompts": len(dataset), "n_kept": len(kept), "n_circuit_prompts": len(circuit_data),
                 "base_accuracy": base_accuracy}
     shift_settings = ShiftSettings(n_bootstrap=cfg.n_bootstrap, seed=cfg.seed, batch_size=cfg.batch_size,

@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, option, run_experiment
 from experiments.runtime.bench_prompts import one_length_prompts
 from experiments.runtime.timing import wall_and_cpu
-from experiments.runtime.cli import option, override
+from experiments.runtime.cli import override
 from experiments.runtime.settings import PromptSettings
 
 if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
@@ -79,9 +79,9 @@ def correct_prompts(model, cfg: MeasureEdgesConfig):
 
 def time_edge_patch(model, cfg: MeasureEdgesConfig, data) -> dict:
     """``edge_patch`` of every ``stride``-th edge, timed (wall and CPU), extrapolated to all edges when strided."""
-    from patching.sweeps.options import SweepOptions
+    from patching import SweepOptions
     from circuits.graph import GraphLayout
-    from patching.edges.patch import edge_patch
+    from patching.edges import edge_patch
 
     layout = GraphLayout.of(model)
     all_edges = [tuple(e) for e in layout.real_edge_mask.nonzero().tolist()]
@@ -100,8 +100,8 @@ def time_edge_patch(model, cfg: MeasureEdgesConfig, data) -> dict:
 
 def baseline_curve(model, cfg: MeasureEdgesConfig, data) -> dict:
     """The faithfulness curve of the naive output x input change scores, timed."""
-    from patching.sweeps.options import SweepOptions
-    from patching.edges.curves import faithfulness_curve
+    from patching import SweepOptions
+    from patching.edges import faithfulness_curve
 
     scores = output_change_scores(model, data)
     curve_wall = time.perf_counter()

@@ -22,8 +22,8 @@ from experiments.runtime.run_folder import StageTimer
 from circuits.atomic_files import write_text_atomic
 from circuits.templates import resolve_operation
 
-from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option, override
+from experiments.runtime import ModelLoader, Run, RunSettings, cli, option, run_experiment
+from experiments.runtime.cli import override
 from experiments.runtime.settings import BatchSettings, PromptSettings, project
 
 if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
@@ -55,7 +55,7 @@ def jaccard(a: set, b: set) -> float:
 def identify(model, cfg: TransferConfig, ops: list[str], stage) -> tuple[KeyHeads, dict, dict]:
     """Per operation: correctly answered prompts, their path-patching key heads, a knockout sample, base accuracy
     (timed as the run's stage ``identify``; ``stage``: its ``Run.stage``)."""
-    from patching.sweeps.options import SweepOptions
+    from patching import SweepOptions
     from circuits.tasks import TaskConfig, filter_correct, make_dataset
     from patching.node_level.head_ranking import rank_key_heads
 
@@ -83,9 +83,8 @@ def overlaps(by_op: dict) -> list[dict]:
 
 def cross_knockout(model, cfg: TransferConfig, by_op: dict, samples: dict) -> dict:
     """``cross[y][x]``: accuracy on ``y`` with ``x``'s key heads ablated; also the base and random-head rows."""
-    from patching.sweeps.options import SweepOptions
     from circuits.nodes import all_heads
-    from patching.node_level.knockout_curves import knockout
+    from patching import SweepOptions, knockout
 
     rng = random.Random(cfg.seed)
     random_sets = [rng.sample(all_heads(model), cfg.top_k) for _ in range(cfg.random_seeds)]

@@ -30,6 +30,7 @@ from torch import Tensor
 from circuits.tasks import format_answer, format_number, sample_operands
 from circuits.templates import STYLES, get_templates, resolve_operation, template_by_id
 from circuits.errors import ToolkitError
+from circuits.seeds import derived_seed
 
 SFT_COLUMNS = ("input_ids", "n_prompt", "prompt", "answer")
 
@@ -184,7 +185,7 @@ def arithmetic_train_set(tokenizer, mix: ArithmeticMix = ArithmeticMix()) -> Dat
             continue
         train_ids, _ = split_templates(op, mix.styles, mix.n_eval_per_style)
         parts.append(arithmetic_rows(tokenizer, op, train_ids, n, operand_range=mix.operand_range,
-                                     n_shots=mix.n_shots, seed=mix.seed * 1000 + i))
+                                     n_shots=mix.n_shots, seed=derived_seed(mix.seed, "training operation", i)))
     if not parts:
         raise SFTDataError("The mix produced no examples (n_examples too small for the weights?).")
     return concatenate_datasets(parts).shuffle(seed=mix.seed)
@@ -258,5 +259,5 @@ def targets(rows: Sequence[dict], predicts_answer: Bool[Tensor, "batch pos"]) ->
 def epoch_order(n: int, epoch: int, seed: int) -> list[int]:
     """The (seeded, per-epoch) order in which examples are visited; a pure function of its arguments."""
     order = list(range(n))
-    random.Random(seed * 100_003 + epoch).shuffle(order)
+    random.Random(derived_seed(seed, "epoch order", epoch)).shuffle(order)
     return order

@@ -36,6 +36,7 @@ from transformer_lens import HookedTransformer
 from circuits.answer_scoring import token_hits
 from circuits.arguments import check_positive_int
 from circuits.errors import InputError
+from circuits.seeds import derived_seed
 from circuits.end_logits import unembed_end
 from circuits.stats import Estimate, bootstrap, proportion
 from circuits.templates import resolve_operation, template_by_id
@@ -205,7 +206,7 @@ def math_suite(tokenizer, config: MathSuiteConfig = MathSuiteConfig()) -> dict[s
         _, eval_ids = split_templates(op)
         non_word = [t for t in eval_ids if template_by_id(t).style != "word_problem"]
         word = [t for t in eval_ids if template_by_id(t).style == "word_problem"]
-        common = dict(n_shots=config.n_shots, seed=config.seed + 17 * i)
+        common = dict(n_shots=config.n_shots, seed=derived_seed(config.seed, "suite operation", i))
         suites[f"heldout/{op}"] = arithmetic_rows(tokenizer, op, eval_ids, config.n_heldout, **common)
         if "multi_digit" in config.transfer:
             rng = (10, 99) if resolve_operation(op).symbol != "/" else (2, 99)
@@ -237,7 +238,8 @@ def validation_suite(tokenizer, config: MathSuiteConfig, n_per_op: int, *, exclu
     suites: dict[str, Dataset] = {}
     for i, op in enumerate(config.ops):
         _, eval_ids = split_templates(op)
-        candidates = arithmetic_pairs(op, eval_ids, 20 * n_per_op, n_shots=config.n_shots, seed=seed + 31 * i)
+        candidates = arithmetic_pairs(op, eval_ids, 20 * n_per_op, n_shots=config.n_shots,
+                                      seed=derived_seed(seed, "validation operation", i))
         kept, seen = [], set()
         for item in candidates:
             if item["query"] in taken_queries or item["prompt"] in taken_prompts or item["prompt"] in seen:

@@ -28,6 +28,7 @@ from datasets import Dataset
 from num2words import num2words
 
 from circuits.errors import InputError
+from circuits.seeds import derived_seed
 from finetune.data import arithmetic_rows, encode_pairs, split_templates
 from finetune.expert_task_names import EXPERT_TASKS  # the names alone, for command lines that load no torch
 
@@ -102,8 +103,8 @@ def expert_task_data(tokenizer, cfg: ExpertTaskConfig = ExpertTaskConfig()) -> d
     words = number_word_split(cfg.seed, cfg.max_number, cfg.n_test_numbers, cfg.n_val_numbers)
     operands = {"add_word": cfg.add_operands, "mul": cfg.mul_operands}
     data = {}
-    for split, n, seed in (("train", cfg.n_train, 1), ("val", cfg.n_val, 2), ("test", cfg.n_test, 3)):
-        seed += 10 * cfg.seed
+    for index, (split, n) in enumerate((("train", cfg.n_train), ("val", cfg.n_val), ("test", cfg.n_test)), start=1):
+        seed = derived_seed(cfg.seed, "expert task split", index)
         for task in ARITHMETIC_TASKS:
             data[(task, split)] = arithmetic_task_rows(tokenizer, task, split, n, cfg.n_shots, seed, operands[task])
         data[("en_fr", split)] = encode_pairs(tokenizer, french_pairs(words, words[split], n, cfg.n_shots, seed))

@@ -45,6 +45,7 @@ from torch import Tensor
 
 from circuits.analyze.number_catalogue import HELIX_PERIODS
 from circuits.errors import InputError
+from circuits.seeds import derived_seed
 from circuits.stats import Estimate, bootstrap
 
 
@@ -290,7 +291,8 @@ def mod_probe(h: Float[Tensor, "n d"], values: Sequence[int], modulus: int, *, t
     values_t = torch.as_tensor(list(values), dtype=torch.long)
     labels = values_t % modulus
     if shuffle_labels:  # the control: same numbers, same split, labels permuted across rows
-        labels = labels[torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed + 1))]
+        shuffler = torch.Generator().manual_seed(derived_seed(seed, "shuffled labels"))  # the split keeps ``seed``
+        labels = labels[torch.randperm(len(labels), generator=shuffler)]
     train, test = _split_values(values_t.double(), test_fraction, seed)
     if int(test.sum()) == 0:
         raise InputError("No held-out numbers: raise test_fraction.")

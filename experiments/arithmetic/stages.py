@@ -25,22 +25,20 @@ from circuits.analyze.attention import (
 from circuits.show.node_circuit import circuit_figure
 from circuits.show.static_export import StaticExportError, export_figures, parse_formats
 from circuits.errors import InputError
-from circuits.nodes import Head
+from circuits import Head
 from circuits.analyze.probes import ProbeConfig, ProbeResults, plot_top_tokens, probe_mlps, top_number_tokens
 from circuits.atomic_files import write_text_atomic
 from circuits.answer_scoring import first_and_whole
+from circuits.seeds import derived_seed
 from circuits.stats import proportion
 from circuits.tasks import TaskConfig, filter_correct, make_dataset, transfer_datasets
 from circuits.templates import resolve_operation
 from finetune import ArithmeticMix, MathSuiteConfig, TrainConfig, arithmetic_train_set, evaluate_suite, math_suite, train
-from patching.all_for_one import AF1Config, AF1Runner
+from patching import SweepOptions, key_heads, knockout_curve, knockout_transfer, path_patch
+from patching.all_for_one import AF1Config, AF1Runner, authors_templates, make_template_dataset
 from patching.all_for_one.runner import NoEvalPromptsError
 from patching.all_for_one.search import faithfulness_heatmap, grid_faithfulness
-from patching.all_for_one.template_prompts import authors_templates, make_template_dataset
 from patching.node_level.head_ranking import combine_key_heads
-from patching.node_level.knockout_curves import knockout_curve, knockout_transfer
-from patching.node_level.path_patching import path_patch
-from patching.node_level.head_ranking import key_heads
 from patching.sweeps.results import KnockoutCurve, NodeScores
 
 from experiments.arithmetic.config import MIN_READABLE, PipelineConfig
@@ -49,8 +47,7 @@ from experiments.runtime.edge_circuit import edge_circuit_stage
 from experiments.runtime.edge_circuit import summary as circuit_summary
 from experiments.runtime.settings import project
 from patching.edges.faithful_circuit import MIN_PROMPTS as MIN_CIRCUIT_PROMPTS
-from patching.edges.faithful_circuit import CircuitSearch
-from patching import SweepOptions
+from patching.edges import CircuitSearch
 
 AF1_TEMPLATES = ("af1-equation", "af1-verbal", "af1-question")  # experiments.af1's default search templates
 CASE_PROBLEMS = {"+": "4 + 3 = ", "-": "7 - 3 = ", "*": "4 * 2 = ", "/": "8 / 2 = "}
@@ -358,7 +355,8 @@ def tune_key_heads(run: PipelineRun, heads: list[Head]) -> None:
     cfg, model = run.cfg, run.state.model
     with run.stage("precise SFT"):
         base = copy.deepcopy(model)  # the reference for drift; the model itself is tuned in place
-        suite = math_suite(model, MathSuiteConfig(ops=(cfg.op,), n_heldout=40, n_transfer=16, seed=cfg.seed + 1))
+        suite = math_suite(model, MathSuiteConfig(ops=(cfg.op,), n_heldout=40, n_transfer=16,
+                                                    seed=derived_seed(cfg.seed, "test suite")))
         before = evaluate_suite(base, base, suite, progress=False)
         data = arithmetic_train_set(model, ArithmeticMix(ops=(cfg.op,), n_examples=cfg.finetune_steps * FINETUNE_BATCH,
                                                          seed=cfg.seed))

@@ -63,6 +63,7 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
     import torch
 
     from circuits.answer_scoring import first_token_hits
+    from circuits.seeds import derived_seed
     from circuits.tasks import TaskConfig, filter_correct, make_dataset
     from patching.shift import ShiftSettings, circuit_shift
 
@@ -73,7 +74,8 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
         if task not in run.state.experts:
             continue
         run.state.work.load_state_dict(run.state.experts[task])
-        data = make_dataset(run.state.work, TaskConfig(op=op, n_prompts=4 * n_prompts, n_shots=2, seed=run.cfg.seed + 7))
+        data = make_dataset(run.state.work, TaskConfig(op=op, n_prompts=4 * n_prompts, n_shots=2,
+                                                         seed=derived_seed(run.cfg.seed, "expert prompts")))
         mask = first_token_hits(run.state.work, data, run.cfg.eval_batch_size)
         if sum(mask) < 4:
             out["tasks"][task] = {"skipped": f"the {task} expert answers {sum(mask)} of {len(data)} circuit prompts"}

@@ -193,6 +193,7 @@ def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, stage) -> dic
     import torch
 
     from circuits.analyze.number_geometry import fit_helix, orthonormal_columns, pca_subspace
+    from circuits.seeds import derived_seed
     from patching.node_level.number_interventions import evaluate_end, fraction_moved, subspace_patch_edit
 
     n_layers = model.cfg.n_layers
@@ -214,7 +215,7 @@ def subspace_patching(model, cfg: NumbersConfig, data: SumPrompts, stage) -> dic
             h = data.end_acts[(layer, "resid_post")]  # layers and components were checked at load
             fit = fit_helix(h, data.sums, test_fraction=0.0)
             rank = fit.subspace.shape[1]
-            generator = torch.Generator().manual_seed(cfg.seed + layer)
+            generator = torch.Generator().manual_seed(derived_seed(cfg.seed, "random subspace", layer))
             arms = {"helix": fit.subspace, "pca": pca_subspace(h, rank),
                     "random": orthonormal_columns(torch.randn(h.shape[1], rank, generator=generator, dtype=torch.float64)),
                     "whole": None}

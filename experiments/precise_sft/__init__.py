@@ -66,7 +66,7 @@ from experiments.runtime import ModelLoader, Run, cli, run_experiment
 if TYPE_CHECKING:
     import torch
 
-    from circuits.nodes import MLP, Head
+    from circuits import MLP, Head
     from finetune import TrainConfig
 
 # flags that may differ between the commands of one --resume'd folder
@@ -160,18 +160,19 @@ def load_base(run: SFTRun) -> None:
 
 def build_data(run: SFTRun) -> None:
     """Training mix, test suite, validation split (disjoint from both) and the drift texts."""
-    from finetune import arithmetic_train_set, ArithmeticMix, MathSuiteConfig
-    from finetune.evaluate import math_suite, NON_MATH_SENTENCES, pydoc_passages, validation_suite
+    from circuits.seeds import derived_seed
+    from finetune import arithmetic_train_set, ArithmeticMix, MathSuiteConfig, math_suite
+    from finetune.evaluate import NON_MATH_SENTENCES, pydoc_passages, validation_suite
 
     cfg, state = run.cfg, run.state
     base = state.base
     state.train_set = arithmetic_train_set(base, ArithmeticMix(ops=OPS, n_examples=cfg.n_train, n_shots=cfg.n_shots,
                                                                seed=cfg.seed))
     suite_config = MathSuiteConfig(ops=OPS, n_heldout=cfg.n_heldout, n_transfer=cfg.n_transfer,
-                                   n_shots=cfg.n_shots, seed=12345 + cfg.seed)
+                                   n_shots=cfg.n_shots, seed=derived_seed(cfg.seed, "sft test suite"))
     state.suite = math_suite(base, suite_config)
     state.val_suite = validation_suite(base, suite_config, cfg.n_val, exclude=[*state.suite.values(), state.train_set],
-                                       seed=777 + cfg.seed)
+                                       seed=derived_seed(cfg.seed, "sft validation"))
     state.texts = (pydoc_passages(cfg.n_pydoc) if cfg.n_pydoc else []) + list(NON_MATH_SENTENCES[: cfg.n_sentences])
     example = state.train_set[0]
     print(f"{len(state.train_set)} training examples, e.g. {example['prompt'][-60:]!r} -> {example['answer']!r}")
@@ -179,7 +180,7 @@ def build_data(run: SFTRun) -> None:
 
 def evaluate_test(run: SFTRun, model) -> dict:
     """Test accuracy per family (per prompt) and drift on the non-math texts."""
-    from finetune.evaluate import evaluate_suite
+    from finetune import evaluate_suite
 
     state = run.state
     return evaluate_suite(model, state.base, state.suite, state.texts, drift_tokens=run.cfg.drift_tokens, progress=False,
@@ -200,10 +201,9 @@ def evaluate_val(run: SFTRun, model) -> dict:
 
 def _rank_nodes(base, cfg: SFTComparisonConfig) -> tuple[str, list[Head], list[MLP]]:
     """Key heads and MLPs: from the flags, else by path patching summed (as % of baseline) over the operations."""
-    from patching.sweeps.options import SweepOptions
-    from circuits.nodes import Head, MLP, parse_node
+    from circuits import Head, MLP, parse_node
     from circuits.tasks import make_dataset
-    from patching.node_level.path_patching import path_patch
+    from patching import SweepOptions, path_patch
 
     ranked_heads = [parse_node(h) for h in cfg.heads.split(",")] if cfg.heads else []
     ranked_mlps = [parse_node(m) for m in cfg.mlps.split(",")] if cfg.mlps else []
@@ -228,7 +228,7 @@ def _circuit_heads(base, cfg: SFTComparisonConfig) -> list[Head]:
     scaled to a largest |score| of 1 and summed, then the top ``circuit_size`` circuit."""
     from circuits.tasks import make_dataset
 
-    from circuits.graph import Graph
+    from circuits import Graph
     from patching.edges.faithful_circuit import circuit_heads, score_selection
 
     search = cfg.learned_search()
@@ -248,7 +248,7 @@ def _circuit_heads(base, cfg: SFTComparisonConfig) -> list[Head]:
 
 def choose_nodes(run: SFTRun) -> None:
     """Ranked heads and MLPs (kept from an earlier command of a resumed folder), recorded in the results."""
-    from circuits.nodes import parse_node
+    from circuits import parse_node
 
     cfg, results, state = run.cfg, run.results, run.state
     if "ranked_heads" in results:
@@ -409,7 +409,7 @@ def _shift_summary(run: SFTRun, model) -> dict:
     """The base model's addition circuit inside ``model``, and ``model``'s own: CPR, CMD, Jaccard, Spearman."""
     from circuits.tasks import make_dataset
 
-    from patching.shift import ShiftSettings, circuit_shift
+    from patching import ShiftSettings, circuit_shift
 
     state = run.state
 

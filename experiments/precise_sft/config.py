@@ -9,9 +9,8 @@ import argparse
 from dataclasses import dataclass
 
 from circuits.errors import InputError
-from experiments.runtime import cli
-from experiments.runtime.cli import option
-from experiments.runtime.settings import LearnSettings, RunSettings
+from experiments.runtime import RunSettings, cli, option
+from experiments.runtime.settings import LearnSettings
 
 # method -> (train() method, TrainConfig overrides, lr-grid flag)
 METHOD_SPECS = {

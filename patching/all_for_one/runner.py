@@ -20,10 +20,10 @@ from torch import Tensor
 from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
 
 from circuits.arguments import check_positive_int
-from circuits.end_logits import end_argmax, unembed_end
+from circuits.end_logits import unembed_end
 from circuits.nodes import Head
 from circuits.errors import InputError, ToolkitError
-from circuits.answer_scoring import first_token_hits
+from circuits.answer_scoring import answer_is_top1, first_token_hits
 from circuits.prefix_cache import TiledKVCache, prefix_kv_cache
 from patching.all_for_one.abp import PeekRule, abp_hooks, layer_peek_masks
 from patching.all_for_one.template_prompts import cross_fit_folds, split_fit_eval
@@ -295,30 +295,44 @@ class AF1Runner:
         with self.model.hooks(fwd_hooks=hooks):
             return self.model(resid, start_at_layer=start, stop_at_layer=stop)
 
-    def _logits_from(self, resid: Tensor, start: int, masks) -> Float[Tensor, "batch d_vocab"]:
-        """Run blocks ``start..n-1`` in chunks; logits at END."""
+    def _end_resid_from(self, resid: Tensor, start: int, masks) -> Float[Tensor, "batch d_model"]:
+        """Run blocks ``start..n-1`` in chunks of ``batch_size``; the final residual at END."""
         bs = self.batch_size
-        return torch.cat([unembed_end(self.model, self._run(resid[i:i + bs], start, self.model.cfg.n_layers, masks)[:, -1])
+        return torch.cat([self._run(resid[i:i + bs], start, self.model.cfg.n_layers, masks)[:, -1]
                           for i in range(0, len(resid), bs)])
 
     @torch.no_grad()
-    def end_logits(self, l_wait: int, l_transfer: int,
-                   transfer_heads: Iterable[Head] | None = None) -> list[Float[Tensor, "batch d_vocab"]]:
-        """The AF1 model's END logits, one tensor per alignment group (``self.groups`` order)."""
+    def end_resid(self, l_wait: int, l_transfer: int,
+                  transfer_heads: Iterable[Head] | None = None) -> list[Float[Tensor, "batch d_model"]]:
+        """The AF1 model's final END residuals, one tensor per alignment group (``self.groups`` order)."""
         check_setting(self.model, l_wait, l_transfer)
         heads = None if transfer_heads is None else list(transfer_heads)
         out = []
         for group in self.groups:
             masks = af1_masks(self.model, group.tokens.shape[1], l_wait, l_transfer,
                               transfer_heads=heads, others=self.config.others)
-            out.append(self._logits_from(self._cama_resid(group, l_wait), l_wait, masks))
+            out.append(self._end_resid_from(self._cama_resid(group, l_wait), l_wait, masks))
         return out
+
+    @torch.no_grad()
+    def end_logits(self, l_wait: int, l_transfer: int,
+                   transfer_heads: Iterable[Head] | None = None) -> list[Float[Tensor, "batch d_vocab"]]:
+        """The AF1 model's END logits, one tensor per alignment group (``self.groups`` order)."""
+        bs = self.batch_size
+        # unembedded in the same chunks as the forward, so the logits do not depend on how many prompts a group has
+        return [torch.cat([unembed_end(self.model, ends[i:i + bs]) for i in range(0, len(ends), bs)])
+                for ends in self.end_resid(l_wait, l_transfer, transfer_heads)]
+
+    def _hits(self, ends: Float[Tensor, "rows d_model"], answers: Int[Tensor, "rows"]) -> Bool[Tensor, "rows"]:
+        """Per final END residual: is its answer top-1? Every AF1 accuracy (one setting, or a whole sweep) is this
+        one comparison, :func:`circuits.answer_scoring.answer_is_top1` (the screened argmax)."""
+        return answer_is_top1(self.model, ends, answers)
 
     def correct(self, l_wait: int, l_transfer: int,
                 transfer_heads: Iterable[Head] | None = None) -> Bool[Tensor, "prompt"]:
         """Per eval prompt (group order): does the AF1 model answer top-1 correctly?"""
-        logits = self.end_logits(l_wait, l_transfer, transfer_heads)
-        return torch.cat([lg.argmax(-1) == g.answers for lg, g in zip(logits, self.groups)])
+        ends = self.end_resid(l_wait, l_transfer, transfer_heads)
+        return torch.cat([self._hits(e, g.answers) for e, g in zip(ends, self.groups)])
 
     def faithfulness(self, l_wait: int, l_transfer: int, transfer_heads: Iterable[Head] | None = None) -> float:
         """AF1 accuracy over the eval prompts (which the full model answers correctly)."""
@@ -334,13 +348,12 @@ class AF1Runner:
         """Per ``l_transfer = 0 .. max_transfer``: which eval prompts (group order) the AF1 model answers correctly."""
         hits: list[list[Tensor]] = []
         for index, group in enumerate(self.groups):
-            ends = self.sweep_end_resid(index, l_wait, max_transfer)
-            flat = ends.flatten(0, 1)
-            logits_argmax = torch.cat([end_argmax(self.model, chunk) for chunk in flat.split(self.config.tail_batch_size)])
-            for t, part in enumerate(logits_argmax.split(len(group.tokens))):
+            ends = self.sweep_end_resid(index, l_wait, max_transfer)  # [setting, prompt, d_model]
+            flat_hits = self._hits(ends.flatten(0, 1), group.answers.repeat(len(ends)))
+            for t, part in enumerate(flat_hits.split(len(group.tokens))):
                 if t == len(hits):
                     hits.append([])
-                hits[t].append(part == group.answers)
+                hits[t].append(part)
         return [torch.cat(h).cpu() for h in hits]
 
     @torch.no_grad()

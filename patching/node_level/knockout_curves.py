@@ -52,6 +52,7 @@ from circuits.answer_scoring import top1_correct
 from circuits.nodes import Head, Node, all_heads, validate_nodes
 from circuits.stats import bootstrap_two_way, paired_difference, proportion
 from circuits.pools import pool_dataset
+from circuits.seeds import derived_seed
 from circuits.tasks import TaskBatch, iter_batches
 from circuits.prefix_cache import TiledKVCache, model_prefix_cache
 from patching.sweeps import forward
@@ -501,7 +502,7 @@ def knockout_curve(
     sets: list[list[Head]] = [[]]
     for k in ks:
         sets.append(heads[:k])
-        sets += [random.Random(seed + s).sample(every_head, k) for s in range(n_seeds)]
+        sets += [random.Random(derived_seed(seed, "random heads", s)).sample(every_head, k) for s in range(n_seeds)]
     hits = knockout_correct(model, dataset, sets, means=means, min_pool=min_pool, method=method, options=opts).double()
     base = proportion(hits[0])
     effect, random_rank = [], []

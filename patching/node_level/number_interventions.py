@@ -43,6 +43,7 @@ from transformer_lens.utilities import get_act_name
 
 from circuits.errors import InputError
 from circuits.arguments import check_option
+from circuits.answer_scoring import answer_is_argmax, answer_is_top1
 from circuits.end_logits import unembed_end
 from circuits.analyze.number_tokens import length_chunks
 from circuits.stats import Estimate, bootstrap
@@ -75,12 +76,14 @@ def evaluate_end(
             tokens = torch.tensor([token_lists[i] for i in chunk], device=device)
             hooks = edit(chunk) if edit is not None else []
             resid = model.run_with_hooks(tokens, fwd_hooks=hooks, stop_at_layer=model.cfg.n_layers)[:, -1]
-            logits = unembed_end(model, resid).float().cpu()
             answers = torch.tensor([answer_ids[i] for i in chunk])
-            correct[chunk] = logits.argmax(-1) == answers
-            if alt_ids is not None:
-                alts = torch.tensor([alt_ids[i] for i in chunk])
-                diff[chunk] = logits.gather(1, answers[:, None])[:, 0] - logits.gather(1, alts[:, None])[:, 0]
+            if alt_ids is None:  # the hit alone: the screened argmax spares the full unembedding
+                correct[chunk] = answer_is_top1(model, resid, answers).cpu()
+                continue
+            logits = unembed_end(model, resid).float().cpu()
+            correct[chunk] = answer_is_argmax(logits, answers)
+            alts = torch.tensor([alt_ids[i] for i in chunk])
+            diff[chunk] = logits.gather(1, answers[:, None])[:, 0] - logits.gather(1, alts[:, None])[:, 0]
     return {"correct": correct, "logit_diff": diff}
 
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from circuits.answer_scoring import first_and_whole, first_token_hits, score_rows, scored_accuracy
+from circuits.answer_scoring import (
+    answer_is_argmax, answer_is_top1, first_and_whole, first_token_hits, score_rows, scored_accuracy,
+)
+from circuits.end_logits import unembed_end
+from circuits.errors import InputError
 from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
 
@@ -48,6 +52,24 @@ def test_unknown_scoring_is_refused(setup):
         score_rows(model, data, "last")
 
 
+@pytest.mark.parametrize("screen", [True, False])
+def test_a_hit_on_held_logits_is_the_hit_on_the_residual(screen):
+    # answer_is_argmax (logits at hand) and answer_is_top1 (screened or not) are one comparison
+    model = tiny_model(style="gemma", n_layers=2)
+    resid = torch.randn(12, model.cfg.d_model, generator=torch.Generator().manual_seed(0))
+    logits = unembed_end(model, resid)
+    answers = logits.argmax(-1)
+    answers[::3] = (answers[::3] + 1) % model.cfg.d_vocab  # every third row misses
+    on_logits = answer_is_argmax(logits, answers)
+    assert on_logits.tolist() == [i % 3 != 0 for i in range(12)]
+    assert torch.equal(on_logits, answer_is_top1(model, resid, answers, screen=screen))
+
+
+def test_answer_is_argmax_wants_one_answer_per_row():
+    with pytest.raises(InputError, match="one answer per row"):
+        answer_is_argmax(torch.zeros(3, 5), torch.zeros(2, dtype=torch.long))
+
+
 @pytest.mark.parametrize("style", ["gemma", "gpt2"])
 def test_one_teacher_forced_pass_equals_two_plain_scorings(style):
     # the model's own answers are not used: real answers, so some rows hit and some miss
@@ -66,8 +88,6 @@ def test_one_teacher_forced_pass_equals_two_plain_scorings(style):
 @pytest.mark.integration
 def test_one_pass_scoring_on_gemma_equals_the_plain_full_logits(gemma):
     # plain: one full forward per row, the full float32 logits, argmax at every answer position
-    from circuits.end_logits import unembed_end
-
     data = make_dataset(gemma, op="+", n_prompts=48, n_shots=3, seed=11)
     first, whole = first_and_whole(gemma, data)
     plain_first, plain_whole = [], []
