@@ -92,6 +92,7 @@ def _stages(run: Run) -> None:
 
     from circuits.answer_scoring import first_token_hits
     from circuits.tasks import TaskConfig, filter_correct, make_dataset
+    from circuits.seeds import derived_seed
     from circuits.stats import proportion
     from finetune import MathSuiteConfig, evaluate_suite, math_suite
     from finetune.evaluate import drift_estimates
@@ -99,7 +100,6 @@ def _stages(run: Run) -> None:
     from patching.edges.faithful_circuit import circuit_heads
     from patching import ShiftSettings, circuit_shift
 
-    from circuits.seeds import derived_seed
     cfg, results = run.cfg, run.results
     base = run.load_model()
     for p in base.parameters():
