@@ -343,9 +343,11 @@ def findings(results: dict, cfg: PipelineConfig | None = None) -> list[str]:
         if stability:
             parts = [f"{100 * j['fraction']:g}% {two_decimals(j['mean'])}" for j in stability["jaccard"]]
             core = [c for c in stability["core"] if abs(c["fraction"] - 0.05) < 1e-9]
+            nodes = [f"{100 * j['fraction']:g}% {two_decimals(j['mean'])}" for j in stability.get("node_jaccard", [])]
             out.append(f"Is it the same circuit on other prompts? The same method on {stability['n_sets']} disjoint sets "
                        f"of {stability['n_per_set']} prompts keeps edge sets with Jaccard {', '.join(parts)} (1: the "
-                       f"same edges)" + (f"; the {core[0]['n_edges']} edges every set keeps at 5% reach f = "
+                       f"same edges)" + (f", node sets (the heads and MLPs its edges touch) {', '.join(nodes)}"
+                                         if nodes else "") + (f"; the {core[0]['n_edges']} edges every set keeps at 5% reach f = "
                                          f"{_number(core[0]['f'])} on {stability['n_heldout']} prompts none trained on"
                                          if core else "") + ".")
         elif circuit.get("stability_skipped"):

@@ -90,13 +90,18 @@ def _fmt(estimate) -> str:
 
 
 def _spread_text(spread: dict) -> str:
+    """One pair of sets: its value alone (a range of one value says nothing); several: the mean and the spread over
+    the pairs (min, max), not a confidence interval."""
     if spread["mean"] is None:
         return "undefined"
-    return f"{spread['mean']:.2f} [{spread['min']:.2f}, {spread['max']:.2f}]"
+    if spread.get("n_pairs", 2) - spread.get("n_undefined", 0) == 1:
+        return f"{spread['mean']:.2f}"
+    return f"{spread['mean']:.2f} (pairs {spread['min']:.2f}-{spread['max']:.2f})"
 
 
 def stability_rows(stability: dict) -> list[dict]:
-    """The stability table: per method, Jaccard at each size (mean [min, max] over pairs), score Spearman, the core."""
+    """The stability table: per method, edge and node Jaccard at each size (mean and the range over pairs), score
+    Spearman, the core."""
     rows = []
     for name, entry in stability.items():
         if "skipped" in entry:
@@ -104,6 +109,7 @@ def stability_rows(stability: dict) -> list[dict]:
             continue
         row = {"method": name, "runs": len(entry["runs"])}
         row |= {f"Jaccard at {100 * j['fraction']:g}%": _spread_text(j) for j in entry["jaccard"]}
+        row |= {f"node Jaccard at {100 * j['fraction']:g}%": _spread_text(j) for j in entry.get("node_jaccard", [])}
         row["score Spearman"] = _spread_text(entry["spearman"])
         row |= {f"core at {100 * c['fraction']:g}%": f"{c['n_edges']} edges, f = {_fmt(c['f'])}" for c in entry["core"]}
         rows.append(row)

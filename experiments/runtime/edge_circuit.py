@@ -65,8 +65,8 @@ def edge_circuit_stage(model, kept: Dataset, heads: list[Head], roles: dict[Head
                 "lower --circuit-prompts.")
         else:
             with stage(f"stability ({search.method} on {stability_sets} sets)"):
-                results["stability"] = stability_of_found(model, kept, found.scores, search,
-                                                          n_sets=stability_sets).to_dict()
+                results["stability"] = stability_of_found(model, kept, found.scores, search, n_sets=stability_sets,
+                                                          select=found.select).to_dict()
     return results, figures
 
 

@@ -97,6 +97,7 @@ class FaithfulCircuit:
     circuit: Optional[Graph]  # the pruned top-n circuit of that size
     extra: dict = field(default_factory=dict)
     warm_scores: Optional[Graph] = None  # a learned method's signed warm-start scores
+    select: Optional[Callable] = None  # the method's own circuit selector (None: MIB's pruned top-n)
 
     def to_dict(self) -> dict:
         """results.json's ``edge_circuit`` keys (docs/results_json.md)."""
@@ -165,7 +166,7 @@ def find_faithful_circuit(model: HookedTransformer, prompts: Dataset, search: Ci
     smallest = smallest_faithful(curve_selection, curve_heldout, search.threshold)
     circuit = selected_circuit(scores, smallest["fraction"], select) if smallest else None
     return FaithfulCircuit(search, scores, selection, heldout, curve_selection, curve_heldout, smallest, circuit, extra,
-                           warm)
+                           warm, select)
 
 
 @dataclass

@@ -36,7 +36,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError
 from circuits.graph import Graph
-from circuits.graph_selection import edge_jaccard, score_spearman
+from circuits.graph_selection import edge_jaccard, nodes_in_graph, score_spearman
 from patching.edges.catalogue import CATALOGUE, EARLIER_METHODS, CircuitMethod, catalogued
 from patching.edges.circuit_methods import ComparisonRun, means_pool, score_method, selected_circuit
 from patching.edges.compare import MethodResult
@@ -78,6 +78,12 @@ class StabilityResult:
         return [[edge_jaccard(self.circuits[a][i].in_graph, self.circuits[b][i].in_graph) for a, b in self.pairs()]
                 for i in range(len(self.fractions))]
 
+    def node_jaccard(self) -> list[list[float]]:
+        """At each fraction, the Jaccard of every pair of runs' node sets: the heads and MLPs (and the input) that the
+        circuit's edges touch, the grain at which a circuit is read as "these heads"."""
+        nodes = [[nodes_in_graph(c) for c in run] for run in self.circuits]
+        return [[edge_jaccard(nodes[a][i], nodes[b][i]) for a, b in self.pairs()] for i in range(len(self.fractions))]
+
     def spearman(self) -> list[float]:
         """The Spearman correlation of every pair of runs' edge |scores| (in :meth:`pairs` order)."""
         return [score_spearman(self.scores[a], self.scores[b]) for a, b in self.pairs()]
@@ -87,6 +93,7 @@ class StabilityResult:
         n_total = self.scores[0].layout.n_edges
         jaccard = [{"fraction": x, "n_edges": int(x * n_total), **_spread(values)}
                    for x, values in zip(self.fractions, self.jaccard())]
+        node_jaccard = [{"fraction": x, **_spread(values)} for x, values in zip(self.fractions, self.node_jaccard())]
         core = [{"fraction": x, "n_edges": int(c.in_graph.sum()), "f": f.to_dict()}
                 for x, c, f in zip(self.fractions, self.cores, self.core_curve.faithfulness)]
         return {"method": self.method, "kind": self.kind, "n_sets": 1 + max(s for s, _ in self.runs),
@@ -95,7 +102,7 @@ class StabilityResult:
                 "n_heldout": len(self.heldout), "n_total_edges": n_total, "fractions": list(self.fractions),
                 "core_share": self.core_share,
                 "circuit_edges": [[int(c.in_graph.sum()) for c in run] for run in self.circuits],
-                "jaccard": jaccard, "spearman": _spread(self.spearman()), "core": core}
+                "jaccard": jaccard, "node_jaccard": node_jaccard, "spearman": _spread(self.spearman()), "core": core}
 
 
 def _spread(values: Sequence[float]) -> dict:
@@ -246,19 +253,21 @@ def _text(value: Optional[float]) -> str:
 
 
 def stability_of_found(model: HookedTransformer, prompts: Dataset, scores: Graph, search: CircuitSearch, *,
-                       n_sets: int = 2, fractions: Sequence[float] = STABILITY_FRACTIONS,
+                       n_sets: int = 2, fractions: Sequence[float] = STABILITY_FRACTIONS, select=None,
                        log=print) -> StabilityResult:
     """The stability of a circuit already found on the first of :func:`disjoint_sets`' sets (``scores``: e.g.
     :func:`patching.edges.faithful_circuit.find_faithful_circuit`'s, whose selection half is that set): the
     search's method (:func:`patching.edges.faithful_circuit.score_selection`) on each further set, the circuits
-    compared and the stable core curved on the held-out set, as :func:`circuit_stability` does, one run fewer."""
+    compared and the stable core curved on the held-out set, as :func:`circuit_stability` does, one run fewer.
+    ``select``: the found circuit's own selector (``FaithfulCircuit.select``; None: MIB's pruned top-n)."""
     train_sets, heldout = disjoint_sets(prompts, n_sets, search)
-    graphs = [scores]
+    graphs, selectors = [scores], [select]
     for index, train in enumerate(train_sets[1:], start=1):
         scored = score_selection(model, train, search)
         graphs.append(scored.scores)
+        selectors.append(scored.select)
         log(f"{search.method}: set {index} scored ({scored.info['seconds']:.0f} s)")
-    circuits = [[selected_circuit(g, x) for x in fractions] for g in graphs]
+    circuits = [[selected_circuit(g, x, chooser) for x in fractions] for g, chooser in zip(graphs, selectors)]
     return compare_runs(model, [(i, search.seed) for i in range(len(graphs))], graphs, circuits, heldout, search,
                         method=search.method, kind=CATALOGUE[search.method].kind, fractions=fractions,
                         n_per_set=len(train_sets[0]), means_from=means_pool(model, prompts, search))

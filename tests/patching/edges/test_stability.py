@@ -11,8 +11,7 @@ from scipy.stats import spearmanr
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import edge_jaccard, select_fraction
-from patching.edges.catalogue import CATALOGUE
-from patching.edges.catalogue import CircuitMethod
+from patching.edges.catalogue import CATALOGUE, CircuitMethod
 from patching.edges.circuit_methods import MethodScores
 from patching.edges.faithful_circuit import CircuitSearch
 from patching.edges.stability import circuit_stability
@@ -206,3 +205,25 @@ def _run_on(model, prompts, search):
     from patching.edges.circuit_methods import ComparisonRun
 
     return ComparisonRun(model, prompts, GraphLayout.of(model), search, search.learning, search.warm_start, 10)
+
+
+def test_node_jaccard_compares_the_heads_and_mlps_the_circuits_touch():
+    from circuits.graph import GraphLayout
+    from patching.edges.stability import StabilityResult
+
+    layout = GraphLayout(n_layers=1, n_heads=2)
+
+    def circuit(edges):
+        in_graph = torch.zeros(layout.n_forward, layout.n_backward, dtype=torch.bool)
+        for f, b in edges:
+            in_graph[f, b] = True
+        return Graph(layout, torch.ones(layout.n_forward, layout.n_backward), in_graph)
+
+    head, mlp = layout.head_forward(0, 0), layout.mlp_forward(0)
+    through_head = circuit([(0, layout.head_backward(0, 0, "q")), (head, layout.logits_backward)])
+    through_mlp = circuit([(0, layout.mlp_backward(0)), (mlp, layout.logits_backward)])
+    result = StabilityResult("m", "attribution", [0.5], 0.5, [(0, 0), (1, 0)], 1, None,
+                             [through_head, through_mlp], [[through_head], [through_mlp]], [], None)
+    # by hand: {input, a0.h0} against {input, m0}: one shared node of three
+    assert result.node_jaccard() == [[pytest.approx(1 / 3)]]
+    assert result.jaccard() == [[0.0]]
