@@ -150,6 +150,10 @@ def build_runner(model, templates, cfg: AF1ExperimentConfig, config: AF1Config) 
 # ---------------------------------------------------------------------------- stage: isolation (--isolate)
 
 
+#: the isolation variants of ``--isolate``, in the order :func:`_variant_runners` lists them (one stage each)
+ISOLATION_VARIANTS = ("main", "abp_only", "others_full_peek", "five_folds", "all_fallback")
+
+
 def _variant_runners(model, runner: AF1Runner, templates, cfg: AF1ExperimentConfig, config: AF1Config):
     """The isolation variants: each changes one thing of the main (cross-fitted) AF1 model."""
     from patching.all_for_one.cama import CamaConfig
@@ -362,8 +366,17 @@ def write_report(out: Path, cfg: AF1ExperimentConfig, results: dict, runner: AF1
 def run(cfg: AF1ExperimentConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the AF1 experiment; return the results dict that is also written to results.json."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    return run_experiment("af1", cfg, _stages, loader=loader,
+    return run_experiment("af1", cfg, _stages, loader=loader, plan=plan(cfg),
                           results={"model": cfg.model, "op": cfg.op, "settings": dataclasses.asdict(cfg)})
+
+
+def plan(cfg: AF1ExperimentConfig) -> list[str]:
+    """The stages a run with these settings goes through, in order (their names as in results.json ``seconds``):
+    the isolation variants with ``--isolate``, the search otherwise."""
+    data = "data, CAMA means and cached residuals"
+    if cfg.isolate:
+        return ["load model", data, *[f"isolation: {name}" for name in ISOLATION_VARIANTS]]
+    return ["load model", data, "grid", "selection and pruning", *([] if cfg.no_authors else ["authors' templates"])]
 
 
 @cli.no_grad

@@ -123,8 +123,13 @@ def run(cfg: BenchFinetuneConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the benchmark; return the results dict that is also written to results.json."""
     if cfg.out is None:
         cfg = dataclasses.replace(cfg, out=DEFAULT_OUT)
-    return run_experiment("bench_finetune", cfg, _stages, loader=loader,
+    return run_experiment("bench_finetune", cfg, _stages, loader=loader, plan=plan(cfg),
                           results={"model": cfg.model, "settings": dataclasses.asdict(cfg)})
+
+
+def plan(cfg: BenchFinetuneConfig) -> list[str]:
+    """The stages every run goes through, in order (their names as in results.json ``seconds``)."""
+    return ["load model", "data and key heads", "arms"]
 
 
 def _stages(run: Run) -> None:

@@ -204,8 +204,15 @@ def run(cfg: BenchLearnConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the benchmark; return the results dict that is also written to results.json."""
     if cfg.out is None:
         cfg = dataclasses.replace(cfg, out=DEFAULT_OUT)
-    return run_experiment("bench_learn", cfg, _stages, loader=loader,
+    return run_experiment("bench_learn", cfg, _stages, loader=loader, plan=plan(cfg),
                           results={"model": cfg.model, "settings": dataclasses.asdict(cfg)})
+
+
+def plan(cfg: BenchLearnConfig) -> list[str]:
+    """The stages a run with these settings goes through, in order (their names as in results.json ``seconds``)."""
+    return ["load model", "prompts",
+            *([] if cfg.only_profile else ["steps side by side", "the model alone", "the whole default"]),
+            *(["the default under the profiler"] if cfg.profile_steps else [])]
 
 
 def _stages(run: Run) -> None:

@@ -302,7 +302,12 @@ def counted_work(model, data, sets, means) -> dict:
 def run(cfg: BenchPatchingConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the benchmark; return the results dict that is also written to results.json."""
     # the run folder is prepared before the slow part: an earlier run in --out fails fast
-    return run_experiment("bench_patching", cfg, _stages, loader=loader)
+    return run_experiment("bench_patching", cfg, _stages, loader=loader, plan=plan(cfg))
+
+
+def plan(cfg: BenchPatchingConfig) -> list[str]:
+    """The stages a run with these settings goes through, in order (their names as in results.json ``seconds``)."""
+    return ["load model", "prompts", "path patching" if cfg.knockout_only else "sweeps", "knockout"]
 
 
 def _stages(run: Run) -> None:

@@ -556,7 +556,21 @@ def run(cfg: MeasureConfig | FitConfig, *, loader: ModelLoader | None = None) ->
         stages, command = (lambda run: _fit(run, runs)), "fit"
     else:
         stages, command = _measure, "measure"
-    return run_experiment("cost_model", cfg, stages, loader=loader, default_out=f"cost_model-{command}")
+    return run_experiment("cost_model", cfg, stages, loader=loader, default_out=f"cost_model-{command}",
+                          plan=plan(cfg))
+
+
+#: the sweeps in the order ``measure`` times them (cheap and edge sweeps first, as :func:`_sweeps` lists them)
+MEASURE_ORDER = ("forward", "path_patch", "edge_attribution", "faithfulness_curve", "edge_patch", "knockout",
+                 "af1_grid", "activation_patch")
+
+
+def plan(cfg: MeasureConfig | FitConfig) -> list[str]:
+    """The stages a ``measure`` or ``fit`` with these settings goes through, in order (their names as in results.json
+    ``seconds``): one per sweep timed (``--only``: those), or the fit (and ``--markdown``'s tables)."""
+    if isinstance(cfg, FitConfig):
+        return ["fit and predictions", *(["markdown"] if cfg.markdown else [])]
+    return ["load model", "prompts", *[name for name in MEASURE_ORDER if not cfg.only or name in cfg.only]]
 
 
 def main(argv: list[str] | None = None, *, loader: ModelLoader | None = None) -> dict:

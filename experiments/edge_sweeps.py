@@ -162,8 +162,15 @@ def run(cfg: EdgeSweepsConfig, *, loader: ModelLoader | None = None) -> dict | N
 
     shard = distributed.current_shard()  # sets up the launch's process group
     results = run_experiment("edge_sweeps", cfg, lambda run: _stages(run, shard), loader=loader,
-                             main_process=shard.rank == 0)
+                             main_process=shard.rank == 0, plan=plan(cfg))
     return results if shard.rank == 0 else None
+
+
+def plan(cfg: EdgeSweepsConfig) -> list[str]:
+    """The stages every run goes through, in order (their names as in results.json ``seconds``; the other processes
+    of a launch run all but the last)."""
+    return ["load model", "prompts", "edge attribution", "exact edge patching", "faithfulness curve",
+            "save exact effects"]
 
 
 def _stages(run: Run, shard: distributed.Shard) -> None:

@@ -60,8 +60,15 @@ parser = cli.config_parser(LoopConfig, "loop", __doc__)
 
 def run(cfg: LoopConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the loop; return the results that are also written to results.json."""
-    return run_experiment("loop", cfg, _stages, loader=loader,
+    return run_experiment("loop", cfg, _stages, loader=loader, plan=plan(cfg),
                           results={"experiment": "loop", "settings": dataclasses.asdict(cfg), "model": cfg.model})
+
+
+def plan(cfg: LoopConfig) -> list[str]:
+    """The stages every run goes through, in order (their names as in results.json ``seconds``)."""
+    return ["load model", "data", "evaluate base", "base circuit", "tune the circuit", "evaluate tuned",
+            "circuit after tuning", "second expert", "merge", "evaluate second expert", "evaluate merged",
+            "circuit after merging"]
 
 
 def _tune(model, cfg: LoopConfig, op: str, heads, out, name: str):

@@ -116,7 +116,12 @@ def baseline_curve(model, cfg: MeasureEdgesConfig, data) -> dict:
 
 def run(cfg: MeasureEdgesConfig, *, loader: ModelLoader | None = None) -> dict:
     """Prompts, exact edge patching, the baseline curve; returns the results that results.json holds."""
-    return run_experiment("measure_edges", cfg, _stages, loader=loader)
+    return run_experiment("measure_edges", cfg, _stages, loader=loader, plan=plan(cfg))
+
+
+def plan(cfg: MeasureEdgesConfig) -> list[str]:
+    """The stages every run goes through, in order (their names as in results.json ``seconds``)."""
+    return ["load model", "prompts", "exact edge patching", "baseline curve"]
 
 
 def _stages(run: Run) -> None:

@@ -126,7 +126,13 @@ def write_report(out, cfg: TransferConfig, results: dict, matrix: go.Figure, tim
 
 def run(cfg: TransferConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the comparison; return the results dict that is also written to results.json."""
-    return run_experiment("transfer", cfg, _stages, loader=loader, results={"settings": dataclasses.asdict(cfg)})
+    return run_experiment("transfer", cfg, _stages, loader=loader, plan=plan(cfg),
+                          results={"settings": dataclasses.asdict(cfg)})
+
+
+def plan(cfg: TransferConfig) -> list[str]:
+    """The stages every run goes through, in order (their names as in results.json ``seconds``)."""
+    return ["load model", "identify", "cross knockout"]
 
 
 @cli.no_grad

@@ -81,11 +81,28 @@ def edge_circuit_figure(
     pairs = edges.nonzero().tolist()
     pairs.sort(key=lambda p: -abs(scores[p[0], p[1]]))
     pairs = pairs[:max_edges]
-    magnitudes = [abs(float(scores[f, b])) for f, b in pairs]
-    low, span = min(magnitudes), (max(magnitudes) - min(magnitudes)) or 1.0  # widths span the drawn edges' range
     pos = _positions(layout)
-
     fig = go.Figure()
+    _draw_edges(fig, layout, pos, pairs, scores, sign_of)
+    shown = {layout.forward_names[f] for f, b in pairs} | {_receiver_owner_name(layout, b)[0] for f, b in pairs}
+    _draw_nodes(fig, layout, pos, shown, head_roles, highlight)
+    subtitle = (f"{len(pairs)} of {int(edges.sum())} circuit edges drawn; {sum(nodes_in_graph(graph).tolist())} "
+                "nodes; width grows with |score|; colour: the sign of "
+                f"{'the warm-start attribution' if signs is not None else 'the score'} (red: negative, corrupting the "
+                "edge lowers the answer logit; blue: positive)")
+    fig.update_xaxes(title_text="layer", range=[-1.8, layout.n_layers + 1.2], dtick=1, zeroline=False)
+    fig.update_yaxes(tickvals=[-1.5, *range(layout.n_heads)], ticktext=["MLP", *[f"H{h}" for h in range(layout.n_heads)]],
+                     range=[-2.5, layout.n_heads], zeroline=False)
+    fig.update_layout(title=f"{title}<br><sup>{subtitle}</sup>", height=max(360, 60 * layout.n_heads + 240),
+                      plot_bgcolor="white")
+    return fig
+
+
+def _draw_edges(fig: go.Figure, layout: GraphLayout, pos: dict, pairs: list, scores, sign_of) -> None:
+    """The edges ``pairs`` as lines, one trace per (sign, width bin), their widths spanning the drawn edges' range
+    of |score|; and an invisible marker at each edge's midpoint that carries its hover text."""
+    magnitudes = [abs(float(scores[f, b])) for f, b in pairs]
+    low, span = min(magnitudes), (max(magnitudes) - min(magnitudes)) or 1.0
     buckets: dict[tuple[bool, int], list] = {}
     for f, b in pairs:
         s = float(scores[f, b])
@@ -100,15 +117,16 @@ def edge_circuit_figure(
             ys += [y0, y1, None]
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False, opacity=0.6,
                                  line=dict(width=0.8 + 1.8 * level, color=POSITIVE_COLOR if positive else NEGATIVE_COLOR)))
-    # invisible midpoints carry each edge's hover text
     mids = [((pos[layout.forward_names[f]][0] + pos[_receiver_owner_name(layout, b)[0]][0]) / 2,
              (pos[layout.forward_names[f]][1] + pos[_receiver_owner_name(layout, b)[0]][1]) / 2,
              f"{layout.edge_name(f, b)}: {scores[f, b]:.4g}") for f, b in pairs]
     fig.add_trace(go.Scatter(x=[m[0] for m in mids], y=[m[1] for m in mids], mode="markers", text=[m[2] for m in mids],
                              marker=dict(size=6, opacity=0), hovertemplate="%{text}<extra></extra>", showlegend=False))
 
-    in_circuit = nodes_in_graph(graph).tolist()
-    shown = {layout.forward_names[f] for f, b in pairs} | {_receiver_owner_name(layout, b)[0] for f, b in pairs}
+
+def _draw_nodes(fig: go.Figure, layout: GraphLayout, pos: dict, shown: set, head_roles, highlight) -> None:
+    """The nodes the drawn edges touch: heads coloured by their attention-read class (``highlight`` ringed in
+    black), MLPs as squares, then the input and the logits, every label kept whole near the axes' ends."""
     roles = {f"a{h.layer}.h{h.head}": label for h, label in (head_roles or {}).items()}
     heads = [n for n in layout.forward_names if n.startswith("a") and n in shown]
     ringed = {f"a{h.layer}.h{h.head}" for h in highlight}
@@ -133,16 +151,6 @@ def edge_circuit_figure(
                                  textposition="top center", name=name,
                                  marker=dict(size=22, color=LOGITS_COLOR, symbol=symbol)))
     fig.update_traces(cliponaxis=False, selector=dict(mode="markers+text"))  # labels near the axes' ends stay whole
-    n_drawn, n_total = len(pairs), int(edges.sum())
-    subtitle = (f"{n_drawn} of {n_total} circuit edges drawn; {sum(in_circuit)} nodes; width grows with |score|; "
-                f"colour: the sign of {'the warm-start attribution' if signs is not None else 'the score'} (red: "
-                "negative, corrupting the edge lowers the answer logit; blue: positive)")
-    fig.update_xaxes(title_text="layer", range=[-1.8, layout.n_layers + 1.2], dtick=1, zeroline=False)
-    fig.update_yaxes(tickvals=[-1.5, *range(layout.n_heads)], ticktext=["MLP", *[f"H{h}" for h in range(layout.n_heads)]],
-                     range=[-2.5, layout.n_heads], zeroline=False)
-    fig.update_layout(title=f"{title}<br><sup>{subtitle}</sup>", height=max(360, 60 * layout.n_heads + 240),
-                      plot_bgcolor="white")
-    return fig
 
 
 def _head_label(node: str) -> str:

@@ -514,7 +514,17 @@ def print_table(run: BenchRun) -> None:
 
 def run(cfg: BenchCircuitsConfig, *, loader: ModelLoader | None = None) -> dict:
     """Every stage in order, results.json saved after each; returns the results that results.json holds."""
-    return run_experiment("bench_circuits", cfg, _stages, loader=loader)
+    return run_experiment("bench_circuits", cfg, _stages, loader=loader, plan=plan(cfg))
+
+
+def plan(cfg: BenchCircuitsConfig) -> list[str]:
+    """The stages a run with these settings goes through, in order (their names as in results.json ``seconds``)."""
+    return ["load model", "prompts", "model metrics",
+            *([] if cfg.no_attribution else ["attribution", "EAP-IG arm"]),
+            *([] if cfg.no_curve or cfg.no_attribution else ["curves"]),
+            *(["fast vs hook path"] if cfg.compare_per_stratum else []), "exact patching",
+            *(["head-edge verdict"] if cfg.head_edges else []), *(["learned mask"] if cfg.learn_steps else []),
+            *(["ACDC"] if cfg.acdc_receivers else [])]
 
 
 run_bench = run  # the earlier name

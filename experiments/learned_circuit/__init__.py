@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass, field
 
 from circuits.atomic_files import write_text_atomic
 from circuits.templates import resolve_operation
@@ -87,127 +88,208 @@ def curve_row(curve) -> dict:
 # ---------------------------------------------------------------------------- main
 
 
+@dataclass
+class LearnedCircuitState:
+    """What the stages carry from one to the next (``run.state``)."""
+
+    model: object
+    base: object  # the LearnConfig every learned circuit starts from (--method, --seed, --memory-mb)
+    train_sets: list = field(default_factory=list)
+    validation: object = None
+    test: object = None
+    warm: list = field(default_factory=list)  # each training set's EAP-IG-inputs scores (None: no warm start)
+    graphs: list = field(default_factory=list)  # each swept setting's circuit on the first training set
+    second: list = field(default_factory=list)  # ... and on the second one (--sweep-stability)
+    best: int = 0  # the index of the setting chosen on validation
+    curves: dict = field(default_factory=dict)  # label -> test curve (the chosen circuit and the baselines)
+
+
+LearnedCircuitRun = Run[LearnedCircuitConfig, LearnedCircuitState]
+
+
 def run(cfg: LearnedCircuitConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the stages; return the results dict that is also written to results.json."""
     name = f"learned_circuit-{resolve_operation(cfg.op).name}"
-    return run_experiment(name, cfg, _stages, loader=loader,
-                          results={"experiment": name, "settings": dataclasses.asdict(cfg), "model": cfg.model},
-                          plan=["load model", "data", "warm start", "sweep", "test", "stability"])
+    return run_experiment(name, cfg, _stages, loader=loader, plan=plan(cfg),
+                          results={"experiment": name, "settings": dataclasses.asdict(cfg), "model": cfg.model})
 
 
-def _stages(run: Run) -> None:
-    from circuits.graph_io import save_eap_json
-    from circuits.graph_selection import edge_jaccard, select_fraction
+def plan(cfg: LearnedCircuitConfig) -> list[str]:
+    """The stages every run goes through, in order (their names as in results.json ``seconds``)."""
+    return ["load model", "data", "warm start", "sweep", "test", "stability"]
+
+
+def _stages(run: LearnedCircuitRun) -> None:
+    from patching.edges.learn import LearnConfig
+
+    cfg = run.cfg
+    model = run.load_model()
+    run.state = LearnedCircuitState(model, LearnConfig(method=cfg.method, seed=cfg.seed, memory_mb=cfg.memory_mb,
+                                                       progress=False))
+    split_prompts(run)
+    warm_start(run)
+    chosen = sweep(run)
+    evaluate_on_test(run, chosen)
+    measure_stability(run, chosen)
+    run.results["wall_seconds"] = run.wall_seconds
+    _report(run, run.state.curves)
+    print(summary(run.results))
+
+
+def _curve(run: LearnedCircuitRun, scores, prompts):
+    """The faithfulness curve of ``scores`` on ``prompts`` at MIB's sizes, with the run's bootstrap settings."""
+    from patching.edges.curves import faithfulness_curve
+
+    return faithfulness_curve(run.state.model, scores, prompts, n_bootstrap=run.cfg.n_bootstrap, seed=run.cfg.seed)
+
+
+def split_prompts(run: LearnedCircuitRun) -> None:
+    """Stage 1: every problem of the operation the model answers, split by problem into training sets, validation
+    and test."""
     from circuits.prompt_splits import correct_prompt_splits
     from circuits.tasks import TaskConfig
+
+    cfg, state = run.cfg, run.state
+    with run.stage("data", f"every {resolve_operation(cfg.op).name} problem, kept where the model answers it, "
+                           "split by problem"):
+        task = TaskConfig(op=cfg.op, n_shots=cfg.n_shots, seed=cfg.seed)
+        splits = correct_prompt_splits(state.model, task,
+                                       (cfg.stability_sets * cfg.n_train, cfg.n_validation, cfg.n_test),
+                                       max_shot_draws=cfg.max_shot_draws, batch_size=cfg.batch_size)
+        state.train_sets = problem_disjoint_parts(splits.train, cfg.stability_sets, cfg.seed)
+        state.validation, state.test = splits.validation, splits.test
+    run.results["prompts"] = splits.to_dict() | {"train_sets": [len(s) for s in state.train_sets]}
+    if splits.short:
+        run.results["prompts_short"] = f"splits short of their size: {splits.short}"
+    print(f"prompts: {len(state.train_sets)} training set(s) of {len(state.train_sets[0])}, validation "
+          f"{len(state.validation)}, test {len(state.test)} (the model answers {100 * splits.accuracy:.1f}% of "
+          f"{splits.n_checked} prompts)")
+
+
+def warm_start(run: LearnedCircuitRun) -> None:
+    """Stage 2: EAP-IG-inputs scores on ``--warm-start-prompts`` of each training set (none with 0)."""
     from patching.edges.attribute import edge_attribution
-    from patching.edges.curves import faithfulness_curve, paired_curve_difference
-    from patching.edges.learn import LearnConfig, learn_circuit
     from patching.sweeps.options import SweepOptions
 
-    cfg, results = run.cfg, run.results
-    model = run.load_model()
-    name = resolve_operation(cfg.op).name
-
-    def curve(scores, prompts, select=None, fractions=None):
-        extra = {} if fractions is None else {"fractions": fractions}
-        return faithfulness_curve(model, scores, prompts, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
-                                  select=select, **extra)
-
-    with run.stage("data", f"every {name} problem, kept where the model answers it, split by problem"):
-        task = TaskConfig(op=cfg.op, n_shots=cfg.n_shots, seed=cfg.seed)
-        splits = correct_prompt_splits(model, task, (cfg.stability_sets * cfg.n_train, cfg.n_validation, cfg.n_test),
-                                       max_shot_draws=cfg.max_shot_draws, batch_size=cfg.batch_size)
-        train_sets = problem_disjoint_parts(splits.train, cfg.stability_sets, cfg.seed)
-        validation, test = splits.validation, splits.test
-    results["prompts"] = splits.to_dict() | {"train_sets": [len(s) for s in train_sets]}
-    if splits.short:
-        results["prompts_short"] = f"splits short of their size: {splits.short}"
-    print(f"prompts: {len(train_sets)} training set(s) of {len(train_sets[0])}, validation {len(validation)}, "
-          f"test {len(test)} (the model answers {100 * splits.accuracy:.1f}% of {splits.n_checked} prompts)")
-
+    cfg, state = run.cfg, run.state
     with run.stage("warm start", f"EAP-IG-inputs on {cfg.warm_start_prompts} prompts of each training set"):
         options = SweepOptions(memory_mb=cfg.memory_mb, batch_size=cfg.batch_size)
-        warm = [edge_attribution(model, s.select(range(min(len(s), cfg.warm_start_prompts))), method="EAP-IG-inputs",
-                                 options=options) if cfg.warm_start_prompts else None for s in train_sets]
+        state.warm = [edge_attribution(state.model, s.select(range(min(len(s), cfg.warm_start_prompts))),
+                                       method="EAP-IG-inputs", options=options) if cfg.warm_start_prompts else None
+                      for s in state.train_sets]
 
-    base = LearnConfig(method=cfg.method, seed=cfg.seed, memory_mb=cfg.memory_mb, progress=False)
-    grid = cfg.grid()
-    paired = cfg.measures_sweep_stability()
-    sweep, graphs, second = [], [], []
-    with run.stage("sweep", f"{len(grid)} settings of {cfg.method}, each learned on {len(train_sets[0])} prompts"
+
+def sweep(run: LearnedCircuitRun) -> dict:
+    """Stage 3: every setting of the grid learned on the first training set (and the second, with sweep
+    stability), curved on validation; returns the setting the criterion chooses (``state.best`` its index)."""
+    cfg, state = run.cfg, run.state
+    grid, paired = cfg.grid(), cfg.measures_sweep_stability()
+    rows = []
+    with run.stage("sweep", f"{len(grid)} settings of {cfg.method}, each learned on {len(state.train_sets[0])} prompts"
                             + (" (and again on the second training set)" if paired else "")
-                            + f" and curved on {len(validation)} validation prompts"):
+                            + f" and curved on {len(state.validation)} validation prompts"):
+        steps = run.progress(sum(s["steps"] * s["restarts"] for s in grid) * (2 if paired else 1), "learning steps")
         for i, setting in enumerate(grid):
             label = ", ".join(f"{k} {v:g}" for k, v in setting.items())
             with run.step(f"setting {i + 1}/{len(grid)}: {label}"):
-                learned = learn_circuit(model, train_sets[0], config=dataclasses.replace(base, **setting), init=warm[0])
-                val = curve(learned.graph, validation)
-                row = setting | curve_row(val) | {"seconds": learned.seconds,
-                                                  "seconds_per_step": learned.seconds_per_step}
-                jaccard = None
-                if paired:
-                    other = learn_circuit(model, train_sets[1], config=dataclasses.replace(base, **setting),
-                                          init=warm[1])
-                    second.append(other.graph)
-                    jaccard = {f"{100 * x:g}%": edge_jaccard(select_fraction(learned.graph, x).in_graph,
-                                                              select_fraction(other.graph, x).in_graph)
-                               for x in STABILITY_FRACTIONS}
-                    row["jaccard_training_sets"] = jaccard
-                row["criterion"] = criterion(val, jaccard and jaccard[f"{100 * GOAL_FRACTION:g}%"],
-                                             cfg.stability_weight)
-            sweep.append(row)
-            graphs.append(learned.graph)
+                row, val = sweep_setting(run, setting, paired, on_step=lambda _: steps.advance())
+            rows.append(row)
+            jaccard = row.get("jaccard_training_sets")
             print(f"      validation CMD {val.cmd.value:.3f}, f(5%) "
                   f"{val.faithfulness[val.fractions.index(GOAL_FRACTION)].value:.3f}"
                   + (f", Jaccard(5%) of two training sets {jaccard['5%']:.2f}" if jaccard else "")
-                  + f" ({learned.seconds_per_step:.2f} s/step)", flush=True)
-    best = min(range(len(grid)), key=lambda i: sweep[i]["criterion"])
-    chosen = grid[best]
-    results["sweep"] = {"rows": sweep, "chosen": chosen, "criterion": "validation CMD + |1 - f(5%)|" + (
+                  + f" ({row['seconds_per_step']:.2f} s/step)", flush=True)
+    state.best = min(range(len(grid)), key=lambda i: rows[i]["criterion"])
+    run.results["sweep"] = {"rows": rows, "chosen": grid[state.best], "criterion": "validation CMD + |1 - f(5%)|" + (
         f" + {cfg.stability_weight:g} x (1 - Jaccard(5%) of two training sets)" if paired else "")}
+    return grid[state.best]
 
-    with run.stage("test", f"the chosen circuit and the baselines on {len(test)} test prompts"):
-        curves = {cfg.method: curve(graphs[best], test)}
+
+def sweep_setting(run: LearnedCircuitRun, setting: dict, paired: bool, *, on_step) -> tuple[dict, object]:
+    """One setting of the sweep: its circuit learned and curved on validation (and learned again on the second
+    training set, the two circuits' Jaccard measured, if ``paired``); its results row and validation curve."""
+    from circuits.graph_selection import edge_jaccard, select_fraction
+    from patching.edges.learn import learn_circuit
+
+    cfg, state = run.cfg, run.state
+    config = dataclasses.replace(state.base, **setting)
+    learned = learn_circuit(state.model, state.train_sets[0], config=config, init=state.warm[0], on_step=on_step)
+    val = _curve(run, learned.graph, state.validation)
+    row = setting | curve_row(val) | {"seconds": learned.seconds, "seconds_per_step": learned.seconds_per_step}
+    jaccard = None
+    if paired:
+        other = learn_circuit(state.model, state.train_sets[1], config=config, init=state.warm[1], on_step=on_step)
+        state.second.append(other.graph)
+        jaccard = {f"{100 * x:g}%": edge_jaccard(select_fraction(learned.graph, x).in_graph,
+                                                  select_fraction(other.graph, x).in_graph)
+                   for x in STABILITY_FRACTIONS}
+        row["jaccard_training_sets"] = jaccard
+    row["criterion"] = criterion(val, jaccard and jaccard[f"{100 * GOAL_FRACTION:g}%"], cfg.stability_weight)
+    state.graphs.append(learned.graph)
+    return row, val
+
+
+def evaluate_on_test(run: LearnedCircuitRun, chosen: dict) -> None:
+    """Stage 4: the chosen circuit's test curve beside the baselines' (``--baselines``), paired against
+    EAP-IG-inputs; the chosen circuit saved as a Graph JSON."""
+    from circuits.graph_io import save_eap_json
+    from patching.edges.curves import paired_curve_difference
+    from patching.edges.learn import learn_circuit
+
+    cfg, state, results = run.cfg, run.state, run.results
+    with run.stage("test", f"the chosen circuit and the baselines on {len(state.test)} test prompts"):
+        curves = state.curves
+        curves[cfg.method] = _curve(run, state.graphs[state.best], state.test)
         if cfg.baselines:
-            if warm[0] is not None:
-                curves["EAP-IG-inputs"] = curve(warm[0], test)
+            if state.warm[0] is not None:
+                curves["EAP-IG-inputs"] = _curve(run, state.warm[0], state.test)
             if cfg.method != "matryoshka":
                 # the same steps and prompts per step; its own lr, budgets and temperatures
-                matryoshka = learn_circuit(model, train_sets[0], init=warm[0], config=dataclasses.replace(
-                    base, method="matryoshka", samples=2, steps=chosen["steps"], batch_size=chosen["batch_size"],
-                    restarts=chosen["restarts"]))
-                curves["matryoshka"] = curve(matryoshka.graph, test)
+                matryoshka = learn_circuit(state.model, state.train_sets[0], init=state.warm[0],
+                                           config=dataclasses.replace(state.base, method="matryoshka", samples=2,
+                                                                      steps=chosen["steps"],
+                                                                      batch_size=chosen["batch_size"],
+                                                                      restarts=chosen["restarts"]))
+                curves["matryoshka"] = _curve(run, matryoshka.graph, state.test)
         results["test"] = {label: curve_row(c) for label, c in curves.items()}
         if "EAP-IG-inputs" in curves:
             results["test_minus_EAP-IG-inputs"] = {
                 label: paired_curve_difference(c, curves["EAP-IG-inputs"], n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
                 for label, c in curves.items() if label != "EAP-IG-inputs"}
-    save_eap_json(graphs[best], run.out / "learned_circuit.json", model.cfg.d_model, overwrite=True)
+    save_eap_json(state.graphs[state.best], run.out / "learned_circuit.json", state.model.cfg.d_model, overwrite=True)
 
-    runs = [(0, cfg.seed, graphs[best])]
+
+def measure_stability(run: LearnedCircuitRun, chosen: dict) -> None:
+    """Stage 5: the chosen setting learned on each further training set (the sweep's second-set circuit reused)
+    and with each ``--stability-seeds`` seed; the runs compared and each curved on the test prompts."""
+    from patching.edges.learn import learn_circuit
+
+    cfg, state, results = run.cfg, run.state, run.results
+    reused = 1 if cfg.measures_sweep_stability() else 0  # the sweep learned set 1 already
+    further = [index for index in range(1, len(state.train_sets)) if index > reused]
+    runs = [(0, cfg.seed, state.graphs[state.best])]
     with run.stage("stability", f"the chosen setting on {cfg.stability_sets} training set(s) and "
                                 f"{1 + len(cfg.stability_seeds)} seed(s)"):
-        for index in range(1, len(train_sets)):
-            if index == 1 and paired:
-                runs.append((1, cfg.seed, second[best]))
+        steps = run.progress((len(further) + len(cfg.stability_seeds)) * chosen["steps"] * chosen["restarts"],
+                             "learning steps")
+        for index in range(1, len(state.train_sets)):
+            if index <= reused:
+                runs.append((1, cfg.seed, state.second[state.best]))
                 continue
-            learned = learn_circuit(model, train_sets[index], init=warm[index],
-                                    config=dataclasses.replace(base, **chosen))
+            learned = learn_circuit(state.model, state.train_sets[index], init=state.warm[index],
+                                    config=dataclasses.replace(state.base, **chosen), on_step=lambda _: steps.advance())
             runs.append((index, cfg.seed, learned.graph))
         for seed in cfg.stability_seeds:
-            learned = learn_circuit(model, train_sets[0], init=warm[0],
-                                    config=dataclasses.replace(base, **chosen, seed=seed))
+            learned = learn_circuit(state.model, state.train_sets[0], init=state.warm[0],
+                                    config=dataclasses.replace(state.base, **chosen, seed=seed),
+                                    on_step=lambda _: steps.advance())
             runs.append((0, seed, learned.graph))
-        results["stability"] = stability(model, runs, test, cfg)
+        results["stability"] = stability(state.model, runs, state.test, cfg)
         # each run's own test curve (the first run is the chosen circuit, already curved): a stable method is
         # faithful whichever prompts and seed it was learned with
-        rows = [results["test"][cfg.method]] + [curve_row(curve(graph, test)) for _, _, graph in runs[1:]]
+        rows = [results["test"][cfg.method]] + [curve_row(_curve(run, graph, state.test)) for _, _, graph in runs[1:]]
         for entry, row in zip(results["stability"]["runs"], rows):
             entry["test"] = row
-    results["wall_seconds"] = run.wall_seconds
-    _report(run, curves)
-    print(summary(results))
 
 
 def stability(model, runs, test, cfg: LearnedCircuitConfig) -> dict:

@@ -55,6 +55,7 @@ from experiments.runtime import ModelLoader, Run, cli, run_experiment
 from experiments.merge.config import METHODS, TASKS, MergeConfig
 
 if TYPE_CHECKING:
+    from experiments.runtime.timing import Progress
     from merging import SubmoduleMergeConfig
     from patching.node_level.head_ranking import KeyHeads
 
@@ -175,7 +176,8 @@ def train_experts(run: MergeRun) -> None:
                 if os.path.isfile(f"{path}.train.json") else {}
             info = {"loaded_from": path, **trained}
         else:
-            model, info = train_expert(run, t)
+            with run.step(f"training the {t} expert"):
+                model, info = train_expert(run, t)
             save_model(model, path, overwrite=cfg.overwrite)
             write_json_atomic(f"{path}.train.json", info)
         train_seconds = time.perf_counter() - start
@@ -224,9 +226,9 @@ def baseline_grid(cfg: MergeConfig) -> dict[str, list]:
 
 
 def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs: dict | None = None,
-                    skip=(), only=None) -> dict:
+                    skip=(), only=None, progress: Progress | None = None) -> dict:
     """Merge the experts ``names`` with every data-free method (its grid tuned on val, unless ``configs`` fixes it),
-    leaving out the methods in ``skip`` (or all but those in ``only``)."""
+    leaving out the methods in ``skip`` (or all but those in ``only``); ``progress`` advances by one per merge."""
     from experiments.merge.experts import measured
     from merging import merge
 
@@ -245,6 +247,8 @@ def merge_baselines(run: MergeRun, names: tuple[str, ...], suffix: str, configs:
             val = score(run, run.state.work, "val", names)["avg"] if len(grid) > 1 else None
             if best is None or val > best[0]:
                 best = (val, config, copy.deepcopy(run.state.work.state_dict()) if len(grid) > 1 else None, secs, peak)
+            if progress is not None:
+                progress.advance()
         if best[2] is not None:
             run.state.work.load_state_dict(best[2])
         chosen[method] = best[1]
@@ -286,8 +290,9 @@ def closed_form_state(run: MergeRun, names, spec, positions: str, seed: int):
 
 
 def merge_closed_form(run: MergeRun, names: tuple[str, ...], suffix: str, levels: list, key_heads: KeyHeads | None,
-                      seeds: int = 1, positions: tuple[str, ...] = ("all",)) -> None:
-    """Closed-form submodule merging of ``names`` at each of ``levels`` (x positions x seeds), and circuit-aware."""
+                      seeds: int = 1, positions: tuple[str, ...] = ("all",), progress: Progress | None = None) -> None:
+    """Closed-form submodule merging of ``names`` at each of ``levels`` (x positions x seeds), and circuit-aware;
+    ``progress`` advances by one per merge."""
     for name, spec, pos, seed in closed_form_plans(run, levels, key_heads, suffix, seeds, list(positions)):
         start = time.perf_counter()
         res = closed_form_state(run, names, spec, pos, seed)
@@ -296,23 +301,30 @@ def merge_closed_form(run: MergeRun, names: tuple[str, ...], suffix: str, levels
         record(run, name, run.state.work, time.perf_counter() - start, alphas=res.alphas.to_dict(), positions=pos,
                    sample_seed=seed)
         run.state.alpha_tables[name] = res.alphas
+        if progress is not None:
+            progress.advance()
 
 
 def merge_everything(run: MergeRun, key_heads: KeyHeads) -> None:
     """All three experts with every method and level; with ``--pairs`` each pair too (the triple's configs, attn_mlp)."""
     late = [m for m in run.cfg.late_methods.split(",") if m]
+    levels, positions = [lv for lv in run.cfg.levels.split(",") if lv], tuple(run.cfg.cf_positions.split(","))
     with run.stage("merge all three"):
-        chosen = merge_baselines(run, TASKS, "", skip=late)
-        merge_closed_form(run, TASKS, "", [lv for lv in run.cfg.levels.split(",") if lv], key_heads,
-                          run.cfg.cf_seeds, tuple(run.cfg.cf_positions.split(",")))
-        chosen |= merge_baselines(run, TASKS, "", only=late) if late else {}
+        # every config of every method's grid, and every closed-form level x positions x seed (and circuit-aware)
+        merges = run.progress(sum(map(len, baseline_grid(run.cfg).values()))
+                              + len(closed_form_plans(run, levels, key_heads, "", run.cfg.cf_seeds, list(positions))),
+                              "merges of all three")
+        chosen = merge_baselines(run, TASKS, "", skip=late, progress=merges)
+        merge_closed_form(run, TASKS, "", levels, key_heads, run.cfg.cf_seeds, positions, progress=merges)
+        chosen |= merge_baselines(run, TASKS, "", only=late, progress=merges) if late else {}
     if run.cfg.pairs:
         with run.stage("merge pairs"):
-            for i in range(len(TASKS)):
-                for j in range(i + 1, len(TASKS)):
-                    names, suffix = (TASKS[i], TASKS[j]), f" [{TASKS[i]}+{TASKS[j]}]"
-                    merge_baselines(run, names, suffix, chosen)
-                    merge_closed_form(run, names, suffix, ["attn_mlp"], None)
+            pairs = [(TASKS[i], TASKS[j]) for i in range(len(TASKS)) for j in range(i + 1, len(TASKS))]
+            merges = run.progress(len(pairs) * (len(chosen) + 1), "merges of pairs")  # the triple's configs, attn_mlp
+            for names in pairs:
+                suffix = f" [{names[0]}+{names[1]}]"
+                merge_baselines(run, names, suffix, chosen, progress=merges)
+                merge_closed_form(run, names, suffix, ["attn_mlp"], None, progress=merges)
 
 
 def expert_bar(run: MergeRun) -> dict:
@@ -431,7 +443,17 @@ def run(cfg: MergeConfig, *, loader: ModelLoader | None = None) -> dict:
     operands = cfg.mul_operands.split(",")
     if len(operands) != 2 or not all(x.strip().isdigit() for x in operands) or int(operands[0]) > int(operands[1]):
         raise InputError(f"--mul-operands {cfg.mul_operands!r}: give 'lo,hi' with integers 0 <= lo <= hi, e.g. 10,99.")
-    return run_experiment("merge", cfg, _stages, loader=loader, results={"settings": dataclasses.asdict(cfg), "models": {}})
+    return run_experiment("merge", cfg, _stages, loader=loader, plan=plan(cfg),
+                          results={"settings": dataclasses.asdict(cfg), "models": {}})
+
+
+def plan(cfg: MergeConfig) -> list[str]:
+    """The stages a run with these settings goes through, in order (their names as in results.json ``seconds``;
+    "eval experts" once per expert, each expert's training between them)."""
+    return ["load", "eval base", "eval experts",
+            *([] if cfg.no_circuit_aware or cfg.heads else ["path patching"]), "merge all three",
+            *(["merge pairs"] if cfg.pairs else []), *(["circuit column"] if cfg.circuit_prompts else []),
+            *([] if cfg.no_save_best else ["save best"]), *(["linearity"] if cfg.linearity_samples else [])]
 
 
 def _stages(run: MergeRun) -> None:

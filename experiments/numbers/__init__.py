@@ -293,8 +293,16 @@ def heuristic_neurons(model, cfg: NumbersConfig, stage) -> tuple[dict, torch.Ten
 
 def run(cfg: NumbersConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run every stage; return the results dict that is also written to results.json."""
-    return run_experiment("numbers", cfg, _stages, loader=loader,
+    return run_experiment("numbers", cfg, _stages, loader=loader, plan=plan(cfg),
                           results={"model": cfg.model, "settings": dataclasses.asdict(cfg)})
+
+
+def plan(cfg: NumbersConfig) -> list[str]:
+    """The stages a run with these settings goes through, in order (their names as in results.json ``seconds``);
+    the subspace patching needs ``resid_post`` among ``--components``."""
+    return ["load model", "number activations", "number analyses", "sum activations", "sum analyses", "sum accuracy",
+            "frequency filter", *(["subspace patching"] if "resid_post" in cfg.components else []),
+            "neuron attribution", "neuron knockout"]
 
 
 @cli.no_grad

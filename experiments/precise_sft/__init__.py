@@ -527,7 +527,14 @@ def run(cfg: SFTComparisonConfig, *, loader: ModelLoader | None = None) -> dict:
 
     rank, _ = rank_and_world_size()  # under accelerate launch every process trains; the first one writes
     return run_experiment("precise_sft", cfg, _stages, loader=loader, results=earlier or {},
-                          resume=earlier is not None, main_process=rank == 0)
+                          resume=earlier is not None, main_process=rank == 0, plan=plan(cfg))
+
+
+def plan(cfg: SFTComparisonConfig) -> list[str]:
+    """The stages a run with these settings goes through, in order (their names as in results.json ``seconds``);
+    a resumed run passes over the methods its folder already holds."""
+    return ["load model", "data", "key heads", "base scores", *[f"method {m}" for m in cfg.methods], "ablation",
+            "report"]
 
 
 def _stages(run: SFTRun) -> None:

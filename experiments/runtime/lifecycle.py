@@ -21,7 +21,11 @@ experiment carries from stage to stage (its model, data, scores so far) is its o
 Progress goes to stderr through one printer (:class:`experiments.runtime.run_folder.StageTimer`):
 given a ``plan`` (the stage names in order), every planned stage prints ``[3/10] knockout ...`` as
 it starts and its time as it ends; an unplanned stage prints its ``message`` (if any) and
-``done in N s``; ``run.step(message)`` prints a sub-step the same way.
+``done in N s``; ``run.step(message)`` prints a sub-step the same way. A stage that works through known units
+(methods, prompt sets, learning steps) says how far it has come and when it will be done with
+``run.progress(total, label)`` (:class:`experiments.runtime.timing.Progress`): ``methods: 2/5, elapsed 10m12s,
+ETA 15m18s`` every ~15 s of work and at the end. An experiment's plan is its module's ``plan(cfg)``: the stages
+a run with those flags goes through, in order.
 
 :func:`run_experiment` does the rest, the same way for every experiment:
 
@@ -72,6 +76,7 @@ from experiments.runtime.run_folder import (
     StageTimer, complete_run, default_run_dir, fail_run, prepare_run_dir, read_marker, read_status, save_results,
 )
 from experiments.runtime.settings import RunSettings
+from experiments.runtime.timing import Progress
 
 #: ``loader(name_or_folder, *, device, dtype) -> HookedTransformer``; :func:`circuits.loading.load_model` by default.
 ModelLoader = Callable[..., Any]
@@ -136,6 +141,11 @@ class Run(Generic[ConfigT, StateT]):
     def step(self, message: str) -> ContextManager[None]:
         """A sub-step of a stage on the terminal: ``message ...`` before it, its time after (not recorded)."""
         return self.timer.step(message)
+
+    def progress(self, total: int, label: str) -> Progress:
+        """A progress line for ``total`` units of work of the stage now running: call ``.advance()`` as each ends
+        (``label: i/total, elapsed ..., ETA ...``, at most every ~15 s and at the end, beside the stage lines)."""
+        return Progress(total, label)
 
     def load_model(self, name: Optional[str | Path] = None, *, stage: Optional[str] = "load model"):
         """The model ``name`` (default ``cfg.model``) through the injected loader, on the run's device and dtype,

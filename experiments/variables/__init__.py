@@ -226,8 +226,13 @@ def circuit_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) -> No
 
 def run(cfg: VariablesConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run every stage; return the results dict that is also written to results.json."""
-    return run_experiment("variables", cfg, _stages, loader=loader, plan=PLAN,
+    return run_experiment("variables", cfg, _stages, loader=loader, plan=plan(cfg),
                           results={"model": cfg.model, "settings": dataclasses.asdict(cfg)})
+
+
+def plan(cfg: VariablesConfig) -> list[str]:
+    """The stages every run goes through, in order (their names as in results.json ``seconds``)."""
+    return list(PLAN)
 
 
 @cli.no_grad

@@ -321,7 +321,34 @@ def edge_attribution(
     (``level="node"``).
     """
     opts = sweep_options(options, "edge_attribution")
-    metric, batch_size, memory_mb, progress = opts.metric, opts.batch_size, opts.budget(2048.0), opts.shows_progress()
+    spec, schema = _checked_method(model, method, level, norm, ig_steps, spans)
+    metric = get_metric(opts.metric)
+    groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
+                                 batch_size=opts.batch_size,
+                                 span_of=None if schema is None else (lambda masks: span_ids(masks, schema)))
+    plan = _chunk_plan(model, groups, opts.budget(2048.0))
+    if model.cfg.parallel_attn_mlp:
+        raise InputError("Parallel attention/MLP blocks are not supported by edge attribution yet.")
+    with edge_mode(model):
+        bar = tqdm(total=len(plan) * spec.n_passes(model, ig_steps), desc=f"edge attribution ({method})",
+                   disable=not opts.shows_progress(), leave=False)
+        total, metric_total, n_prompts = _attribute_chunks(model, plan, spec, ig_steps, norm, metric, schema, bar)
+        bar.close()
+    meta = {"method": method, "ig_steps": ig_steps if method in PATH_METHODS else None,
+            "metric": metric.name, "n_prompts": n_prompts, "reference_metric": metric_total / n_prompts,
+            "d_model": model.cfg.d_model, "norm": norm, "norm_convention": NORM_CONVENTIONS[norm]}
+    return _returned_scores(GraphLayout.of(model), total / n_prompts, meta, level, schema)
+
+
+#: what a head sender's change is under each ``norm`` of :func:`edge_attribution` (its results' ``meta``)
+NORM_CONVENTIONS = {"frozen": "residual contribution (post-norm, run's own scale)",
+                    "recompute": "layer re-normalised with the head's result swapped",
+                    "pre-norm": "pre-norm hook_result difference (hannamw/EAP-IG attribute)"}
+
+
+def _checked_method(model, method: str, level: str, norm: str, ig_steps, spans):
+    """The method's spec and the span schema (None: whole edges), once every argument of
+    :func:`edge_attribution` is one it can score with."""
     if method not in EDGE_ATTRIBUTION_METHODS:
         raise InputError(f"Unknown method {method!r}: use one of {sorted(EDGE_ATTRIBUTION_METHODS)}.")
     if level not in ("edge", "node"):
@@ -335,54 +362,64 @@ def edge_attribution(
         raise InputError(f"{method} follows each sender's output along the path as the forward computes it (the "
                          f"'frozen' convention); norm={norm!r} changes heads' outputs in a way no run computes. "
                          "Use norm='frozen'.")
-    metric = get_metric(metric)
     schema = check_schema(spans)
     if schema is not None and level != "edge":
         raise InputError("Position-aware scores are per edge: pass level='edge' with spans.")
-    groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
-                                 batch_size=batch_size,
-                                 span_of=None if schema is None else (lambda masks: span_ids(masks, schema)))
-    layout = GraphLayout.of(model)
-    total = torch.zeros(layout.n_forward, layout.n_backward, *(() if schema is None else (len(schema),)),
-                        dtype=torch.float64)
-    metric_total, n_prompts = 0.0, 0
+    return spec, schema
+
+
+def _chunk_plan(model, groups, memory_mb: float) -> list[tuple]:
+    """``(group, shared prefix length, rows)`` per chunk: each group cut into as many prompts as a backward of its
+    suffix fits in ``memory_mb``."""
     plan = []
     for group in groups:
         prefix = forward.shared_prefix_length(group.tokens, group.cf_tokens)
         n_suffix = group.tokens.shape[1] - prefix
         rows = min(len(group), _row_budget(model, memory_mb, n_suffix, prefix))
         plan += [(group, prefix, sl) for sl in forward.chunks(len(group), rows)]
-    n_passes = spec.n_passes(model, ig_steps)
-    if model.cfg.parallel_attn_mlp:
-        raise InputError("Parallel attention/MLP blocks are not supported by edge attribution yet.")
-    with edge_mode(model):
-        bar = tqdm(total=len(plan) * n_passes, desc=f"edge attribution ({method})", disable=not progress, leave=False)
-        for group, prefix, sl in plan:
-            chunk, diff = _prepare_chunk(model, group, prefix, sl, spec.needs_raw_outputs, norm)
-            if schema is None:
-                def contract(change, grads):
-                    return torch.einsum("fbpd,bpkd->fk", change.to(grads.dtype), grads)
-            else:
-                onehot = torch.nn.functional.one_hot(group.spans[sl, prefix:], len(schema))
+    return plan
 
-                def contract(change, grads, onehot=onehot):
-                    return torch.einsum("fbpd,bpkd,bps->fks", change.to(grads.dtype), grads, onehot.to(grads.dtype))
-            grad_sum, chunk_total = _chunk_scores(model, chunk, diff, spec, ig_steps, metric, contract, bar)
-            if n_prompts == 0 and not bool(grad_sum.any()):  # first chunk: no gradient at all reached a receiver
-                raise _constant_metric(metric, f"every receiver's gradient is exactly zero on the first "
-                                               f"{sl.stop - sl.start} prompts")
-            total += chunk_total.double().cpu()
-            metric_total += float(_reference_metric(model, chunk, metric).sum())
-            n_prompts += sl.stop - sl.start
-        bar.close()
+
+def _contraction(group, prefix: int, sl: slice, schema):
+    """How a chunk's sender changes ``[f, b, p, d]`` and receiver gradients ``[b, p, k, d]`` become edge terms:
+    summed over prompts and positions (``[f, k]``), or per span of ``schema`` (``[f, k, s]``)."""
+    if schema is None:
+        def contract(change, grads):
+            return torch.einsum("fbpd,bpkd->fk", change.to(grads.dtype), grads)
+        return contract
+    onehot = torch.nn.functional.one_hot(group.spans[sl, prefix:], len(schema))
+
+    def contract(change, grads, onehot=onehot):
+        return torch.einsum("fbpd,bpkd,bps->fks", change.to(grads.dtype), grads, onehot.to(grads.dtype))
+    return contract
+
+
+def _attribute_chunks(model, plan: list[tuple], spec, ig_steps: int, norm: str, metric, schema,
+                      bar) -> tuple[Tensor, float, int]:
+    """Every chunk of ``plan`` scored: the edge terms summed over prompts (float64, on the CPU), the reference
+    metric summed over prompts, and the number of prompts."""
+    layout = GraphLayout.of(model)
+    total = torch.zeros(layout.n_forward, layout.n_backward, *(() if schema is None else (len(schema),)),
+                        dtype=torch.float64)
+    metric_total, n_prompts = 0.0, 0
+    for group, prefix, sl in plan:
+        chunk, diff = _prepare_chunk(model, group, prefix, sl, spec.needs_raw_outputs, norm)
+        contract = _contraction(group, prefix, sl, schema)
+        grad_sum, chunk_total = _chunk_scores(model, chunk, diff, spec, ig_steps, metric, contract, bar)
+        if n_prompts == 0 and not bool(grad_sum.any()):  # first chunk: no gradient at all reached a receiver
+            raise _constant_metric(metric, f"every receiver's gradient is exactly zero on the first "
+                                           f"{sl.stop - sl.start} prompts")
+        total += chunk_total.double().cpu()
+        metric_total += float(_reference_metric(model, chunk, metric).sum())
+        n_prompts += sl.stop - sl.start
+    return total, metric_total, n_prompts
+
+
+def _returned_scores(layout: GraphLayout, mean: Tensor, meta: dict, level: str, schema):
+    """The mean edge terms as :func:`edge_attribution` returns them (NaN where no edge is): a Graph, node scores
+    (``level="node"``) or position-aware scores (``schema``)."""
     real = layout.real_edge_mask if schema is None else layout.real_edge_mask[:, :, None]
-    scores = torch.where(real, total / n_prompts, torch.nan).float()
-    meta = {"method": method, "ig_steps": ig_steps if method in PATH_METHODS else None,
-            "metric": metric.name, "n_prompts": n_prompts, "reference_metric": metric_total / n_prompts,
-            "d_model": model.cfg.d_model, "norm": norm,
-            "norm_convention": {"frozen": "residual contribution (post-norm, run's own scale)",
-                                "recompute": "layer re-normalised with the head's result swapped",
-                                "pre-norm": "pre-norm hook_result difference (hannamw/EAP-IG attribute)"}[norm]}
+    scores = torch.where(real, mean, torch.nan).float()
     if level == "node":
         return node_scores_of_edges(layout, scores, meta)
     if schema is not None:

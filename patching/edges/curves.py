@@ -35,6 +35,7 @@ replace it (greedy growth, pruning of edges off every input-to-logits path:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
@@ -182,43 +183,23 @@ def faithfulness_curve(
     opts = dataclasses.replace(opts, progress=opts.shows_progress())
     check_positive_int(n_bootstrap, "n_bootstrap")
     layout = GraphLayout.of(model)
-    fractions = [float(x) for x in fractions]
-    if not fractions or any(not 0 < x <= 1 for x in fractions) or any(b <= a for a, b in zip(fractions, fractions[1:])):
-        raise InputError(f"fractions must increase strictly within (0, 1], got {fractions}.")
-    spans = None
-    if isinstance(scores, PositionalScores):  # position-aware: sizes are fractions of every (edge, span)
-        if select is not None:
-            raise InputError("select= chooses position-free circuits; position-aware curves take the top-n edges.")
-        spans, n_total = scores.spans, scores.n_edges
-        masks = [scores.top(int(x * n_total), absolute=absolute) for x in fractions]
-        full = scores.real.clone()
-    else:
-        scores = _scores_of(layout, scores, model)
-        n_total = layout.n_edges
-        choose = select or (lambda s, n: select_top_n(Graph(layout, s), n, absolute=absolute, prune=False).in_graph)
-        masks = [choose(scores, int(x * n_total)) for x in fractions]
-        full = layout.real_edge_mask.clone()
-    empty = torch.zeros_like(full)
+    fractions = _checked_fractions(fractions)
+    if not isinstance(scores, PositionalScores):
+        scores = _scores_of(layout, scores, model)  # here, not deeper: its warning names the caller's line
+    masks, full, n_total, spans = _circuit_masks(layout, scores, fractions, select, absolute)
     if ablation == "counterfactual":
         _refuse_identical_counterfactual(model, reference, counterfactual, answer_ids, alt_ids)
     evaluate = evaluate or evaluate_circuits
     position_aware = {} if spans is None else {"spans": spans}
-    evaluations = evaluate(model, masks + [full, empty], reference, counterfactual, ablation=ablation,
-                           means_from=means_from, norm=norm, answer_ids=answer_ids, alt_ids=alt_ids, options=opts,
-                           **position_aware)
+    evaluations = evaluate(model, masks + [full, torch.zeros_like(full)], reference, counterfactual,
+                           ablation=ablation, means_from=means_from, norm=norm, answer_ids=answer_ids,
+                           alt_ids=alt_ids, options=opts, **position_aware)
     table = torch.stack([e.per_prompt for e in evaluations], dim=1).numpy()  # [prompt, point + full + empty]
     n_points = len(masks)
     _refuse_zero_denominator(table[:, n_points].mean(), table[:, n_points + 1].mean(), ablation)
-
-    def estimate(statistic) -> Estimate:
-        return bootstrap(table, statistic, confidence=confidence, n_resamples=n_bootstrap, seed=seed)
-
+    estimate = functools.partial(_estimate, table, confidence=confidence, n_bootstrap=n_bootstrap, seed=seed)
     points = [estimate(lambda rows, i=i: float(table_faithfulness(rows)[i])) for i in range(n_points)]
-    if n_points >= 2:
-        cpr = estimate(lambda rows: curve_areas(fractions, table_faithfulness(rows))[0])
-        cmd = estimate(lambda rows: curve_areas(fractions, table_faithfulness(rows))[1])
-    else:
-        cpr = cmd = Estimate(float("nan"), float("nan"), float("nan"), table.shape[0], "none")
+    cpr, cmd = _areas(estimate, fractions, table)
     return FaithfulnessCurve(
         fractions=fractions, n_edges=[int(m.sum()) for m in masks], faithfulness=points, cpr=cpr, cmd=cmd,
         full=estimate(lambda rows: float(rows[:, n_points].mean())),
@@ -226,6 +207,42 @@ def faithfulness_curve(
         circuit_metric=torch.from_numpy(table[:, :n_points].T.copy()), metric=evaluations[0].metric, ablation=ablation,
         n_total_edges=n_total, norm=norm, spans=spans, table=table,
     )
+
+
+def _checked_fractions(fractions: Sequence[float]) -> list[float]:
+    fractions = [float(x) for x in fractions]
+    if not fractions or any(not 0 < x <= 1 for x in fractions) or any(b <= a for a, b in zip(fractions, fractions[1:])):
+        raise InputError(f"fractions must increase strictly within (0, 1], got {fractions}.")
+    return fractions
+
+
+def _circuit_masks(layout: GraphLayout, scores, fractions: list[float], select: Optional[Selector],
+                   absolute: bool) -> tuple[list[Tensor], Tensor, int, Optional[tuple]]:
+    """The circuit of each fraction (top-n by score, or ``select``'s), the full circuit, the number of edges the
+    fractions count, and the span schema (None for position-free scores, already checked by :func:`_scores_of`)."""
+    if isinstance(scores, PositionalScores):  # position-aware: sizes are fractions of every (edge, span)
+        if select is not None:
+            raise InputError("select= chooses position-free circuits; position-aware curves take the top-n edges.")
+        n_total = scores.n_edges
+        masks = [scores.top(int(x * n_total), absolute=absolute) for x in fractions]
+        return masks, scores.real.clone(), n_total, scores.spans
+    n_total = layout.n_edges
+    choose = select or (lambda s, n: select_top_n(Graph(layout, s), n, absolute=absolute, prune=False).in_graph)
+    masks = [choose(scores, int(x * n_total)) for x in fractions]
+    return masks, layout.real_edge_mask.clone(), n_total, None
+
+
+def _estimate(table: np.ndarray, statistic, *, confidence: float, n_bootstrap: int, seed: int) -> Estimate:
+    """``statistic`` of the per-prompt ``table`` with its bootstrap interval over prompts."""
+    return bootstrap(table, statistic, confidence=confidence, n_resamples=n_bootstrap, seed=seed)
+
+
+def _areas(estimate, fractions: list[float], table: np.ndarray) -> tuple[Estimate, Estimate]:
+    """CPR and CMD (the areas under and off the curve), each with its interval; undefined for a one-point curve."""
+    if len(fractions) < 2:
+        return (Estimate(float("nan"), float("nan"), float("nan"), table.shape[0], "none"),) * 2
+    return (estimate(lambda rows: curve_areas(fractions, table_faithfulness(rows))[0]),
+            estimate(lambda rows: curve_areas(fractions, table_faithfulness(rows))[1]))
 
 
 def _refuse_identical_counterfactual(model, reference, counterfactual, answer_ids, alt_ids) -> None:

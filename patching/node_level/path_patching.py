@@ -84,52 +84,70 @@ def path_patch(
         :class:`NodeScores` with effects (patched minus reference metric); unscored nodes are NaN.
     """
     opts = sweep_options(options, "path_patch")
-    metric, batch_size, memory_mb, progress = get_metric(opts.metric), opts.batch_size, opts.budget(), opts.shows_progress()
+    metric = get_metric(opts.metric)
+    senders, receivers = _checked_nodes(model, senders, receivers, receiver_input, method)
+    to_logits = receivers == "logits"
+    groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
+                                 batch_size=opts.batch_size)
+    if method == "fast" and (not to_logits or forward.check_sequential_blocks(model) is not None):
+        method = "hooks"  # the END-only shortcut holds only for logits receivers and sequential blocks
+    bar = tqdm(total=len(groups) * len(senders), desc=f"path patching ({method})", disable=not opts.shows_progress(),
+               leave=False)
+    per_prompt, base_total = [], 0.0
+    for group in groups:
+        if method == "fast":
+            patched, base = _fast_group(model, group, senders, metric, freeze_mlps, opts.budget())
+            bar.update(len(senders))
+        else:
+            patched, base = _hooks_group(model, group, senders, metric, freeze_mlps,
+                                         None if to_logits else (receivers, receiver_input), bar)
+        per_prompt.append((patched - base[None]).double().cpu())
+        base_total += float(base.double().sum())
+    bar.close()
+    inputs.warn_if_no_effect(any(bool(d.any()) for d in per_prompt), groups, "path-patching")
+    info = {"freeze_mlps": freeze_mlps, "receivers": "logits" if to_logits else [str(r) for r in receivers],
+            "computation": method}
+    return _node_scores(model, senders, per_prompt, base_total, metric.name, info)
+
+
+def _checked_nodes(model: HookedTransformer, senders, receivers, receiver_input: str, method: str):
+    """``(senders, receivers)`` once both are nodes :func:`path_patch` can score: every node by default (before the
+    last receiver head's layer, for head receivers), receivers ``"logits"`` or a list of heads; refused otherwise."""
     by_default = senders is None
     senders = validate_nodes(model, all_nodes(model) if senders is None else senders)
     if not senders:
         raise InputError("No senders to score: pass at least one Head or MLP (or senders=None for every node).")
     if method not in ("fast", "hooks"):
         raise InputError(f"Unknown method {method!r}: use 'fast' or 'hooks'.")
-    to_logits = isinstance(receivers, str)
-    if to_logits and receivers != "logits":
-        raise InputError(f"receivers must be 'logits' or a list of Head receivers, got {receivers!r}.")
-    if not to_logits:
-        receivers = validate_nodes(model, receivers)
-        if by_default and receivers and all(isinstance(r, Head) for r in receivers):
-            senders = [n for n in senders if n.layer < max(r.layer for r in receivers)]
-        if not receivers or not all(isinstance(r, Head) for r in receivers):
-            raise InputError("Receivers must be a non-empty list of Head nodes (their q/k/v inputs are patched).")
-        if not set(receiver_input) <= set("qkv") or not receiver_input:
-            raise InputError(f"receiver_input must be made of 'q', 'k', 'v', got {receiver_input!r}.")
-        last = max(r.layer for r in receivers)
-        late = [str(n) for n in senders if n.layer >= last]
-        if late:
-            raise InputError(
-                f"Senders {late} come at or after the last receiver's layer {last} ({', '.join(map(str, receivers))}): "
-                "a head or MLP reaches a head's q/k/v input only from an earlier layer, so their effect is 0 by "
-                "construction. Pass senders from layers before the receivers, or receivers='logits'.")
-    groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids,
-                                 batch_size=batch_size)
-    if method == "fast" and (not to_logits or forward.check_sequential_blocks(model) is not None):
-        method = "hooks"  # the END-only shortcut holds only for logits receivers and sequential blocks
+    if isinstance(receivers, str):
+        if receivers != "logits":
+            raise InputError(f"receivers must be 'logits' or a list of Head receivers, got {receivers!r}.")
+        return senders, receivers
+    receivers = validate_nodes(model, receivers)
+    if by_default and receivers and all(isinstance(r, Head) for r in receivers):
+        senders = [n for n in senders if n.layer < max(r.layer for r in receivers)]
+    if not receivers or not all(isinstance(r, Head) for r in receivers):
+        raise InputError("Receivers must be a non-empty list of Head nodes (their q/k/v inputs are patched).")
+    if not set(receiver_input) <= set("qkv") or not receiver_input:
+        raise InputError(f"receiver_input must be made of 'q', 'k', 'v', got {receiver_input!r}.")
+    last = max(r.layer for r in receivers)
+    late = [str(n) for n in senders if n.layer >= last]
+    if late:
+        raise InputError(
+            f"Senders {late} come at or after the last receiver's layer {last} ({', '.join(map(str, receivers))}): "
+            "a head or MLP reaches a head's q/k/v input only from an earlier layer, so their effect is 0 by "
+            "construction. Pass senders from layers before the receivers, or receivers='logits'.")
+    return senders, receivers
 
+
+def _node_scores(model: HookedTransformer, senders: list[Node], per_prompt: list[Tensor], base_total: float,
+                 metric_name: str, info: dict) -> NodeScores:
+    """The mean effect of each sender over every prompt (``per_prompt``: each group's ``[sender, prompt]``
+    effects) as NodeScores, NaN for the nodes not scored, with each sender's per-prompt effects."""
     total = torch.zeros(len(senders), dtype=torch.float64)
-    base_total, n_prompts, per_prompt = 0.0, 0, []
-    bar = tqdm(total=len(groups) * len(senders), desc=f"path patching ({method})", disable=not progress, leave=False)
-    for group in groups:
-        if method == "fast":
-            patched, base = _fast_group(model, group, senders, metric, freeze_mlps, memory_mb)
-            bar.update(len(senders))
-        else:
-            patched, base = _hooks_group(model, group, senders, metric, freeze_mlps,
-                                         None if to_logits else (receivers, receiver_input), bar)
-        per_prompt.append((patched - base[None]).double().cpu())
-        total += per_prompt[-1].sum(-1)
-        base_total += float(base.double().sum())
-        n_prompts += len(group)
-    bar.close()
-    inputs.warn_if_no_effect(any(bool(d.any()) for d in per_prompt), groups, "path-patching")
+    for group_effects in per_prompt:  # summed group by group, in float64
+        total += group_effects.sum(-1)
+    n_prompts = sum(group_effects.shape[1] for group_effects in per_prompt)
     effects = (total / n_prompts).float()
     heads = torch.full((model.cfg.n_layers, model.cfg.n_heads), float("nan"))
     mlps = torch.full((model.cfg.n_layers,), float("nan"))
@@ -138,9 +156,7 @@ def path_patch(
             heads[node.layer, node.head] = value
         else:
             mlps[node.layer] = value
-    info = {"freeze_mlps": freeze_mlps, "receivers": "logits" if to_logits else [str(r) for r in receivers],
-            "computation": method}
-    scores = NodeScores(heads, mlps, metric.name, base_total / n_prompts, n_prompts, "path_patching", info)
+    scores = NodeScores(heads, mlps, metric_name, base_total / n_prompts, n_prompts, "path_patching", info)
     scores.prompt_effects = dict(zip(senders, torch.cat(per_prompt, 1).float()))
     return scores
 

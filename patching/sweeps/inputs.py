@@ -92,55 +92,85 @@ def prompt_groups(
     :func:`patching.edges.positions.span_ids`); it needs the positions of the prompts' parts, so a Dataset
     or a TaskBatch.
     """
-    device = model.cfg.device
     check_positive_int(batch_size, "batch_size", allow_none=True)  # None: one group per prompt length
-    groups: list[PromptGroup] = []
     if isinstance(reference, Dataset):
-        all_alts = _ids(alt_ids, len(reference), "alt_ids", "cpu")  # one per prompt of the whole dataset
-        if counterfactual is not None:
-            raise InputError("With a Dataset the counterfactual comes from its cf_tokens column; pass counterfactual=None.")
-        if answer_ids is not None:
-            raise InputError("With a Dataset the answers come from its answer_token_ids column; pass answer_ids=None.")
-        for batch in iter_batches(reference, batch_size or len(reference)):
-            groups.append(PromptGroup(batch.tokens.to(device), batch.cf_tokens.to(device), batch.answer_ids.to(device),
-                                      None if all_alts is None else all_alts[torch.as_tensor(batch.indices)].to(device),
-                                      None if span_of is None else span_of(batch.role_masks).to(device)))
+        groups = _dataset_groups(model, reference, counterfactual, answer_ids, alt_ids, batch_size, span_of)
     elif isinstance(reference, TaskBatch):
-        if counterfactual is not None or answer_ids is not None:
-            raise InputError("A TaskBatch carries its counterfactual and answers; pass counterfactual=None, answer_ids=None.")
-        n = len(reference)
-        groups.append(PromptGroup(reference.tokens.to(device), reference.cf_tokens.to(device),
-                                  reference.answer_ids.to(device), _ids(alt_ids, n, "alt_ids", device),
-                                  None if span_of is None else span_of(reference.role_masks).to(device)))
+        groups = _task_batch_groups(model, reference, counterfactual, answer_ids, alt_ids, span_of)
     elif isinstance(reference, Tensor):
-        if span_of is not None:
-            raise InputError("Position-aware edges need the positions of the prompts' parts: pass a Dataset from "
-                             "circuits.tasks.make_dataset or a TaskBatch, not token tensors.")
-        if not isinstance(counterfactual, Tensor):
-            raise InputError("With reference tokens, pass counterfactual tokens of the same shape as a tensor.")
-        check_token_ids(model, reference, "reference tokens")  # before shapes: a float tensor is the likelier slip
-        check_token_ids(model, counterfactual, "counterfactual tokens")
-        if reference.ndim != 2 or reference.shape != counterfactual.shape:
-            raise InputError(
-                f"reference {tuple(reference.shape)} and counterfactual {tuple(counterfactual.shape)} must both be "
-                f"[batch, pos] with the same shape: patching swaps activations position by position."
-            )
-        if answer_ids is None:
-            raise InputError("With token tensors, pass answer_ids (one int, or one id per prompt).")
-        n = reference.shape[0]
-        if n == 0:
-            raise InputError("The reference tokens hold no prompt (shape [0, pos]): pass at least one prompt.")
-        step = batch_size or n
-        answers, alts = _ids(answer_ids, n, "answer_ids", device), _ids(alt_ids, n, "alt_ids", device)
-        for start in range(0, n, step):
-            sl = slice(start, start + step)
-            groups.append(PromptGroup(reference[sl].to(device), counterfactual[sl].to(device), answers[sl],
-                                      None if alts is None else alts[sl]))
+        groups = _tensor_groups(model, reference, counterfactual, answer_ids, alt_ids, batch_size, span_of)
     else:
         raise InputTypeError(f"reference must be a Dataset (circuits.tasks.make_dataset), a TaskBatch or a [batch, pos] "
                          f"token tensor, got {type(reference).__name__}.")
     if not groups:
         raise InputError("No prompts to patch: the prompts given are empty; pass at least one prompt.")
+    _check_groups(model, groups)
+    if all(torch.equal(g.tokens, g.cf_tokens) for g in groups):
+        warnings.warn("Every counterfactual prompt is identical to its reference prompt: every patching effect and "
+                      "attribution score is exactly 0 by construction. Pass counterfactuals that differ from the "
+                      "references (e.g. circuits.tasks.make_dataset's cf_tokens).", IdenticalCounterfactualWarning,
+                      stacklevel=3)
+    return groups
+
+
+def _dataset_groups(model, reference: Dataset, counterfactual, answer_ids, alt_ids, batch_size,
+                    span_of) -> list[PromptGroup]:
+    """A Dataset's prompts in groups of one token length (its cf_tokens and answer_token_ids columns)."""
+    device = model.cfg.device
+    all_alts = _ids(alt_ids, len(reference), "alt_ids", "cpu")  # one per prompt of the whole dataset
+    if counterfactual is not None:
+        raise InputError("With a Dataset the counterfactual comes from its cf_tokens column; pass counterfactual=None.")
+    if answer_ids is not None:
+        raise InputError("With a Dataset the answers come from its answer_token_ids column; pass answer_ids=None.")
+    return [PromptGroup(batch.tokens.to(device), batch.cf_tokens.to(device), batch.answer_ids.to(device),
+                        None if all_alts is None else all_alts[torch.as_tensor(batch.indices)].to(device),
+                        None if span_of is None else span_of(batch.role_masks).to(device))
+            for batch in iter_batches(reference, batch_size or len(reference))]
+
+
+def _task_batch_groups(model, reference: TaskBatch, counterfactual, answer_ids, alt_ids,
+                       span_of) -> list[PromptGroup]:
+    """A TaskBatch as one group (it carries its counterfactual and answers)."""
+    device = model.cfg.device
+    if counterfactual is not None or answer_ids is not None:
+        raise InputError("A TaskBatch carries its counterfactual and answers; pass counterfactual=None, answer_ids=None.")
+    n = len(reference)
+    return [PromptGroup(reference.tokens.to(device), reference.cf_tokens.to(device),
+                        reference.answer_ids.to(device), _ids(alt_ids, n, "alt_ids", device),
+                        None if span_of is None else span_of(reference.role_masks).to(device))]
+
+
+def _tensor_groups(model, reference: Tensor, counterfactual, answer_ids, alt_ids, batch_size,
+                   span_of) -> list[PromptGroup]:
+    """Token tensors cut into groups of ``batch_size`` rows, once their shapes and answers are checked."""
+    device = model.cfg.device
+    if span_of is not None:
+        raise InputError("Position-aware edges need the positions of the prompts' parts: pass a Dataset from "
+                         "circuits.tasks.make_dataset or a TaskBatch, not token tensors.")
+    if not isinstance(counterfactual, Tensor):
+        raise InputError("With reference tokens, pass counterfactual tokens of the same shape as a tensor.")
+    check_token_ids(model, reference, "reference tokens")  # before shapes: a float tensor is the likelier slip
+    check_token_ids(model, counterfactual, "counterfactual tokens")
+    if reference.ndim != 2 or reference.shape != counterfactual.shape:
+        raise InputError(
+            f"reference {tuple(reference.shape)} and counterfactual {tuple(counterfactual.shape)} must both be "
+            f"[batch, pos] with the same shape: patching swaps activations position by position."
+        )
+    if answer_ids is None:
+        raise InputError("With token tensors, pass answer_ids (one int, or one id per prompt).")
+    n = reference.shape[0]
+    if n == 0:
+        raise InputError("The reference tokens hold no prompt (shape [0, pos]): pass at least one prompt.")
+    step = batch_size or n
+    answers, alts = _ids(answer_ids, n, "answer_ids", device), _ids(alt_ids, n, "alt_ids", device)
+    return [PromptGroup(reference[sl].to(device), counterfactual[sl].to(device), answers[sl],
+                        None if alts is None else alts[sl])
+            for sl in (slice(start, start + step) for start in range(0, n, step))]
+
+
+def _check_groups(model, groups: list[PromptGroup]) -> None:
+    """Every group holds tokens, answers and alternatives in the vocabulary, and fits the model's context; the
+    model's weights are finite."""
     check_finite_weights(model)
     vocab = model.cfg.d_vocab_out
     for g in groups:
@@ -153,12 +183,6 @@ def prompt_groups(
         for name, tokens in (("reference", g.tokens), ("counterfactual", g.cf_tokens)):
             check_token_ids(model, tokens, f"{name} tokens")
         check_fits_context(model, g.tokens.shape[1])
-    if all(torch.equal(g.tokens, g.cf_tokens) for g in groups):
-        warnings.warn("Every counterfactual prompt is identical to its reference prompt: every patching effect and "
-                      "attribution score is exactly 0 by construction. Pass counterfactuals that differ from the "
-                      "references (e.g. circuits.tasks.make_dataset's cf_tokens).", IdenticalCounterfactualWarning,
-                      stacklevel=3)
-    return groups
 
 
 def warn_if_no_effect(any_change: bool, groups: Sequence[PromptGroup], what: str) -> None:

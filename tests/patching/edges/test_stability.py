@@ -14,7 +14,7 @@ from circuits.graph_selection import edge_jaccard, select_fraction
 from patching.edges.catalogue import CATALOGUE, CircuitMethod
 from patching.edges.circuit_methods import MethodScores
 from patching.edges.faithful_circuit import CircuitSearch
-from patching.edges.stability import circuit_stability
+from patching.edges.stability import StabilityResult, circuit_stability
 
 SEARCH = CircuitSearch(circuit_prompts=4, n_bootstrap=50, ig_steps=2, batch_size=8)
 
@@ -208,9 +208,6 @@ def _run_on(model, prompts, search):
 
 
 def test_node_jaccard_compares_the_heads_and_mlps_the_circuits_touch():
-    from circuits.graph import GraphLayout
-    from patching.edges.stability import StabilityResult
-
     layout = GraphLayout(n_layers=1, n_heads=2)
 
     def circuit(edges):
