@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from circuits.seeds import derived_seed
 from circuits.errors import InputError
 from merging.lines import LinesConfig, apply_lines, layer_scale, n_layers_of
 from merging.methods import REGISTRY
@@ -37,7 +38,7 @@ from merging.state_dicts import NonFiniteMergeError, SourceLike, as_sources, che
 
 def tensor_generator(seed: int, key: str) -> torch.Generator:
     """A CPU generator seeded from ``seed`` and the tensor name (order-independent randomness)."""
-    return torch.Generator().manual_seed((int(seed) * 1_000_003 + zlib.crc32(key.encode())) % (2**63))
+    return torch.Generator().manual_seed(derived_seed(int(seed), "merge tensor", zlib.crc32(key.encode())) % (2**63))
 
 
 def merge(

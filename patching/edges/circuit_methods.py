@@ -23,6 +23,7 @@ from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import mib_selector, select_fraction
 from circuits.pools import pool_dataset
+from circuits.seeds import derived_seed
 from patching.edges.acdc import ACDCConfig, acdc
 from patching.edges.attribute import edge_attribution
 from patching.edges.catalogue import WARM_START, CircuitMethod, catalogued
@@ -159,7 +160,7 @@ def means_pool(model: HookedTransformer, prompts: Dataset, search) -> Optional[D
     """The prompts a mean ablation averages over (none of them evaluated); None for the other ablations."""
     if not search.ablation.endswith("mean"):
         return None
-    return pool_dataset(model, prompts, search.pool_prompts, seed=search.seed + 1)
+    return pool_dataset(model, prompts, search.pool_prompts, seed=derived_seed(search.seed, "mean pool"))
 
 
 def score_method(run: ComparisonRun, method: CircuitMethod) -> tuple[MethodScores, tuple[float, float]]:

@@ -63,6 +63,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 
+from circuits.seeds import derived_seed
 from circuits.arguments import check_positive_int
 from circuits.end_logits import unembed_end
 from circuits.errors import InputError
@@ -578,7 +579,7 @@ def _learned(model, cfg: LearnConfig, layout: GraphLayout, method: _Method, batc
 def restart_seed(seed: int, k: int) -> int:
     """The seed of restart ``k`` of a run seeded ``seed`` (restart 0 is the run itself; no two (seed, k) share one
     for seeds below 1,000,003 and fewer restarts)."""
-    return seed * 1_000_003 + k
+    return derived_seed(seed, "restart", k)
 
 
 def _averaged(runs: Sequence[LearnedCircuit], cfg: LearnConfig) -> LearnedCircuit:
