@@ -88,9 +88,11 @@ def _tune(model, cfg: LoopConfig, op: str, heads, out, name: str):
 
 def _scores(model, data, cfg: LoopConfig):
     """The default learned circuit's edge scores of ``data`` (warm-started as ``--warm-start`` says)."""
+    from patching import SweepOptions
     from patching.edges.faithful_circuit import score_selection
 
-    return score_selection(model, data, cfg.learned_search(batch_size=cfg.batch_size)).scores
+    search = cfg.learned_search(sweep=SweepOptions(batch_size=cfg.batch_size, memory_mb=1024.0))
+    return score_selection(model, data, search).scores
 
 
 @cli.no_grad
@@ -105,7 +107,7 @@ def _stages(run: Run) -> None:
     from finetune.evaluate import drift_estimates
     from merging import merge
     from patching.edges.faithful_circuit import circuit_heads
-    from patching import ShiftSettings, circuit_shift
+    from patching import ShiftSettings, SweepOptions, circuit_shift
 
     cfg, results = run.cfg, run.results
     base = run.load_model()
@@ -119,7 +121,8 @@ def _stages(run: Run) -> None:
                                                            transfer=(), seed=derived_seed(cfg.seed, "test suite")))
     results |= {"n_prompts": len(dataset), "n_kept": len(kept), "n_circuit_prompts": len(circuit_data),
                 "base_accuracy": base_accuracy}
-    shift_settings = ShiftSettings(n_bootstrap=cfg.n_bootstrap, seed=cfg.seed, batch_size=cfg.batch_size,
+    shift_settings = ShiftSettings(n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
+                                   sweep=SweepOptions(batch_size=cfg.batch_size, memory_mb=1024.0),
                                    size=cfg.circuit_size if cfg.circuit_size in ShiftSettings().fractions else 0.05)
     steps = {}
 

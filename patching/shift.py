@@ -52,8 +52,8 @@ class ShiftSettings:
     n_resamples: int = 0  # prompt resamples for the overlap measures' intervals
     norm: str = "frozen"
     seed: int = 0
-    batch_size: int = 32
-    memory_mb: float = 1024.0
+    #: the batching and memory budget of every sweep (no progress bars)
+    sweep: SweepOptions = SweepOptions(batch_size=32, memory_mb=1024.0)
 
     def __post_init__(self) -> None:
         if self.size not in self.fractions:
@@ -63,7 +63,7 @@ class ShiftSettings:
 
     def options(self) -> SweepOptions:
         """The batching and memory budget of every sweep, without progress bars, as :class:`patching.SweepOptions`."""
-        return SweepOptions(batch_size=self.batch_size, memory_mb=self.memory_mb, progress=False)
+        return dataclasses.replace(self.sweep, progress=False)
 
 
 @dataclass
@@ -207,7 +207,7 @@ def _path_patching_change(reference, changed, prompts, s: ShiftSettings, referen
     from patching.node_level.path_patching import path_patch
 
     # path patching keeps its own default memory budget: only the settings' batching applies
-    options = SweepOptions(batch_size=s.batch_size, progress=False)
+    options = SweepOptions(batch_size=s.sweep.batch_size, progress=False)
     a = reference_map if reference_map is not None else path_patch(reference, prompts, options=options)
     b = path_patch(changed, prompts, options=options)
     return ({"reference": a.to_dict(), "changed": b.to_dict(),

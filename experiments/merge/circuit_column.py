@@ -65,9 +65,10 @@ def circuit_column(run, merged_names: list[str], rebuild, n_prompts: int, *, n_b
     from circuits.answer_scoring import first_token_hits
     from circuits.seeds import derived_seed
     from circuits.tasks import TaskConfig, filter_correct, make_dataset
-    from patching.shift import ShiftSettings, circuit_shift
+    from patching import ShiftSettings, SweepOptions, circuit_shift
 
-    settings = ShiftSettings(n_bootstrap=n_bootstrap, seed=run.cfg.seed, batch_size=run.cfg.eval_batch_size)
+    settings = ShiftSettings(n_bootstrap=n_bootstrap, seed=run.cfg.seed,
+                             sweep=SweepOptions(batch_size=run.cfg.eval_batch_size, memory_mb=1024.0))
     out: dict = {"tasks": {}, "n_prompts": n_prompts, "size": settings.size}
     prompts_of = {}  # the prompts each expert answers, chosen with the expert's weights in run.state.work
     for task, op in TASK_OPS.items():

@@ -76,8 +76,13 @@ def project(source, target: type, *, prefix: str = "", **overrides):
     """
     import dataclasses
 
-    names = {f.name for f in dataclasses.fields(target) if f.init}
-    shared = {name: getattr(source, prefix + name) for name in names if hasattr(source, prefix + name)}
+    fields = [f for f in dataclasses.fields(target) if f.init]
+    shared = {f.name: getattr(source, prefix + f.name) for f in fields if hasattr(source, prefix + f.name)}
+    for f in fields:  # a record inside the target (a search's SweepOptions) is handed on the same way
+        if f.name not in shared and f.name not in overrides and dataclasses.is_dataclass(f.default):
+            shared[f.name] = dataclasses.replace(f.default, **{name: value for name, value in
+                                                              vars(project(source, type(f.default))).items()
+                                                              if hasattr(source, name)})
     return target(**{**shared, **overrides})
 
 

@@ -23,6 +23,7 @@ the ILP, position-aware edges) on the same two halves, with each method's time.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
@@ -57,8 +58,8 @@ class CircuitSearch:
     pool_prompts: int = 256  # prompts the mean ablations average over (none of them evaluated)
     n_bootstrap: int = 1000
     seed: int = 0
-    batch_size: int = 32
-    memory_mb: float = 1024.0
+    #: the batching and memory budget of every sweep of the search (its progress is set per sweep)
+    sweep: SweepOptions = SweepOptions(batch_size=32, memory_mb=1024.0)
     warm_start: Optional[str] = "EAP-IG-inputs"  # a learned method's starting scores (None: a cold start)
     learning: LearnConfig = DEFAULT_CIRCUIT  # a learned method's settings (its ``method`` is the search's)
     #: settings records of methods that declare their own (patching.edges.catalogue, ``settings=``); a method not
@@ -80,7 +81,7 @@ class CircuitSearch:
 
     def options(self, progress: Optional[bool] = None) -> SweepOptions:
         """The batching and memory budget of every sweep of the search, as :class:`patching.SweepOptions`."""
-        return SweepOptions(batch_size=self.batch_size, memory_mb=self.memory_mb, progress=progress)
+        return dataclasses.replace(self.sweep, progress=progress)
 
 
 @dataclass

@@ -14,9 +14,10 @@ from patching.edges.catalogue import CircuitMethod
 from patching.edges.circuit_methods import MethodScores
 from patching.edges.curves import faithfulness_curve
 from patching.edges.faithful_circuit import CircuitSearch
+from patching.sweeps.options import SweepOptions
 from patching.edges.families import FAMILIES, check_families, family_circuits, family_prompts
 
-SEARCH = CircuitSearch(circuit_prompts=4, n_bootstrap=50, ig_steps=2, batch_size=8)
+SEARCH = CircuitSearch(circuit_prompts=4, n_bootstrap=50, ig_steps=2, sweep=SweepOptions(batch_size=8, memory_mb=1024.0))
 FRACTION = 0.2
 QUIET = dict(log=lambda line: None)
 

@@ -14,9 +14,10 @@ from circuits.graph_selection import edge_jaccard, select_fraction
 from patching.edges.catalogue import CATALOGUE, CircuitMethod
 from patching.edges.circuit_methods import MethodScores
 from patching.edges.faithful_circuit import CircuitSearch
+from patching.sweeps.options import SweepOptions
 from patching.edges.stability import StabilityResult, circuit_stability
 
-SEARCH = CircuitSearch(circuit_prompts=4, n_bootstrap=50, ig_steps=2, batch_size=8)
+SEARCH = CircuitSearch(circuit_prompts=4, n_bootstrap=50, ig_steps=2, sweep=SweepOptions(batch_size=8, memory_mb=1024.0))
 
 
 @pytest.fixture(scope="module")
