@@ -36,7 +36,7 @@ loads neither TransformerLens nor plotly.
 
 from __future__ import annotations
 
-import importlib
+from circuits.lazy_faces import lazy_face
 
 _EXPORTS = {
     "load_model": "circuits.loading",
@@ -50,15 +50,5 @@ _EXPORTS = {
 __all__ = ["load_model", "save_model", "Head", "MLP", "parse_node", "Graph", "tasks", "templates"]
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    if name in ("tasks", "templates"):
-        return importlib.import_module(f"circuits.{name}")
-    raise AttributeError(f"module 'circuits' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# names load on first use: the package's torch-free modules (catalogues) import without torch
+__getattr__, __dir__ = lazy_face(__name__, globals(), _EXPORTS, submodules=("tasks", "templates"))

@@ -33,7 +33,7 @@ experts' task names, for a command line) loads no torch.
 
 from __future__ import annotations
 
-import importlib
+from circuits.lazy_faces import lazy_face
 
 _EXPORTS = {
     "train": "finetune.trainer",
@@ -56,13 +56,5 @@ __all__ = ["train", "TrainConfig", "PreciseSFTConfig", "FullSFTConfig", "LoraSFT
            "arithmetic_train_set", "evaluate_suite", "math_suite", "MathSuiteConfig", "save_tuned", "load_tuned"]
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'finetune' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# names load on first use: the package's torch-free modules (catalogues) import without torch
+__getattr__, __dir__ = lazy_face(__name__, globals(), _EXPORTS)

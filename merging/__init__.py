@@ -27,7 +27,7 @@ merge methods' names, for a command line) loads no torch.
 
 from __future__ import annotations
 
-import importlib
+from circuits.lazy_faces import lazy_face
 
 _EXPORTS = {
     "merge": "merging.apply",
@@ -44,15 +44,5 @@ __all__ = ["merge", "load_mergekit_config", "task_vector", "merge_submodules", "
            "nonlinearity_scores", "LinearityConfig", "merge_circuit_aware", "methods"]
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    if name == "methods":
-        return importlib.import_module("merging.methods")
-    raise AttributeError(f"module 'merging' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# names load on first use: the package's torch-free modules (catalogues) import without torch
+__getattr__, __dir__ = lazy_face(__name__, globals(), _EXPORTS, submodules=("methods",))

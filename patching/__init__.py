@@ -48,7 +48,7 @@ metric, batching, memory budget, prefix reuse, progress as one record) and
 
 from __future__ import annotations
 
-import importlib
+from circuits.lazy_faces import lazy_face
 
 _EXPORTS = {
     "path_patch": "patching.node_level.path_patching",
@@ -62,22 +62,10 @@ _EXPORTS = {
     "circuit_shift": "patching.shift",
     "ShiftSettings": "patching.shift",
 }
-_SUBPACKAGES = ("edges", "all_for_one")
 
 __all__ = ["path_patch", "activation_patch", "attribution_patch", "key_heads", "knockout", "knockout_curve",
            "knockout_transfer", "SweepOptions", "circuit_shift", "ShiftSettings", "edges", "all_for_one"]
 
 
-def __getattr__(name: str):
-    # names load on first use, so that a torch-free module of the package (a catalogue) imports without torch
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"patching.{name}")
-    raise AttributeError(f"module 'patching' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# names load on first use: the package's torch-free modules (catalogues) import without torch
+__getattr__, __dir__ = lazy_face(__name__, globals(), _EXPORTS, submodules=("edges", "all_for_one"))

@@ -34,7 +34,7 @@ method functions are imported from their modules (e.g. :func:`merging.methods.ge
 from __future__ import annotations
 
 import dataclasses
-import importlib
+from circuits.lazy_faces import lazy_face
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -114,16 +114,16 @@ __all__ = [
 ]
 
 
+# names load on first use, so that merging.methods.catalogue imports without torch; the registry's tables are built
+# from the catalogue when first read
+_face_getattr, _face_dir = lazy_face(__name__, globals(), _EXPORTS)
+
+
 def __getattr__(name: str):
-    # names load on first use, so that merging.methods.catalogue imports without torch
     if name in _BUILDERS:
         return _built(name)
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'merging.methods' has no attribute {name!r}")
+    return _face_getattr(name)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__) | set(_BUILDERS) | set(_EXPORTS))
+    return sorted(set(_face_dir()) | set(_BUILDERS))

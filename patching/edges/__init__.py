@@ -34,7 +34,7 @@ and errors are imported from the modules above (e.g. :class:`patching.edges.patc
 
 from __future__ import annotations
 
-import importlib
+from circuits.lazy_faces import lazy_face
 
 _EXPORTS = {
     "edge_attribution": "patching.edges.attribute",
@@ -52,14 +52,5 @@ __all__ = ["edge_attribution", "edge_patch", "evaluate_circuit", "evaluate_circu
            "find_faithful_circuit", "CircuitSearch", "learn_circuit", "LearnConfig"]
 
 
-def __getattr__(name: str):
-    # names load on first use: patching.edges.catalogue stays importable without torch
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'patching.edges' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+# names load on first use: the package's torch-free modules (catalogues) import without torch
+__getattr__, __dir__ = lazy_face(__name__, globals(), _EXPORTS)
