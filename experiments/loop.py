@@ -86,6 +86,18 @@ def _tune(model, cfg: LoopConfig, op: str, heads, out, name: str):
                     "seconds_per_step": result.seconds_per_step, "losses": result.losses}
 
 
+def _merged(base, tuned, second, lam: float):
+    """Task arithmetic of the two experts ``tuned`` and ``second`` on ``base`` (weight ``lam``): a new model."""
+    from merging import merge
+    from merging.methods import TaskArithmeticConfig
+
+    merged = copy.deepcopy(base)
+    # the merged weights are a full copy until the model takes them: held only inside this function
+    merged.load_state_dict(merge("task_arithmetic", base.state_dict(), [tuned.state_dict(), second.state_dict()],
+                                 TaskArithmeticConfig(lam=lam), progress=False))
+    return merged
+
+
 def _scores(model, data, cfg: LoopConfig):
     """The default learned circuit's edge scores of ``data`` (warm-started as ``--warm-start`` says)."""
     from patching import SweepOptions
@@ -105,7 +117,6 @@ def _stages(run: Run) -> None:
     from circuits.stats import proportion
     from finetune import MathSuiteConfig, evaluate_suite, math_suite
     from finetune.evaluate import drift_estimates
-    from merging import merge
     from patching.edges.faithful_circuit import circuit_heads
     from patching import ShiftSettings, SweepOptions, circuit_shift
 
@@ -154,13 +165,7 @@ def _stages(run: Run) -> None:
                                              cfg), cfg.n_heads, cfg.circuit_size)
         second, results["second_expert"] = _tune(base, cfg, cfg.second_op, second_heads, run.out, "second")
     with run.stage("merge", "task arithmetic of the two experts"):
-        from merging.methods import TaskArithmeticConfig
-
-        merged = copy.deepcopy(base)
-        state = merge("task_arithmetic", base.state_dict(), [tuned.state_dict(), second.state_dict()],
-                      TaskArithmeticConfig(lam=cfg.merge_lambda), progress=False)
-        merged.load_state_dict(state)
-        del state  # a full copy of the weights; the merged model holds its own
+        merged = _merged(base, tuned, second, cfg.merge_lambda)
     results["merge"] = {"method": "task_arithmetic", "lambda": cfg.merge_lambda, "experts": [cfg.op, cfg.second_op]}
     score_model("second expert", second)
     del second  # not needed after its scores: the last shift holds the base, the tuned and the merged model

@@ -158,6 +158,7 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
     baseline = catalogue.BASELINE
     headline = _headline()
     out = {}
+    locations = run.progress(sum(len(ranked[v][:cfg.das_locations]) for v in state.batches), "DAS locations")
     for variable, batches in state.batches.items():
         rows = []
         for _, where in ranked[variable][:cfg.das_locations]:
@@ -174,6 +175,7 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
                 # the full vector's test IIA per token count of the predicted answer (a later token is read out
                 # after the intervened position: see patching.variables.interchange.iia_by_answer_length)
                 by_length = iia_by_answer_length(state.model, batches["test"], where, hits=fitted[baseline].test_hits)
+            locations.advance()
             row = {"location": _key(where, state.positions), **{kind: f.to_dict() for kind, f in fitted.items()},
                    "controls_full": controls,
                    "full_by_answer_tokens": {str(n): e.to_dict() for n, e in by_length.items()}}
