@@ -295,7 +295,8 @@ def measure_stability(run: LearnedCircuitRun, chosen: dict) -> None:
 def stability(model, runs, test, cfg: LearnedCircuitConfig) -> dict:
     """Jaccard and Spearman of every pair of runs, and the stable core's test curve (the module docstring)."""
     from circuits.graph_selection import select_fraction
-    from patching.edges.faithful_circuit import CircuitSearch
+    from patching import SweepOptions
+    from patching.edges import CircuitSearch
     from patching.edges.stability import compare_runs
 
     out = {"runs": [{"set": s, "seed": seed} for s, seed, _ in runs], "fractions": list(STABILITY_FRACTIONS),
@@ -303,7 +304,8 @@ def stability(model, runs, test, cfg: LearnedCircuitConfig) -> dict:
     if len(runs) < 2:
         return out
     circuits = [[select_fraction(graph, x) for x in STABILITY_FRACTIONS] for _, _, graph in runs]
-    search = CircuitSearch(n_bootstrap=cfg.n_bootstrap, seed=cfg.seed, memory_mb=cfg.memory_mb)
+    search = CircuitSearch(n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
+                           sweep=SweepOptions(batch_size=32, memory_mb=cfg.memory_mb))
     compared = compare_runs(model, [(s, seed) for s, seed, _ in runs], [g for _, _, g in runs], circuits, test, search,
                             method=cfg.method, kind="learned mask", fractions=STABILITY_FRACTIONS,
                             n_per_set=cfg.n_train)
