@@ -36,18 +36,18 @@ from dataclasses import dataclass
 
 from circuits.errors import InputError
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, run_experiment
-from experiments.runtime.cli import option
+from experiments.runtime.cli import option, override
+from experiments.runtime.settings import PromptSettings
 
 DEFAULT_OUT = "runs/bench_learn"  # one folder, not runs/<name>-<timestamp>
 
 
 @dataclass(frozen=True)
-class BenchLearnConfig(RunSettings):
+class BenchLearnConfig(PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.bench_learn`` beyond :class:`RunSettings`, with its default."""
 
     op: str = option("+", "the operation whose correct prompts the circuits learn on")
-    n_prompts: int = option(64, "correct prompts the circuits learn on", type=cli.positive_int)
-    n_shots: int = option(3, "solved examples before each prompt", type=cli.nonnegative_int)
+    n_prompts: int = override(PromptSettings, "n_prompts", 64, "correct prompts the circuits learn on")
     steps: int = option(6, "steps per timed run (the first is not counted)", type=cli.positive_int)
     rounds: int = option(2, "alternating runs per arm", type=cli.positive_int)
     warm_start_prompts: int = option(32, "prompts of the warm start of the whole default run",
@@ -71,7 +71,8 @@ parser = cli.config_parser(BenchLearnConfig, "bench_learn", __doc__,
 
 def arms() -> dict[str, "object"]:
     """The timed settings by label: the earlier step first (the ratios' reference), the default last."""
-    from patching.edges.learn import DEFAULT_CIRCUIT, LearnConfig
+    from patching.edges import LearnConfig
+    from patching.edges.learn import DEFAULT_CIRCUIT
 
     return {
         "matryoshka, 2 budgets x 8 prompts (experiments.circuit before)": LearnConfig(
@@ -86,7 +87,7 @@ def arms() -> dict[str, "object"]:
 
 def time_arms(model, prompts, cfg: BenchLearnConfig) -> dict[str, dict]:
     """``--rounds`` runs of ``--steps`` steps of every arm in turn; per arm the step times after each run's first."""
-    from patching.edges.learn import learn_circuit
+    from patching.edges import learn_circuit
 
     settings = arms()
     times: dict[str, list[float]] = {label: [] for label in settings}
@@ -141,9 +142,9 @@ def model_alone(model, prompts, cfg: BenchLearnConfig) -> dict:
 
 def whole_default(model, prompts, cfg: BenchLearnConfig) -> dict:
     """The default learned circuit end to end: warm start, then every step (wall seconds of each part)."""
-    from patching.edges.attribute import edge_attribution
-    from patching.edges.learn import DEFAULT_CIRCUIT, learn_circuit
-    from patching.sweeps.options import SweepOptions
+    from patching import SweepOptions
+    from patching.edges import edge_attribution, learn_circuit
+    from patching.edges.learn import DEFAULT_CIRCUIT
 
     started = time.perf_counter()
     warm = edge_attribution(model, prompts.select(range(min(len(prompts), cfg.warm_start_prompts))),
@@ -178,7 +179,8 @@ def profile_default(model, prompts, cfg: BenchLearnConfig, out) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from circuits.atomic_files import write_text_atomic
-    from patching.edges.learn import DEFAULT_CIRCUIT, learn_circuit
+    from patching.edges import learn_circuit
+    from patching.edges.learn import DEFAULT_CIRCUIT
     from patching.edges.mixing import RECEIVERS_RANGE, SENDERS_RANGE
 
     config = dataclasses.replace(DEFAULT_CIRCUIT, steps=cfg.profile_steps, seed=0)
@@ -219,12 +221,11 @@ def _stages(run: Run) -> None:
     import torch
 
     from circuits.prompt_splits import correct_prompt_splits
-    from circuits.tasks import TaskConfig
 
     cfg = run.cfg
     model = run.load_model()
     with run.stage("prompts"):
-        prompts = correct_prompt_splits(model, TaskConfig(op=cfg.op, n_shots=cfg.n_shots, seed=cfg.seed), (cfg.n_prompts, 1, 1)).train
+        prompts = correct_prompt_splits(model, cfg.task_config(), (cfg.n_prompts, 1, 1)).train
     run.results |= {"n_prompts": len(prompts), "steps_per_run": cfg.steps, "rounds": cfg.rounds,
                     "threads": torch.get_num_threads()}
     per_arm = {}

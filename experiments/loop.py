@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, option, run_experiment
 from circuits.atomic_files import write_text_atomic
-from experiments.runtime.settings import BatchSettings, LearnSettings, PromptSettings, project
+from experiments.runtime.settings import BatchSettings, LearnSettings, PromptSettings
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ def _stages(run: Run) -> None:
     import torch
 
     from circuits.answer_scoring import first_token_hits
-    from circuits.tasks import TaskConfig, filter_correct, make_dataset
+    from circuits.tasks import filter_correct, make_dataset
     from circuits.seeds import derived_seed
     from circuits.stats import proportion
     from finetune import MathSuiteConfig, evaluate_suite, math_suite
@@ -125,7 +125,7 @@ def _stages(run: Run) -> None:
     for p in base.parameters():
         p.requires_grad_(False)
     with run.stage("data", f"{cfg.n_prompts} {cfg.op} prompts, keeping the correct ones"):
-        dataset = make_dataset(base, project(cfg, TaskConfig))
+        dataset = make_dataset(base, cfg.task_config())
         kept, base_accuracy = filter_correct(base, dataset, mask=first_token_hits(base, dataset, cfg.batch_size))
         circuit_data = kept.shuffle(seed=cfg.seed).select(range(min(cfg.circuit_prompts, len(kept))))
         suite = math_suite(base.tokenizer, MathSuiteConfig(ops=(cfg.op, cfg.second_op), n_heldout=cfg.n_heldout,
@@ -159,7 +159,7 @@ def _stages(run: Run) -> None:
     results["shift_tuned"] = shift_tuned.to_dict()
     run.save()
     with run.stage("second expert", f"precise SFT on {cfg.second_op}, on its own circuit's heads"):
-        second_data = make_dataset(base, project(cfg, TaskConfig, op=cfg.second_op))
+        second_data = make_dataset(base, cfg.task_config(op=cfg.second_op))
         second_kept, _ = filter_correct(base, second_data, mask=first_token_hits(base, second_data, cfg.batch_size))
         second_heads = circuit_heads(_scores(base, second_kept.select(range(min(cfg.circuit_prompts, len(second_kept)))),
                                              cfg), cfg.n_heads, cfg.circuit_size)

@@ -24,7 +24,7 @@ from circuits.templates import resolve_operation
 
 from experiments.runtime import ModelLoader, Run, RunSettings, cli, option, run_experiment
 from experiments.runtime.cli import override
-from experiments.runtime.settings import BatchSettings, PromptSettings, project
+from experiments.runtime.settings import BatchSettings, PromptSettings
 
 if TYPE_CHECKING:  # the library loads torch: imported where used, so --help answers before it loads
     import plotly.graph_objects as go
@@ -56,13 +56,13 @@ def identify(model, cfg: TransferConfig, ops: list[str], stage) -> tuple[KeyHead
     """Per operation: correctly answered prompts, their path-patching key heads, a knockout sample, base accuracy
     (timed as the run's stage ``identify``; ``stage``: its ``Run.stage``)."""
     from patching import SweepOptions
-    from circuits.tasks import TaskConfig, filter_correct, make_dataset
+    from circuits.tasks import filter_correct, make_dataset
     from patching.node_level.head_ranking import rank_key_heads
 
     kept, base = {}, {}
     with stage("identify"):
         for op in ops:
-            dataset = make_dataset(model, project(cfg, TaskConfig, op=op))
+            dataset = make_dataset(model, cfg.task_config(op=op))
             kept[op], base[op] = filter_correct(model, dataset, cfg.batch_size)
         chosen = rank_key_heads(model, kept, top_k=cfg.top_k, combine="per-op",
                                 options=SweepOptions(batch_size=cfg.batch_size))

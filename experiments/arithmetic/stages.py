@@ -31,7 +31,7 @@ from circuits.atomic_files import write_text_atomic
 from circuits.answer_scoring import first_and_whole
 from circuits.seeds import derived_seed
 from circuits.stats import proportion
-from circuits.tasks import TaskConfig, filter_correct, make_dataset, transfer_datasets
+from circuits.tasks import filter_correct, make_dataset, transfer_datasets
 from circuits.templates import resolve_operation
 from finetune import ArithmeticMix, MathSuiteConfig, TrainConfig, arithmetic_train_set, evaluate_suite, math_suite, train
 from patching import SweepOptions, key_heads, knockout_curve, knockout_transfer, path_patch
@@ -124,7 +124,7 @@ def prepare_prompts(run: PipelineRun) -> Prompts:
     """Few-shot prompts, base accuracy (first token, whole answer, per style), the correctly answered ones."""
     cfg, model = run.cfg, run.state.model
     with run.stage("data"):
-        task = project(cfg, TaskConfig, corrupt="query")  # the twins of kept; "all" is built below
+        task = cfg.task_config(corrupt="query")  # the twins of kept; "all" is built below
         with run.step(f"building {cfg.n_prompts} {run.name} prompts"):
             dataset = make_dataset(model, task)
         with run.step(f"base accuracy on {len(dataset)} prompts (first token and whole answer, one pass)"):

@@ -61,12 +61,11 @@ from circuits.templates import resolve_operation
 from experiments.circuit.config import CircuitConfig
 from experiments.runtime import ModelLoader, Run, cli, run_experiment
 from circuits.atomic_files import write_text_atomic
-from experiments.runtime.settings import project
 
 if TYPE_CHECKING:
     from datasets import Dataset
 
-    from circuits.nodes import Head
+    from circuits import Head
 
 logger = logging.getLogger("experiments")
 
@@ -84,9 +83,9 @@ def parse_config(argv: list[str] | None = None) -> CircuitConfig:
 def correct_prompts(model, cfg: CircuitConfig) -> tuple[Dataset, float]:
     """The sampled prompts the model answers correctly (top-1 first answer token), and the base accuracy."""
     from circuits.answer_scoring import first_token_hits
-    from circuits.tasks import TaskConfig, filter_correct, make_dataset
+    from circuits.tasks import filter_correct, make_dataset
 
-    task = project(cfg, TaskConfig)
+    task = cfg.task_config()
     dataset = make_dataset(model, task)
     kept, accuracy = filter_correct(model, dataset, mask=first_token_hits(model, dataset, cfg.batch_size))
     return kept, accuracy
@@ -94,9 +93,7 @@ def correct_prompts(model, cfg: CircuitConfig) -> tuple[Dataset, float]:
 
 def path_patching_key_heads(model, prompts: Dataset, cfg: CircuitConfig) -> list[Head]:
     """The top ``cfg.top_k`` heads by path-patching effect on the answer logit (none when top_k is 0)."""
-    from patching.sweeps.options import SweepOptions
-    from patching.node_level.head_ranking import key_heads
-    from patching.node_level.path_patching import path_patch
+    from patching import SweepOptions, key_heads, path_patch
 
     if cfg.top_k == 0:
         return []

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 from circuits.show.html_report import Report
 from experiments.circuit.config import CircuitConfig
-from experiments.runtime.settings import project
 
 
 def templates_stage(model, cfg: CircuitConfig):
     """``(results["templates"], figure or None)``: each family's correctly answered prompts, then every family's
     circuit on every family; a family with too few correct prompts is left out (``skipped_families``), and with
     fewer than two left the entry says why (``skipped``) instead."""
-    from circuits.tasks import TaskConfig, filter_correct
+    from circuits.tasks import filter_correct
     from patching.edges.faithful_circuit import MIN_PROMPTS
     from patching.edges.families import family_circuits, family_prompts
 
-    prompts = family_prompts(model, cfg.templates, project(cfg, TaskConfig))
+    prompts = family_prompts(model, cfg.templates, cfg.task_config())
     kept, accuracy, skipped = {}, {}, {}
     for name, data in prompts.items():
         correct, accuracy[name] = filter_correct(model, data, cfg.batch_size)

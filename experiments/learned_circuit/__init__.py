@@ -120,7 +120,7 @@ def plan(cfg: LearnedCircuitConfig) -> list[str]:
 
 
 def _stages(run: LearnedCircuitRun) -> None:
-    from patching.edges.learn import LearnConfig
+    from patching.edges import LearnConfig
 
     cfg = run.cfg
     model = run.load_model()
@@ -138,7 +138,7 @@ def _stages(run: LearnedCircuitRun) -> None:
 
 def _curve(run: LearnedCircuitRun, scores, prompts):
     """The faithfulness curve of ``scores`` on ``prompts`` at MIB's sizes, with the run's bootstrap settings."""
-    from patching.edges.curves import faithfulness_curve
+    from patching.edges import faithfulness_curve
 
     return faithfulness_curve(run.state.model, scores, prompts, n_bootstrap=run.cfg.n_bootstrap, seed=run.cfg.seed)
 
@@ -147,12 +147,11 @@ def split_prompts(run: LearnedCircuitRun) -> None:
     """Stage 1: every problem of the operation the model answers, split by problem into training sets, validation
     and test."""
     from circuits.prompt_splits import correct_prompt_splits
-    from circuits.tasks import TaskConfig
 
     cfg, state = run.cfg, run.state
     with run.stage("data", f"every {resolve_operation(cfg.op).name} problem, kept where the model answers it, "
                            "split by problem"):
-        task = TaskConfig(op=cfg.op, n_shots=cfg.n_shots, seed=cfg.seed)
+        task = cfg.task_config()
         splits = correct_prompt_splits(state.model, task,
                                        (cfg.stability_sets * cfg.n_train, cfg.n_validation, cfg.n_test),
                                        max_shot_draws=cfg.max_shot_draws, batch_size=cfg.batch_size)
@@ -168,8 +167,8 @@ def split_prompts(run: LearnedCircuitRun) -> None:
 
 def warm_start(run: LearnedCircuitRun) -> None:
     """Stage 2: EAP-IG-inputs scores on ``--warm-start-prompts`` of each training set (none with 0)."""
-    from patching.edges.attribute import edge_attribution
-    from patching.sweeps.options import SweepOptions
+    from patching import SweepOptions
+    from patching.edges import edge_attribution
 
     cfg, state = run.cfg, run.state
     with run.stage("warm start", f"EAP-IG-inputs on {cfg.warm_start_prompts} prompts of each training set"):
@@ -209,7 +208,7 @@ def sweep_setting(run: LearnedCircuitRun, setting: dict, paired: bool, *, on_ste
     """One setting of the sweep: its circuit learned and curved on validation (and learned again on the second
     training set, the two circuits' Jaccard measured, if ``paired``); its results row and validation curve."""
     from circuits.graph_selection import edge_jaccard, select_fraction
-    from patching.edges.learn import learn_circuit
+    from patching.edges import learn_circuit
 
     cfg, state = run.cfg, run.state
     config = dataclasses.replace(state.base, **setting)
@@ -233,8 +232,8 @@ def evaluate_on_test(run: LearnedCircuitRun, chosen: dict) -> None:
     """Stage 4: the chosen circuit's test curve beside the baselines' (``--baselines``), paired against
     EAP-IG-inputs; the chosen circuit saved as a Graph JSON."""
     from circuits.graph_io import save_eap_json
+    from patching.edges import learn_circuit
     from patching.edges.curves import paired_curve_difference
-    from patching.edges.learn import learn_circuit
 
     cfg, state, results = run.cfg, run.state, run.results
     with run.stage("test", f"the chosen circuit and the baselines on {len(state.test)} test prompts"):
@@ -262,7 +261,7 @@ def evaluate_on_test(run: LearnedCircuitRun, chosen: dict) -> None:
 def measure_stability(run: LearnedCircuitRun, chosen: dict) -> None:
     """Stage 5: the chosen setting learned on each further training set (the sweep's second-set circuit reused)
     and with each ``--stability-seeds`` seed; the runs compared and each curved on the test prompts."""
-    from patching.edges.learn import learn_circuit
+    from patching.edges import learn_circuit
 
     cfg, state, results = run.cfg, run.state, run.results
     reused = 1 if cfg.measures_sweep_stability() else 0  # the sweep learned set 1 already

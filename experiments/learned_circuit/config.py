@@ -11,16 +11,15 @@ from dataclasses import dataclass
 from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option
-from experiments.runtime.settings import BatchSettings, RunSettings
+from experiments.runtime.settings import BatchSettings, RunSettings, ShotSettings
 from patching.edges.catalogue import LEARNED_METHODS
 
 
 @dataclass(frozen=True)
-class LearnedCircuitConfig(BatchSettings, RunSettings):
+class LearnedCircuitConfig(BatchSettings, ShotSettings, RunSettings):
     """Every flag of ``python -m experiments.learned_circuit`` beyond :class:`RunSettings`, with its default."""
 
     op: str = option("+", "the operation: + - * / (or addition, subtraction, ...)")
-    n_shots: int = option(3, "solved examples before each prompt", type=cli.nonnegative_int)
     n_train: int = option(256, "correct prompts each circuit is learned on (per training set)", type=cli.positive_int)
     n_validation: int = option(128, "correct prompts the settings are chosen on", type=cli.positive_int)
     n_test: int = option(128, "correct prompts every reported number is measured on", type=cli.positive_int)

@@ -46,17 +46,33 @@ class RunSettings:
 
 
 @dataclass(frozen=True)
-class PromptSettings:
-    """How many task prompts an experiment samples and how many solved examples precede each.
+class ShotSettings:
+    """How many solved examples precede each task prompt, and the task those prompts are drawn from.
+
+    :meth:`task_config` is the one place an experiment's prompt flags become a :class:`circuits.tasks.TaskConfig`
+    (with the config's ``op`` and ``seed`` where it has them), so no experiment builds one field by field.
+    """
+
+    n_shots: int = option(3, "solved examples before each prompt", type=nonnegative_int)
+
+    def task_config(self, **overrides):
+        """These flags (and ``op``, ``seed``, ``n_prompts`` where the config has them) as a
+        :class:`circuits.tasks.TaskConfig`; ``overrides`` replace fields."""
+        from circuits.tasks import TaskConfig
+
+        return project(self, TaskConfig, **overrides)
+
+
+@dataclass(frozen=True)
+class PromptSettings(ShotSettings):
+    """How many task prompts an experiment samples, and (:class:`ShotSettings`) the solved examples before each.
 
     A config inherits it beside :class:`RunSettings` (``class LoopConfig(BatchSettings, PromptSettings,
     RunSettings)``), so the flags, their checks and their help are declared here once; an experiment whose
-    prompts differ changes a default with :func:`experiments.runtime.cli.override`. :func:`project` hands
-    these fields (with ``op`` and ``seed``) on to :class:`circuits.tasks.TaskConfig`.
+    prompts differ changes a default with :func:`experiments.runtime.cli.override`.
     """
 
     n_prompts: int = option(200, "prompts sampled before keeping the correctly answered ones", type=positive_int)
-    n_shots: int = option(3, "solved examples before each prompt", type=nonnegative_int)
 
 
 @dataclass(frozen=True)
@@ -111,7 +127,7 @@ class LearnSettings:
     def learn_config(self, **overrides):
         """These flags as a :class:`patching.edges.learn.LearnConfig` (the top-n method, the run's seed, no progress
         bar; ``overrides`` replace fields)."""
-        from patching.edges.learn import LearnConfig
+        from patching.edges import LearnConfig
 
         return project(self, LearnConfig, prefix="learn_", **({"method": "top-n", "seed": self.seed, "progress": False}
                                                                | overrides))
@@ -123,7 +139,7 @@ class LearnSettings:
     def learned_search(self, **fields):
         """The :class:`patching.edges.faithful_circuit.CircuitSearch` of the default learned circuit with these
         flags' warm start, learning settings and seed (``fields``: the search's other settings)."""
-        from patching.edges.faithful_circuit import CircuitSearch
+        from patching.edges import CircuitSearch
 
         return CircuitSearch(**({"method": "top-n", "warm_start": self.warm_start_method(),
                                  "learning": self.learn_config(), "seed": self.seed} | fields))
