@@ -165,29 +165,26 @@ class CircuitMethod:
 
 
 _SCORING = "patching.edges.circuit_methods"
+_ATTRIBUTION_SOURCES = {
+    "EAP": "Syed et al. 2023, edge attribution patching",
+    "EAP-IG-inputs": "Hanna et al. 2024, EAP with integrated gradients over the inputs",
+    "EAP-IG-activations": "Hanna et al. 2024 (hannamw/EAP-IG), integrated gradients over each layer's activations",
+    "clean-corrupted": "hannamw/EAP-IG, the mean of the reference and counterfactual gradients",
+    "EAP-GP": "Zhang et al. 2025, EAP with GradPath, a gradient-steered integration path (arXiv 2502.06852)",
+    "CEAP": "conductance EAP (arXiv 2606.16920): Dhamdhere et al. 2018's conductance along EAP-IG's path",
+}
+_LEARNED_SOURCES = {
+    "edge-pruning": "Bhaskar et al. 2024, Edge Pruning (arXiv 2406.16778)",
+    "ugs": "Mueller et al. 2025, MIB's uniform gradient sampling",
+    "matryoshka": "random-budget (Matryoshka-style) masks: nested circuits faithful at every size",
+    "top-n": "the hard top-n circuits at the reported sizes, learned straight-through (patching.edges.learn)",
+}
 _RECORDS = (
-    CircuitMethod("EAP", "attribution", f"{_SCORING}:attribution_scores",
-                  source="Syed et al. 2023, edge attribution patching"),
-    CircuitMethod("EAP-IG-inputs", "attribution", f"{_SCORING}:attribution_scores",
-                  source="Hanna et al. 2024, EAP with integrated gradients over the inputs"),
-    CircuitMethod("EAP-IG-activations", "attribution", f"{_SCORING}:attribution_scores",
-                  source="Hanna et al. 2024 (hannamw/EAP-IG), integrated gradients over each layer's activations"),
-    CircuitMethod("clean-corrupted", "attribution", f"{_SCORING}:attribution_scores",
-                  source="hannamw/EAP-IG, the mean of the reference and counterfactual gradients"),
-    CircuitMethod("EAP-GP", "attribution", f"{_SCORING}:attribution_scores",
-                  source="Zhang et al. 2025, EAP with GradPath, a gradient-steered integration path (arXiv 2502.06852)"),
-    CircuitMethod("CEAP", "attribution", f"{_SCORING}:attribution_scores",
-                  source="conductance EAP (arXiv 2606.16920): Dhamdhere et al. 2018's conductance along EAP-IG's path"),
-    CircuitMethod("edge-pruning", "learned mask", f"{_SCORING}:learned_scores",
-                  needs=(GRADIENTS, COUNTERFACTUALS, WARM_START),
-                  source="Bhaskar et al. 2024, Edge Pruning (arXiv 2406.16778)"),
-    CircuitMethod("ugs", "learned mask", f"{_SCORING}:learned_scores", needs=(GRADIENTS, COUNTERFACTUALS, WARM_START),
-                  source="Mueller et al. 2025, MIB's uniform gradient sampling"),
-    CircuitMethod("matryoshka", "learned mask", f"{_SCORING}:learned_scores",
-                  needs=(GRADIENTS, COUNTERFACTUALS, WARM_START),
-                  source="random-budget (Matryoshka-style) masks: nested circuits faithful at every size"),
-    CircuitMethod("top-n", "learned mask", f"{_SCORING}:learned_scores", needs=(GRADIENTS, COUNTERFACTUALS, WARM_START),
-                  source="the hard top-n circuits at the reported sizes, learned straight-through (patching.edges.learn)"),
+    *(CircuitMethod(name, "attribution", f"{_SCORING}:attribution_scores", source=source)
+      for name, source in _ATTRIBUTION_SOURCES.items()),
+    *(CircuitMethod(name, "learned mask", f"{_SCORING}:learned_scores", needs=(GRADIENTS, COUNTERFACTUALS, WARM_START),
+                    source=source)
+      for name, source in _LEARNED_SOURCES.items()),
     CircuitMethod("exact", "exact", f"{_SCORING}:exact_scores", needs=(COUNTERFACTUALS,),
                   source="exact edge patching, the ground truth attribution approximates"),
     CircuitMethod("ensemble", "ensemble", f"{_SCORING}:ensemble_scores", needs=(EARLIER_METHODS,),
