@@ -128,10 +128,11 @@ def _strata(layout: GraphLayout, per_stratum: int, seed: int) -> list[tuple[int,
 def _exact_in_parts(run: BenchRun, edges, *, rotate_prefix_once: bool = True) -> EdgeEffects:
     """``edge_patch`` of ``edges`` in parts of three receiver layers, last layers first, noting progress in
     ``<out>/results.json`` after each part (a run stopped by a time limit still says how far it got)."""
-    from patching.sweeps.options import SweepOptions
     import torch
 
-    from patching.edges.patch import EdgeEffects, edge_patch
+    from patching import SweepOptions
+    from patching.edges import edge_patch
+    from patching.edges.patch import EdgeEffects
     from patching.edges.patch_fast import receiver_kind
 
     layout = run.state.layout
@@ -206,8 +207,8 @@ def model_metrics(run: BenchRun) -> None:
 
 def our_attribution(run: BenchRun) -> None:
     """This toolkit's EAP-IG-inputs and EAP over every edge, timed."""
-    from patching.sweeps.options import SweepOptions
-    from patching.edges.attribute import edge_attribution
+    from patching import SweepOptions
+    from patching.edges import edge_attribution
 
     cfg = run.cfg
     options = SweepOptions(memory_mb=cfg.memory_mb)
@@ -254,9 +255,10 @@ def eap_ig_attribution(run: BenchRun) -> None:
 
 def our_curve(run: BenchRun):
     """``faithfulness_curve`` at MIB's ten sizes (top-n by |EAP-IG score|, pruned as MIB prunes), timed."""
-    from patching.sweeps.options import SweepOptions
     from circuits.graph_selection import mib_selector
-    from patching.edges.curves import MIB_FRACTIONS, faithfulness_curve
+    from patching import SweepOptions
+    from patching.edges import faithfulness_curve
+    from patching.edges.curves import MIB_FRACTIONS
 
     ig = run.state.scores["eap_ig_inputs"]
     curve = timed(run, "faithfulness_curve", lambda: faithfulness_curve(
@@ -296,8 +298,8 @@ def eap_ig_curve(run: BenchRun, curve) -> None:
 
 def fast_vs_hook_path(run: BenchRun) -> None:
     """``edge_patch``'s hook path and fast path on the same stratified sample, side by side."""
-    from patching.sweeps.options import SweepOptions
-    from patching.edges.patch import edge_patch
+    from patching import SweepOptions
+    from patching.edges import edge_patch
 
     cfg, sec = run.cfg, run.timer.seconds
     options = SweepOptions(memory_mb=cfg.memory_mb)
@@ -383,14 +385,12 @@ def head_edge_verdict(run: BenchRun) -> None:
     hannamw/EAP-IG's ``"pre-norm"``, and ``"recompute"``); Spearman over the sample and the overlap of the
     top 1% by |score| with the top 1% by |exact effect|, each with a 95% bootstrap interval over edges.
     """
-    from patching.sweeps.options import SweepOptions
     import torch
     from scipy.stats import spearmanr
 
-    from patching.edges.attribute import edge_attribution
-    from patching.edges.patch import edge_patch
-
     from circuits.stats import bootstrap
+    from patching import SweepOptions
+    from patching.edges import edge_attribution, edge_patch
 
     cfg, layout = run.cfg, run.state.layout
     heads = {layout.head_forward(l, h) for l in range(layout.n_layers) for h in range(layout.n_heads)}
@@ -428,7 +428,7 @@ def head_edge_verdict(run: BenchRun) -> None:
 def learned_mask_speed(run: BenchRun) -> None:
     """Seconds per step of a learned mask beside one EAP-IG-inputs pass over the same prompts, and the memory peak."""
     from circuits.peak_memory import peak_rss, reset_peak_rss
-    from patching.edges.learn import learn_circuit
+    from patching.edges import learn_circuit
 
     cfg = run.cfg
     warm = run.state.scores.get("eap_ig_inputs")
@@ -446,8 +446,8 @@ def acdc_speed(run: BenchRun) -> None:
     """ACDC's speculative batches and the plain edge-by-edge loop on the same edges, side by side; auto-circuit's
     ACDC beside them when importable."""
     from experiments.bench_circuits import acdc_arm
+    from patching import SweepOptions
     from patching.edges.acdc import ACDCConfig, acdc
-    from patching.sweeps.options import SweepOptions
 
     cfg, state, sec = run.cfg, run.state, run.timer.seconds
     config = ACDCConfig(threshold=cfg.acdc_threshold, objective=cfg.acdc_objective, max_receivers=cfg.acdc_receivers)

@@ -23,8 +23,8 @@ from typing import Optional
 import torch
 
 from circuits.graph import GraphLayout
-from patching.edges.evaluate import evaluate_circuit
-from patching.sweeps.options import SweepOptions
+from patching import SweepOptions
+from patching.edges import evaluate_circuit
 
 
 @torch.no_grad()

@@ -12,9 +12,9 @@ from datasets import Dataset
 from circuits.show.edge_figures import faithfulness_figure
 from circuits.show.html_report import Report
 from experiments.runtime.timing import Progress
+from patching.edges import CircuitSearch
 from patching.edges.catalogue import CATALOGUE
 from patching.edges.compare import MethodResult, compare_methods
-from patching.edges.faithful_circuit import CircuitSearch
 from patching.edges.stability import circuit_stability, stability_prompts_needed, stability_runs, why_not_measurable
 
 ROW_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2)

@@ -18,8 +18,7 @@ from experiments.runtime.settings import BatchSettings, LearnSettings, PromptSet
 from patching.edges.catalogue import ABLATIONS, CATALOGUE, SEARCH_METHODS
 
 if TYPE_CHECKING:
-    from patching.edges.faithful_circuit import CircuitSearch
-    from patching.edges.learn import LearnConfig
+    from patching.edges import CircuitSearch, LearnConfig
 
 #: one flag per parameter a catalogued circuit method declares (``--acdc-threshold``, ``--consensus-runs``, ...)
 MethodFlags = cli.method_settings_flags(CATALOGUE, "MethodFlags")
@@ -89,7 +88,7 @@ class CircuitConfig(MethodFlags, LearnSettings, BatchSettings, PromptSettings, R
 
     def search(self) -> CircuitSearch:
         """The settings of :func:`patching.edges.faithful_circuit.find_faithful_circuit` these flags describe."""
-        from patching.edges.faithful_circuit import CircuitSearch
+        from patching.edges import CircuitSearch
 
         return project(self, CircuitSearch, warm_start=self.warm_start_method(), learning=self.learn(),
                        method_settings=cli.method_settings_records(self, CATALOGUE))

@@ -161,7 +161,7 @@ def start_run(run: MergeRun) -> None:
 
 def train_experts(run: MergeRun) -> None:
     """One expert per task, trained from the base (or loaded from ``--experts-dir``), saved, scored (val and test)."""
-    from circuits.model_cache import save_model
+    from circuits import save_model
     from experiments.merge.experts import train_expert
 
     cfg = run.cfg
@@ -372,7 +372,7 @@ def save_best(run: MergeRun) -> None:
     """Merge the best merge of all three again, save it, reload it and check its logits are unchanged."""
     import torch
 
-    from circuits.model_cache import save_model
+    from circuits import save_model
 
     best_name = max(_triple_merges(run.results), key=lambda k: run.results["models"][k]["test"]["avg"])  # noqa
     with run.stage("save best"):

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from circuits.nodes import parse_node
+from circuits import parse_node
 from finetune import TrainConfig, train
 from finetune.evaluate import answer_accuracy
 from finetune.expert_tasks import ExpertTaskConfig

@@ -8,8 +8,8 @@ architecture and saved (safetensors) with a results.json of its cost (``seconds`
 
 from __future__ import annotations
 
+from circuits import save_model
 from circuits.errors import InputError
-from circuits.model_cache import save_model
 from experiments.runtime import ModelLoader, Run, run_experiment
 from merging import load_mergekit_config
 from merging.state_dicts import StateDictSource, is_buffer

@@ -14,14 +14,14 @@ from pathlib import Path
 
 from datasets import Dataset
 
-from circuits.graph import Graph
+from circuits import Graph, Head
 from circuits.graph_io import save_eap_json, write_mib_submission
 from circuits.graph_selection import nodes_in_graph, select_fraction
-from circuits.nodes import Head
 from circuits.show.edge_figures import edge_circuit_figure, faithfulness_figure
 from circuits.show.html_report import Report
 from circuits.templates import resolve_operation
-from patching.edges.faithful_circuit import CircuitSearch, find_faithful_circuit, key_head_relation, key_heads_by_size
+from patching.edges import CircuitSearch, find_faithful_circuit
+from patching.edges.faithful_circuit import key_head_relation, key_heads_by_size
 from patching.edges.stability import stability_of_found, stability_prompts_needed
 
 

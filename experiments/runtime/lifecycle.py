@@ -86,7 +86,7 @@ StateT = TypeVar("StateT")
 
 def default_loader(name: str, *, device: str = "auto", dtype: Optional[str] = None):
     """:func:`circuits.loading.load_model` (imported here, so a parser is built before TransformerLens loads)."""
-    from circuits.loading import load_model
+    from circuits import load_model
 
     return load_model(name, device=device, dtype=dtype)
 

@@ -204,7 +204,8 @@ def _headline() -> str:
 def circuit_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) -> None:
     """Stage "circuit nodes": each node's full-vector test IIA at each variable's best position, as a share of the best."""
     from circuits.graph_io import load_eap_json
-    from circuits.nodes import all_nodes, parse_node
+    from circuits import parse_node
+    from circuits.nodes import all_nodes
     from patching.variables.catalogue import BASELINE
     from patching.variables.interchange import circuit_nodes, node_table
 
