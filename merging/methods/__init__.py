@@ -47,17 +47,20 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class MergeMethod:
-    """One merge method: what to call, with which config, where it comes from, how a mergekit YAML drives it."""
+    """One merge method: its catalogue entry (:class:`merging.methods.catalogue.MethodEntry`: name, paper, mergekit
+    name, whether it needs data, the most experts it merges, whether an unchanged tensor merges to the base's) with
+    the function, config class and mergekit spec the entry names, imported."""
 
-    name: str
+    entry: MethodEntry
     function: Callable
     config: type
-    paper: str
-    mergekit: str | None
-    needs_data: bool = False
     mergekit_spec: MergekitSpec | None = None
-    max_experts: int | None = None  # the most experts it merges besides the base (None: any number)
-    unchanged_is_base: bool = True  # a tensor no expert changed merges to the base's (passthrough's scale: not)
+
+    def __getattr__(self, name: str):
+        # the entry's fields read through the record (record.name, record.max_experts, ...): declared once, there
+        if name == "entry":
+            raise AttributeError(name)
+        return getattr(self.entry, name)
 
     def __post_init__(self):
         if self.mergekit_spec is not None:
@@ -70,9 +73,7 @@ class MergeMethod:
     def from_entry(cls, entry: MethodEntry) -> MergeMethod:
         """The record of a catalogue entry: its function, config class and mergekit spec imported."""
         spec = resolve(entry.mergekit_spec) if entry.mergekit_spec is not None else None
-        return cls(entry.name, resolve(entry.function), resolve(entry.config), entry.paper, entry.mergekit,
-                   needs_data=entry.needs_data, mergekit_spec=spec, max_experts=entry.max_experts,
-                   unchanged_is_base=entry.unchanged_is_base)
+        return cls(entry, resolve(entry.function), resolve(entry.config), spec)
 
 
 def _registry() -> dict[str, MergeMethod]:
