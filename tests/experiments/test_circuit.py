@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from circuits.errors import InputError
 from circuits.graph import Graph
 from circuits.graph_io import load_eap_json
 from circuits.graph_selection import select_fraction
@@ -141,7 +142,7 @@ def test_a_new_catalogue_record_brings_its_flags_without_other_edits():
     parsed = flags(widget_depth=5, widget_mode="b")
     assert cli.method_settings_records(parsed, catalogue)[-1] == WidgetSettings(depth=5, mode="b")
     assert {"widget_depth", "widget_mode", "acdc_threshold"} <= set(flags.__dataclass_fields__)
-    with pytest.raises(Exception, match="choose from a, b"):
+    with pytest.raises(InputError, match="choose from a, b"):
         cli.check_choices(flags(widget_mode="c"))
 
 
