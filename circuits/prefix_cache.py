@@ -102,11 +102,30 @@ class TiledKVCache:
 
     def __getitem__(self, layer: int) -> TransformerLensKeyValueCacheEntry:
         e = self.entries[layer]
+        if self.times == 1:  # the rows as they are, frozen so the forward does not append to them
+            return TransformerLensKeyValueCacheEntry(e.past_keys, e.past_values, frozen=True)
         if e.past_keys.shape[0] == 1:  # one shared prefix: a broadcast view, no copy
             return TransformerLensKeyValueCacheEntry(e.past_keys.expand(self.times, -1, -1, -1),
                                                      e.past_values.expand(self.times, -1, -1, -1), frozen=True)
         return TransformerLensKeyValueCacheEntry(e.past_keys.repeat(self.times, 1, 1, 1),
                                                  e.past_values.repeat(self.times, 1, 1, 1), frozen=True)
+
+
+class StackedKVCache:
+    """Several prefixes' keys/values, each tiled its own number of times, stacked along the batch and built per
+    layer on access (as :class:`TiledKVCache`): the rows of one forward that runs several prompt sets, each set
+    ``times`` over (row order: the parts in turn, each part's tiles as in :class:`TiledKVCache`)."""
+
+    def __init__(self, parts: Sequence[tuple[Sequence[TransformerLensKeyValueCacheEntry], int]]):
+        self.parts = [TiledKVCache(entries, times) for entries, times in parts]
+
+    def __len__(self) -> int:
+        return len(self.parts[0])
+
+    def __getitem__(self, layer: int) -> TransformerLensKeyValueCacheEntry:
+        tiled = [part[layer] for part in self.parts]
+        return TransformerLensKeyValueCacheEntry(torch.cat([e.past_keys for e in tiled]),
+                                                 torch.cat([e.past_values for e in tiled]), frozen=True)
 
 
 MIN_SHARED_PREFIX = 4  # shorter shared prefixes are run per row: the saving would not pay for the extra forward

@@ -21,7 +21,11 @@
    their backward (``_MixBelowBackward``) and the rest (the model, the loss, the update, and the backward of the
    senders' head results), with the operators by self time in ``<out>/profile.txt``. The profiler adds a cost
    per operator, so the shares are what to read, not the seconds.
-6. Writes ``<out>/results.json``: per arm the median and every step time, the ratios, the model alone, the whole
+6. The consensus circuit's runs (``--consensus-runs k``, :func:`time_consensus`): per step, one default run, the k
+   runs trained together (one forward of all their circuits, :func:`patching.edges.learn.learn_circuits`), the k
+   runs one after another, and the model alone on the same sequences as one run and as all k runs; every arm draws
+   the same prompt length at each step (``LearnConfig.length_seed``), so the arms are compared step for step.
+7. Writes ``<out>/results.json``: per arm the median and every step time, the ratios, the model alone, the whole
    run's wall time against the goal, the profile's shares, the threads and load average (a measurement beside
    other work is an upper bound).
 """
@@ -56,13 +60,20 @@ class BenchLearnConfig(PromptSettings, RunSettings):
                                  type=cli.positive_float)
     profile_steps: int = option(0, "steps of the default learned under torch's profiler, their time split into "
                                    "the mixing hooks and the rest (0: no profile)", type=cli.nonnegative_int)
+    consensus_runs: int = option(4, "runs of the consensus circuit timed together and one after another (0: none)",
+                                 type=cli.nonnegative_int)
     only_profile: bool = option(False, "skip the timed arms, the model alone and the whole default: only the "
                                        "profile (needs --profile-steps)")
+    only_consensus: bool = option(False, "skip the timed arms, the model alone and the whole default: only the "
+                                         "consensus runs side by side")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.only_profile and not self.profile_steps:
             raise InputError("--only-profile needs --profile-steps N (N >= 1): the profile is all it runs.")
+        if self.only_consensus and (self.only_profile or not self.consensus_runs):
+            raise InputError("--only-consensus needs --consensus-runs N (N >= 1) and no --only-profile: the consensus "
+                             "runs are all it times.")
 
 
 parser = cli.config_parser(BenchLearnConfig, "bench_learn", __doc__,
@@ -108,36 +119,91 @@ def time_arms(model, prompts, cfg: BenchLearnConfig) -> dict[str, dict]:
 def model_alone(model, prompts, cfg: BenchLearnConfig) -> dict:
     """Seconds of a forward and backward of the default step's sequences without the mixing hooks (median of
     ``--steps`` x ``--rounds``, the first left out), on the longest group of equal-length prompts."""
+    from patching.sweeps import inputs
+    from patching.edges.learn import DEFAULT_CIRCUIT
+
+    circuits = min(DEFAULT_CIRCUIT.samples, len(DEFAULT_CIRCUIT.fractions))
+    group = max(inputs.prompt_groups(model, prompts), key=len)
+    n_rows = min(len(group), DEFAULT_CIRCUIT.batch_size)
+    times = [alone_seconds(model, group, n_rows, circuits) for _ in range(cfg.steps * cfg.rounds)]
+    median = statistics.median(times[1:])
+    print(f"the model alone, {circuits} x {n_rows} sequences forward and backward: {median:.3f} s")
+    return {"seconds_median": median, "seconds_all": times[1:], "sequences": circuits * n_rows}
+
+
+def alone_seconds(model, group, n_rows: int, tiles: int) -> float:
+    """Wall seconds of one forward and backward through every block, with no mixing hooks, of ``group``'s first
+    ``n_rows`` prompts tiled ``tiles`` times (from their shared prefix, as a learned step runs them), the gradient
+    taken at the embeddings, as a mask's gradient reaches every block."""
     import torch
 
-    from patching.sweeps import forward, inputs
+    from patching.sweeps import forward
     from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
-    from patching.edges.learn import DEFAULT_CIRCUIT
     from patching.sweeps.forward import frozen_weights
     from patching.sweeps.metrics import get_metric, score_end
 
-    circuits = min(DEFAULT_CIRCUIT.samples, len(DEFAULT_CIRCUIT.fractions))
-    times = []
+    def leaf(act, *, hook):
+        return act.detach().requires_grad_(True)
+
     with edge_mode(model), frozen_weights(model):
-        group = max(inputs.prompt_groups(model, prompts), key=len)
-        rows = slice(0, min(len(group), DEFAULT_CIRCUIT.batch_size))
-        tokens, answers = group.tokens[rows], group.answer_ids[rows].repeat(circuits)
-        alts = None if group.alt_ids is None else group.alt_ids[rows].repeat(circuits)
-        start = forward.shared_prefix_length(tokens, group.cf_tokens[rows])
+        tokens, answers = group.tokens[:n_rows], group.answer_ids[:n_rows].repeat(tiles)
+        alts = None if group.alt_ids is None else group.alt_ids[:n_rows].repeat(tiles)
+        start = forward.shared_prefix_length(tokens, group.cf_tokens[:n_rows])
         kv = edge_prefix_kv(model, tokens[:, :start]) if start else None
+        started = time.perf_counter()
+        with torch.enable_grad():
+            end = run_suffix(model, tokens, start, kv, [("blocks.0.hook_resid_pre", leaf)], times=tiles)
+            score_end(model, end[:, -1], answers, alts, get_metric("logit")).sum().backward()
+        return time.perf_counter() - started
 
-        def leaf(act, *, hook):  # the backward runs through every block, as a mask's gradient does
-            return act.detach().requires_grad_(True)
 
-        for _ in range(cfg.steps * cfg.rounds):
-            started = time.perf_counter()
-            with torch.enable_grad():
-                end = run_suffix(model, tokens, start, kv, [("blocks.0.hook_resid_pre", leaf)], times=circuits)
-                score_end(model, end[:, -1], answers, alts, get_metric("logit")).sum().backward()
-            times.append(time.perf_counter() - started)
-    median = statistics.median(times[1:])
-    print(f"the model alone, {circuits} x {rows.stop} sequences forward and backward: {median:.3f} s")
-    return {"seconds_median": median, "seconds_all": times[1:], "sequences": circuits * rows.stop}
+def time_consensus(model, prompts, cfg: BenchLearnConfig) -> dict:
+    """The consensus circuit's runs, per step, side by side over ``--rounds`` rounds of ``--steps`` steps: one default
+    run, ``--consensus-runs`` runs trained together (their circuits rows of one forward) and the same runs one after
+    another, each run on a stratified half-sample (as ``"consensus"`` draws them) and every arm drawing the same
+    prompt length at each step; with the model alone on each step's sequences, for one run and for all runs."""
+    from patching.sweeps import inputs
+    from patching.edges import learn_circuit
+    from patching.edges.consensus import resample_rows
+    from patching.edges.learn import DEFAULT_CIRCUIT, learn_circuits, restart_seed
+
+    k = cfg.consensus_runs
+    lengths = [len(tokens) for tokens in prompts["tokens"]]
+    seeds = [restart_seed(0, i) for i in range(k)]
+    sets = [prompts.select(resample_rows(lengths, "half", seed)) for seed in seeds]
+    groups = {len(g.tokens[0]): g for g in inputs.prompt_groups(model, sets[0])}
+    circuits = min(DEFAULT_CIRCUIT.samples, len(DEFAULT_CIRCUIT.fractions))
+    times: dict[str, list[float]] = {name: [] for name in CONSENSUS_ARMS}
+    for round_ in range(cfg.rounds):
+        config = dataclasses.replace(DEFAULT_CIRCUIT, steps=cfg.steps, length_seed=round_)
+        one = learn_circuit(model, sets[0], config=dataclasses.replace(config, seed=seeds[0]))
+        together = learn_circuits(model, sets, seeds=seeds, config=config)[0]
+        apart = [learn_circuit(model, s, config=dataclasses.replace(config, seed=seed)) for s, seed in zip(sets, seeds)]
+        floor_one, floor_all = [], []
+        for length in one.step_lengths[1:]:
+            n_rows = min(len(groups[length]), config.batch_size)
+            floor_one.append(alone_seconds(model, groups[length], n_rows, circuits))
+            floor_all.append(alone_seconds(model, groups[length], n_rows, circuits * k))
+        rows = zip(one.step_seconds[1:], together.step_seconds[1:], zip(*[a.step_seconds[1:] for a in apart]),
+                   floor_one, floor_all)
+        for step_one, step_together, steps_apart, alone_one, alone_all in rows:
+            for name, value in zip(CONSENSUS_ARMS, (step_one, step_together, sum(steps_apart), alone_one, alone_all)):
+                times[name].append(value)
+        print(f"round {round_}: " + ", ".join(f"{name} {statistics.median(t[-(cfg.steps - 1):]):.3f} s"
+                                              for name, t in times.items()), flush=True)
+    median = {name: statistics.median(t) for name, t in times.items()}
+    one_name, together_name, apart_name, alone_one_name, alone_all_name = CONSENSUS_ARMS
+    return {"runs": k, "prompts_per_run": [len(s) for s in sets], "seconds_per_step_median": median,
+            "seconds_per_step_all": times,
+            "together_vs_apart": median[apart_name] / median[together_name],
+            "together_vs_one_run": median[together_name] / median[one_name],
+            "one_run_vs_model_alone": median[one_name] / median[alone_one_name],
+            "together_vs_model_alone": median[together_name] / median[alone_all_name]}
+
+
+#: the arms of :func:`time_consensus`, each a step of every run it trains (or the model alone on those sequences)
+CONSENSUS_ARMS = ("one default run", "the runs together", "the runs one after another",
+                  "the model alone, one run's sequences", "the model alone, every run's sequences")
 
 
 def whole_default(model, prompts, cfg: BenchLearnConfig) -> dict:
@@ -213,7 +279,9 @@ def run(cfg: BenchLearnConfig, *, loader: ModelLoader | None = None) -> dict:
 def plan(cfg: BenchLearnConfig) -> list[str]:
     """The stages a run with these settings goes through, in order (their names as in results.json ``seconds``)."""
     return ["load model", "prompts",
-            *([] if cfg.only_profile else ["steps side by side", "the model alone", "the whole default"]),
+            *([] if cfg.only_profile or cfg.only_consensus else ["steps side by side", "the model alone",
+                                                                 "the whole default"]),
+            *(["the consensus runs side by side"] if cfg.consensus_runs and not cfg.only_profile else []),
             *(["the default under the profiler"] if cfg.profile_steps else [])]
 
 
@@ -229,7 +297,7 @@ def _stages(run: Run) -> None:
     run.results |= {"n_prompts": len(prompts), "steps_per_run": cfg.steps, "rounds": cfg.rounds,
                     "threads": torch.get_num_threads()}
     per_arm = {}
-    if not cfg.only_profile:
+    if not (cfg.only_profile or cfg.only_consensus):
         with run.stage("steps side by side"):
             per_arm = time_arms(model, prompts, cfg)
         with run.stage("the model alone"):
@@ -237,6 +305,12 @@ def _stages(run: Run) -> None:
         with run.stage("the whole default"):
             whole = whole_default(model, prompts, cfg)
         run.results |= {"arms": per_arm, "model_alone": alone, "whole_default": whole}
+    if cfg.consensus_runs and not cfg.only_profile:
+        with run.stage("the consensus runs side by side"):
+            run.results["consensus"] = consensus = time_consensus(model, prompts, cfg)
+        print(f"{consensus['runs']} runs together: {consensus['together_vs_apart']:.2f}x faster than one after another, "
+              f"{consensus['together_vs_one_run']:.2f}x one run's step; one run's step is "
+              f"{consensus['one_run_vs_model_alone']:.2f}x the model alone on its sequences")
     if cfg.profile_steps:
         with run.stage("the default under the profiler"):
             run.results["profile"] = profile_default(model, prompts, cfg, run.out)

@@ -6,9 +6,11 @@ size's threshold in or out. Stability selection fits the selector on many subsam
 often. Here:
 
 1. ``runs`` learned top-n circuits (:mod:`patching.edges.learn`), each on its own resample of the selection half
-   (a half-sample without replacement by default, or a bootstrap sample) and with its own seed
+   (a half-sample without replacement by default, or a bootstrap sample, either stratified by prompt length) and
+   with its own seed
    (:func:`patching.edges.learn.restart_seed`); one warm start (the search's attribution of the whole selection
-   half) is shared by every run;
+   half) is shared by every run, and the runs train together, their circuits rows of each step's one forward
+   (:func:`patching.edges.learn.learn_circuits`; one stream picks every run's prompt length each step);
 2. at every circuit size n, each edge's **share** is the fraction of runs whose own size-n circuit (MIB's pruned
    top-n of that run's scores) keeps it;
 3. the consensus circuit at size n is MIB's pruned top-n of the share, ties broken by the edge's mean standardised
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -32,19 +35,27 @@ from torch import Tensor
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import mib_selector
 from patching.edges.circuit_methods import ComparisonRun, MethodScores
-from patching.edges.learn import learn_circuit, restart_seed
+from patching.edges.learn import learn_circuits, restart_seed
 
 #: the size at which the graph's scores hold each edge's share (MIB's 5% point, where the circuits are compared)
 SHARE_FRACTION = 0.05
 
 
-def resample_rows(n: int, resampling: str, seed: int) -> list[int]:
-    """The rows of one run: ``n // 2`` drawn without replacement (``"half"``), or ``n`` with replacement
-    (``"bootstrap"``), from a generator seeded ``seed``."""
+def resample_rows(lengths: Sequence[int], resampling: str, seed: int) -> list[int]:
+    """The rows of one run, stratified by prompt length (``lengths[i]``: prompt ``i``'s token count): of each
+    length's ``n`` prompts, ``max(n // 2, 1)`` drawn without replacement (``"half"``) or ``n`` with replacement
+    (``"bootstrap"``), from a generator seeded ``seed``. Stratified, every run holds as many prompts of each length,
+    so the runs' steps line up and share forwards (:func:`patching.edges.learn.learn_circuits`)."""
     generator = torch.Generator().manual_seed(seed)
-    if resampling == "half":
-        return sorted(torch.randperm(n, generator=generator)[: max(n // 2, 1)].tolist())
-    return sorted(torch.randint(n, (n,), generator=generator).tolist())
+    rows = []
+    for length in sorted(set(lengths)):
+        members = torch.tensor([i for i, n in enumerate(lengths) if n == length])
+        if resampling == "half":
+            picked = members[torch.randperm(len(members), generator=generator)[: max(len(members) // 2, 1)]]
+        else:
+            picked = members[torch.randint(len(members), (len(members),), generator=generator)]
+        rows += picked.tolist()
+    return sorted(rows)
 
 
 def standardised(scores: Tensor, layout: GraphLayout) -> Tensor:
@@ -110,20 +121,19 @@ class Consensus:
                 "n_contingent": int(((share > 0) & (share < 1)).sum()), "n_union": int((share > 0).sum())}
 
 
-def learn_runs(run: ComparisonRun, runs: int, resampling: str, steps: int, init) -> tuple[Consensus, list[float]]:
-    """``runs`` learned top-n circuits on resamples of ``run``'s selection half (module docstring, step 1), with the
-    wall seconds each took."""
-    config = dataclasses.replace(run.learn, method="top-n", steps=steps or run.learn.steps)
-    scores, seconds = [], []
-    for k in range(runs):
-        seed = restart_seed(config.seed, k)
-        rows = resample_rows(len(run.selection), resampling, seed)
-        started = time.perf_counter()
-        learned = learn_circuit(run.model, run.selection.select(rows), config=dataclasses.replace(config, seed=seed),
-                                init=init, progress=False)
-        seconds.append(round(time.perf_counter() - started, 1))
-        scores.append(learned.graph.scores)
-    return Consensus(run.layout, torch.stack(scores)), seconds
+def learn_runs(run: ComparisonRun, runs: int, resampling: str, steps: int, init) -> tuple[Consensus, float]:
+    """``runs`` learned top-n circuits on resamples of ``run``'s selection half (module docstring, step 1), trained
+    together (:func:`patching.edges.learn.learn_circuits`: their circuits share each step's forward), and the wall
+    seconds they took."""
+    config = dataclasses.replace(run.learn, method="top-n", steps=steps or run.learn.steps, progress=False,
+                                 length_seed=run.learn.seed)
+    seeds = [restart_seed(config.seed, k) for k in range(runs)]
+    lengths = [len(tokens) for tokens in run.selection["tokens"]]
+    prompt_sets = [run.selection.select(resample_rows(lengths, resampling, seed)) for seed in seeds]
+    started = time.perf_counter()
+    learned = learn_circuits(run.model, prompt_sets, seeds=seeds, config=config, init=init)
+    seconds = round(time.perf_counter() - started, 1)
+    return Consensus(run.layout, torch.stack([circuit.graph.scores for circuit in learned])), seconds
 
 
 def consensus_scores(run: ComparisonRun, name: str) -> MethodScores:
@@ -132,5 +142,5 @@ def consensus_scores(run: ComparisonRun, name: str) -> MethodScores:
     init = run.cached_attribution(run.warm_start) if run.warm_start else None  # computed before the clock started
     consensus, seconds = learn_runs(run, own.runs, own.resampling, own.steps, init)
     info = {"consensus": {"runs": own.runs, "resampling": own.resampling,
-                          "steps": own.steps or run.learn.steps, "run_seconds": seconds, **consensus.split()}}
+                          "steps": own.steps or run.learn.steps, "seconds": seconds, **consensus.split()}}
     return MethodScores(consensus.graph(), select=consensus.select, info=info, warm_scores=init)

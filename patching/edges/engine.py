@@ -51,7 +51,7 @@ from transformer_lens import utils as tl_utils
 
 from circuits.errors import InputError
 from circuits.graph import QKV, GraphLayout
-from circuits.prefix_cache import TiledKVCache, prefix_kv_cache
+from circuits.prefix_cache import StackedKVCache, TiledKVCache, prefix_kv_cache
 from patching.sweeps import forward
 
 #: The config flags :func:`edge_mode` sets, mapped to TransformerLens' setter for each.
@@ -318,13 +318,18 @@ def run_suffix(
     """Final residual (before ``ln_final``) of ``tokens`` tiled ``times`` along the batch, positions ``start:``.
 
     Row ``i * batch + b`` is prompt ``b`` of tile ``i``. With ``kv`` (the prefix's keys/values,
-    ``start`` positions) only the suffix is run; without it, ``start`` must be 0.
+    ``start`` positions, or a :class:`circuits.prefix_cache.StackedKVCache` of rows already laid out as ``tokens``)
+    only the suffix is run; without it, ``start`` must be 0.
     """
     embedded = model(tokens, stop_at_layer=0)
     if kv is None:
         if start:
             raise InputError("Running from a position after 0 needs the prefix's keys/values (kv).")
         cache = None
+    elif isinstance(kv, StackedKVCache):  # several prompt sets' prefixes, already tiled
+        if times != 1:
+            raise InputError("A StackedKVCache is tiled already: run it with times=1.")
+        embedded, cache = embedded[:, start:], kv
     else:
         embedded, cache = embedded[:, start:], TiledKVCache(kv, times)
     if times > 1:

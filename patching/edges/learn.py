@@ -68,9 +68,10 @@ from circuits.arguments import check_positive_int
 from circuits.end_logits import unembed_end
 from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
+from circuits.prefix_cache import StackedKVCache
 from patching.sweeps import forward, inputs
 from patching.edges.engine import edge_mode, edge_prefix_kv, run_suffix
-from patching.edges.mixing import MixingHooks, check_norm, record_ablated
+from patching.edges.mixing import Ablated, MixingHooks, check_norm, record_ablated
 from patching.edges.catalogue import LEARN_OBJECTIVES as OBJECTIVES
 from patching.edges.catalogue import LEARNED_METHODS as METHODS
 from patching.sweeps.forward import frozen_weights
@@ -113,6 +114,9 @@ class LearnConfig:
     restarts: int = 1  # independent runs (own seeds: batches, sizes, noise) whose standardised scores are averaged
     norm: str = "frozen"
     seed: int = 0
+    # the seed of the stream that picks each step's prompt length (None: the run's own): runs trained together that
+    # share it and hold as many prompts of each length draw the same lengths, so they share every step's forward
+    length_seed: Optional[int] = None
     memory_mb: float = 2048.0
     progress: bool = True
 
@@ -142,6 +146,8 @@ class LearnConfig:
             raise InputError(f"LearnConfig.warmup must be in [0, 1] and ugs_lambda >= 0, got {self.warmup}, "
                              f"{self.ugs_lambda}.")
         check_norm(self.norm)
+        if self.length_seed is not None and (not isinstance(self.length_seed, int) or self.length_seed < 0):
+            raise InputError(f"LearnConfig.length_seed must be None or an integer >= 0, got {self.length_seed!r}.")
 
 
 #: the learned circuit every command finds by default (``experiments.circuit``, the main job's edge stage,
@@ -168,6 +174,7 @@ class LearnedCircuit:
     peak_memory_mb: Optional[float] = None
     config: LearnConfig = field(default_factory=LearnConfig)
     step_seconds: list[float] = field(default_factory=list)  # wall time of each optimisation step alone
+    step_lengths: list[int] = field(default_factory=list)  # the token length of each step's prompts
 
     @property
     def scores(self) -> Tensor:
@@ -182,7 +189,8 @@ class LearnedCircuit:
     def to_dict(self) -> dict:
         return {"config": dataclasses.asdict(self.config), "losses": self.losses, "faithfulness": self.faithfulness,
                 "seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "seconds_per_step": self.seconds_per_step,
-                "step_seconds": self.step_seconds, "peak_memory_mb": self.peak_memory_mb}
+                "step_seconds": self.step_seconds, "step_lengths": self.step_lengths,
+                "peak_memory_mb": self.peak_memory_mb}
 
 
 # ---------------------------------------------------------------------------- prompts, cached once
@@ -202,10 +210,14 @@ class _Batch:
 
 
 @torch.no_grad()
-def _prepare(model, groups, layout, norm: str, metric) -> list[_Batch]:
+def _prepare(model, groups, layout, norm: str, metric, starts: Optional[dict[int, int]] = None) -> list[_Batch]:
+    """Every group's cached runs, from its shared prefix's end (at most ``starts[length]`` for its token length, so
+    that runs trained together split their prompts of one length at one position and can share forwards)."""
     batches = []
     for group in groups:
         start = forward.shared_prefix_length(group.tokens, group.cf_tokens)
+        if starts is not None:
+            start = min(start, starts[group.tokens.shape[1]])
         kv = edge_prefix_kv(model, group.tokens[:, :start]) if start else None
         ablated = record_ablated(model, group.cf_tokens, start=start, prefix_kv=kv, norm=norm)
         full = run_suffix(model, group.tokens, start, kv, [])[:, -1]
@@ -228,11 +240,30 @@ def _sub_batch(batch: _Batch, rows: Tensor) -> _Batch:
                   batch.empty_metric[rows])
 
 
-def _circuit_end(model, batch: _Batch, keep: Tensor, norm: str) -> Tensor:
-    """END residual ``[C * B, d_model]`` of the circuits ``keep [C, n_forward, n_backward]`` (1 = kept) on ``batch``."""
-    C, B = keep.shape[0], len(batch.group)
-    hooks = MixingHooks(model, 1 - keep, batch.ablated, C, B, norm=norm)
-    return run_suffix(model, batch.group.tokens, batch.start, batch.prefix_kv, hooks.hooks(), times=C)[:, -1]
+def _circuits_end(model, batches: Sequence[_Batch], counts: Sequence[int], keep: Tensor, norm: str) -> Tensor:
+    """END residual ``[C * B, d_model]`` of the circuits ``keep [C, n_forward, n_backward]`` (1 = kept), the first
+    ``counts[0]`` on ``batches[0]``'s ``B`` prompts, the next ``counts[1]`` on ``batches[1]``'s, ... (batches that line
+    up: same length, shared prefix and ``B``), in one forward whose rows are circuit-major (``c * B + b``)."""
+    C, B = keep.shape[0], len(batches[0].group)
+    if len(batches) == 1:
+        batch = batches[0]
+        hooks = MixingHooks(model, 1 - keep, batch.ablated, C, B, norm=norm)
+        return run_suffix(model, batch.group.tokens, batch.start, batch.prefix_kv, hooks.hooks(), times=C)[:, -1]
+    tokens = torch.cat([b.group.tokens.repeat(c, 1) for b, c in zip(batches, counts)])
+    kv = None if batches[0].prefix_kv is None else StackedKVCache([(b.prefix_kv, c) for b, c in zip(batches, counts)])
+    hooks = MixingHooks(model, 1 - keep, _stacked_ablated([b.ablated for b in batches], counts), C, B, norm=norm)
+    return run_suffix(model, tokens, batches[0].start, kv, hooks.hooks())[:, -1]
+
+
+def _stacked_ablated(parts: Sequence[Ablated], counts: Sequence[int]) -> Ablated:
+    """Each part's ablated outputs (broadcast over circuits, ``[n, 1, B, P, d]``) for its ``count`` circuits, stacked
+    along the circuits: what :class:`MixingHooks` reads when circuits run on different prompts."""
+    def stack(tensors):
+        return torch.cat([t.expand(t.shape[0], c, *t.shape[2:]) for t, c in zip(tensors, counts)], dim=1)
+
+    outputs = None if parts[0].outputs is None else stack([p.outputs for p in parts])
+    raw = None if parts[0].raw_heads is None else [stack(layer) for layer in zip(*[p.raw_heads for p in parts])]
+    return Ablated(outputs, raw)
 
 
 def _loss(model, batch: _Batch, end: Tensor, C: int, objective: str, metric, scale: float,
@@ -455,25 +486,55 @@ def learn_circuit(
     progress line over several learned circuits.
     """
     cfg = _settings(config, overrides)
+    groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids)
+    seeds = [cfg.seed] if cfg.restarts == 1 else [restart_seed(cfg.seed, k) for k in range(cfg.restarts)]
+    runs = _learn_batched(model, [groups] * cfg.restarts, dataclasses.replace(cfg, restarts=1), seeds, init, on_step)
+    return runs[0] if cfg.restarts == 1 else _averaged(runs, cfg)
+
+
+def learn_circuits(
+    model: HookedTransformer,
+    references: Sequence,
+    *,
+    seeds: Sequence[int],
+    config: LearnConfig = LearnConfig(),
+    init: Union[None, Tensor, Graph, object] = None,
+    on_step: Optional[Callable[[int], None]] = None,
+) -> list[LearnedCircuit]:
+    """One learned circuit per prompt set in ``references`` (Datasets or TaskBatches: they carry their twins and
+    answers), run ``k`` with seed ``seeds[k]``, all trained in one loop: each step, the runs whose prompts line up
+    (same length, shared prefix and count) run their circuits as rows of one forward and one backward.
+
+    Each run draws its prompts, sizes and noise from its own seeded stream in the order a lone run does, and Adam
+    moves each parameter by its own gradient, so run ``k`` equals ``learn_circuit(model, references[k],
+    config=replace(config, seed=seeds[k]), init=init)`` up to float rounding; only the wall time is shared. Runs
+    share forwards when their steps draw prompts of one length: set ``config.length_seed`` (one stream of lengths
+    for all) and give every set as many prompts of each length (e.g. resamples stratified by length,
+    :func:`patching.edges.consensus.resample_rows`).
+    """
+    if len(references) != len(seeds) or not references:
+        raise InputError(f"learn_circuits needs one seed per prompt set and at least one set, got {len(references)} "
+                         f"sets and {len(seeds)} seeds.")
+    if config.restarts != 1:
+        raise InputError("learn_circuits runs one circuit per prompt set: restarts must be 1 (use more sets).")
+    groups = [inputs.prompt_groups(model, reference) for reference in references]
+    return _learn_batched(model, groups, config, list(seeds), init, on_step)
+
+
+def _learn_batched(model, groups_per_run: Sequence[list], cfg: LearnConfig, seeds: Sequence[int], init,
+                   on_step) -> list[LearnedCircuit]:
+    """The loop behind :func:`learn_circuit` and :func:`learn_circuits`: one run per prompt groups and seed."""
     layout = GraphLayout.of(model)
     init = _warm_start_scores(init, layout)
-    if cfg.restarts > 1:
-        runs = [learn_circuit(model, reference, counterfactual, init=init, answer_ids=answer_ids, alt_ids=alt_ids,
-                              on_step=on_step, config=dataclasses.replace(cfg, restarts=1,
-                                                                          seed=restart_seed(cfg.seed, k)))
-                for k in range(cfg.restarts)]
-        return _averaged(runs, cfg)
     metric = get_metric("logit")
-    groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids)
-    generator = torch.Generator().manual_seed(cfg.seed)
     wall, cpu = time.perf_counter(), time.process_time()
+    starts = _common_starts(groups_per_run)
     with frozen_weights(model), edge_mode(model):
-        batches = _prepare(model, groups, layout, cfg.norm, metric)
-        _check_denominator(batches)
-        method = _METHODS[cfg.method](layout, cfg, init, model.cfg.device, generator)
-        trace = _optimise(model, batches, method, cfg, generator, metric, on_step)
-    return _learned(model, cfg, layout, method, batches, trace, warm_started=init is not None,
-                    wall=wall, cpu=cpu)
+        runs = [_start_run(model, groups, layout, dataclasses.replace(cfg, seed=seed), init, metric, starts)
+                for groups, seed in zip(groups_per_run, seeds)]
+        _optimise(model, runs, cfg, metric, on_step)
+    meta = {"batched_runs": len(runs)} if len(runs) > 1 else {}
+    return [_learned(model, run, layout, warm_started=init is not None, wall=wall, cpu=cpu, meta=meta) for run in runs]
 
 
 def _settings(config: LearnConfig, overrides: dict) -> LearnConfig:
@@ -510,70 +571,140 @@ class _Trace:
     losses: list[float] = field(default_factory=list)
     faithfulness: list[float] = field(default_factory=list)  # mean f of the step's masks on the step's prompts
     step_seconds: list[float] = field(default_factory=list)  # wall time of the step alone
+    step_lengths: list[int] = field(default_factory=list)  # token length of the step's prompts
 
 
-def _optimise(model, batches: list[_Batch], method: _Method, cfg: LearnConfig, generator, metric,
-              on_step: Optional[Callable[[int], None]]) -> _Trace:
-    """``cfg.steps`` steps, each on a batch drawn in proportion to its prompts (the loss in units of the root mean
-    square of m(full) − m(∅) over every training prompt)."""
+@dataclass
+class _Run:
+    """One circuit of the loop: its settings, prompts (cached once), parameters, random stream and record."""
+
+    cfg: LearnConfig
+    batches: list[_Batch]
+    method: _Method
+    generator: torch.Generator
+    scale: float  # the root mean square of m(full) − m(∅) over the run's prompts: the loss's unit
+    lengths: torch.Generator  # the stream that picks each step's prompt length (``generator`` unless length_seed)
+    trace: _Trace = field(default_factory=_Trace)
+
+    @property
+    def sizes(self) -> Tensor:
+        return torch.tensor([len(b.group) for b in self.batches], dtype=torch.float)
+
+
+def _common_starts(groups_per_run: Sequence[list]) -> dict[int, int]:
+    """For each token length, the shortest prefix that reference and twin share in any run's group of that length."""
+    starts: dict[int, int] = {}
+    for group in (g for groups in groups_per_run for g in groups):
+        length = group.tokens.shape[1]
+        start = forward.shared_prefix_length(group.tokens, group.cf_tokens)
+        starts[length] = min(start, starts.get(length, start))
+    return starts
+
+
+def _start_run(model, groups, layout: GraphLayout, cfg: LearnConfig, init, metric, starts: dict[int, int]) -> _Run:
+    generator = torch.Generator().manual_seed(cfg.seed)
+    batches = _prepare(model, groups, layout, cfg.norm, metric, starts)
+    _check_denominator(batches)
     gaps = torch.cat([b.full_metric - b.empty_metric for b in batches]).double()
-    scale = float(gaps.pow(2).mean().sqrt())
-    sizes = torch.tensor([len(b.group) for b in batches], dtype=torch.float)
-    trace = _Trace()
-    bar = tqdm(range(cfg.steps), desc=f"learning a circuit ({cfg.method})", disable=not cfg.progress)
+    method = _METHODS[cfg.method](layout, cfg, init, model.cfg.device, generator)
+    lengths = generator if cfg.length_seed is None else torch.Generator().manual_seed(cfg.length_seed)
+    return _Run(cfg, batches, method, generator, float(gaps.pow(2).mean().sqrt()), lengths)
+
+
+@dataclass
+class _Draw:
+    """One run's share of a step: the batch and rows it drew and its masks ``keep [C, n_forward, n_backward]``."""
+
+    run: _Run
+    batch: _Batch
+    rows: Tensor
+    keep: Tensor
+    loss: float = 0.0
+    f: float = 0.0
+
+    @property
+    def key(self) -> tuple:
+        """Draws with one key line up row for row, so their circuits can share a forward."""
+        return self.batch.group.tokens.shape[1], self.batch.start, len(self.rows)
+
+
+def _optimise(model, runs: list[_Run], cfg: LearnConfig, metric, on_step: Optional[Callable[[int], None]]) -> None:
+    """``cfg.steps`` steps of every run: each draws a batch in proportion to its prompts, its rows and masks (its own
+    stream, in a lone run's order); the draws that line up share a forward and backward; each run's Adam steps."""
+    bar = tqdm(range(cfg.steps), desc=f"learning {_circuits_word(len(runs))} ({cfg.method})", disable=not cfg.progress)
     for step in bar:
         started = time.perf_counter()
-        batch = batches[int(torch.multinomial(sizes, 1, generator=generator))]
-        loss, f = _step(model, batch, method, cfg, step, generator, metric, scale)
-        trace.losses.append(loss)
-        trace.faithfulness.append(f)
-        trace.step_seconds.append(time.perf_counter() - started)
-        bar.set_postfix(loss=f"{loss:.3g}", f=f"{f:.2f}")
-        if on_step is not None:
-            on_step(step)
+        with torch.enable_grad():
+            draws = [_draw(model, run, step) for run in runs]
+            for key in dict.fromkeys(d.key for d in draws):
+                _backward(model, [d for d in draws if d.key == key], cfg, metric)
+            for d in draws:
+                penalty = d.run.method.penalty(step)
+                if penalty.requires_grad:
+                    penalty.backward()
+        seconds = time.perf_counter() - started
+        for d in draws:
+            d.run.method.optimizer.step()
+            d.run.method.after_step(step)
+            d.run.trace.losses.append(float(d.loss))
+            d.run.trace.faithfulness.append(d.f)
+            d.run.trace.step_seconds.append(seconds)
+            d.run.trace.step_lengths.append(d.key[0])
+            if on_step is not None:
+                on_step(step)
+        bar.set_postfix(loss=f"{sum(d.loss for d in draws) / len(draws):.3g}",
+                        f=f"{sum(d.f for d in draws) / len(draws):.2f}")
     bar.close()
-    return trace
 
 
-def _step(model, batch: _Batch, method: _Method, cfg: LearnConfig, step: int, generator, metric,
-          scale: float) -> tuple[float, float]:
-    """One step of Adam on up to ``cfg.batch_size`` prompts of ``batch``: this step's masks, their loss (the
-    gradient accumulated over chunks that fit ``cfg.memory_mb``) and the method's own penalty; the loss and mean f."""
-    take = min(cfg.batch_size, len(batch.group))
-    rows = torch.randperm(len(batch.group), generator=generator)[:take].to(model.cfg.device)
-    method.optimizer.zero_grad()
-    with torch.enable_grad():
-        keep = method.dense(method.masks(step, cfg.samples))
-        loss, f = 0.0, 0.0
-        per_chunk = _prompts_per_chunk(model, batch, len(keep), cfg.memory_mb)
-        for sl in forward.chunks(take, per_chunk):  # gradient accumulation within the memory budget
-            sub = _sub_batch(batch, rows[sl])
-            share = (sl.stop - sl.start) / take
-            part, part_f = _loss(model, sub, _circuit_end(model, sub, keep, cfg.norm), len(keep),
-                                 cfg.objective, metric, scale, cfg.faithfulness_penalty)
-            (share * part).backward(retain_graph=True)
-            loss, f = loss + share * float(part.detach()), f + share * part_f
-        penalty = method.penalty(step)
-        if penalty.requires_grad:
-            penalty.backward()
-    method.optimizer.step()
-    method.after_step(step)
-    return float(loss), f
+def _circuits_word(n: int) -> str:
+    return "a circuit" if n == 1 else f"{n} circuits"
 
 
-def _learned(model, cfg: LearnConfig, layout: GraphLayout, method: _Method, batches: list[_Batch], trace: _Trace, *,
-             warm_started: bool, wall: float, cpu: float) -> LearnedCircuit:
-    """The method's final scores as a Graph of every edge (NaN where no edge is), with the trace and the cost."""
+def _draw(model, run: _Run, step: int) -> _Draw:
+    """Run ``run``'s batch (in proportion to its prompts), up to ``batch_size`` of its rows, and masks for ``step``."""
+    batch = run.batches[int(torch.multinomial(run.sizes, 1, generator=run.lengths))]
+    take = min(run.cfg.batch_size, len(batch.group))
+    rows = torch.randperm(len(batch.group), generator=run.generator)[:take].to(model.cfg.device)
+    run.method.optimizer.zero_grad()
+    return _Draw(run, batch, rows, run.method.dense(run.method.masks(step, run.cfg.samples)))
+
+
+def _backward(model, draws: list[_Draw], cfg: LearnConfig, metric) -> None:
+    """The loss of every draw's circuits on its prompts, from one forward of all of them (in chunks of prompts that
+    fit ``cfg.memory_mb``, the gradient accumulated), and its backward; each draw records its loss and mean f."""
+    take = len(draws[0].rows)
+    keep = torch.cat([d.keep for d in draws])
+    counts = [len(d.keep) for d in draws]
+    per_chunk = _prompts_per_chunk(model, draws[0].batch, len(keep), cfg.memory_mb)
+    for sl in forward.chunks(take, per_chunk):
+        subs = [_sub_batch(d.batch, d.rows[sl]) for d in draws]
+        share = (sl.stop - sl.start) / take
+        ends = _circuits_end(model, subs, counts, keep, cfg.norm).split([c * (sl.stop - sl.start) for c in counts])
+        total = 0.0
+        for d, sub, end in zip(draws, subs, ends):
+            part, part_f = _loss(model, sub, end, len(d.keep), d.run.cfg.objective, metric, d.run.scale,
+                                 d.run.cfg.faithfulness_penalty)
+            total = total + share * part
+            d.loss, d.f = d.loss + share * float(part.detach()), d.f + share * part_f
+        total.backward(retain_graph=True)
+
+
+def _learned(model, run: _Run, layout: GraphLayout, *, warm_started: bool, wall: float, cpu: float,
+             meta: dict) -> LearnedCircuit:
+    """The run's final scores as a Graph of every edge (NaN where no edge is), with the trace and the cost (the
+    loop's: runs trained together share their wall time)."""
+    cfg, trace = run.cfg, run.trace
     scores = torch.full((layout.n_forward, layout.n_backward), float("nan"))
-    scores[layout.real_edge_mask] = method.scores().float().cpu()
+    scores[layout.real_edge_mask] = run.method.scores().float().cpu()
     seconds = time.perf_counter() - wall
     graph = Graph(layout, scores, meta={"method": f"learned:{cfg.method}", "d_model": model.cfg.d_model,
                                         "objective": cfg.objective,
-                                        "steps": cfg.steps, "n_prompts": sum(len(b.group) for b in batches),
-                                        "norm": cfg.norm, "warm_start": warm_started})
+                                        "steps": cfg.steps, "n_prompts": sum(len(b.group) for b in run.batches),
+                                        "norm": cfg.norm, "warm_start": warm_started} | meta)
     return LearnedCircuit(graph, trace.losses, trace.faithfulness, round(seconds, 2),
                           round(time.process_time() - cpu, 2), round(seconds / cfg.steps, 3), config=cfg,
-                          step_seconds=[round(t, 4) for t in trace.step_seconds])
+                          step_seconds=[round(t, 4) for t in trace.step_seconds], step_lengths=trace.step_lengths)
 
 
 def restart_seed(seed: int, k: int) -> int:
@@ -596,11 +727,10 @@ def _averaged(runs: Sequence[LearnedCircuit], cfg: LearnConfig) -> LearnedCircui
     scores = torch.full((layout.n_forward, layout.n_backward), float("nan"))
     scores[real] = (mean - mean.min()).float()
     graph = Graph(layout, scores, meta=runs[0].graph.meta | {"restarts": len(runs)})
-    seconds = sum(r.seconds for r in runs)
+    seconds = runs[0].seconds  # the restarts train in one loop: they share its wall time
     return LearnedCircuit(graph, [x for r in runs for x in r.losses], [x for r in runs for x in r.faithfulness],
-                          round(seconds, 2), round(sum(r.cpu_seconds for r in runs), 2),
-                          round(seconds / (cfg.steps * len(runs)), 3), config=cfg,
-                          step_seconds=[t for r in runs for t in r.step_seconds])
+                          seconds, runs[0].cpu_seconds, round(seconds / cfg.steps, 3), config=cfg,
+                          step_seconds=runs[0].step_seconds, step_lengths=[x for r in runs for x in r.step_lengths])
 
 
 def _prompts_per_chunk(model, batch: _Batch, samples: int, memory_mb: float) -> int:

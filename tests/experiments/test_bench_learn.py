@@ -13,7 +13,8 @@ def test_bench_learn_times_every_arm_and_the_whole_default(run_main, tiny_loader
     from patching.edges.learn import DEFAULT_CIRCUIT
 
     run_main("experiments.bench_learn", ["--out", str(tmp_path), "--n-prompts", "8", "--steps", "3", "--rounds", "2",
-                                         "--warm-start-prompts", "4", "--n-shots", "1", "--profile-steps", "2"],
+                                         "--warm-start-prompts", "4", "--n-shots", "1", "--profile-steps", "2",
+                                         "--consensus-runs", "0"],
              tiny_loader)
     results = json.loads((tmp_path / "results.json").read_text())
     labels = list(arms())
@@ -43,3 +44,20 @@ def test_bench_learn_only_profile_needs_profile_steps():
 
     with pytest.raises(InputError, match="--only-profile needs --profile-steps"):
         BenchLearnConfig(only_profile=True)
+
+
+def test_bench_learn_times_the_consensus_runs_step_for_step(run_main, tiny_loader, tmp_path):
+    from experiments.bench_learn import CONSENSUS_ARMS
+
+    run_main("experiments.bench_learn", ["--out", str(tmp_path), "--n-prompts", "12", "--steps", "3", "--rounds", "1",
+                                         "--n-shots", "1", "--only-consensus", "--consensus-runs", "2"], tiny_loader)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert "arms" not in results and "whole_default" not in results
+    consensus = results["consensus"]
+    assert consensus["runs"] == 2 and list(consensus["seconds_per_step_all"]) == list(CONSENSUS_ARMS)
+    assert all(len(t) == 2 and min(t) > 0 for t in consensus["seconds_per_step_all"].values())  # first step left out
+    median = consensus["seconds_per_step_median"]
+    assert consensus["together_vs_apart"] == pytest.approx(median[CONSENSUS_ARMS[2]] / median[CONSENSUS_ARMS[1]])
+    with pytest.raises(Exception, match="--only-consensus needs"):
+        from experiments.bench_learn import BenchLearnConfig
+        BenchLearnConfig(only_consensus=True, consensus_runs=0)

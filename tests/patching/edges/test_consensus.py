@@ -58,12 +58,14 @@ def test_edges_every_run_keeps_are_the_core():
     assert split["n_contingent"] == 0 and split["n_core"] == split["n_union"] > 0
 
 
-def test_resamples_are_seeded_half_samples_or_bootstraps():
-    half = resample_rows(10, "half", seed=3)
-    assert len(half) == len(set(half)) == 5 and half == resample_rows(10, "half", seed=3)
-    assert half != resample_rows(10, "half", seed=4)
-    boot = resample_rows(10, "bootstrap", seed=3)
-    assert len(boot) == 10 and len(set(boot)) < 10
+def test_resamples_are_seeded_half_samples_or_bootstraps_within_each_length():
+    lengths = [5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 9]
+    half = resample_rows(lengths, "half", seed=3)
+    assert len(half) == len(set(half)) == 2 + 3 + 1 and half == resample_rows(lengths, "half", seed=3)
+    assert sorted(lengths[i] for i in half) == [5, 5, 7, 7, 7, 9]
+    assert any(resample_rows(lengths, "half", seed=s) != half for s in range(4, 8))
+    boot = resample_rows(lengths, "bootstrap", seed=3)
+    assert sorted(lengths[i] for i in boot) == sorted(lengths) and len(set(boot)) < len(lengths)
 
 
 def test_bad_settings_are_refused():
@@ -85,12 +87,13 @@ def test_the_runs_equal_learned_circuits_run_one_by_one(one_length_prompts):
     by_hand = []
     for k in range(2):
         seed = restart_seed(learn.seed, k)
-        rows = resample_rows(len(selection), "half", seed)
-        by_hand.append(learn_circuit(model, selection.select(rows), config=dataclasses.replace(learn, seed=seed),
-                                     init=warm, progress=False).graph.scores)
+        rows = resample_rows([len(t) for t in selection["tokens"]], "half", seed)
+        alone = dataclasses.replace(learn, seed=seed, length_seed=learn.seed)  # one stream of lengths for all runs
+        by_hand.append(learn_circuit(model, selection.select(rows), config=alone, init=warm,
+                                     progress=False).graph.scores)
     expected = Consensus(run.layout, torch.stack(by_hand))
     assert torch.equal(scored.scores.scores.nan_to_num(-1), expected.graph().scores.nan_to_num(-1))
-    assert scored.info["consensus"]["runs"] == 2 and len(scored.info["consensus"]["run_seconds"]) == 2
+    assert scored.info["consensus"]["runs"] == 2 and scored.info["consensus"]["seconds"] > 0
 
 
 def test_the_default_search_curves_the_consensus_circuits(one_length_prompts):

@@ -3,11 +3,13 @@ derivative of the model, the samplers have their papers' distributions, learned 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
+from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import select_top_n
 from circuits.tasks import make_dataset
@@ -15,7 +17,7 @@ from patching.sweeps import inputs
 from patching.edges.engine import edge_mode
 from patching.edges.evaluate import evaluate_circuits
 from patching.edges.learn import (
-    BETA, LEFT, RIGHT, LearnConfig, _circuit_end, _EdgePruning, _loss, _Matryoshka, _prepare, _TopN, _UGS,
+    BETA, LEFT, RIGHT, LearnConfig, _circuits_end, _EdgePruning, _loss, _Matryoshka, _prepare, _TopN, _UGS,
     learn_circuit, soft_threshold,
 )
 from patching.sweeps.metrics import get_metric, score_end
@@ -42,7 +44,7 @@ def _circuit_metric(model, data, keep: torch.Tensor, norm="frozen") -> torch.Ten
     with edge_mode(model):
         groups = inputs.prompt_groups(model, data)
         (batch,) = _prepare(model, groups, layout, norm, metric)
-        end = _circuit_end(model, batch, keep, norm)
+        end = _circuits_end(model, [batch], [len(keep)], keep, norm)
         C = keep.shape[0]
         return score_end(model, end, batch.group.answer_ids.repeat(C), None, metric).view(C, -1)
 
@@ -176,11 +178,11 @@ def test_the_faithfulness_penalty_is_zero_at_the_model_and_counts_over_and_under
     metric = get_metric("logit")
     with edge_mode(model):
         (batch,) = _prepare(model, inputs.prompt_groups(model, data), layout, "frozen", metric)
-        full_end = _circuit_end(model, batch, layout.real_edge_mask[None].float(), "frozen")
+        full_end = _circuits_end(model, [batch], [1], layout.real_edge_mask[None].float(), "frozen")
         base, _ = _loss(model, batch, full_end, 1, "metric", metric, 1.0)
         penalised, _ = _loss(model, batch, full_end, 1, "metric", metric, 1.0, penalty=3.0)
         assert float(base) == pytest.approx(0.0, abs=1e-8) and float(penalised) == pytest.approx(0.0, abs=1e-5)
-        empty_end = _circuit_end(model, batch, torch.zeros_like(layout.real_edge_mask)[None].float(), "frozen")
+        empty_end = _circuits_end(model, [batch], [1], torch.zeros_like(layout.real_edge_mask)[None].float(), "frozen")
         base, _ = _loss(model, batch, empty_end, 1, "metric", metric, 1.0)
         penalised, _ = _loss(model, batch, empty_end, 1, "metric", metric, 1.0, penalty=2.0)
     gap = (batch.full_metric - batch.empty_metric).mean().abs()
@@ -276,3 +278,63 @@ def test_a_warm_start_without_finite_scores_is_refused(bad):
         init[tuple(layout.real_edge_mask.nonzero()[0].tolist())] = torch.inf
     with pytest.raises(InputError, match="a warm start needs finite scores"):
         learn_circuit(model, data, init=init, steps=2)
+
+
+def _embed_counter(model):
+    """A permanent hook that counts the model's forwards (each runs the embedding once)."""
+    calls = []
+    model.add_hook("hook_embed", lambda act, hook: calls.append(1), is_permanent=True)
+    return calls
+
+
+@pytest.mark.parametrize("lengths, norm", [("one", "frozen"), ("one", "recompute"), ("mixed", "frozen")])
+def test_runs_trained_together_equal_runs_trained_one_by_one(lengths, norm):
+    from patching.edges.consensus import resample_rows
+    from patching.edges.learn import learn_circuits
+
+    model = tiny_model(style="gemma", n_layers=2, n_heads=4, seed=3)
+    data = make_dataset(model, n_prompts=120, n_shots=1, seed=2)
+    config = LearnConfig(method="top-n", steps=4, batch_size=4, samples=2, fractions=(0.05, 0.3), norm=norm,
+                         faithfulness_penalty=1.0, progress=False)
+    if lengths == "one":
+        counts = [len(t) for t in data["tokens"]]
+        data = data.filter(lambda r: len(r["tokens"]) == max(set(counts), key=counts.count))
+        # each set holds twins that differ early and late (the twins of even rows change the first operand), so
+        # every run splits its prompts at the same shared prefix, as a lone run does (the next test: another split)
+        prompt_sets = [data.select(range(0, 12)), data.select(range(6, 18)),
+                       data.select([2, 3, 5, 8, 11, 12, 15, 17])]
+    else:  # prompts of several lengths: half-samples stratified by length, one stream of lengths for every run
+        data = data.select(range(40))
+        prompt_sets = [data.select(resample_rows([len(t) for t in data["tokens"]], "half", seed)) for seed in (1, 2, 3)]
+        config = dataclasses.replace(config, length_seed=11)
+    seeds = [5, 6, 7]
+    calls = _embed_counter(model)
+    together = learn_circuits(model, prompt_sets, seeds=seeds, config=config)
+    n_together, calls[:] = len(calls), []
+    alone = [learn_circuit(model, prompts, config=config, seed=seed) for prompts, seed in zip(prompt_sets, seeds)]
+    n_alone = len(calls)
+    model.reset_hooks(including_permanent=True)
+    real = GraphLayout.of(model).real_edge_mask
+    for a, b in zip(together, alone):
+        assert (a.scores[real] - b.scores[real]).abs().max() < 1e-4  # Adam's step is lr x g / sqrt(v): rounding shows
+        assert a.losses == pytest.approx(b.losses, rel=1e-4, abs=1e-6)
+    assert not torch.equal(together[0].scores[real], together[1].scores[real])
+    assert n_alone - n_together == 2 * config.steps  # every step one forward of the three runs' circuits, not three
+    with pytest.raises(InputError, match="one seed per prompt set"):
+        learn_circuits(model, prompt_sets, seeds=[1], config=config)
+
+
+@pytest.mark.parametrize("norm", ["frozen", "recompute"])
+def test_a_shorter_cached_prefix_runs_the_same_circuits(norm, one_length_prompts):
+    """Runs trained together cut their prompts at the shortest shared prefix of any run: the circuits they run from
+    there are the ones a lone run runs from its own, longer prefix."""
+    model, data = one_length_prompts
+    layout, metric = GraphLayout.of(model), get_metric("logit")
+    groups = inputs.prompt_groups(model, data.select([1, 3, 5, 7]))  # twins that differ only late
+    keep = (torch.rand((3, *layout.real_edge_mask.shape), generator=torch.Generator().manual_seed(0)) > 0.5).float()
+    with edge_mode(model):
+        (own,) = _prepare(model, groups, layout, norm, metric)
+        (earlier,) = _prepare(model, groups, layout, norm, metric, starts={groups[0].tokens.shape[1]: own.start - 6})
+        assert earlier.start == own.start - 6
+        ends = [_circuits_end(model, [b], [3], keep, norm) for b in (own, earlier)]
+    assert torch.allclose(ends[0], ends[1], atol=1e-4)
