@@ -177,8 +177,8 @@ def time_consensus(model, prompts, cfg: BenchLearnConfig) -> dict:
     for round_ in range(cfg.rounds):
         config = dataclasses.replace(DEFAULT_CIRCUIT, steps=cfg.steps, length_seed=round_)
         one = learn_circuit(model, sets[0], config=dataclasses.replace(config, seed=seeds[0]))
-        together = learn_circuits(model, sets, seeds=seeds, config=config)[0]
-        apart = [learn_circuit(model, s, config=dataclasses.replace(config, seed=seed)) for s, seed in zip(sets, seeds)]
+        together = learn_circuits(model, sets, seeds=seeds, config=config, together=True)[0]
+        apart = learn_circuits(model, sets, seeds=seeds, config=config, together=False)
         floor_one, floor_all = [], []
         for length in one.step_lengths[1:]:
             n_rows = min(len(groups[length]), config.batch_size)

@@ -500,6 +500,7 @@ def learn_circuits(
     config: LearnConfig = LearnConfig(),
     init: Union[None, Tensor, Graph, object] = None,
     on_step: Optional[Callable[[int], None]] = None,
+    together: Optional[bool] = None,
 ) -> list[LearnedCircuit]:
     """One learned circuit per prompt set in ``references`` (Datasets or TaskBatches: they carry their twins and
     answers), run ``k`` with seed ``seeds[k]``, all trained in one loop: each step, the runs whose prompts line up
@@ -511,6 +512,11 @@ def learn_circuits(
     share forwards when their steps draw prompts of one length: set ``config.length_seed`` (one stream of lengths
     for all) and give every set as many prompts of each length (e.g. resamples stratified by length,
     :func:`patching.edges.consensus.resample_rows`).
+
+    ``together``: train the runs in one loop (True) or one after another (False, the same circuits); None: together
+    on CUDA, apart on a CPU, where a forward's cost grows with its rows and stacking the runs' inputs only adds
+    copies (``experiments.bench_learn``, docs/results.md: four runs together 0.92 times as fast as apart on a
+    2-core CPU).
     """
     if len(references) != len(seeds) or not references:
         raise InputError(f"learn_circuits needs one seed per prompt set and at least one set, got {len(references)} "
@@ -518,7 +524,12 @@ def learn_circuits(
     if config.restarts != 1:
         raise InputError("learn_circuits runs one circuit per prompt set: restarts must be 1 (use more sets).")
     groups = [inputs.prompt_groups(model, reference) for reference in references]
-    return _learn_batched(model, groups, config, list(seeds), init, on_step)
+    if together is None:
+        together = torch.device(model.cfg.device).type == "cuda"
+    if together:
+        return _learn_batched(model, groups, config, list(seeds), init, on_step)
+    return [_learn_batched(model, [run_groups], config, [seed], init, on_step)[0]
+            for run_groups, seed in zip(groups, seeds)]
 
 
 def _learn_batched(model, groups_per_run: Sequence[list], cfg: LearnConfig, seeds: Sequence[int], init,

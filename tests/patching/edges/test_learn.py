@@ -309,7 +309,7 @@ def test_runs_trained_together_equal_runs_trained_one_by_one(lengths, norm):
         config = dataclasses.replace(config, length_seed=11)
     seeds = [5, 6, 7]
     calls = _embed_counter(model)
-    together = learn_circuits(model, prompt_sets, seeds=seeds, config=config)
+    together = learn_circuits(model, prompt_sets, seeds=seeds, config=config, together=True)
     n_together, calls[:] = len(calls), []
     alone = [learn_circuit(model, prompts, config=config, seed=seed) for prompts, seed in zip(prompt_sets, seeds)]
     n_alone = len(calls)
