@@ -76,6 +76,32 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     return low, high
 
 
+def resolvable_difference(n: int, baseline: float, confidence: float = 0.95) -> float:
+    """The power of a proportion measured on ``n`` items against a ``baseline`` measured on the same ``n``: the
+    smallest excess ``k / n − baseline`` whose Wilson interval lies wholly above the baseline's (``round(baseline
+    · n)`` of ``n``). A true value closer to the baseline than this cannot be told from it on ``n`` items; ``inf``
+    where no ``k`` can (``n`` too small, or the baseline too near 1)."""
+    if n < 1 or not 0.0 <= baseline <= 1.0:
+        raise InputError(f"Need n >= 1 items and a baseline proportion in [0, 1], got n={n}, baseline={baseline}.")
+    baseline_high = wilson_interval(round(baseline * n), n, confidence)[1]
+    for k in range(n + 1):
+        if wilson_interval(k, n, confidence)[0] > baseline_high:
+            return k / n - baseline
+    return math.inf
+
+
+def items_to_resolve(difference: float, baseline: float, confidence: float = 0.95, *, start: int = 8,
+                     limit: int = 1 << 16) -> int | None:
+    """The fewest items, doubling from ``start``, on which :func:`resolvable_difference` against ``baseline`` is at
+    most ``difference`` (None: not within ``limit``)."""
+    n = start
+    while n <= limit:
+        if resolvable_difference(n, baseline, confidence) <= difference:
+            return n
+        n *= 2
+    return None
+
+
 def _normal_quantile(q: float) -> float:
     # Inverse of the standard normal CDF via erfinv; exact to float precision.
     return math.sqrt(2.0) * float(torch.special.erfinv(torch.tensor(2 * q - 1, dtype=torch.float64)))

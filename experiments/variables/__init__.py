@@ -181,7 +181,8 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
                    "full_by_answer_tokens": {str(n): e.to_dict() for n, e in by_length.items()}}
             for tested, null in catalogue.null_pairs():
                 if tested.name in fitted and null.name in fitted:
-                    row["verdict"] = verdict(fitted[tested.name].test, fitted[null.name].test, fitted[baseline].test)
+                    row["verdict"] = verdict(fitted[tested.name].test, fitted[null.name].test, fitted[baseline].test,
+                                             test_share=cfg.split[2])
             rows.append(row)
             print(f"{variable} at {where}: " + ", ".join(f"{k} {f.test.value:.2f}" for k, f in fitted.items())
                   + (f" -> {row['verdict']}" if "verdict" in row else ""))

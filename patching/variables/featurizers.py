@@ -48,7 +48,7 @@ from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntr
 from circuits.analyze.number_geometry import orthonormal_columns, pca_subspace
 from circuits.arguments import check_positive_int
 from circuits.errors import InputError
-from circuits.stats import Estimate
+from circuits.stats import Estimate, items_to_resolve, resolvable_difference
 from patching.sweeps.forward import frozen_weights
 from patching.variables import catalogue
 from patching.variables.catalogue import (
@@ -393,15 +393,37 @@ class _BestOnValidation:
         return self.best
 
 
-def verdict(best: Estimate, null: Estimate, full: Estimate) -> str:
-    """One line on a variable's best location: above the random-subspace null? how close to the full vector?"""
+#: the excess over the random-subspace null that a test must be able to resolve before "not held" is a verdict: a
+#: variable whose subspace carries it at the null's IIA + 0.2 or more would have shown
+DECISIVE_DIFFERENCE = 0.2
+
+
+def verdict(best: Estimate, null: Estimate, full: Estimate, *, test_share: float | None = None) -> str:
+    """One line on a variable's best location: held (DAS's test interval above the random-subspace null's), not held
+    (below it, or overlapping it on enough test pairs to resolve :data:`DECISIVE_DIFFERENCE`), or inconclusive (too
+    few test pairs to tell: the line says how many would, as ``--n-pairs`` when ``test_share``, the test fraction of
+    the pairs, is given); and how close DAS comes to the full vector."""
     if math.isnan(best.value):
         return "not measured"
     if best.low > null.high:
         found = "held: DAS's subspace beats the random subspace of the same k (intervals apart)"
     elif best.high < null.low:
-        found = "not held: the random subspace does better than DAS"
+        found = "not held: the random subspace does better than DAS (intervals apart)"
     else:
-        found = "not shown: DAS's interval overlaps the random-subspace null"
+        power = resolvable_difference(best.n, min(max(null.value, 0.0), 1.0))
+        if power <= DECISIVE_DIFFERENCE:
+            found = (f"not held: DAS's interval overlaps the random-subspace null, on {best.n} test pairs that resolve "
+                     f"{power:.2f} above it")
+        else:
+            found = f"inconclusive: {best.n} test pairs resolve only {_resolution(power)} above the null"
+            needed = items_to_resolve(DECISIVE_DIFFERENCE, min(max(null.value, 0.0), 1.0))
+            if needed is not None:
+                found += (f"; run with --n-pairs {math.ceil(needed / test_share)} ({needed} test pairs resolve "
+                          f"{DECISIVE_DIFFERENCE})" if test_share else f"; {needed} test pairs would resolve "
+                          f"{DECISIVE_DIFFERENCE}")
     ratio = best.value / full.value if full.value > 0 else float("nan")
     return f"{found}; DAS reaches {ratio:.0%} of the full vector's IIA" if not math.isnan(ratio) else found
+
+
+def _resolution(power: float) -> str:
+    return "nothing" if math.isinf(power) else f"differences of {power:.2f}"

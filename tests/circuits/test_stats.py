@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from circuits.errors import InputError
 from circuits.stats import bootstrap, bootstrap_two_way, paired_difference, proportion, wilson_interval
 
 
@@ -55,3 +56,45 @@ def test_paired_difference_is_the_bootstrap_of_differences():
     assert paired_difference(a, b) == bootstrap(a - b)
     with pytest.raises(ValueError, match="one value per prompt"):
         paired_difference(a, b[:3])
+
+
+def _wilson_by_hand(k: int, n: int) -> tuple[float, float]:
+    """Wilson's score interval from its quadratic: the p with |k/n - p| = 1.96 sqrt(p(1-p)/n), solved by bisection."""
+    z, phat = 1.959963984540054, k / n
+
+    def outside(p):
+        return (phat - p) ** 2 > z * z * p * (1 - p) / n
+
+    def root(lo, hi, rising):  # the boundary between inside and outside on [lo, hi]
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            if outside(mid) == rising:
+                hi = mid
+            else:
+                lo = mid
+        return (lo + hi) / 2
+
+    low = 0.0 if k == 0 else root(0.0, phat, rising=False)
+    high = 1.0 if k == n else root(phat, 1.0, rising=True)
+    return low, high
+
+
+@pytest.mark.parametrize("n, baseline", [(16, 0.1), (64, 0.1), (256, 0.02), (40, 0.5), (12, 0.0)])
+def test_the_resolvable_difference_is_the_first_count_whose_interval_clears_the_baselines(n, baseline):
+    from circuits.stats import resolvable_difference
+
+    base_high = _wilson_by_hand(round(baseline * n), n)[1]
+    first = next((k for k in range(n + 1) if _wilson_by_hand(k, n)[0] > base_high + 1e-12), None)
+    assert resolvable_difference(n, baseline) == pytest.approx(first / n - baseline)
+
+
+def test_too_few_items_resolve_nothing_and_more_items_resolve_less():
+    from circuits.stats import items_to_resolve, resolvable_difference
+
+    assert resolvable_difference(4, 0.9) == float("inf")
+    powers = [resolvable_difference(n, 0.1) for n in (16, 64, 256)]
+    assert powers == sorted(powers, reverse=True) and powers[-1] < 0.1
+    needed = items_to_resolve(0.2, 0.1)
+    assert resolvable_difference(needed, 0.1) <= 0.2 < resolvable_difference(needed // 2, 0.1)
+    with pytest.raises(InputError):
+        resolvable_difference(0, 0.1)

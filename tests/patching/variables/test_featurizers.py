@@ -129,4 +129,20 @@ def test_the_verdict_compares_intervals():
     assert verdict(est(0.9, 0.8, 0.95), est(0.2, 0.1, 0.3), est(1.0, 0.93, 1.0)).startswith(
         "held: DAS's subspace beats the random subspace")
     assert "90% of the full vector's IIA" in verdict(est(0.9, 0.8, 0.95), est(0.2, 0.1, 0.3), est(1.0, 0.93, 1.0))
-    assert verdict(est(0.5, 0.3, 0.7), est(0.4, 0.25, 0.6), est(1.0, 0.93, 1.0)).startswith("not shown")
+    assert verdict(est(0.1, 0.03, 0.2), est(0.5, 0.4, 0.6), est(1.0, 0.93, 1.0)).startswith("not held: the random")
+
+
+def test_an_overlap_is_not_held_only_where_the_test_pairs_could_have_shown_it():
+    def est(value, n):
+        from circuits.stats import wilson_interval
+        low, high = wilson_interval(round(value * n), n)
+        return Estimate(value, low, high, n, "wilson")
+    full = est(1.0, 256)
+    # 256 test pairs resolve about 0.05 over a null of 0.02: an overlapping interval there is a verdict
+    decided = verdict(est(0.03, 256), est(0.02, 256), full)
+    assert decided.startswith("not held: DAS's interval overlaps the random-subspace null, on 256 test pairs")
+    # 16 test pairs cannot resolve 0.2 over a null of 0.1: inconclusive, with the pairs that would resolve it
+    undecided = verdict(est(0.25, 16), est(0.1, 16), full, test_share=0.25)
+    assert undecided.startswith("inconclusive: 16 test pairs resolve only differences of")
+    assert "run with --n-pairs 256 (64 test pairs resolve 0.2)" in undecided
+    assert verdict(est(0.25, 16), est(0.1, 16), full).count("64 test pairs would resolve 0.2") == 1
