@@ -111,7 +111,7 @@ def build_pairs(run: Run[VariablesConfig, VariablesState]) -> None:
 
 def full_vector_sweep(run: Run[VariablesConfig, VariablesState]) -> dict[str, list[tuple[float, Location]]]:
     """Stage "full-vector sweep": validation IIA at every (layer, position) per variable; the locations, best first."""
-    from patching.variables.interchange import iia_sweep, location
+    from patching.variables.interchange import iia_sweep, location, rank_locations, within_best_interval
 
     state = run.state
     # (label, position, through the answer?) of every column: the problem's tokens, then END with the answer positions
@@ -128,13 +128,13 @@ def full_vector_sweep(run: Run[VariablesConfig, VariablesState]) -> dict[str, li
             "hook": "resid_post", "pairs": "validation", "layers": state.layers,
             "positions": [label for label, _, _ in columns],
             "iia": [[estimates[where].to_dict() for where in row] for row in grid]}
-        # ties: the later layer, the later position, the single position before the span
-        ranked[variable] = sorted(((e.value, w) for w, e in estimates.items()),
-                                  key=lambda item: (item[0], item[1].layer, item[1].position, not item[1].through_answer),
-                                  reverse=True)
+        # the earliest of the locations within the best one's interval first (patching.variables.rank_locations)
+        ranked[variable] = rank_locations(estimates)
         best_value, best = ranked[variable][0]
-        print(f"{variable}: best full-vector validation IIA {best_value:.2f} at layer {best.layer}, "
-              f"position {_label(best, state.positions)}")
+        tied = within_best_interval(estimates)
+        sweep[variable]["within_best_interval"] = [_key(w, state.positions) for w in tied]
+        print(f"{variable}: full-vector validation IIA {best_value:.2f} at layer {best.layer}, position "
+              f"{_label(best, state.positions)}, the earliest of {len(tied)} locations within the best one's interval")
     run.results["sweep"] = sweep
     return ranked
 
@@ -190,9 +190,22 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
                 print(f"  full vector by answer tokens: " + ", ".join(
                     f"{n} token{'s' if n > 1 else ''} {e.value:.2f} [{e.low:.2f}, {e.high:.2f}] (n {e.n})"
                     for n, e in by_length.items()))
-        best = max(rows, key=lambda r: (r.get(headline) or r[baseline])["test"]["value"])
-        out[variable] = {"locations": rows, "best": best}
+        out[variable] = {"locations": rows, "best": _best_on_validation(rows, ranked[variable], headline)}
     run.results["featurizers"] = out
+
+
+def _best_on_validation(rows: list[dict], ranked: list, headline: str) -> dict:
+    """The row of the location chosen on validation pairs by the headline featurizer (the test pairs only report):
+    the earliest within the best one's interval. Without a headline fit (the full vector alone), the sweep's choice,
+    made the same way on the same validation pairs."""
+    from circuits.stats import Estimate
+    from patching.variables.interchange import within_best_interval
+
+    scored = [row.get(headline, {}).get("validation") for row in rows]
+    if any(score is None for score in scored):
+        return rows[0]
+    validation = {where: Estimate(**score) for (_, where), score in zip(ranked, scored)}
+    return rows[list(validation).index(within_best_interval(validation)[0])]
 
 
 def _headline() -> str:

@@ -367,6 +367,31 @@ def iia_sweep(model: HookedTransformer, batches: Sequence[PairBatch], locations:
     return {w: proportion(torch.cat(hits[w])) for w in locations}
 
 
+def rank_locations(estimates: Mapping[Location, Estimate]) -> list[tuple[float, Location]]:
+    """``(IIA, location)`` pairs, the choice first: of the locations whose interval reaches the best one's (whose
+    upper bound is at least the best's lower bound), the earliest (layer, then position, the single position
+    before the answer span); then the rest, best first.
+
+    Picking the highest of many noisy estimates is biased toward noise (the winner's curse): on 16 validation pairs
+    a later layer can beat the layer that carries a variable by chance. Within the best's interval the data cannot
+    tell the locations apart, and the earliest is where the variable is first computed.
+    """
+    tied = within_best_interval(estimates)
+    rest = sorted((w for w in estimates if w not in set(tied)),
+                  key=lambda w: (estimates[w].value, -w.layer, -w.position), reverse=True)
+    return [(estimates[w].value, w) for w in tied + rest]
+
+
+def within_best_interval(estimates: Mapping[Location, Estimate]) -> list[Location]:
+    """The locations whose IIA interval reaches the best estimate's lower bound, earliest first (layer, position,
+    the single position before the answer span): those the data cannot tell from the best."""
+    if not estimates:
+        raise InputError("No locations to rank: pass the IIA of at least one location.")
+    top = max(estimates.values(), key=lambda e: e.value)
+    return sorted((w for w, e in estimates.items() if e.high >= top.low),
+                  key=lambda w: (w.layer, w.position, w.through_answer))
+
+
 @torch.no_grad()
 def source_activations(model: HookedTransformer, batches: Sequence[PairBatch], where: Location) -> Float[Tensor, "n width"]:
     """The activation at ``where`` on every base and source prompt of ``batches`` (e.g. to fit PCA directions); for a

@@ -261,3 +261,23 @@ def test_the_node_table_gives_each_node_its_share_of_the_best(setup):
         assert row["iia"] == alone.to_dict() and row["share_of_best"] == pytest.approx(alone.value / 0.5)
     with pytest.raises(InputError, match="The circuit has no heads or MLPs to intervene on"):
         node_table(model, {"result": batches}, [], {"end": end}, {})
+
+
+def test_the_chosen_location_is_the_earliest_the_data_cannot_tell_from_the_best():
+    """A later layer that beats the carrying layer by validation noise (16 pairs) is not chosen: every location whose
+    interval reaches the best one's lower bound ties, and the earliest of them comes first."""
+    from circuits.stats import proportion
+    from patching.variables.interchange import Location, rank_locations, within_best_interval
+
+    def at(layer, hits, n=16):
+        return Location(f"blocks.{layer}.hook_resid_post", 5), proportion([1] * hits + [0] * (n - hits))
+
+    estimates = dict([at(9, 11), at(2, 10), at(0, 9), at(5, 1), at(12, 3)])  # 0.69, 0.62, 0.56, 0.06, 0.19
+    ranked = rank_locations(estimates)
+    assert [w.layer for _, w in ranked] == [0, 2, 9, 12, 5]
+    assert [w.layer for w in within_best_interval(estimates)] == [0, 2, 9]
+    # with enough pairs the intervals separate and the best is the best
+    many = dict([at(9, 240, 256), at(2, 160, 256), at(0, 100, 256)])
+    assert [w.layer for _, w in rank_locations(many)] == [9, 2, 0]
+    with pytest.raises(InputError, match="No locations"):
+        rank_locations({})
