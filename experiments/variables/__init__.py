@@ -221,11 +221,12 @@ def circuit_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) -> No
     from circuits import parse_node
     from circuits.nodes import all_nodes
     from patching.variables.catalogue import BASELINE
+    from experiments.variables.config import circuit_file
     from patching.variables.interchange import circuit_nodes, node_table
 
     cfg, state = run.cfg, run.state
     if cfg.circuit:
-        nodes, source = circuit_nodes(load_eap_json(cfg.circuit, model=state.model)), cfg.circuit
+        nodes, source = circuit_nodes(load_eap_json(circuit_file(cfg.circuit), model=state.model)), cfg.circuit
     elif cfg.nodes:
         nodes, source = [parse_node(n) for n in cfg.nodes], "--nodes"
     else:

@@ -7,6 +7,7 @@ causal model or featurizer recorded there is a choice here with no edit.
 
 from __future__ import annotations
 
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -28,6 +29,26 @@ def featurizer_choices(featurizers: Mapping[str, catalogue.FeaturizerRecord] | N
 TASKS = tuple(catalogue.CAUSAL_MODELS)
 #: the featurizers ``--featurizers`` offers (:func:`featurizer_choices`)
 FEATURIZERS = featurizer_choices()
+
+
+#: where a run folder of ``experiments.circuit`` or the main job keeps its edge circuit (EAP-IG graph JSON)
+CIRCUIT_IN_RUN = "edge_circuit/circuit.json"
+
+
+def circuit_file(path: str) -> Path:
+    """``--circuit``'s graph JSON: the file itself, or a run folder's :data:`CIRCUIT_IN_RUN`."""
+    given = Path(path)
+    if given.is_dir():
+        inside = given / CIRCUIT_IN_RUN
+        if not inside.is_file():
+            raise InputError(f"--circuit {path}: the folder holds no {CIRCUIT_IN_RUN} (a run of experiments.circuit or "
+                             "the main job writes it when it finds a circuit). Give such a run folder or an EAP-IG "
+                             "graph JSON.")
+        return inside
+    if not given.is_file():
+        raise InputError(f"--circuit {path}: no such file or folder. Give an EAP-IG graph JSON or the run folder of "
+                         "experiments.circuit or the main job.")
+    return given
 
 
 @dataclass(frozen=True)
@@ -68,7 +89,9 @@ class VariablesConfig(BatchSettings, PromptSettings, RunSettings):
     das_lr: float = option(0.01, "learning rate of DAS and DBM", type=cli.positive_float)
     nodes: tuple[str, ...] = option((), "circuit nodes to test (L3H1, MLP5, ...), each at the best position of each "
                                         "variable (default: every head and MLP)")
-    circuit: str | None = option(None, "an EAP-IG graph JSON whose circuit's nodes are tested instead of --nodes")
+    circuit: str | None = option(None, "the circuit whose nodes are tested instead of --nodes: an EAP-IG graph JSON, "
+                                       "or the run folder of experiments.circuit or the main job (its "
+                                       f"{CIRCUIT_IN_RUN})")
     n_shots: int = override(PromptSettings, "n_shots", 3)
 
     def __post_init__(self) -> None:
@@ -78,3 +101,5 @@ class VariablesConfig(BatchSettings, PromptSettings, RunSettings):
                              "validation, test) that sum to 1, such as 0.5 0.25 0.25.")
         if self.nodes and self.circuit:
             raise InputError("--nodes and --circuit both name the circuit's nodes: give one of them.")
+        if self.circuit:
+            circuit_file(self.circuit)  # a missing file is refused before the model loads

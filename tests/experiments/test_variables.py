@@ -74,6 +74,28 @@ def test_bad_flags_are_refused_when_parsed(tmp_path):
         variables_experiment.main(["--nodes", "L0H0", "--circuit", "x.json", "--out", str(tmp_path / "b")])
 
 
+def test_the_circuit_of_a_run_folder_is_tested_node_by_node(digit_loader, tmp_path):
+    """--circuit takes the run folder of experiments.circuit or the main job: its edge_circuit/circuit.json."""
+    from circuits.graph import Graph
+    from circuits.graph_io import save_eap_json
+    from circuits.graph_selection import select_top_n
+
+    model = digit_loader("tiny")
+    scores = Graph.from_model(model)
+    scores.scores[scores.layout.real_edge_mask] = torch.rand(scores.layout.n_edges, generator=torch.Generator().manual_seed(0))
+    folder = tmp_path / "circuit-run"
+    save_eap_json(select_top_n(scores, 60), folder / "edge_circuit" / "circuit.json", d_model=model.cfg.d_model)
+    argv = [a for a in ARGS if a not in ("--nodes", "L1H0", "MLP1")] + ["--featurizers", "pca", "--variables", "a"]
+    saved = variables_experiment.main([*argv, "--circuit", str(folder), "--out", str(tmp_path / "r")],
+                                      loader=digit_loader)
+    nodes = {r["node"] for r in saved["circuit"]["rows"]}
+    assert nodes and saved["circuit"]["nodes_from"] == str(folder)
+    with pytest.raises(InputError, match=r"the folder holds no edge_circuit/circuit.json"):
+        variables_experiment.main(["--circuit", str(tmp_path), "--out", str(tmp_path / "c")])
+    with pytest.raises(InputError, match=r"no such file or folder"):
+        variables_experiment.main(["--circuit", str(tmp_path / "nothing.json"), "--out", str(tmp_path / "d")])
+
+
 def test_a_new_featurizer_record_is_a_flag_choice_and_a_report_column_with_no_other_edit(monkeypatch):
     from experiments.variables.report import featurizer_caption, featurizer_rows
     from patching.variables import catalogue
