@@ -308,11 +308,13 @@ def stability(model, runs, test, cfg: LearnedCircuitConfig) -> dict:
     compared = compare_runs(model, [(s, seed) for s, seed, _ in runs], [g for _, _, g in runs], circuits, test, search,
                             method=cfg.method, kind="learned mask", fractions=STABILITY_FRACTIONS,
                             n_per_set=cfg.n_train)
-    spearman, jaccard = compared.spearman(), compared.jaccard()
+    spearman, jaccard, node_jaccard = compared.spearman(), compared.jaccard(), compared.node_jaccard()
     for p, (a, b) in enumerate(compared.pairs()):
         kind = "sets" if runs[a][0] != runs[b][0] else "seeds"
         out["pairs"].append({"runs": [a, b], "differ_in": kind, "spearman": spearman[p],
-                             "jaccard": {f"{100 * x:g}%": jaccard[i][p] for i, x in enumerate(STABILITY_FRACTIONS)}})
+                             "jaccard": {f"{100 * x:g}%": jaccard[i][p] for i, x in enumerate(STABILITY_FRACTIONS)},
+                             "node_jaccard": {f"{100 * x:g}%": node_jaccard[i][p]
+                                              for i, x in enumerate(STABILITY_FRACTIONS)}})
     out["core"] = [{"fraction": x, "n_edges": int(c.in_graph.sum()), "f": f.to_dict()}
                    for x, c, f in zip(STABILITY_FRACTIONS, compared.cores, compared.core_curve.faithfulness)]
     return out
@@ -332,9 +334,10 @@ def summary(results: dict) -> str:
             lines.append(f"run {i} (training set {entry['set']}, seed {entry['seed']}): test CMD {row['cmd']['value']:.3f}"
                          f"  f@5% {f['value']:.2f} [{f['low']:.2f}, {f['high']:.2f}]")
     for pair in results["stability"]["pairs"]:
-        j = pair["jaccard"]
+        j, nodes = pair["jaccard"], pair["node_jaccard"]
         lines.append(f"runs {pair['runs']} (differ in {pair['differ_in']}): Jaccard 2% {j['2%']:.2f}, 5% {j['5%']:.2f},"
-                     f" 10% {j['10%']:.2f}; Spearman {pair['spearman']:.2f}")
+                     f" 10% {j['10%']:.2f}; nodes {nodes['2%']:.2f}, {nodes['5%']:.2f}, {nodes['10%']:.2f}; "
+                     f"Spearman {pair['spearman']:.2f}")
     for core in results["stability"].get("core", []):
         lines.append(f"stable core at {100 * core['fraction']:g}%: {core['n_edges']} edges, test f "
                      f"{core['f']['value']:.2f} [{core['f']['low']:.2f}, {core['f']['high']:.2f}]")

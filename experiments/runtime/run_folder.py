@@ -177,20 +177,30 @@ def complete_run(path: str | Path, results: dict) -> Path:
 def replaced_runs(path: str | Path) -> list[Path]:
     """The moved-aside runs ``path`` still keeps: the one its marker names, the one *its* marker names, ...
 
-    Only folders that still carry the toolkit's marker are listed (what the toolkit wrote), each once.
+    Only folders that still carry the toolkit's marker are listed (what the toolkit wrote), each once, and only
+    this output's own: ``<name>.replaced-*`` beside ``path``. A run folder copied from another keeps the other's
+    marker, whose chain names the other output's moved-aside runs: those are not this run's to delete.
     """
     chain, seen = [], set()
+    path = Path(path)
     replaced = (read_marker(path) or {}).get("replaced")
     while isinstance(replaced, str) and replaced:
         old = Path(replaced)
         if not old.is_absolute():  # markers of older versions: relative to the run folder's parent
-            old = Path(path).parent / old.name
+            old = path.parent / old.name
+        if not _moved_aside_from(old, path):
+            break
         if old.resolve() in seen or not old.is_dir() or read_marker(old) is None:
             break
         seen.add(old.resolve())
         chain.append(old)
         replaced = read_marker(old).get("replaced")
     return chain
+
+
+def _moved_aside_from(old: Path, path: Path) -> bool:
+    """Whether ``old`` is a name :func:`prepare_run_dir` gives a run it moves aside from ``path``."""
+    return old.resolve().parent == path.resolve().parent and old.name.startswith(f"{path.name}.replaced-")
 
 
 def _jsonable(value: Any) -> Any:

@@ -34,6 +34,8 @@ def test_a_run_chooses_on_validation_and_reports_test_and_stability(tmp_path, ti
     assert [r["set"] for r in stability["runs"]] == [0, 1, 0] and [p["differ_in"] for p in stability["pairs"]] == \
         ["sets", "seeds", "sets"]
     assert all(0 <= p["jaccard"]["5%"] <= 1 for p in stability["pairs"]) and len(stability["core"]) == 3
+    assert all(set(p["node_jaccard"]) == set(p["jaccard"]) and all(0 <= v <= 1 for v in p["node_jaccard"].values())
+               for p in stability["pairs"])
     # the stability stage reuses the sweep's second-set circuit of the chosen setting: the same Jaccard
     chosen = rows.index(best)
     assert stability["pairs"][0]["jaccard"] == pytest.approx(rows[chosen]["jaccard_training_sets"])

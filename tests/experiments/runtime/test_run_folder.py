@@ -95,6 +95,25 @@ def test_overwriting_a_failed_overwrite_leaves_no_replaced_folder_once_complete(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"] and _status(out) == "complete"
 
 
+def test_a_copied_run_folder_never_deletes_the_original_outputs_kept_run(tmp_path):
+    """R/a completes; R/a --overwrite fails and keeps the first run as R/a.replaced-*; R/a is copied to R/b; R/b
+    --overwrite completes. It followed the copied marker to R/a.replaced-* and deleted the only copy of the first
+    run: a run may delete only what was moved aside from its own output."""
+    import shutil
+
+    a = prepare_run_dir(tmp_path / "a")
+    complete_run(a, {"accuracy": 0.9})
+    a = prepare_run_dir(a, overwrite=True)
+    fail_run(a, {}, "merge: ValueError: boom")
+    (kept,) = [p for p in tmp_path.iterdir() if p.name.startswith("a.replaced-")]
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    b = prepare_run_dir(b, overwrite=True)
+    complete_run(b, {"accuracy": 0.8})
+    assert kept.is_dir() and _status(kept) == "complete"  # the first run of a is still there
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["a", "b", kept.name])
+
+
 def test_an_unwritable_out_is_one_line_not_a_permission_traceback(tmp_path, monkeypatch, capsys):
     """An --out that cannot be created was a PermissionError traceback."""
     from experiments import arithmetic as _arithmetic
