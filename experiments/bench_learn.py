@@ -69,6 +69,9 @@ class BenchLearnConfig(PromptSettings, RunSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.steps < 2:
+            raise InputError(f"--steps {self.steps}: each timed run's first step is left out (allocation), so a run "
+                             "needs at least 2 steps to time one.")
         if self.only_profile and not self.profile_steps:
             raise InputError("--only-profile needs --profile-steps N (N >= 1): the profile is all it runs.")
         if self.only_consensus and (self.only_profile or not self.consensus_runs):

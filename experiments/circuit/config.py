@@ -70,6 +70,9 @@ class CircuitConfig(MethodFlags, LearnSettings, BatchSettings, PromptSettings, R
                              "to compare their circuits (e.g. --templates equation statement question).")
         if self.templates and self.templates_size == 0:
             raise InputError("--templates-size 0 selects no edge: give a fraction of the edges in (0, 1], e.g. 0.05.")
+        if len(set(self.stability_seeds)) != len(self.stability_seeds):
+            raise InputError(f"--stability-seeds {' '.join(map(str, self.stability_seeds))} repeats a seed: a run "
+                             "paired with itself adds a Jaccard of 1 to the stability. Give each seed once.")
         if not self.methods or not self.stability_sets:
             return
         if self.stability_sets < 2:

@@ -155,6 +155,7 @@ def split_prompts(run: LearnedCircuitRun) -> None:
         splits = correct_prompt_splits(state.model, task,
                                        (cfg.stability_sets * cfg.n_train, cfg.n_validation, cfg.n_test),
                                        max_shot_draws=cfg.max_shot_draws, batch_size=cfg.batch_size)
+        check_splits_filled(splits, cfg)
         state.train_sets = problem_disjoint_parts(splits.train, cfg.stability_sets, cfg.seed)
         state.validation, state.test = splits.validation, splits.test
     run.results["prompts"] = splits.to_dict() | {"train_sets": [len(s) for s in state.train_sets]}
@@ -256,6 +257,21 @@ def evaluate_on_test(run: LearnedCircuitRun, chosen: dict) -> None:
                 label: paired_curve_difference(c, curves["EAP-IG-inputs"], n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
                 for label, c in curves.items() if label != "EAP-IG-inputs"}
     save_eap_json(state.graphs[state.best], run.out / "learned_circuit.json", state.model.cfg.d_model, overwrite=True)
+
+
+def check_splits_filled(splits, cfg) -> None:
+    """A :class:`circuits.errors.TaskDataError` naming the sizes asked and found when a split came out empty (the
+    operation has fewer answered problems than the sizes ask for), before any circuit is learned on nothing."""
+    from circuits.errors import TaskDataError
+
+    found = {"training": len(splits.train), "validation": len(splits.validation), "test": len(splits.test)}
+    if all(found.values()):
+        return
+    raise TaskDataError(
+        f"The {resolve_operation(cfg.op).name} prompts the model answers fill the training split "
+        f"({cfg.stability_sets} set(s) x --n-train {cfg.n_train}) and leave {', '.join(f'{n} {k}' for k, n in found.items())} "
+        f"prompts (of {splits.n_checked} checked): lower --n-train (or --stability-sets) so that validation "
+        f"(--n-validation {cfg.n_validation}) and test (--n-test {cfg.n_test}) get prompts too.")
 
 
 def measure_stability(run: LearnedCircuitRun, chosen: dict) -> None:

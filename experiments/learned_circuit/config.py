@@ -6,6 +6,8 @@ learned-method names come from the torch-free :mod:`patching.edges.catalogue`.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from circuits.errors import InputError
@@ -59,8 +61,9 @@ class LearnedCircuitConfig(BatchSettings, ShotSettings, RunSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.stability_weight < 0:
-            raise InputError(f"--stability-weight {self.stability_weight}: a weight is >= 0.")
+        if not math.isfinite(self.stability_weight) or self.stability_weight < 0:
+            raise InputError(f"--stability-weight {self.stability_weight}: a weight is a finite number >= 0 (NaN makes "
+                             "every setting's criterion NaN, and the first would be 'chosen').")
         if any(p < 0 for p in self.penalties):
             raise InputError(f"--penalties {self.penalties}: a penalty weight is >= 0.")
         if len(set(self.stability_seeds)) != len(self.stability_seeds) or self.seed in self.stability_seeds:

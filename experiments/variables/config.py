@@ -7,6 +7,8 @@ causal model or featurizer recorded there is a choice here with no edit.
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Mapping
@@ -96,10 +98,16 @@ class VariablesConfig(BatchSettings, PromptSettings, RunSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if len(self.split) != 3 or any(f <= 0 for f in self.split) or abs(sum(self.split) - 1) > 1e-6:
+        if len(self.split) != 3 or not all(math.isfinite(f) and f > 0 for f in self.split) \
+                or abs(sum(self.split) - 1) > 1e-6:
             raise InputError(f"--split {' '.join(map(str, self.split))}: give three positive fractions (train, "
                              "validation, test) that sum to 1, such as 0.5 0.25 0.25.")
         if self.nodes and self.circuit:
             raise InputError("--nodes and --circuit both name the circuit's nodes: give one of them.")
         if self.circuit:
             circuit_file(self.circuit)  # a missing file is refused before the model loads
+        if self.nodes:  # as is a node name no model has
+            from circuits.nodes import parse_node
+
+            for name in self.nodes:
+                parse_node(name)

@@ -58,6 +58,7 @@ from circuits.errors import InputError
 from circuits.end_logits import unembed_end
 from circuits.graph import Graph, GraphLayout
 from patching.edges.catalogue import ACDC_OBJECTIVES as OBJECTIVES
+from patching.edges.catalogue import check_acdc_threshold
 from patching.sweeps import inputs
 from patching.edges.evaluate import ABLATIONS, group_pool_means, circuit_end_residuals, prepare_group
 from patching.edges.engine import edge_mode
@@ -96,8 +97,7 @@ class ACDCConfig:
         if self.ablation not in ABLATIONS:
             raise InputError(f"Unknown ablation {self.ablation!r} for ACDC: use one of {ABLATIONS}.")
         check_norm(self.norm)
-        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) or not self.threshold == self.threshold:
-            raise InputError(f"The ACDC threshold must be a number (τ, in the objective's units), got {self.threshold!r}.")
+        check_acdc_threshold(self.threshold)
         if not isinstance(self.max_batch, int) or self.max_batch < 1:
             raise InputError(f"max_batch must be a positive integer, got {self.max_batch!r}.")
         if not isinstance(self.adaptive_batch, bool):

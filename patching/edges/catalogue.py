@@ -22,6 +22,8 @@ function) and one record here; docs/index.md, "A new circuit method", shows the 
 
 from __future__ import annotations
 
+import math
+
 import importlib
 from dataclasses import dataclass, field, fields
 from typing import Callable, Optional, Union
@@ -86,6 +88,17 @@ class ACDCSettings:
     def __post_init__(self) -> None:
         if self.objective not in ACDC_OBJECTIVES:
             raise InputError(f"Unknown ACDC objective {self.objective!r}: use one of {ACDC_OBJECTIVES}.")
+        check_acdc_threshold(self.threshold)
+
+
+def check_acdc_threshold(threshold) -> float:
+    """``threshold`` if it is a finite number >= 0, else an :class:`InputError`: a negative τ keeps every edge (no
+    removal does less damage than it) and an infinite one none, both without a word."""
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold) \
+            or threshold < 0:
+        raise InputError(f"The ACDC threshold must be a finite number >= 0 (τ, in the objective's units; 0.01 by "
+                         f"default), got {threshold!r}: below 0 ACDC keeps every edge, at infinity none.")
+    return float(threshold)
 
 
 CONSENSUS_RESAMPLING = ("half", "bootstrap")

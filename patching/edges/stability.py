@@ -177,6 +177,9 @@ def circuit_stability(model: HookedTransformer, prompts: Dataset, method: Union[
         raise InputError(f"core_share={core_share}: a core edge is kept by more than this share of the runs; "
                          "give a share in [0, 1) (0.5: a majority).")
     seeds = [search.seed] if seeds is None else list(seeds)
+    if len(set(seeds)) != len(seeds):
+        raise InputError(f"seeds {seeds} repeat a seed: a run paired with itself adds a Jaccard of 1 to the "
+                         "stability. Give each seed once.")
     if not seeds:
         raise InputError("seeds is empty: give at least one seed (default: search.seed).")
     train_sets, heldout = disjoint_sets(prompts, n_sets, search)

@@ -32,6 +32,8 @@ correctly are used, for the base and the source alike (:func:`correct_rows`, sco
 
 from __future__ import annotations
 
+import math
+
 import random
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
@@ -205,7 +207,8 @@ class PairSettings:
         check_positive_int(self.n_controls, "n_controls")
         check_positive_int(self.min_pairs, "min_pairs")
         check_option("scoring", self.scoring, ("first", "whole"))
-        if len(self.split) != 3 or any(f <= 0 for f in self.split) or abs(sum(self.split) - 1) > 1e-9:
+        if len(self.split) != 3 or not all(math.isfinite(f) and f > 0 for f in self.split) \
+                or abs(sum(self.split) - 1) > 1e-9:
             raise InputError(f"split must be three positive fractions (train, validation, test) summing to 1, "
                              f"got {self.split!r}.")
 

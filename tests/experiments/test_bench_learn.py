@@ -61,3 +61,12 @@ def test_bench_learn_times_the_consensus_runs_step_for_step(run_main, tiny_loade
     with pytest.raises(Exception, match="--only-consensus needs"):
         from experiments.bench_learn import BenchLearnConfig
         BenchLearnConfig(only_consensus=True, consensus_runs=0)
+
+
+def test_bench_learn_needs_two_steps_a_run():
+    """--steps 1 left no step to time and ended in 'no median for empty data'."""
+    from circuits.errors import InputError
+    from experiments.bench_learn import BenchLearnConfig
+
+    with pytest.raises(InputError, match="--steps 1: each timed run's first step is left out"):
+        BenchLearnConfig(steps=1)

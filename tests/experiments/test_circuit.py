@@ -182,3 +182,14 @@ def test_stability_sets_that_cannot_be_measured_are_refused_at_parse_time(capsys
     assert fits.stability_prompts_needed() == stability_prompts_needed(3, 16) == 32 and fits.stability_seeds == (1, 2)
     assert circuit_experiment.parse_config(["--methods", "EAP", "--stability-sets", "0", "--n-prompts", "1"])
     assert circuit_experiment.parse_config(["--stability-sets", "9", "--n-prompts", "1"])  # no --methods: unused
+
+
+def test_repeated_stability_seeds_are_refused_before_work(tmp_path):
+    """--stability-seeds 1 1 paired a run with itself and averaged a Jaccard of 1 into the stability."""
+    from experiments import circuit as circuit_experiment
+    from patching.edges.stability import circuit_stability
+
+    with pytest.raises(InputError, match="--stability-seeds 1 1 repeats a seed"):
+        circuit_experiment.main(["--methods", "top-n", "--stability-seeds", "1", "1", "--out", str(tmp_path / "r")])
+    with pytest.raises(InputError, match=r"seeds \[1, 1\] repeat a seed"):
+        circuit_stability(None, None, "top-n", seeds=[1, 1])

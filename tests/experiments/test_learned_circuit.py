@@ -90,7 +90,17 @@ def test_bad_flags_are_refused_before_the_model_loads(tiny_loader, run_main, cap
     with pytest.raises(SystemExit) as exit_info:
         run_main("experiments.learned_circuit", ["--penalties", "-1"], tiny_loader)
     assert exit_info.value.code == 2 and "penalty weight" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="--stability-weight -0.5: a weight is >= 0"):
+    with pytest.raises(ValueError, match="--stability-weight -0.5: a weight is a finite number >= 0"):
         LearnedCircuitConfig(stability_weight=-0.5)
+    with pytest.raises(ValueError, match="--stability-weight nan: a weight is a finite number >= 0"):
+        LearnedCircuitConfig(stability_weight=float("nan"))
     with pytest.raises(ValueError, match="stability-seeds"):
         LearnedCircuitConfig(seed=3, stability_seeds=(3,))
+
+
+def test_a_training_split_that_takes_every_prompt_says_so(tmp_path, tiny_dir):
+    """--n-train 100000 ended in 'The dataset is empty: nothing to batch.', the cause only in an earlier warning."""
+    from circuits.errors import TaskDataError
+
+    with pytest.raises(TaskDataError, match=r"lower --n-train \(or --stability-sets\) so that validation"):
+        learned_circuit.main(SMALL + ["--model", str(tiny_dir), "--n-train", "100000", "--out", str(tmp_path / "r")])

@@ -72,6 +72,18 @@ def test_bad_flags_are_refused_when_parsed(tmp_path):
         variables_experiment.main(["--split", "0.5", "0.5", "0.5", "--out", str(tmp_path / "a")])
     with pytest.raises(InputError, match=r"--nodes and --circuit both name the circuit's nodes"):
         variables_experiment.main(["--nodes", "L0H0", "--circuit", "x.json", "--out", str(tmp_path / "b")])
+    with pytest.raises(InputError, match=r"--split nan nan nan: give three positive fractions"):
+        variables_experiment.main(["--split", "nan", "nan", "nan", "--out", str(tmp_path / "e")])
+    with pytest.raises(InputError):  # a node name no model has: refused when parsed, not after the sweep
+        variables_experiment.main(["--nodes", "Head3", "--out", str(tmp_path / "f")])
+    assert not (tmp_path / "e").exists() and not (tmp_path / "f").exists()
+
+
+def test_pair_settings_refuse_a_nan_split():
+    from patching.variables.causal_models import PairSettings
+
+    with pytest.raises(InputError, match="split must be three positive fractions"):
+        PairSettings(split=(float("nan"),) * 3)
 
 
 def test_the_circuit_of_a_run_folder_is_tested_node_by_node(digit_loader, tmp_path):

@@ -48,3 +48,15 @@ def test_unknown_method_names_are_refused_with_the_catalogued_ones_listed():
     with pytest.raises(InputError, match=r"Unknown circuit method\(s\) \['nope'\]: use any of EAP, EAP-IG-inputs, .*"
                                          r"ilp, positional, ACDC, consensus\."):
         compare_methods(None, None, ["EAP", "nope"])  # refused before the model or the prompts are touched
+
+
+@pytest.mark.parametrize("threshold", [-1.0, float("inf"), float("nan")])
+def test_an_acdc_threshold_that_keeps_every_edge_or_none_is_refused(threshold):
+    """τ = -1 kept every edge and τ = inf none, without a word."""
+    from patching.edges.acdc import ACDCConfig
+    from patching.edges.catalogue import ACDCSettings
+
+    with pytest.raises(InputError, match="ACDC threshold must be a finite number >= 0"):
+        ACDCSettings(threshold=threshold)
+    with pytest.raises(InputError, match="ACDC threshold must be a finite number >= 0"):
+        ACDCConfig(threshold=threshold)
