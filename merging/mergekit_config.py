@@ -28,8 +28,11 @@ generic over those declarations. Parameters keep mergekit's meaning and
 defaults: ``weight`` per model, ``density`` / ``gamma`` / ``epsilon`` per model
 or global (a model's value wins), ``lambda`` (our ``lam``), ``normalize``,
 ``rescale`` and the method's own options (``select_topk``, ``filter_wise``,
-``max_iter``, ``tol``, slerp's required ``t``...). ``int8_mask`` is accepted and has no effect (it only
-changes mergekit's mask dtype). ``dtype`` casts the inputs, ``out_dtype``
+``max_iter``, ``tol``, slerp's required ``t``...). ``int8_mask`` (it only changes mergekit's mask dtype) is
+accepted with no effect where mergekit 0.1.5 declares it (the task-arithmetic family and ``sce``) and by this
+package's own methods; the methods that do not declare it in mergekit either (``slerp``, ``nuslerp``,
+``multislerp``, ``nearswap``, ``arcee_fusion``, ``ram``, ``ramplus_tl``, ``passthrough``) refuse it as an
+unknown parameter. ``dtype`` casts the inputs, ``out_dtype``
 (default ``dtype``) the result. Unknown methods, unknown parameters, values of
 the wrong type (``normalize: 'no'``), gradients (lists), filtered parameters,
 ``modules``, duplicated keys and absurdly deep nesting are
@@ -319,8 +322,9 @@ def load_mergekit_config(path: str | os.PathLike, *, models: Mapping[str, Source
         if base_name is not None and not base_listed:
             if spec.unlisted_base_field is None:
                 weight = " (with its weight)" if spec.needs_weights else ""
-                raise InputError(f"{path}: {given} with base_model: list the base among models{weight}, "
-                                 "as mergekit merges it as one more input.")
+                raise InputError(f"{path}: {given} takes no base_model unless the base is also listed among "
+                                 f"models{weight} (mergekit refuses it too): drop base_model, or list the base "
+                                 "under models to merge it as one more input.")
             base_as_input = True
         inputs = entries
         structural = base_name if base_name is not None else entries[0]["model"]

@@ -256,6 +256,33 @@ def test_arcee_ram_and_passthrough_equal_mergekit(files):
     target.load_state_dict(sliced)  # strict: the full-range slice loads into the same architecture
 
 
+def test_passthrough_with_an_unlisted_base_says_to_drop_it(files):
+    """The hint said "list the base among models", which led to a second refusal (passthrough takes one model)."""
+    folder, _, _ = files
+    path = write(folder, """\
+        models: [{model: mul.safetensors}]
+        base_model: base.safetensors
+        merge_method: passthrough
+    """, "passthrough_base.yml")
+    with pytest.raises(InputError, match="drop base_model"):
+        load_mergekit_config(path).run()
+
+
+@pytest.mark.parametrize("method", ["slerp", "nearswap", "ram"])
+def test_int8_mask_is_refused_where_mergekit_does_not_declare_it(files, method):
+    folder, _, _ = files
+    t = "t: 0.5, " if method in ("slerp", "nearswap") else ""
+    second = "" if t else ", {model: fr.safetensors}"
+    path = write(folder, f"""\
+        models: [{{model: mul.safetensors}}{second}]
+        base_model: base.safetensors
+        merge_method: {method}
+        parameters: {{{t}int8_mask: true}}
+    """, f"int8_{method}.yml")
+    with pytest.raises(InputError, match="int8_mask"):
+        load_mergekit_config(path).run()
+
+
 def test_wudi_runs_from_a_yaml(files):
     from merging import merge
     from merging.methods import WudiConfig
