@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from circuits.errors import InputError
-from merging.methods.config_checks import check_config, check_no_weights
+from merging.methods.config_checks import check_config, check_no_weights, warn_outside
 from merging.methods.mergekit_spec import MergekitParameter, MergekitSpec
 from merging.primitives import task_vectors, work_dtype
 
@@ -115,6 +115,11 @@ class RamPlusConfig(RamConfig):
 
     r: float = 0.1
     alpha: float = 0.2
+
+    def __post_init__(self):
+        super().__post_init__()
+        warn_outside(self, "alpha", 0.0, None, "clamp(ρ, 0, alpha) is then alpha for every entry, so all unique "
+                                               "entries are scaled by 1 + r·alpha whatever their ratio ρ")
 
 
 RAM_MERGEKIT = MergekitSpec(parameters=(MergekitParameter("epsilon"),))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import warnings
 from collections.abc import Sequence
 
 from circuits.errors import InputError
@@ -68,6 +69,21 @@ def check_config(config) -> None:
             if field.name == "tall_lambda" and v < 0:
                 raise InputError(f"{name}.tall_lambda={v} is negative; TALL's λ_t weighs |τ_MTL − τ_t| in the "
                                  "mask |τ_t| >= λ_t |τ_MTL − τ_t| and must be >= 0 (the paper's range is 0.2 to 0.6).")
+
+
+class SurprisingValueWarning(UserWarning):
+    """A value mergekit accepts and acts on, though it is rarely what a config means (kept, and said)."""
+
+
+def warn_outside(config, field: str, low: float | None, high: float | None, effect: str) -> None:
+    """Warn (:class:`SurprisingValueWarning`) when ``config.<field>`` lies outside ``[low, high]``: mergekit takes
+    the value, and so does this package, with ``effect`` said instead of silently applied."""
+    value = getattr(config, field)
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"[{low:g}, {high:g}]" if low is not None and high is not None else \
+            (f">= {low:g}" if low is not None else f"<= {high:g}")
+        warnings.warn(f"{type(config).__name__}.{field}={value:g} is outside {bounds}: {effect} (as mergekit does).",
+                      SurprisingValueWarning, stacklevel=4)
 
 
 def check_choice(config, field: str, choices: Sequence[str]) -> None:

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from circuits.errors import InputError
-from merging.methods.config_checks import check_config, check_no_weights, check_weights
+from merging.methods.config_checks import check_config, check_no_weights, check_weights, warn_outside
 from merging.methods.mergekit_spec import MergekitParameter, MergekitSpec
 from merging.primitives import work_dtype
 
@@ -54,6 +54,7 @@ class SlerpConfig:
 
     def __post_init__(self):
         check_config(self)
+        warn_outside(self, "t", 0.0, 1.0, "slerp extrapolates beyond the base and the expert")
 
 
 SLERP_MERGEKIT = MergekitSpec(parameters=(MergekitParameter("t", required=True),))
@@ -166,6 +167,7 @@ class MultiSlerpConfig:
 
     def __post_init__(self):
         check_config(self)
+        warn_outside(self, "eps", 0.0, None, "a negative guard can make a norm's divisor 0 or negative")
 
 
 MULTISLERP_MERGEKIT = MergekitSpec(
@@ -223,6 +225,7 @@ class NearswapConfig:
 
     def __post_init__(self):
         check_config(self)
+        warn_outside(self, "t", 0.0, None, "no entry is near enough to swap, so the result is the base")
 
 
 NEARSWAP_MERGEKIT = MergekitSpec(parameters=(MergekitParameter("t", required=True),))

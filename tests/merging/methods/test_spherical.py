@@ -118,3 +118,22 @@ def test_two_model_methods_refuse_more_experts(method, config):
 def test_nuslerp_refuses_other_than_two_experts():
     with pytest.raises(InputError, match="nuslerp merges exactly two models .*got 3 experts"):
         nuslerp(torch.zeros(3), [torch.ones(3)] * 3, NuSlerpConfig())
+
+
+def test_values_mergekit_acts_on_though_rarely_meant_are_kept_and_said():
+    """slerp t outside [0, 1] extrapolates, nearswap t < 0 returns the base, multislerp eps < 0 and ramplus_tl
+    alpha < 0 were accepted without a word: mergekit's behaviour is kept, with a warning."""
+    from merging.methods.arcee import RamPlusConfig
+    from merging.methods.config_checks import SurprisingValueWarning
+    from merging.methods.spherical import MultiSlerpConfig, NearswapConfig, SlerpConfig
+
+    for make, match in ((lambda: SlerpConfig(t=1.5), "slerp extrapolates"),
+                        (lambda: NearswapConfig(t=-1.0), "the result is the base"),
+                        (lambda: MultiSlerpConfig(eps=-1.0), "divisor"),
+                        (lambda: RamPlusConfig(alpha=-1.0), "whatever their ratio")):
+        with pytest.warns(SurprisingValueWarning, match=match):
+            make()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SlerpConfig(t=0.3), NearswapConfig(t=0.1), MultiSlerpConfig(), RamPlusConfig()
