@@ -49,9 +49,10 @@ class WudiConfig:
 
     def __post_init__(self):
         check_config(self)
-        if self.steps < 0 or self.lr <= 0:
-            raise InputError(f"WudiConfig(steps={self.steps}, lr={self.lr}): steps must be >= 0 and lr > 0 "
-                             "(the paper's code: steps=300, lr=1e-5).")
+        if self.steps < 0 or not 0 < self.lr <= 1:
+            raise InputError(f"WudiConfig(steps={self.steps}, lr={self.lr}): steps must be >= 0 and lr in (0, 1] "
+                             "(an Adam step moves each entry by about lr, and task vectors' entries are far below 1; "
+                             "the paper's code: steps=300, lr=1e-5).")
 
 
 # Not in mergekit: its YAML under our name wudi; no per-model weights (the paper has none).

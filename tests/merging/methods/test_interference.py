@@ -76,7 +76,9 @@ def test_merge_runs_wudi_and_refuses_bad_settings():
     merged = merge("wudi", base, experts, WudiConfig(steps=3), progress=False)["blocks.0.mlp.W_in"]
     torch.testing.assert_close(merged, wudi(base["blocks.0.mlp.W_in"], [e["blocks.0.mlp.W_in"] for e in experts],
                                             WudiConfig(steps=3), key="blocks.0.mlp.W_in"))
-    with pytest.raises(InputError, match=r"WudiConfig\(steps=-1, lr=1e-05\): steps must be >= 0 and lr > 0"):
+    with pytest.raises(InputError, match=r"WudiConfig\(steps=-1, lr=1e-05\): steps must be >= 0 and lr in \(0, 1\]"):
         WudiConfig(steps=-1)
+    with pytest.raises(InputError, match=r"lr=1e\+38\): steps must be >= 0 and lr in \(0, 1\]"):
+        WudiConfig(lr=1.0e38)  # was torch's "value cannot be converted to type float without overflow"
     with pytest.raises(InputError, match="wudi takes no per-expert weights"):
         merge("wudi", base, experts, weights=[1.0, 2.0, 1.0], progress=False)
