@@ -31,6 +31,7 @@ from typing import Sequence
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import mib_selector
@@ -131,7 +132,10 @@ def learn_runs(run: ComparisonRun, runs: int, resampling: str, steps: int, init)
     lengths = [len(tokens) for tokens in run.selection["tokens"]]
     prompt_sets = [run.selection.select(resample_rows(lengths, resampling, seed)) for seed in seeds]
     started = time.perf_counter()
-    learned = learn_circuits(run.model, prompt_sets, seeds=seeds, config=config, init=init)
+    bar = tqdm(total=runs * config.steps, desc=f"consensus: {runs} learned runs", unit="step", leave=False)
+    learned = learn_circuits(run.model, prompt_sets, seeds=seeds, config=config, init=init,
+                             on_step=lambda _: bar.update())
+    bar.close()
     seconds = round(time.perf_counter() - started, 1)
     return Consensus(run.layout, torch.stack([circuit.graph.scores for circuit in learned])), seconds
 
