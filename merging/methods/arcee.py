@@ -19,7 +19,11 @@ Each decides, entry by entry, how much of the experts' task vectors ``τ_i = θ_
   contributions over the number of its unique ones (per tensor): an expert whose
   update overlaps others' gets its own entries reinforced.
 
-The numerics follow mergekit 0.1.5's functions step for step (tested equal). The
+The numerics follow mergekit 0.1.5's functions step for step, tested equal in float32 and float64. In bfloat16 and
+float16 mergekit computes in the inputs' dtype; this package computes in float32 and rounds once, so Arcee
+Fusion's mask is the float64 computation's where mergekit's flips entries (up to 2.6 on N(0, 1) tensors), and RAM
+and RAM+ stay within two units in the last place of mergekit's result and one of the float64 result
+(tests/merging/methods/test_arcee.py). The
 row of Arcee Fusion's softmax is the tensor's last dimension in TransformerLens's
 layout (mergekit's, on a Hugging Face checkpoint, is the input dimension of a linear
 layer); the rest is elementwise.

@@ -11,7 +11,11 @@ in different directions; interpolating on the sphere keeps the norm profile.
   ``t = w_2 / (w_1 + w_2)`` from their weights (0.5 when the weights sum to ~0);
   with a base (``use_base``) it interpolates their task vectors and adds the
   base back. ``nuslerp_flatten``: the whole tensor is one vector; else each row
-  (``nuslerp_row_wise``, dim 0) or each column (the last dim) separately.
+  (``nuslerp_row_wise``, dim 0) or each column (the last dim) separately. The rows and
+  columns are those of TransformerLens' layout (``W_Q [n_heads, d_model, d_head]``,
+  ``W_in [d_model, d_mlp]``), not those of the Hugging Face checkpoint mergekit reads
+  (``[out, in]``): the flattened default is the same merge, the per-row and per-column
+  modes are not (they agree with mergekit on the tensors as given, not on the checkpoint).
 * **Multi-SLERP** (mergekit's ``multislerp``): the weighted barycentre of N
   experts on the unit sphere (one step of the exponential map from their
   normalised weighted mean), scaled by their weighted mean norm; with a base,
@@ -19,7 +23,9 @@ in different directions; interpolating on the sphere keeps the norm profile.
 * **NearSwap** (mergekit's ``nearswap``): per entry, the expert's value where it
   is within ``t`` of the base's, a blend ``t/|θ1 − θ0|`` towards it elsewhere.
 
-The numerics follow mergekit 0.1.5's functions step for step (tested equal).
+The numerics follow mergekit 0.1.5's functions step for step, tested equal in float32 and float64; bfloat16 and
+float16 inputs are computed in float32 and rounded once (mergekit computes in the inputs' dtype), so there the
+two can differ by rounding.
 """
 
 from __future__ import annotations
