@@ -21,7 +21,7 @@ of keys or on which other tensors are merged.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -52,12 +52,14 @@ def merge(
     device: str | torch.device = "cpu",
     progress: bool = True,
     check: bool = True,
+    config_for: Callable[[str], tuple[object, Sequence[float] | None]] | None = None,
 ) -> dict[str, Tensor]:
     """Merge ``experts`` into ``base`` with ``REGISTRY[method]``; return the merged state dict (on ``device``).
 
     ``config`` defaults to the method's config class with its defaults;
     ``weights`` (one per expert, default 1) are the mergekit-style per-model
-    weights ``w_i``; ``lines`` adds LiNeS layer scaling.
+    weights ``w_i``; ``lines`` adds LiNeS layer scaling. ``config_for(key)``: a tensor's own
+    ``(config, weights)`` where they vary by tensor (a mergekit YAML's gradients and filters), else None.
     """
     if method not in REGISTRY:
         raise InputError(f"Unknown merge method {method!r}; choose one of {sorted(REGISTRY)}.")
@@ -85,11 +87,13 @@ def merge(
             # no expert changed it (e.g. frozen embeddings): every method returns θ0; skip the work and memory
             merged[key] = base_t.clone()
             continue
+        own = None if config_for is None else config_for(key)
+        tensor_config, tensor_weights = (config, weights) if own is None else own
         out = record.function(
             base_t,
             expert_ts,
-            config,
-            weights=weights,
+            tensor_config,
+            weights=tensor_weights,
             generator=tensor_generator(seed, key),
             thresholds=thresholds,
             key=key,

@@ -34,9 +34,10 @@ package's own methods; the methods that do not declare it in mergekit either (``
 ``multislerp``, ``nearswap``, ``arcee_fusion``, ``ram``, ``ramplus_tl``, ``passthrough``) refuse it as an
 unknown parameter. ``dtype`` casts the inputs, ``out_dtype``
 (default ``dtype``) the result. Unknown methods, unknown parameters, values of
-the wrong type (``normalize: 'no'``), gradients (lists), filtered parameters,
-``modules``, duplicated keys and absurdly deep nesting are
-:class:`circuits.errors.InputError` s.
+the wrong type (``normalize: 'no'``), ``modules``, duplicated keys and absurdly deep nesting are
+:class:`circuits.errors.InputError` s. Gradients (lists over the layers) and filtered values
+(``- filter: self_attn``) are resolved for each tensor as mergekit resolves them
+(:mod:`merging.mergekit_settings`).
 
 ``slices:`` (mergekit's layer ranges, used by ``passthrough`` to stack layers) is read
 when it keeps the architecture: one slice whose sources each take every layer
@@ -60,6 +61,7 @@ from circuits.errors import InputError
 from merging.apply import merge
 from merging.lines import n_layers_of
 from merging.methods import MERGEKIT_NAMES, REGISTRY
+from merging.mergekit_settings import TensorSetting, hf_name, layer_position, read_setting, resolved
 from merging.methods.mergekit_spec import MergekitSpec, read_value
 from merging.state_dicts import SourceLike, StateDictSource
 
@@ -167,12 +169,15 @@ class MergePlan:
     dtype: torch.dtype | None = None
     out_dtype: torch.dtype | None = None
     notes: list[str] = field(default_factory=list)
+    #: where a parameter varies by tensor (gradients, filters): each tensor's (config, weights)
+    per_tensor: dict | None = None
 
     def run(self, *, device: str | torch.device = "cpu", progress: bool = True, lines=None) -> dict[str, Tensor]:
         """Merge as configured; tensors cast to ``out_dtype`` (or ``dtype``) when the config names one."""
         cast = (lambda s: _Cast(s, self.dtype)) if self.dtype is not None else (lambda s: s)
+        config_for = None if self.per_tensor is None else self.per_tensor.get
         merged = merge(self.method, cast(self.base), [cast(e) for e in self.experts], self.config,
-                       weights=self.weights, lines=lines, device=device, progress=progress)
+                       weights=self.weights, lines=lines, device=device, progress=progress, config_for=config_for)
         out = self.out_dtype or self.dtype
         if out is not None:
             merged = {k: v.to(out) if v.is_floating_point() else v for k, v in merged.items()}
@@ -206,7 +211,7 @@ def _global_settings(spec: MergekitSpec, params, path: Path, given: str) -> dict
         param = spec.parameter(key)
         if param is None:
             raise InputError(f"{path}: unknown parameter {key!r} for {given}; accepted: {spec.accepted()}.")
-        value = param.read(value, f"{path}: parameters.{key}")
+        value = read_setting(value, param.read, f"{path}: parameters.{key}")
         if not param.ignored:
             settings[param.field] = value
     return settings
@@ -225,13 +230,15 @@ def _per_model_values(spec: MergekitSpec, inputs: list[dict], path: Path, given:
         if "weight" in params:
             if not spec.takes_weights:
                 raise InputError(f"{label}: {given} takes no per-model weight (unknown parameter 'weight').")
-            weights.append(read_value(params.pop("weight"), float, "weight", label + " weight"))
+            weights.append(read_setting(params.pop("weight"), lambda v, w: read_value(v, float, "weight", w),
+                                        label + " weight"))
         elif spec.needs_weights:
             raise InputError(f"{label}: missing parameter 'weight' (mergekit requires it for {given}).")
         for p in per_expert:
-            per_model[p].append(p.read(params.pop(p.name), f"{label} {p.name}") if p.name in params else None)
+            per_model[p].append(read_setting(params.pop(p.name), p.read, f"{label} {p.name}")
+                                if p.name in params else None)
         for k in spec.ignored() & set(params):
-            spec.parameter(k).read(params.pop(k), f"{label} {k}")
+            read_setting(params.pop(k), spec.parameter(k).read, f"{label} {k}")
         if params:
             accepted = (["weight"] if spec.takes_weights else []) + [p.name for p in per_expert]
             raise InputError(f"{label}: unknown per-model parameters {sorted(params, key=str)}; "
@@ -275,6 +282,32 @@ def _entries_from_slices(slices, path: Path, models: Mapping[str, SourceLike] | 
     return entries
 
 
+def _inputs(spec: MergekitSpec, entries: list[dict], base_name, path: Path, given: str) -> tuple[list[dict], str, bool]:
+    """The models merged, the model whose structure the result takes, and whether an unlisted ``base_model`` is one
+    more input (``unlisted_base_field``), by the method's base rules (:class:`MergekitSpec`)."""
+    entries_wo_base = [e for e in entries if e["model"] != base_name]
+    base_listed = len(entries_wo_base) < len(entries)
+    base_as_input = False  # a base_model not among models, made one more input (unlisted_base_field)
+    if spec.needs_base:
+        if base_name is None:
+            raise InputError(f"{path}: {given} needs base_model (the task vectors are taken against it).")
+        inputs, structural = entries_wo_base, base_name
+    elif spec.optional_base_field is not None:  # a base, if named, is the origin of the task vectors
+        inputs = entries_wo_base
+        structural = base_name if base_name is not None else entries[0]["model"]
+    else:  # every listed model is an input, the base too when listed
+        if base_name is not None and not base_listed:
+            if spec.unlisted_base_field is None:
+                weight = " (with its weight)" if spec.needs_weights else ""
+                raise InputError(f"{path}: {given} takes no base_model unless the base is also listed among "
+                                 f"models{weight} (mergekit refuses it too): drop base_model, or list the base "
+                                 "under models to merge it as one more input.")
+            base_as_input = True
+        inputs = entries
+        structural = base_name if base_name is not None else entries[0]["model"]
+    return inputs, structural, base_as_input
+
+
 def load_mergekit_config(path: str | os.PathLike, *, models: Mapping[str, SourceLike] | None = None) -> MergePlan:
     """Parse the mergekit YAML at ``path`` into a :class:`MergePlan` (call ``.run()`` to merge).
 
@@ -306,55 +339,102 @@ def load_mergekit_config(path: str | os.PathLike, *, models: Mapping[str, Source
         raise InputError(f"{path}: 'models' must be a list of {{model: ..., parameters: {{...}}}} entries.")
     folder = path.parent
     base_name = raw.get("base_model")
-    entries_wo_base = [e for e in entries if e["model"] != base_name]
-    base_listed = len(entries_wo_base) < len(entries)
-    defaults = {f.name: f.default for f in dataclasses.fields(record.config)}
 
-    base_as_input = False  # a base_model not among models, made one more input (unlisted_base_field)
-    if spec.needs_base:
-        if base_name is None:
-            raise InputError(f"{path}: {given} needs base_model (the task vectors are taken against it).")
-        inputs, structural = entries_wo_base, base_name
-    elif spec.optional_base_field is not None:  # a base, if named, is the origin of the task vectors
-        inputs = entries_wo_base
-        structural = base_name if base_name is not None else entries[0]["model"]
-    else:  # every listed model is an input, the base too when listed
-        if base_name is not None and not base_listed:
-            if spec.unlisted_base_field is None:
-                weight = " (with its weight)" if spec.needs_weights else ""
-                raise InputError(f"{path}: {given} takes no base_model unless the base is also listed among "
-                                 f"models{weight} (mergekit refuses it too): drop base_model, or list the base "
-                                 "under models to merge it as one more input.")
-            base_as_input = True
-        inputs = entries
-        structural = base_name if base_name is not None else entries[0]["model"]
+    inputs, structural, base_as_input = _inputs(spec, entries, base_name, path, given)
     if not inputs:
         raise InputError(f"{path}: no models to merge besides the base.")
     if record.max_experts is not None and len(inputs) > record.max_experts:
         raise InputError(f"{path}: {given} merges at most {record.max_experts} model(s) besides base_model, "
                          f"got {len(inputs)}: {[e['model'] for e in inputs]}.")
 
-    settings = _global_settings(spec, raw.get("parameters"), path, given)
+    global_settings = _global_settings(spec, raw.get("parameters"), path, given)
     weights, per_model = _per_model_values(spec, inputs, path, given)
-    for p, values in per_model.items():
-        if any(v is not None for v in values):
-            default = settings.get(p.field, defaults[p.field])
-            settings[p.field] = tuple(default if v is None else v for v in values)
-    missing = [p.name for p in spec.required() if p.field not in settings]
+    missing = [p.name for p in spec.required() if p.field not in global_settings
+               and not any(v is not None for v in per_model.get(p, []))]
     if missing:
         raise InputError(f"{path}: {given} requires parameters {missing} (mergekit has no default for them); "
                          "give them under parameters:.")
+    fixed = {}
     if base_as_input:
-        settings[spec.unlisted_base_field] = True
+        fixed[spec.unlisted_base_field] = True
     if spec.optional_base_field is not None:
-        settings[spec.optional_base_field] = base_name is not None
-    config = record.config(**settings)
+        fixed[spec.optional_base_field] = base_name is not None
+    settings = _Settings(record, spec, global_settings, per_model, weights or None, fixed, path)
     names = [e["model"] for e in inputs]
     base_src = _resolve(structural, models, folder, "base")
     experts = [_resolve(n, models, folder, f"model {n!r}") for n in names]
     dtype = _dtype(raw.get("dtype"), path, "dtype")
     out_dtype = _dtype(raw.get("out_dtype"), path, "out_dtype")
-    return MergePlan(method, config, base_src, experts, names, weights or None, dtype, out_dtype)
+    config, plain_weights = settings.at("", 0.0)
+    per_tensor = settings.per_tensor(base_src.param_keys()) if settings.varies() else None
+    return MergePlan(method, config, base_src, experts, names, plain_weights, dtype, out_dtype,
+                     per_tensor=per_tensor)
+
+
+@dataclass
+class _Settings:
+    """A YAML's parameters as given: global, per model (scalars or :class:`TensorSetting` s), the weights and the
+    fields the base rules fix; resolved into a config (and weights) for one tensor at a time."""
+
+    record: object
+    spec: MergekitSpec
+    global_settings: dict
+    per_model: dict
+    weights: list | None
+    fixed: dict
+    path: Path
+
+    def varies(self) -> bool:
+        """Whether any value depends on the tensor (a gradient or a filter)."""
+        given = [*self.global_settings.values(), *(self.weights or []),
+                 *(v for values in self.per_model.values() for v in values)]
+        return any(isinstance(v, TensorSetting) for v in given)
+
+    def at(self, name: str, t: float) -> tuple[object, list[float] | None]:
+        """The config and weights of the tensor mergekit calls ``name`` at layer position ``t`` (module docstring
+        of :mod:`merging.mergekit_settings`): a model's own value, else the global one, else the default."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self.record.config)}
+        values = {}
+        for field_name, setting in self.global_settings.items():
+            value = resolved([setting], name, t)
+            if value is not None:
+                values[field_name] = value
+        for p, given in self.per_model.items():
+            if any(v is not None for v in given):
+                fallback = values.get(p.field, defaults[p.field])
+                values[p.field] = tuple(resolved([v, fallback], name, t) for v in given)
+        for p in self.spec.required():
+            if p.field not in values:
+                raise InputError(f"{self.path}: {p.name} has no value for tensor {name!r} (no filter matches it and "
+                                 "no unfiltered value is given): add an entry without a filter as the fallback.")
+        values = {field_name: _checked(self.spec, field_name, value, self.path) for field_name, value in values.items()}
+        weights = None if self.weights is None else [
+            read_value(resolved([w], name, t), float, "weight", f"{self.path}: weight of {name!r}") for w in self.weights]
+        return self.record.config(**values, **self.fixed), weights
+
+    def per_tensor(self, keys) -> dict:
+        """Every tensor's (config, weights), keyed by its TransformerLens name, each config built once."""
+        n_layers = n_layers_of(keys)
+        made: dict = {}
+        out = {}
+        for key in keys:
+            config, weights = self.at(hf_name(key), layer_position(key, n_layers))
+            if getattr(config, "scope", "tensor") == "model":
+                raise InputError(f"{self.path}: scope: model takes one threshold over the whole model, so its "
+                                 "parameters cannot vary by tensor: give scalar values, or scope: tensor.")
+            out[key] = made.setdefault((repr(config), tuple(weights or ())), (config, weights))
+        return out
+
+
+def _checked(spec: MergekitSpec, field_name: str, value, path: Path):
+    """An interpolated value read again as its parameter's type (an int parameter's gradient must land on whole
+    numbers); tuples (one per model) element by element."""
+    param = next((p for p in spec.parameters if p.field == field_name), None)
+    if param is None:
+        return value
+    if isinstance(value, tuple):
+        return tuple(param.read(v, f"{path}: {param.name}") for v in value)
+    return param.read(value, f"{path}: {param.name}")
 
 
 def _dtype(name, path: Path, what: str) -> torch.dtype | None:

@@ -107,7 +107,7 @@ class VariablesConfig(BatchSettings, PromptSettings, RunSettings):
         if self.circuit:
             circuit_file(self.circuit)  # a missing file is refused before the model loads
         if self.nodes:  # as is a node name no model has
-            from circuits.nodes import parse_node
+            from circuits import parse_node
 
             for name in self.nodes:
                 parse_node(name)

@@ -30,7 +30,8 @@ def read_value(value, kind: type, name: str, where: str):
     a bool must be a YAML boolean, not a string such as ``'no'``.
     """
     if isinstance(value, (list, dict)):
-        raise InputError(f"{where}: gradients (lists) and filtered parameters are not supported here; give one value.")
+        raise InputError(f"{where}: a list or mapping where one value belongs (gradients and filters are lists of "
+                         "values or of {filter, value} entries, one level deep).")
     if kind is bool:
         if not isinstance(value, bool):
             raise InputError(f"{where} is {value!r} (a {type(value).__name__}): {name} takes true or false "

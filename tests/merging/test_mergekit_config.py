@@ -256,18 +256,6 @@ def test_arcee_ram_and_passthrough_equal_mergekit(files):
     target.load_state_dict(sliced)  # strict: the full-range slice loads into the same architecture
 
 
-def test_passthrough_with_an_unlisted_base_says_to_drop_it(files):
-    """The hint said "list the base among models", which led to a second refusal (passthrough takes one model)."""
-    folder, _, _ = files
-    path = write(folder, """\
-        models: [{model: mul.safetensors}]
-        base_model: base.safetensors
-        merge_method: passthrough
-    """, "passthrough_base.yml")
-    with pytest.raises(InputError, match="drop base_model"):
-        load_mergekit_config(path).run()
-
-
 @pytest.mark.parametrize("method", ["slerp", "nearswap", "ram"])
 def test_int8_mask_is_refused_where_mergekit_does_not_declare_it(files, method):
     folder, _, _ = files
@@ -321,15 +309,24 @@ def test_slerp_with_two_models_is_refused(files):
     ("models: [{model: add}]\nmerge_method: frankenmerge\n", "merge_method 'frankenmerge' is not implemented here"),
     ("models: [{model: add}]\nbase_model: base.safetensors\nmerge_method: slerp\n",
      r"slerp requires parameters \['t'\] \(mergekit has no default for them\)"),
-    ("models: [{model: add}]\nbase_model: base.safetensors\nmerge_method: nearswap\nparameters: {t: [0, 1]}\n",
-     "gradients .* are not supported"),
+    ("models: [{model: add}]\nbase_model: base.safetensors\nmerge_method: nearswap\nparameters: {t: [[0, 1]]}\n",
+     r"parameters.t\[0\]: a filtered entry is \{filter: <module name part>, value: <value or gradient>\}"),
+    ("models: [{model: add}]\nbase_model: base.safetensors\nmerge_method: nearswap\nparameters: {t: []}\n",
+     "parameters.t: an empty list"),
+    ("models: [{model: add}]\nbase_model: base.safetensors\nmerge_method: nearswap\n"
+     "parameters: {t: {filter: 3, value: 0.5}}\n", "filter must be a string"),
+    ("models: [{model: mul.safetensors}]\nbase_model: base.safetensors\nmerge_method: slerp\n"
+     "parameters: {t: [{filter: self_attn, value: 0.3}]}\n",
+     "t has no value for tensor .* add an entry without a filter"),
+    ("models: [{model: mul.safetensors}]\nbase_model: base.safetensors\nmerge_method: passthrough\n",
+     "drop base_model"),  # the hint said "list the base among models", which passthrough refuses too
     ("models: [{model: add, parameters: {weight: 1}}]\nbase_model: base.safetensors\nmerge_method: ties\n"
      "parameters: {densty: 0.5}\n", "unknown parameter 'densty' for ties; accepted: .*'density'"),
     ("models: [{model: add, parameters: {weight: 1, dens: 0.5}}]\nbase_model: base.safetensors\n"
      "merge_method: ties\n", r"unknown per-model parameters \['dens'\]"),
     ("models: [{model: add}]\nbase_model: base.safetensors\nmerge_method: ties\n", "missing parameter 'weight'"),
-    ("models: [{model: add, parameters: {weight: [0.1, 0.9]}}]\nbase_model: base.safetensors\nmerge_method: ties\n",
-     "gradients .* are not supported"),
+    ("models: [{model: add, parameters: {weight: [0.1, 'x']}}]\nbase_model: base.safetensors\nmerge_method: ties\n",
+     r"weight\[1\] is 'x' \(a str\): weight takes a number"),
     ("models: [{model: add, parameters: {weight: 1}}]\nmerge_method: ties\n", "ties needs base_model"),
     ("models: [{model: nowhere, parameters: {weight: 1}}]\nbase_model: base.safetensors\nmerge_method: ties\n",
      "cannot resolve model 'nowhere'"),
@@ -428,3 +425,110 @@ def test_a_binary_file_is_named_not_a_unicode_traceback(tmp_path):
     path.write_bytes(b"\xff\xfe\x00merge_method: ties\x80\x81")
     with pytest.raises(InputError, match=r"bin\.yml is not a text file \(not UTF-8\)"):
         load_mergekit_config(path)
+
+
+SLERP_CARD = """\
+    slices:
+      - sources:
+          - model: add
+            layer_range: [0, 2]
+          - model: mul.safetensors
+            layer_range: [0, 2]
+    merge_method: slerp
+    base_model: add
+    parameters:
+      t:
+        - filter: self_attn
+          value: [0, 0.4, 1]
+        - filter: mlp
+          value: [1, 0.6, 0]
+        - value: 0.25
+    dtype: float32
+"""
+
+
+def _mergekit_setting(tensor_name, setting, t):
+    """mergekit 0.1.5's own resolution of a YAML parameter for one tensor (mergekit.config.evaluate_setting)."""
+    from mergekit.config import ConditionalParameter, evaluate_setting
+
+    if isinstance(setting, list) and setting and isinstance(setting[0], dict):
+        setting = [ConditionalParameter(**entry) for entry in setting]
+    return evaluate_setting(tensor_name, setting, t, validate=float)
+
+
+def test_the_slerp_config_of_model_cards_equals_mergekit_tensor_by_tensor(files):
+    """Gradients over the layers under filters on the module's name, with an unfiltered fallback: each tensor's t
+    is mergekit's own resolution of the YAML (its evaluate_setting, on the Hugging Face name of the tensor and its
+    layer position), and each merged tensor mergekit's slerp at that t."""
+    import yaml
+
+    from merging.lines import n_layers_of
+    from merging.mergekit_settings import hf_name, layer_position
+
+    folder, base, sds = files
+    path = write(folder, SLERP_CARD, "slerp_card.yml")
+    merged = load_mergekit_config(path).run(progress=False)
+    setting = yaml.safe_load(textwrap.dedent(SLERP_CARD))["parameters"]["t"]
+    keys = [k for k in base if not is_buffer(k)]
+    n_layers = n_layers_of(keys)
+    ts = set()
+    for key in keys:
+        t = _mergekit_setting(hf_name(key), setting, layer_position(key, n_layers))
+        ts.add(round(t, 6))
+        expected = mergekit_tensor("slerp", sds["add"][key], [sds["mul"][key]], {"t": t})
+        torch.testing.assert_close(merged[key], expected, atol=1e-6, rtol=0, msg=key)
+    assert ts == {0.0, 0.25, 1.0}  # two layers: both ends of each gradient, and the fallback
+
+
+@pytest.mark.parametrize("setting", [[0, 0.5, 0.3, 0.7, 1], [1.0, 0.0], [0.25], [True, False, True],
+                                     [{"filter": "mlp", "value": [0, 1]}, {"filter": "*", "value": 0.2}],
+                                     [{"filter": "self_attn", "value": 0.9}]])
+def test_a_setting_resolves_as_mergekit_resolves_it_at_every_layer_position(setting):
+    """Interpolation between a gradient's points (and discrete picks for booleans), filters and their fallbacks,
+    on the names of every kind of tensor, against mergekit's evaluate_setting."""
+    from mergekit.config import ConditionalParameter, evaluate_setting
+
+    from merging.mergekit_settings import hf_name, read_setting, resolved
+
+    ours = read_setting(setting, lambda v, where: v, "t")
+    theirs = [ConditionalParameter(**e) for e in setting] if isinstance(setting[0], dict) else setting
+    validate = bool if isinstance(setting[0], bool) else float
+    for key in ("blocks.3.attn.W_Q", "blocks.3.mlp.W_in", "blocks.0.ln1.w", "embed.W_E", "unembed.W_U"):
+        for t in (0.0, 0.1, 0.25, 0.4, 0.5, 0.77, 0.9, 1.0):
+            expected = evaluate_setting(hf_name(key), theirs, t, validate=validate)
+            got = resolved([ours], hf_name(key), t)
+            assert got == pytest.approx(expected) if expected is not None else got is None, (key, t)
+
+
+def test_per_model_gradients_and_filtered_densities_equal_mergekit(files):
+    """TIES with a per-model weight gradient and a global density given per module, one model's own density
+    overriding it: mergekit's precedence (the model's value, else the global one, else the default)."""
+    from merging.lines import n_layers_of
+    from merging.mergekit_settings import hf_name, layer_position
+
+    folder, base, sds = files
+    path = write(folder, """\
+        models:
+          - model: add
+            parameters: {weight: [0.2, 1.0], density: [{filter: mlp, value: 0.9}]}
+          - model: mul.safetensors
+            parameters: {weight: 0.5}
+        base_model: base.safetensors
+        merge_method: ties
+        parameters:
+          density: [{filter: self_attn, value: 0.3}, {value: 0.6}]
+    """, "ties_gradients.yml")
+    merged = load_mergekit_config(path).run(progress=False)
+    keys = [k for k in base if not is_buffer(k)]
+    n_layers = n_layers_of(keys)
+    for key in keys:
+        name, t = hf_name(key), layer_position(key, n_layers)
+        global_density = _mergekit_setting(name, [{"filter": "self_attn", "value": 0.3}, {"value": 0.6}], t)
+        own = _mergekit_setting(name, [{"filter": "mlp", "value": 0.9}], t)
+        densities = [own if own is not None else global_density, global_density]
+        weights = [_mergekit_setting(name, [0.2, 1.0], t), 0.5]
+        from mergekit.merge_methods.base import TensorGroup
+        group = TensorGroup.from_tensors([base[key], sds["add"][key], sds["mul"][key]], base_index=0)
+        (expected,) = mk_registry.get("ties")([group], parameters={"density": densities, "weight": weights,
+                                                                   "normalize": True, "lambda": 1.0})
+        torch.testing.assert_close(merged[key], expected, atol=1e-6, rtol=0, msg=key)
