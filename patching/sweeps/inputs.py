@@ -118,6 +118,9 @@ def _dataset_groups(model, reference: Dataset, counterfactual, answer_ids, alt_i
     """A Dataset's prompts in groups of one token length (its cf_tokens and answer_token_ids columns)."""
     device = model.cfg.device
     all_alts = _ids(alt_ids, len(reference), "alt_ids", "cpu")  # one per prompt of the whole dataset
+    if len(reference) == 0:
+        raise InputError("The Dataset holds no prompts (0 rows: a filter or select that keeps none?); pass at least "
+                         "one prompt.")
     if counterfactual is not None:
         raise InputError("With a Dataset the counterfactual comes from its cf_tokens column; pass counterfactual=None.")
     if answer_ids is not None:

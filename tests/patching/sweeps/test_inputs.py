@@ -113,3 +113,11 @@ def test_prompts_without_tokens_are_an_input_error(setup):
     batch = single_batch(data.select([0]))
     with pytest.raises(InputError, match=r"hold no tokens \(shape \[batch, 0\]\)"):
         prompt_groups(model, batch.tokens[:, :0], batch.cf_tokens[:, :0], answer_ids=3)
+
+
+def test_a_dataset_that_a_filter_emptied_is_refused_saying_so():
+    """It said 'The dataset is empty: nothing to batch.', not where the emptiness came from."""
+    model = tiny_model(style="gpt2", n_layers=1, n_heads=2, seed=0)
+    data = make_dataset(model, n_prompts=6, n_shots=1, seed=0).filter(lambda row: False)
+    with pytest.raises(InputError, match=r"The Dataset holds no prompts \(0 rows: a filter or select that keeps none"):
+        prompt_groups(model, data)
