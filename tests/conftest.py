@@ -14,10 +14,23 @@ unless a test asks for it.
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """torch's thread count as it was before each test: an experiment run with ``--threads 1`` sets it for the whole
+    process, and every later test (the gemma ones included) then ran on one thread. torch is not imported here: a
+    test that checks an import stays torch-free is not disturbed."""
+    torch = sys.modules.get("torch")
+    before = None if torch is None else torch.get_num_threads()
+    yield
+    if before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
