@@ -30,6 +30,7 @@ on the checkpoint. A GPT-2 checkpoint's own names differ (``h.3.attn.c_attn``); 
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -80,6 +81,11 @@ def layer_position(key: str, n_layers: int) -> float:
     return int(block.group(1)) / (n_layers - 1) if n_layers > 1 else 1.0
 
 
+class IgnoredPatternWarning(UserWarning):
+    """A filtered entry names its modules under ``pattern:``, a key mergekit 0.1.5 ignores (the entry then applies to
+    every tensor, there and here)."""
+
+
 @dataclass(frozen=True)
 class TensorSetting:
     """A parameter that varies by tensor: a gradient (``points``), or filtered entries (``(filter, setting)``)."""
@@ -117,9 +123,13 @@ def read_setting(value, read_scalar, where: str):
     entries = []
     for i, entry in enumerate(value):
         label = f"{where}[{i}]"
-        if not isinstance(entry, dict) or "value" not in entry or set(entry) - {"filter", "value"}:
+        if not isinstance(entry, dict) or "value" not in entry or set(entry) - {"filter", "value", "pattern"}:
             raise InputError(f"{label}: a filtered entry is {{filter: <module name part>, value: <value or "
                              f"gradient>}} (the filter may be left out), got {entry!r}.")
+        if "pattern" in entry and "filter" not in entry:
+            warnings.warn(f"{label}: mergekit 0.1.5 reads no 'pattern' key (its key is 'filter'), so this entry "
+                          f"applies to every tensor, as mergekit applies it; write filter: {entry['pattern']!r} to "
+                          "select modules.", IgnoredPatternWarning, stacklevel=2)
         where_filter = entry.get("filter")
         if where_filter is not None and not isinstance(where_filter, str):
             raise InputError(f"{label}: filter must be a string (a part of a module's name, e.g. self_attn or mlp), "

@@ -532,3 +532,50 @@ def test_per_model_gradients_and_filtered_densities_equal_mergekit(files):
         (expected,) = mk_registry.get("ties")([group], parameters={"density": densities, "weight": weights,
                                                                    "normalize": True, "lambda": 1.0})
         torch.testing.assert_close(merged[key], expected, atol=1e-6, rtol=0, msg=key)
+
+
+#: mergekit's examples/gradient-slerp.yml as its repository holds it (the model names resolve through models=)
+GRADIENT_SLERP_EXAMPLE = """\
+slices:
+  - sources:
+      - model: psmathur/orca_mini_v3_13b
+        layer_range: [0, 40]
+      - model: garage-bAInd/Platypus2-13B
+        layer_range: [0, 40]
+merge_method: slerp
+base_model: psmathur/orca_mini_v3_13b
+parameters:
+  t:
+    - pattern: self_attn
+      value: [0, 0.5, 0.3, 0.7, 1]
+    - pattern: mlp
+      value: [1, 0.5, 0.7, 0.3, 0]
+    - value: 0.5
+dtype: float16
+"""
+
+
+def test_mergekits_gradient_slerp_example_runs_verbatim_as_mergekit_resolves_it(tmp_path):
+    """The example names its modules under pattern:, which mergekit 0.1.5 ignores: its first entry's gradient then
+    applies to every tensor, in mergekit and here, and here a warning says so."""
+    from merging.lines import n_layers_of
+    from merging.mergekit_settings import IgnoredPatternWarning, hf_name, layer_position
+
+    orca = tiny_model(style="gemma", n_layers=40, n_heads=2, d_head=4, seed=1).state_dict()
+    platypus = {k: v + 0.1 * torch.randn(v.shape, generator=torch.Generator().manual_seed(2))
+                if v.is_floating_point() and not is_buffer(k) else v for k, v in orca.items()}
+    path = tmp_path / "gradient-slerp.yml"
+    path.write_text(GRADIENT_SLERP_EXAMPLE)
+    with pytest.warns(IgnoredPatternWarning, match="mergekit 0.1.5 reads no 'pattern' key"):
+        plan = load_mergekit_config(path, models={"psmathur/orca_mini_v3_13b": orca,
+                                                  "garage-bAInd/Platypus2-13B": platypus})
+    merged = plan.run(progress=False)
+    keys = [k for k in orca if not is_buffer(k)]
+    n_layers = n_layers_of(keys)
+    setting = [{"pattern": "self_attn", "value": [0, 0.5, 0.3, 0.7, 1]},
+               {"pattern": "mlp", "value": [1, 0.5, 0.7, 0.3, 0]}, {"value": 0.5}]
+    for key in keys:
+        t = _mergekit_setting(hf_name(key), setting, layer_position(key, n_layers))
+        expected = mergekit_tensor("slerp", orca[key].half(), [platypus[key].half()], {"t": t})
+        assert merged[key].dtype == torch.float16
+        torch.testing.assert_close(merged[key].float(), expected.float(), atol=2e-3, rtol=2e-3, msg=key)
