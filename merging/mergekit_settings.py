@@ -1,14 +1,7 @@
 """mergekit parameters that vary by tensor: gradients over the layers and filters on the module's name.
 
-Most merged models' cards carry a config such as::
-
-    parameters:
-      t:
-        - filter: self_attn
-          value: [0, 0.5, 0.3, 0.7, 1]
-        - filter: mlp
-          value: [1, 0.5, 0.7, 0.3, 0]
-        - value: 0.5
+Most merged models' cards give slerp's ``t`` as ``- filter: self_attn`` / ``value: [0, 0.5, 0.3, 0.7, 1]``, a
+second entry for ``mlp`` and an unfiltered fallback ``- value: 0.5`` (mergekit's ``examples/gradient-slerp.yml``).
 
 mergekit 0.1.5 resolves a parameter for each tensor (``mergekit.config.evaluate_setting``):
 
