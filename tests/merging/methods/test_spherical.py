@@ -137,3 +137,25 @@ def test_values_mergekit_acts_on_though_rarely_meant_are_kept_and_said():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         SlerpConfig(t=0.3), NearswapConfig(t=0.1), MultiSlerpConfig(), RamPlusConfig()
+
+
+def test_nuslerp_per_row_acts_on_transformerlens_layout_and_flattened_on_either():
+    """W_Q is [n_heads, d_model, d_head] here and [n_heads * d_head, d_model] in the checkpoint mergekit reads: the
+    flattened default is the same merge on either layout; the per-row and per-column modes are not (docs/methods.md
+    gives the size)."""
+    from tests.merging.methods.mergekit_reference import mergekit, randn
+
+    from merging.methods.spherical import NuSlerpConfig, nuslerp
+
+    H, d, dh = 4, 32, 8
+    to_hf = lambda t: t.permute(0, 2, 1).reshape(H * dh, d)  # noqa: E731
+    from_hf = lambda h: h.reshape(H, dh, d).permute(0, 2, 1)  # noqa: E731
+    base = randn((H, d, dh), 0)
+    a, b = base + 0.5 * randn((H, d, dh), 1), base + 0.5 * randn((H, d, dh), 2)
+    gaps = {}
+    for row_wise, flat in ((False, True), (True, False), (False, False)):
+        ours = nuslerp(base, [a, b], NuSlerpConfig(nuslerp_row_wise=row_wise, nuslerp_flatten=flat), weights=[1.0, 1.0])
+        theirs = from_hf(mergekit("nuslerp", [to_hf(base), to_hf(a), to_hf(b)],
+                                  {"weight": [1.0, 1.0], "nuslerp_row_wise": row_wise, "nuslerp_flatten": flat}))
+        gaps[(row_wise, flat)] = float((ours - theirs).abs().max() / (ours - base).abs().max())
+    assert gaps[(False, True)] < 1e-5 and gaps[(True, False)] > 0.1 and gaps[(False, False)] > 0.1
