@@ -247,7 +247,11 @@ def override(config: type, name: str, default: Any, help: str | None = None) -> 
 
         n_prompts: int = override(PromptSettings, "n_prompts", 32, "prompts (one template, one token length)")
     """
-    inherited = {f.name: f for f in dataclasses.fields(config)}[name]
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    if name not in fields:
+        raise TypeError(f"override({config.__name__}, {name!r}, ...): {config.__name__} has no field {name!r}; its "
+                        f"fields are {sorted(fields)}.")
+    inherited = fields[name]
     return dataclasses.field(default=default, metadata={**inherited.metadata, **({"help": help} if help else {})})
 
 

@@ -217,3 +217,12 @@ def test_help_and_flag_errors_answer_before_torch_loads(name):
         assert lines[0].startswith(f"python -m experiments.{name}") and f"error: {what}" in lines[0], run
         assert lines[1].startswith("hint: "), run
     assert answer["heavy"] == [], f"python -m experiments.{name} imported {answer['heavy']} to answer --help or a bad flag"
+
+
+def test_an_override_of_a_field_the_record_lacks_names_the_fields():
+    """override(PromptSettings, 'n_prompt', ...) was a bare KeyError: 'n_prompt'."""
+    from experiments.runtime.cli import override
+    from experiments.runtime.settings import PromptSettings
+
+    with pytest.raises(TypeError, match=r"PromptSettings has no field 'n_prompt'; its fields are \[.*'n_prompts'"):
+        override(PromptSettings, "n_prompt", 32)
