@@ -488,7 +488,7 @@ def learn_circuit(
     cfg = _settings(config, overrides)
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids)
     seeds = [cfg.seed] if cfg.restarts == 1 else [restart_seed(cfg.seed, k) for k in range(cfg.restarts)]
-    runs = _learn_batched(model, [groups] * cfg.restarts, dataclasses.replace(cfg, restarts=1), seeds, init, on_step)
+    runs = _learn(model, [groups] * cfg.restarts, dataclasses.replace(cfg, restarts=1), seeds, init, on_step, None)
     return runs[0] if cfg.restarts == 1 else _averaged(runs, cfg)
 
 
@@ -515,7 +515,7 @@ def learn_circuits(
 
     ``together``: train the runs in one loop (True) or one after another (False, the same circuits); None: together
     on CUDA, apart on a CPU, where a forward's cost grows with its rows and stacking the runs' inputs only adds
-    copies (``experiments.bench_learn``, docs/results.md: four runs together 0.92 times as fast as apart on a
+    copies (``experiments.bench_learn``, docs/results.md: four runs together 0.92-0.99 times as fast as apart on a
     2-core CPU).
     """
     if len(references) != len(seeds) or not references:
@@ -524,12 +524,17 @@ def learn_circuits(
     if config.restarts != 1:
         raise InputError("learn_circuits runs one circuit per prompt set: restarts must be 1 (use more sets).")
     groups = [inputs.prompt_groups(model, reference) for reference in references]
+    return _learn(model, groups, config, list(seeds), init, on_step, together)
+
+
+def _learn(model, groups_per_run: Sequence[list], cfg: LearnConfig, seeds: Sequence[int], init, on_step,
+           together: Optional[bool]) -> list[LearnedCircuit]:
+    """The runs trained together (one loop) or one after another (``together``; None: together on CUDA only)."""
     if together is None:
         together = torch.device(model.cfg.device).type == "cuda"
-    if together:
-        return _learn_batched(model, groups, config, list(seeds), init, on_step)
-    return [_learn_batched(model, [run_groups], config, [seed], init, on_step)[0]
-            for run_groups, seed in zip(groups, seeds)]
+    if together or len(seeds) == 1:
+        return _learn_batched(model, groups_per_run, cfg, seeds, init, on_step)
+    return [_learn_batched(model, [groups], cfg, [seed], init, on_step)[0] for groups, seed in zip(groups_per_run, seeds)]
 
 
 def _learn_batched(model, groups_per_run: Sequence[list], cfg: LearnConfig, seeds: Sequence[int], init,
@@ -738,10 +743,13 @@ def _averaged(runs: Sequence[LearnedCircuit], cfg: LearnConfig) -> LearnedCircui
     scores = torch.full((layout.n_forward, layout.n_backward), float("nan"))
     scores[real] = (mean - mean.min()).float()
     graph = Graph(layout, scores, meta=runs[0].graph.meta | {"restarts": len(runs)})
-    seconds = runs[0].seconds  # the restarts train in one loop: they share its wall time
+    together = "batched_runs" in runs[0].graph.meta  # trained in one loop: the runs share its wall time
+    seconds = runs[0].seconds if together else round(sum(r.seconds for r in runs), 2)
+    cpu_seconds = runs[0].cpu_seconds if together else round(sum(r.cpu_seconds for r in runs), 2)
+    step_seconds = runs[0].step_seconds if together else [t for r in runs for t in r.step_seconds]
     return LearnedCircuit(graph, [x for r in runs for x in r.losses], [x for r in runs for x in r.faithfulness],
-                          seconds, runs[0].cpu_seconds, round(seconds / cfg.steps, 3), config=cfg,
-                          step_seconds=runs[0].step_seconds, step_lengths=[x for r in runs for x in r.step_lengths])
+                          seconds, cpu_seconds, round(seconds / (cfg.steps * (1 if together else len(runs))), 3),
+                          config=cfg, step_seconds=step_seconds, step_lengths=[x for r in runs for x in r.step_lengths])
 
 
 def _prompts_per_chunk(model, batch: _Batch, samples: int, memory_mb: float) -> int:
