@@ -94,10 +94,11 @@ class ACDCSettings:
 def check_acdc_threshold(threshold) -> float:
     """``threshold`` if it is a finite number >= 0, else an :class:`InputError`: a negative τ keeps every edge (no
     removal does less damage than it) and an infinite one none, both without a word."""
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold) \
-            or threshold < 0:
+    number = isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
+    if not number or not math.isfinite(threshold) or threshold < 0:
+        why = ": below 0 ACDC keeps every edge, at infinity none" if number else ""
         raise InputError(f"The ACDC threshold must be a finite number >= 0 (τ, in the objective's units; 0.01 by "
-                         f"default), got {threshold!r}: below 0 ACDC keeps every edge, at infinity none.")
+                         f"default), got {threshold!r}{why}.")
     return float(threshold)
 
 

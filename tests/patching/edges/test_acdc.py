@@ -58,7 +58,7 @@ def test_bad_acdc_settings_are_refused():
         ACDCConfig(objective="loss")
     with pytest.raises(InputError, match="Unknown ablation 'noise' for ACDC"):
         ACDCConfig(ablation="noise")
-    with pytest.raises(InputError, match="threshold must be a number"):
+    with pytest.raises(InputError, match=r"threshold must be a finite number >= 0 .*got 'high'\.$"):
         ACDCConfig(threshold="high")
     with pytest.raises(InputError, match="max_batch must be a positive integer, got 0"):
         ACDCConfig(max_batch=0)
