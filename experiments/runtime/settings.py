@@ -114,7 +114,7 @@ class LearnSettings:
                                             "(the END distribution)", choices=LEARN_OBJECTIVES)
     learn_steps: int = option(100, "optimisation steps of a learned circuit", type=positive_int)
     learn_lr: float | None = option(None, "learning rate of a learned circuit, Adam's (default: the method's own, "
-                                          "patching.edges.learn.DEFAULT_LR)", type=positive_float)
+                                          "patching.edges.mask_samplers.DEFAULT_LR)", type=positive_float)
     learn_batch_size: int = option(4, "prompts per step of a learned circuit", type=positive_int)
     learn_samples: int = option(7, "circuits per prompt per step (top-n: sizes, 7 = every one; or gates, UGS "
                                    "samples, budgets)",

@@ -16,10 +16,8 @@ from circuits.tasks import make_dataset
 from patching.sweeps import inputs
 from patching.edges.engine import edge_mode
 from patching.edges.evaluate import evaluate_circuits
-from patching.edges.learn import (
-    BETA, LEFT, RIGHT, LearnConfig, _circuits_end, _EdgePruning, _loss, _Matryoshka, _prepare, _TopN, _UGS,
-    learn_circuit, soft_threshold,
-)
+from patching.edges.learn import LearnConfig, _circuits_end, _loss, _prepare, learn_circuit
+from patching.edges.mask_samplers import BETA, LEFT, RIGHT, UGS, EdgePruning, Matryoshka, TopN, soft_threshold
 from patching.sweeps.metrics import get_metric, score_end
 from tests.tiny_models import tiny_model
 
@@ -96,7 +94,7 @@ def test_mask_gradient_equals_finite_differences(style, n_kv, norm):
 def test_hard_concrete_gates_have_the_paper_distribution():
     layout = GraphLayout(n_layers=1, n_heads=1)
     cfg = LearnConfig(method="edge-pruning")
-    method = _EdgePruning(layout, cfg, None, "cpu", torch.Generator().manual_seed(0))
+    method = EdgePruning(layout, cfg, None, "cpu", torch.Generator().manual_seed(0))
     log_alpha = 0.7
     method.param.data.fill_(log_alpha)
     z = method.masks(0, 40_000).flatten()
@@ -112,7 +110,7 @@ def test_hard_concrete_gates_have_the_paper_distribution():
 
 def test_ugs_masks_are_bernoulli_outside_their_window_and_uniform_inside():
     layout = GraphLayout(n_layers=1, n_heads=1)
-    method = _UGS(layout, LearnConfig(method="ugs"), None, "cpu", torch.Generator().manual_seed(0))
+    method = UGS(layout, LearnConfig(method="ugs"), None, "cpu", torch.Generator().manual_seed(0))
     method.param.data.fill_(0.4)
     p = torch.sigmoid(torch.tensor(0.4)).item()
     m = method.masks(0, 50_000).detach().flatten()
@@ -127,7 +125,7 @@ def test_matryoshka_masks_are_soft_top_k_and_learned_rankings_are_nested():
     model, data = _setup("gpt2", None)
     layout = GraphLayout.of(model)
     cfg = LearnConfig(method="matryoshka", steps=10)
-    method = _Matryoshka(layout, cfg, None, "cpu", torch.Generator().manual_seed(0))
+    method = Matryoshka(layout, cfg, None, "cpu", torch.Generator().manual_seed(0))
     method.param.data = torch.randn(method.n_edges, generator=torch.Generator().manual_seed(1))
     generator_state = method.generator.get_state()
     budgets = method.budgets(5)
@@ -152,7 +150,7 @@ def test_top_n_masks_are_the_hard_top_k_with_the_soft_top_k_gradient():
     model, _ = _setup("gpt2", None)
     layout = GraphLayout.of(model)
     cfg = LearnConfig(method="top-n", fractions=(0.05, 0.2, 0.5), samples=3)
-    method = _TopN(layout, cfg, None, "cpu", torch.Generator().manual_seed(0))
+    method = TopN(layout, cfg, None, "cpu", torch.Generator().manual_seed(0))
     method.param.data = torch.randn(method.n_edges, generator=torch.Generator().manual_seed(1))
     ks = [int(x * method.n_edges) for x in cfg.fractions]
     assert method.budgets(3) == ks and len(method.budgets(2)) == 2 and set(method.budgets(2)) <= set(ks)
@@ -218,7 +216,7 @@ def test_a_warm_start_gives_the_warm_ranking_at_step_zero():
     model, data = _setup("llama", 2)
     layout = GraphLayout.of(model)
     warm = torch.where(layout.real_edge_mask, torch.randn(layout.real_edge_mask.shape), torch.nan)
-    method = _Matryoshka(layout, LearnConfig(), warm, "cpu", torch.Generator().manual_seed(0))
+    method = Matryoshka(layout, LearnConfig(), warm, "cpu", torch.Generator().manual_seed(0))
     dense = torch.full(warm.shape, float("nan"))
     dense[layout.real_edge_mask] = method.scores()
     top = select_top_n(Graph(layout, dense), 30, prune=False).in_graph
