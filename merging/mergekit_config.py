@@ -384,6 +384,9 @@ class _Settings:
     fixed: dict
     path: Path
 
+    def __post_init__(self) -> None:
+        self.defaults = {f.name: f.default for f in dataclasses.fields(self.record.config)}
+
     def varies(self) -> bool:
         """Whether any value depends on the tensor (a gradient or a filter)."""
         given = [*self.global_settings.values(), *(self.weights or []),
@@ -393,7 +396,6 @@ class _Settings:
     def at(self, name: str, t: float) -> tuple[object, list[float] | None]:
         """The config and weights of the tensor mergekit calls ``name`` at layer position ``t`` (module docstring
         of :mod:`merging.mergekit_settings`): a model's own value, else the global one, else the default."""
-        defaults = {f.name: f.default for f in dataclasses.fields(self.record.config)}
         values = {}
         for field_name, setting in self.global_settings.items():
             value = resolved([setting], name, t)
@@ -401,7 +403,7 @@ class _Settings:
                 values[field_name] = value
         for p, given in self.per_model.items():
             if any(v is not None for v in given):
-                fallback = values.get(p.field, defaults[p.field])
+                fallback = values.get(p.field, self.defaults[p.field])
                 values[p.field] = tuple(resolved([v, fallback], name, t) for v in given)
         for p in self.spec.required():
             if p.field not in values:
