@@ -12,7 +12,9 @@ numbers inflates them. This experiment keeps the three roles apart (``circuits.p
    (``patching.edges.attribute``; each further set gets its own);
 3. sweep: the learned method (``--method``, default ``top-n``: the hard top-n circuits at the reported
    sizes, straight-through gradients) for every setting of the grid (``--steps`` x ``--samples`` x
-   ``--learn-batch-size`` x ``--restarts`` x ``--lrs`` x ``--temperatures`` x ``--penalties``; by default the
+   ``--learn-batch-size`` x ``--restarts`` x ``--consensus-runs`` (x ``--resampling``) x ``--lrs`` x
+   ``--temperatures`` x ``--penalties``; a setting of several runs is the consensus circuit of that many learned
+   runs on resamples of the training set, ``patching.edges.consensus``; by default the
    commands' circuit, ``patching.edges.learn.DEFAULT_CIRCUIT``, with and without its |1 − f| penalty) on the first training set, each curved on the
    validation set, and (``--sweep-stability``) learned again on the second training set, the two circuits'
    edge Jaccard at 5 % measured; the setting with the lowest validation CMD + |1 − f(5 %)| +
@@ -78,6 +80,62 @@ def criterion(curve, jaccard: float | None = None, stability_weight: float = 0.0
     return curve.cmd.value + abs(1.0 - f) + unstable
 
 
+@dataclass
+class Learned:
+    """One setting's circuit on one training set: its edge scores, and the consensus when it counts several runs
+    (whose circuit at each size is rebuilt from the runs, not cut from one score order)."""
+
+    graph: object  # circuits.graph.Graph
+    seconds: float
+    seconds_per_step: float  # each run's steps counted
+    consensus: object = None  # patching.edges.consensus.Consensus
+
+    @property
+    def select(self):
+        """The circuit's own selector for the curves (None: MIB's pruned top-n of the scores)."""
+        return None if self.consensus is None else self.consensus.select
+
+    def circuit(self, fraction: float):
+        """The circuit at ``fraction`` of the edges, as the curves select it."""
+        from circuits.graph_selection import select_fraction
+
+        return select_fraction(self.graph, fraction) if self.consensus is None else self.consensus.circuit(fraction)
+
+
+def learn_setting(run: "LearnedCircuitRun", set_index: int, setting: dict, *, on_step, seed: int | None = None) -> Learned:
+    """``setting`` (a row of :meth:`LearnedCircuitConfig.grid`) learned on training set ``set_index`` from its warm
+    start: one learned circuit, or with ``runs`` above 1 the consensus of that many runs on resamples of the set."""
+    import time
+
+    from patching.edges import learn_circuit
+    from patching.edges.consensus import learn_consensus
+
+    state = run.state
+    fields = {k: v for k, v in setting.items() if k not in ("runs", "resampling")} | (
+        {} if seed is None else {"seed": seed})
+    config = dataclasses.replace(state.base, **fields)
+    prompts, init = state.train_sets[set_index], state.warm[set_index]
+    runs = setting.get("runs", 1)
+    if runs == 1:
+        learned = learn_circuit(state.model, prompts, config=config, init=init, on_step=on_step)
+        return Learned(learned.graph, learned.seconds, learned.seconds_per_step)
+    started = time.perf_counter()
+    consensus = learn_consensus(state.model, prompts, runs=runs, resampling=setting["resampling"], config=config,
+                                init=init, on_step=on_step)
+    seconds = time.perf_counter() - started
+    return Learned(consensus.graph(), round(seconds, 1), round(seconds / (runs * config.steps), 3), consensus)
+
+
+def learning_steps(setting: dict) -> int:
+    """The optimisation steps one circuit of ``setting`` takes (every restart and run counted)."""
+    return setting["steps"] * setting["restarts"] * setting.get("runs", 1)
+
+
+def chosen_label(method: str, chosen: dict) -> str:
+    """The chosen circuit's name in the tables: the method, or the consensus of its runs."""
+    return method if chosen.get("runs", 1) == 1 else f"consensus of {chosen['runs']} {method}"
+
+
 def curve_row(curve) -> dict:
     """The numbers of one curve a table shows: CPR, CMD, f at each size (with intervals)."""
     return {"cpr": curve.cpr.to_dict(), "cmd": curve.cmd.to_dict(),
@@ -98,7 +156,7 @@ class LearnedCircuitState:
     validation: object = None
     test: object = None
     warm: list = field(default_factory=list)  # each training set's EAP-IG-inputs scores (None: no warm start)
-    graphs: list = field(default_factory=list)  # each swept setting's circuit on the first training set
+    graphs: list = field(default_factory=list)  # each swept setting's Learned circuit on the first training set
     second: list = field(default_factory=list)  # ... and on the second one (--sweep-stability)
     best: int = 0  # the index of the setting chosen on validation
     curves: dict = field(default_factory=dict)  # label -> test curve (the chosen circuit and the baselines)
@@ -136,11 +194,13 @@ def _stages(run: LearnedCircuitRun) -> None:
     print(summary(run.results))
 
 
-def _curve(run: LearnedCircuitRun, scores, prompts):
-    """The faithfulness curve of ``scores`` on ``prompts`` at MIB's sizes, with the run's bootstrap settings."""
+def _curve(run: LearnedCircuitRun, scores, prompts, select=None):
+    """The faithfulness curve of ``scores`` on ``prompts`` at MIB's sizes (``select``: a circuit's own selector),
+    with the run's bootstrap settings."""
     from patching.edges import faithfulness_curve
 
-    return faithfulness_curve(run.state.model, scores, prompts, n_bootstrap=run.cfg.n_bootstrap, seed=run.cfg.seed)
+    return faithfulness_curve(run.state.model, scores, prompts, select=select, n_bootstrap=run.cfg.n_bootstrap,
+                              seed=run.cfg.seed)
 
 
 def split_prompts(run: LearnedCircuitRun) -> None:
@@ -188,9 +248,9 @@ def sweep(run: LearnedCircuitRun) -> dict:
     with run.stage("sweep", f"{len(grid)} settings of {cfg.method}, each learned on {len(state.train_sets[0])} prompts"
                             + (" (and again on the second training set)" if paired else "")
                             + f" and curved on {len(state.validation)} validation prompts"):
-        steps = run.progress(sum(s["steps"] * s["restarts"] for s in grid) * (2 if paired else 1), "learning steps")
+        steps = run.progress(sum(map(learning_steps, grid)) * (2 if paired else 1), "learning steps")
         for i, setting in enumerate(grid):
-            label = ", ".join(f"{k} {v:g}" for k, v in setting.items())
+            label = ", ".join(f"{k} {v}" for k, v in setting.items())
             with run.step(f"setting {i + 1}/{len(grid)}: {label}"):
                 row, val = sweep_setting(run, setting, paired, on_step=lambda _: steps.advance())
             rows.append(row)
@@ -208,24 +268,21 @@ def sweep(run: LearnedCircuitRun) -> dict:
 def sweep_setting(run: LearnedCircuitRun, setting: dict, paired: bool, *, on_step) -> tuple[dict, object]:
     """One setting of the sweep: its circuit learned and curved on validation (and learned again on the second
     training set, the two circuits' Jaccard measured, if ``paired``); its results row and validation curve."""
-    from circuits.graph_selection import edge_jaccard, select_fraction
-    from patching.edges import learn_circuit
+    from circuits.graph_selection import edge_jaccard
 
     cfg, state = run.cfg, run.state
-    config = dataclasses.replace(state.base, **setting)
-    learned = learn_circuit(state.model, state.train_sets[0], config=config, init=state.warm[0], on_step=on_step)
-    val = _curve(run, learned.graph, state.validation)
+    learned = learn_setting(run, 0, setting, on_step=on_step)
+    val = _curve(run, learned.graph, state.validation, learned.select)
     row = setting | curve_row(val) | {"seconds": learned.seconds, "seconds_per_step": learned.seconds_per_step}
     jaccard = None
     if paired:
-        other = learn_circuit(state.model, state.train_sets[1], config=config, init=state.warm[1], on_step=on_step)
-        state.second.append(other.graph)
-        jaccard = {f"{100 * x:g}%": edge_jaccard(select_fraction(learned.graph, x).in_graph,
-                                                  select_fraction(other.graph, x).in_graph)
+        other = learn_setting(run, 1, setting, on_step=on_step)
+        state.second.append(other)
+        jaccard = {f"{100 * x:g}%": edge_jaccard(learned.circuit(x).in_graph, other.circuit(x).in_graph)
                    for x in STABILITY_FRACTIONS}
         row["jaccard_training_sets"] = jaccard
     row["criterion"] = criterion(val, jaccard and jaccard[f"{100 * GOAL_FRACTION:g}%"], cfg.stability_weight)
-    state.graphs.append(learned.graph)
+    state.graphs.append(learned)
     return row, val
 
 
@@ -237,9 +294,10 @@ def evaluate_on_test(run: LearnedCircuitRun, chosen: dict) -> None:
     from patching.edges.curves import paired_curve_difference
 
     cfg, state, results = run.cfg, run.state, run.results
+    best = state.graphs[state.best]
     with run.stage("test", f"the chosen circuit and the baselines on {len(state.test)} test prompts"):
         curves = state.curves
-        curves[cfg.method] = _curve(run, state.graphs[state.best], state.test)
+        curves[chosen_label(cfg.method, chosen)] = _curve(run, best.graph, state.test, best.select)
         if cfg.baselines:
             if state.warm[0] is not None:
                 curves["EAP-IG-inputs"] = _curve(run, state.warm[0], state.test)
@@ -256,7 +314,7 @@ def evaluate_on_test(run: LearnedCircuitRun, chosen: dict) -> None:
             results["test_minus_EAP-IG-inputs"] = {
                 label: paired_curve_difference(c, curves["EAP-IG-inputs"], n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
                 for label, c in curves.items() if label != "EAP-IG-inputs"}
-    save_eap_json(state.graphs[state.best], run.out / "learned_circuit.json", state.model.cfg.d_model, overwrite=True)
+    save_eap_json(best.graph, run.out / "learned_circuit.json", state.model.cfg.d_model, overwrite=True)
 
 
 def check_splits_filled(splits, cfg) -> None:
@@ -277,39 +335,31 @@ def check_splits_filled(splits, cfg) -> None:
 def measure_stability(run: LearnedCircuitRun, chosen: dict) -> None:
     """Stage 5: the chosen setting learned on each further training set (the sweep's second-set circuit reused)
     and with each ``--stability-seeds`` seed; the runs compared and each curved on the test prompts."""
-    from patching.edges import learn_circuit
-
     cfg, state, results = run.cfg, run.state, run.results
     reused = 1 if cfg.measures_sweep_stability() else 0  # the sweep learned set 1 already
     further = [index for index in range(1, len(state.train_sets)) if index > reused]
     runs = [(0, cfg.seed, state.graphs[state.best])]
     with run.stage("stability", f"the chosen setting on {cfg.stability_sets} training set(s) and "
                                 f"{1 + len(cfg.stability_seeds)} seed(s)"):
-        steps = run.progress((len(further) + len(cfg.stability_seeds)) * chosen["steps"] * chosen["restarts"],
-                             "learning steps")
+        steps = run.progress((len(further) + len(cfg.stability_seeds)) * learning_steps(chosen), "learning steps")
         for index in range(1, len(state.train_sets)):
             if index <= reused:
                 runs.append((1, cfg.seed, state.second[state.best]))
                 continue
-            learned = learn_circuit(state.model, state.train_sets[index], init=state.warm[index],
-                                    config=dataclasses.replace(state.base, **chosen), on_step=lambda _: steps.advance())
-            runs.append((index, cfg.seed, learned.graph))
+            runs.append((index, cfg.seed, learn_setting(run, index, chosen, on_step=lambda _: steps.advance())))
         for seed in cfg.stability_seeds:
-            learned = learn_circuit(state.model, state.train_sets[0], init=state.warm[0],
-                                    config=dataclasses.replace(state.base, **chosen, seed=seed),
-                                    on_step=lambda _: steps.advance())
-            runs.append((0, seed, learned.graph))
+            runs.append((0, seed, learn_setting(run, 0, chosen, seed=seed, on_step=lambda _: steps.advance())))
         results["stability"] = stability(state.model, runs, state.test, cfg)
         # each run's own test curve (the first run is the chosen circuit, already curved): a stable method is
         # faithful whichever prompts and seed it was learned with
-        rows = [results["test"][cfg.method]] + [curve_row(_curve(run, graph, state.test)) for _, _, graph in runs[1:]]
+        rows = [results["test"][chosen_label(cfg.method, chosen)]] + [
+            curve_row(_curve(run, learned.graph, state.test, learned.select)) for _, _, learned in runs[1:]]
         for entry, row in zip(results["stability"]["runs"], rows):
             entry["test"] = row
 
 
 def stability(model, runs, test, cfg: LearnedCircuitConfig) -> dict:
     """Jaccard and Spearman of every pair of runs, and the stable core's test curve (the module docstring)."""
-    from circuits.graph_selection import select_fraction
     from patching import SweepOptions
     from patching.edges import CircuitSearch
     from patching.edges.stability import compare_runs
@@ -318,12 +368,12 @@ def stability(model, runs, test, cfg: LearnedCircuitConfig) -> dict:
            "pairs": []}
     if len(runs) < 2:
         return out
-    circuits = [[select_fraction(graph, x) for x in STABILITY_FRACTIONS] for _, _, graph in runs]
+    circuits = [[learned.circuit(x) for x in STABILITY_FRACTIONS] for _, _, learned in runs]
     search = CircuitSearch(n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
                            sweep=SweepOptions(batch_size=32, memory_mb=cfg.memory_mb))
-    compared = compare_runs(model, [(s, seed) for s, seed, _ in runs], [g for _, _, g in runs], circuits, test, search,
-                            method=cfg.method, kind="learned mask", fractions=STABILITY_FRACTIONS,
-                            n_per_set=cfg.n_train)
+    compared = compare_runs(model, [(s, seed) for s, seed, _ in runs], [learned.graph for _, _, learned in runs],
+                            circuits, test, search, method=cfg.method, kind="learned mask",
+                            fractions=STABILITY_FRACTIONS, n_per_set=cfg.n_train)
     spearman, jaccard, node_jaccard = compared.spearman(), compared.jaccard(), compared.node_jaccard()
     for p, (a, b) in enumerate(compared.pairs()):
         kind = "sets" if runs[a][0] != runs[b][0] else "seeds"
@@ -369,7 +419,7 @@ def _report(run: Run, curves: dict) -> None:
     figure = faithfulness_figure(list(curves.items()), title="Faithfulness on the test prompts")
     write_text_atomic(run.out / "figures" / "test_curves.json", figure.to_json())
     report.add_figure(figure, heading="Faithfulness on the test prompts")
-    report.add_table([{k: v for k, v in row.items() if k in ("steps", "samples", "batch_size", "restarts", "lr", "temperature",
+    report.add_table([{k: v for k, v in row.items() if k in ("steps", "samples", "batch_size", "restarts", "runs", "resampling", "lr", "temperature",
                                                              "faithfulness_penalty", "criterion", "seconds")}
                       | {"validation CMD": row["cmd"]["value"], "validation f@5%": row["f"]["5%"]["value"]}
                       | ({"Jaccard@5% (training sets)": row["jaccard_training_sets"]["5%"]}

@@ -14,7 +14,7 @@ from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option
 from experiments.runtime.settings import BatchSettings, RunSettings, ShotSettings
-from patching.edges.catalogue import LEARNED_METHODS
+from patching.edges.catalogue import CONSENSUS_RESAMPLING, LEARNED_METHODS
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,13 @@ class LearnedCircuitConfig(BatchSettings, ShotSettings, RunSettings):
                                             "sizes; 7 = all of them; several: swept)", type=cli.positive_int, nargs="+")
     restarts: tuple[int, ...] = option((1,), "independent runs per circuit whose standardised scores are averaged "
                                              "(patching.edges.learn; several: swept)", type=cli.positive_int, nargs="+")
+    consensus_runs: tuple[int, ...] = option((1,), "learned runs per circuit (above 1: the consensus circuit of that "
+                                                   "many runs on resamples of the training set, "
+                                                   "patching.edges.consensus; several: swept)",
+                                             type=cli.positive_int, nargs="+")
+    resampling: tuple[str, ...] = option(("half",), "the consensus runs' resamples of the training set (half-samples "
+                                                    "or bootstraps; several: swept)",
+                                         choices=CONSENSUS_RESAMPLING, nargs="+")
     warm_start_prompts: int = option(64, "training prompts the EAP-IG-inputs warm start is scored on (0: a cold "
                                          "start)", type=cli.nonnegative_int)
     baselines: bool = option(True, "also curve EAP-IG-inputs (the warm start) and matryoshka (same steps and prompts "
@@ -66,16 +73,22 @@ class LearnedCircuitConfig(BatchSettings, ShotSettings, RunSettings):
                              "every setting's criterion NaN, and the first would be 'chosen').")
         if any(p < 0 for p in self.penalties):
             raise InputError(f"--penalties {self.penalties}: a penalty weight is >= 0.")
+        if max(self.consensus_runs) > 1 and (self.method != "top-n" or max(self.restarts) > 1):
+            raise InputError(f"--consensus-runs {' '.join(map(str, self.consensus_runs))} counts learned top-n runs, "
+                             f"each learned once: use --method top-n and --restarts 1 with it (got --method "
+                             f"{self.method}, --restarts {' '.join(map(str, self.restarts))}).")
         if len(set(self.stability_seeds)) != len(self.stability_seeds) or self.seed in self.stability_seeds:
             raise InputError(f"--stability-seeds {self.stability_seeds} repeat each other or --seed {self.seed}: "
                              "give seeds other than --seed, once each.")
 
     def grid(self) -> list[dict]:
-        """Every swept setting, as LearnConfig fields."""
+        """Every swept setting: LearnConfig fields, the learned runs it counts and (several runs) their resampling."""
+        counted = [{"runs": runs} | ({"resampling": how} if runs > 1 else {}) for runs in self.consensus_runs
+                   for how in (self.resampling if runs > 1 else self.resampling[:1])]
         return [{"lr": lr, "temperature": t, "faithfulness_penalty": p, "steps": steps, "samples": samples,
-                 "batch_size": batch, "restarts": restarts}
+                 "batch_size": batch, "restarts": restarts} | runs
                 for steps in self.steps for samples in self.samples for batch in self.learn_batch_size
-                for restarts in self.restarts
+                for restarts in self.restarts for runs in counted
                 for lr in self.lrs for t in self.temperatures for p in self.penalties]
 
     def measures_sweep_stability(self) -> bool:

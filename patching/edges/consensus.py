@@ -27,16 +27,17 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from circuits.errors import InputError
 from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import mib_selector
 from patching.edges.circuit_methods import ComparisonRun, MethodScores
-from patching.edges.learn import learn_circuits, restart_seed
+from patching.edges.learn import LearnConfig, learn_circuits, restart_seed
 
 #: the size at which the graph's scores hold each edge's share (MIB's 5% point, where the circuits are compared)
 SHARE_FRACTION = 0.05
@@ -109,6 +110,12 @@ class Consensus:
         rebuilt from the runs at that size)."""
         return mib_selector(self.layout)(self.ordered_scores(n), n)
 
+    def circuit(self, fraction: float) -> Graph:
+        """The consensus circuit at ``fraction`` of the edges, as a graph of the consensus scores at that size."""
+        n = int(fraction * self.layout.n_edges)
+        scores = self.ordered_scores(n)
+        return Graph(self.layout, scores, in_graph=mib_selector(self.layout)(scores, n))
+
     def graph(self) -> Graph:
         """The scores at :data:`SHARE_FRACTION` of the edges, as a graph."""
         n = int(SHARE_FRACTION * self.layout.n_edges)
@@ -122,22 +129,33 @@ class Consensus:
                 "n_contingent": int(((share > 0) & (share < 1)).sum()), "n_union": int((share > 0).sum())}
 
 
-def learn_runs(run: ComparisonRun, runs: int, resampling: str, steps: int, init) -> tuple[Consensus, float]:
-    """``runs`` learned top-n circuits on resamples of ``run``'s selection half (module docstring, step 1), trained
-    together (:func:`patching.edges.learn.learn_circuits`: their circuits share each step's forward), and the wall
-    seconds they took."""
-    config = dataclasses.replace(run.learn, method="top-n", steps=steps or run.learn.steps, progress=False,
-                                 length_seed=run.learn.seed)
+def learn_consensus(model, prompts, *, runs: int, resampling: str, config: LearnConfig, init=None,
+                    on_step: Optional[Callable[[int], None]] = None) -> Consensus:
+    """``runs`` learned top-n circuits on resamples of ``prompts`` (a Dataset of prompts with their twins and
+    answers; module docstring, step 1), trained by :func:`patching.edges.learn.learn_circuits` from the warm start
+    ``init``, and the consensus built from them. ``config``: every run's settings (``method`` is set to top-n, and
+    one stream of prompt lengths to ``config.seed``, so that the runs' steps line up); run ``k`` has seed
+    ``restart_seed(config.seed, k)`` and resample seed the same."""
+    if runs < 1:
+        raise InputError(f"The consensus circuit counts at least 1 run, got runs={runs!r}.")
+    config = dataclasses.replace(config, method="top-n", length_seed=config.seed, restarts=1)
     seeds = [restart_seed(config.seed, k) for k in range(runs)]
-    lengths = [len(tokens) for tokens in run.selection["tokens"]]
-    prompt_sets = [run.selection.select(resample_rows(lengths, resampling, seed)) for seed in seeds]
+    lengths = [len(tokens) for tokens in prompts["tokens"]]
+    prompt_sets = [prompts.select(resample_rows(lengths, resampling, seed)) for seed in seeds]
+    learned = learn_circuits(model, prompt_sets, seeds=seeds, config=config, init=init, on_step=on_step)
+    return Consensus(GraphLayout.of(model), torch.stack([circuit.graph.scores for circuit in learned]))
+
+
+def learn_runs(run: ComparisonRun, runs: int, resampling: str, steps: int, init) -> tuple[Consensus, float]:
+    """:func:`learn_consensus` on ``run``'s selection half with its learned methods' settings (``steps``: each
+    run's, 0 for theirs), with a progress bar; the consensus and the wall seconds its runs took."""
+    config = dataclasses.replace(run.learn, steps=steps or run.learn.steps, progress=False)
     started = time.perf_counter()
     bar = tqdm(total=runs * config.steps, desc=f"consensus: {runs} learned runs", unit="step", leave=False)
-    learned = learn_circuits(run.model, prompt_sets, seeds=seeds, config=config, init=init,
-                             on_step=lambda _: bar.update())
+    consensus = learn_consensus(run.model, run.selection, runs=runs, resampling=resampling, config=config, init=init,
+                                on_step=lambda _: bar.update())
     bar.close()
-    seconds = round(time.perf_counter() - started, 1)
-    return Consensus(run.layout, torch.stack([circuit.graph.scores for circuit in learned])), seconds
+    return consensus, round(time.perf_counter() - started, 1)
 
 
 def consensus_scores(run: ComparisonRun, name: str) -> MethodScores:

@@ -23,7 +23,7 @@ def test_a_run_chooses_on_validation_and_reports_test_and_stability(tmp_path, ti
     assert len(rows) == 4  # 2 lrs x 1 temperature x 2 penalties (one steps, one samples)
     best = min(rows, key=lambda r: r["criterion"])
     assert results["sweep"]["chosen"] == {k: best[k] for k in ("lr", "temperature", "faithfulness_penalty", "steps",
-                                                               "samples", "batch_size", "restarts")}
+                                                               "samples", "batch_size", "restarts", "runs")}
     # the criterion is computed from the validation curve and the two training sets' Jaccard the row shows
     assert best["criterion"] == pytest.approx(best["cmd"]["value"] + abs(1 - best["f"]["5%"]["value"])
                                               + (1 - best["jaccard_training_sets"]["5%"]))
@@ -60,6 +60,31 @@ def test_steps_and_samples_are_swept_and_sweep_stability_can_be_turned_off(tmp_p
     assert [r["steps"] for r in rows] == [2, 3] and all("jaccard_training_sets" not in r for r in rows)
     assert all(r["criterion"] == pytest.approx(r["cmd"]["value"] + abs(1 - r["f"]["5%"]["value"])) for r in rows)
     assert set(results["test"]) == {"top-n"} and len(results["stability"]["pairs"]) == 1
+
+
+def test_consensus_settings_are_swept_beside_one_run_and_a_chosen_consensus_is_reported(tmp_path, tiny_dir):
+    results = learned_circuit.main(SMALL[:-8] + ["--lrs", "0.05", "--temperatures", "1.0", "--penalties", "0",
+                                                 "--steps", "2", "--consensus-runs", "1", "2", "--no-baselines",
+                                                 "--stability-weight", "1000", "--model", str(tiny_dir),
+                                                 "--out", str(tmp_path / "run")])
+    rows = results["sweep"]["rows"]
+    assert [(r["runs"], r.get("resampling")) for r in rows] == [(1, None), (2, "half")]
+    # a huge stability weight makes the choice the setting whose two training sets agree most
+    best = max(rows, key=lambda r: (r["jaccard_training_sets"]["5%"], -r["criterion"]))
+    assert results["sweep"]["chosen"]["runs"] == best["runs"]
+    label = "top-n" if best["runs"] == 1 else "consensus of 2 top-n"
+    assert set(results["test"]) == {label}
+    # the stability stage reuses the chosen setting's second-set circuit, consensus or not
+    assert results["stability"]["pairs"][0]["jaccard"] == pytest.approx(best["jaccard_training_sets"])
+
+
+def test_the_consensus_sweep_refuses_restarts_and_other_methods():
+    from circuits.errors import InputError
+
+    with pytest.raises(InputError, match="counts learned top-n runs, each learned once"):
+        LearnedCircuitConfig(consensus_runs=(1, 4), restarts=(2,))
+    with pytest.raises(InputError, match="use --method top-n and --restarts 1"):
+        LearnedCircuitConfig(consensus_runs=(4,), method="matryoshka")
 
 
 def test_training_parts_share_no_problem_and_have_one_size():
