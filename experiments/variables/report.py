@@ -98,6 +98,8 @@ def write_report(results: dict, out: Path) -> None:
     verdicts = [f"{v}: {s['best'].get('verdict', 'no DAS / null fitted')} (layer {s['best']['location']['layer']}, "
                 f"{s['best']['location']['position_label']})" for v, s in results["featurizers"].items()]
     report.add_text("\n".join(verdicts), heading="What this run found")
+    if results.get("power_notice"):
+        report.add_notice(results["power_notice"], heading="The power of this run")
     report.add_text(f"{results['n_correct']} prompts answered correctly (accuracy {_interval(results['accuracy'])}); "
                     f"example: {results['example_prompt']!r}. IIA is the share of pairs whose intervened answer "
                     f"is the causal model's counterfactual answer (scoring: {results['settings']['scoring']}).")

@@ -50,6 +50,22 @@ def test_variables_experiment_writes_results_and_report(digit_loader, tmp_path):
     assert set(saved["seconds"]) >= set(variables_experiment.PLAN)
     html = (out / "report.html").read_text()
     assert "What this run found" in html and "DAS at the best full-vector locations" in html
+    # 24 pairs leave 6 test pairs a variable: the run says up front that they cannot resolve 0.2, in the report too
+    assert saved["power_notice"].startswith("--n-pairs 24 leaves about 6 test pairs a variable") and \
+        "The power of this run" in html
+
+
+def test_the_power_notice_names_the_pairs_that_resolve_the_decisive_difference():
+    from circuits.stats import resolvable_difference, wilson_interval
+
+    notice = variables_experiment.power_notice(variables_config.VariablesConfig(n_pairs=64))
+    # 16 test pairs against a null of 0.03 (0 of 16, Wilson upper bound 0.19): 7 of 16 is the first count whose
+    # lower bound (0.23) clears it, an excess of 7/16 - 0.03 = 0.41
+    assert wilson_interval(6, 16)[0] < wilson_interval(0, 16)[1] < wilson_interval(7, 16)[0]
+    assert "resolve only differences of 0.41 above" in notice and "--n-pairs 256" in notice
+    # 256 pairs leave 64 test pairs, which resolve 0.16 <= 0.2: no notice
+    assert resolvable_difference(64, 0.03) <= 0.2
+    assert variables_experiment.power_notice(variables_config.VariablesConfig(n_pairs=256)) is None
 
 
 def test_no_answer_span_sweeps_the_problems_positions_only(digit_loader, tmp_path):
