@@ -48,6 +48,8 @@ class LearnedCircuitConfig(BatchSettings, ShotSettings, RunSettings):
     resampling: tuple[str, ...] = option(("half",), "the consensus runs' resamples of the training set (half-samples "
                                                     "or bootstraps; several: swept)",
                                          choices=CONSENSUS_RESAMPLING, nargs="+")
+    equal_cost: bool = option(False, "a consensus of k runs trains each run --steps / k steps, so that every "
+                                     "setting costs one learned run's steps (the consensus at the cost of one run)")
     warm_start_prompts: int = option(64, "training prompts the EAP-IG-inputs warm start is scored on (0: a cold "
                                          "start)", type=cli.nonnegative_int)
     baselines: bool = option(True, "also curve EAP-IG-inputs (the warm start) and matryoshka (same steps and prompts "
@@ -85,11 +87,15 @@ class LearnedCircuitConfig(BatchSettings, ShotSettings, RunSettings):
         """Every swept setting: LearnConfig fields, the learned runs it counts and (several runs) their resampling."""
         counted = [{"runs": runs} | ({"resampling": how} if runs > 1 else {}) for runs in self.consensus_runs
                    for how in (self.resampling if runs > 1 else self.resampling[:1])]
-        return [{"lr": lr, "temperature": t, "faithfulness_penalty": p, "steps": steps, "samples": samples,
-                 "batch_size": batch, "restarts": restarts} | runs
+        return [{"lr": lr, "temperature": t, "faithfulness_penalty": p, "steps": self.run_steps(steps, runs["runs"]),
+                 "samples": samples, "batch_size": batch, "restarts": restarts} | runs
                 for steps in self.steps for samples in self.samples for batch in self.learn_batch_size
                 for restarts in self.restarts for runs in counted
                 for lr in self.lrs for t in self.temperatures for p in self.penalties]
+
+    def run_steps(self, steps: int, runs: int) -> int:
+        """Each learned run's steps in a setting of ``runs`` runs: ``steps``, or with ``--equal-cost`` its share."""
+        return max(steps // runs, 1) if self.equal_cost else steps
 
     def measures_sweep_stability(self) -> bool:
         """Whether every swept setting is also learned on the second training set (it needs one)."""

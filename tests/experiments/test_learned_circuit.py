@@ -78,6 +78,12 @@ def test_consensus_settings_are_swept_beside_one_run_and_a_chosen_consensus_is_r
     assert results["stability"]["pairs"][0]["jaccard"] == pytest.approx(best["jaccard_training_sets"])
 
 
+def test_equal_cost_gives_each_consensus_run_its_share_of_the_steps():
+    grid = LearnedCircuitConfig(consensus_runs=(1, 4), steps=(100, 10), penalties=(1.0,), equal_cost=True).grid()
+    assert [(s["runs"], s["steps"]) for s in grid] == [(1, 100), (4, 25), (1, 10), (4, 2)]
+    assert [s["steps"] for s in LearnedCircuitConfig(consensus_runs=(1, 4), penalties=(1.0,)).grid()] == [100, 100]
+
+
 def test_the_consensus_sweep_refuses_restarts_and_other_methods():
     from circuits.errors import InputError
 
