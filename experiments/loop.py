@@ -17,7 +17,8 @@
    arithmetic merge of the two experts into the base (``merging.merge``, λ = ``--merge-lambda``);
 6. the circuit after merging: ``circuit_shift(tuned, merged)``;
 7. outputs: results.json (key ``steps``: accuracy and drift per model, keys ``shift_tuned`` and
-   ``shift_merged``), figures/, report.html with the circuit at each step side by side.
+   ``shift_merged``), figures/, report.html with the circuit at each step side by side, and beside each shift
+   figure the edge-circuit explorer (``circuits.show.explorer``) of the two circuits in compare mode.
 
 Every accuracy carries a 95% Wilson interval over its prompts, every faithfulness point a 95% bootstrap
 interval over the circuit prompts.
@@ -176,12 +177,27 @@ def _stages(run: Run) -> None:
     results["shift_merged"] = shift_merged.to_dict()
     figures = {f"tuned_{k}": v for k, v in shift_tuned.figures().items()}
     figures |= {f"merged_{k}": v for k, v in shift_merged.figures().items()}
+    figures |= _compare_explorers(shift_tuned, shift_merged, shift_settings.size)
     for key, fig in figures.items():
         write_text_atomic(run.out / "figures" / f"{key}.json", fig.to_json())
     results["wall_seconds"] = run.wall_seconds
     _report(run, figures)
     print(summary(results))
     print(f"report: {run.out / 'report.html'}")
+
+
+def _compare_explorers(shift_tuned, shift_merged, size: float) -> dict:
+    """Compare mode of each shift's two circuits (the earlier model's against the changed model's own, MIB's pruned
+    top-n at each size), starting at ``size``: ``{"tuned_explorer", "merged_explorer"}``."""
+    from circuits.show.explorer import circuit_explorer
+
+    out = {}
+    for prefix, shift, labels in (("tuned", shift_tuned, ("base", "tuned")),
+                                  ("merged", shift_merged, ("tuned", "merged"))):
+        out[f"{prefix}_explorer"] = circuit_explorer(
+            shift.reference_scores, compare=shift.changed_scores, labels=labels, start=size,
+            title=f"The {labels[0]} model's circuit against the {labels[1]} model's own")
+    return out
 
 
 def summary(results: dict) -> str:
@@ -223,6 +239,11 @@ def _report(run: Run, figures: dict) -> None:
         report.add_figure(figures[f"{prefix}_circuit_shift"], caption=(
             f"Edges at {100 * shift['settings']['size']:g}% of the graph: {shift['edges']['n_kept']} kept, "
             f"{shift['edges']['n_gained']} gained, {shift['edges']['n_lost']} lost."))
+        if f"{prefix}_explorer" in figures:
+            report.add_explorer(figures[f"{prefix}_explorer"], caption=(
+                "The same two circuits at every MIB size: switch the view to compare mode for the edges both keep, "
+                "only the earlier model's circuit keeps and only the changed model's own keeps; hover an edge for "
+                "its score in each model, click a node for its paths to the logits."))
         report.add_table(shift["node_mass"][:12], heading="Nodes whose in-circuit edge mass changed most")
     report.add_table(run.timer.seconds | {"total": results["wall_seconds"]}, heading="Wall time per stage",
                      columns=("stage", "seconds"))

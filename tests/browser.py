@@ -4,7 +4,9 @@ Uses selenium with the Debian ``chromium`` + ``chromium-driver`` packages. Chrom
 started offline-friendly (no background networking, no component updates, a fresh
 profile), so a page that silently needs the network shows up as undrawn plots.
 :func:`browser_or_skip` skips the calling test with a clear message when Chromium,
-its driver or selenium is missing.
+its driver or selenium is missing. :func:`load_page` opens a page and reports what it drew; a test that
+acts on a page (moves a control, hovers, clicks) drives :func:`chromium` itself and reads
+:func:`errors_and_requests` at the end.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,19 +76,7 @@ def load_page(
     expressions whose values come back in ``values``; ``first_screen`` saves what a reader sees
     first (1300 x 900, not scrolled).
     """
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    binary, driver_path = browser_or_skip()
-    options = webdriver.ChromeOptions()
-    options.binary_location = binary
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    profile = tempfile.mkdtemp(prefix="chromium-profile-")
-    options.add_argument(f"--user-data-dir={profile}")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    try:
+    with chromium() as driver:
         driver.set_page_load_timeout(timeout_s)
         driver.get(Path(html_path).resolve().as_uri())
         deadline = time.monotonic() + timeout_s
@@ -97,16 +88,7 @@ def load_page(
                 break
             time.sleep(0.5)
         time.sleep(0.5)  # let late console errors arrive
-        errors = [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
-        requests = []
-        import json
-
-        for entry in driver.get_log("performance"):
-            message = json.loads(entry["message"])["message"]
-            if message.get("method") == "Network.requestWillBeSent":
-                url = message["params"]["request"]["url"]
-                if url.startswith(("http:", "https:", "ws:", "wss:", "ftp:")):
-                    requests.append(url)
+        errors, requests = errors_and_requests(driver)
         values = {name: driver.execute_script(f"return ({expr});") for name, expr in (evaluate or {}).items()}
         if first_screen is not None:
             Path(first_screen).parent.mkdir(parents=True, exist_ok=True)
@@ -120,6 +102,41 @@ def load_page(
             driver.set_window_size(1300, min(max(int(height), 800), 16000))
             driver.save_screenshot(str(shot))
         return PageResult(counts, values, errors, requests, shot)
+
+
+def errors_and_requests(driver) -> tuple[list[str], list[str]]:
+    """The console messages of level SEVERE and the network requests (http, https, ws, ftp) logged so far."""
+    import json
+
+    errors = [e["message"] for e in driver.get_log("browser") if e.get("level") == "SEVERE"]
+    requests = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message.get("method") == "Network.requestWillBeSent":
+            url = message["params"]["request"]["url"]
+            if url.startswith(("http:", "https:", "ws:", "wss:", "ftp:")):
+                requests.append(url)
+    return errors, requests
+
+
+@contextmanager
+def chromium():
+    """A headless Chromium driver (skips the test when it is missing) started with :data:`CHROMIUM_FLAGS` and a fresh
+    profile, logging console messages and network requests; it quits, and its profile is removed, on leaving."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver_path = browser_or_skip()
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    options.add_argument(f"--user-data-dir={profile}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        yield driver
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)

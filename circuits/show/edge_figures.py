@@ -32,7 +32,7 @@ from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import nodes_in_graph
 from circuits.nodes import Head
 
-__all__ = ["circuit_shift_figure", "edge_circuit_figure", "faithfulness_figure", "family_transfer_figure"]
+__all__ = ["circuit_shift_figure", "edge_circuit_figure", "faithfulness_figure", "family_transfer_figure", "node_positions"]
 
 POSITIVE_COLOR, NEGATIVE_COLOR = "#1f77b4", "#d62728"
 _WIDTH_BINS = 5
@@ -47,7 +47,8 @@ def _receiver_owner_name(layout: GraphLayout, backward: int) -> tuple[str, str]:
     return name, ""
 
 
-def _positions(layout: GraphLayout) -> dict[str, tuple[float, float]]:
+def node_positions(layout: GraphLayout) -> dict[str, tuple[float, float]]:
+    """Where each node is drawn: heads at (layer, head index), MLPs on a row below, ``input`` left, ``logits`` right."""
     mlp_y = -1.5
     pos = {"input": (-1.0, (layout.n_heads - 1) / 2), "logits": (layout.n_layers, (layout.n_heads - 1) / 2)}
     for layer in range(layout.n_layers):
@@ -81,7 +82,7 @@ def edge_circuit_figure(
     pairs = edges.nonzero().tolist()
     pairs.sort(key=lambda p: -abs(scores[p[0], p[1]]))
     pairs = pairs[:max_edges]
-    pos = _positions(layout)
+    pos = node_positions(layout)
     fig = go.Figure()
     _draw_edges(fig, layout, pos, pairs, scores, sign_of)
     shown = {layout.forward_names[f] for f, b in pairs} | {_receiver_owner_name(layout, b)[0] for f, b in pairs}
@@ -223,7 +224,7 @@ def circuit_shift_figure(layout: GraphLayout, reference: "np.ndarray | object", 
     ref = np.asarray(getattr(reference, "cpu", lambda: reference)(), dtype=bool) & layout.real_edge_mask.numpy()
     new = np.asarray(getattr(changed, "cpu", lambda: changed)(), dtype=bool) & layout.real_edge_mask.numpy()
     status = {"kept": ref & new, "gained": ~ref & new, "lost": ref & ~new}
-    pos = _positions(layout)
+    pos = node_positions(layout)
     fig = go.Figure()
     shown: set[str] = set()
     for label, mask in status.items():

@@ -1,8 +1,8 @@
 """One self-contained HTML report per run: opens offline, cites every number the toolkit produced.
 
 :class:`Report` is a generic builder: ``add_text``, ``add_table``, ``add_figure``
-(plotly), ``add_attention_view`` (circuitsvis), ``add_html`` and
-``add_settings`` append blocks in order; ``save(path)`` writes one HTML file
+(plotly), ``add_explorer`` (the interactive edge circuit of :mod:`circuits.show.explorer`),
+``add_attention_view`` (circuitsvis), ``add_html`` and ``add_settings`` append blocks in order; ``save(path)`` writes one HTML file
 (to a temporary file first, then ``os.replace``, so a crash never leaves half
 a report).
 
@@ -97,6 +97,7 @@ class Report:
         self.blocks: list[str] = []
         self.n_figures = 0
         self.n_attention_views = 0
+        self.n_explorers = 0
 
     # ------------------------------------------------------------------ blocks
 
@@ -162,6 +163,17 @@ class Report:
         self.blocks.append(str(fragment))
         return self
 
+    def add_explorer(self, explorer, *, heading: str | None = None, caption: str | None = None) -> "Report":
+        """An edge-circuit explorer (:func:`circuits.show.explorer.circuit_explorer`), drawn by the inlined plotly.js."""
+        if not callable(getattr(explorer, "html_fragment", None)):
+            raise InputError(f"add_explorer expects what circuits.show.explorer.circuit_explorer returns, got "
+                             f"{type(explorer).__name__}; add a plain plotly figure with add_figure.")
+        self._maybe_heading(heading)
+        cap = f'<figcaption class="caption">{html.escape(caption)}</figcaption>' if caption else ""
+        self.blocks.append(f'<figure class="figure-block">{explorer.html_fragment()}{cap}</figure>')
+        self.n_explorers += 1
+        return self
+
     def add_attention_view(
         self, view, *, heading: str | None = None, caption: str | None = None, kind: str = "heads",
     ) -> "Report":
@@ -215,7 +227,7 @@ class Report:
     def to_html(self) -> str:
         """The whole page as one string."""
         scripts = []
-        if self.n_figures:
+        if self.n_figures or self.n_explorers:
             from plotly.offline import get_plotlyjs
 
             scripts.append(f"<script>{get_plotlyjs()}</script>")

@@ -44,6 +44,7 @@ from patching.sweeps.results import KnockoutCurve, NodeScores
 from experiments.arithmetic.config import MIN_READABLE, PipelineConfig
 from experiments.runtime import Run
 from experiments.runtime.edge_circuit import edge_circuit_stage
+from experiments.runtime.node_info import path_patching_info
 from experiments.runtime.edge_circuit import summary as circuit_summary
 from experiments.runtime.settings import project
 from patching.edges.faithful_circuit import MIN_PROMPTS as MIN_CIRCUIT_PROMPTS
@@ -303,7 +304,8 @@ def find_edge_circuit(run: PipelineRun, prompts: Prompts, chosen: KeyHeadChoice,
                      learning=cfg.learn_config())
     stage, figures = edge_circuit_stage(run.state.model, prompts.kept, chosen.heads, roles.role, search, out=run.out,
                                         op=cfg.op, model_name=cfg.model, stage=run.stage,
-                                        stability_sets=cfg.circuit_stability_sets)
+                                        stability_sets=cfg.circuit_stability_sets,
+                                        node_info=path_patching_info(run.results.get("path_patching")))
     print(circuit_summary(stage))
     run.results["edge_circuit"] = stage
     run.state.figures |= figures

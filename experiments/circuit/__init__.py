@@ -27,6 +27,13 @@ Stages (each timed into results.json ``seconds``):
    class, ``circuits.analyze.attention``) and the curve figure, results.json (key ``edge_circuit``,
    docs/results_json.md) and report.html.
 
+``--task`` names the task instead of ``--op``: an operation (addition, subtraction, multiplication, division), or
+``ioi`` / ``greater-than`` (``circuits.classic_tasks``), or the path of a prompt-pair file (CSV or JSON lines,
+``circuits.pair_tasks``). A pair task keeps the rows the model solves (its metric > 0; ``patching.sweeps.task_metrics``),
+scores and curves by its own metric (logit difference, probability difference, KL; results.json ``task`` and
+``edge_circuit.metric``), and skips stage 5 (path patching and head classes read the arithmetic prompts' operands).
+Learned methods train on the task's metric too (their ``metric`` objective; ``--learn-objective kl`` instead).
+
 ``--methods A B ...`` replaces stages 2-6 by a comparison: every method (EAP-IG, exact patching,
 learned masks, ensembles, bootstrapped scores, the ILP, position-aware edges) scores the same
 selection half and is curved on the same held-out half; results.json key ``comparison``, one
@@ -57,7 +64,6 @@ import logging
 from typing import TYPE_CHECKING
 
 # only light imports here: the parser answers --help and flag errors before torch or TransformerLens load
-from circuits.templates import resolve_operation
 from experiments.circuit.config import CircuitConfig
 from experiments.runtime import ModelLoader, Run, cli, run_experiment
 from circuits.atomic_files import write_text_atomic
@@ -80,6 +86,26 @@ def parse_config(argv: list[str] | None = None) -> CircuitConfig:
 # ---------------------------------------------------------------------------- stages
 
 
+def task_prompts(model, cfg: CircuitConfig):
+    """The rows of ``--task`` the model solves (``patching.sweeps.task_metrics.keep_solved``), their share, the task's
+    results.json record and the metric that scores them (ioi, greater-than or a pair file)."""
+    from circuits.classic_tasks import make_task
+    from patching.sweeps.task_metrics import keep_solved, task_metric
+
+    task = make_task(model, cfg.task, n_prompts=cfg.n_prompts, seed=cfg.seed)
+    kept, share = keep_solved(model, task, cfg.batch_size)
+    metric, rows = task_metric(kept, model)
+    return rows, share, task.to_dict() | {"n_solved": len(kept.rows)}, metric
+
+
+def task_search(cfg: CircuitConfig, metric=None):
+    """The search's settings (``cfg.search()``), scoring by ``metric`` when the task names one."""
+    search = cfg.search()
+    if metric is None:
+        return search
+    return dataclasses.replace(search, sweep=dataclasses.replace(search.sweep, metric=metric))
+
+
 def correct_prompts(model, cfg: CircuitConfig) -> tuple[Dataset, float]:
     """The sampled prompts the model answers correctly (top-1 first answer token), and the base accuracy."""
     from circuits.answer_scoring import first_token_hits
@@ -91,14 +117,16 @@ def correct_prompts(model, cfg: CircuitConfig) -> tuple[Dataset, float]:
     return kept, accuracy
 
 
-def path_patching_key_heads(model, prompts: Dataset, cfg: CircuitConfig) -> list[Head]:
-    """The top ``cfg.top_k`` heads by path-patching effect on the answer logit (none when top_k is 0)."""
+def path_patching_key_heads(model, prompts: Dataset, cfg: CircuitConfig) -> tuple[list[Head], dict | None]:
+    """The top ``cfg.top_k`` heads by path-patching effect on the answer logit, and every node's effect
+    (``NodeScores.to_dict()``, for the explorer's hover); none and None when top_k is 0."""
     from patching import SweepOptions, key_heads, path_patch
 
     if cfg.top_k == 0:
-        return []
-    heads, _ = key_heads(path_patch(model, prompts, options=SweepOptions(batch_size=cfg.batch_size)), top_k=cfg.top_k)
-    return heads
+        return [], None
+    scores = path_patch(model, prompts, options=SweepOptions(batch_size=cfg.batch_size))
+    heads, _ = key_heads(scores, top_k=cfg.top_k)
+    return heads, scores.to_dict()
 
 
 def head_roles(model, prompts: Dataset, cfg: CircuitConfig) -> dict[Head, str]:
@@ -114,7 +142,7 @@ def head_roles(model, prompts: Dataset, cfg: CircuitConfig) -> dict[Head, str]:
 
 def run(cfg: CircuitConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the stages; return the results dict that is also written to results.json."""
-    name = f"circuit-{resolve_operation(cfg.op).name}"
+    name = f"circuit-{cfg.task_name}"
     return run_experiment(name, cfg, _stages, loader=loader, plan=plan(cfg),
                           results={"experiment": name, "settings": dataclasses.asdict(cfg), "model": cfg.model})
 
@@ -129,7 +157,8 @@ def plan(cfg: CircuitConfig) -> list[str]:
         if cfg.stability_sets:
             middle += [f"stability of circuit method {name}" for name in measured_methods(cfg.methods)]
     else:
-        middle = ["key heads and head classes", f"edge scores ({cfg.method})", "faithfulness curves"]
+        heads = ["key heads and head classes"] if cfg.arithmetic else []
+        middle = [*heads, f"edge scores ({cfg.method})", "faithfulness curves"]
     return ["load model", "data", *middle, *(["prompt families"] if cfg.templates else [])]
 
 
@@ -140,14 +169,19 @@ def _stages(run: Run) -> None:
         stability_stage,
     )
     from experiments.runtime.edge_circuit import add_report_section, edge_circuit_stage, summary
+    from experiments.runtime.node_info import iia_info, merge_node_info, path_patching_info, read_variables_rows
     from patching.edges.faithful_circuit import split_halves
 
     cfg, results = run.cfg, run.results
-    name = resolve_operation(cfg.op).name
+    name = cfg.task_name
     model = run.load_model()
     with run.stage("data", f"{cfg.n_prompts} {name} prompts, keeping the correct ones"):
-        kept, accuracy = correct_prompts(model, cfg)
+        if cfg.arithmetic:
+            (kept, accuracy), metric = correct_prompts(model, cfg), None
+        else:
+            kept, accuracy, results["task"], metric = task_prompts(model, cfg)
         selection, _ = split_halves(kept, cfg.circuit_prompts, cfg.seed)
+    search = task_search(cfg, metric)
     results |= {"n_prompts": cfg.n_prompts, "n_kept": len(kept), "base_accuracy": accuracy}
     if cfg.methods:
         warm_start = None if cfg.warm_start == "none" else cfg.warm_start
@@ -156,12 +190,12 @@ def _stages(run: Run) -> None:
         if shortfall:  # said before the comparison runs, not after it
             logger.warning(shortfall)
             results["stability_skipped"] = shortfall
-        results["comparison"], figures, found = compare_stage(model, kept, cfg.methods, cfg.search(), cfg.learn(),
+        results["comparison"], figures, found = compare_stage(model, kept, cfg.methods, search, cfg.learn(),
                                                        warm_start=warm_start,
                                                        bootstrap_resamples=cfg.bootstrap_resamples, stage=run.stage,
                                                        progress=run.progress(len(cfg.methods), "circuit methods"))
         if cfg.stability_sets and not shortfall:
-            results["stability"] = stability_stage(model, kept, cfg.methods, cfg.search(), cfg.learn(),
+            results["stability"] = stability_stage(model, kept, cfg.methods, search, cfg.learn(),
                                                    n_sets=cfg.stability_sets, seeds=cfg.stability_seeds,
                                                    warm_start=warm_start, bootstrap_resamples=cfg.bootstrap_resamples,
                                                    found=found, stage=run.stage, progress=run.progress(
@@ -183,11 +217,16 @@ def _stages(run: Run) -> None:
         print(comparison_summary(results["comparison"], stability))
         print(f"report: {run.out / 'report.html'}")
         return
-    with run.stage("key heads and head classes", "path patching and attention reads"):
-        heads = path_patching_key_heads(model, selection, cfg)
-        roles = head_roles(model, selection, cfg)
-    results["edge_circuit"], figures = edge_circuit_stage(model, kept, heads, roles, cfg.search(), out=run.out,
-                                                          op=cfg.op, model_name=cfg.model, stage=run.stage)
+    heads, roles, patched = [], {}, None
+    if cfg.arithmetic:  # operand / operator heads and path patching read the arithmetic prompts' parts
+        with run.stage("key heads and head classes", "path patching and attention reads"):
+            heads, patched = path_patching_key_heads(model, selection, cfg)
+            roles = head_roles(model, selection, cfg)
+    iia = iia_info(read_variables_rows(cfg.variables)) if cfg.variables else {}
+    results["edge_circuit"], figures = edge_circuit_stage(model, kept, heads, roles, search, out=run.out,
+                                                          op=cfg.op if cfg.arithmetic else cfg.task_name,
+                                                          model_name=cfg.model, stage=run.stage,
+                                                          node_info=merge_node_info(path_patching_info(patched), iia))
     figures |= _templates(run, model)
     for key, fig in figures.items():
         write_text_atomic(run.out / "figures" / f"{key}.json", fig.to_json())

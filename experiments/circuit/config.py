@@ -14,7 +14,8 @@ from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option
 from circuits.templates import PROMPT_FAMILIES
-from experiments.runtime.settings import BatchSettings, LearnSettings, PromptSettings, RunSettings, project
+from experiments.runtime.settings import (BatchSettings, LearnSettings, PromptSettings, RunSettings, TaskSettings,
+                                          project)
 from patching.edges.catalogue import ABLATIONS, CATALOGUE, SEARCH_METHODS
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ MethodFlags = cli.method_settings_flags(CATALOGUE, "MethodFlags")
 
 
 @dataclass(frozen=True)
-class CircuitConfig(MethodFlags, LearnSettings, BatchSettings, PromptSettings, RunSettings):
+class CircuitConfig(MethodFlags, TaskSettings, LearnSettings, BatchSettings, PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.circuit`` beyond :class:`RunSettings`, with its default."""
 
     op: str = option("+", "the operation: + - * / (or addition, subtraction, ...)")
@@ -62,14 +63,21 @@ class CircuitConfig(MethodFlags, LearnSettings, BatchSettings, PromptSettings, R
                                         nargs="+", choices=PROMPT_FAMILIES)
     templates_size: float = option(0.05, "with --templates: the circuits' size, as a fraction of the edges",
                                    type=cli.fraction)
+    variables: str = option("", "the run folder of python -m experiments.variables --circuit: its per-node IIA "
+                                "goes into the circuit explorer's node hover")
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.templates and not self.arithmetic:
+            raise InputError(f"--templates compares arithmetic prompt families; --task {self.task} has none: drop "
+                             "--templates.")
         if self.templates and (len(self.templates) < 2 or len(set(self.templates)) != len(self.templates)):
             raise InputError(f"--templates {' '.join(self.templates)}: name at least two different prompt families "
                              "to compare their circuits (e.g. --templates equation statement question).")
         if self.templates and self.templates_size == 0:
             raise InputError("--templates-size 0 selects no edge: give a fraction of the edges in (0, 1], e.g. 0.05.")
+        if self.variables:
+            self._check_variables()
         if len(set(self.stability_seeds)) != len(self.stability_seeds):
             raise InputError(f"--stability-seeds {' '.join(map(str, self.stability_seeds))} repeats a seed: a run "
                              "paired with itself adds a Jaccard of 1 to the stability. Give each seed once.")
@@ -84,6 +92,16 @@ class CircuitConfig(MethodFlags, LearnSettings, BatchSettings, PromptSettings, R
                              f"and a held-out set of --circuit-prompts // 2 = {self.circuit_prompts // 2} each), more "
                              f"than --n-prompts {self.n_prompts} samples: raise --n-prompts, or lower --stability-sets "
                              "or --circuit-prompts.")
+
+    def _check_variables(self) -> None:
+        """``--variables``: a readable run of experiments.variables (checked before any model loads), for the one
+        circuit the explorer draws."""
+        from experiments.runtime.node_info import read_variables_rows
+
+        if self.methods:
+            raise InputError(f"--variables {self.variables} adds IIA to the explorer of one circuit; --methods "
+                             "compares methods and draws none: drop one of them.")
+        read_variables_rows(self.variables)
 
     def stability_prompts_needed(self) -> int:
         """``patching.edges.stability.stability_prompts_needed`` of these flags: the sets and the held-out set."""

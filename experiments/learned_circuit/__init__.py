@@ -29,6 +29,13 @@ numbers inflates them. This experiment keeps the three roles apart (``circuits.p
    core (edges more than half of the runs keep) with its own test curve (:func:`patching.edges.stability.compare_runs`);
 6. outputs: results.json (docs/results_json.md), the chosen circuit's scores as a Graph JSON, the
    curve figure and report.html.
+
+``--task ioi``, ``--task greater-than`` or ``--task <pair file>`` (``circuits.classic_tasks``,
+``circuits.pair_tasks``) replaces stage 1's problems by a pair task's rows: generated (twice the rows the splits ask
+for) or read, kept where the model solves them (``patching.sweeps.task_metrics.keep_solved``), shuffled and cut
+into the training sets, validation and test (every part scaled down alike when too few are solved;
+results.json ``prompts.scaled_down``); every learned circuit, warm start and curve then scores the task's metric
+(results.json ``task``).
 """
 
 from __future__ import annotations
@@ -117,11 +124,11 @@ def learn_setting(run: "LearnedCircuitRun", set_index: int, setting: dict, *, on
     prompts, init = state.train_sets[set_index], state.warm[set_index]
     runs = setting.get("runs", 1)
     if runs == 1:
-        learned = learn_circuit(state.model, prompts, config=config, init=init, on_step=on_step)
+        learned = learn_circuit(state.model, prompts, config=config, init=init, on_step=on_step, metric=state.metric)
         return Learned(learned.graph, learned.seconds, learned.seconds_per_step)
     started = time.perf_counter()
     consensus = learn_consensus(state.model, prompts, runs=runs, resampling=setting["resampling"], config=config,
-                                init=init, on_step=on_step)
+                                init=init, on_step=on_step, metric=state.metric)
     seconds = time.perf_counter() - started
     return Learned(consensus.graph(), round(seconds, 1), round(seconds / (runs * config.steps), 3), consensus)
 
@@ -160,6 +167,7 @@ class LearnedCircuitState:
     second: list = field(default_factory=list)  # ... and on the second one (--sweep-stability)
     best: int = 0  # the index of the setting chosen on validation
     curves: dict = field(default_factory=dict)  # label -> test curve (the chosen circuit and the baselines)
+    metric: object = "logit"  # what every curve, warm start and learned circuit scores (a pair task's own metric)
 
 
 LearnedCircuitRun = Run[LearnedCircuitConfig, LearnedCircuitState]
@@ -167,7 +175,7 @@ LearnedCircuitRun = Run[LearnedCircuitConfig, LearnedCircuitState]
 
 def run(cfg: LearnedCircuitConfig, *, loader: ModelLoader | None = None) -> dict:
     """Run the stages; return the results dict that is also written to results.json."""
-    name = f"learned_circuit-{resolve_operation(cfg.op).name}"
+    name = f"learned_circuit-{cfg.task_name}"
     return run_experiment(name, cfg, _stages, loader=loader, plan=plan(cfg),
                           results={"experiment": name, "settings": dataclasses.asdict(cfg), "model": cfg.model})
 
@@ -199,8 +207,10 @@ def _curve(run: LearnedCircuitRun, scores, prompts, select=None):
     with the run's bootstrap settings."""
     from patching.edges import faithfulness_curve
 
+    from patching import SweepOptions
+
     return faithfulness_curve(run.state.model, scores, prompts, select=select, n_bootstrap=run.cfg.n_bootstrap,
-                              seed=run.cfg.seed)
+                              seed=run.cfg.seed, options=SweepOptions(metric=run.state.metric))
 
 
 def split_prompts(run: LearnedCircuitRun) -> None:
@@ -209,6 +219,8 @@ def split_prompts(run: LearnedCircuitRun) -> None:
     from circuits.prompt_splits import correct_prompt_splits
 
     cfg, state = run.cfg, run.state
+    if not cfg.arithmetic:
+        return split_pair_task(run)
     with run.stage("data", f"every {resolve_operation(cfg.op).name} problem, kept where the model answers it, "
                            "split by problem"):
         task = cfg.task_config()
@@ -226,6 +238,28 @@ def split_prompts(run: LearnedCircuitRun) -> None:
           f"{splits.n_checked} prompts)")
 
 
+def split_pair_task(run: LearnedCircuitRun) -> None:
+    """Stage 1 for a pair task (``--task``): its rows the model solves, shuffled and cut into the splits."""
+    from circuits.classic_tasks import make_task
+    from circuits.pair_tasks import split_pairs
+    from patching.sweeps.task_metrics import keep_solved, task_metric
+
+    cfg, state = run.cfg, run.state
+    sizes = [cfg.n_train] * cfg.stability_sets + [cfg.n_validation, cfg.n_test]
+    with run.stage("data", f"{cfg.task_name} rows, kept where the model solves them, split at random"):
+        task = make_task(state.model, cfg.task, n_prompts=2 * sum(sizes), seed=cfg.seed)
+        kept, share = keep_solved(state.model, task, cfg.batch_size)
+        state.metric, rows = task_metric(kept, state.model)
+        parts, scaled = split_pairs(rows, sizes, cfg.seed)
+        state.train_sets, (state.validation, state.test) = parts[:-2], parts[-2:]
+    run.results["task"] = task.to_dict() | {"n_solved": len(kept.rows), "solved_share": share}
+    run.results["prompts"] = {"train_sets": [len(s) for s in state.train_sets], "validation": len(state.validation),
+                              "test": len(state.test), "scaled_down": scaled}
+    print(f"prompts: {len(state.train_sets)} training set(s) of {len(state.train_sets[0])}, validation "
+          f"{len(state.validation)}, test {len(state.test)} (the model solves {100 * share:.1f}% of {len(task.rows)} "
+          f"{cfg.task_name} rows)")
+
+
 def warm_start(run: LearnedCircuitRun) -> None:
     """Stage 2: EAP-IG-inputs scores on ``--warm-start-prompts`` of each training set (none with 0)."""
     from patching import SweepOptions
@@ -233,7 +267,7 @@ def warm_start(run: LearnedCircuitRun) -> None:
 
     cfg, state = run.cfg, run.state
     with run.stage("warm start", f"EAP-IG-inputs on {cfg.warm_start_prompts} prompts of each training set"):
-        options = SweepOptions(memory_mb=cfg.memory_mb, batch_size=cfg.batch_size)
+        options = SweepOptions(memory_mb=cfg.memory_mb, batch_size=cfg.batch_size, metric=state.metric)
         state.warm = [edge_attribution(state.model, s.select(range(min(len(s), cfg.warm_start_prompts))),
                                        method="EAP-IG-inputs", options=options) if cfg.warm_start_prompts else None
                       for s in state.train_sets]
@@ -307,7 +341,8 @@ def evaluate_on_test(run: LearnedCircuitRun, chosen: dict) -> None:
                                            config=dataclasses.replace(state.base, method="matryoshka", samples=2,
                                                                       steps=chosen["steps"],
                                                                       batch_size=chosen["batch_size"],
-                                                                      restarts=chosen["restarts"]))
+                                                                      restarts=chosen["restarts"]),
+                                           metric=state.metric)
                 curves["matryoshka"] = _curve(run, matryoshka.graph, state.test)
         results["test"] = {label: curve_row(c) for label, c in curves.items()}
         if "EAP-IG-inputs" in curves:
@@ -349,7 +384,7 @@ def measure_stability(run: LearnedCircuitRun, chosen: dict) -> None:
             runs.append((index, cfg.seed, learn_setting(run, index, chosen, on_step=lambda _: steps.advance())))
         for seed in cfg.stability_seeds:
             runs.append((0, seed, learn_setting(run, 0, chosen, seed=seed, on_step=lambda _: steps.advance())))
-        results["stability"] = stability(state.model, runs, state.test, cfg)
+        results["stability"] = stability(state.model, runs, state.test, cfg, state.metric)
         # each run's own test curve (the first run is the chosen circuit, already curved): a stable method is
         # faithful whichever prompts and seed it was learned with
         rows = [results["test"][chosen_label(cfg.method, chosen)]] + [
@@ -358,7 +393,7 @@ def measure_stability(run: LearnedCircuitRun, chosen: dict) -> None:
             entry["test"] = row
 
 
-def stability(model, runs, test, cfg: LearnedCircuitConfig) -> dict:
+def stability(model, runs, test, cfg: LearnedCircuitConfig, metric="logit") -> dict:
     """Jaccard and Spearman of every pair of runs, and the stable core's test curve (the module docstring)."""
     from patching import SweepOptions
     from patching.edges import CircuitSearch
@@ -370,7 +405,7 @@ def stability(model, runs, test, cfg: LearnedCircuitConfig) -> dict:
         return out
     circuits = [[learned.circuit(x) for x in STABILITY_FRACTIONS] for _, _, learned in runs]
     search = CircuitSearch(n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
-                           sweep=SweepOptions(batch_size=32, memory_mb=cfg.memory_mb))
+                           sweep=SweepOptions(batch_size=32, memory_mb=cfg.memory_mb, metric=metric))
     compared = compare_runs(model, [(s, seed) for s, seed, _ in runs], [learned.graph for _, _, learned in runs],
                             circuits, test, search, method=cfg.method, kind="learned mask",
                             fractions=STABILITY_FRACTIONS, n_per_set=cfg.n_train)
@@ -415,7 +450,7 @@ def _report(run: Run, curves: dict) -> None:
     from circuits.show.edge_figures import faithfulness_figure
 
     results = run.results
-    report = Report(f"The learned {resolve_operation(run.cfg.op).name} circuit of {run.cfg.model}", summary(results))
+    report = Report(f"The learned {run.cfg.task_name} circuit of {run.cfg.model}", summary(results))
     figure = faithfulness_figure(list(curves.items()), title="Faithfulness on the test prompts")
     write_text_atomic(run.out / "figures" / "test_curves.json", figure.to_json())
     report.add_figure(figure, heading="Faithfulness on the test prompts")

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option
-from experiments.runtime.settings import BatchSettings, RunSettings, ShotSettings
+from experiments.runtime.settings import BatchSettings, RunSettings, ShotSettings, TaskSettings
 from patching.edges.catalogue import CONSENSUS_RESAMPLING, LEARNED_METHODS
 
 
 @dataclass(frozen=True)
-class LearnedCircuitConfig(BatchSettings, ShotSettings, RunSettings):
+class LearnedCircuitConfig(TaskSettings, BatchSettings, ShotSettings, RunSettings):
     """Every flag of ``python -m experiments.learned_circuit`` beyond :class:`RunSettings`, with its default."""
 
     op: str = option("+", "the operation: + - * / (or addition, subtraction, ...)")

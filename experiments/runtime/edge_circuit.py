@@ -11,51 +11,54 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Mapping, Optional
 
 from datasets import Dataset
 
 from circuits import Graph, Head
+from circuits.errors import InputError
 from circuits.graph_io import save_eap_json, write_mib_submission
-from circuits.graph_selection import nodes_in_graph, select_fraction
-from circuits.show.edge_figures import edge_circuit_figure, faithfulness_figure
+from circuits.graph_selection import mib_selector, nodes_in_graph, select_fraction
+from circuits.show.edge_figures import faithfulness_figure
+from circuits.show.explorer import Explorer, circuit_explorer
 from circuits.show.html_report import Report
 from circuits.templates import resolve_operation
 from patching.edges import CircuitSearch, find_faithful_circuit
-from patching.edges.faithful_circuit import key_head_relation, key_heads_by_size
-from patching.edges.stability import stability_of_found, stability_prompts_needed
+from patching.edges.consensus import Consensus
+from patching.edges.faithful_circuit import FaithfulCircuit, key_head_relation, key_heads_by_size
+from patching.edges.stability import StabilityResult, stability_of_found, stability_prompts_needed
+from experiments.runtime.node_info import merge_node_info
 
 
 def edge_circuit_stage(model, kept: Dataset, heads: list[Head], roles: dict[Head, str], search: CircuitSearch, *,
-                       out: Path, op: str, model_name: str, stage=None, stability_sets: int = 0) -> tuple[dict, dict]:
+                       out: Path, op: str, model_name: str, stage=None, stability_sets: int = 0,
+                       node_info: Optional[Mapping] = None) -> tuple[dict, dict]:
     """The search on ``kept`` (correctly answered prompts): ``(results["edge_circuit"], figures)``.
 
     ``heads`` are the node-level key heads to relate the circuit to, ``roles`` each head's
     attention-read class (for the figure's colours), ``stage`` the run's stage opener (``Run.stage``).
     ``stability_sets`` (>= 2): the same method on that many disjoint prompt sets, the first the circuit's own
     selection half (:func:`patching.edges.stability.stability_of_found`); fewer correct prompts than that needs
-    is said in ``results["stability_skipped"]``. Files go to ``out/edge_circuit``.
+    is said in ``results["stability_skipped"]``. Files go to ``out/edge_circuit``. ``node_info``: what the
+    explorer shows on hovering a node beside its key-head rank (:mod:`experiments.runtime.node_info`: path-patching
+    effect, IIA per variable); a consensus circuit's edges show their share of runs keeping them, and a measured
+    stability adds ``figures["edge_stability"]``, the explorer of the first two sets' circuits compared.
     """
     from contextlib import nullcontext
 
     stage = stage or (lambda name: nullcontext())
     found = find_faithful_circuit(model, kept, search, stage=stage)
-    results = found.to_dict() | {"files": write_circuit_files(out, found.scores, found.circuit, op, model_name)}
+    results = found.to_dict() | {"files": write_circuit_files(out, found.scores, found.circuit, op, model_name,
+                                                              d_model=model.cfg.d_model)}
     figures = {"edge_curve": faithfulness_figure(
         [("held-out prompts", found.curve_heldout), ("selection prompts", found.curve_selection)],
         threshold=search.threshold, title=f"Faithfulness of the {search.method} circuits ({search.ablation} ablation)")}
-    shown = found.circuit
-    if shown is None:  # no size is faithful: the goal's size is drawn, so the first screen still shows a circuit
-        shown = select_fraction(found.scores, SHOWN_FRACTION)
     if found.circuit is not None:
         results["key_heads"] = key_head_relation(found.circuit, heads)
         results["key_heads"]["by_size"] = key_heads_by_size(found.scores, heads)
         results["n_circuit_nodes"] = int(nodes_in_graph(found.circuit).sum())
-    size = int(shown.in_graph.sum())
-    what = (f"Smallest circuit with f >= {search.threshold:g}" if found.circuit is not None
-            else f"No size reaches f >= {search.threshold:g}; the circuit at {100 * SHOWN_FRACTION:g}%")
-    figures["edge_circuit"] = edge_circuit_figure(shown, roles, highlight=heads, signs=found.warm_scores, title=(
-        f"{what} ({search.method}): {size} edges ({100 * size / found.scores.layout.n_edges:.1f}% of "
-        f"{found.scores.layout.n_edges})"))
+    # the explorer is also the static figure of the circuit drawn before (figures/edge_circuit.json, paper export)
+    figures["edge_circuit"] = found_explorer(found, heads, roles, node_info)
     if stability_sets >= 2:
         needed = stability_prompts_needed(stability_sets, search.circuit_prompts)
         if len(kept) < needed:
@@ -65,9 +68,53 @@ def edge_circuit_stage(model, kept: Dataset, heads: list[Head], roles: dict[Head
                 "lower --circuit-prompts.")
         else:
             with stage(f"stability ({search.method} on {stability_sets} sets)"):
-                results["stability"] = stability_of_found(model, kept, found.scores, search, n_sets=stability_sets,
-                                                          select=found.select).to_dict()
+                stability = stability_of_found(model, kept, found.scores, search, n_sets=stability_sets,
+                                               select=found.select)
+            results["stability"] = stability.to_dict()
+            figures["edge_stability"] = stability_explorer(stability, roles, heads)
     return results, figures
+
+
+def found_explorer(found: FaithfulCircuit, heads: list[Head], roles: dict[Head, str],
+                   node_info: Optional[Mapping] = None) -> Explorer:
+    """The explorer of a found circuit: its curve's sizes, its own selector, the key heads ringed and ranked in the
+    hover beside ``node_info``, and for a consensus circuit each edge's share of runs keeping it at the start size."""
+    search = found.search
+    shown = found.circuit
+    if shown is None:  # no size is faithful: the goal's size is drawn, so the first screen still shows a circuit
+        shown = select_fraction(found.scores, SHOWN_FRACTION)
+    fraction = found.smallest["fraction"] if found.circuit is not None else SHOWN_FRACTION
+    size, layout = int(shown.in_graph.sum()), found.scores.layout
+    what = (f"Smallest circuit with f >= {search.threshold:g}" if found.circuit is not None
+            else f"No size reaches f >= {search.threshold:g}; the circuit at {100 * SHOWN_FRACTION:g}%")
+    ranks = {head: {"key-head rank (path patching)": rank} for rank, head in enumerate(heads, 1)}
+    consensus = getattr(found.select, "__self__", None)  # the consensus method selects with its Consensus' select
+    share = consensus.shares(int(fraction * layout.n_edges)) if isinstance(consensus, Consensus) else None
+    return circuit_explorer(
+        found.scores, curve=found.curve_heldout, start=fraction, select=found.select, head_roles=roles,
+        highlight=heads, signs=found.warm_scores, title=f"The {search.method} circuit at each size",
+        node_info=merge_node_info(ranks, node_info), edge_share=share,
+        figure_title=f"{what} ({search.method}): {size} edges ({100 * size / layout.n_edges:.1f}% of {layout.n_edges})")
+
+
+def stability_explorer(stability: StabilityResult, roles: dict[Head, str], heads: list[Head]) -> Explorer:
+    """Compare mode of the first two prompt sets' circuits at the stability sizes (each set's own circuit, as the
+    Jaccard counted it); an edge's hover shows its share of the sets keeping it at 5% of the edges."""
+    layout = stability.scores[0].layout
+    remembered = {(id(stability.scores[run].scores), int(x * layout.n_edges)): stability.circuits[run][i].in_graph
+                  for run in (0, 1) for i, x in enumerate(stability.fractions)}
+    fallback = mib_selector(layout)
+
+    def select(scores, n: int):
+        mask = remembered.get((id(scores), n))
+        return fallback(scores, n) if mask is None else mask
+
+    start = min(range(len(stability.fractions)), key=lambda i: abs(stability.fractions[i] - SHOWN_FRACTION))
+    return circuit_explorer(
+        stability.scores[0], compare=stability.scores[1], labels=("set 0", "set 1"), sizes=stability.fractions,
+        start=stability.fractions[start], select=select,
+        edge_share=stability.cores[start], head_roles=roles, highlight=heads,
+        title=f"The {stability.method} circuits of two disjoint prompt sets")
 
 
 #: the circuit size drawn when no size is faithful (the goal's size)
@@ -79,14 +126,24 @@ def mib_model_name(model: str) -> str:
     return Path(model).name.replace("_", "-")
 
 
-def write_circuit_files(out: Path, scores: Graph, circuit: Graph | None, op: str, model: str) -> dict[str, str]:
-    """The circuit as EAP-IG Graph JSON (every edge's score, the circuit's edges in_graph) and a MIB submission."""
+def mib_task_name(op: str) -> str:
+    """``arithmetic-<operation>`` for an operation, else the task's own name (``ioi``, a pair file's stem)."""
+    try:
+        return f"arithmetic-{resolve_operation(op).name}"
+    except InputError:
+        return op.replace("_", "-")
+
+
+def write_circuit_files(out: Path, scores: Graph, circuit: Graph | None, op: str, model: str, *,
+                        d_model: Optional[int] = None) -> dict[str, str]:
+    """The circuit as EAP-IG Graph JSON (every edge's score, the circuit's edges in_graph) and a MIB submission;
+    ``d_model``: the model's, for graphs that do not carry it (the consensus method's)."""
     folder = out / "edge_circuit"  # inside the run folder, which is this run's own: its files may be rewritten
-    files = {"scores": save_eap_json(scores, folder / "scores.json", overwrite=True)}
+    files = {"scores": save_eap_json(scores, folder / "scores.json", d_model, overwrite=True)}
     if circuit is not None:
-        files["circuit"] = save_eap_json(circuit, folder / "circuit.json", overwrite=True)
-    files["mib_submission"] = write_mib_submission(scores, folder / "mib", f"arithmetic-{resolve_operation(op).name}",
-                                                   mib_model_name(model), overwrite=True)
+        files["circuit"] = save_eap_json(circuit, folder / "circuit.json", d_model, overwrite=True)
+    files["mib_submission"] = write_mib_submission(scores, folder / "mib", mib_task_name(op), mib_model_name(model),
+                                                   d_model=d_model, overwrite=True)
     return {k: str(Path(v).relative_to(out)) for k, v in files.items()}
 
 
@@ -96,7 +153,9 @@ def add_report_section(report: Report, stage: dict, figures: dict) -> Report:
     report.add_heading(f"Edge circuit ({stage['method']})")
     if "edge_circuit" in figures:
         smallest = stage["smallest"]
-        report.add_figure(figures["edge_circuit"], caption=(
+        explorer = isinstance(figures["edge_circuit"], Explorer)
+        add = report.add_explorer if explorer else report.add_figure
+        add(figures["edge_circuit"], caption=(
             (f"The smallest circuit with f >= {smallest['threshold']:g} on the selection prompts "
              f"({smallest['n_edges']} edges, {100 * smallest['fraction']:g}%); on the held-out prompts f = "
              f"{_fmt(smallest['f_heldout'])}. " if smallest else
@@ -104,15 +163,26 @@ def add_report_section(report: Report, stage: dict, figures: dict) -> Report:
              f"{100 * SHOWN_FRACTION:g}% of the edges. ")
             + "Nodes: heads (L10H0, coloured by their attention-read class, key heads of path patching ringed in "
               "black), MLPs (MLP 14), the input and the logits; an edge carries its sender's output into its "
-              "receiver's input, its width grows with |score|, its colour is its sign."))
+              "receiver's input, its width grows with |score|, its colour is its sign."
+            + (" The size control redraws the circuit at each size of the curve below, with its held-out f; hover a "
+               "node for its attention-read class, key-head rank and what the run measured of it (path-patching "
+               "effect, IIA per variable), an edge for its score (and a consensus circuit's share of runs keeping "
+               "it), click a node for its paths to the logits, and the camera button saves the view as SVG."
+               if explorer else "")))
     if "stability" in stage:
         report.add_table(stability_rows(stage["stability"]), heading="Is it the same circuit on other prompts?",
                          caption=stability_caption(stage["stability"]))
+        if isinstance(figures.get("edge_stability"), Explorer):
+            report.add_explorer(figures["edge_stability"], heading="The circuits of two disjoint prompt sets", caption=(
+                "Compare mode of the circuits the method found on the first two prompt sets, at each stability size: "
+                "edges both keep, only set 0 keeps (the circuit's own selection half) and only set 1 keeps; hover an "
+                "edge for its two scores and the share of the sets keeping it at 5% of the edges."))
     elif "stability_skipped" in stage:
         report.add_notice(stage["stability_skipped"])
     report.add_figure(figures["edge_curve"], caption=(
         f"Faithfulness f = (m(C) - m(empty)) / (m(full) - m(empty)) of the {stage['method']} circuits "
-        f"(pruned to input-to-logits paths) at MIB's ten sizes, {stage['ablation']} ablation, metric = answer logit; "
+        f"(pruned to input-to-logits paths) at MIB's ten sizes, {stage['ablation']} ablation, "
+        f"metric = {stage.get('metric', 'logit')}; "
         f"scores from the {stage['n_selection']} selection prompts; bands: 95% bootstrap over prompts "
         f"({held['n_prompts']} held-out, {sel['n_prompts']} selection). Held-out CPR {_fmt(stage['cpr'])}, "
         f"CMD {_fmt(stage['cmd'])}."))

@@ -46,6 +46,57 @@ class RunSettings:
 
 
 @dataclass(frozen=True)
+class TaskSettings:
+    """``--task``: the task a circuit experiment studies instead of ``--op`` (the config declares ``op``).
+
+    An operation's name (addition, subtraction, multiplication, division) sets ``op``; ``ioi`` and
+    ``greater-than`` (:mod:`circuits.classic_tasks`) and the path of a prompt-pair file (:mod:`circuits.pair_tasks`,
+    checked here, before any model loads) are pair tasks, scored by their own metric.
+    """
+
+    task: str = option("", "the task instead of --op: addition, subtraction, multiplication, division, ioi, "
+                           "greater-than, or the path of a prompt-pair file (CSV or JSON lines: clean, corrupted and "
+                           "correct_idx/incorrect_idx or answer/distractor; circuits.pair_tasks)")
+
+    def __post_init__(self) -> None:
+        getattr(super(), "__post_init__", lambda: None)()
+        if not self.task:
+            return
+        from circuits.classic_tasks import ARITHMETIC_TASKS, task_kind
+        from circuits.errors import InputError
+        from circuits.templates import resolve_operation
+
+        kind = task_kind(self.task)
+        if kind == "arithmetic":
+            if self.op != "+" and resolve_operation(self.op).symbol != ARITHMETIC_TASKS[self.task]:
+                raise InputError(f"--task {self.task} and --op {self.op} name two operations: give one of them.")
+            object.__setattr__(self, "op", ARITHMETIC_TASKS[self.task])
+        elif kind == "file":
+            from circuits.pair_tasks import read_pair_rows
+
+            read_pair_rows(self.task)
+
+    @property
+    def arithmetic(self) -> bool:
+        """Whether the prompts come from circuits.tasks (an operation) rather than a pair task."""
+        from circuits.classic_tasks import ARITHMETIC_TASKS
+
+        return not self.task or self.task in ARITHMETIC_TASKS
+
+    @property
+    def task_name(self) -> str:
+        """The run's task: the operation's name for arithmetic, else ``--task`` (a file by its stem)."""
+        from pathlib import Path
+
+        from circuits.classic_tasks import CLASSIC_TASKS
+        from circuits.templates import resolve_operation
+
+        if self.arithmetic:
+            return resolve_operation(self.op).name
+        return self.task if self.task in CLASSIC_TASKS else Path(self.task).stem
+
+
+@dataclass(frozen=True)
 class ShotSettings:
     """How many solved examples precede each task prompt, and the task those prompts are drawn from.
 

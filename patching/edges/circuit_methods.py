@@ -107,7 +107,8 @@ def learned_scores(run: ComparisonRun, name: str) -> MethodScores:
     warm = run.warm_start
     init = run.cached_attribution(warm) if warm else None  # computed before the method's clock started
     config = dataclasses.replace(run.learn, method=name)
-    learned = learn_circuit(run.model, run.selection, config=config, init=init, progress=True)  # a bar with an ETA
+    learned = learn_circuit(run.model, run.selection, config=config, init=init, progress=True,  # a bar with an ETA
+                            metric=run.search.sweep.metric)
     info = learned.brief(warm, run.cost[warm][0] if warm else 0.0)
     info["learning"] = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("progress", "memory_mb")}
     return MethodScores(learned.graph, info=info, warm_scores=init)

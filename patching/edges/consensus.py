@@ -130,19 +130,21 @@ class Consensus:
 
 
 def learn_consensus(model, prompts, *, runs: int, resampling: str, config: LearnConfig, init=None,
-                    on_step: Optional[Callable[[int], None]] = None) -> Consensus:
+                    on_step: Optional[Callable[[int], None]] = None, metric="logit") -> Consensus:
     """``runs`` learned top-n circuits on resamples of ``prompts`` (a Dataset of prompts with their twins and
     answers; module docstring, step 1), trained by :func:`patching.edges.learn.learn_circuits` from the warm start
     ``init``, and the consensus built from them. ``config``: every run's settings (``method`` is set to top-n, and
     one stream of prompt lengths to ``config.seed``, so that the runs' steps line up); run ``k`` has seed
-    ``restart_seed(config.seed, k)`` and resample seed the same."""
+    ``restart_seed(config.seed, k)`` and resample seed the same; ``metric``: what the runs' ``"metric"`` objective
+    scores (:func:`patching.edges.learn.learn_circuit`)."""
     if runs < 1:
         raise InputError(f"The consensus circuit counts at least 1 run, got runs={runs!r}.")
     config = dataclasses.replace(config, method="top-n", length_seed=config.seed, restarts=1)
     seeds = [restart_seed(config.seed, k) for k in range(runs)]
     lengths = [len(tokens) for tokens in prompts["tokens"]]
     prompt_sets = [prompts.select(resample_rows(lengths, resampling, seed)) for seed in seeds]
-    learned = learn_circuits(model, prompt_sets, seeds=seeds, config=config, init=init, on_step=on_step)
+    learned = learn_circuits(model, prompt_sets, seeds=seeds, config=config, init=init, on_step=on_step,
+                             metric=metric)
     return Consensus(GraphLayout.of(model), torch.stack([circuit.graph.scores for circuit in learned]))
 
 
@@ -153,7 +155,7 @@ def learn_runs(run: ComparisonRun, runs: int, resampling: str, steps: int, init)
     started = time.perf_counter()
     bar = tqdm(total=runs * config.steps, desc=f"consensus: {runs} learned runs", unit="step", leave=False)
     consensus = learn_consensus(run.model, run.selection, runs=runs, resampling=resampling, config=config, init=init,
-                                on_step=lambda _: bar.update())
+                                on_step=lambda _: bar.update(), metric=run.search.sweep.metric)
     bar.close()
     return consensus, round(time.perf_counter() - started, 1)
 

@@ -40,6 +40,7 @@ from patching.edges.catalogue import ATTRIBUTION_METHODS, CATALOGUE, SEARCH_METH
 from patching.edges.circuit_methods import ComparisonRun, means_pool, score_method, selected_circuit
 from patching.edges.curves import MIB_FRACTIONS, FaithfulnessCurve, faithfulness_curve
 from patching.edges.learn import DEFAULT_CIRCUIT, LearnConfig
+from patching.sweeps.metrics import get_metric
 from patching.sweeps.options import SweepOptions
 
 MIN_PROMPTS = 4  # two per half: the fewest a bootstrap interval can be drawn from
@@ -105,7 +106,7 @@ class FaithfulCircuit:
         s = self.search
         return {
             "method": s.method, "method_info": self.extra, "ig_steps": s.ig_steps, "ablation": s.ablation,
-            "metric": "logit",
+            "metric": get_metric(s.sweep.metric).name,
             "threshold": s.threshold, "n_selection": len(self.selection), "n_heldout": len(self.heldout),
             "n_total_edges": self.scores.layout.n_edges, "scores": score_summary(self.scores),
             "curve_heldout": self.curve_heldout.to_dict(), "curve_selection": self.curve_selection.to_dict(),

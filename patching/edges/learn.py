@@ -76,7 +76,7 @@ from patching.edges.catalogue import LEARN_OBJECTIVES as OBJECTIVES
 from patching.edges.catalogue import LEARNED_METHODS as METHODS
 from patching.edges.mask_samplers import SAMPLERS, MaskMethod
 from patching.sweeps.forward import frozen_weights
-from patching.sweeps.metrics import get_metric, score_end
+from patching.sweeps.metrics import MetricLike, get_metric, score_end
 
 
 #: the sizes (fractions of the edges) the "top-n" method trains by default: MIB's, less the ends (f(∅) = 0 and
@@ -299,6 +299,7 @@ def learn_circuit(
     answer_ids=None,
     alt_ids=None,
     on_step: Optional[Callable[[int], None]] = None,
+    metric: MetricLike = "logit",
     **overrides,
 ) -> LearnedCircuit:
     """Learn edge scores by one of :data:`METHODS` (module docstring) on the prompts ``reference``.
@@ -308,11 +309,14 @@ def learn_circuit(
     ``init``: a warm start: a score tensor ``[n_forward, n_backward]``, a Graph or EdgeEffects.
     ``on_step(step)``: called as each optimisation step ends (``steps x restarts`` calls in all), e.g. to advance a
     progress line over several learned circuits.
+    ``metric``: what the ``"metric"`` objective scores at END (a name of :data:`patching.sweeps.metrics.METRICS` or a
+    :class:`patching.sweeps.metrics.PatchMetric`, e.g. a task's logit difference; ``"kl"`` ignores it).
     """
     cfg = _settings(config, overrides)
     groups = inputs.prompt_groups(model, reference, counterfactual, answer_ids=answer_ids, alt_ids=alt_ids)
     seeds = [cfg.seed] if cfg.restarts == 1 else [restart_seed(cfg.seed, k) for k in range(cfg.restarts)]
-    runs = _learn(model, [groups] * cfg.restarts, dataclasses.replace(cfg, restarts=1), seeds, init, on_step, None)
+    runs = _learn(model, [groups] * cfg.restarts, dataclasses.replace(cfg, restarts=1), seeds, init, on_step, None,
+                  metric)
     return runs[0] if cfg.restarts == 1 else _averaged(runs, cfg)
 
 
@@ -325,6 +329,7 @@ def learn_circuits(
     init: Union[None, Tensor, Graph, object] = None,
     on_step: Optional[Callable[[int], None]] = None,
     together: Optional[bool] = None,
+    metric: MetricLike = "logit",
 ) -> list[LearnedCircuit]:
     """One learned circuit per prompt set in ``references`` (Datasets or TaskBatches: they carry their twins and
     answers), run ``k`` with seed ``seeds[k]``, all trained in one loop: each step, the runs whose prompts line up
@@ -340,7 +345,7 @@ def learn_circuits(
     ``together``: train the runs in one loop (True) or one after another (False, the same circuits); None: together
     on CUDA, apart on a CPU, where a forward's cost grows with its rows and stacking the runs' inputs only adds
     copies (``experiments.bench_learn``, docs/results.md: four runs together 0.92-0.99 times as fast as apart on a
-    2-core CPU).
+    2-core CPU). ``metric``: as in :func:`learn_circuit`.
     """
     if len(references) != len(seeds) or not references:
         raise InputError(f"learn_circuits needs one seed per prompt set and at least one set, got {len(references)} "
@@ -348,25 +353,26 @@ def learn_circuits(
     if config.restarts != 1:
         raise InputError("learn_circuits runs one circuit per prompt set: restarts must be 1 (use more sets).")
     groups = [inputs.prompt_groups(model, reference) for reference in references]
-    return _learn(model, groups, config, list(seeds), init, on_step, together)
+    return _learn(model, groups, config, list(seeds), init, on_step, together, metric)
 
 
 def _learn(model, groups_per_run: Sequence[list], cfg: LearnConfig, seeds: Sequence[int], init, on_step,
-           together: Optional[bool]) -> list[LearnedCircuit]:
+           together: Optional[bool], metric: MetricLike = "logit") -> list[LearnedCircuit]:
     """The runs trained together (one loop) or one after another (``together``; None: together on CUDA only)."""
     if together is None:
         together = torch.device(model.cfg.device).type == "cuda"
     if together or len(seeds) == 1:
-        return _learn_batched(model, groups_per_run, cfg, seeds, init, on_step)
-    return [_learn_batched(model, [groups], cfg, [seed], init, on_step)[0] for groups, seed in zip(groups_per_run, seeds)]
+        return _learn_batched(model, groups_per_run, cfg, seeds, init, on_step, metric)
+    return [_learn_batched(model, [groups], cfg, [seed], init, on_step, metric)[0]
+            for groups, seed in zip(groups_per_run, seeds)]
 
 
 def _learn_batched(model, groups_per_run: Sequence[list], cfg: LearnConfig, seeds: Sequence[int], init,
-                   on_step) -> list[LearnedCircuit]:
+                   on_step, metric: MetricLike = "logit") -> list[LearnedCircuit]:
     """The loop behind :func:`learn_circuit` and :func:`learn_circuits`: one run per prompt groups and seed."""
     layout = GraphLayout.of(model)
     init = _warm_start_scores(init, layout)
-    metric = get_metric("logit")
+    metric = get_metric(metric)
     wall, cpu = time.perf_counter(), time.process_time()
     starts = _common_starts(groups_per_run)
     with frozen_weights(model), edge_mode(model):

@@ -5,7 +5,8 @@ into :class:`PromptGroup` s (prompts of equal token length, on the model's
 device) with :func:`prompt_groups`:
 
 * a ``datasets.Dataset`` from :func:`circuits.tasks.make_dataset` (its
-  ``cf_tokens`` column gives the counterfactual; rows are grouped by length);
+  ``cf_tokens`` column gives the counterfactual; rows are grouped by length), or of
+  :mod:`circuits.pair_tasks` (its ``alt_token_id`` column gives ``alt_ids`` when none are passed);
 * a :class:`circuits.tasks.TaskBatch`;
 * reference and counterfactual token tensors ``[batch, pos]`` plus ``answer_ids``.
 
@@ -117,6 +118,8 @@ def _dataset_groups(model, reference: Dataset, counterfactual, answer_ids, alt_i
                     span_of) -> list[PromptGroup]:
     """A Dataset's prompts in groups of one token length (its cf_tokens and answer_token_ids columns)."""
     device = model.cfg.device
+    if alt_ids is None and "alt_token_id" in reference.column_names:  # a pair task's distractors
+        alt_ids = reference["alt_token_id"]
     all_alts = _ids(alt_ids, len(reference), "alt_ids", "cpu")  # one per prompt of the whole dataset
     if len(reference) == 0:
         raise InputError("The Dataset holds no prompts (0 rows: a filter or select that keeps none?); pass at least "

@@ -54,6 +54,9 @@ def test_pipeline_writes_results_figures_and_report(tiny_dir, tmp_path):
     assert stability["n_sets"] == 2 and stability["n_per_set"] == 3 and stability["method"] == "top-n"
     assert [j["fraction"] for j in stability["jaccard"]] == [0.02, 0.05, 0.1] and len(stability["core"]) == 3
     assert all(0 <= j["mean"] <= 1 for j in stability["jaccard"]) and "Is it the same circuit on other prompts?" in html
+    # the explorers: the circuit's nodes carry their path-patching effect, and the two sets' circuits are compared
+    assert "path-patching effect: " in html and "The circuits of two disjoint prompt sets" in html
+    assert "edge_stability" in stems and html.count('class="circuit-explorer"') == 2
     # the circuit comes first: right after what the run found, before the data section
     assert html.index("What this run found") < html.index("Edge circuit (top-n)") < html.index("Path patching")
     assert "The edge circuit is reported on 3 held-out prompts" in html  # fewer than MIN_READABLE: said so

@@ -21,10 +21,19 @@ from patching.edges.faithful_circuit import split_halves
 FAST = ["--n-prompts", "60", "--circuit-prompts", "8", "--top-k", "2", "--n-bootstrap", "200", "--batch-size", "16"]
 
 
+#: per-node IIA as python -m experiments.variables --circuit writes it (results.json circuit.rows)
+IIA_ROWS = [{"variable": "a", "node": "L1H0", "position": "a_last", "share_of_best": 0.9,
+             "iia": {"value": 0.84, "low": 0.75, "high": 0.9, "n": 40}}]
+
+
 @pytest.fixture(scope="module")
 def run(tiny_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("circuit") / "run"
-    results = circuit_experiment.main(["--model", str(tiny_dir), "--out", str(out), *FAST])
+    folder = tmp_path_factory.mktemp("circuit")
+    (folder / "variables").mkdir()
+    (folder / "variables" / "results.json").write_text(json.dumps({"circuit": {"rows": IIA_ROWS}}))
+    out = folder / "run"
+    results = circuit_experiment.main(["--model", str(tiny_dir), "--out", str(out), *FAST,
+                                       "--variables", str(folder / "variables")])
     return out, results
 
 
@@ -94,6 +103,27 @@ def test_figures_and_report(run):
     assert {p.stem for p in (out / "figures").iterdir()} == {"edge_curve", "edge_circuit"}
     html = (out / "report.html").read_text()
     assert "Edge circuit (top-n)" in html and "Key heads (path patching) in the edge circuit" in html
+
+
+def test_the_explorer_hover_shows_path_patching_the_head_class_and_the_variables_iia(run):
+    """Each node's hover carries what the run measured of it: path patching, attention reads, --variables' IIA."""
+    out, results = run
+    html = (out / "report.html").read_text()
+    assert "path-patching effect: " in html and "attention-read class: " in html
+    assert "IIA a: 0.84 [0.75, 0.9]" in html
+    assert results["settings"]["variables"].endswith("variables")
+
+
+def test_a_variables_folder_that_is_not_a_variables_run_is_refused_before_the_model_loads(tmp_path):
+    with pytest.raises(InputError, match=r"missing.*does not exist; expected the results.json of a python -m "
+                                         r"experiments.variables run"):
+        circuit_experiment.parse_config(["--variables", str(tmp_path / "missing")])
+    (tmp_path / "results.json").write_text(json.dumps({"edge_circuit": {}}))
+    with pytest.raises(InputError, match=r"results.json holds no per-node IIA rows"):
+        circuit_experiment.parse_config(["--variables", str(tmp_path)])
+    (tmp_path / "results.json").write_text(json.dumps({"circuit": {"rows": IIA_ROWS}}))
+    with pytest.raises(InputError, match=r"adds IIA to the explorer of one circuit; --methods compares methods"):
+        circuit_experiment.parse_config(["--variables", str(tmp_path), "--methods", "EAP", "--stability-sets", "0"])
 
 
 def test_help_lists_every_flag(capsys):

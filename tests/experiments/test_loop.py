@@ -27,8 +27,11 @@ def test_the_loop_scores_every_step_and_compares_the_circuits(tiny_dir, tmp_path
     saved = json.loads((out / "results.json").read_text())
     assert saved["status"] == "complete"
     assert {p.stem for p in (out / "figures").iterdir()} == {"tuned_circuit_shift", "tuned_shift_curves",
-                                                               "merged_circuit_shift", "merged_shift_curves"}
-    assert "The circuit after merging" in (out / "report.html").read_text()
+                                                               "tuned_explorer", "merged_circuit_shift",
+                                                               "merged_shift_curves", "merged_explorer"}
+    html = (out / "report.html").read_text()
+    assert "The circuit after merging" in html and html.count('class="circuit-explorer"') == 2
+    assert "compare base with tuned" in html and "compare tuned with merged" in html
 
 
 def test_help_answers():
