@@ -54,6 +54,7 @@ from circuits.graph import Graph, GraphLayout
 from circuits.graph_selection import mib_selector
 from circuits.nodes import MLP, Head
 from circuits.show.edge_figures import NEGATIVE_COLOR, POSITIVE_COLOR, SHIFT_COLORS, edge_circuit_figure, node_positions
+from circuits.show.html_report import json_for_script
 from circuits.show.node_circuit import LOGITS_COLOR, MLP_COLOR
 
 __all__ = ["Explorer", "circuit_explorer", "MIB_SIZES"]
@@ -96,7 +97,8 @@ class Explorer(go.Figure):
             mode = (f'<label>view <select class="explorer-mode"><option value="circuit">circuit {a}</option>'
                     f'<option value="compare">compare {a} with {b}</option></select></label>')
         sizes = page["sizes"]
-        values = {"__ROOT__": root, "__PAYLOAD__": _json_for_script(page), "__LAYOUT__": _json_for_script(layout)}
+        values = {"__ROOT__": root, "__PAYLOAD__": json_for_script(page, compact=True),
+                  "__LAYOUT__": json_for_script(layout, compact=True)}
         script = re.sub("__ROOT__|__PAYLOAD__|__LAYOUT__", lambda m: values[m[0]], _EXPLORER_JS)  # one pass
         return (
             f'<div class="circuit-explorer" id="{root}" data-ready="0">'
@@ -135,11 +137,6 @@ class Explorer(go.Figure):
         from IPython.display import display
 
         display(self._repr_mimebundle_(), raw=True)
-
-
-def _json_for_script(value: Any) -> str:
-    """JSON that cannot end the ``<script>`` it sits in."""
-    return json.dumps(value, separators=(",", ":")).replace("</", "<\\/")
 
 
 def circuit_explorer(

@@ -72,8 +72,10 @@ def circuitsvis_bundle() -> str:
     return path.read_text(encoding="utf-8").replace("</script", "<\\/script")
 
 
-def _json_for_script(value: Any) -> str:
-    return json.dumps(value).replace("</", "<\\/")
+def json_for_script(value: Any, *, compact: bool = False) -> str:
+    """JSON that cannot end the ``<script>`` it sits in; ``compact`` drops the spaces (large payloads)."""
+    separators = (",", ":") if compact else None
+    return json.dumps(value, separators=separators).replace("</", "<\\/")
 
 
 def _cell(value: Any) -> str:
@@ -209,7 +211,7 @@ class Report:
             cap += f'<pre class="prompt">{html.escape(prompt)}</pre>'
         self.blocks.append(
             f'<figure class="figure-block"><div class="attention-view" id="{div_id}"></div>'
-            f'<script>CircuitsVis.render("{div_id}", CircuitsVis.{component}, {_json_for_script(props)});</script>'
+            f'<script>CircuitsVis.render("{div_id}", CircuitsVis.{component}, {json_for_script(props)});</script>'
             + (f'<figcaption class="caption">{cap}</figcaption>' if cap else "") + "</figure>"
         )
         self.n_attention_views += 1
