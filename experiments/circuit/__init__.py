@@ -89,13 +89,11 @@ def parse_config(argv: list[str] | None = None) -> CircuitConfig:
 def task_prompts(model, cfg: CircuitConfig):
     """The rows of ``--task`` the model solves (``patching.sweeps.task_metrics.keep_solved``), their share, the task's
     results.json record and the metric that scores them (ioi, greater-than or a pair file)."""
-    from circuits.classic_tasks import make_task
-    from patching.sweeps.task_metrics import keep_solved, task_metric
+    from patching.sweeps.task_metrics import solved_rows
 
-    task = make_task(model, cfg.task, n_prompts=cfg.n_prompts, seed=cfg.seed)
-    kept, share = keep_solved(model, task, cfg.batch_size)
-    metric, rows = task_metric(kept, model)
-    return rows, share, task.to_dict() | {"n_solved": len(kept.rows)}, metric
+    rows, metric, share, record = solved_rows(model, cfg.task, n_prompts=cfg.n_prompts, seed=cfg.seed,
+                                              batch_size=cfg.batch_size)
+    return rows, share, record, metric
 
 
 def task_search(cfg: CircuitConfig, metric=None):

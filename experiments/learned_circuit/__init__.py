@@ -240,23 +240,21 @@ def split_prompts(run: LearnedCircuitRun) -> None:
 
 def split_pair_task(run: LearnedCircuitRun) -> None:
     """Stage 1 for a pair task (``--task``): its rows the model solves, shuffled and cut into the splits."""
-    from circuits.classic_tasks import make_task
     from circuits.pair_tasks import split_pairs
-    from patching.sweeps.task_metrics import keep_solved, task_metric
+    from patching.sweeps.task_metrics import solved_rows
 
     cfg, state = run.cfg, run.state
     sizes = [cfg.n_train] * cfg.stability_sets + [cfg.n_validation, cfg.n_test]
     with run.stage("data", f"{cfg.task_name} rows, kept where the model solves them, split at random"):
-        task = make_task(state.model, cfg.task, n_prompts=2 * sum(sizes), seed=cfg.seed)
-        kept, share = keep_solved(state.model, task, cfg.batch_size)
-        state.metric, rows = task_metric(kept, state.model)
+        rows, state.metric, share, record = solved_rows(state.model, cfg.task, n_prompts=2 * sum(sizes),
+                                                         seed=cfg.seed, batch_size=cfg.batch_size)
         parts, scaled = split_pairs(rows, sizes, cfg.seed)
         state.train_sets, (state.validation, state.test) = parts[:-2], parts[-2:]
-    run.results["task"] = task.to_dict() | {"n_solved": len(kept.rows), "solved_share": share}
+    run.results["task"] = record | {"solved_share": share}
     run.results["prompts"] = {"train_sets": [len(s) for s in state.train_sets], "validation": len(state.validation),
                               "test": len(state.test), "scaled_down": scaled}
     print(f"prompts: {len(state.train_sets)} training set(s) of {len(state.train_sets[0])}, validation "
-          f"{len(state.validation)}, test {len(state.test)} (the model solves {100 * share:.1f}% of {len(task.rows)} "
+          f"{len(state.validation)}, test {len(state.test)} (the model solves {100 * share:.1f}% of {record['n_rows']} "
           f"{cfg.task_name} rows)")
 
 

@@ -144,3 +144,16 @@ def two_digit_prob_diff(model: HookedTransformer, rows: Dataset, ordered_ids) ->
         above = years > row["year"]
         out[i] = joint[above].sum() - joint[~above].sum()
     return out
+
+
+def solved_rows(model: HookedTransformer, task_name: str, *, n_prompts: int, seed: int,
+                batch_size: int = 32) -> tuple[Dataset, PatchMetric, float, dict]:
+    """``--task``'s rows (generated, or read from a pair file: :func:`circuits.classic_tasks.make_task`) that the
+    model solves (:func:`keep_solved`), the metric that scores them (:func:`task_metric`), the solved share, and
+    the task's results.json record (with ``n_solved``)."""
+    from circuits.classic_tasks import make_task
+
+    task = make_task(model, task_name, n_prompts=n_prompts, seed=seed)
+    kept, share = keep_solved(model, task, batch_size)
+    metric, rows = task_metric(kept, model)
+    return rows, metric, share, task.to_dict() | {"n_solved": len(kept.rows)}
