@@ -39,7 +39,7 @@ from transformer_lens import HookedTransformer
 
 from circuits.errors import InputError, TaskDataError
 from circuits.arguments import check_option, check_positive_int
-from circuits.end_logits import HookList, end_argmax, end_residual
+from circuits.end_logits import HookList, end_argmax, end_residual, outscored
 from circuits.prefix_cache import run_after_shared_prefix
 from circuits.stats import Estimate, proportion
 
@@ -57,13 +57,30 @@ def answer_is_top1(
     resid: Float[Tensor, "rows d_model"],
     answer_ids: Int[Tensor, "rows"],
     *,
+    rivals: Optional[Int[Tensor, "k"]] = None,
     screen: Optional[bool] = None,
     stats: Optional[dict] = None,
 ) -> Bool[Tensor, "rows"]:
     """Per row: is the answer token the argmax of the logits of this final residual? (``screen``, ``stats``: see
-    :func:`circuits.end_logits.end_argmax`)"""
-    predicted = end_argmax(model, resid, screen=screen, stats=stats)
-    return predicted == answer_ids.to(predicted.device)
+    :func:`circuits.end_logits.end_argmax`)
+
+    ``rivals``: tokens tried first, beside every row's answer (e.g. every answer of the task): a row where one of
+    them outscores its answer beyond float32 rounding is a miss without the whole vocabulary
+    (:func:`circuits.end_logits.outscored`); only the other rows are unembedded in full, so the hits are the same,
+    and a sweep whose rows mostly miss is faster.
+    ``stats["outscored"]`` counts the rows decided that way.
+    """
+    answer_ids = answer_ids.to(resid.device)
+    if rivals is None or resid.shape[0] == 0:
+        return end_argmax(model, resid, screen=screen, stats=stats) == answer_ids
+    beaten = outscored(model, resid, answer_ids, rivals)
+    if stats is not None:
+        stats["outscored"] = stats.get("outscored", 0) + int(beaten.sum())
+    hits = torch.zeros(resid.shape[0], dtype=torch.bool, device=resid.device)
+    open_rows = (~beaten).nonzero()[:, 0]
+    if len(open_rows):
+        hits[open_rows] = end_argmax(model, resid[open_rows], screen=screen, stats=stats) == answer_ids[open_rows]
+    return hits
 
 
 def answer_is_argmax(logits: Float[Tensor, "rows d_vocab"], answer_ids: Int[Tensor, "rows"]) -> Bool[Tensor, "rows"]:

@@ -40,7 +40,7 @@ import weakref
 from typing import Callable, Optional, Sequence
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.utilities.activation_functions import apply_softcap, softcap_enabled
@@ -114,6 +114,34 @@ class _Screen:
         """Per row, the largest possible |screened - float32| logit difference."""
         a_abs = torch.maximum(a.amax(-1).float().abs(), a.amin(-1).float().abs())
         return h.norm(dim=-1) * self.w_factor + a_abs * self.out_factor + self.bias_range
+
+
+def outscored(
+    model: HookedTransformer,
+    resid_end: Float[Tensor, "rows d_model"],
+    answer_ids: Int[Tensor, "rows"],
+    rivals: Int[Tensor, "k"],
+) -> Bool[Tensor, "rows"]:
+    """Per row: does one of the ``rivals`` tokens, or another row's answer, outscore the row's answer by more than
+    float32 rounding explains?
+
+    A True row's answer is not the argmax of :func:`unembed_end` (a rival beats it in any summation order), found
+    from a few columns instead of the whole vocabulary; a False row is undecided (the answer may or may not be
+    the argmax). Two float32 sums of ``h . w_t`` differ by at most ``2 gamma_n |h| |w_t|``, and the soft-cap, if
+    any, is 1-Lipschitz, so a lead larger than the two tokens' bounds (and a relative ``TIE_MARGIN``) is certain.
+    """
+    answer_ids = answer_ids.to(resid_end.device)
+    ids = torch.unique(torch.cat([rivals.to(resid_end.device).flatten(), answer_ids]))
+    h = _normed(model, resid_end)
+    W, b = model.W_U[:, ids], model.b_U[ids]
+    logits = apply_softcap(h @ W + b, model.cfg.output_logits_soft_cap)
+    n = W.shape[0]
+    gamma = n * 2.0**-24 / (1 - n * 2.0**-24)
+    slack = 2 * gamma * (h.abs() @ W.abs())  # [rows, k]: each logit's distance from any other float32 sum
+    at = torch.searchsorted(ids, answer_ids)[:, None]
+    answer, answer_slack = logits.gather(1, at), slack.gather(1, at)
+    lead = logits - answer - slack - answer_slack - TIE_MARGIN * (1 + answer.abs()) * 2
+    return (lead > 0).any(-1)
 
 
 @functools.lru_cache(maxsize=None)

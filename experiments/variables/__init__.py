@@ -126,7 +126,8 @@ def full_vector_sweep(run: Run[VariablesConfig, VariablesState]) -> dict[str, li
     sweep, ranked = {}, {}
     for variable, batches in state.batches.items():
         with run.step(f"{variable}: {len(locations)} locations"):
-            estimates = iia_sweep(state.model, batches["validation"], locations, desc=variable, progress=True)
+            estimates = iia_sweep(state.model, batches["validation"], locations, prune=not run.cfg.full_sweep,
+                                  desc=variable, progress=True)
         sweep[variable] = {
             "hook": "resid_post", "pairs": "validation", "layers": state.layers,
             "positions": [label for label, _, _ in columns],
@@ -241,7 +242,8 @@ def circuit_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) -> No
         label = _label(best, state.positions)
         with run.step(f"{variable}: {len(nodes)} nodes at {label}"):
             rows += node_table(state.model, {variable: batches["test"]}, nodes, {label: best.position},
-                               {variable: test_best}, through_answer=best.through_answer, progress=True)
+                               {variable: test_best}, through_answer=best.through_answer,
+                               prune=not cfg.full_sweep, progress=True)
     run.results["circuit"] = {"nodes_from": source, "n_nodes": len(nodes), "rows": rows}
 
 

@@ -31,6 +31,9 @@ def featurizer_choices(featurizers: Mapping[str, catalogue.FeaturizerRecord] | N
 TASKS = tuple(catalogue.CAUSAL_MODELS)
 #: the featurizers ``--featurizers`` offers (:func:`featurizer_choices`)
 FEATURIZERS = featurizer_choices()
+#: those a run fits unless told: DAS and its null, and PCA (DBM, a learned mask, is fitted when named: it costs a
+#: DAS run and decides no verdict)
+DEFAULT_FEATURIZERS = tuple(name for name in FEATURIZERS if name != "dbm")
 
 
 #: where a run folder of ``experiments.circuit`` or the main job keeps its edge circuit (EAP-IG graph JSON)
@@ -63,7 +66,8 @@ class VariablesConfig(BatchSettings, PromptSettings, RunSettings):
                             "gemma-3-270m answers) or two_digit_addition (MIB: 'The sum of AB and CD is'; gemma-3-270m "
                             "answers too few of its prompts to pair them)", choices=TASKS)
     variables: tuple[str, ...] = option((), "variables to test (default: the task's own: ones, ones_carry, tens for "
-                                            "two_digit_addition; a, b, result and its digits for one digit)")
+                                            "two_digit_addition; a, b and result for one digit, whose digits tens "
+                                            "and ones are tested when named)")
     n_prompts: int = override(PromptSettings, "n_prompts", 160, "prompts sampled before keeping the correctly answered "
                                                                "ones (pairs are drawn among those)")
     n_pairs: int = option(64, "counterfactual pairs per variable, split train / validation / test",
@@ -76,12 +80,15 @@ class VariablesConfig(BatchSettings, PromptSettings, RunSettings):
                                    "(whole), is top-1", choices=("first", "whole"))
     layers: tuple[int, ...] | None = option(None, "layers of the residual-stream sweep (default: every layer)",
                                             type=int, nargs="+")
+    full_sweep: bool = option(False, "run every location of the sweep and every circuit node on all their pairs "
+                                     "(default: one whose interval lies wholly below the best's after a batch of "
+                                     "pairs stops there: patching.variables.interchange.iia_sweep(prune=True))")
     no_answer_span: bool = option(False, "do not also sweep END together with the answer positions after it "
                                          "(end+answer), where an answer of several tokens is read out")
     das_locations: int = option(1, "locations per variable for DAS and the other featurizers: the best by the full "
                                    "vector's validation IIA", type=cli.positive_int)
-    featurizers: tuple[str, ...] = option(FEATURIZERS, "featurizers fitted at those locations (the full vector always "
-                                                      "runs)", choices=FEATURIZERS)
+    featurizers: tuple[str, ...] = option(DEFAULT_FEATURIZERS, "featurizers fitted at those locations (the full "
+                                                              "vector always runs)", choices=FEATURIZERS)
     ks: tuple[int, ...] = option((8, 64), "subspace sizes k tried by DAS and PCA, chosen on the validation pairs",
                                  type=cli.positive_int)
     das_steps: tuple[int, ...] = option((30,), "optimiser steps of DAS per k: one run per k to the largest, scored on "

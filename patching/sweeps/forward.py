@@ -78,16 +78,29 @@ def shared_prefix_length(tokens: Int[Tensor, "batch pos"], cf_tokens: Int[Tensor
 
 @torch.no_grad()
 def prefix_run(
-    model: HookedTransformer, tokens: Int[Tensor, "batch prefix"], names: Sequence[str]
+    model: HookedTransformer,
+    tokens: Int[Tensor, "batch prefix"],
+    names: Sequence[str],
+    known_kv: Sequence[TransformerLensKeyValueCacheEntry] | None = None,
 ) -> tuple[dict[str, Tensor], list[TransformerLensKeyValueCacheEntry]]:
-    """One forward of a token prefix: the named activations at every position and every layer's keys/values."""
+    """One forward of a token prefix: the named activations and every layer's keys/values at every position.
+
+    ``known_kv``: the keys/values of the first positions of ``tokens`` (one row shared by all, or one per row),
+    already computed: only the positions after them run, and the named activations cover only those.
+    """
     store: dict[str, Tensor] = {}
 
     def keep(act, *, hook):
         store[hook.name] = act.clone()
 
     cache = TransformerLensKeyValueCache.init_cache(model.cfg, model.cfg.device, tokens.shape[0])
-    model.run_with_hooks(model(tokens, stop_at_layer=0), start_at_layer=0, stop_at_layer=model.cfg.n_layers,
+    known = 0
+    if known_kv is not None:
+        known = known_kv[0].past_keys.shape[1]
+        for entry, given in zip(cache.entries, known_kv):
+            rows = (tokens.shape[0], -1, -1, -1)
+            entry.past_keys, entry.past_values = given.past_keys.expand(rows), given.past_values.expand(rows)
+    model.run_with_hooks(model(tokens, stop_at_layer=0)[:, known:], start_at_layer=0, stop_at_layer=model.cfg.n_layers,
                          fwd_hooks=[(n, keep) for n in names], past_kv_cache=cache)
     return store, cache.entries
 
@@ -197,17 +210,18 @@ def transposed_weight_storage(model: HookedTransformer) -> Iterator[HookedTransf
     ``[d_model, head * d_head]`` then ``.contiguous()`` at every call: a copy of every weight matrix per
     forward, which dominates forwards of few tokens (gemma-3-270m: ~15 MB per layer). With the storage
     transposed, those calls return the stored tensor itself, so the products are the same, bit for bit,
-    without the copies. The usual layout is restored on exit, also on an exception.
+    without the copies. The usual layout is restored on exit, also on an exception; blocks nest (an inner one
+    leaves the weights an outer one stored).
     """
-    params = []
+    params = []  # a weight already stored transposed (an enclosing block) is left to that block
     for block in model.blocks:
         mlp = getattr(block, "mlp", None)
         for name in ("W_gate", "W_in", "W_out"):
             p = getattr(mlp, name, None)
-            if isinstance(p, torch.nn.Parameter) and p.ndim == 2:
+            if isinstance(p, torch.nn.Parameter) and p.ndim == 2 and not p.data.T.is_contiguous():
                 params.append((p, p.data.T.contiguous().T))
         W_O = getattr(block.attn, "W_O", None)
-        if isinstance(W_O, torch.nn.Parameter) and W_O.ndim == 3:
+        if isinstance(W_O, torch.nn.Parameter) and W_O.ndim == 3 and not W_O.data.permute(2, 0, 1).is_contiguous():
             params.append((W_O, W_O.data.permute(2, 0, 1).contiguous().permute(1, 2, 0)))
     try:
         for p, stored in params:

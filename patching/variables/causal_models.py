@@ -129,7 +129,9 @@ def one_digit_model(op: str) -> CausalModel:
                        "answer": Mechanism(("tens", "ones"), lambda t, o: 10 * t + o)}
     else:
         mechanisms["answer"] = Mechanism(("result",), lambda r: r)
-    tested = ("a", "b", "result") + (("tens", "ones") if two_digit_results else ())
+    # the digits are variables too (--variables tens ones) but not tested by default: at END a digit of a two-token
+    # sum is not read where it is swapped, so their verdicts need the answer span and many pairs (docs/results.md)
+    tested = ("a", "b", "result")
     return CausalModel(operation.name, ("a", "b"), mechanisms, _one_digit_inputs,
                        TaskConfig(op=operation.symbol, template_ids=(f"{operation.name[:3]}-equation-0",),
                                   operand_range=(0, 9)), tested,

@@ -49,7 +49,7 @@ from circuits.analyze.number_geometry import orthonormal_columns, pca_subspace
 from circuits.arguments import check_positive_int
 from circuits.errors import InputError
 from circuits.stats import Estimate, items_to_resolve, resolvable_difference
-from patching.sweeps.forward import frozen_weights
+from patching.sweeps.forward import frozen_weights, transposed_weight_storage
 from patching.variables import catalogue
 from patching.variables.catalogue import (
     BoundlessMaskSettings, PCASettings, RandomSubspaceSettings, RotatedSubspaceSettings, RotationTraining,
@@ -237,7 +237,7 @@ def train_featurizer(model: HookedTransformer, featurizer: Featurizer, batches: 
     optimizer = torch.optim.Adam(featurizer.parameters(), lr=settings.lr)
     sizes = torch.tensor([len(b) for b in batches], dtype=torch.float)
     losses = []
-    with frozen_weights(model), torch.enable_grad():
+    with frozen_weights(model), transposed_weight_storage(model), torch.enable_grad():  # no per-call weight copies
         for step in tqdm(range(settings.steps), desc=f"{featurizer.kind} k={featurizer.k:g} at {where.hook}",
                          disable=not settings.progress, leave=False):
             if isinstance(featurizer, BoundlessMask):  # geometric annealing from t_start to t_end
@@ -264,8 +264,7 @@ def _rows(prepared, rows: Tensor):
     device = batch.base.device
     rows = rows.to(device)
     sub = PairBatch(batch.base[rows], batch.source[rows], batch.targets[rows], batch.prompt_length)
-    kv = None if prepared.prefix_kv is None else [
-        TransformerLensKeyValueCacheEntry(e.past_keys[rows], e.past_values[rows], frozen=True) for e in prepared.prefix_kv]
+    kv = [TransformerLensKeyValueCacheEntry(e.past_keys[rows], e.past_values[rows]) for e in prepared.base_kv]
     return type(prepared)(sub, prepared.prefix, kv, {l: s[rows] for l, s in prepared.starts.items()},
                           {w: s[rows] for w, s in prepared.sources.items()})
 

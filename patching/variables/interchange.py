@@ -16,12 +16,12 @@ tokens but its last, which attention, being causal, reads only after the prompt.
 
 How a batch of pairs runs (:func:`prepare`, then one intervened forward per location):
 
-* the positions before the first one where any base prompt differs from its source (the few-shot
-  lines) and before the intervened position hold the same activations in both runs: their keys and
-  values are computed once (:func:`circuits.prefix_cache.prefix_kv_cache`) and only the later positions
-  run, as in :mod:`patching.node_level.activation_patching` (:func:`patching.sweeps.forward.suffix_cache`);
-* the base run's ``resid_pre`` at every intervened layer and the source run's activations at every
-  location are cached once per batch, so an intervened forward starts at the location's layer;
+* the positions every base and source prompt share (the few-shot lines) run once, for one row
+  (:func:`circuits.prefix_cache.model_prefix_cache`);
+* the base run's keys and values, its ``resid_pre`` at every intervened layer and the source run's
+  activations at every location are cached once per batch, so an intervened forward starts at the
+  location's layer and at its position: the positions before it read the base's own keys and values
+  (attention is causal, so the intervention cannot change them);
 * the same forward with gradients trains a featurizer (:func:`intervened_loss`); the model's weights
   are held fixed (:func:`patching.sweeps.forward.frozen_weights`).
 
@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
+from transformer_lens import HookedTransformer, TransformerLensKeyValueCacheEntry
 from transformer_lens import utils as tl_utils
 
 from circuits.answer_scoring import answer_is_top1
@@ -55,7 +55,7 @@ from circuits.end_logits import unembed_end
 from circuits.errors import InputError, InputTypeError, TaskDataError
 from circuits.graph import Graph
 from circuits.nodes import MLP, Head, Node, validate_nodes
-from circuits.prefix_cache import MIN_SHARED_PREFIX, TiledKVCache, prefix_kv_cache
+from circuits.prefix_cache import MIN_SHARED_PREFIX, TiledKVCache, batch_common_prefix_length, model_prefix_cache
 from circuits.stats import Estimate, proportion
 from patching.sweeps import forward
 from patching.sweeps.forward import frozen_weights
@@ -216,39 +216,46 @@ def pair_batches(model: HookedTransformer, dataset, pairs: Sequence[InterchangeP
 
 @dataclass
 class Prepared:
-    """One batch's cached runs for a set of locations: the shared prefix, base ``resid_pre`` per layer, source rows."""
+    """One batch's cached runs for a set of locations: the base run's keys/values, its ``resid_pre`` per layer from
+    ``prefix`` (the earliest location's position) on, and the source's rows at each location."""
 
     batch: PairBatch
     prefix: int
-    prefix_kv: list | None
+    base_kv: list  # per layer, the base run's keys/values at every position [pair, pos, head, d_head]
     starts: dict[int, Float[Tensor, "pair suffix d_model"]]
     sources: dict[Location, Float[Tensor, "pair width"]]
 
 
 @torch.no_grad()
 def prepare(model: HookedTransformer, batch: PairBatch, locations: Sequence[Location]) -> Prepared:
-    """Run the batch's base and source prompts once and keep what the interventions at ``locations`` start from."""
+    """Run the batch's base and source prompts once and keep what the interventions at ``locations`` start from.
+
+    The positions every base and source prompt share (the few-shot lines) run once for one row; each base prompt
+    then runs once with its keys and values kept, so that an intervened run at position p computes positions p on
+    only, reading the base's own keys and values before p (attention is causal: they are what the base run has there).
+    """
     if not locations:
         raise InputError("No locations to intervene at: pass at least one patching.variables.interchange.Location.")
     for where in locations:
         check_location(model, where, batch.prompt_length)
-    shared = forward.shared_prefix_length(batch.base[:, :batch.prompt_length], batch.source)
-    prefix = min(shared, min(w.position for w in locations))
-    prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0  # a short prefix is not worth its extra forward
-    prefix_kv = prefix_kv_cache(model, batch.base[:, :prefix]) if prefix else None
+    first = min(w.position for w in locations)
+    prompts = torch.cat([batch.base[:, :batch.prompt_length], batch.source])
+    shared = batch_common_prefix_length(prompts, limit=first)
+    shared_kv = model_prefix_cache(model)(prompts[:1, :shared]) if shared >= MIN_SHARED_PREFIX else None
     layers = sorted({w.layer for w in locations})
-    base_acts, _ = forward.suffix_cache(model, batch.base, forward.act_names("resid_pre", layers), prefix_kv)
+    base_acts, base_kv = forward.prefix_run(model, batch.base, forward.act_names("resid_pre", layers), shared_kv)
     source = batch.source
     if any(w.through_answer for w in locations):  # the source fed the base's answer tokens, so positions align
         source = torch.cat([batch.source, batch.base[:, batch.prompt_length:]], 1)
-    source_acts, _ = forward.suffix_cache(model, source, sorted({w.hook for w in locations}), prefix_kv)
+    source_acts, _ = forward.prefix_run(model, source, sorted({w.hook for w in locations}), shared_kv)
+    known = 0 if shared_kv is None else shared
     sources = {}
     for where in locations:
-        offset = where.position - prefix
+        offset = where.position - known
         rows = source_acts[where.hook][:, offset:] if where.through_answer else source_acts[where.hook][:, offset]
         sources[where] = rows if where.head is None else rows[..., where.head, :]
-    return Prepared(batch, prefix, prefix_kv,
-                    {layer: base_acts[tl_utils.get_act_name("resid_pre", layer)] for layer in layers}, sources)
+    starts = {layer: base_acts[tl_utils.get_act_name("resid_pre", layer)][:, first - known:] for layer in layers}
+    return Prepared(batch, first, base_kv, starts, sources)
 
 
 def intervened_answer_residuals(model: HookedTransformer, prepared: Prepared, where: Location | Sequence[Location],
@@ -264,13 +271,16 @@ def intervened_answer_residuals(model: HookedTransformer, prepared: Prepared, wh
     sites = [where] if isinstance(where, Location) else list(where)
     if len({w.hook for w in sites}) != 1:
         raise InputError(f"Stacked sites must share one hook, got {sorted({w.hook for w in sites})}.")
-    batch, prefix, n_sites = prepared.batch, prepared.prefix, len(sites)
-    first = sites[0]
+    batch, n_sites = prepared.batch, len(sites)
+    start = min(site.position for site in sites)  # positions before it run as the base does: cached
+    if start < prepared.prefix:
+        raise InputError(f"Position {start} is before the earliest one this batch was prepared for "
+                         f"({prepared.prefix}): pass every location to patching.variables.interchange.prepare.")
 
     def intervene(act, *, hook):
         act = act.clone().view(n_sites, len(batch), *act.shape[1:])
         for j, site in enumerate(sites):
-            offset = site.position - prefix
+            offset = site.position - start
             at = slice(offset, None) if site.through_answer else offset
             rows = act[j, :, at] if site.head is None else act[j, :, at, site.head]
             new = swap(rows, prepared.sources[site].to(act.dtype)).to(act.dtype)
@@ -280,14 +290,18 @@ def intervened_answer_residuals(model: HookedTransformer, prepared: Prepared, wh
                 act[j, :, at, site.head] = new
         return act.flatten(0, 1)
 
-    kv = None if prepared.prefix_kv is None else TiledKVCache(prepared.prefix_kv, n_sites)
-    start = prepared.starts[first.layer]
-    resid = model.run_with_hooks(start.repeat(n_sites, 1, 1) if n_sites > 1 else start, start_at_layer=first.layer,
-                                 stop_at_layer=model.cfg.n_layers, fwd_hooks=[(first.hook, intervene)], past_kv_cache=kv)
+    kv = None
+    if start:
+        kv = TiledKVCache([TransformerLensKeyValueCacheEntry(e.past_keys[:, :start], e.past_values[:, :start])
+                           for e in prepared.base_kv], n_sites)
+    layer = sites[0].layer
+    resid_start = prepared.starts[layer][:, start - prepared.prefix:]
+    resid = model.run_with_hooks(resid_start.repeat(n_sites, 1, 1) if n_sites > 1 else resid_start, start_at_layer=layer,
+                                 stop_at_layer=model.cfg.n_layers, fwd_hooks=[(sites[0].hook, intervene)], past_kv_cache=kv)
     scored = batch.targets >= 0
     pair_index, answer_index = scored.nonzero(as_tuple=True)
     site_rows = (torch.arange(n_sites, device=pair_index.device)[:, None] * len(batch) + pair_index).flatten()
-    positions = (batch.prompt_length - 1 - prefix + answer_index).repeat(n_sites)
+    positions = (batch.prompt_length - 1 - start + answer_index).repeat(n_sites)
     return resid[site_rows, positions], batch.targets[scored].repeat(n_sites)
 
 
@@ -297,7 +311,8 @@ def intervened_hits(model: HookedTransformer, prepared: Prepared, where: Locatio
     """Per site (one row for a single location) and pair: is every scored answer token top-1 in the intervened run?"""
     n_sites = 1 if isinstance(where, Location) else len(where)
     resid, targets = intervened_answer_residuals(model, prepared, where, swap)
-    token_hits = answer_is_top1(model, resid, targets)
+    # the batch's answers are the likely winners: a row one of them outscores is a miss without the full vocabulary
+    token_hits = answer_is_top1(model, resid, targets, rivals=prepared.batch.targets[prepared.batch.targets >= 0])
     scored = prepared.batch.targets >= 0
     per_cell = torch.ones(n_sites, *scored.shape, dtype=torch.bool, device=scored.device)
     per_cell[:, scored] = token_hits.to(per_cell.device).view(n_sites, -1)
@@ -314,7 +329,8 @@ def intervened_loss(model: HookedTransformer, prepared: Prepared, where: Locatio
 def interchange_accuracy(model: HookedTransformer, batches: Sequence[PairBatch], where: Location,
                          swap: Swap | None = None) -> tuple[Estimate, Tensor]:
     """IIA of the intervention at ``where`` over ``batches`` with its Wilson interval, and the per-pair hits."""
-    hits = torch.cat([intervened_hits(model, prepare(model, batch, [where]), where, swap)[0] for batch in batches])
+    with forward.transposed_weight_storage(model):  # few-token forwards: no per-call weight copies
+        hits = torch.cat([intervened_hits(model, prepare(model, batch, [where]), where, swap)[0] for batch in batches])
     return proportion(hits), hits
 
 
@@ -341,28 +357,40 @@ def iia_by_answer_length(model: HookedTransformer, batches: Sequence[PairBatch],
 
 
 def iia_sweep(model: HookedTransformer, batches: Sequence[PairBatch], locations: Sequence[Location],
-              swap: Swap | None = None, *, memory_mb: float = 1024, progress: bool = False,
+              swap: Swap | None = None, *, memory_mb: float = 1024, prune: bool = False, progress: bool = False,
               desc: str = "interchange") -> dict[Location, Estimate]:
     """IIA at every location in ``locations``.
 
-    Each batch's base and source runs are cached once for all locations, and the locations of one hook run
-    stacked in forwards of about ``memory_mb`` of activations (:func:`patching.sweeps.forward.rows_per_chunk`).
+    Each batch's base and source runs are cached once for all locations, and the locations of one hook and
+    position run stacked in forwards of about ``memory_mb`` of activations
+    (:func:`patching.sweeps.forward.rows_per_chunk`), each from that position on.
+
+    ``prune``: after each batch, a location whose interval lies wholly below the best one's lower bound is not
+    run on the later batches (its estimate is over the pairs it ran, with their n): it cannot be within the best
+    one's interval, where :func:`rank_locations` chooses, unless a 95 % interval missed. Most of a residual-stream
+    sweep is far from its best, so a sweep of many locations costs little more than its first batch.
     """
     hits: dict[Location, list[Tensor]] = {w: [] for w in locations}
-    by_hook: dict[str, list[Location]] = {}
-    for where in dict.fromkeys(locations):
-        by_hook.setdefault(where.hook, []).append(where)
+    active = list(hits)
     bar = tqdm(total=len(batches) * len(hits), desc=desc, disable=not progress, leave=False)
-    for batch in batches:
-        prepared = prepare(model, batch, list(hits))
-        n_pos = batch.base.shape[1] - prepared.prefix
-        per_forward = max(1, forward.rows_per_chunk(model, memory_mb, n_pos, cached_pos=prepared.prefix) // len(batch))
-        for group in by_hook.values():
-            for sl in forward.chunks(len(group), per_forward):
-                sites = group[sl]
-                for site, row in zip(sites, intervened_hits(model, prepared, sites, swap)):
-                    hits[site].append(row)
-                bar.update(len(sites))
+    with forward.transposed_weight_storage(model):  # few-token forwards: no per-call weight copies
+        for index, batch in enumerate(batches):
+            prepared = prepare(model, batch, active)
+            groups: dict[tuple[str, int], list[Location]] = {}  # one hook and position a forward: it starts there
+            for where in active:
+                groups.setdefault((where.hook, where.position), []).append(where)
+            for (_, position), group in groups.items():
+                n_pos = batch.base.shape[1] - position
+                per_forward = max(1, forward.rows_per_chunk(model, memory_mb, n_pos, cached_pos=position) // len(batch))
+                for sl in forward.chunks(len(group), per_forward):
+                    sites = group[sl]
+                    for site, row in zip(sites, intervened_hits(model, prepared, sites, swap)):
+                        hits[site].append(row)
+            bar.update(len(hits))
+            if prune and index + 1 < len(batches):
+                so_far = {w: proportion(torch.cat(hits[w])) for w in active}
+                best = max(so_far.values(), key=lambda e: e.value)
+                active = [w for w in active if so_far[w].high >= best.low]
     bar.close()
     return {w: proportion(torch.cat(hits[w])) for w in locations}
 
@@ -408,12 +436,13 @@ def source_activations(model: HookedTransformer, batches: Sequence[PairBatch], w
 
 def node_table(model: HookedTransformer, batches_by_variable: Mapping[str, Sequence[PairBatch]], nodes: Sequence[Node],
                positions: Mapping[str, int], best: Mapping[str, float], *, through_answer: bool = False,
-               progress: bool = False) -> list[dict]:
+               prune: bool = False, progress: bool = False) -> list[dict]:
     """Which circuit nodes carry which variable: full-vector IIA of every node at every named position.
 
     ``positions``: ``{label: position}`` (each with the answer positions after it, ``through_answer``); ``best``: per
     variable, the best IIA reached anywhere (e.g. over the residual stream), so each row says what share of it the
-    node reaches. One row per (variable, node, position).
+    node reaches. One row per (variable, node, position). ``prune``: as in :func:`iia_sweep` (a node far below
+    the best node stops after a batch; its row's ``iia`` then has the smaller n).
     """
     nodes = validate_nodes(model, nodes)
     if not nodes:
@@ -423,7 +452,8 @@ def node_table(model: HookedTransformer, batches_by_variable: Mapping[str, Seque
     for variable, batches in batches_by_variable.items():
         locations = {(str(n), label): node_locations([n], pos, through_answer=through_answer)[0]
                      for n in nodes for label, pos in positions.items()}
-        estimates = iia_sweep(model, batches, list(locations.values()), progress=progress, desc=f"circuit nodes: {variable}")
+        estimates = iia_sweep(model, batches, list(locations.values()), prune=prune, progress=progress,
+                              desc=f"circuit nodes: {variable}")
         for (node, label), where in locations.items():
             est = estimates[where]
             reference = best.get(variable, float("nan"))

@@ -8,7 +8,7 @@ import torch
 from circuits.answer_scoring import (
     answer_is_argmax, answer_is_top1, first_and_whole, first_token_hits, score_rows, scored_accuracy,
 )
-from circuits.end_logits import unembed_end
+from circuits.end_logits import outscored, unembed_end
 from circuits.errors import InputError
 from circuits.tasks import make_dataset
 from tests.tiny_models import tiny_model
@@ -63,6 +63,36 @@ def test_a_hit_on_held_logits_is_the_hit_on_the_residual(screen):
     on_logits = answer_is_argmax(logits, answers)
     assert on_logits.tolist() == [i % 3 != 0 for i in range(12)]
     assert torch.equal(on_logits, answer_is_top1(model, resid, answers, screen=screen))
+
+
+@pytest.mark.parametrize("style", ["gemma", "gpt2"])
+def test_rivals_decide_misses_without_changing_a_hit(style):
+    # a plain reference: the full logits' argmax, row by row, against rivals that beat some answers and not others
+    model = tiny_model(style=style, n_layers=2)
+    resid = torch.randn(40, model.cfg.d_model, generator=torch.Generator().manual_seed(1)) * 3
+    logits = unembed_end(model, resid)
+    top2 = logits.topk(2, dim=-1).indices
+    answers = top2[:, 0].clone()
+    answers[1::2] = top2[1::2, 1]  # odd rows: the runner-up, a miss its winner decides
+    rivals = torch.unique(top2[:20, 0])  # only the first rows' winners are rivals: later misses go to the full path
+    stats = {}
+    hits = answer_is_top1(model, resid, answers, rivals=rivals, screen=False, stats=stats)
+    reference = [int(row.argmax()) == int(a) for row, a in zip(logits, answers)]
+    assert hits.tolist() == reference == [i % 2 == 0 for i in range(40)]
+    compared = set(rivals.tolist()) | set(answers.tolist())  # every row's answer is a rival of the others
+    by_hand = sum(1 for i in range(40) if i % 2 and int(top2[i, 0]) in compared)
+    assert stats["outscored"] == by_hand >= 10 and by_hand < 20
+    assert stats["rows"] == 40 - by_hand  # only the undecided rows were unembedded in full
+
+
+def test_a_rival_inside_rounding_of_the_answer_is_left_to_the_full_argmax():
+    model = tiny_model(style="gemma", n_layers=2)
+    resid = torch.randn(4, model.cfg.d_model, generator=torch.Generator().manual_seed(2))
+    answers = unembed_end(model, resid).argmax(-1)
+    with torch.no_grad():  # a rival column equal to the answer's, shifted by far less than float32 rounding
+        model.W_U[:, 0] = model.W_U[:, int(answers[0])] * (1 + 1e-9)
+    beaten = outscored(model, resid[:1], answers[:1], torch.tensor([0]))
+    assert not beaten.any()
 
 
 def test_answer_is_argmax_wants_one_answer_per_row():

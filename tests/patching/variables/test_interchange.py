@@ -13,8 +13,9 @@ from circuits.nodes import MLP, Head
 from circuits.tasks import make_dataset
 from patching.variables.featurizers import RotatedSubspace, fit_and_select, random_subspace
 from patching.variables.interchange import (
-    Location, circuit_nodes, full_swap, iia_by_answer_length, iia_sweep, interchange_accuracy,
+    Location, PairBatch, circuit_nodes, full_swap, iia_by_answer_length, iia_sweep, interchange_accuracy,
     intervened_answer_residuals, intervened_hits, location, node_locations, node_table, pair_batches, prepare,
+    rank_locations,
 )
 from tests.tiny_models import tiny_model
 
@@ -219,6 +220,33 @@ def test_the_sweep_scores_each_location_as_one_location_alone_and_leaves_no_hook
     for where in locations:
         assert swept[where] == interchange_accuracy(model, batches, where)[0]
     assert not any(point.fwd_hooks or point.bwd_hooks for point in model.hook_dict.values())
+
+
+@torch.no_grad()
+def test_a_pruned_sweep_stops_only_locations_below_the_best_and_keeps_the_rest_exact():
+    model = digit_model("gemma")
+    causal = causal_model("+")
+    data = make_dataset(model, task_config(causal, n_prompts=80, n_shots=1, seed=4))
+    pairs = interchange_pairs(causal, data, [True] * len(data), "result", model, n_pairs=48)
+    batches = [PairBatch(b.base, b.source, model(b.source)[:, -1].argmax(-1, keepdim=True), b.prompt_length)
+               for b in pair_batches(model, data, pairs, scoring="first", batch_size=16)]  # target: the source's answer
+    end = batches[0].prompt_length - 1
+    last = location("resid_post", model.cfg.n_layers - 1, end)  # IIA 1 by construction: the best
+    locations = [last] + [location(kind, layer, p) for kind in ("resid_pre", "mlp_out") for layer in range(2)
+                          for p in (1, end - 1, end)]
+    full = iia_sweep(model, batches, locations)
+    pruned = iia_sweep(model, batches, locations, prune=True)
+    n_pairs = sum(len(b) for b in batches)
+    assert full[last].value == 1.0
+    stopped = [w for w in locations if pruned[w].n < n_pairs]
+    assert stopped and last not in stopped  # the sweep has locations far below the best: the test can tell
+    assert all(pruned[w] == full[w] for w in locations if w not in stopped)
+    for w in stopped:  # the unpruned sweep over the batches it ran: the same estimate, wholly below the best there
+        ran = next(m for m in range(1, len(batches) + 1) if sum(len(b) for b in batches[:m]) == pruned[w].n)
+        there = iia_sweep(model, batches[:ran], locations)
+        assert there[w] == pruned[w]
+        assert there[w].high < max(e.low for e in there.values())
+    assert rank_locations(pruned)[0][1] == rank_locations(full)[0][1] == last
 
 
 def test_bad_locations_are_refused_with_what_to_do(setup):
