@@ -3,14 +3,25 @@
     python -m experiments.bench_circuits --threads 1 --out runs/bench_circuits
     python -m experiments.bench_circuits --exact-edges all --out runs/bench_circuits_full   # every edge exactly
     python -m experiments.bench_circuits --acdc-receivers 40 --no-attribution --exact-edges 0 --compare-per-stratum 0
+    python -m experiments.bench_circuits --task pairs.csv --out runs/bench_circuits_pairs   # a prompt-pair file
 
 On a machine shared with other processes, pass ``--threads 1``: multi-threaded ops wait for descheduled
 threads (one gemma-3-270m block on 32x5 tokens took 0.90 s with 2 threads and 0.066 s with 1 at load average 5).
 
-1. Samples few-shot addition prompts of one template and one token length (default 32).
+1. Samples few-shot addition prompts of one template and one token length (default 32; ``--op``, or ``--task``
+   with an operation's name, picks another operation). ``--task`` names a pair task instead: ``ioi``,
+   ``greater-than`` (``circuits.classic_tasks``) or the path of a prompt-pair file (CSV or JSON lines,
+   ``circuits.pair_tasks``). Its prompts are its pairs whose clean and corrupted prompts have one token length
+   (a twin cut or padded to fit is left out), the largest group of one length, at most ``--n-prompts`` of it
+   (a generated task draws 16x as many rows to fill one length); every arm below, hannamw/EAP-IG's included,
+   scores them by the task's own metric (IOI and a file: logit(answer) − logit(distractor); greater-than: a
+   probability difference; ``patching.sweeps.task_metrics``), as ``experiments.circuit --task`` does, where the
+   arithmetic prompts are scored by the answer's logit. results.json ``task`` says which pairs were kept and
+   ``metric`` the metric. ``--op`` and ``--n-shots`` shape arithmetic prompts and are refused beside a pair task.
 2. Times ``patching.edges.attribute`` (EAP-IG-inputs, ``--ig-steps`` steps, and EAP) over every edge.
 3. When hannamw/EAP-IG is importable (see ``experiments/bench_circuits/eap_ig_arm.py``), times its ``attribute`` on the
-   same prompts in this process and reports the largest score difference relative to the largest score
+   same prompts with the same metric (ours, in its signature) in this process and reports the largest score
+   difference relative to the largest score
    (over all edges, and over the edges whose sender is not a head: on models with norms after attention
    the two tools' head outputs differ by design, see docs/methods.md). Otherwise the arm is skipped.
 4. Times ``patching.edges.faithfulness_curve`` at MIB's ten sizes (top-n by |EAP-IG score|, pruned as MIB
@@ -27,7 +38,8 @@ threads (one gemma-3-270m block on 32x5 tokens took 0.90 s with 2 threads and 0.
 7. ``--acdc-receivers N``: ACDC (:mod:`patching.edges.acdc`, speculative batches) over the incoming edges of
    the last N receivers, and the plain edge-by-edge loop over the same edges (``acdc_arm.plain_acdc``), timed
    side by side in this run: the speed-up, and whether both kept the same circuit with the same damages
-   (``--acdc-objective``: the END distribution's KL, or the task metric, which needs no full-vocabulary unembedding).
+   (``--acdc-objective``: the END distribution's KL, or the task metric, which needs no full-vocabulary unembedding
+   unless it reads probabilities, as greater-than's does).
    ``--no-plain-acdc`` leaves the plain loop out. When auto-circuit is importable, its ACDC over the same edges,
    in the same order, at the same τ, is timed too, and its kept edges compared with ours (else skipped, and on
    models with norms after attention, whose heads it patches before the norm: ``acdc_arm``).
@@ -54,6 +66,10 @@ if TYPE_CHECKING:
 
 parser = cli.config_parser(BenchCircuitsConfig, "bench_circuits", __doc__)
 
+#: rows a generated pair task (ioi, greater-than) draws per prompt asked for, so that its largest group of one token
+#: length can fill --n-prompts (IOI's templates differ in length; drawing rows is cheap beside any arm)
+GENERATED_ROWS_PER_PROMPT = 16
+
 
 @dataclass
 class BenchState:
@@ -66,6 +82,8 @@ class BenchState:
     layout: GraphLayout
     scores: dict = field(default_factory=dict)  # method -> EdgeScores (ours) or [n_forward, n_backward] (EAP-IG's)
     eap_ig_batches: Optional[list] = None  # set when the EAP-IG arm runs
+    metric: Any = "logit"  # what every arm scores at END: the answer's logit, or a pair task's own PatchMetric
+    alt_ids: Any = None  # a pair task's distractor ids in batch order (its logit difference reads them); else None
 
 
 BenchRun = Run[BenchCircuitsConfig, BenchState]
@@ -78,6 +96,14 @@ def timed(run: BenchRun, key: str, fn):
     seconds = run.timer.seconds
     value, seconds[key], seconds[f"{key}_cpu"] = wall_and_cpu(fn)
     return value
+
+
+def run_options(run: BenchRun, **fields):
+    """The :class:`patching.SweepOptions` of every call of this toolkit: the run's memory budget and the task's metric
+    (``fields`` add or replace settings), so that each arm scores what the others do."""
+    from patching import SweepOptions
+
+    return SweepOptions(**({"memory_mb": run.cfg.memory_mb, "metric": run.state.metric} | fields))
 
 
 def _relative_differences(layout: GraphLayout, ours, theirs) -> dict:
@@ -130,7 +156,6 @@ def _exact_in_parts(run: BenchRun, edges, *, rotate_prefix_once: bool = True) ->
     ``<out>/results.json`` after each part (a run stopped by a time limit still says how far it got)."""
     import torch
 
-    from patching import SweepOptions
     from patching.edges import edge_patch
     from patching.edges.patch import EdgeEffects
     from patching.edges.patch_fast import receiver_kind
@@ -143,7 +168,7 @@ def _exact_in_parts(run: BenchRun, edges, *, rotate_prefix_once: bool = True) ->
     parts, done, clock = [], 0, time.perf_counter()
     for key in sorted(part_of):
         parts.append(edge_patch(run.state.model, part_of[key], run.state.batch, rotate_prefix_once=rotate_prefix_once,
-                                options=SweepOptions(memory_mb=run.cfg.memory_mb)))
+                                alt_ids=run.state.alt_ids, options=run_options(run)))
         done += len(part_of[key])
         run.results["exact_progress"] = {"n_edges_done": done, "n_edges": len(edges),
                                          "seconds": time.perf_counter() - clock}
@@ -171,8 +196,8 @@ def _save_scores(out, scores: dict) -> None:
 
 
 def setup(run: BenchRun) -> None:
-    """Model, the prompts as one batch, and the graph layout into ``run.state`` (the run folder, threads and seed
-    are set)."""
+    """Model, the prompts as one batch, the task's metric and the graph layout into ``run.state`` (the run folder,
+    threads and seed are set)."""
     import torch
 
     from circuits.graph import GraphLayout
@@ -182,47 +207,102 @@ def setup(run: BenchRun) -> None:
     model = run.load_model()
     model.eval()
     with run.stage("prompts"):
-        data = one_length_prompts(model, op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
+        data, metric, task = task_prompts(model, cfg)
         batch = single_batch(data, device=model.cfg.device)
         layout = GraphLayout.of(model)
-    print(f"{cfg.model}: {layout.n_edges} edges; {len(data)} prompts of {batch.tokens.shape[1]} tokens, "
-          f"e.g. {batch.prompts[0]!r}")
-    run.results |= {"model": cfg.model, "n_prompts": len(data), "n_tokens": batch.tokens.shape[1], "op": cfg.op,
-                    "n_shots": cfg.n_shots, "ig_steps": cfg.ig_steps, "n_edges": layout.n_edges, "metric": "logit",
+    # one batch of one length keeps the dataset's row order, so the distractors line up with the batch's rows
+    alt_ids = torch.tensor(data["alt_token_id"], device=batch.tokens.device) \
+        if "alt_token_id" in data.column_names else None
+    print(f"{cfg.model}: {layout.n_edges} edges; {len(data)} {task['name']} prompts of {batch.tokens.shape[1]} tokens "
+          f"(metric {task['metric']}), e.g. {batch.prompts[0]!r}")
+    if len(data) < cfg.n_prompts:
+        print(f"  ({len(data)} pairs of one token length, fewer than --n-prompts {cfg.n_prompts})")
+    run.results |= {"model": cfg.model, "task": task, "n_prompts": len(data), "n_tokens": batch.tokens.shape[1],
+                    "op": cfg.op if cfg.arithmetic else None, "n_shots": cfg.n_shots if cfg.arithmetic else None,
+                    "ig_steps": cfg.ig_steps, "n_edges": layout.n_edges, "metric": task["metric"],
                     "device": str(model.cfg.device), "dtype": str(model.cfg.dtype),
                     "threads": torch.get_num_threads(), "settings": dataclasses.asdict(cfg)}
-    run.state = BenchState(model, data, batch, layout)
+    run.state = BenchState(model, data, batch, layout, metric=metric, alt_ids=alt_ids)
+
+
+def task_prompts(model, cfg: BenchCircuitsConfig):
+    """The run's prompts (one token length), the metric every arm scores them by (a name or a PatchMetric), and
+    results.json's ``task`` record."""
+    if cfg.arithmetic:
+        data = one_length_prompts(model, op=cfg.op, n_prompts=cfg.n_prompts, n_shots=cfg.n_shots, seed=cfg.seed)
+        return data, "logit", {"name": cfg.task_name, "kind": "arithmetic", "metric": "logit"}
+    return pair_task_prompts(model, cfg)
+
+
+def pair_task_prompts(model, cfg: BenchCircuitsConfig):
+    """A pair ``--task``'s prompts of one token length, its metric (``patching.sweeps.task_metrics.task_metric``, as
+    experiments.circuit scores it) and results.json's ``task`` record (module docstring, step 1)."""
+    from collections import Counter
+
+    from circuits.classic_tasks import make_task, task_kind
+    from circuits.errors import InputError
+    from circuits.pair_tasks import PairTask
+    from patching.sweeps.task_metrics import task_metric
+
+    # a generated task draws many more rows than asked: its templates differ in length (IOI has 15), and one length
+    # has to fill --n-prompts; a file gives what it holds
+    task = make_task(model, cfg.task, n_prompts=GENERATED_ROWS_PER_PROMPT * cfg.n_prompts, seed=cfg.seed)
+    rows = task.rows
+    fitted = rows["cf_fitted"] if "cf_fitted" in rows.column_names else [""] * len(rows)
+    # a twin cut or padded to its prompt's length is left out: hannamw/EAP-IG would tokenise the corrupted text to
+    # another length than ours (and its EAP-IG-inputs refuses a batch whose two sides differ in length)
+    lengths = [None if fit else n + 1 for n, fit in zip(rows["end_pos"], fitted)]
+    counts = Counter(n for n in lengths if n is not None)
+    if not counts:
+        raise InputError(f"--task {cfg.task}: none of its {len(rows)} pairs has a corrupted prompt of its clean "
+                         "prompt's token length (each would be cut or padded to fit), and the benchmark runs pairs of "
+                         "one token length in one batch: give corrupted prompts that tokenise to their clean "
+                         "prompt's length.")
+    n_tokens = max(counts, key=counts.get)  # the largest group (of equal ones, the first in the task's order)
+    keep = [i for i, n in enumerate(lengths) if n == n_tokens][:cfg.n_prompts]
+    metric, data = task_metric(PairTask(task.name, rows.select(keep), task.metric, task.ordered_ids,
+                                        task.description), model)
+    return data, metric, task.to_dict() | {
+        "kind": task_kind(cfg.task), "n_kept": len(keep), "n_tokens": n_tokens,
+        "token_lengths": {str(n): counts[n] for n in sorted(counts)},
+        "selection": "the largest group of pairs whose clean and corrupted prompts have one token length (twins cut or "
+                     "padded to fit left out), at most --n-prompts of it, in the task's order; not filtered to the "
+                     "pairs the model solves (the arithmetic prompts are not either)"}
 
 
 @cli.no_grad
 def model_metrics(run: BenchRun) -> None:
-    """The model itself: what the full graph must give, and the empty graph (counterfactual ablation)."""
-    import torch
+    """The model itself, scored by the task's metric: what the full graph must give, and the empty graph
+    (counterfactual ablation)."""
+    from patching.sweeps.metrics import get_metric
 
-    rows = torch.arange(len(run.state.data), device=run.state.batch.tokens.device)
+    state = run.state
+    fn = get_metric(state.metric).fn
     run.results["model_metric"] = {
-        name: float(run.state.model(tokens)[rows, -1, run.state.batch.answer_ids].double().mean())
-        for name, tokens in (("reference", run.state.batch.tokens), ("counterfactual", run.state.batch.cf_tokens))}
+        name: float(fn(state.model(tokens)[:, -1], state.batch.answer_ids, state.alt_ids).double().mean())
+        for name, tokens in (("reference", state.batch.tokens), ("counterfactual", state.batch.cf_tokens))}
 
 
 def our_attribution(run: BenchRun) -> None:
     """This toolkit's EAP-IG-inputs and EAP over every edge, timed."""
-    from patching import SweepOptions
     from patching.edges import edge_attribution
 
-    cfg = run.cfg
-    options = SweepOptions(memory_mb=cfg.memory_mb)
-    run.state.scores["eap_ig_inputs"] = timed(run, "edge_attribution_eap_ig_inputs", lambda: edge_attribution(
-        run.state.model, run.state.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, options=options))
-    run.state.scores["eap"] = timed(run, "edge_attribution_eap", lambda: edge_attribution(
-        run.state.model, run.state.batch, method="EAP", options=options))
+    cfg, state, options = run.cfg, run.state, run_options(run)
+    state.scores["eap_ig_inputs"] = timed(run, "edge_attribution_eap_ig_inputs", lambda: edge_attribution(
+        state.model, state.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, alt_ids=state.alt_ids,
+        options=options))
+    state.scores["eap"] = timed(run, "edge_attribution_eap", lambda: edge_attribution(
+        state.model, state.batch, method="EAP", alt_ids=state.alt_ids, options=options))
     sec = run.timer.seconds
     print(f"edge_attribution: EAP-IG-inputs ({cfg.ig_steps} steps) {sec['edge_attribution_eap_ig_inputs']:.1f} s, "
           f"EAP {sec['edge_attribution_eap']:.1f} s")
 
 
 def eap_ig_attribution(run: BenchRun) -> None:
-    """hannamw/EAP-IG's ``attribute`` on the same prompts (when importable), timed; agreement with ours."""
+    """hannamw/EAP-IG's ``attribute`` on the same prompts with the same metric (when importable), timed; agreement
+    with ours."""
+    import torch
+
     from experiments.bench_circuits import eap_ig_arm as _eap_ig_arm
 
     cfg, results = run.cfg, run.results
@@ -233,17 +313,21 @@ def eap_ig_attribution(run: BenchRun) -> None:
         print(f"EAP-IG arm skipped: {missing}")
         _save_scores(run.out, ours)
         return
+    labels = run.state.batch.answer_ids.cpu()
+    if run.state.alt_ids is not None:  # a pair task's logit difference reads each prompt's distractor too
+        labels = torch.stack([labels, run.state.alt_ids.cpu()], 1)
     run.state.eap_ig_batches = batches = _eap_ig_arm.dataloader(
-        run.state.data["prompt"], run.state.data["counterfactual"], run.state.batch.answer_ids.cpu(),
-        cfg.eap_ig_batch_size)
+        run.state.data["prompt"], run.state.data["counterfactual"], labels, cfg.eap_ig_batch_size)
+    metric = _eap_ig_arm.eap_ig_metric(run.state.metric)  # our metric in its signature: the scores compare
     theirs = timed(run, "eap_ig_attribute_eap_ig_inputs", lambda: _eap_ig_arm.eap_ig_scores(
-        run.state.model, batches, "EAP-IG-inputs", cfg.ig_steps))
+        run.state.model, batches, "EAP-IG-inputs", cfg.ig_steps, metric=metric))
     run.state.scores["eap_ig_tool_eap_ig_inputs"] = theirs
     results["agreement_eap_ig_inputs"] = _relative_differences(run.state.layout, ours["ours_eap_ig_inputs"], theirs)
     sec = run.timer.seconds
     results["speedup_attribution"] = sec["eap_ig_attribute_eap_ig_inputs"] / sec["edge_attribution_eap_ig_inputs"]
     run.save()  # each arm's result survives a timeout in the next
-    theirs_eap = timed(run, "eap_ig_attribute_eap", lambda: _eap_ig_arm.eap_ig_scores(run.state.model, batches, "EAP"))
+    theirs_eap = timed(run, "eap_ig_attribute_eap", lambda: _eap_ig_arm.eap_ig_scores(run.state.model, batches, "EAP",
+                                                                                     metric=metric))
     results["agreement_eap"] = _relative_differences(run.state.layout, ours["ours_eap"], theirs_eap)
     _save_scores(run.out, {**ours, "eap_ig_tool_eap_ig_inputs": theirs, "eap_ig_tool_eap": theirs_eap})
     agreement = results["agreement_eap_ig_inputs"]
@@ -256,14 +340,13 @@ def eap_ig_attribution(run: BenchRun) -> None:
 def our_curve(run: BenchRun):
     """``faithfulness_curve`` at MIB's ten sizes (top-n by |EAP-IG score|, pruned as MIB prunes), timed."""
     from circuits.graph_selection import mib_selector
-    from patching import SweepOptions
     from patching.edges import faithfulness_curve
     from patching.edges.curves import MIB_FRACTIONS
 
     ig = run.state.scores["eap_ig_inputs"]
     curve = timed(run, "faithfulness_curve", lambda: faithfulness_curve(
-        run.state.model, ig, run.state.batch, select=mib_selector(run.state.layout),
-        options=SweepOptions(memory_mb=run.cfg.memory_mb)))
+        run.state.model, ig, run.state.batch, select=mib_selector(run.state.layout), alt_ids=run.state.alt_ids,
+        options=run_options(run)))
     run.results["curve"] = curve.to_dict()
     run.save()
     print(f"faithfulness_curve ({len(MIB_FRACTIONS)} sizes + full + empty): "
@@ -280,7 +363,8 @@ def eap_ig_curve(run: BenchRun, curve) -> None:
 
     counts = [int(x * run.state.layout.n_edges) for x in MIB_FRACTIONS]
     evals = timed(run, "eap_ig_evaluate_curve", lambda: _eap_ig_arm.eap_ig_evaluate(
-        run.state.model, run.state.eap_ig_batches, run.state.scores["eap_ig_inputs"].scores, counts))
+        run.state.model, run.state.eap_ig_batches, run.state.scores["eap_ig_inputs"].scores, counts,
+        metric=_eap_ig_arm.eap_ig_metric(run.state.metric, summed=False)))
     full, empty = float(evals["full"].mean()), float(evals["empty"].mean())
     theirs_f = [(float(evals[n].mean()) - empty) / (full - empty) for n in counts]
     ours_f = [p.value for p in curve.faithfulness]
@@ -298,16 +382,14 @@ def eap_ig_curve(run: BenchRun, curve) -> None:
 
 def fast_vs_hook_path(run: BenchRun) -> None:
     """``edge_patch``'s hook path and fast path on the same stratified sample, side by side."""
-    from patching import SweepOptions
     from patching.edges import edge_patch
 
-    cfg, sec = run.cfg, run.timer.seconds
-    options = SweepOptions(memory_mb=cfg.memory_mb)
-    sample = _strata(run.state.layout, cfg.compare_per_stratum, cfg.seed)
+    cfg, sec, state, options = run.cfg, run.timer.seconds, run.state, run_options(run)
+    sample = _strata(state.layout, cfg.compare_per_stratum, cfg.seed)
     hooked = timed(run, "edge_patch_sample_hook_path", lambda: edge_patch(
-        run.state.model, sample, run.state.batch, options=options, fast=False))
-    fast = timed(run, "edge_patch_sample_fast_path", lambda: edge_patch(run.state.model, sample, run.state.batch,
-                                                                       options=options))
+        state.model, sample, state.batch, alt_ids=state.alt_ids, options=options, fast=False))
+    fast = timed(run, "edge_patch_sample_fast_path", lambda: edge_patch(state.model, sample, state.batch,
+                                                                       alt_ids=state.alt_ids, options=options))
     compared = run.results["edge_patch_fast_vs_hook_path"] = {
         "n_edges": len(sample), "per_stratum": cfg.compare_per_stratum,
         "speedup": sec["edge_patch_sample_hook_path"] / sec["edge_patch_sample_fast_path"],
@@ -389,7 +471,6 @@ def head_edge_verdict(run: BenchRun) -> None:
     from scipy.stats import spearmanr
 
     from circuits.stats import bootstrap
-    from patching import SweepOptions
     from patching.edges import edge_attribution, edge_patch
 
     cfg, layout = run.cfg, run.state.layout
@@ -398,13 +479,13 @@ def head_edge_verdict(run: BenchRun) -> None:
     g = torch.Generator().manual_seed(cfg.seed)
     edges = sorted(edges[i] for i in torch.randperm(len(edges), generator=g)[:cfg.head_edges].tolist())
     f_idx, b_idx = torch.tensor(edges).T
-    options = SweepOptions(memory_mb=cfg.memory_mb, progress=False)
+    options, alt_ids = run_options(run, progress=False), run.state.alt_ids
     exact = {norm: timed(run, f"exact_head_edges_{norm}", lambda norm=norm: edge_patch(
-        run.state.model, edges, run.state.batch, norm=norm, options=options)).effects.float()
+        run.state.model, edges, run.state.batch, norm=norm, alt_ids=alt_ids, options=options)).effects.float()
         for norm in ("frozen", "recompute")}
     scores = {change: timed(run, f"attribution_head_change_{change}", lambda change=change: edge_attribution(
         run.state.model, run.state.batch, method="EAP-IG-inputs", ig_steps=cfg.ig_steps, norm=change,
-        options=options)).scores[f_idx, b_idx] for change in ("frozen", "pre-norm", "recompute")}
+        alt_ids=alt_ids, options=options)).scores[f_idx, b_idx] for change in ("frozen", "pre-norm", "recompute")}
     k = max(3, len(edges) // 100)
 
     def overlap(values, truth) -> float:
@@ -433,8 +514,9 @@ def learned_mask_speed(run: BenchRun) -> None:
     cfg = run.cfg
     warm = run.state.scores.get("eap_ig_inputs")
     reset = reset_peak_rss()
-    learned = timed(run, "learned_mask", lambda: learn_circuit(run.state.model, run.state.batch, method="matryoshka",
-                                                             steps=cfg.learn_steps, init=warm, progress=False))
+    learned = timed(run, "learned_mask", lambda: learn_circuit(
+        run.state.model, run.state.batch, method="matryoshka", steps=cfg.learn_steps, init=warm, progress=False,
+        metric=run.state.metric, alt_ids=run.state.alt_ids))
     run.results["learned_mask"] = {"steps": cfg.learn_steps, "seconds_per_step": learned.seconds_per_step,
                                    "cpu_seconds": learned.cpu_seconds,
                                    "peak_rss_mb": round(peak_rss(reset) / 2**20, 1), "peak_since_reset": reset,
@@ -446,13 +528,12 @@ def acdc_speed(run: BenchRun) -> None:
     """ACDC's speculative batches and the plain edge-by-edge loop on the same edges, side by side; auto-circuit's
     ACDC beside them when importable."""
     from experiments.bench_circuits import acdc_arm
-    from patching import SweepOptions
     from patching.edges.acdc import ACDCConfig, acdc
 
     cfg, state, sec = run.cfg, run.state, run.timer.seconds
     config = ACDCConfig(threshold=cfg.acdc_threshold, objective=cfg.acdc_objective, max_receivers=cfg.acdc_receivers)
-    ours = timed(run, "acdc", lambda: acdc(state.model, state.batch, config=config,
-                                           options=SweepOptions(memory_mb=cfg.memory_mb)))
+    ours = timed(run, "acdc", lambda: acdc(state.model, state.batch, config=config, alt_ids=state.alt_ids,
+                                           options=run_options(run)))
     results = run.results["acdc"] = {**ours.to_dict(), "n_receivers": cfg.acdc_receivers,
                                      "objective": cfg.acdc_objective}
     run.save()
@@ -463,7 +544,7 @@ def acdc_speed(run: BenchRun) -> None:
     else:
         mask, damages, final = timed(run, "acdc_plain_loop", lambda: acdc_arm.plain_acdc(
             state.model, state.batch, cfg.acdc_threshold, cfg.acdc_objective, n_receivers=cfg.acdc_receivers,
-            memory_mb=cfg.memory_mb))
+            metric=state.metric, memory_mb=cfg.memory_mb, alt_ids=state.alt_ids))
         ours_damages = [float(ours.graph.scores[e]) for e in damages]
         results |= {"plain_n_tested": len(damages), "same_circuit": bool((mask == ours.graph.in_graph).all()),
                     "max_abs_damage_diff": max(abs(a - b) for a, b in zip(ours_damages, damages.values())),

@@ -29,10 +29,12 @@ from patching.edges import evaluate_circuit
 
 @torch.no_grad()
 def plain_acdc(model, batch, threshold: float, objective: str = "kl", n_receivers: Optional[int] = None,
-               metric: str = "logit", memory_mb: Optional[float] = None):
+               metric="logit", memory_mb: Optional[float] = None, alt_ids=None):
     """``(kept mask, {(sender, receiver): damage}, final objective)`` of ACDC run edge by edge on ``batch``
     (a :class:`circuits.tasks.TaskBatch` or a Dataset of prompts of one token length), over the incoming edges
-    of the first ``n_receivers`` receivers from the output back (None: all)."""
+    of the first ``n_receivers`` receivers from the output back (None: all). ``metric`` (a name or a
+    :class:`patching.sweeps.metrics.PatchMetric`) and ``alt_ids`` (a pair task's distractors, with a TaskBatch):
+    what the ``"metric"`` objective scores."""
     layout = GraphLayout.of(model)
     tokens = batch.tokens if hasattr(batch, "tokens") else torch.tensor(batch["tokens"], device=model.cfg.device)
     full = torch.log_softmax(model(tokens)[:, -1].double(), -1)
@@ -43,7 +45,7 @@ def plain_acdc(model, batch, threshold: float, objective: str = "kl", n_receiver
     options = SweepOptions(metric=kl if objective == "kl" else metric, memory_mb=memory_mb, progress=False)
 
     def value(mask):
-        return evaluate_circuit(model, mask, batch, options=options).mean
+        return evaluate_circuit(model, mask, batch, alt_ids=alt_ids, options=options).mean
 
     mask = layout.real_edge_mask.clone()
     current = value(mask)

@@ -8,9 +8,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from circuits.errors import InputError
 from experiments.runtime import cli
 from experiments.runtime.cli import option, override
-from experiments.runtime.settings import PromptSettings, RunSettings
+from experiments.runtime.settings import PromptSettings, RunSettings, TaskSettings
+
+#: the solved examples before each arithmetic prompt: a pair task's prompts bring their own, so --n-shots set to
+#: anything else beside one is refused (the default cannot be told apart from a flag given with its value)
+N_SHOTS = 2
 
 
 def edge_count(text: str) -> str:
@@ -21,12 +26,14 @@ def edge_count(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class BenchCircuitsConfig(PromptSettings, RunSettings):
+class BenchCircuitsConfig(TaskSettings, PromptSettings, RunSettings):
     """Every flag of ``python -m experiments.bench_circuits`` beyond :class:`RunSettings`, with its default."""
 
-    n_prompts: int = override(PromptSettings, "n_prompts", 32, "prompts (one template, one token length)")
-    n_shots: int = override(PromptSettings, "n_shots", 2)
-    op: str = option("+", "arithmetic operation")
+    n_prompts: int = override(PromptSettings, "n_prompts", 32, "prompts (one template, one token length; a pair "
+                                                               "--task: at most this many of its pairs of one token "
+                                                               "length)")
+    n_shots: int = override(PromptSettings, "n_shots", N_SHOTS, "solved examples before each arithmetic prompt")
+    op: str = option("+", "arithmetic operation (or --task)")
     ig_steps: int = option(5, "EAP-IG integration steps", type=cli.positive_int)
     eap_ig_batch_size: int = option(8, "batch size of the EAP-IG arm", type=cli.positive_int)
     exact_edges: str = option("300", "edges patched exactly: a count (seeded random sample), 'all', or 0 for none",
@@ -57,3 +64,14 @@ class BenchCircuitsConfig(PromptSettings, RunSettings):
                                         "beside auto-circuit's alone")
     learn_steps: int = option(0, "also time this many steps of a learned mask (matryoshka, warm-started from EAP-IG) "
                                  "beside one EAP-IG pass, with the memory peak (0: skip)", type=cli.nonnegative_int)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # --task: an operation sets --op; a pair file is read and checked here
+        if self.arithmetic:
+            return
+        if self.op != "+":
+            raise InputError(f"--op {self.op} picks arithmetic prompts, and --task {self.task} brings its own prompt "
+                             "pairs: drop --op (or --task).")
+        if self.n_shots != N_SHOTS:
+            raise InputError(f"--n-shots {self.n_shots} sets the solved examples before arithmetic prompts, and --task "
+                             f"{self.task} brings its own prompt pairs: drop --n-shots (or --task).")

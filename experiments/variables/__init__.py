@@ -12,8 +12,9 @@
    answer of several tokens is read out; ``--no-answer-span`` leaves it out), swapped from source to base;
    IIA on the validation pairs per variable, layer and position;
 3. **featurizers** at the ``--das-locations`` best locations per variable: DAS (learned rotation, k
-   and the number of training steps chosen on the validation pairs among ``--ks`` and ``--das-steps``),
-   DBM (learned mask), PCA, the random subspace of DAS's k (the null) and the full vector, each with its
+   and the number of training steps chosen on the validation pairs among ``--das-ks`` and ``--das-steps``),
+   PCA (k among ``--ks``), DBM (learned mask, when named in ``--featurizers``), the random subspace of DAS's
+   k (the null) and the full vector, each with its
    IIA on the test pairs; the full vector's test IIA split by the predicted answer's token count (a
    one-position intervention cannot reach a digit read out at a later position); the controls' IIA; a
    verdict per variable;
@@ -173,7 +174,8 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
                     k = None
                     if record.null_of is not None:
                         k = int(fitted[record.null_of].k) if record.null_of in fitted else min(cfg.ks)
-                    fitted[record.name] = fit_and_select(state.model, record.name, where, *split, settings, k=k)
+                    own = dataclasses.replace(settings, ks=tuple(cfg.das_ks)) if record.name == "das" else settings
+                    fitted[record.name] = fit_and_select(state.model, record.name, where, *split, own, k=k)
                 controls = interchange_accuracy(state.model, batches["controls"], where)[0].to_dict() \
                     if batches["controls"] else None
                 # the full vector's test IIA per token count of the predicted answer (a later token is read out

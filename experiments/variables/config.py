@@ -70,7 +70,8 @@ class VariablesConfig(BatchSettings, PromptSettings, RunSettings):
                                             "and ones are tested when named)")
     n_prompts: int = override(PromptSettings, "n_prompts", 160, "prompts sampled before keeping the correctly answered "
                                                                "ones (pairs are drawn among those)")
-    n_pairs: int = option(64, "counterfactual pairs per variable, split train / validation / test",
+    n_pairs: int = option(256, "counterfactual pairs per variable, split train / validation / test (256: about 64 "
+                               "test pairs, which resolve 0.2 above a random-subspace null near 0.03)",
                           type=cli.positive_int)
     n_controls: int = option(16, "control pairs per variable (the variable unchanged, the answer the base's)",
                              type=cli.positive_int)
@@ -89,11 +90,14 @@ class VariablesConfig(BatchSettings, PromptSettings, RunSettings):
                                    "vector's validation IIA", type=cli.positive_int)
     featurizers: tuple[str, ...] = option(DEFAULT_FEATURIZERS, "featurizers fitted at those locations (the full "
                                                               "vector always runs)", choices=FEATURIZERS)
-    ks: tuple[int, ...] = option((8, 64), "subspace sizes k tried by DAS and PCA, chosen on the validation pairs",
+    ks: tuple[int, ...] = option((8, 64), "subspace sizes k tried by PCA, chosen on the validation pairs",
                                  type=cli.positive_int)
-    das_steps: tuple[int, ...] = option((30,), "optimiser steps of DAS per k: one run per k to the largest, scored on "
-                                               "the validation pairs after each count given, which is chosen with k "
-                                               "(DBM trains for the largest)", type=cli.positive_int)
+    das_ks: tuple[int, ...] = option((8,), "subspace sizes k tried by DAS, chosen on the validation pairs (8 won "
+                                           "for a, b and the result on gemma-3-270m once DAS trained long enough: "
+                                           "docs/results.md)", type=cli.positive_int)
+    das_steps: tuple[int, ...] = option((30, 100), "optimiser steps of DAS per k: one run per k to the largest, "
+                                                   "scored on the validation pairs after each count given, which is "
+                                                   "chosen with k (DBM trains for the largest)", type=cli.positive_int)
     das_batch: int = option(16, "training pairs per DAS / DBM step", type=cli.positive_int)
     das_lr: float = option(0.01, "learning rate of DAS and DBM", type=cli.positive_float)
     nodes: tuple[str, ...] = option((), "circuit nodes to test (L3H1, MLP5, ...), each at the best position of each "

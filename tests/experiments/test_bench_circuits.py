@@ -1,11 +1,15 @@
-"""experiments.bench_circuits end to end on a tiny saved model (the EAP-IG arm runs only where it is importable)."""
+"""experiments.bench_circuits end to end on a tiny saved model (the EAP-IG arm runs only where it is importable), on
+its arithmetic prompts and on a prompt-pair file (``--task``)."""
 
 import json
 
 import pytest
 
+from circuits.errors import InputError
 from experiments import bench_circuits
 from experiments.bench_circuits import eap_ig_arm as _eap_ig_arm
+from experiments.bench_circuits.config import BenchCircuitsConfig
+from experiments.runtime import cli
 
 
 def test_bench_circuits_writes_times_curve_and_rank_agreement(tiny_dir, tmp_path, capsys):
@@ -160,3 +164,81 @@ def test_bench_circuits_can_time_acdc_without_the_plain_loop(tiny_dir, tmp_path,
     assert results["acdc"]["plain_loop"] == "skipped by --no-plain-acdc" and results["acdc"]["n_tested"] > 0
     assert "acdc_plain_loop" not in results["seconds"]
     assert "this toolkit (s)" not in capsys.readouterr().out  # no attribution, so no table of it
+
+
+def _pair_file(tmp_path, rows):
+    path = tmp_path / "my_pairs.csv"
+    path.write_text("clean,corrupted,answer,distractor\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def _gpt2_style(name, **kwargs):
+    """A model loader: the tiny gpt2-style model (no norm after attention, so hannamw/EAP-IG's head scores are ours
+    too and every edge compares; tests/circuits/test_pair_tasks.py compares the same model)."""
+    from tests.tiny_models import tiny_model
+
+    return tiny_model(style="gpt2", n_layers=2, seed=3)
+
+
+def test_a_pair_file_is_benchmarked_by_its_own_metric_beside_eap_ig(tmp_path):
+    """``--task <file>``: its pairs of one token length, every arm scoring them by their logit difference; where
+    hannamw/EAP-IG is importable, its edge scores on the same pairs with the same metric equal ours."""
+    import torch
+
+    from circuits.pair_tasks import read_pairs
+
+    rows = [f"ab{i}=,cd{i}=,{(i + 1) % 10},{(i + 5) % 10}" for i in range(6)]  # one token length
+    rows += ["xyz0=,zwq0=,1,2", "ab=,abcd=,3,4"]  # another length; a twin cut to fit: both left out
+    path = _pair_file(tmp_path, rows)
+    out = tmp_path / "bench_pairs"
+    bench_circuits.main(["--model", "tiny-gpt2-style", "--task", str(path), "--n-prompts", "8", "--ig-steps", "2",
+                         "--exact-edges", "20", "--compare-per-stratum", "0", "--acdc-receivers", "2",
+                         "--acdc-objective", "metric", "--acdc-threshold", "0.001", "--no-auto-circuit",
+                         "--out", str(out)], loader=_gpt2_style)
+    results = json.loads((out / "results.json").read_text())
+    task, n_tokens = results["task"], results["n_tokens"]
+    assert results["status"] == "complete" and results["settings"]["task"] == str(path) and results["op"] is None
+    assert task["name"] == "my_pairs" and task["kind"] == "file"
+    assert results["metric"] == task["metric"] == results["curve"]["metric"] == "logit_diff"
+    assert task["n_rows"] == 8 and task["n_cf_cut"] == 1 and task["n_kept"] == results["n_prompts"] == 6
+    assert task["n_tokens"] == n_tokens and task["token_lengths"] == {str(n_tokens): 6, str(n_tokens + 1): 1}
+    model = _gpt2_style("")  # the model's own metric is the logit difference of the six pairs
+    kept = read_pairs(path, model).rows.select(range(6))
+    with torch.no_grad():
+        end = model(torch.tensor(kept["tokens"]))[:, -1]
+    answers, alts = torch.tensor([a[0] for a in kept["answer_token_ids"]]), torch.tensor(kept["alt_token_id"])
+    by_hand = float((end.gather(1, answers[:, None]) - end.gather(1, alts[:, None])).mean())
+    assert results["model_metric"]["reference"] == pytest.approx(by_hand, abs=1e-5)
+    assert results["curve"]["full_metric"]["value"] == pytest.approx(by_hand, abs=1e-4)
+    acdc = results["acdc"]  # the plain loop scores the same metric: the same circuit
+    assert acdc["same_circuit"] and acdc["max_abs_damage_diff"] < 1e-4
+    if _eap_ig_arm.eap_ig_missing():
+        assert results["eap_ig_arm"].startswith("hannamw/EAP-IG is not importable")
+        return
+    for method in ("eap_ig_inputs", "eap"):  # the tolerance of the pair-file comparison in test_pair_tasks.py
+        assert results[f"agreement_{method}"]["max_rel_diff_all_edges"] < 1e-4
+    assert results["curve_eap_ig"]["full_metric"] == pytest.approx(by_hand, abs=1e-4)
+
+
+def test_a_pair_task_refuses_the_arithmetic_flags_before_the_model_loads(tmp_path):
+    """``--op`` and ``--n-shots`` shape arithmetic prompts: beside a pair task they are refused as the flags are
+    read; an operation's name sets ``--op``."""
+
+    def loader(name, **kwargs):
+        raise AssertionError("the model loaded")
+
+    out = ["--model", "never-loaded", "--out", str(tmp_path / "refused")]
+    with pytest.raises(InputError, match=r"--n-shots 3 sets the solved examples before arithmetic prompts, and "
+                                         r"--task ioi brings its own prompt pairs: drop --n-shots"):
+        bench_circuits.main(["--task", "ioi", "--n-shots", "3", *out], loader=loader)
+    with pytest.raises(InputError, match=r"--op - picks arithmetic prompts, and --task ioi brings its own prompt"):
+        bench_circuits.main(["--task", "ioi", "--op", "-", *out], loader=loader)
+    assert not (tmp_path / "refused").exists()
+    assert cli.parse_config(bench_circuits.parser, BenchCircuitsConfig, ["--task", "division"]).op == "/"
+
+
+def test_a_pair_file_without_pairs_of_one_length_is_refused(tiny_dir, tmp_path):
+    path = _pair_file(tmp_path, ["ab=,abcd=,3,4", "xy=,x=,5,6"])  # one twin cut, one padded
+    with pytest.raises(InputError, match=r"none of its 2 pairs has a corrupted prompt of its clean prompt's token "
+                                         r"length"):
+        bench_circuits.main(["--model", str(tiny_dir), "--task", str(path), "--out", str(tmp_path / "r")])

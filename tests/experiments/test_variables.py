@@ -10,7 +10,7 @@ from experiments import variables as variables_experiment
 from experiments.variables import config as variables_config
 
 ARGS = ["--task", "+", "--scoring", "first", "--n-prompts", "160", "--n-shots", "1", "--n-pairs", "24",
-        "--n-controls", "4", "--ks", "2", "8", "--das-steps", "2", "3", "--variables", "a", "ones",
+        "--n-controls", "4", "--ks", "2", "8", "--das-ks", "2", "8", "--das-steps", "2", "3", "--variables", "a", "ones",
         "--nodes", "L1H0", "MLP1", "--featurizers", "das", "dbm", "pca", "random"]
 
 
