@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from patching.sweeps import forward
 from tests.tiny_models import tiny_model
 
 
@@ -31,3 +32,19 @@ def test_tiled_prefix_cache_and_its_memory_budget():
     torch.testing.assert_close(entry.past_values[4], entries[1].past_values[0])  # row i * batch + b
     # a long cached prefix takes room from the batched patches
     assert rows_per_chunk(model, 1.0, 4, cached_pos=400) < rows_per_chunk(model, 1.0, 4)
+
+
+@torch.no_grad()
+def test_weights_stored_transposed_give_the_same_logits_and_nest():
+    model = tiny_model(style="gemma", n_layers=2)
+    tokens = torch.randint(0, model.cfg.d_vocab, (3, 7), generator=torch.Generator().manual_seed(0))
+    plain = model(tokens)
+    W_in = model.blocks[0].mlp.W_in
+    with forward.transposed_weight_storage(model):
+        assert W_in.T.is_contiguous()  # TransformerLens' per-call W.T.contiguous() is then the stored tensor
+        with forward.transposed_weight_storage(model):
+            pass
+        assert W_in.T.is_contiguous()  # an inner block leaves the outer block's storage
+        torch.testing.assert_close(model(tokens), plain, rtol=0, atol=0)
+    assert W_in.is_contiguous() and not W_in.T.is_contiguous()  # restored on exit
+    torch.testing.assert_close(model(tokens), plain, rtol=0, atol=0)
