@@ -388,9 +388,7 @@ def iia_sweep(model: HookedTransformer, batches: Sequence[PairBatch], locations:
                         hits[site].append(row)
             bar.update(len(hits))
             if prune and index + 1 < len(batches):
-                so_far = {w: proportion(torch.cat(hits[w])) for w in active}
-                best = max(so_far.values(), key=lambda e: e.value)
-                active = [w for w in active if so_far[w].high >= best.low]
+                active = within_best_interval({w: proportion(torch.cat(hits[w])) for w in active})
     bar.close()
     return {w: proportion(torch.cat(hits[w])) for w in locations}
 
