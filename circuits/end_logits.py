@@ -92,6 +92,11 @@ def _normed(model: HookedTransformer, resid_end: Tensor) -> Tensor:
     return resid_end
 
 
+def _gamma(n: int) -> float:
+    """``gamma_n = n u / (1 - n u)``, float32's bound on the relative error of a sum of ``n`` products."""
+    return n * 2.0**-24 / (1 - n * 2.0**-24)
+
+
 class _Screen:
     """A model's bfloat16 unembedding and the per-model constants of the bound (module docstring)."""
 
@@ -99,8 +104,7 @@ class _Screen:
         W_U, b_U = model.W_U.detach(), model.b_U.detach()
         self.key = (W_U.data_ptr(), W_U._version, b_U.data_ptr(), b_U._version)
         self.W = W_U.to(torch.bfloat16)
-        u, n = 2.0**-8, W_U.shape[0]
-        gamma = n * 2.0**-24 / (1 - n * 2.0**-24)
+        u, gamma = 2.0**-8, _gamma(W_U.shape[0])
         w_max = float(W_U.norm(dim=0).max())
         self.w_factor = w_max * (2 * u + u * u + 2 * gamma * (1 + u) ** 2)
         # two float32 summation orders of h . w_t differ by at most 2 gamma |h| |w_t|: closer candidates
@@ -135,9 +139,8 @@ def outscored(
     h = _normed(model, resid_end)
     W, b = model.W_U[:, ids], model.b_U[ids]
     logits = apply_softcap(h @ W + b, model.cfg.output_logits_soft_cap)
-    n = W.shape[0]
-    gamma = n * 2.0**-24 / (1 - n * 2.0**-24)
-    slack = 2 * gamma * (h.abs() @ W.abs())  # [rows, k]: each logit's distance from any other float32 sum
+    # [rows, k]: how far each logit can be from any other float32 sum of the same products
+    slack = 2 * _gamma(W.shape[0]) * (h.abs() @ W.abs())
     at = torch.searchsorted(ids, answer_ids)[:, None]
     answer, answer_slack = logits.gather(1, at), slack.gather(1, at)
     lead = logits - answer - slack - answer_slack - TIE_MARGIN * (1 + answer.abs()) * 2
