@@ -157,7 +157,8 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
     from patching.variables.interchange import iia_by_answer_length, interchange_accuracy
 
     cfg, state = run.cfg, run.state
-    settings = DASSettings(ks=tuple(cfg.ks), steps=max(cfg.das_steps), select_steps=tuple(cfg.das_steps),
+    settings = DASSettings(ks=tuple(cfg.ks), das_ks=tuple(cfg.das_ks), steps=max(cfg.das_steps),
+                           select_steps=tuple(cfg.das_steps),
                            batch_size=cfg.das_batch, lr=cfg.das_lr, seed=cfg.seed, progress=True)
     chosen = sorted((record for record in catalogue.FEATURIZERS.values() if record.name in cfg.featurizers),
                     key=lambda record: record.null_of is not None)  # stable: a null after the one whose k it takes
@@ -175,8 +176,7 @@ def featurizer_stage(run: Run[VariablesConfig, VariablesState], ranked: dict) ->
                     k = None
                     if record.null_of is not None:
                         k = int(fitted[record.null_of].k) if record.null_of in fitted else min(cfg.ks)
-                    own = dataclasses.replace(settings, ks=tuple(cfg.das_ks)) if record.name == "das" else settings
-                    fitted[record.name] = fit_and_select(state.model, record.name, where, *split, own, k=k)
+                    fitted[record.name] = fit_and_select(state.model, record.name, where, *split, settings, k=k)
                 controls = interchange_accuracy(state.model, batches["controls"], where)[0].to_dict() \
                     if batches["controls"] else None
                 # the full vector's test IIA per token count of the predicted answer (a later token is read out

@@ -185,13 +185,20 @@ class FeaturizerRecord:
     def settings_from(self, settings: Any) -> Any:
         """This featurizer's own settings out of ``settings``: ``settings`` itself if it is an instance of them, else
         each field of them read by name from ``settings`` (a :class:`~patching.variables.featurizers.DASSettings`)
-        where it has one, the default where not; None for a featurizer without settings."""
+        where it has one, the default where not; None for a featurizer without settings. A field named for this
+        featurizer alone (``das_ks`` for DAS's ``ks``), where given (not None), wins over the shared one."""
         if self.settings is None:
             return None
         if isinstance(settings, self.settings):
             return settings
-        return self.settings(**{f.name: getattr(settings, f.name) for f in fields(self.settings)
-                                if hasattr(settings, f.name)})
+        values = {}
+        for f in fields(self.settings):
+            own = getattr(settings, f"{self.name}_{f.name}", None)
+            if own is not None:
+                values[f.name] = own
+            elif hasattr(settings, f.name):
+                values[f.name] = getattr(settings, f.name)
+        return self.settings(**values)
 
 
 _VARIABLES = "patching.variables.featurizers"

@@ -66,7 +66,8 @@ class DASSettings:
 
     :func:`fit_and_select` hands each featurizer the fields of its own settings
     (:mod:`patching.variables.catalogue`), which also say what each field means and hold its default:
-    ``ks``: the subspace sizes tried by DAS and PCA (those above the location's width are skipped); ``steps``
+    ``ks``: the subspace sizes tried by DAS and PCA (those above the location's width are skipped), ``das_ks``
+    DAS's own where given (:meth:`patching.variables.catalogue.FeaturizerRecord.settings_from`); ``steps``
     optimiser steps of ``batch_size`` training pairs at learning rate ``lr`` (DAS and DBM); ``select_steps``:
     earlier step counts at which DAS is also scored on the validation pairs (:class:`RotatedSubspaceSettings`);
     DBM anneals its temperature from ``temperature[0]`` to ``temperature[1]`` over all ``steps`` and adds
@@ -75,6 +76,7 @@ class DASSettings:
     """
 
     ks: tuple[int, ...] = RotatedSubspaceSettings.ks
+    das_ks: tuple[int, ...] | None = None
     steps: int = RotationTraining.steps
     batch_size: int = RotationTraining.batch_size
     lr: float = RotationTraining.lr

@@ -39,6 +39,10 @@ def test_each_featurizer_gets_its_own_settings_out_of_the_one_record():
     assert FEATURIZERS[BASELINE].settings_from(every) is None
     own = PCASettings(ks=(3,))
     assert FEATURIZERS["pca"].settings_from(own) is own
+    # a field named for one featurizer (das_ks) is that featurizer's alone; the others keep the shared ks
+    split = DASSettings(ks=(2, 8), das_ks=(4,))
+    assert FEATURIZERS["das"].settings_from(split).ks == (4,)
+    assert FEATURIZERS["pca"].settings_from(split).ks == (2, 8)
     # the one record's defaults are each featurizer's own
     for record in FEATURIZERS.values():
         if record.settings is not None:
